@@ -1,0 +1,42 @@
+"""``pt.build``: lower a function (or its schedule) and compile it for a target."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import PolytileError
+from .lang.func import Func
+from .schedule.state import Schedule
+from .target import CPUTarget, as_target
+
+
+def lower(obj: Func | Schedule, target: object = "cpu"):  # noqa: ANN201 - returns LoweredFunc
+    """The loop IR of a function (default schedule) or of a schedule."""
+    from .lower.pipeline import lower as _lower
+    sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
+    return _lower(sched, as_target(target))
+
+
+def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = None,
+          extra_flags: Sequence[str] = ()):  # noqa: ANN201 - CPUKernel or CUDAKernel
+    """Compile ``obj`` for ``target`` ("cpu", "cuda", "cuda:sm_80") and return a callable kernel.
+
+    A Func gets the default schedule (every computation in its own nest, in order); pass a
+    Schedule to control loops and memory.
+    """
+    from .lower.pipeline import lower as _lower
+    sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
+    tgt = as_target(target)
+    lowered = _lower(sched, tgt, name=name)
+    if isinstance(tgt, CPUTarget):
+        from .codegen.cpu import cpu_source
+        from .runtime.cpu import CPUKernel
+        return CPUKernel(sched.func, lowered, cpu_source(lowered), extra_flags)
+    from .runtime.cuda import build_cuda_kernel
+    return build_cuda_kernel(sched, lowered, tgt)
+
+
+def _func(obj: object) -> Func:
+    if isinstance(obj, Func):
+        return obj
+    raise PolytileError(f"pt.build takes a pt.Func or a schedule, got {type(obj).__name__}")

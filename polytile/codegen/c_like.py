@@ -1,0 +1,264 @@
+"""The printer shared by the C++ (CPU) and CUDA backends: expressions, statements, types.
+
+Subclasses override the few places where targets differ: scalar and vector type names, loop
+headers (OpenMP, GPU bindings), allocations, half-precision conversions and the function frame.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..dtypes import DType
+from ..errors import LoweringError
+from ..lower import loopir as ir
+
+_C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
+          "bool": "bool"}
+
+_FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
+             "cos": "cos", "floor": "floor", "ceil": "ceil", "exp2": "exp2", "log2": "log2", "pow": "pow",
+             "fma": "fma", "abs": "fabs"}
+
+
+class CLikePrinter:
+    """Prints a ``LoweredFunc`` as C-family source."""
+
+    indent_unit = "  "
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+        self.vector_types: set[tuple[str, int]] = set()
+
+    # --- types ----------------------------------------------------------------------------------
+    def scalar_type(self, d: DType) -> str:
+        if d.name in _C_INT:
+            return _C_INT[d.name]
+        return {"float32": "float", "float64": "double", "float16": self.half_type(),
+                "bfloat16": self.bf16_storage_type()}[d.name]
+
+    def half_type(self) -> str:
+        return "_Float16"
+
+    def bf16_storage_type(self) -> str:
+        return "uint16_t"
+
+    def compute_type(self, d: DType) -> DType:
+        """The type arithmetic happens in (bfloat16 values are computed in float32)."""
+        from ..dtypes import float32
+        return float32 if d.name == "bfloat16" else d
+
+    def type_name(self, d: DType, lanes: int = 1) -> str:
+        d = self.compute_type(d)
+        if lanes == 1:
+            return self.scalar_type(d)
+        self.vector_types.add((d.name, lanes))
+        return f"pt_{d.name}x{lanes}"
+
+    # --- output helpers -------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent_unit * self.depth + line)
+
+    # --- expressions ----------------------------------------------------------------------------
+    def expr(self, e: ir.Expr) -> str:
+        fn = getattr(self, f"e_{type(e).__name__}")
+        return fn(e)
+
+    def e_Const(self, e: ir.Const) -> str:
+        d = self.compute_type(e.dtype)
+        if d.is_bool:
+            text = "true" if e.value else "false"
+        elif d.is_float:
+            text = self.float_literal(float(e.value), d)
+        else:
+            v = int(e.value)
+            text = f"{v}LL" if d.bits == 64 and not -(1 << 31) <= v < (1 << 31) else str(v)
+            if d.bits == 64 and v == -(1 << 63):
+                text = "INT64_MIN"
+        if e.lanes > 1:
+            return self.broadcast(text, d, e.lanes)
+        return text
+
+    def float_literal(self, v: float, d: DType) -> str:
+        if math.isinf(v):
+            text = "INFINITY" if v > 0 else "-INFINITY"
+        elif math.isnan(v):
+            text = "NAN"
+        else:
+            text = repr(v)
+            if "e" not in text and "." not in text and "inf" not in text:
+                text += ".0"
+        if d.name == "float32" and not math.isinf(v) and not math.isnan(v):
+            return text + "f"
+        if d.name == "float16":
+            return f"(({self.half_type()}){text}f)"
+        if d.name == "float64" and (math.isinf(v) or math.isnan(v)):
+            return f"((double){text})"
+        return text
+
+    def e_Var(self, e: ir.Var) -> str:
+        return e.name
+
+    def e_BinOp(self, e: ir.BinOp) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        if e.a.lanes != e.b.lanes:
+            lanes = e.lanes
+            if e.a.lanes == 1:
+                a = self.broadcast(a, self.compute_type(e.a.dtype), lanes)
+            if e.b.lanes == 1:
+                b = self.broadcast(b, self.compute_type(e.b.dtype), lanes)
+        if e.op in ("min", "max"):
+            return self.minmax(e.op, a, b, e)
+        if e.op == "//":
+            if e.dtype.is_float:
+                raise LoweringError("floor division of floats")
+            return f"pt_floordiv({a}, {b})"
+        if e.op == "%":
+            return f"pt_floormod({a}, {b})"
+        if e.op == "/" and not e.dtype.is_float:
+            raise LoweringError("true division of integers")
+        return f"({a} {e.op} {b})"
+
+    def minmax(self, op: str, a: str, b: str, e: ir.BinOp) -> str:
+        return f"pt_{op}({a}, {b})"
+
+    def e_Cmp(self, e: ir.Cmp) -> str:
+        return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
+
+    def e_Logic(self, e: ir.Logic) -> str:
+        if e.op == "!":
+            return f"(!{self.expr(e.args[0])})"
+        return "(" + f" {e.op} ".join(self.expr(a) for a in e.args) + ")"
+
+    def e_Select(self, e: ir.Select) -> str:
+        return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+
+    def e_Cast(self, e: ir.Cast) -> str:
+        inner = self.expr(e.a)
+        if e.dtype.name == "bfloat16":
+            return f"pt_bf16_round({inner})"
+        if e.lanes > 1:
+            return f"__builtin_convertvector({inner}, {self.type_name(e.dtype, e.lanes)})"
+        return f"(({self.type_name(e.dtype)}){inner})"
+
+    def e_Call(self, e: ir.Call) -> str:
+        args = ", ".join(self.expr(a) for a in e.args)
+        d = self.compute_type(e.dtype)
+        if e.name == "sigmoid":
+            return f"pt_sigmoid({args})"
+        if e.name == "rsqrt":
+            return f"pt_rsqrt({args})"
+        if e.name == "abs" and not d.is_float:
+            return f"pt_iabs({args})"
+        if e.name in _FLOAT_FN:
+            return self.math_call(_FLOAT_FN[e.name], d, args, e)
+        return f"{e.name}({args})"
+
+    def math_call(self, base: str, d: DType, args: str, e: ir.Call) -> str:
+        if d.name == "float64":
+            return f"{base}({args})"
+        if d.name == "float32":
+            return f"{base}f({args})"
+        # half precision: compute in float
+        conv = ", ".join(f"(float)({self.expr(a)})" for a in e.args)
+        return f"(({self.type_name(d)}){base}f({conv}))"
+
+    def e_Load(self, e: ir.Load) -> str:
+        (idx,) = e.index
+        if idx.lanes > 1:
+            return self.vector_load(e.buffer, idx)
+        return self.scalar_load(e.buffer, self.expr(idx))
+
+    def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
+        if buf.dtype.name == "bfloat16":
+            return f"pt_bf16_to_f32({buf.name}[{idx}])"
+        return f"{buf.name}[{idx}]"
+
+    def e_Ramp(self, e: ir.Ramp) -> str:
+        base, stride = self.expr(e.base), self.expr(e.stride)
+        lanes = ", ".join(f"{base} + {k} * {stride}" for k in range(e.lanes))
+        return f"(({self.type_name(e.dtype, e.lanes)}){{{lanes}}})"
+
+    def e_Broadcast(self, e: ir.Broadcast) -> str:
+        return self.broadcast(self.expr(e.value), self.compute_type(e.dtype), e.lanes)
+
+    def broadcast(self, text: str, d: DType, lanes: int) -> str:
+        return f"(({self.type_name(d, lanes)}){{}} + ({self.type_name(d)})({text}))"
+
+    def vector_load(self, buf: ir.Buffer, idx: ir.Expr) -> str:
+        raise LoweringError(f"vector loads are not supported by {type(self).__name__}")
+
+    # --- statements -----------------------------------------------------------------------------
+    def stmt(self, s: ir.Stmt) -> None:
+        getattr(self, f"s_{type(s).__name__}")(s)
+
+    def s_Block(self, s: ir.Block) -> None:
+        for x in s.body:
+            self.stmt(x)
+
+    def s_If(self, s: ir.If) -> None:
+        self.emit(f"if ({self.expr(s.cond)}) {{")
+        self.depth += 1
+        self.stmt(s.then)
+        self.depth -= 1
+        if s.orelse is not None:
+            self.emit("} else {")
+            self.depth += 1
+            self.stmt(s.orelse)
+            self.depth -= 1
+        self.emit("}")
+
+    def s_For(self, s: ir.For) -> None:
+        self.loop_header(s)
+        lo, ext = self.expr(s.lo), self.expr(s.extent)
+        end = ext if ir.is_const(s.lo, 0) else f"{lo} + {ext}"
+        self.emit(f"for (int64_t {s.var.name} = {lo}; {s.var.name} < {end}; ++{s.var.name}) {{")
+        self.depth += 1
+        self.stmt(s.body)
+        self.depth -= 1
+        self.emit("}")
+
+    def loop_header(self, s: ir.For) -> None:
+        """Pragmas before a loop (OpenMP, unroll hints)."""
+
+    def s_Store(self, s: ir.Store) -> None:
+        (idx,) = s.index
+        if idx.lanes > 1 or s.value.lanes > 1:
+            self.vector_store(s.buffer, idx, s.value)
+            return
+        self.emit(f"{s.buffer.name}[{self.expr(idx)}] = {self.store_value(s.buffer, s.value)};")
+
+    def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
+        text = self.expr(value)
+        if buf.dtype.name == "bfloat16":
+            return f"pt_f32_to_bf16({text})"
+        return text
+
+    def vector_store(self, buf: ir.Buffer, idx: ir.Expr, value: ir.Expr) -> None:
+        raise LoweringError(f"vector stores are not supported by {type(self).__name__}")
+
+    def s_LetStmt(self, s: ir.LetStmt) -> None:
+        self.emit("{")
+        self.depth += 1
+        self.emit(f"const {self.type_name(s.var.dtype, s.var.lanes)} {s.var.name} = {self.expr(s.value)};")
+        self.stmt(s.body)
+        self.depth -= 1
+        self.emit("}")
+
+    def s_Declare(self, s: ir.Declare) -> None:
+        init = f" = {self.expr(s.value)}" if s.value is not None else ""
+        self.emit(f"{self.type_name(s.var.dtype, s.var.lanes)} {s.var.name}{init};")
+        self.stmt(s.body)
+
+    def s_Assign(self, s: ir.Assign) -> None:
+        self.emit(f"{s.var.name} = {self.expr(s.value)};")
+
+    def s_Evaluate(self, s: ir.Evaluate) -> None:
+        self.emit(f"{self.expr(s.call)};")
+
+    def s_Allocate(self, s: ir.Allocate) -> None:
+        raise LoweringError(f"allocation of {s.buffer.name} is not supported by {type(self).__name__}")
+
+    # --- buffers --------------------------------------------------------------------------------
+    def buffer_elems(self, buf: ir.Buffer) -> str:
+        return " * ".join(f"({self.expr(d)})" for d in buf.shape) or "1"

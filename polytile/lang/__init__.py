@@ -1,0 +1,1 @@
+"""The algorithm language: tensors, expressions, reductions, parameters and functions."""

@@ -1,0 +1,270 @@
+"""Tensors of the algorithm language: placeholders (inputs) and computations, reductions and parameters."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable, Sequence
+
+from .. import dtypes
+from ..dtypes import DType
+from ..errors import LanguageError
+from .expr import (
+    Const,
+    Expr,
+    ExprLike,
+    IterVar,
+    Load,
+    Param,
+    Reduce,
+    as_expr,
+    cast,
+    rebuild,
+    walk,
+)
+
+_names = itertools.count()
+
+
+def _fresh(prefix: str) -> str:
+    return f"{prefix}{next(_names)}"
+
+
+class Tensor:
+    """An n-dimensional array: an input (``placeholder``) or the result of ``compute``."""
+
+    def __init__(self, name: str, shape: tuple[Expr, ...], dtype: DType):
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: object) -> Expr:
+        idx = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(i, slice) for i in idx):
+            raise LanguageError(f"tensor {self.name} is indexed with a slice; index it with one expression "
+                                "per dimension (use a reduce axis to range over elements)")
+        if len(idx) != self.ndim:
+            raise LanguageError(f"tensor {self.name} has {self.ndim} dimension(s) but is indexed with "
+                                f"{len(idx)} index(es)")
+        exprs = []
+        for d, i in enumerate(idx):
+            e = as_expr(i)  # type: ignore[arg-type]
+            if not e.dtype.is_int:
+                raise LanguageError(f"index {d} of tensor {self.name} is {e} of type {e.dtype}; "
+                                    "indices must be integers")
+            exprs.append(e)
+        return Load(self, tuple(exprs))
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(s) for s in self.shape)
+        return f"{type(self).__name__}({self.name}, ({dims}), {self.dtype})"
+
+    # Tensors are used as dictionary keys by identity.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class Placeholder(Tensor):
+    """An input tensor. ``value_range`` and ``monotonic`` describe index arrays (CSR offsets…);
+    they become constraints of the polyhedral model and are checked when the kernel is called."""
+
+    def __init__(self, name: str, shape: tuple[Expr, ...], dtype: DType,
+                 value_range: tuple[Expr, Expr] | None, monotonic: bool):
+        super().__init__(name, shape, dtype)
+        self.value_range = value_range
+        self.monotonic = monotonic
+
+
+class ComputeTensor(Tensor):
+    """The result of ``compute``: ``body`` over data axes ``axes`` (optionally a reduction at the top),
+    computed only where ``where`` holds (a non-rectangular domain)."""
+
+    def __init__(self, name: str, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
+                 where: Expr | None):
+        super().__init__(name, shape, body.dtype)
+        self.axes = axes
+        self.body = body
+        self.where = where
+
+    @property
+    def reduction(self) -> Reduce | None:
+        return self.body if isinstance(self.body, Reduce) else None
+
+    @property
+    def reduce_axes(self) -> tuple[IterVar, ...]:
+        red = self.reduction
+        return red.axes if red is not None else ()
+
+    def inputs(self) -> list[Tensor]:
+        """Tensors read by this computation (body, condition and reduction bounds), in first-use order."""
+        out: dict[int, Tensor] = {}
+        roots: list[Expr] = [self.body]
+        if self.where is not None:
+            roots.append(self.where)
+        for ax in self.reduce_axes:
+            roots += [ax.lo, ax.hi]
+        red = self.reduction
+        if red is not None and red.where is not None:
+            roots.append(red.where)
+        for r in roots:
+            for n in walk(r):
+                if isinstance(n, Load):
+                    out.setdefault(id(n.tensor), n.tensor)
+        return list(out.values())
+
+
+def _shape(shape: object, what: str) -> tuple[Expr, ...]:
+    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+    out = []
+    for d in dims:
+        e = as_expr(d)  # type: ignore[arg-type]
+        if not e.dtype.is_int:
+            raise LanguageError(f"dimension {d!r} of {what} is not an integer")
+        if isinstance(e, Const) and e.value < 0:
+            raise LanguageError(f"dimension {d!r} of {what} is negative")
+        for n in walk(e):
+            if isinstance(n, Load) or isinstance(n, IterVar):
+                raise LanguageError(f"dimension {d!r} of {what} must be built from integers and pt.param")
+        out.append(e)
+    return tuple(out)
+
+
+def param(name: str) -> Param:
+    """A symbolic size, e.g. ``N = pt.param("N")``; bound at call time from array shapes or keywords."""
+    if not name.isidentifier():
+        raise LanguageError(f"parameter name {name!r} is not an identifier")
+    return Param(name)
+
+
+def placeholder(shape: object, dtype: object = "float32", name: str | None = None, *,
+                value_range: tuple[ExprLike, ExprLike] | None = None, monotonic: bool = False) -> Placeholder:
+    """An input tensor of ``shape`` and ``dtype``.
+
+    ``value_range=(lo, hi)`` promises lo <= every element <= hi (for index arrays), ``monotonic=True``
+    that elements never decrease (CSR row offsets); both are verified when the kernel is called.
+    """
+    name = name or _fresh("input")
+    d = dtypes.as_dtype(dtype)
+    vr = None
+    if value_range is not None:
+        if not d.is_int:
+            raise LanguageError(f"value_range is for integer index arrays; {name} is {d}")
+        vr = (as_expr(value_range[0]), as_expr(value_range[1]))
+    if monotonic and (not d.is_int or len(_shape(shape, name)) != 1):
+        raise LanguageError(f"monotonic=True is for one-dimensional integer arrays; {name} is not one")
+    return Placeholder(name, _shape(shape, f"placeholder {name}"), d, vr, monotonic)
+
+
+def reduce_axis(extent: object, name: str | None = None) -> IterVar:
+    """A reduction iterator over ``range(extent)`` or ``[lo, hi)`` for a pair.
+
+    Bounds may be affine in the enclosing iterators (triangular loops) or read tensors
+    (``(offsets[i], offsets[i + 1])``: data-dependent, turned into local parameters).
+    """
+    name = name or _fresh("r")
+    if isinstance(extent, (tuple, list)):
+        if len(extent) != 2:
+            raise LanguageError(f"reduce_axis {name}: give an extent or a pair (lo, hi), got {extent!r}")
+        lo, hi = as_expr(extent[0]), as_expr(extent[1])
+    else:
+        lo, hi = Const(0, dtypes.INDEX), as_expr(extent)  # type: ignore[arg-type]
+    for b in (lo, hi):
+        if not b.dtype.is_int:
+            raise LanguageError(f"reduce_axis {name}: bound {b} is not an integer")
+    return IterVar(name, cast(dtypes.INDEX, lo), cast(dtypes.INDEX, hi), "reduce")
+
+
+def _axes_list(axis: IterVar | Sequence[IterVar], what: str) -> tuple[IterVar, ...]:
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    for a in axes:
+        if not isinstance(a, IterVar) or not a.is_reduce:
+            raise LanguageError(f"{what}: axis {a!r} is not a reduce axis; create it with pt.reduce_axis")
+    if len({id(a) for a in axes}) != len(axes):
+        raise LanguageError(f"{what}: an axis is listed twice")
+    return axes
+
+
+def _reduction(op: str) -> Callable[..., Expr]:
+    def reducer(expr: ExprLike, axis: IterVar | Sequence[IterVar], where: ExprLike | None = None) -> Expr:
+        body = as_expr(expr)
+        axes = _axes_list(axis, f"pt.{op}")
+        cond = None
+        if where is not None:
+            cond = as_expr(where)
+            if not cond.dtype.is_bool:
+                raise LanguageError(f"pt.{op}: where= must be a boolean expression, got {cond}")
+        for n in walk(body):
+            if isinstance(n, Reduce):
+                raise LanguageError(f"pt.{op}: nested reductions; compute the inner one as its own tensor")
+        return Reduce(op, body, axes, cond)
+    reducer.__name__ = op
+    reducer.__doc__ = f"The {op} of ``expr`` over reduce ``axis`` (one or several), where ``where`` holds."
+    return reducer
+
+
+sum = _reduction("sum")  # noqa: A001 - the public names mirror NumPy's
+max = _reduction("max")  # noqa: A001
+min = _reduction("min")  # noqa: A001
+prod = _reduction("prod")
+
+
+def _lambda_names(fn: Callable[..., object], ndim: int, name: str) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
+        return [f"i{d}" for d in range(ndim)]
+    if len(params) != ndim:
+        raise LanguageError(f"compute {name}: the function takes {len(params)} argument(s) but the shape has "
+                            f"{ndim} dimension(s)")
+    return [p.name for p in params]
+
+
+def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None, *,
+            where: Callable[..., ExprLike] | None = None, dtype: object | None = None) -> ComputeTensor:
+    """A tensor whose element at (i, j, …) is ``fn(i, j, …)``.
+
+    ``where`` restricts the computed points to a sub-domain (e.g. ``lambda i, j: j <= i`` for a
+    triangle); points outside it are not written (allocated outputs start as zeros).
+    A reduction nested inside an expression is computed as its own tensor ``<name>_red`` first.
+    """
+    name = name or _fresh("compute")
+    dims = _shape(shape, f"compute {name}")
+    names = _lambda_names(fn, len(dims), name)
+    axes = tuple(IterVar(n, Const(0, dtypes.INDEX), d, "data") for n, d in zip(names, dims))
+    body = as_expr(fn(*axes))  # type: ignore[arg-type]
+    if dtype is not None:
+        body = cast(dtype, body)
+    cond = None
+    if where is not None:
+        cond = as_expr(where(*axes))  # type: ignore[arg-type]
+        if not cond.dtype.is_bool:
+            raise LanguageError(f"compute {name}: where= must return a boolean expression, got {cond}")
+    body = _hoist_nested_reductions(body, dims, axes, name, cond)
+    return ComputeTensor(name, dims, axes, body, cond)
+
+
+def _hoist_nested_reductions(body: Expr, dims: tuple[Expr, ...], axes: tuple[IterVar, ...], name: str,
+                             cond: Expr | None) -> Expr:
+    if isinstance(body, Reduce):
+        return body
+    nested = [n for n in walk(body) if isinstance(n, Reduce)]
+    if not nested:
+        return body
+    temps: dict[int, Expr] = {}
+    for k, red in enumerate(nested):
+        tname = f"{name}_red" if len(nested) == 1 else f"{name}_red{k}"
+        temp = ComputeTensor(tname, dims, axes, red, cond)
+        temps[id(red)] = Load(temp, tuple(axes))
+    return rebuild(body, lambda n: temps.get(id(n)))
+

@@ -1,0 +1,1 @@
+"""Lowering: the polyhedral AST to loop IR, then an ordered list of passes."""

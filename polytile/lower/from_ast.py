@@ -1,0 +1,299 @@
+"""The first lowering step: the polyhedral AST and statement plans become loop IR.
+
+Each AST user node becomes the statement it stands for: a computation's store (reductions combine
+with the old value), an initialization, a cache copy, or the loads that bind data-dependent bounds.
+Reads redirected to caches are rewritten here, with the offsets isl computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .. import dtypes
+from ..errors import LoweringError
+from ..lang import expr as lx
+from ..lang.tensor import ComputeTensor
+from ..poly.astgen import Binding
+from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
+from ..poly.cache import CacheRewrite
+from ..poly.materialize import Plan, StmtPlan
+from . import loopir as ir
+
+_AOPS = {"add": "+", "sub": "-", "mul": "*", "fdiv_q": "//", "pdiv_q": "//", "pdiv_r": "%", "zdiv_r": "%",
+         "min": "min", "max": "max"}
+_ACMP = {"eq": "==", "le": "<=", "lt": "<", "ge": ">=", "gt": ">"}
+
+
+def aexpr(e: AExpr, env: Mapping[str, ir.Expr]) -> ir.Expr:
+    """An isl integer expression in loop IR; identifiers are looked up in ``env`` (else variables)."""
+    if e.op == "int":
+        return ir.Const(e.value, dtypes.INDEX)
+    if e.op == "id":
+        return env.get(e.name, ir.Var(e.name))
+    args = [aexpr(a, env) for a in e.args]
+    if e.op in _AOPS:
+        return ir.BinOp(_AOPS[e.op], args[0], args[1])
+    if e.op == "neg":
+        return ir.BinOp("-", ir.Const(0, dtypes.INDEX), args[0])
+    if e.op in _ACMP:
+        return ir.Cmp(_ACMP[e.op], args[0], args[1])
+    if e.op in ("and", "or"):
+        return ir.Logic("&&" if e.op == "and" else "||", tuple(args))
+    if e.op == "select":
+        return ir.Select(args[0], args[1], args[2])
+    raise LoweringError(f"unexpected integer operation {e.op}")
+
+
+_REDUCE_COMBINE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+class ExprConverter:
+    """Algorithm expressions to loop IR, with iterators bound to IR expressions."""
+
+    def __init__(self, buffers: Mapping[str, ir.Buffer], rewrites: list[CacheRewrite],
+                 env_dims: Mapping[str, ir.Expr]):
+        self.buffers = buffers
+        self.rewrites = {r.tensor: r for r in rewrites}
+        self.env_dims = env_dims
+
+    def index_of(self, tensor: str, idx: tuple[ir.Expr, ...]) -> tuple[ir.Buffer, tuple[ir.Expr, ...]]:
+        rw = self.rewrites.get(tensor)
+        if rw is None:
+            return self.buffers[tensor], idx
+        rel = [ir.BinOp("-", i, aexpr(o, self.env_dims)) for i, o in zip(idx, rw.offset)]
+        env = {id(v): r for v, r in zip(rw.layout_vars, rel)}
+        out = tuple(self._convert(e, env) for e in rw.layout_exprs)
+        return self.buffers[rw.cache], out
+
+    def convert(self, e: lx.Expr, env: Mapping[int, ir.Expr]) -> ir.Expr:
+        return self._convert(e, env)
+
+    def _convert(self, e: lx.Expr, env: Mapping[int, ir.Expr]) -> ir.Expr:
+        c = self._convert
+        if isinstance(e, lx.Const):
+            return ir.Const(e.value, e.dtype)
+        if isinstance(e, lx.Param):
+            return ir.Var(e.name)
+        if isinstance(e, lx.Var):
+            if id(e) in env:
+                return env[id(e)]
+            raise LoweringError(f"iterator {e.name} is not bound here")
+        if isinstance(e, lx.BinOp):
+            return ir.BinOp(e.op, c(e.a, env), c(e.b, env))
+        if isinstance(e, lx.Cmp):
+            return ir.Cmp(e.op, c(e.a, env), c(e.b, env))
+        if isinstance(e, lx.Logic):
+            return ir.Logic(e.op, (c(e.a, env), c(e.b, env)))
+        if isinstance(e, lx.Not):
+            return ir.Logic("!", (c(e.a, env),))
+        if isinstance(e, lx.Select):
+            return ir.Select(c(e.cond, env), c(e.a, env), c(e.b, env))
+        if isinstance(e, lx.Cast):
+            return ir.Cast(e.dtype, c(e.a, env))
+        if isinstance(e, lx.Call):
+            if e.name in ("max", "min"):
+                return ir.BinOp(e.name, c(e.args[0], env), c(e.args[1], env))
+            return ir.Call(e.name, tuple(c(a, env) for a in e.args), e.dtype)
+        if isinstance(e, lx.Load):
+            idx = tuple(c(i, env) for i in e.indices)
+            buf, idx = self.index_of(e.tensor.name, idx)
+            return ir.Load(buf, idx)
+        if isinstance(e, lx.Reduce):
+            raise LoweringError("a reduction nested in an expression reached lowering")
+        raise LoweringError(f"cannot lower {type(e).__name__}")
+
+
+class IRBuilder:
+    """Builds the loop IR of a plan; ``buffers`` holds every tensor and cache buffer by name."""
+
+    def __init__(self, plan: Plan, computations: Mapping[str, ComputeTensor], bodies: Mapping[str, lx.Expr],
+                 buffers: Mapping[str, ir.Buffer], tags: Mapping[str, Mapping[str, str]],
+                 dyn_exprs: Mapping[str, lx.Expr], reserved: set[str]):
+        self.plan = plan
+        self.computations = computations
+        self.bodies = bodies
+        self.buffers = buffers
+        self.tags = tags
+        self.dyn_exprs = dyn_exprs
+        self.bindings = {b.name: b for b in plan.bindings}
+        self.reserved = reserved
+        self.cache_levels = {c.name: c for c in plan.caches}
+
+    def build(self) -> ir.Stmt:
+        return self.node(self.plan.ast, {}, [])
+
+    # --- nodes ------------------------------------------------------------------------------------
+    def node(self, n: AstNode, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
+        if isinstance(n, AstBlock):
+            return self.block(list(n.body), env, scope)
+        if isinstance(n, AstFor):
+            return self.loop(n, env, scope)
+        if isinstance(n, AstIf):
+            then = self.node(n.then, env, scope)
+            orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
+            return ir.If(aexpr(n.cond, env), then, orelse)
+        if isinstance(n, AstUser):
+            if n.stmt in self.bindings:
+                return ir.Block(())
+            return self.user(n, env)
+        if isinstance(n, AstMark):
+            return self.node(n.body, env, scope)
+        raise LoweringError(f"unexpected AST node {type(n).__name__}")
+
+    def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
+        out: list[ir.Stmt] = []
+        for k, n in enumerate(nodes):
+            if isinstance(n, AstUser) and n.stmt in self.bindings:
+                rest = self.block(nodes[k + 1:], env, scope)
+                out.append(self.bind(self.bindings[n.stmt], n, env, rest))
+                break
+            out.append(self.node(n, env, scope))
+        return ir.block(out)
+
+    def bind(self, b: Binding, n: AstUser, env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
+        comp = self.computations[b.owner]
+        args = [aexpr(a, env) for a in n.args]
+        src_vals = dict(zip(b.sources, args[b.prefix_len:]))
+        axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
+        conv = ExprConverter(self.buffers, [], {})
+        var_env = {id(axes[name]): v for name, v in src_vals.items()}
+        out = body
+        for p in reversed(b.params):
+            value = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+            out = ir.LetStmt(ir.Var(p), value, out)
+        return out
+
+    def loop(self, n: AstFor, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
+        lo = aexpr(n.init, env)
+        users = _users(n.body)
+        name = self.loop_name(n, users, scope)
+        kind = self.loop_kind(n, users)
+        if n.degenerate:
+            env2 = dict(env)
+            env2[n.iterator] = lo
+            return self.with_allocations(n, users, self.node(n.body, env2, scope))
+        cond = n.cond
+        if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
+            raise LoweringError(f"unexpected loop condition {cond}")
+        hi = aexpr(cond.args[1], env)
+        extent = ir.BinOp("-", hi, lo) if cond.op == "lt" else ir.BinOp("+", ir.BinOp("-", hi, lo), ir.const(1))
+        var = ir.Var(name)
+        env2 = dict(env)
+        if n.step == 1:
+            env2[n.iterator] = var
+            body = self.node(n.body, env2, scope + [name])
+            loop = ir.For(var, lo, extent, body, kind)
+        else:
+            env2[n.iterator] = ir.BinOp("+", lo, ir.BinOp("*", var, ir.const(n.step)))
+            body = self.node(n.body, env2, scope + [name])
+            trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
+            loop = ir.For(var, ir.const(0), trips, body, kind)
+        return self.with_allocations(n, users, loop, inside=True)
+
+    def with_allocations(self, n: AstFor, users: set[str], stmt: ir.Stmt, inside: bool = False) -> ir.Stmt:
+        """Caches at this loop are allocated around the loop body (one buffer per iteration)."""
+        for c in self.plan.caches:
+            if c.level is None or 2 * c.level + 1 != n.dim or not (set(c.copy_stmts) & users):
+                continue
+            buf = self.buffers[c.name]
+            if inside and isinstance(stmt, ir.For):
+                stmt = ir.For(stmt.var, stmt.lo, stmt.extent, ir.Allocate(buf, stmt.body), stmt.kind)
+            else:
+                stmt = ir.Allocate(buf, stmt)
+        return stmt
+
+    def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:
+        names = {self.plan.statements[u].loop_names.get(n.dim) for u in users if u in self.plan.statements}
+        names.discard(None)
+        if len(names) == 1:
+            name = names.pop().replace(".", "_")  # type: ignore[union-attr]
+            if name not in scope and name not in self.reserved and name.isidentifier():
+                return name
+        return n.iterator
+
+    def loop_kind(self, n: AstFor, users: set[str]) -> str:
+        kinds = set()
+        for u in users:
+            plan = self.plan.statements.get(u)
+            if plan is None:
+                continue
+            loop = plan.loop_names.get(n.dim)
+            if loop is None:
+                continue
+            tag = self.tags.get(plan.owner, {}).get(loop)
+            if tag is not None and plan.kind in ("compute", "init"):
+                kinds.add(tag)
+        if len(kinds) > 1:
+            raise LoweringError(f"loop {n.iterator} is tagged both {' and '.join(sorted(kinds))} by the "
+                                "computations it holds")
+        return kinds.pop() if kinds else "serial"
+
+    # --- statements -----------------------------------------------------------------------------
+    def user(self, n: AstUser, env: dict[str, ir.Expr]) -> ir.Stmt:
+        plan = self.plan.statements[n.stmt]
+        args = [aexpr(a, env) for a in n.args]
+        dims_env = dict(zip(plan.dims, args))
+        conv = ExprConverter(self.buffers, plan.rewrites, dims_env)
+        if plan.kind in ("copy_in", "copy_out"):
+            return self.copy(plan, conv, dims_env)
+        comp = self.computations[plan.owner]
+        axes = list(comp.axes) + (list(comp.reduce_axes) if plan.kind == "compute" else [])
+        var_env = {id(a): v for a, v in zip(axes, args)}
+        data_idx = tuple(var_env[id(a)] for a in comp.axes)
+        buf, idx = conv.index_of(comp.name, data_idx)
+        red = comp.reduction
+        guard: lx.Expr | None = None
+        if plan.kind == "init":
+            assert red is not None
+            value = ir.Const(red.identity().value, comp.dtype)
+        else:
+            body = self.bodies[comp.name]
+            if red is not None:
+                assert isinstance(body, lx.Reduce)
+                term = conv.convert(body.body, var_env)
+                old = ir.Load(buf, idx)
+                op = _REDUCE_COMBINE[red.op]
+                value = ir.BinOp(op, old, term)
+                guard = red.where
+            else:
+                value = conv.convert(body, var_env)
+            if comp.where is not None:
+                guard = comp.where if guard is None else (guard & comp.where)
+        store: ir.Stmt = ir.Store(buf, idx, value)
+        if guard is not None:
+            # affine parts are already in the domain; evaluating them again is harmless and simple
+            store = ir.If(conv.convert(guard, var_env), store)
+        return store
+
+    def copy(self, plan: StmtPlan, conv: ExprConverter, dims_env: Mapping[str, ir.Expr]) -> ir.Stmt:
+        cache = self.cache_levels[plan.owner]
+        cbuf = self.buffers[cache.name]
+        tensor = cache.tensor
+        if plan.kind == "copy_in":
+            src_idx = tuple(aexpr(e, dims_env) for e in plan.src_index)
+            sbuf, sidx = conv.index_of(tensor, src_idx)
+            dst = tuple(aexpr(e, dims_env) for e in plan.dst_index)
+            return ir.Store(cbuf, dst, ir.Load(sbuf, sidx))
+        src = tuple(aexpr(e, dims_env) for e in plan.src_index)
+        dst = tuple(aexpr(e, dims_env) for e in plan.dst_index)
+        return ir.Store(self.buffers[tensor], dst, ir.Load(cbuf, src))
+
+
+def _users(n: AstNode) -> set[str]:
+    out: set[str] = set()
+    stack = [n]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, AstUser):
+            out.add(x.stmt)
+        elif isinstance(x, AstBlock):
+            stack.extend(x.body)
+        elif isinstance(x, AstFor):
+            stack.append(x.body)
+        elif isinstance(x, AstIf):
+            stack.append(x.then)
+            if x.orelse is not None:
+                stack.append(x.orelse)
+        elif isinstance(x, AstMark):
+            stack.append(x.body)
+    return out

@@ -1,0 +1,1 @@
+"""Lowering passes, one per module, each a function from loop IR to loop IR."""

@@ -1,0 +1,151 @@
+"""Vectorization: a loop tagged ``vectorize`` with a constant power-of-two extent becomes vector code.
+
+The loop variable becomes ``ramp(lo, 1, lanes)``; operations on it widen (scalars broadcast), loads
+and stores with a ramp index move contiguous elements, other indices gather or scatter. Loops that
+cannot be vectorized this way (a scalar store fed by vector values, math calls, vector conditions
+in control flow) stay scalar loops with a SIMD hint for the C compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...target import CPUTarget, CUDATarget
+from .. import loopir as ir
+from .simplify import simplify_expr
+
+MAX_LANES = 64
+
+
+class CannotVectorize(Exception):
+    pass
+
+
+def _widen(e: ir.Expr, lanes: int) -> ir.Expr:
+    return e if e.lanes == lanes else ir.Broadcast(e, lanes)
+
+
+class _Widen(ir.Mutator):
+    def __init__(self, var: str, lanes: int, lo: ir.Expr):
+        self.var, self.lanes = var, lanes
+        self.ramp = ir.Ramp(lo, ir.const(1), lanes)
+        self.vector_vars: set[str] = set()
+
+    def visit_Var(self, v: ir.Var) -> ir.Expr:
+        return self.ramp if v.name == self.var else v
+
+    def visit_BinOp(self, e: ir.BinOp) -> ir.Expr:
+        a, b = self.expr(e.a), self.expr(e.b)
+        if a.lanes == 1 and b.lanes == 1:
+            return ir.BinOp(e.op, a, b)
+        ints = not e.dtype.is_float
+        if ints and e.op in ("+", "-"):
+            if isinstance(a, ir.Ramp) and b.lanes == 1:
+                return ir.Ramp(ir.BinOp(e.op, a.base, b), a.stride, a.lanes)
+            if isinstance(b, ir.Ramp) and a.lanes == 1 and e.op == "+":
+                return ir.Ramp(ir.BinOp("+", a, b.base), b.stride, b.lanes)
+            if isinstance(a, ir.Ramp) and isinstance(b, ir.Ramp):
+                return ir.Ramp(ir.BinOp(e.op, a.base, b.base), ir.BinOp(e.op, a.stride, b.stride), a.lanes)
+        if ints and e.op == "*":
+            if isinstance(a, ir.Ramp) and b.lanes == 1:
+                return ir.Ramp(ir.BinOp("*", a.base, b), ir.BinOp("*", a.stride, b), a.lanes)
+            if isinstance(b, ir.Ramp) and a.lanes == 1:
+                return ir.Ramp(ir.BinOp("*", a, b.base), ir.BinOp("*", a, b.stride), b.lanes)
+        return ir.BinOp(e.op, _widen(a, self.lanes), _widen(b, self.lanes))
+
+    def visit_Cmp(self, e: ir.Cmp) -> ir.Expr:
+        a, b = self.expr(e.a), self.expr(e.b)
+        if a.lanes == 1 and b.lanes == 1:
+            return ir.Cmp(e.op, a, b)
+        return ir.Cmp(e.op, _widen(a, self.lanes), _widen(b, self.lanes))
+
+    def visit_Logic(self, e: ir.Logic) -> ir.Expr:
+        args = tuple(self.expr(a) for a in e.args)
+        if any(a.lanes > 1 for a in args):
+            raise CannotVectorize("vector logic")
+        return ir.Logic(e.op, args)
+
+    def visit_Select(self, e: ir.Select) -> ir.Expr:
+        c, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
+        if c.lanes == 1 and a.lanes == 1 and b.lanes == 1:
+            return ir.Select(c, a, b)
+        if c.lanes > 1:
+            width = _cmp_width(c)
+            if width != e.dtype.itemsize:
+                raise CannotVectorize("a vector condition of another element size")
+        return ir.Select(c, _widen(a, self.lanes), _widen(b, self.lanes))
+
+    def visit_Call(self, e: ir.Call) -> ir.Expr:
+        args = tuple(self.expr(a) for a in e.args)
+        if any(a.lanes > 1 for a in args):
+            raise CannotVectorize(f"call to {e.name}")
+        return ir.Call(e.name, args, e.dtype)
+
+    def visit_Load(self, e: ir.Load) -> ir.Expr:
+        idx = tuple(self.expr(i) for i in e.index)
+        return ir.Load(e.buffer, idx)
+
+    def visit_Store(self, s: ir.Store) -> ir.Stmt:
+        idx = tuple(self.expr(i) for i in s.index)
+        v = self.expr(s.value)
+        if v.lanes > 1 and all(i.lanes == 1 for i in idx):
+            raise CannotVectorize(f"a reduction into {s.buffer.name}")
+        return ir.Store(s.buffer, idx, v)
+
+    def visit_For(self, s: ir.For) -> ir.Stmt:
+        lo, ext = self.expr(s.lo), self.expr(s.extent)
+        if lo.lanes > 1 or ext.lanes > 1:
+            raise CannotVectorize("a loop whose bounds vary across lanes")
+        return replace(s, lo=lo, extent=ext, body=self.stmt(s.body))
+
+    def visit_If(self, s: ir.If) -> ir.Stmt:
+        c = self.expr(s.cond)
+        if c.lanes > 1:
+            raise CannotVectorize("a condition that varies across lanes")
+        return ir.If(c, self.stmt(s.then), self.stmt(s.orelse) if s.orelse is not None else None)
+
+    def visit_LetStmt(self, s: ir.LetStmt) -> ir.Stmt:
+        v = self.expr(s.value)
+        if v.lanes > 1:
+            raise CannotVectorize("a vector binding")
+        return ir.LetStmt(s.var, v, self.stmt(s.body))
+
+    def visit_Allocate(self, s: ir.Allocate) -> ir.Stmt:
+        raise CannotVectorize("an allocation inside the loop")
+
+    def visit_Evaluate(self, s: ir.Evaluate) -> ir.Stmt:
+        raise CannotVectorize("a call statement inside the loop")
+
+
+def _cmp_width(c: ir.Expr) -> int:
+    if isinstance(c, ir.Cmp):
+        return c.a.dtype.itemsize
+    return 0
+
+
+class _Vectorize(ir.Mutator):
+    def __init__(self, native_bits: int, max_lanes: int):
+        self.native_bits = native_bits
+        self.max_lanes = max_lanes
+
+    def visit_For(self, s: ir.For) -> ir.Stmt:
+        body = self.stmt(s.body)
+        if s.kind != "vectorize":
+            return replace(s, body=body)
+        ext = simplify_expr(s.extent)
+        if not isinstance(ext, ir.Const):
+            return replace(s, body=body)
+        lanes = int(ext.value)
+        if lanes < 2 or lanes & (lanes - 1) or lanes > self.max_lanes:
+            return replace(s, body=body)
+        try:
+            return _Widen(s.var.name, lanes, s.lo).stmt(body)
+        except CannotVectorize:
+            return replace(s, body=body)
+
+
+def vectorize_loops(s: ir.Stmt, target: CPUTarget | CUDATarget) -> ir.Stmt:
+    """Turn vectorizable ``vectorize`` loops into vector statements (others keep a SIMD hint)."""
+    if isinstance(target, CUDATarget):
+        return s  # GPU vector accesses are made by the GPU passes
+    return _Vectorize(target.vector_bits, MAX_LANES).stmt(s)

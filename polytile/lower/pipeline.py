@@ -1,0 +1,133 @@
+"""Lowering, read top to bottom: a schedule becomes loop IR through one ordered list of passes.
+
+``POLYTILE_DUMP=<dir>`` writes the IR after every pass to ``<dir>/<func>.<nn>-<pass>.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import dtypes
+from ..errors import LoweringError
+from ..lang import expr as lx
+from ..poly.cache import CacheRequest
+from ..poly.materialize import Plan, materialize
+from ..schedule.state import Schedule
+from ..target import CPUTarget, CUDATarget
+from . import loopir as ir
+from .from_ast import IRBuilder, aexpr
+from .passes.allocate import allocate_intermediates
+from .passes.flatten import flatten_storage
+from .passes.registers import promote_registers
+from .passes.simplify import simplify
+from .passes.unroll import unroll_loops
+from .passes.vectorize import vectorize_loops
+
+
+class _Log:
+    def __init__(self, name: str):
+        d = os.environ.get("POLYTILE_DUMP")
+        self.dir = Path(d) if d else None
+        self.name = name
+        self.count = 0
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, stage: str, body: ir.Stmt) -> None:
+        if self.dir is None:
+            return
+        self.count += 1
+        (self.dir / f"{self.name}.{self.count:02d}-{stage}.txt").write_text(ir.stmt_text(body) + "\n")
+
+
+def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = None) -> ir.LoweredFunc:
+    """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer."""
+    func = sched.func
+    name = name or func.name
+    log = _Log(name)
+    plan = build_plan(sched)
+    buffers = make_buffers(sched, plan, target)
+    tags = {n: dict(st.tags) for n, st in sched.states.items()}
+    reserved = set(buffers) | {p.name for p in func.params}
+    comps = {c.name: c for c in sched.computations}
+    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved).build()
+    log("ast-to-ir", body)
+
+    passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]] = [
+        ("allocate", lambda s: allocate_intermediates(s, [buffers[c.name] for c in sched.computations
+                                                          if c.name not in {o.name for o in func.outputs}])),
+        ("simplify", simplify),
+        ("unroll", unroll_loops),
+        ("flatten", flatten_storage),
+        ("simplify", simplify),
+        ("vectorize", lambda s: vectorize_loops(s, target)),
+        ("registers", promote_registers),
+        ("simplify", simplify),
+    ]
+    if isinstance(target, CUDATarget):
+        from .gpu import gpu_passes
+        passes += gpu_passes(target)
+    for stage, fn in passes:
+        body = fn(body)
+        log(stage, body)
+
+    args = [buffers[t.name] for t in func.inputs] + [buffers[t.name] for t in func.outputs]
+    params = [ir.Var(p.name) for p in func.params]
+    return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
+
+
+def build_plan(sched: Schedule) -> Plan:
+    """The polyhedral part: every statement's schedule (caches included) and the isl AST."""
+    requests = []
+    for c in sched.caches:
+        level = None if c.level is None else sched.states[c.consumer].loops.index(c.level)
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc))
+    separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
+    return materialize(sched.program, sched.stage_schedules(), separate, requests)
+
+
+def shape_expr(e: lx.Expr) -> ir.Expr:
+    """A size expression (integers and parameters) in loop IR."""
+    if isinstance(e, lx.Const):
+        return ir.Const(int(e.value), dtypes.INDEX)
+    if isinstance(e, lx.Param):
+        return ir.Var(e.name)
+    if isinstance(e, lx.Cast):
+        return shape_expr(e.a)
+    if isinstance(e, lx.BinOp) and e.op in ("+", "-", "*", "//", "%"):
+        return ir.BinOp(e.op, shape_expr(e.a), shape_expr(e.b))
+    raise LoweringError(f"size {e} must be built from integers and parameters")
+
+
+def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) -> dict[str, ir.Buffer]:
+    func = sched.func
+    out: dict[str, ir.Buffer] = {}
+    outputs = {o.name for o in func.outputs}
+    for t in func.inputs:
+        out[t.name] = ir.Buffer(t.name, t.dtype, tuple(shape_expr(d) for d in t.shape), "arg")
+    for c in sched.computations:
+        shape = tuple(shape_expr(d) for d in c.shape)
+        if c.name in outputs:
+            out[c.name] = ir.Buffer(c.name, c.dtype, shape, "arg")
+        else:
+            out[c.name] = ir.Buffer(c.name, c.dtype, shape, _scope(sched.states[c.name].loc, target, c.name))
+    for cb in plan.caches:
+        dtype = func.tensor(cb.tensor).dtype
+        shape = tuple(aexpr(d, {}) for d in cb.shape)
+        out[cb.name] = ir.Buffer(cb.name, dtype, shape, _scope(cb.loc, target, cb.name))
+    return out
+
+
+_CPU_SCOPES = {"auto": "auto", "heap": "heap", "stack": "stack"}
+_GPU_SCOPES = {"auto": "auto", "global": "global", "shared": "shared", "local": "local", "constant": "constant",
+               "heap": "global"}
+
+
+def _scope(loc: str, target: CPUTarget | CUDATarget, name: str) -> str:
+    table = _GPU_SCOPES if isinstance(target, CUDATarget) else _CPU_SCOPES
+    if loc not in table:
+        raise LoweringError(f"buffer {name}: location {loc!r} does not exist on a {target.kind} target; "
+                            f"use one of {', '.join(table)}")
+    return table[loc]

@@ -1,0 +1,1 @@
+"""The polyhedral layer, the only package that imports islpy."""

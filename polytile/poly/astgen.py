@@ -1,0 +1,229 @@
+"""AST generation: scheduled statements to an isl AST, returned as plain ``astnodes``.
+
+Data-dependent bounds are handled with schedule-tree *context* nodes (as PPCG does for thread
+identifiers): a dynamic parameter is introduced just below the loops that fix the iterators it
+reads, so loops outside never see it and nothing reads the bound arrays out of place. A *binding
+statement* ``_bindN`` placed first under that node gives the code generator the spot (and the
+iterator values) where the parameters are loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..errors import LoweringError
+from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint
+from .model import Statement, header, project_out_params
+
+_OPS = {
+    isl.ast_expr_op_type.add: "add", isl.ast_expr_op_type.sub: "sub", isl.ast_expr_op_type.mul: "mul",
+    isl.ast_expr_op_type.minus: "neg", isl.ast_expr_op_type.min: "min", isl.ast_expr_op_type.max: "max",
+    isl.ast_expr_op_type.fdiv_q: "fdiv_q", isl.ast_expr_op_type.pdiv_q: "pdiv_q",
+    isl.ast_expr_op_type.pdiv_r: "pdiv_r", isl.ast_expr_op_type.zdiv_r: "zdiv_r",
+    isl.ast_expr_op_type.div: "pdiv_q", isl.ast_expr_op_type.select: "select",
+    isl.ast_expr_op_type.cond: "select", isl.ast_expr_op_type.eq: "eq", isl.ast_expr_op_type.le: "le",
+    isl.ast_expr_op_type.lt: "lt", isl.ast_expr_op_type.ge: "ge", isl.ast_expr_op_type.gt: "gt",
+    isl.ast_expr_op_type.and_: "and", isl.ast_expr_op_type.and_then: "and",
+    isl.ast_expr_op_type.or_: "or", isl.ast_expr_op_type.or_else: "or",
+}
+
+
+def convert_expr(e: isl.AstExpr) -> AExpr:
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return aint(e.get_val().to_python())
+    if t == isl.ast_expr_type.id:
+        return aid(e.get_id().get_name())
+    op = e.get_op_type()
+    if op not in _OPS:
+        raise LoweringError(f"unexpected isl AST operation {op}")
+    args = tuple(convert_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg()))
+    return AExpr(_OPS[op], args)
+
+
+def convert_node(node: isl.AstNode) -> AstNode:
+    t = node.get_type()
+    if t == isl.ast_node_type.for_:
+        it = node.for_get_iterator().get_id().get_name()
+        inc = node.for_get_inc().get_val().to_python()
+        degenerate = node.for_is_degenerate()
+        cond = aint(1) if degenerate else convert_expr(node.for_get_cond())
+        return AstFor(it, convert_expr(node.for_get_init()), cond, int(inc), convert_node(node.for_get_body()),
+                      int(it[1:]) if it[1:].isdigit() else -1, degenerate)
+    if t == isl.ast_node_type.if_:
+        orelse = convert_node(node.if_get_else_node()) if node.if_has_else_node() else None
+        return AstIf(convert_expr(node.if_get_cond()), convert_node(node.if_get_then_node()), orelse)
+    if t == isl.ast_node_type.block:
+        kids = node.block_get_children()
+        return AstBlock(tuple(convert_node(kids.get_at(k)) for k in range(kids.n_ast_node())))
+    if t == isl.ast_node_type.user:
+        call = node.user_get_expr()
+        name = call.get_op_arg(0).get_id().get_name()
+        args = tuple(convert_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg()))
+        return AstUser(name, args)
+    if t == isl.ast_node_type.mark:
+        return AstMark(node.mark_get_id().get_name(), convert_node(node.mark_get_node()))
+    raise LoweringError(f"unexpected isl AST node {t}")
+
+
+def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = None) -> AExpr:
+    """An isl piecewise affine function of named inputs (and parameters) as an AExpr."""
+    n = pa.dim(isl.dim_type.in_)
+    for k, name in enumerate(in_names[:n]):
+        pa = pa.set_dim_id(isl.dim_type.in_, k, isl.Id(name))
+    moved = pa.move_dims(isl.dim_type.param, pa.dim(isl.dim_type.param), isl.dim_type.in_, 0, n)
+    ctx = isl.Set.universe(moved.domain().get_space())
+    if context is not None:
+        ctx = ctx.intersect_params(context)
+    ctx = ctx.intersect(moved.domain())
+    build = isl.AstBuild.from_context(ctx)
+    return convert_expr(build.expr_from_pw_aff(moved))
+
+
+@dataclass
+class Scheduled:
+    """A statement with its full (2d+1, padded) schedule map."""
+
+    stmt: Statement
+    schedule: isl.Map
+
+
+@dataclass
+class Binding:
+    """``_bindN`` loads ``params`` of computation ``owner``; its domain is (prefix…, ``sources``…)."""
+
+    name: str
+    owner: str
+    params: list[str]
+    prefix_len: int
+    sources: list[str]
+
+
+def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str],
+             dyn_sources: dict[str, list[str]], dyn_constraints: dict[str, list[str]],
+             separate_dims: set[int], width: int) -> tuple[AstNode, list[Binding]]:
+    """The AST scanning ``items`` in schedule order.
+
+    ``dyn_owner``/``dyn_sources``: for each dynamic parameter, the statement it belongs to and that
+    statement's dimensions it reads. ``dyn_constraints``: isl constraints over each parameter that
+    hold for every value (declared value ranges and monotonicity).
+    """
+    by_name = {it.stmt.name: it for it in items}
+    bindings: list[Binding] = []
+    depth_of: dict[str, int] = {}
+    for pname, owner in dyn_owner.items():
+        it = by_name.get(owner)
+        if it is None:
+            continue
+        m = binding_depth(it, dyn_sources[pname])
+        depth_of[pname] = m
+    groups: dict[tuple[str, int], list[str]] = {}
+    for pname, m in depth_of.items():
+        groups.setdefault((dyn_owner[pname], m), []).append(pname)
+    extra: list[Scheduled] = []
+    for (owner, m), pnames in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        it = by_name[owner]
+        sources = sorted({s for p in pnames for s in dyn_sources[p]}, key=it.stmt.dims.index)
+        bname = f"_bind{len(bindings)}"
+        bindings.append(Binding(bname, owner, sorted(pnames), m, sources))
+        extra.append(_binding_statement(bname, it, m, sources, width))
+    all_items = items + extra
+    dyn_all = sorted(depth_of)
+
+    domain = _union_set([project_out_params(it.stmt.domain, dyn_all) for it in items]
+                        + [b.stmt.domain for b in extra])
+    sched = None
+    for it in all_items:
+        u = isl.UnionMap.from_map(it.schedule.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
+        sched = u if sched is None else sched.union(u)
+    assert sched is not None
+    schedule = isl.Schedule.from_domain(domain)
+    node = schedule.get_root().child(0)
+    node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(sched))
+    depths = sorted({m for m in depth_of.values()})
+    start = 0
+    for m in depths:
+        if m > start:
+            node = _set_loop_types(node, start, m, separate_dims)
+            node = node.band_split(m - start)
+            node = node.child(0)
+        params_here = [p for p in dyn_all if depth_of[p] == m]
+        deeper = [p for p in dyn_all if depth_of[p] > m]
+        node = node.insert_context(_context_set(context, params_here, dyn_constraints, m))
+        node = node.child(0)
+        filt = _union_set([project_out_params(it.stmt.domain, deeper) for it in items]
+                          + [b.stmt.domain for b in extra])
+        node = node.insert_filter(filt)
+        node = node.child(0)
+        start = m
+    if node.get_type() == isl.schedule_node_type.band:
+        node = _set_loop_types(node, start, width, separate_dims)
+    build = isl.AstBuild.from_context(context)
+    ast = build.node_from_schedule(node.get_schedule())
+    return convert_node(ast), bindings
+
+
+def _set_loop_types(node: isl.ScheduleNode, start: int, end: int, separate_dims: set[int]) -> isl.ScheduleNode:
+    for d in separate_dims:
+        if start <= d < end:
+            node = node.band_member_set_ast_loop_type(d - start, isl.ast_loop_type.separate)
+    return node
+
+
+def _union_set(sets: list[isl.Set]) -> isl.UnionSet:
+    out: isl.UnionSet | None = None
+    for s in sets:
+        u = isl.UnionSet.from_set(s)
+        out = u if out is None else out.union(u)
+    assert out is not None
+    return out
+
+
+def _context_set(context: isl.Set, params: list[str], constraints: dict[str, list[str]], m: int) -> isl.Set:
+    names = [context.get_dim_name(isl.dim_type.param, k) for k in range(context.dim(isl.dim_type.param))]
+    conds = [c for p in params for c in constraints.get(p, [])] or ["1 = 1"]
+    dims = ", ".join(f"c{k}" for k in range(m))
+    s = isl.Set(f"{header(names + params)}{{ [{dims}] : {' and '.join(conds)} }}")
+    return s.intersect_params(context)
+
+
+def binding_depth(it: Scheduled, sources: list[str]) -> int:
+    """The shortest even schedule prefix of ``it`` that fixes the statement dimensions ``sources``."""
+    stmt = it.stmt
+    dom = stmt.over_domain()
+    sched = it.schedule.intersect_domain(dom)
+    n_out = sched.dim(isl.dim_type.out)
+    keep = [stmt.dims.index(s) for s in sources]
+    for m in range(0, n_out + 1, 2):
+        prefix = sched.project_out(isl.dim_type.out, m, n_out - m)
+        inv = prefix.reverse()  # prefix -> instance
+        drop = [k for k in range(len(stmt.dims)) if k not in keep]
+        for k in reversed(drop):
+            inv = inv.project_out(isl.dim_type.out, k, 1)
+        if inv.is_single_valued():
+            return m
+    raise LoweringError(f"statement {stmt.name}: the schedule does not fix {', '.join(sources)}")
+
+
+def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
+    stmt = it.stmt
+    dom = stmt.over_domain()
+    sched = it.schedule.intersect_domain(dom)
+    n_out = sched.dim(isl.dim_type.out)
+    prefix = sched.project_out(isl.dim_type.out, m, n_out - m)  # instance -> prefix
+    # instance -> [prefix, sources]
+    src_idx = [stmt.dims.index(s) for s in sources]
+    n_dims = len(stmt.dims)
+    pick = isl.Map(f"{{ [{', '.join(f'x{k}' for k in range(n_dims))}] -> "
+                   f"[{', '.join(f'x{k}' for k in src_idx)}] }}")
+    pick = pick.set_tuple_name(isl.dim_type.in_, stmt.name)
+    both = prefix.range_product(pick.intersect_domain(dom))
+    bdom = both.range().flatten().set_tuple_name(name)
+    ps = [f"p{k}" for k in range(m)]
+    ss = [f"s{k}" for k in range(len(sources))]
+    outs = ps + ["-1"] + ["0"] * (width - m - 1)
+    bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
+    bstmt = Statement(name, ps + ss, bdom)
+    return Scheduled(bstmt, bs.intersect_domain(bdom))

@@ -1,0 +1,368 @@
+"""Caches: footprints, box hulls, copy statements and the rewriting of accesses, all computed by isl.
+
+For a consumer statement S scheduled by θ and a loop at schedule depth m, the footprint of tensor X
+in one iteration P of the first m schedule dimensions is F(P) = { e : ∃x. θ_m(x) = P ∧ S[x] reads
+X[e] }. The cache buffer holds a box [off(P), off(P) + size) around F(P) (sizes constant when
+possible, else parametric, e.g. a CSR row); the copy statement fills it over the rectangular hull of
+F(P) (never outside the array) just before S's part of the iteration, and S reads
+cache[layout(e - off(θ_m(x)))] instead of X[e]. A write cache accumulates in the buffer and copies
+the exact written footprint back after the iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from ..errors import LanguageError, ScheduleError
+from ..lang import expr as lx
+from .affine import NotAffine, affine
+from .astgen import Scheduled, binding_depth, pw_aff_expr
+from .astnodes import AExpr
+from .model import INIT_SUFFIX, Namer, Statement, maps_of, project_out_params
+from .program import STATIC_SCALE, PolyProgram, StageSchedule
+
+
+@dataclass
+class CacheRequest:
+    kind: str  # "read" or "write"
+    tensor: str
+    consumer: str  # computation
+    level: int | None  # loop index of the consumer (None: the whole function)
+    name: str
+    layout: Callable[..., object] | None = None
+    loc: str = "auto"
+
+
+@dataclass
+class CacheBuffer:
+    """A cache buffer: ``shape`` over parameters (constants where possible)."""
+
+    name: str
+    tensor: str
+    consumer: str
+    kind: str
+    shape: list[AExpr]
+    level: int | None
+    loc: str
+    copy_stmts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CacheRewrite:
+    """In statement ``stmt``, accesses of ``tensor`` go to ``cache`` at
+    ``layout(index - offset)``; ``offset`` is over the statement's dimensions."""
+
+    stmt: str
+    tensor: str
+    cache: str
+    offset: list[AExpr]
+    layout_vars: list[lx.IterVar]
+    layout_exprs: list[lx.Expr]
+
+
+def _layout(req: CacheRequest, ndim: int) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
+    rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
+          for k in range(ndim)]
+    if req.layout is None:
+        outs: list[lx.Expr] = list(rs)
+    else:
+        res = req.layout(*rs)
+        outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
+    namer = Namer(f"the layout of cache {req.name}", rs)
+    try:
+        forms = [affine(o, namer) for o in outs]
+    except NotAffine as err:
+        raise ScheduleError(f"cache {req.name}: its layout is not affine ({err})") from None
+    text = (f"{{ [{', '.join(r.name for r in rs)}] -> [{', '.join(str(f) for f in forms)}] }}")
+    lmap = isl.Map(text)
+    if not lmap.is_injective():
+        raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
+    return lmap, rs, outs
+
+
+def _extreme(pa: isl.PwAff, maximize: bool) -> int | None:
+    """The maximum (or minimum) of ``pa`` over its domain and every parameter value, if bounded."""
+    s = isl.Map.from_pw_aff(pa).range()
+    s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+    if s.is_empty():
+        return 0
+    v = s.dim_max_val(0) if maximize else s.dim_min_val(0)
+    if v.is_infty() or v.is_neginfty() or v.is_nan():
+        return None
+    return int(v.to_python())
+
+
+@dataclass
+class _Box:
+    offset: isl.PwAff  # over P (and parameters)
+    size: int | None  # constant extent, or None when parametric
+    size_pa: isl.PwAff | None  # parametric extent (over parameters only)
+    lo: isl.PwAff
+    hi: isl.PwAff
+
+
+def _box_dim(f: isl.Map, d: int, what: str) -> _Box:
+    n_out = f.dim(isl.dim_type.out)
+    proj = f.project_out(isl.dim_type.out, d + 1, n_out - d - 1).project_out(isl.dim_type.out, 0, d)
+    lo = proj.dim_min(0)
+    hi = proj.dim_max(0)
+    best: tuple[int, isl.Aff] | None = None
+    for _, aff in lo.get_pieces():
+        cand = isl.PwAff.from_aff(aff)
+        below = _extreme(lo.sub(cand), maximize=False)
+        if below is None or below < 0:
+            continue
+        size = _extreme(hi.sub(cand), maximize=True)
+        if size is not None and (best is None or size + 1 < best[0]):
+            best = (size + 1, aff)
+    if best is not None:
+        return _Box(isl.PwAff.from_aff(best[1]), best[0], None, lo, hi)
+    ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
+        lo.get_domain_space())).set_constant_val(1)))
+    s = isl.Map.from_pw_aff(ext).range()  # the extents, over the parameters
+    mx = s.lexmax()
+    if not mx.is_bounded() if hasattr(mx, "is_bounded") else False:
+        raise ScheduleError(f"{what}: the footprint is unbounded; declare value_range on the index arrays")
+    size_pa = isl.PwMultiAff.from_map(isl.Map.from_range(mx)).get_pw_aff(0)
+    return _Box(lo, None, size_pa, lo, hi)
+
+
+def _names(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{k}" for k in range(n)]
+
+
+def _expr(pa: isl.PwAff, names: list[str], context: isl.Set) -> AExpr:
+    return pw_aff_expr(pa, names, context)
+
+
+def _prefix_map(it: Scheduled, m: int, dom: isl.Set) -> isl.Map:
+    sched = it.schedule.intersect_domain(dom)
+    n_out = sched.dim(isl.dim_type.out)
+    return sched.project_out(isl.dim_type.out, m, n_out - m)
+
+
+def _graph(pas: list[isl.PwAff]) -> isl.Map:
+    """{ [P] -> [v0, v1, …] } from one piecewise function per output."""
+    pma = isl.PwMultiAff.from_pw_aff(pas[0])
+    for pa in pas[1:]:
+        pma = pma.flat_range_product(isl.PwMultiAff.from_pw_aff(pa))
+    return isl.Map.from_pw_multi_aff(pma)
+
+
+def _bound_params(program: PolyProgram, it: Scheduled, m: int, dyn_sources: dict[str, list[str]]) -> list[str]:
+    """Dynamic parameters of ``it`` whose binding is at most ``m`` deep (usable in a cache at ``m``)."""
+    out = []
+    for p in it.stmt.dyn_params:
+        if binding_depth(it, dyn_sources[p]) <= m:
+            out.append(p)
+    del program
+    return out
+
+
+def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
+                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]
+                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]]]:
+    from .materialize import StmtPlan
+
+    by_name = {it.stmt.name: it for it in items}
+    extra: list[tuple[Scheduled, object]] = []
+    buffers: list[CacheBuffer] = []
+    rewrites: dict[str, list[CacheRewrite]] = {}
+    slot_used: dict[tuple[str, int], int] = {}
+    chains: dict[tuple[str, str], tuple[CacheBuffer, int, isl.Map, list[lx.IterVar], list[lx.Expr]]] = {}
+    ordered = sorted(requests, key=lambda r: (-1 if r.level is None else r.level))
+    for req in ordered:
+        it = by_name[req.consumer]
+        stmt = it.stmt
+        sched = scheds[req.consumer]
+        m = 0 if req.level is None else 2 * (req.level + 1)
+        keep = _bound_params(program, it, m, dyn_sources)
+        drop = [p for p in stmt.dyn_params if p not in keep]
+        dom = project_out_params(stmt.domain, drop)
+        prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
+        tensor = program.func.tensor(req.tensor)
+        what = f"cache {req.name} of {req.tensor} for {req.consumer}"
+        if req.kind == "read":
+            accesses = [a.relation for a in stmt.reads if a.tensor == req.tensor]
+        else:
+            accesses = [a.relation for a in stmt.writes if a.tensor == req.tensor]
+        if not accesses:
+            raise ScheduleError(f"{what}: {req.consumer} does not access {req.tensor}")
+        acc = accesses[0]
+        for a in accesses[1:]:
+            acc = acc.union(a)
+        acc = project_out_params(acc, drop).intersect_domain(dom)
+        fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
+        ndim = tensor.ndim
+        boxes = [_box_dim(fp, d, what) for d in range(ndim)]
+        lmap, lvars, lexprs = _layout(req, ndim)
+        p_names = _names("p", m)
+        ctx = program.context
+        # buffer shape: the bounds of the layout's image of the box
+        box_rel = isl.Set(f"{{ [{', '.join(_names('r', ndim))}] : "
+                          + " and ".join(f"0 <= r{d} < {b.size}" for d, b in enumerate(boxes) if b.size is not None)
+                          + (" and " if any(b.size is not None for b in boxes) else "") + "1 = 1 }")
+        shape: list[AExpr] = []
+        if all(b.size is not None for b in boxes):
+            img = box_rel.apply(lmap)
+            for c in range(img.dim(isl.dim_type.set)):
+                lo_v = img.dim_min_val(c).to_python()
+                hi_v = img.dim_max_val(c).to_python()
+                if lo_v != 0:
+                    raise ScheduleError(f"{what}: the layout must map the footprint's origin to index 0 "
+                                        f"(dimension {c} starts at {lo_v})")
+                shape.append(AExpr("int", value=int(hi_v) + 1))
+        else:
+            if req.layout is not None:
+                raise ScheduleError(f"{what}: a layout needs a footprint of constant size; it depends on "
+                                    "the data here")
+            shape = [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx)
+                     for b in boxes]
+        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, shape, req.level, req.loc)
+        buffers.append(buf)
+        off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
+        # what the consumer reads from now on
+        off_x = prefix.apply_range(off_map)  # S[x] -> [o]
+        off_pma = isl.PwMultiAff.from_map(off_x)
+        offsets = [_expr(off_pma.get_pw_aff(d), stmt.dims, ctx) for d in range(ndim)]
+        redirected = [req.consumer]
+        if req.kind == "write":
+            init_name = req.consumer + INIT_SUFFIX
+            init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
+            if init_inside:
+                redirected.append(init_name)
+        for sname in redirected:
+            s_off = offsets
+            if sname != req.consumer:
+                s_it = by_name[sname]
+                s_prefix = _prefix_map(s_it, m, s_it.stmt.over_domain())
+                s_pma = isl.PwMultiAff.from_map(s_prefix.apply_range(off_map))
+                s_off = [_expr(s_pma.get_pw_aff(d), s_it.stmt.dims, ctx) for d in range(ndim)]
+            rewrites.setdefault(sname, [])
+            rewrites[sname] = [r for r in rewrites[sname] if r.tensor != req.tensor]
+            rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, s_off, lvars, lexprs))
+        # the source of the copy: the tensor, or the previous cache in a chain (multi-level)
+        prev = chains.get((req.consumer, req.tensor)) if req.kind == "read" else None
+        statics = sched.statics
+        pos = m // 2  # the static position of the consumer just inside the level
+        base_static = statics[pos] if pos < len(statics) else statics[-1]
+        copy_kinds = []
+        if req.kind == "read":
+            copy_kinds.append(("copy_in", _copy_domain_hull(boxes, fp), -1))
+        else:
+            written = fp  # the exact written footprint
+            if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
+                copy_kinds.append(("copy_in", written, -1))
+            copy_kinds.append(("copy_out", written, +1))
+        for kind, region, direction in copy_kinds:
+            key = (req.consumer, pos)
+            slot_used[key] = slot_used.get(key, 0) + 1
+            if direction < 0:
+                static = base_static - STATIC_SCALE // 2 + slot_used[key] - 1
+                if static >= base_static - 1:
+                    raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
+            else:
+                static = base_static + slot_used[key]
+            rel = region.sum(off_map.neg()).apply_range(lmap)  # [P] -> [c]
+            rel = rel.intersect_domain(prefix.range())
+            n_c = rel.dim(isl.dim_type.out)
+            c_names = _names("q", n_c)
+            cname = f"{req.name}__{kind}"
+            cdom = rel.wrap().flatten().set_tuple_name(cname)
+            for k, nm in enumerate(p_names + c_names):
+                cdom = cdom.set_dim_name(isl.dim_type.set, k, nm)
+            outs = p_names + [str(static)]
+            for c in c_names:
+                outs += [c, "0"]
+            outs += ["0"] * (width - len(outs))
+            if len(outs) > width:
+                raise ScheduleError(f"{what}: internal width {len(outs)} exceeds {width}")
+            cmap = isl.Map(f"{{ {cname}[{', '.join(p_names + c_names)}] -> [{', '.join(outs)}] }}")
+            cmap = cmap.intersect_domain(cdom)
+            cstmt = Statement(cname, p_names + c_names, cdom, dyn_params=keep)
+            # element index: e = off(P) + layout^-1(c)
+            linv = lmap.reverse()
+            src = _src_index(off_map, linv, m, n_c)
+            src_pma = isl.PwMultiAff.from_map(src)
+            names = p_names + c_names
+            elem = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(ndim)]
+            cache_idx = [AExpr("id", name=c) for c in c_names]
+            if kind == "copy_in" and req.kind == "read" and prev is not None:
+                pbuf, pm, poff_map, _, _ = prev
+                del pbuf, pm, poff_map
+            plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
+                                                          enumerate(c_names, start=m // 2)})
+            if kind == "copy_in":
+                plan.src_index, plan.dst_index = elem, cache_idx
+            else:
+                plan.src_index, plan.dst_index = cache_idx, elem
+            if prev is not None and kind == "copy_in":
+                # the copy reads the previous cache: rewrite its read of the tensor like a consumer's
+                poff = _prev_offsets(prev, cstmt, m, names, ctx)
+                plan.rewrites.append(CacheRewrite(cname, req.tensor, prev[0].name, poff, prev[3], prev[4]))
+            buf.copy_stmts.append(cname)
+            extra.append((Scheduled(cstmt, cmap), plan))
+        if req.kind == "read":
+            chains[(req.consumer, req.tensor)] = (buf, m, off_map, lvars, lexprs)
+    del items
+    return extra, buffers, rewrites
+
+
+def _copy_domain_hull(boxes: list[_Box], fp: isl.Map) -> isl.Map:
+    """{ [P] -> X[e] : lo_d(P) <= e_d <= hi_d(P) } — the rectangular hull of the footprint."""
+    n = len(boxes)
+    out = None
+    for d, b in enumerate(boxes):
+        lo_g = isl.Map.from_pw_aff(b.lo)
+        hi_g = isl.Map.from_pw_aff(b.hi)
+        ge = isl.Map("{ [a] -> [e] : e >= a }")
+        le = isl.Map("{ [b] -> [e] : e <= b }")
+        dim_rel = lo_g.apply_range(ge).intersect(hi_g.apply_range(le))
+        out = dim_rel if out is None else out.flat_range_product(dim_rel)
+    assert out is not None
+    del n
+    return out.set_tuple_id(isl.dim_type.out, fp.get_tuple_id(isl.dim_type.out)) \
+        .reset_tuple_id(isl.dim_type.out)
+
+
+def _src_index(off_map: isl.Map, linv: isl.Map, m: int, n_c: int) -> isl.Map:
+    """{ [P, c] -> [e] : e = off(P) + layout^-1(c) }."""
+    off_ext = off_map.insert_dims(isl.dim_type.in_, m, n_c)
+    linv_ext = linv.insert_dims(isl.dim_type.in_, 0, m)
+    off_ext = off_ext.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+    linv_ext = linv_ext.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+    return off_ext.sum(linv_ext)
+
+
+def _prev_offsets(prev: tuple, cstmt: Statement, m: int, names: list[str], ctx: isl.Set) -> list[AExpr]:
+    """Offsets of the previous (outer) cache as functions of the copy statement's dimensions."""
+    _, pm, poff_map, _, _ = prev
+    n = len(names)
+    # the copy's first pm dimensions are the previous cache's prefix
+    proj = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(names[:pm])}] }}")
+    rel = proj.apply_range(poff_map.reset_tuple_id(isl.dim_type.in_))
+    pma = isl.PwMultiAff.from_map(rel)
+    del cstmt, m, n
+    return [pw_aff_expr(pma.get_pw_aff(d), names, ctx) for d in range(pma.dim(isl.dim_type.out))]
+
+
+def _init_inside(update: StageSchedule, init: StageSchedule, level: int | None) -> bool:
+    """Whether the initialization of every element runs inside the cache's loop iteration."""
+    if level is None:
+        return True
+    n_shared = 0
+    for a, b in zip(update.loops.names, init.loops.names):
+        if a != b:
+            break
+        n_shared += 1
+    return n_shared > level and init.statics[:level + 1] == update.statics[:level + 1]
+
+
+def check_no_maps(m: isl.UnionMap) -> list[isl.Map]:
+    return maps_of(m)
+
+
+_ = LanguageError

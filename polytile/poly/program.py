@@ -1,0 +1,198 @@
+"""The polyhedral model of a function: statements, parameters, dependences and derived schedules.
+
+This is the facade the schedule and lowering layers use; everything here returns plain Python
+values or opaque wrappers (``LoopSchedule``), never raw isl objects to callers outside ``poly/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..errors import LanguageError, ScheduleError
+from ..lang.expr import Expr, Load
+from ..lang.func import Func
+from ..lang.tensor import ComputeTensor, Placeholder
+from .affine import DynParams, NotAffine, affine
+from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
+from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
+from .schedule import LoopSchedule, full_map
+
+
+STATIC_SCALE = 16
+"""Static positions of computations are spaced by this, leaving room around each for its
+initialization (just before), cache copies (before) and write-backs (after)."""
+
+
+@dataclass
+class StageSchedule:
+    """What the schedule layer knows of one statement's placement: loops and static positions."""
+
+    loops: LoopSchedule
+    statics: list[int]  # materialized static values, len(loops.names) + 1
+
+
+class PolyProgram:
+    """Statements of every computation of ``func`` (bodies after inlining) and their dependences."""
+
+    def __init__(self, func: Func, bodies: Mapping[str, Expr], computations: Sequence[ComputeTensor]):
+        self.func = func
+        self.params = [p.name for p in func.params]
+        self.context = global_context(func.params, func.constraints, func.inputs)
+        self.dyn = DynParams()
+        self.statements: dict[str, Statement] = {}
+        self.owner_of: dict[str, str] = {}  # statement -> computation
+        for comp in computations:
+            for st in computation_statements(comp, bodies[comp.name], self.params, self.dyn):
+                if st.name in self.statements:
+                    raise LanguageError(f"statement name {st.name} is used twice; rename tensor {comp.name}")
+                self.statements[st.name] = st
+                self.owner_of[st.name] = comp.name
+        self.dyn_constraints = self._dyn_constraints()
+        self._add_dyn_constraints()
+        self._check_bounds()
+        self._deps: list[Dependence] | None = None
+
+    # --- dynamic parameters ---------------------------------------------------------------------
+    def _dyn_constraints(self) -> dict[str, list[str]]:
+        """Declared value ranges and monotonicity of index arrays, as constraints on ``_dN``."""
+        out: dict[str, list[str]] = {n: [] for n in self.dyn.exprs}
+        loads: dict[str, Load] = {n: e for n, e in self.dyn.exprs.items() if isinstance(e, Load)}
+        for n, ld in loads.items():
+            t = ld.tensor
+            if isinstance(t, Placeholder) and t.value_range is not None:
+                namer = Namer(t.name, [])
+                try:
+                    lo, hi = affine(t.value_range[0], namer), affine(t.value_range[1], namer)
+                except NotAffine:
+                    raise LanguageError(f"value_range of {t.name} must be affine in the parameters") from None
+                out[n] += [f"{lo} <= {n}", f"{n} <= {hi}"]
+        for a, la in loads.items():
+            for b, lb in loads.items():
+                ta = la.tensor
+                if a == b or ta is not lb.tensor or not isinstance(ta, Placeholder) or not ta.monotonic:
+                    continue
+                if self.dyn.owners[a] != self.dyn.owners[b]:
+                    continue
+                diff = _const_difference(la.indices[0], lb.indices[0])
+                if diff is not None and diff > 0:
+                    out[a].append(f"{a} <= {b}")
+        return out
+
+    def _add_dyn_constraints(self) -> None:
+        for st in self.statements.values():
+            conds = [c for p in st.dyn_params for c in self.dyn_constraints.get(p, [])]
+            if conds:
+                names = [st.domain.get_dim_name(isl.dim_type.param, k) for k in range(st.domain.dim(isl.dim_type.param))]
+                extra = isl.Set(f"[{', '.join(names)}] -> {{ : {' and '.join(conds)} }}")
+                st.domain = st.domain.intersect_params(extra)
+
+    def _check_bounds(self) -> None:
+        """Prove that every access stays inside its tensor (for all parameter values and the declared
+        ranges of index arrays); an access that may not is a LanguageError, never a crash."""
+        for st in self.statements.values():
+            for acc in st.reads + st.writes:
+                tensor = self.func.tensor(acc.tensor)
+                bounds = tensor_bounds(tensor, self.params)
+                touched = acc.relation.intersect_params(self.context).range()
+                outside = touched.subtract(bounds)
+                if outside.is_empty():
+                    continue
+                comp = self.owner_of[st.name]
+                hint = ("; declare value_range=(lo, hi) on the index arrays it reads" if not acc.exact else
+                        "; guard the read with pt.select or shrink the domain")
+                pt = outside.sample_point()
+                coords = [pt.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(tensor.ndim)]
+                params = {outside.get_dim_name(isl.dim_type.param, k):
+                          pt.get_coordinate_val(isl.dim_type.param, k).to_python()
+                          for k in range(outside.dim(isl.dim_type.param))}
+                where = ", ".join(f"{k}={v}" for k, v in params.items() if not k.startswith("_d"))
+                raise LanguageError(f"computation {comp} may access {acc.tensor} outside its bounds, e.g. "
+                                    f"{acc.tensor}[{', '.join(map(str, coords))}]"
+                                    f"{' when ' + where if where else ''}{hint}")
+
+    def dyn_sources(self) -> dict[str, list[str]]:
+        """For each dynamic parameter, the iterators (by name) of its owner that it reads."""
+        from .model import dyn_sources
+        return {n: [v.name for v in dyn_sources(e)] for n, e in self.dyn.exprs.items()}
+
+    # --- schedules ------------------------------------------------------------------------------
+    def identity_loops(self, stmt: str) -> LoopSchedule:
+        st = self.statements[stmt]
+        return LoopSchedule.identity(self.owner_of[stmt], stmt, st.dims)
+
+    def init_schedule(self, comp: str, update: StageSchedule) -> StageSchedule:
+        """The initialization of a reduction, placed just before the first loop that runs over a
+        reduction axis, in the update's loops that do not (see the design notes)."""
+        upd = self.statements[comp]
+        init = self.statements[comp + INIT_SUFFIX]
+        loops = update.loops
+        n = len(loops.names)
+        dep = [loops.depends_on(k, upd.reduce_dims) for k in range(n)]
+        q = dep.index(True) if True in dep else n
+        keep = [k for k in range(n) if not dep[k]]
+        for k in keep:
+            if k > q and loops.depends_on(k, upd.reduce_dims):
+                raise ScheduleError(f"computation {comp}: loop {loops.names[k]} mixes reduction and data axes")
+        rel = loops.rel
+        drop_out = [k for k in range(n) if k not in keep]
+        for k in reversed(drop_out):
+            rel = rel.project_out(isl.dim_type.out, k, 1)
+        red_pos = [upd.dims.index(d) for d in upd.reduce_dims]
+        for k in sorted(red_pos, reverse=True):
+            rel = rel.project_out(isl.dim_type.in_, k, 1)
+        rel = rel.set_tuple_name(isl.dim_type.in_, init.name).intersect_domain(init.domain)
+        if not rel.is_single_valued():
+            raise ScheduleError(f"computation {comp}: its initialization cannot follow the loops "
+                                f"{', '.join(loops.names)}; keep reduction loops apart from data loops")
+        names = [loops.names[k] for k in keep]
+        init_loops = LoopSchedule(comp, init.dims, rel, names)
+        statics = list(update.statics[:q + 1])
+        statics[q] -= 1
+        statics += [update.statics[-1]] * (len(names) + 1 - len(statics))
+        return StageSchedule(init_loops, statics[:len(names) + 1])
+
+    def width(self, scheds: Mapping[str, StageSchedule]) -> int:
+        return max(2 * len(s.loops.names) + 1 for s in scheds.values())
+
+    def full_maps(self, scheds: Mapping[str, StageSchedule], width: int | None = None) -> dict[str, isl.Map]:
+        w = width or self.width(scheds)
+        return {name: full_map(s.loops, s.statics, w).intersect_domain(self.statements[name].over_domain())
+                for name, s in scheds.items() if name in self.statements}
+
+    # --- dependences ----------------------------------------------------------------------------
+    def dependences(self, original: Mapping[str, StageSchedule]) -> list[Dependence]:
+        if self._deps is None:
+            stmts = list(self.statements.values())
+            self._deps = compute_dependences(stmts, self.full_maps(original))
+        return self._deps
+
+    def violation(self, original: Mapping[str, StageSchedule],
+                  scheds: Mapping[str, StageSchedule]) -> Violation | None:
+        return first_violation(self.dependences(original), self.full_maps(scheds))
+
+    def carried(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
+                dim: int) -> Violation | None:
+        w = self.width(scheds)
+        return carried_violation(self.dependences(original), self.full_maps(scheds, w), dim, w)
+
+    def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
+        return loops.loop_range(pos, self.statements[stmt].over_domain())
+
+    def domain_of(self, stmt: str) -> isl.Set:
+        return self.statements[stmt].domain
+
+
+def _const_difference(a: Expr, b: Expr) -> int | None:
+    """b - a when both are affine and differ by a constant."""
+    class _Any:
+        def __call__(self, v: object) -> str:
+            return getattr(v, "name", "?")
+    try:
+        fa, fb = affine(a, _Any()), affine(b, _Any())
+    except NotAffine:
+        return None
+    d = fb.plus(fa, -1)
+    return d.const if d.is_const else None

@@ -1,0 +1,193 @@
+"""The loop part of a statement's schedule: an affine map from its domain to named loops.
+
+Every loop primitive (split, reorder, fuse, skew, shift, reverse, any user map) is an affine map
+composed on the right. The static (ordering) dimensions of the 2d+1 form are kept beside it as
+integers by the schedule layer; ``full_map`` interleaves the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import islpy as isl
+
+from ..errors import ScheduleError
+
+
+def _xs(n: int, prefix: str = "x") -> list[str]:
+    return [f"{prefix}{k}" for k in range(n)]
+
+
+class LoopSchedule:
+    """``stmt[dims] -> [l0, …]`` with loop names; immutable, every primitive returns a new one."""
+
+    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str]):
+        self.owner = owner  # the computation, for messages
+        self.dims = list(dims)
+        self.rel = rel
+        self.names = list(names)
+
+    @staticmethod
+    def identity(owner: str, stmt: str, dims: Sequence[str]) -> LoopSchedule:
+        d = ", ".join(dims)
+        return LoopSchedule(owner, dims, isl.Map(f"{{ {stmt}[{d}] -> [{d}] }}"), dims)
+
+    # --- helpers --------------------------------------------------------------------------------
+    def index(self, name: str) -> int:
+        if name not in self.names:
+            raise ScheduleError(f"computation {self.owner} has no loop named {name!r}; its loops are "
+                                + ", ".join(self.names))
+        return self.names.index(name)
+
+    def _fresh(self, wanted: str | None, default: str, taken: set[str]) -> str:
+        name = wanted or default
+        if not wanted:
+            k = 1
+            while name in taken:
+                name, k = f"{default}{k}", k + 1
+        elif name in taken:
+            raise ScheduleError(f"computation {self.owner} already has a loop named {name!r}")
+        if not name.replace(".", "_").isidentifier():
+            raise ScheduleError(f"loop name {name!r} of {self.owner} is not an identifier")
+        return name
+
+    def _compose(self, out_exprs: Sequence[str], names: Sequence[str], extra: str = "") -> LoopSchedule:
+        xs = _xs(len(self.names))
+        text = f"{{ [{', '.join(xs)}] -> [{', '.join(out_exprs)}] {(': ' + extra) if extra else ''}}}"
+        t = isl.Map(text)
+        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names)
+
+    # --- primitives -----------------------------------------------------------------------------
+    def split(self, name: str, factor: int, outer: str | None = None, inner: str | None = None) -> LoopSchedule:
+        if not isinstance(factor, int) or factor < 1:
+            raise ScheduleError(f"split of loop {name} of {self.owner}: the factor must be a positive integer, "
+                                f"got {factor!r}")
+        p = self.index(name)
+        taken = set(self.names) - {name}
+        o = self._fresh(outer, f"{name}o", taken)
+        i = self._fresh(inner, f"{name}i", taken | {o})
+        xs = _xs(len(self.names))
+        outs = xs[:p] + [f"floor({xs[p]}/{factor})", f"{xs[p]} mod {factor}"] + xs[p + 1:]
+        return self._compose(outs, self.names[:p] + [o, i] + self.names[p + 1:])
+
+    def reorder(self, order: Sequence[str]) -> LoopSchedule:
+        if len(set(order)) != len(order):
+            raise ScheduleError(f"reorder of {self.owner}: a loop is named twice in {list(order)}")
+        positions = sorted(self.index(n) for n in order)
+        names = list(self.names)
+        for pos, n in zip(positions, order):
+            names[pos] = n
+        xs = _xs(len(self.names))
+        outs = [xs[self.names.index(n)] for n in names]
+        return self._compose(outs, names)
+
+    def fuse(self, outer: str, inner: str, domain: isl.Set, name: str | None = None) -> LoopSchedule:
+        p, q = self.index(outer), self.index(inner)
+        if q != p + 1:
+            raise ScheduleError(f"fuse of {self.owner}: loop {inner} must be directly inside {outer}")
+        lo, hi = self.loop_range(q, domain)
+        if lo != 0 or hi is None:
+            raise ScheduleError(f"fuse of {self.owner}: loop {inner} must run over 0..E-1 with a constant E "
+                                f"for every value of {outer} (it runs from {lo} to {hi})")
+        taken = set(self.names) - {outer, inner}
+        f = self._fresh(name, f"{outer}{inner}", taken)
+        xs = _xs(len(self.names))
+        outs = xs[:p] + [f"{hi + 1}*{xs[p]} + {xs[q]}"] + xs[q + 1:]
+        return self._compose(outs, self.names[:p] + [f] + self.names[q + 1:])
+
+    def skew(self, outer: str, inner: str, factor: int) -> LoopSchedule:
+        p, q = self.index(outer), self.index(inner)
+        if p >= q:
+            raise ScheduleError(f"skew of {self.owner}: loop {outer} must be outside {inner}")
+        xs = _xs(len(self.names))
+        outs = list(xs)
+        outs[q] = f"{xs[q]} + {int(factor)}*{xs[p]}"
+        return self._compose(outs, self.names)
+
+    def shift(self, name: str, offset: int) -> LoopSchedule:
+        p = self.index(name)
+        xs = _xs(len(self.names))
+        outs = list(xs)
+        outs[p] = f"{xs[p]} + {int(offset)}"
+        return self._compose(outs, self.names)
+
+    def reverse(self, name: str) -> LoopSchedule:
+        p = self.index(name)
+        xs = _xs(len(self.names))
+        outs = list(xs)
+        outs[p] = f"-{xs[p]}"
+        return self._compose(outs, self.names)
+
+    def apply(self, text: str, names: Sequence[str] | None = None) -> LoopSchedule:
+        """Compose a user's isl map over the current loops (input dimensions matched by position)."""
+        try:
+            t = isl.Map(text)
+        except isl.Error as err:
+            raise ScheduleError(f"apply_sch on {self.owner}: {text!r} is not an isl map ({err})") from None
+        if t.dim(isl.dim_type.param) != 0:
+            raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} has parameters; use integers")
+        n_in = t.dim(isl.dim_type.in_)
+        if n_in != len(self.names):
+            raise ScheduleError(f"apply_sch on {self.owner}: the map takes {n_in} loop(s) but the computation has "
+                                f"{len(self.names)} ({', '.join(self.names)})")
+        if not t.is_single_valued():
+            raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} is not a function")
+        if not t.is_injective():
+            raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} sends two iterations to one point")
+        t = t.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+        n_out = t.dim(isl.dim_type.out)
+        out_names = list(names) if names else [t.get_dim_name(isl.dim_type.out, k) or f"t{k}" for k in range(n_out)]
+        if len(out_names) != n_out or len(set(out_names)) != n_out:
+            raise ScheduleError(f"apply_sch on {self.owner}: give {n_out} distinct names for the new loops")
+        for k in range(n_out):
+            t = t.set_dim_name(isl.dim_type.out, k, f"y{k}")
+        for k in range(n_in):
+            t = t.set_dim_name(isl.dim_type.in_, k, f"x{k}")
+        rel = self.rel.apply_range(t)
+        if rel.is_empty() and not self.rel.is_empty():
+            raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} drops every iteration")
+        return LoopSchedule(self.owner, self.dims, rel, out_names)
+
+    # --- queries --------------------------------------------------------------------------------
+    def loop_range(self, pos: int, domain: isl.Set) -> tuple[int | None, int | None]:
+        """The constant bounds of loop ``pos`` over all iterations (None where not constant)."""
+        image = domain.apply(self.rel)
+        lo = image.dim_min(pos)
+        hi = image.dim_max(pos)
+        return _const_of(lo), _const_of(hi)
+
+    def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
+        """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""
+        pma = isl.PwMultiAff.from_map(self.rel)
+        pa = pma.get_pw_aff(pos)
+        for d in dims:
+            k = self.dims.index(d)
+            if pa.involves_dims(isl.dim_type.in_, k, 1):
+                return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"LoopSchedule({self.owner}: {self.rel} names={self.names})"
+
+
+def _const_of(pa: isl.PwAff) -> int | None:
+    pieces = pa.get_pieces()
+    if pieces and all(aff.is_cst() for _, aff in pieces):
+        vals = {int(aff.get_constant_val().to_python()) for _, aff in pieces}
+        if len(vals) == 1:
+            return vals.pop()
+    return None
+
+
+def full_map(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:
+    """The 2d+1 schedule ``stmt -> [s0, l0, s1, …, sn, 0, …]`` padded to ``width`` dimensions."""
+    n = len(loops.names)
+    assert len(statics) == n + 1, (loops.names, statics)
+    xs = _xs(n)
+    outs: list[str] = []
+    for k in range(n):
+        outs += [str(int(statics[k])), xs[k]]
+    outs.append(str(int(statics[n])))
+    outs += ["0"] * (width - len(outs))
+    t = isl.Map(f"{{ [{', '.join(xs)}] -> [{', '.join(outs)}] }}")
+    return loops.rel.apply_range(t)

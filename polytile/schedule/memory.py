@@ -1,0 +1,127 @@
+"""Memory primitives: where results live (store, store_at, set_loc, alloc_at) and caches.
+
+``cache_identity`` copies the elements of a tensor that a computation reads inside one iteration
+of a loop into a local buffer (its footprint, computed symbolically by isl at lowering); ``cache``
+does the same with a layout of the user's (transposed, packed, padded); ``cache_write``
+accumulates a computation's results in a local buffer and writes them back once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import ScheduleError
+from ..lang.tensor import Tensor
+
+if TYPE_CHECKING:
+    from .state import Stage
+
+LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "constant")
+
+
+def _check_loc(stage: Stage, loc: str) -> str:
+    if loc not in LOCATIONS:
+        raise ScheduleError(f"unknown memory location {loc!r} for {stage.name}; use one of {', '.join(LOCATIONS)}")
+    return loc
+
+
+def _level(stage: Stage, at: str | None) -> str | None:
+    if at is not None:
+        stage.state.loops.index(at)
+    return at
+
+
+def _tensor_name(stage: Stage, tensor: Tensor | str) -> str:
+    name = tensor if isinstance(tensor, str) else tensor.name
+    comp = stage.schedule.computation(stage.name)
+    if not any(t.name == name for t in comp.inputs()) and name not in _inlined_reads(stage):
+        raise ScheduleError(f"computation {stage.name} does not read {name}; nothing to cache")
+    return name
+
+
+def _inlined_reads(stage: Stage) -> set[str]:
+    from ..lang.expr import Load, walk
+    return {n.tensor.name for n in walk(stage.schedule.bodies[stage.name]) if isinstance(n, Load)}
+
+
+def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str | None,
+               layout: Callable[..., object] | None, loc: str) -> Stage:
+    from .state import CacheSpec
+    sched = stage.schedule
+    cname = name or (f"{tensor}_{stage.name}_local" if kind == "read" else f"{stage.name}_local")
+    if not cname.isidentifier():
+        raise ScheduleError(f"cache name {cname!r} is not an identifier")
+    taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
+    if cname in taken:
+        raise ScheduleError(f"the name {cname!r} is already used; pass name= to the cache primitive")
+    for c in sched.caches:
+        if c.kind == kind and c.tensor == tensor and c.consumer == stage.name and c.level == at:
+            raise ScheduleError(f"{tensor} is already cached for {stage.name} at loop {at}")
+    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc))
+    return stage
+
+
+def cache_identity(self: Stage, tensor: Tensor | str, at: str | None = None, *, name: str | None = None,
+                   loc: str = "auto") -> Stage:
+    """Copy the elements of ``tensor`` read by this computation within one iteration of loop ``at``
+    into a local buffer, and read them from there. The footprint may depend on parameters."""
+    return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, None,
+                      _check_loc(self, loc))
+
+
+def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Callable[..., object] | None = None,
+          *, name: str | None = None, loc: str = "auto") -> Stage:
+    """Like ``cache_identity`` with a layout: ``layout(*rel)`` gives the buffer index of the element at
+    ``rel`` (its index minus the footprint's origin), e.g. ``lambda k, j: (j // 16, k, j % 16)`` packs
+    panels; results may be padded (``lambda i, j: (i, j)`` with ``pad=``) through the layout's range."""
+    if layout is not None and not callable(layout):
+        raise ScheduleError(f"cache of {tensor} for {self.name}: layout must be a function of the indices")
+    return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, layout,
+                      _check_loc(self, loc))
+
+
+def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto") -> Stage:
+    """Accumulate this computation's results inside one iteration of loop ``at`` in a local buffer
+    (registers on a GPU when ``loc="local"``) and write them back once at the end of the iteration."""
+    return _add_cache(self, "write", self.name, _level(self, at), name, None, _check_loc(self, loc))
+
+
+def store(self: Stage, layout: Callable[..., object]) -> Stage:
+    """Store this (intermediate) computation's element (i, j, …) at buffer index ``layout(i, j, …)``."""
+    if any(o.name == self.name for o in self.schedule.func.outputs):
+        raise ScheduleError(f"{self.name} is an output: its layout is that of the caller's array")
+    if not callable(layout):
+        raise ScheduleError(f"store of {self.name}: layout must be a function of the indices")
+    st = self.schedule.state_copy(self.name)
+    st.store_layout = layout
+    self.schedule.commit(self.name, st)
+    return self
+
+
+def store_at(self: Stage, level: str) -> Stage:
+    """Keep only the elements written in one iteration of this computation's loop ``level``: the
+    buffer is allocated inside that loop, sized to the iteration's footprint (storage folding).
+    Consumers fused inside that loop read from it; reads across iterations are rejected."""
+    if any(o.name == self.name for o in self.schedule.func.outputs):
+        raise ScheduleError(f"{self.name} is an output and is stored in the caller's array")
+    st = self.schedule.state_copy(self.name)
+    st.store_level = _level(self, level)
+    self.schedule.commit(self.name, st)
+    return self
+
+
+def set_loc(self: Stage, loc: str) -> Stage:
+    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local, constant."""
+    st = self.schedule.state_copy(self.name)
+    st.loc = _check_loc(self, loc)
+    self.schedule.commit(self.name, st)
+    return self
+
+
+def alloc_at(self: Stage, level: str | None) -> Stage:
+    """Allocate this computation's buffer inside its loop ``level`` (None: at function entry)."""
+    st = self.schedule.state_copy(self.name)
+    st.alloc_level = _level(self, level)
+    self.schedule.commit(self.name, st)
+    return self

@@ -1,0 +1,243 @@
+"""Schedule state: one ``Stage`` per computation, the polyhedral program, and legality checking.
+
+Primitives (in the sibling modules) compute a new state for a stage and call ``Schedule.commit``,
+which checks every dependence and either keeps the change or raises ``ScheduleError`` leaving the
+schedule as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from ..errors import ScheduleError
+from ..lang.expr import Expr
+from ..lang.func import Func
+from ..lang.tensor import ComputeTensor, Tensor
+from ..poly.model import INIT_SUFFIX
+from ..poly.program import STATIC_SCALE
+from ..poly.program import PolyProgram, StageSchedule
+from ..poly.schedule import LoopSchedule
+
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
+             "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
+
+
+@dataclass
+class Anchor:
+    """``stage`` runs after (or before) ``other`` inside ``other``'s loop ``level`` (None: at the top)."""
+
+    other: str
+    level: str | None
+    after: bool
+
+
+@dataclass
+class CacheSpec:
+    """A read cache (``cache_identity`` / ``cache``) or write cache of ``tensor`` for ``consumer``."""
+
+    kind: str  # "read" or "write"
+    tensor: str
+    consumer: str
+    level: str | None  # loop of the consumer inside which the cache lives (None: whole function)
+    name: str
+    layout: object | None = None  # callable relative index -> cache index, for manual layouts
+    loc: str = "auto"
+    vector_copy: bool = True
+
+
+@dataclass
+class StageState:
+    loops: LoopSchedule
+    tags: dict[str, str] = field(default_factory=dict)
+    separate: set[str] = field(default_factory=set)
+    anchor: Anchor | None = None
+    store_layout: object | None = None  # callable index -> storage index
+    store_level: str | None = None
+    loc: str = "auto"
+    alloc_level: str | None = None
+
+
+class Schedule:
+    """The schedule of a ``Func``: ``sched[C]`` (or ``sched["C"]``) gives the stage of computation C."""
+
+    def __init__(self, func: Func):
+        self.func = func
+        self.inlined: list[str] = []
+        self.caches: list[CacheSpec] = []
+        self.auto_transfer = True
+        self._build_program()
+        self.states: dict[str, StageState] = self._identity_states()
+        self._original = self.stage_schedules()
+
+    # --- the polyhedral program -----------------------------------------------------------------
+    def _build_program(self) -> None:
+        from .inline import inline_bodies
+        self.bodies: dict[str, Expr] = inline_bodies(self.func, self.inlined)
+        self.computations: list[ComputeTensor] = [c for c in self.func.computations if c.name not in self.inlined]
+        self.program = PolyProgram(self.func, self.bodies, self.computations)
+
+    def rebuild(self) -> None:
+        """Recompute statements and dependences (after inlining) and re-check the current schedule."""
+        self._build_program()
+        self.states = {c.name: self.states[c.name] for c in self.computations}
+        self._original = self.stage_schedules(self._identity_states())
+        self.check()
+
+    def _identity_states(self) -> dict[str, StageState]:
+        return {c.name: StageState(self.program.identity_loops(c.name)) for c in self.computations}
+
+    # --- access ---------------------------------------------------------------------------------
+    def __getitem__(self, key: Tensor | str) -> Stage:
+        name = key if isinstance(key, str) else key.name
+        if name in self.inlined:
+            raise ScheduleError(f"computation {name} was inlined; schedule its consumers instead")
+        if name not in self.states:
+            known = ", ".join(self.states)
+            raise ScheduleError(f"{name!r} is not a computation of Func {self.func.name} (computations: {known})")
+        return Stage(self, name)
+
+    def stage_names(self) -> list[str]:
+        return [c.name for c in self.computations]
+
+    def computation(self, name: str) -> ComputeTensor:
+        return next(c for c in self.computations if c.name == name)
+
+    # --- materialized schedules ------------------------------------------------------------------
+    def statics(self, states: dict[str, StageState] | None = None) -> dict[str, list[int]]:
+        """Static (ordering) dimensions of every stage, from the root order and the anchors."""
+        states = self.states if states is None else states
+        out: dict[str, list[int]] = {}
+        rank: dict[tuple[str, str | None, bool], int] = {}
+        root_order = [n for n in self.stage_names() if states[n].anchor is None]
+        visiting: set[str] = set()
+
+        def resolve(name: str) -> list[int]:
+            if name in out:
+                return out[name]
+            if name in visiting:
+                raise ScheduleError(f"computation {name} is placed relative to itself (a cycle of after/before)")
+            visiting.add(name)
+            st = states[name]
+            n = len(st.loops.names)
+            s = [0] * (n + 1)
+            if st.anchor is None:
+                s[0] = root_order.index(name)
+            else:
+                a = st.anchor
+                base = resolve(a.other)
+                other = states[a.other].loops
+                p = -1 if a.level is None else other.index(a.level)
+                if p + 1 > n:
+                    raise ScheduleError(f"computation {name} has {n} loop(s); it cannot share loop {a.level} "
+                                        f"(loop {p + 1} of {a.other})")
+                s[:p + 1] = base[:p + 1]
+                key = (a.other, a.level, a.after)
+                rank[key] = rank.get(key, 0) + 1
+                s[p + 1] = base[p + 1] + (rank[key] if a.after else -rank[key])
+            visiting.discard(name)
+            out[name] = s
+            return s
+
+        for name in self.stage_names():
+            resolve(name)
+        return out
+
+    def stage_schedules(self, states: dict[str, StageState] | None = None) -> dict[str, StageSchedule]:
+        """The loops and materialized statics of every statement (initializations derived)."""
+        states = self.states if states is None else states
+        out: dict[str, StageSchedule] = {}
+        for name, s in self.statics(states).items():
+            st = states[name]
+            upd = StageSchedule(st.loops, [STATIC_SCALE * v + STATIC_SCALE // 2 for v in s])
+            out[name] = upd
+            if self.computation(name).reduction is not None:
+                out[name + INIT_SUFFIX] = self.program.init_schedule(name, upd)
+        return out
+
+    # --- legality -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ScheduleError if the current schedule breaks a dependence or a parallel tag."""
+        scheds = self.stage_schedules()
+        v = self.program.violation(self._original, scheds)
+        if v is not None:
+            raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}, e.g. {v.source} -> {v.sink}"
+                                + self._at_loop(v.dim, scheds, v.sink))
+        for name, st in self.states.items():
+            for loop, tag in st.tags.items():
+                if tag in PARALLEL_TAGS:
+                    self.check_parallel(name, loop, tag, scheds)
+
+    def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
+        st = self.states[name]
+        dim = 2 * st.loops.index(loop) + 1
+        v = self.program.carried(self._original, scheds, dim)
+        if v is not None:
+            raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
+                                f"({v.describe()}, e.g. {v.source} -> {v.sink})")
+
+    def _at_loop(self, dim: int, scheds: dict[str, StageSchedule], stmt: str) -> str:
+        name = stmt.split("[")[0]
+        s = scheds.get(name)
+        if s is None or dim < 0:
+            return ""
+        if dim % 2 == 1 and (dim - 1) // 2 < len(s.loops.names):
+            return f"; the order is reversed at loop {s.loops.names[(dim - 1) // 2]}"
+        return "; the order of the computations is reversed (after/before)"
+
+    def commit(self, name: str, new: StageState) -> None:
+        """Replace the state of stage ``name`` if the result is legal; otherwise keep the old one."""
+        old = self.states[name]
+        self.states[name] = new
+        try:
+            self.check()
+        except ScheduleError:
+            self.states[name] = old
+            raise
+
+    def state_copy(self, name: str) -> StageState:
+        st = self.states[name]
+        new = copy.copy(st)
+        new.tags = dict(st.tags)
+        new.separate = set(st.separate)
+        return new
+
+
+class Stage:
+    """The schedule handle of one computation; every primitive returns the stage (chainable)."""
+
+    def __init__(self, sched: Schedule, name: str):
+        self.schedule = sched
+        self.name = name
+
+    @property
+    def state(self) -> StageState:
+        return self.schedule.states[self.name]
+
+    @property
+    def loops(self) -> list[str]:
+        """The names of this computation's loops, outermost first."""
+        return list(self.state.loops.names)
+
+    def __repr__(self) -> str:
+        tags = ", ".join(f"{k}:{v}" for k, v in self.state.tags.items())
+        return f"Stage({self.name}: loops {self.loops}{'; ' + tags if tags else ''})"
+
+    from .loops import apply_sch, fuse, reorder, reverse, separate, shift, skew, split, tile  # noqa: E402
+    from .memory import (  # noqa: E402
+        alloc_at,
+        cache,
+        cache_identity,
+        cache_write,
+        set_loc,
+        store,
+        store_at,
+    )
+    from .order import after, before  # noqa: E402
+    from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
+
+    def compute_inline(self) -> Schedule:
+        """Substitute this computation into its consumers (it must not be a reduction or an output)."""
+        from .inline import compute_inline
+        return compute_inline(self.schedule, self.name)

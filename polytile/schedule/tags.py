@@ -1,0 +1,55 @@
+"""Loop annotations: parallel, vectorize, unroll, and GPU block/thread bindings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ScheduleError
+
+if TYPE_CHECKING:
+    from .state import Stage
+
+
+def tag(self: Stage, loop: str, kind: str) -> Stage:
+    """Annotate ``loop``: "parallel" (OpenMP), "vectorize" (SIMD), "unroll", "serial", or a GPU
+    binding "blockIdx.x/y/z", "threadIdx.x/y/z". Parallel kinds are checked against dependences."""
+    from .state import LOOP_TAGS, PARALLEL_TAGS
+    if kind not in LOOP_TAGS:
+        raise ScheduleError(f"unknown loop tag {kind!r} for loop {loop} of {self.name}; "
+                            f"use one of {', '.join(LOOP_TAGS)}")
+    st = self.schedule.state_copy(self.name)
+    st.loops.index(loop)
+    if kind.startswith(("blockIdx", "threadIdx")) and kind in st.tags.values():
+        raise ScheduleError(f"{kind} is already bound to another loop of {self.name}")
+    st.tags[loop] = kind
+    old = self.schedule.states[self.name]
+    self.schedule.states[self.name] = st
+    try:
+        if kind in PARALLEL_TAGS:
+            self.schedule.check_parallel(self.name, loop, kind, self.schedule.stage_schedules())
+    finally:
+        self.schedule.states[self.name] = old
+    self.schedule.commit(self.name, st)
+    return self
+
+
+def parallel(self: Stage, loop: str) -> Stage:
+    """Run the iterations of ``loop`` on several CPU threads (OpenMP)."""
+    return tag(self, loop, "parallel")
+
+
+def vectorize(self: Stage, loop: str) -> Stage:
+    """Run ``loop`` as SIMD operations (its extent, where constant, is the vector length)."""
+    return tag(self, loop, "vectorize")
+
+
+def unroll(self: Stage, loop: str) -> Stage:
+    """Unroll ``loop`` completely where its extent is constant."""
+    return tag(self, loop, "unroll")
+
+
+def bind(self: Stage, loop: str, thread_axis: str) -> Stage:
+    """Map ``loop`` onto a GPU grid or block dimension ("blockIdx.x", "threadIdx.y", …)."""
+    if not thread_axis.startswith(("blockIdx.", "threadIdx.")):
+        raise ScheduleError(f"bind of {self.name}: {thread_axis!r} is not blockIdx.x/y/z or threadIdx.x/y/z")
+    return tag(self, loop, thread_axis)
