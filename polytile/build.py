@@ -12,7 +12,7 @@ from .target import CPUTarget, as_target
 
 def lower(obj: Func | Schedule, target: object = "cpu"):  # noqa: ANN201 - returns LoweredFunc
     """The loop IR of a function (default schedule) or of a schedule."""
-    from .lower.pipeline import lower as _lower
+    from .lowering.pipeline import lower as _lower
     sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
     return _lower(sched, as_target(target))
 
@@ -24,7 +24,7 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     A Func gets the default schedule (every computation in its own nest, in order); pass a
     Schedule to control loops and memory.
     """
-    from .lower.pipeline import lower as _lower
+    from .lowering.pipeline import lower as _lower
     sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
     tgt = as_target(target)
     lowered = _lower(sched, tgt, name=name)

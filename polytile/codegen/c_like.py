@@ -10,7 +10,7 @@ import math
 
 from ..dtypes import DType
 from ..errors import LoweringError
-from ..lower import loopir as ir
+from ..lowering import loopir as ir
 
 _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
           "bool": "bool"}

@@ -136,7 +136,8 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
                         + [b.stmt.domain for b in extra])
     sched = None
     for it in all_items:
-        u = isl.UnionMap.from_map(it.schedule.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
+        smap = project_out_params(it.schedule, dyn_all)
+        u = isl.UnionMap.from_map(smap.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
         sched = u if sched is None else sched.union(u)
     assert sched is not None
     schedule = isl.Schedule.from_domain(domain)
@@ -208,8 +209,14 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
 
 
 def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
+    """The loads of the bounds happen wherever the loops fixing ``sources`` run, whether or not the
+    data-dependent range is empty there: constraints on the other dimensions are dropped, not
+    projected (a projection would add conditions such as "some element exists")."""
     stmt = it.stmt
     dom = stmt.over_domain()
+    for k, d in enumerate(stmt.dims):
+        if d not in sources:
+            dom = dom.drop_constraints_involving_dims(isl.dim_type.set, k, 1)
     sched = it.schedule.intersect_domain(dom)
     n_out = sched.dim(isl.dim_type.out)
     prefix = sched.project_out(isl.dim_type.out, m, n_out - m)  # instance -> prefix

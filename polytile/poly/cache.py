@@ -266,7 +266,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                     raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
             else:
                 static = base_static + slot_used[key]
-            rel = region.sum(off_map.neg()).apply_range(lmap)  # [P] -> [c]
+            rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]
             rel = rel.intersect_domain(prefix.range())
             n_c = rel.dim(isl.dim_type.out)
             c_names = _names("q", n_c)
@@ -334,7 +334,14 @@ def _src_index(off_map: isl.Map, linv: isl.Map, m: int, n_c: int) -> isl.Map:
     linv_ext = linv.insert_dims(isl.dim_type.in_, 0, m)
     off_ext = off_ext.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
     linv_ext = linv_ext.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
-    return off_ext.sum(linv_ext)
+    return _sum(off_ext, linv_ext)
+
+
+def _sum(a: isl.Map, b: isl.Map) -> isl.Map:
+    """{ x -> u + v : x -> u in a, x -> v in b }, parameters aligned first."""
+    a = a.align_params(b.get_space())
+    b = b.align_params(a.get_space())
+    return a.sum(b)
 
 
 def _prev_offsets(prev: tuple, cstmt: Statement, m: int, names: list[str], ctx: isl.Set) -> list[AExpr]:

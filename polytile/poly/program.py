@@ -88,6 +88,8 @@ class PolyProgram:
                 names = [st.domain.get_dim_name(isl.dim_type.param, k) for k in range(st.domain.dim(isl.dim_type.param))]
                 extra = isl.Set(f"[{', '.join(names)}] -> {{ : {' and '.join(conds)} }}")
                 st.domain = st.domain.intersect_params(extra)
+                for acc in st.reads + st.writes:
+                    acc.relation = acc.relation.intersect_params(extra)
 
     def _check_bounds(self) -> None:
         """Prove that every access stays inside its tensor (for all parameter values and the declared

@@ -74,16 +74,27 @@ def bind_params(func: Func, arrays: Sequence[object], kwargs: Mapping[str, objec
             raise InputError(f"parameter {k} of {func.name} must be an integer, got {v!r}")
         params[k] = int(v)
     tensors: list[Tensor] = [*func.inputs, *func.outputs]
+    dims: list[tuple[Tensor, int, lx.Expr, int]] = []
     for t, a in zip(tensors, arrays):
         shape = array_shape(a)
         if len(shape) != t.ndim:
             raise InputError(f"argument {t.name} of {func.name} must have {t.ndim} dimension(s), "
                              f"got an array of shape {shape}")
-        for d, (s, n) in enumerate(zip(t.shape, shape)):
-            if isinstance(s, lx.Param):
-                if s.name in params and params[s.name] != n:
-                    raise InputError(f"argument {t.name}: dimension {d} is {n} but {s.name} is {params[s.name]}")
-                params[s.name] = n
+        dims += [(t, d, s, n) for d, (s, n) in enumerate(zip(t.shape, shape))]
+    progress = True
+    while progress:  # solve dimensions of the form c * P + d for one unknown parameter P
+        progress = False
+        for t, d, s, n in dims:
+            solved = _solve(s, n, params)
+            if solved is None:
+                continue
+            name, value = solved
+            if name in params and params[name] != value:
+                raise InputError(f"argument {t.name}: dimension {d} is {n}, which needs {name}={value}, "
+                                 f"but {name} is {params[name]}")
+            if name not in params:
+                params[name] = value
+                progress = True
     missing = [p.name for p in func.params if p.name not in params]
     if missing:
         raise InputError(f"{func.name}: no value for parameter(s) {', '.join(missing)}; pass them as keywords")
@@ -95,6 +106,24 @@ def bind_params(func: Func, arrays: Sequence[object], kwargs: Mapping[str, objec
             raise InputError(f"{func.name}: the constraint {c} does not hold for "
                              + ", ".join(f"{k}={v}" for k, v in sorted(params.items())))
     return params
+
+
+def _solve(e: lx.Expr, n: int, known: Mapping[str, int]) -> tuple[str, int] | None:
+    """(P, value) when ``e`` is affine in exactly one unknown parameter P and ``e == n`` fixes it."""
+    unknown = {v.name for v in lx.free_vars(e) if isinstance(v, lx.Param) and v.name not in known}
+    if len(unknown) != 1:
+        return None
+    (name,) = unknown
+    try:
+        f0 = eval_int(e, {**known, name: 0}, str(e))
+        f1 = eval_int(e, {**known, name: 1}, str(e))
+        f2 = eval_int(e, {**known, name: 2}, str(e))
+    except InputError:
+        return None
+    coef = f1 - f0
+    if coef == 0 or f2 - f1 != coef or (n - f0) % coef != 0:
+        return None
+    return name, (n - f0) // coef
 
 
 def check_shapes(func: Func, arrays: Sequence[object], params: Mapping[str, int]) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import BuildError, InputError
 from ..lang.func import Func
-from ..lower import loopir as ir
+from ..lowering import loopir as ir
 from .args import bind_params, check_index_arrays, check_shapes, expected_shape, needs_zero_init
 
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno",

@@ -141,6 +141,7 @@ class IRBuilder:
         raise LoweringError(f"unexpected AST node {type(n).__name__}")
 
     def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
+        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
         out: list[ir.Stmt] = []
         for k, n in enumerate(nodes):
             if isinstance(n, AstUser) and n.stmt in self.bindings:
@@ -197,9 +198,9 @@ class IRBuilder:
                 continue
             buf = self.buffers[c.name]
             if inside and isinstance(stmt, ir.For):
-                stmt = ir.For(stmt.var, stmt.lo, stmt.extent, ir.Allocate(buf, stmt.body), stmt.kind)
+                stmt = ir.For(stmt.var, stmt.lo, stmt.extent, _below_lets(stmt.body, buf), stmt.kind)
             else:
-                stmt = ir.Allocate(buf, stmt)
+                stmt = _below_lets(stmt, buf)
         return stmt
 
     def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:
@@ -277,6 +278,23 @@ class IRBuilder:
         src = tuple(aexpr(e, dims_env) for e in plan.src_index)
         dst = tuple(aexpr(e, dims_env) for e in plan.dst_index)
         return ir.Store(self.buffers[tensor], dst, ir.Load(cbuf, src))
+
+
+def _below_lets(s: ir.Stmt, buf: ir.Buffer) -> ir.Stmt:
+    """Allocate ``buf`` inside the bindings at the top of ``s`` (its size may use them)."""
+    if isinstance(s, ir.LetStmt):
+        return ir.LetStmt(s.var, s.value, _below_lets(s.body, buf))
+    return ir.Allocate(buf, s)
+
+
+def _flatten_blocks(nodes: list[AstNode]) -> list[AstNode]:
+    out: list[AstNode] = []
+    for n in nodes:
+        if isinstance(n, AstBlock):
+            out.extend(_flatten_blocks(list(n.body)))
+        else:
+            out.append(n)
+    return out
 
 
 def _users(n: AstNode) -> set[str]:
