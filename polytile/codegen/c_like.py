@@ -183,7 +183,7 @@ class CLikePrinter:
         return self.broadcast(self.expr(e.value), self.compute_type(e.dtype), e.lanes)
 
     def broadcast(self, text: str, d: DType, lanes: int) -> str:
-        return f"(({self.type_name(d, lanes)}){{}} + ({self.type_name(d)})({text}))"
+        return f"pt_bcast<{self.type_name(d, lanes)}>(({self.type_name(d)})({text}))"
 
     def vector_load(self, buf: ir.Buffer, idx: ir.Expr) -> str:
         raise LoweringError(f"vector loads are not supported by {type(self).__name__}")

@@ -41,6 +41,8 @@ static inline void* pt_alloc(size_t bytes) {
   if (!p) { fprintf(stderr, "polytile: out of memory allocating %zu bytes\n", bytes); abort(); }
   return p;
 }
+// x - 0 folds to x for every x (unlike x + 0, which changes -0): a plain broadcast
+template <typename V, typename T> static inline V pt_bcast(T x) { return x - (V){}; }
 template <typename V, typename T> static inline V pt_vload(const T* p) { V v; memcpy(&v, p, sizeof(V)); return v; }
 template <typename V, typename T> static inline void pt_vstore(T* p, V v) { memcpy(p, &v, sizeof(V)); }
 """

@@ -143,12 +143,25 @@ class IRBuilder:
     def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
         nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
         out: list[ir.Stmt] = []
-        for k, n in enumerate(nodes):
+        k = 0
+        while k < len(nodes):
+            n = nodes[k]
+            plan = self.plan.statements.get(n.stmt) if isinstance(n, AstUser) else None
             if isinstance(n, AstUser) and n.stmt in self.bindings:
                 rest = self.block(nodes[k + 1:], env, scope)
                 out.append(self.bind(self.bindings[n.stmt], n, env, rest))
                 break
+            if plan is not None and plan.kind == "alloc":
+                end = next((j for j in range(k + 1, len(nodes)) if isinstance(nodes[j], AstUser)
+                            and nodes[j].stmt == f"{plan.owner}__free"), None)
+                if end is None:
+                    raise LoweringError(f"the scope of cache {plan.owner} is split by the AST generator")
+                inner = self.block(nodes[k + 1:end], env, scope)
+                out.append(ir.Allocate(self.buffers[plan.owner], inner))
+                k = end + 1
+                continue
             out.append(self.node(n, env, scope))
+            k += 1
         return ir.block(out)
 
     def bind(self, b: Binding, n: AstUser, env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
@@ -172,7 +185,7 @@ class IRBuilder:
         if n.degenerate:
             env2 = dict(env)
             env2[n.iterator] = lo
-            return self.with_allocations(n, users, self.node(n.body, env2, scope))
+            return self.node(n.body, env2, scope)
         cond = n.cond
         if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
             raise LoweringError(f"unexpected loop condition {cond}")
@@ -189,19 +202,7 @@ class IRBuilder:
             body = self.node(n.body, env2, scope + [name])
             trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
             loop = ir.For(var, ir.const(0), trips, body, kind)
-        return self.with_allocations(n, users, loop, inside=True)
-
-    def with_allocations(self, n: AstFor, users: set[str], stmt: ir.Stmt, inside: bool = False) -> ir.Stmt:
-        """Caches at this loop are allocated around the loop body (one buffer per iteration)."""
-        for c in self.plan.caches:
-            if c.level is None or 2 * c.level + 1 != n.dim or not (set(c.copy_stmts) & users):
-                continue
-            buf = self.buffers[c.name]
-            if inside and isinstance(stmt, ir.For):
-                stmt = ir.For(stmt.var, stmt.lo, stmt.extent, _below_lets(stmt.body, buf), stmt.kind)
-            else:
-                stmt = _below_lets(stmt, buf)
-        return stmt
+        return loop
 
     def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:
         names = {self.plan.statements[u].loop_names.get(n.dim) for u in users if u in self.plan.statements}
@@ -213,6 +214,10 @@ class IRBuilder:
         return n.iterator
 
     def loop_kind(self, n: AstFor, users: set[str]) -> str:
+        copies = [self.plan.statements[u] for u in users
+                  if u in self.plan.statements and self.plan.statements[u].kind in ("copy_in", "copy_out")]
+        if copies and len(copies) == len([u for u in users if u in self.plan.statements]):
+            return self.copy_loop_kind(n, copies)
         kinds = set()
         for u in users:
             plan = self.plan.statements.get(u)
@@ -228,6 +233,15 @@ class IRBuilder:
             raise LoweringError(f"loop {n.iterator} is tagged both {' and '.join(sorted(kinds))} by the "
                                 "computations it holds")
         return kinds.pop() if kinds else "serial"
+
+    def copy_loop_kind(self, n: AstFor, copies: list[StmtPlan]) -> str:
+        """Cache copies: the innermost loop is vectorized; small (register-sized) caches are copied
+        with every other loop unrolled, so that promotion to registers can apply."""
+        innermost = all(n.dim == max(p.loop_names) for p in copies)
+        if innermost:
+            return "vectorize"
+        small = all(_const_bytes(self.buffers[p.owner]) <= REGISTER_CACHE_BYTES for p in copies)
+        return "unroll" if small else "serial"
 
     # --- statements -----------------------------------------------------------------------------
     def user(self, n: AstUser, env: dict[str, ir.Expr]) -> ir.Stmt:
@@ -280,18 +294,30 @@ class IRBuilder:
         return ir.Store(self.buffers[tensor], dst, ir.Load(cbuf, src))
 
 
-def _below_lets(s: ir.Stmt, buf: ir.Buffer) -> ir.Stmt:
-    """Allocate ``buf`` inside the bindings at the top of ``s`` (its size may use them)."""
-    if isinstance(s, ir.LetStmt):
-        return ir.LetStmt(s.var, s.value, _below_lets(s.body, buf))
-    return ir.Allocate(buf, s)
+REGISTER_CACHE_BYTES = 4096
+"""Caches up to this size are treated as register tiles: their copy loops are unrolled."""
+
+
+def _const_bytes(b: ir.Buffer) -> int:
+    n = b.dtype.itemsize
+    for d in b.shape:
+        if not isinstance(d, ir.Const):
+            return 1 << 62
+        n *= int(d.value)
+    return n
 
 
 def _flatten_blocks(nodes: list[AstNode]) -> list[AstNode]:
+    """Splice nested blocks; a scope statement (allocation, release) that isl guarded alone by a
+    condition is taken out of it: allocating where nothing is copied is harmless, and the scope
+    must enclose its users, which isl may place in a sibling."""
     out: list[AstNode] = []
     for n in nodes:
         if isinstance(n, AstBlock):
             out.extend(_flatten_blocks(list(n.body)))
+        elif (isinstance(n, AstIf) and n.orelse is None and isinstance(n.then, AstUser)
+              and n.then.stmt.endswith(("__alloc", "__free"))):
+            out.append(n.then)
         else:
             out.append(n)
     return out

@@ -63,6 +63,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
         ("flatten", flatten_storage),
         ("simplify", simplify),
         ("vectorize", lambda s: vectorize_loops(s, target)),
+        ("simplify", simplify),
         ("registers", promote_registers),
         ("simplify", simplify),
     ]
@@ -85,7 +86,9 @@ def build_plan(sched: Schedule) -> Plan:
         level = None if c.level is None else sched.states[c.consumer].loops.index(c.level)
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc))
     separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
-    return materialize(sched.program, sched.stage_schedules(), separate, requests)
+    full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
+            for n, st in sched.states.items() if st.separate}
+    return materialize(sched.program, sched.stage_schedules(), separate, requests, full)
 
 
 def shape_expr(e: lx.Expr) -> ir.Expr:

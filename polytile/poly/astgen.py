@@ -101,12 +101,35 @@ class Binding:
     sources: list[str]
 
 
+def full_tiles(it: Scheduled, d: int, width: int, need: list[int]) -> isl.Set:
+    """A convex set of values of schedule dimensions 0..d for which the inner dimensions ``need``
+    of ``it`` run their whole range (full tiles): { P : P × inner ⊆ image } restricted to a convex
+    part (isl isolates only convex sets)."""
+    img = it.stmt.over_domain().apply(it.schedule.intersect_domain(it.stmt.over_domain()))
+    img = img.reset_tuple_id()
+    drop = [q for q in range(d + 1, width) if q not in need]
+    for q in reversed(drop):
+        img = img.project_out(isl.dim_type.set, q, 1)
+    n = img.dim(isl.dim_type.set)
+    pref = img.project_out(isl.dim_type.set, d + 1, n - d - 1)
+    inner = img.project_out(isl.dim_type.set, 0, d + 1)
+    bad = pref.flat_product(inner).subtract(img).project_out(isl.dim_type.set, d + 1, n - d - 1)
+    full = pref.subtract(bad).coalesce()
+    if full.n_basic_set() <= 1:
+        return full
+    hull = isl.Set.from_basic_set(full.convex_hull())
+    if hull.is_subset(full):
+        return hull
+    return isl.Set.from_basic_set(full.get_basic_sets()[0])
+
+
 def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str],
              dyn_sources: dict[str, list[str]], dyn_constraints: dict[str, list[str]],
-             separate_dims: set[int], width: int) -> tuple[AstNode, list[Binding]]:
+             isolate: list[isl.Set], width: int) -> tuple[AstNode, list[Binding]]:
     """The AST scanning ``items`` in schedule order.
 
-    ``dyn_owner``/``dyn_sources``: for each dynamic parameter, the statement it belongs to and that
+    ``isolate``: sets over a prefix of the schedule dimensions (full tiles) generated apart from the
+    rest, so that the loops inside them have constant extents. ``dyn_owner``/``dyn_sources``: for each dynamic parameter, the statement it belongs to and that
     statement's dimensions it reads. ``dyn_constraints``: isl constraints over each parameter that
     hold for every value (declared value ranges and monotonicity).
     """
@@ -147,8 +170,8 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     start = 0
     for m in depths:
         if m > start:
-            node = _set_loop_types(node, start, m, separate_dims)
             node = node.band_split(m - start)
+            node = _set_isolate(node, 0, start, m, isolate)
             node = node.child(0)
         params_here = [p for p in dyn_all if depth_of[p] == m]
         deeper = [p for p in dyn_all if depth_of[p] > m]
@@ -160,17 +183,31 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
         node = node.child(0)
         start = m
     if node.get_type() == isl.schedule_node_type.band:
-        node = _set_loop_types(node, start, width, separate_dims)
+        node = _set_isolate(node, 0, start, width, isolate)
     build = isl.AstBuild.from_context(context)
     ast = build.node_from_schedule(node.get_schedule())
     return convert_node(ast), bindings
 
 
-def _set_loop_types(node: isl.ScheduleNode, start: int, end: int, separate_dims: set[int]) -> isl.ScheduleNode:
-    for d in separate_dims:
-        if start <= d < end:
-            node = node.band_member_set_ast_loop_type(d - start, isl.ast_loop_type.separate)
-    return node
+def _set_isolate(node: isl.ScheduleNode, up: int, start: int, end: int, isolate: list[isl.Set]) -> isl.ScheduleNode:
+    """Isolate the full tiles whose separated dimension lies in this band part [start, end)."""
+    del up
+    parts = [s for s in isolate if start <= s.dim(isl.dim_type.set) - 1 < end]
+    if not parts:
+        return node
+    if node.get_type() != isl.schedule_node_type.band:
+        node = node.parent()
+    n = end
+    sets = []
+    for s in parts:
+        s = s.add_dims(isl.dim_type.set, n - s.dim(isl.dim_type.set))
+        sets.append(s)
+    full = sets[0]
+    for s in sets[1:]:
+        full = full.union(s)
+    opt = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, start)
+    opt = opt.wrap().set_tuple_name("isolate")
+    return node.band_set_ast_build_options(isl.UnionSet.from_set(opt))
 
 
 def _union_set(sets: list[isl.Set]) -> isl.UnionSet:

@@ -257,13 +257,22 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
                 copy_kinds.append(("copy_in", written, -1))
             copy_kinds.append(("copy_out", written, +1))
+        key = (req.consumer, pos)
+        slot_used[key] = slot_used.get(key, 0) + 1
+        if slot_used[key] > STATIC_SCALE // 2 - 2:
+            raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
+        for kind, static in (("alloc", base_static - STATIC_SCALE // 2), ("free", base_static + STATIC_SCALE // 2 - 1)):
+            sname = f"{req.name}__{kind}"
+            sdom = prefix.range().set_tuple_name(sname)
+            for k, nm in enumerate(p_names):
+                sdom = sdom.set_dim_name(isl.dim_type.set, k, nm)
+            outs = p_names + [str(static)] + ["0"] * (width - m - 1)
+            smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
+            extra.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=keep), smap),
+                          StmtPlan(sname, kind, req.name, list(p_names), {})))
         for kind, region, direction in copy_kinds:
-            key = (req.consumer, pos)
-            slot_used[key] = slot_used.get(key, 0) + 1
             if direction < 0:
-                static = base_static - STATIC_SCALE // 2 + slot_used[key] - 1
-                if static >= base_static - 1:
-                    raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
+                static = base_static - STATIC_SCALE // 2 + slot_used[key]
             else:
                 static = base_static + slot_used[key]
             rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]
@@ -290,9 +299,6 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             names = p_names + c_names
             elem = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(ndim)]
             cache_idx = [AExpr("id", name=c) for c in c_names]
-            if kind == "copy_in" and req.kind == "read" and prev is not None:
-                pbuf, pm, poff_map, _, _ = prev
-                del pbuf, pm, poff_map
             plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
                                                           enumerate(c_names, start=m // 2)})
             if kind == "copy_in":
@@ -339,6 +345,8 @@ def _src_index(off_map: isl.Map, linv: isl.Map, m: int, n_c: int) -> isl.Map:
 
 def _sum(a: isl.Map, b: isl.Map) -> isl.Map:
     """{ x -> u + v : x -> u in a, x -> v in b }, parameters aligned first."""
+    a = a.reset_tuple_id(isl.dim_type.out).reset_tuple_id(isl.dim_type.in_)
+    b = b.reset_tuple_id(isl.dim_type.out).reset_tuple_id(isl.dim_type.in_)
     a = a.align_params(b.get_space())
     b = b.align_params(a.get_space())
     return a.sum(b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .astgen import Binding, Scheduled, generate
+from .astgen import Binding, Scheduled, full_tiles, generate
 from .astnodes import AExpr, AstNode
 from .cache import CacheBuffer, CacheRequest, CacheRewrite, build_caches
 from .program import PolyProgram, StageSchedule
@@ -40,7 +40,9 @@ class Plan:
 
 
 def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separate: Mapping[str, set[str]],
-                caches: list[CacheRequest]) -> Plan:
+                caches: list[CacheRequest], full_loops: Mapping[str, set[str]] | None = None) -> Plan:
+    """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
+    must be full there (those to unroll or vectorize; all inner loops when not given)."""
     width = program.width(scheds)
     items: list[Scheduled] = []
     plans: dict[str, StmtPlan] = {}
@@ -58,10 +60,15 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
         plans[plan.name] = plan
     for stmt_name, rws in rewrites.items():
         plans[stmt_name].rewrites.extend(rws)
-    sep_dims: set[int] = set()
+    isolate = []
+    by_name = {it.stmt.name: it for it in items}
     for name, loops in separate.items():
-        s = scheds[name]
-        sep_dims |= {2 * s.loops.index(loop) + 1 for loop in loops}
+        if loops:
+            sl = scheds[name].loops
+            d = max(2 * sl.index(loop) + 1 for loop in loops)
+            wanted = (full_loops or {}).get(name)
+            need = [2 * k + 1 for k, n in enumerate(sl.names) if 2 * k + 1 > d and (wanted is None or n in wanted)]
+            isolate.append(full_tiles(by_name[name], d, width, need))
     ast, bindings = generate(program.context, items, dict(program.dyn.owners), dyn_sources,
-                             program.dyn_constraints, sep_dims, width)
+                             program.dyn_constraints, isolate, width)
     return Plan(ast, plans, bindings, buffers, width)

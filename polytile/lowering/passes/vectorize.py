@@ -117,6 +117,12 @@ class _Widen(ir.Mutator):
         raise CannotVectorize("a call statement inside the loop")
 
 
+def _widest(body: ir.Stmt) -> int:
+    sizes = [st.buffer.dtype.itemsize for st in ir.walk_stmt(body) if isinstance(st, ir.Store)]
+    sizes += [e.buffer.dtype.itemsize for e in ir.all_exprs(body) if isinstance(e, ir.Load)]
+    return max(sizes, default=4)
+
+
 def _cmp_width(c: ir.Expr) -> int:
     if isinstance(c, ir.Cmp):
         return c.a.dtype.itemsize
@@ -138,10 +144,16 @@ class _Vectorize(ir.Mutator):
         lanes = int(ext.value)
         if lanes < 2 or lanes & (lanes - 1) or lanes > self.max_lanes:
             return replace(s, body=body)
+        # wider than the machine: one native-width vector per chunk, so that every access of a
+        # buffer has the same width (register promotion needs that)
+        native = max(2, self.native_bits // (8 * _widest(body)))
+        width = min(lanes, native)
         try:
-            return _Widen(s.var.name, lanes, s.lo).stmt(body)
+            chunks = [_Widen(s.var.name, width, ir.BinOp("+", s.lo, ir.const(k * width))).stmt(body)
+                      for k in range(lanes // width)]
         except CannotVectorize:
             return replace(s, body=body)
+        return ir.block(chunks)
 
 
 def vectorize_loops(s: ir.Stmt, target: CPUTarget | CUDATarget) -> ir.Stmt:
