@@ -235,13 +235,16 @@ class IRBuilder:
         return kinds.pop() if kinds else "serial"
 
     def copy_loop_kind(self, n: AstFor, copies: list[StmtPlan]) -> str:
-        """Cache copies: the innermost loop is vectorized; small (register-sized) caches are copied
-        with every other loop unrolled, so that promotion to registers can apply."""
+        """Cache copies: the innermost loop is vectorized; register tiles (write caches and caches
+        placed in "local" memory, small enough) are copied with every loop unrolled, so that
+        promotion to registers can apply."""
         innermost = all(n.dim == max(p.loop_names) for p in copies)
         if innermost:
             return "vectorize"
-        small = all(_const_bytes(self.buffers[p.owner]) <= REGISTER_CACHE_BYTES for p in copies)
-        return "unroll" if small else "serial"
+        caches = [self.cache_levels[p.owner] for p in copies]
+        registers = all((c.kind == "write" or c.loc == "local")
+                        and _const_bytes(self.buffers[c.name]) <= REGISTER_CACHE_BYTES for c in caches)
+        return "unroll" if registers else "serial"
 
     # --- statements -----------------------------------------------------------------------------
     def user(self, n: AstUser, env: dict[str, ir.Expr]) -> ir.Stmt:
@@ -294,8 +297,8 @@ class IRBuilder:
         return ir.Store(self.buffers[tensor], dst, ir.Load(cbuf, src))
 
 
-REGISTER_CACHE_BYTES = 4096
-"""Caches up to this size are treated as register tiles: their copy loops are unrolled."""
+REGISTER_CACHE_BYTES = 2048
+"""Register tiles up to this size have their copy loops unrolled (a vector register file holds 2 KB)."""
 
 
 def _const_bytes(b: ir.Buffer) -> int:

@@ -192,11 +192,13 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
 def _set_isolate(node: isl.ScheduleNode, up: int, start: int, end: int, isolate: list[isl.Set]) -> isl.ScheduleNode:
     """Isolate the full tiles whose separated dimension lies in this band part [start, end)."""
     del up
+    if node.get_type() != isl.schedule_node_type.band:
+        node = node.parent()
+    for k in range(end - start):  # outside isolated full tiles, do not duplicate code per case
+        node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.atomic)
     parts = [s for s in isolate if start <= s.dim(isl.dim_type.set) - 1 < end]
     if not parts:
         return node
-    if node.get_type() != isl.schedule_node_type.band:
-        node = node.parent()
     n = end
     sets = []
     for s in parts:

@@ -8,6 +8,7 @@ integers by the schedule layer; ``full_map`` interleaves the two.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 import islpy as isl
 
@@ -158,13 +159,18 @@ class LoopSchedule:
 
     def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
         """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""
+        return any(d in self._involved[pos] for d in dims)
+
+    @cached_property
+    def _involved(self) -> list[set[str]]:
+        """For each loop, the domain dimensions it is a function of (computed once: schedules are
+        immutable, and extracting the functions from isl is costly)."""
         pma = isl.PwMultiAff.from_map(self.rel)
-        pa = pma.get_pw_aff(pos)
-        for d in dims:
-            k = self.dims.index(d)
-            if pa.involves_dims(isl.dim_type.in_, k, 1):
-                return True
-        return False
+        out = []
+        for pos in range(len(self.names)):
+            pa = pma.get_pw_aff(pos)
+            out.append({d for k, d in enumerate(self.dims) if pa.involves_dims(isl.dim_type.in_, k, 1)})
+        return out
 
     def __repr__(self) -> str:
         return f"LoopSchedule({self.owner}: {self.rel} names={self.names})"

@@ -1,0 +1,130 @@
+"""Convolutions: conv2d in NCHW (one computation with zero padding written as a select, or with an
+explicit padding stage) and in NHWC, with default schedules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import lang
+from ..lang.expr import select
+from ..lang.func import Func
+from ..lang.tensor import compute, placeholder, reduce_axis
+from ..schedule.state import Schedule
+from ..target import CPUTarget
+from .base import Op, random_array
+
+
+def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
+           dilation: int = 1, dtype: str = "float32", pad_stage: bool = True) -> Op:
+    """O[n, k, p, q] = sum_{c, r, s} I[n, c, p*st + r*dil - pad, q*st + s*dil - pad] * Wt[k, c, r, s]
+    (NCHW). ``pad_stage=False`` writes the padding as a select inside the one computation."""
+    P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
+    I = placeholder((N, C, H, W), dtype, "I")
+    Wt = placeholder((K, C, R, S), dtype, "Wt")
+    c, r, s = reduce_axis(C, "c"), reduce_axis(R, "r"), reduce_axis(S, "s")
+    if pad_stage and padding > 0:
+        Ip = compute((N, C, H + 2 * padding, W + 2 * padding),
+                     lambda n, cc, h, w: select((h >= padding) & (h < H + padding) & (w >= padding)
+                                                & (w < W + padding), I[n, cc, h - padding, w - padding], 0.0),
+                     "Ipad")
+
+        def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
+            return lang.tensor.sum(Ip[n, c, p * stride + r * dilation, q * stride + s * dilation]
+                                   * Wt[k, c, r, s], axis=[c, r, s])
+    else:
+        def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
+            h = p * stride + r * dilation - padding
+            w = q * stride + s * dilation - padding
+            inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
+            return lang.tensor.sum(select(inside, I[n, c, h, w], 0.0) * Wt[k, c, r, s], axis=[c, r, s])
+    O = compute((N, K, P, Q), body, "O")
+    func = Func([I, Wt], [O], name="conv2d")
+
+    def cpu(sched: Schedule, target: CPUTarget) -> None:
+        schedule_conv2d_cpu(sched, target, K, Q, has_pad=pad_stage and padding > 0)
+
+    def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return conv2d_reference(i, w, stride, padding, dilation)
+
+    op = Op("conv2d", {"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "stride": stride,
+                       "padding": padding, "dilation": dilation}, func,
+            lambda rng: [random_array(rng, (N, C, H, W), dtype), random_array(rng, (K, C, R, S), dtype)],
+            reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
+            {"cpu": cpu}, tolerance=1e-4)
+    from .matmul import _add_cuda
+    _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
+    return op
+
+
+def schedule_conv2d_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, has_pad: bool,
+                        k_tile: int = 8, q_tile: int | None = None) -> None:
+    """Register tile of k_tile output channels × one vector of output columns, weights packed per
+    channel block, the channel-block loop in parallel."""
+    lanes = q_tile or target.vector_lanes(4)
+    st = sched["O"]
+    st.split("k", k_tile, "ko", "ki").split("q", lanes, "qo", "qi")
+    st.reorder("n", "ko", "p", "qo", "c", "r", "s", "ki", "qi")
+    st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
+    st.cache_write("qo")
+    st.separate("qo")
+    st.unroll("ki").vectorize("qi").parallel("ko")
+    if has_pad:
+        pad = sched["Ipad"]
+        pad.parallel("cc")
+
+
+def conv2d_reference(i: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:
+    """Direct convolution in float64 with NumPy (NCHW × KCRS)."""
+    n, c, h, wd = i.shape
+    k, _, r, s = w.shape
+    p, q = conv_out(h, r, stride, padding, dilation), conv_out(wd, s, stride, padding, dilation)
+    x = np.pad(i.astype(np.float64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    out = np.zeros((n, k, p, q))
+    w64 = w.astype(np.float64)
+    for rr in range(r):
+        for ss in range(s):
+            patch = x[:, :, rr * dilation: rr * dilation + stride * (p - 1) + 1: stride,
+                      ss * dilation: ss * dilation + stride * (q - 1) + 1: stride]
+            out += np.einsum("nchw,kc->nkhw", patch, w64[:, :, rr, ss])
+    return out
+
+
+def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
+                dtype: str = "float32") -> Op:
+    """O[n, p, q, k] = sum_{r, s, c} I[n, p*st + r - pad, q*st + s - pad, c] * Wt[r, s, c, k] (NHWC/RSCK)."""
+    P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
+    I = placeholder((N, H, W, C), dtype, "I")
+    Wt = placeholder((R, S, C, K), dtype, "Wt")
+    r, s, c = reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
+
+    def body(n, p, q, k):  # noqa: ANN001, ANN202 - iterators
+        h = p * stride + r - padding
+        w = q * stride + s - padding
+        inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
+        return lang.tensor.sum(select(inside, I[n, h, w, c], 0.0).astype("float32")
+                               * Wt[r, s, c, k].astype("float32"), axis=[r, s, c])
+    O = compute((N, P, Q, K), body, "O")
+    func = Func([I, Wt], [O], name="conv2d_nhwc")
+
+    def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
+        out = conv2d_reference(i.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1), stride, padding, 1)
+        return out.transpose(0, 2, 3, 1)
+
+    def cpu(sched: Schedule, target: CPUTarget) -> None:
+        lanes = target.vector_lanes(4)
+        st = sched["O"]
+        st.split("k", lanes, "ko", "kl").reorder("n", "p", "q", "ko", "r", "s", "c", "kl")
+        st.cache_write("ko").vectorize("kl").parallel("p")
+
+    op = Op("conv2d_nhwc", {"N": N, "H": H, "W": W, "C": C, "K": K, "R": R, "S": S, "stride": stride,
+                            "padding": padding}, func,
+            lambda rng: [random_array(rng, (N, H, W, C), dtype), random_array(rng, (R, S, C, K), dtype)],
+            reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
+            {"cpu": cpu}, tolerance=1e-4 if dtype == "float32" else 1e-2)
+    from .matmul import _add_cuda
+    _add_cuda(op, "conv2d_nhwc", (N, H, W, C, K, R, S, stride, padding))
+    return op
