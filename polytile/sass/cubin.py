@@ -6,7 +6,9 @@ byte-identical. Only instruction order and control bits change, never the file l
 
 Control fields of a Volta-and-later instruction word (bits of the 128-bit little-endian word):
 stall 105-108, yield 109, write barrier 110-112, read barrier 113-115, wait mask 116-121,
-operand reuse 122-125. A barrier field of 7 means "no barrier".
+operand reuse 122-125. A barrier field of 7 means "no barrier". With the yield bit set, only
+stalls 1-11 are valid encodings (nvdisasm rejects the others; checked in the tests); with it
+clear, 0-15.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from elftools.elf.elffile import ELFFile
 
 NO_BARRIER = 7
 STALL_MAX = 15
+STALL_MAX_YIELD = 11
 WORD_BYTES = 16
 
 _CONTROL_SHIFT = 105
@@ -121,6 +124,11 @@ class Control:
 
     def with_stall(self, stall: int) -> Control:
         return replace(self, stall=stall)
+
+    @property
+    def max_stall(self) -> int:
+        """The largest stall this word can encode without touching its yield bit."""
+        return STALL_MAX_YIELD if self.yield_bit else STALL_MAX
 
     @property
     def waits(self) -> tuple[int, ...]:

@@ -153,6 +153,17 @@ _LABEL_REF = re.compile(r"`\((\.L\w+)\)")
 _PREDICATE = re.compile(r"^(@!?U?P(?:T|\d+))\s+")
 
 
+def instruction_from_text(offset: int, text: str) -> SassInstruction:
+    """Parse one instruction as nvdisasm prints it, e.g. `@!P1 IMAD.WIDE R6, R2, 0x4, R6`."""
+    body = text.strip().rstrip(";").strip()
+    predicate = ""
+    pred = _PREDICATE.match(body)
+    if pred:
+        predicate, body = pred.group(1), body[pred.end() :]
+    opcode, _, rest = body.partition(" ")
+    return SassInstruction(offset, predicate, opcode, split_operands(rest))
+
+
 def parse_text(text: str) -> dict[str, list[SassInstruction]]:
     """Parse `nvdisasm -c -hex` output; label references become hexadecimal offsets."""
     return _parse_text(text)[0]
@@ -195,12 +206,7 @@ def _parse_text(text: str) -> tuple[dict[str, list[SassInstruction]], dict[str, 
         instructions = []
         for offset, body in entries:
             body = _LABEL_REF.sub(lambda m, n=name: hex(labels[n].get(m.group(1), -1)), body)
-            predicate = ""
-            pred = _PREDICATE.match(body)
-            if pred:
-                predicate, body = pred.group(1), body[pred.end() :]
-            opcode, _, rest = body.partition(" ")
-            instructions.append(SassInstruction(offset, predicate, opcode, split_operands(rest)))
+            instructions.append(instruction_from_text(offset, body))
         parsed[name] = instructions
     return parsed, encodings
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polytile.sass.analysis import END, START, KernelAnalysis
-from polytile.sass.cubin import STALL_MAX
 
 UP, DOWN = -1, 1
 
@@ -72,6 +71,7 @@ class Schedule:
         self.position[list(self.order)] = np.arange(n)
         self._caches = _caches if _caches is not None else {"conflict": {}, "rules": {}, "blocks": {}}
         self._base_stall = np.array([c.stall for c in analysis.controls], dtype=np.int64)
+        self._max_stall = np.array([c.max_stall for c in analysis.controls], dtype=np.int64)
 
     @classmethod
     def original(cls, analysis: KernelAnalysis) -> Schedule:
@@ -112,7 +112,7 @@ class Schedule:
         position[order[p]], position[order[q]] = p, q
         repaired = self._block_extras(block.index, order, position)
         if repaired is None:
-            return None, "the stall repair it needs does not fit in 4-bit stall fields"
+            return None, "the stall repair it needs does not fit in the stall fields"
         extra = {i: e for i, e in self.extra.items() if a.block_of[i] != block.index}
         extra.update(repaired)
         return Schedule(a, tuple(order), extra, self._caches), ""
@@ -159,6 +159,7 @@ class Schedule:
         n = block.end - block.start
         order = np.array(order[block.start : block.end], dtype=np.int64)
         base = self._base_stall[order]
+        limit = self._max_stall[order]
         prefix = np.concatenate(([0], np.cumsum(base)))
         lp = np.where(rules.producer_is_start, 0, position[rules.producer] - block.start)
         lc = np.where(rules.consumer_is_end, n, position[rules.consumer] - block.start)
@@ -180,7 +181,7 @@ class Schedule:
             low = max(p for _, p in needs)
             slot = consumer_pos - 1
             while need > 0 and slot >= low:
-                add = min(STALL_MAX - int(base[slot]) - int(extras[slot]), need)
+                add = min(int(limit[slot] - base[slot] - extras[slot]), need)
                 if add > 0:
                     extras[slot] += add
                     need -= add
