@@ -95,6 +95,7 @@ class KernelAnalysis:
         self._async_reads = self._find_async_reads()
         self.guards = self._scoreboard_guards()
         self.latency = self._latency_table(latency_overrides or {})
+        self._live_in_need = self._live_in_needs()
         self.rules = self._distance_rules()
 
     # ---- instruction facts -------------------------------------------------------------------
@@ -338,6 +339,63 @@ class KernelAnalysis:
             table.setdefault(key, value)
         return table
 
+    def _live_in_needs(self) -> list[dict[int, int]]:
+        """Per block, the cycles each live-in register may still need after the block starts.
+
+        A timed producer near the end of a predecessor block leaves `latency - distance to the
+        block end` cycles for the successor to wait; values flow through blocks that do not
+        redefine the register, shrinking by their stall total. With indirect control flow every
+        live-in register is assumed to need the full window.
+        """
+        n = len(self.blocks)
+        if self.has_indirect_flow:
+            return [{} for _ in range(n)]
+        own: list[dict[int, int]] = []
+        defined: list[set[int]] = []
+        total = []
+        for block in self.blocks:
+            last: dict[int, int] = {}
+            for i in range(block.start, block.end):
+                for u in self.semantics[i].defs:
+                    last[u] = i
+            own.append(
+                {
+                    u: max(0, self.required_latency(p) - self._distance(block, p, END))
+                    for u, p in last.items()
+                    if self._timed_producer(p)
+                }
+            )
+            defined.append(set(last))
+            total.append(self._distance(block, START, END))
+        preds: list[list[int]] = [[] for _ in range(n)]
+        for block in self.blocks:
+            for succ in block.successors:
+                preds[succ].append(block.index)
+        need: list[dict[int, int]] = [{} for _ in range(n)]
+        changed = True
+        while changed:
+            changed = False
+            for k in range(n):
+                new: dict[int, int] = {}
+                for q in preds[k]:
+                    outgoing = dict(own[q])
+                    for u, v in need[q].items():
+                        if u not in defined[q]:
+                            outgoing[u] = max(outgoing.get(u, 0), v - total[q])
+                    for u, v in outgoing.items():
+                        if v > 0 and v > new.get(u, 0):
+                            new[u] = v
+                if new != need[k]:
+                    need[k] = new
+                    changed = True
+        return need
+
+    def _live_in_requirement(self, block: Block, consumer: int) -> int:
+        s = self.semantics[consumer]
+        if self.has_indirect_flow:
+            return ASYNC_WINDOW
+        return max((self._live_in_need[block.index].get(u, 0) for u in s.uses | s.defs), default=0)
+
     def _distance_rules(self) -> dict[int, list[DistanceRule]]:
         rules: dict[int, list[DistanceRule]] = {}
         for block in self.blocks:
@@ -345,7 +403,7 @@ class KernelAnalysis:
             for p, c, kind in self._pairs(block):
                 original = self._distance(block, p, c)
                 if p == START:
-                    required = min(original, ASYNC_WINDOW)
+                    required = min(original, self._live_in_requirement(block, c))
                 elif kind == "result" and c != END and self.semantics[p].fixed_latency:
                     required = min(original, self.required_latency(p))
                 elif kind == "result":

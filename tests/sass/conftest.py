@@ -82,3 +82,9 @@ def synthetic_kernel(
         param_bytes=0,
     )
     return kernel, instructions
+
+
+@pytest.fixture
+def synthetic():
+    """The `synthetic_kernel` builder, for tests (a fixture, since tests/ is not a package)."""
+    return synthetic_kernel
