@@ -62,11 +62,13 @@ class Schedule:
         order: tuple[int, ...] | None = None,
         extra: dict[int, int] | None = None,
         _caches: dict | None = None,
+        path: tuple[Move, ...] = (),
     ) -> None:
         n = len(analysis.instructions)
         self.analysis = analysis
         self.order = tuple(range(n)) if order is None else tuple(order)
         self.extra = dict(extra or {})
+        self.path = path                # the moves that led here from the compiler's order
         self.position = np.empty(n, dtype=np.int64)
         self.position[list(self.order)] = np.arange(n)
         self._caches = _caches if _caches is not None else {"conflict": {}, "rules": {}, "blocks": {}}
@@ -115,7 +117,7 @@ class Schedule:
             return None, "the stall repair it needs does not fit in the stall fields"
         extra = {i: e for i, e in self.extra.items() if a.block_of[i] != block.index}
         extra.update(repaired)
-        return Schedule(a, tuple(order), extra, self._caches), ""
+        return Schedule(a, tuple(order), extra, self._caches, self.path + (move,)), ""
 
     def apply(self, move: Move) -> Schedule:
         result, reason = self.check(move)
