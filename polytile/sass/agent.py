@@ -35,8 +35,14 @@ class SearchResult:
         return self.baseline_time / self.best_time
 
 
-def search(analysis: KernelAnalysis, measurer: Measurer, budget: int, method: str = "ppo",
-           seed: int = 0, max_steps: int = 32) -> SearchResult:
+def search(
+    analysis: KernelAnalysis,
+    measurer: Measurer,
+    budget: int,
+    method: str = "ppo",
+    seed: int = 0,
+    max_steps: int = 32,
+) -> SearchResult:
     """Spend `budget` measurements of `measurer` looking for a faster schedule of `analysis`."""
     if method not in METHODS:
         raise ValueError(f"unknown search method {method!r}; choose one of {', '.join(METHODS)}")
@@ -60,8 +66,18 @@ def _ppo(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: in
     game = AssemblyGame(analysis, log, max_steps=max_steps)
     n_steps = int(min(64, max(8, log.budget // 4)))
     model = MaskablePPO(
-        "MlpPolicy", game, n_steps=n_steps, batch_size=min(32, n_steps), n_epochs=4, learning_rate=3e-4,
-        gamma=0.95, ent_coef=0.01, policy_kwargs={"net_arch": [64, 64]}, seed=seed, device="cpu", verbose=0,
+        "MlpPolicy",
+        game,
+        n_steps=n_steps,
+        batch_size=min(32, n_steps),
+        n_epochs=4,
+        learning_rate=3e-4,
+        gamma=0.95,
+        ent_coef=0.01,
+        policy_kwargs={"net_arch": [64, 64]},
+        seed=seed,
+        device="cpu",
+        verbose=0,
     )
     # Steps that hit the measurement cache are free, so allow many more steps than the budget.
     model.learn(total_timesteps=10 * log.budget + n_steps, callback=StopWhenSpent())

@@ -41,7 +41,7 @@ class MeasurementLog:
     budget: int
     times: dict[tuple, float] = field(default_factory=dict)
     failed: set[tuple] = field(default_factory=set)
-    history: list[float] = field(default_factory=list)   # time of each real measurement, in order
+    history: list[float] = field(default_factory=list)  # time of each real measurement, in order
     best: Schedule | None = None
     best_time: float = float("inf")
 
@@ -90,14 +90,22 @@ def instruction_features(schedule: Schedule) -> np.ndarray:
         mem = s.memory
         up, down = legal.get(i, (False, False))
         row = [
-            schedule.stall(i) / 15.0, c.yield_bit,
-            c.write_barrier != NO_BARRIER, c.write_barrier / 7.0,
-            c.read_barrier != NO_BARRIER, c.read_barrier / 7.0,
+            schedule.stall(i) / 15.0,
+            c.yield_bit,
+            c.write_barrier != NO_BARRIER,
+            c.write_barrier / 7.0,
+            c.read_barrier != NO_BARRIER,
+            c.read_barrier / 7.0,
             *[(c.wait_mask >> b) & 1 for b in range(6)],
             c.reuse != 0,
-            bool(mem and "global" in mem.reads | mem.writes), bool(mem and "shared" in mem.reads | mem.writes),
-            bool(mem and mem.writes), (mem.width / 16.0) if mem else 0.0,
-            i in a.pinned, i in a.movable, up, down,
+            bool(mem and "global" in mem.reads | mem.writes),
+            bool(mem and "shared" in mem.reads | mem.writes),
+            bool(mem and mem.writes),
+            (mem.width / 16.0) if mem else 0.0,
+            i in a.pinned,
+            i in a.movable,
+            up,
+            down,
             (p - block.start) / max(1, block.end - block.start - 1),
             *[s.opcode_class == name for name in OPCODE_CLASSES],
         ]
@@ -110,8 +118,13 @@ class AssemblyGame(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, analysis: KernelAnalysis, log: MeasurementLog, max_steps: int = 32,
-                 failure_reward: float = -10.0) -> None:
+    def __init__(
+        self,
+        analysis: KernelAnalysis,
+        log: MeasurementLog,
+        max_steps: int = 32,
+        failure_reward: float = -10.0,
+    ) -> None:
         if not analysis.movable:
             raise ValueError(f"kernel {analysis.name!r} has no movable memory instructions")
         self.analysis = analysis

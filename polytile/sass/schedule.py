@@ -68,7 +68,7 @@ class Schedule:
         self.analysis = analysis
         self.order = tuple(range(n)) if order is None else tuple(order)
         self.extra = dict(extra or {})
-        self.path = path                # the moves that led here from the compiler's order
+        self.path = path  # the moves that led here from the compiler's order
         self.position = np.empty(n, dtype=np.int64)
         self.position[list(self.order)] = np.arange(n)
         self._caches = _caches if _caches is not None else {"conflict": {}, "rules": {}, "blocks": {}}

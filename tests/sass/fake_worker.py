@@ -1,0 +1,35 @@
+"""A stand-in measurement worker for the runner tests: behaves according to the cubin bytes it gets."""
+
+import os
+import sys
+import time
+
+from polytile.sass.driver import CudaError
+from polytile.sass.worker import serve
+
+
+def handle(message):
+    kind = message[0]
+    if kind == "setup":
+        if message[1].cubin == b"broken-original":
+            raise RuntimeError("the original kernel faulted")
+        return {"device": "fake GPU", "pid": os.getpid()}
+    cubin = message[1]
+    if cubin == b"crash":
+        os._exit(7)
+    if cubin == b"hang":
+        time.sleep(3600)
+    if cubin == b"fault":
+        raise CudaError("cuEventSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS")
+    if cubin == b"wrong":
+        raise ValueError("wrong results on the timing inputs")
+    if kind == "time":
+        print("noise on stdout must not break the protocol")
+        return float(len(cubin))
+    if kind == "verify":
+        return None if cubin != b"subtly-wrong" else "seed 2: output 'y' differs in 3 elements"
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(handle))
