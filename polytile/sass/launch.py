@@ -144,7 +144,7 @@ class CubinLaunch:
         if sizes != expected:
             names = [a.name for a in self.args]
             raise LaunchError(
-                f"{self.label}: kernel {self.kernel!r} takes {len(expected)} parameters of sizes {expected} bytes, "
-                f"the launch gives {len(sizes)} ({', '.join(names)}) of sizes {sizes}; list the arguments in the "
-                "kernel's order (pointers are 8 bytes)"
+                f"{self.label}: kernel {self.kernel!r} takes {len(expected)} parameters of sizes "
+                f"{expected} bytes, the launch gives {len(sizes)} ({', '.join(names)}) of sizes {sizes}; "
+                "list the arguments in the kernel's order (pointers are 8 bytes)"
             )
