@@ -29,6 +29,7 @@ class SearchResult:
     measurements: int
     failures: int
     history: list[float]
+    timed: list[tuple[float, Schedule]]  # every schedule measured, with its time
 
     @property
     def speedup(self) -> float:
@@ -52,7 +53,10 @@ def search(
     baseline = log.measure(Schedule.original(analysis))
     if analysis.movable:
         {"ppo": _ppo, "greedy": _greedy, "random": _random}[method](analysis, log, seed, max_steps)
-    return SearchResult(method, baseline, log.best, log.best_time, log.used, len(log.failed), log.history)
+    timed = [(t, log.schedules[key]) for key, t in log.times.items()]
+    return SearchResult(
+        method, baseline, log.best, log.best_time, log.used, len(log.failed), log.history, timed
+    )
 
 
 def _ppo(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: int) -> None:

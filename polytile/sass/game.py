@@ -40,6 +40,7 @@ class MeasurementLog:
     measurer: Measurer
     budget: int
     times: dict[tuple, float] = field(default_factory=dict)
+    schedules: dict[tuple, Schedule] = field(default_factory=dict)
     failed: set[tuple] = field(default_factory=set)
     history: list[float] = field(default_factory=list)  # time of each real measurement, in order
     best: Schedule | None = None
@@ -66,6 +67,7 @@ class MeasurementLog:
                 self.history.append(float("nan"))
                 raise
             self.times[key] = t
+            self.schedules[key] = schedule
             self.history.append(t)
             if t < self.best_time:
                 self.best, self.best_time = schedule, t
