@@ -148,3 +148,45 @@ class CubinLaunch:
                 f"{expected} bytes, the launch gives {len(sizes)} ({', '.join(names)}) of sizes {sizes}; "
                 "list the arguments in the kernel's order (pointers are 8 bytes)"
             )
+
+
+def launch_from_spec(cubin: bytes, spec: dict) -> CubinLaunch:
+    """A CubinLaunch from a JSON-style description (the `polytile sass-opt --launch` file).
+
+    {"kernel": "matmul", "grid": [16, 16, 1], "block": [256, 1, 1], "shared_bytes": 0, "rtol": 0,
+     "args": [{"buffer": "a", "dtype": "float32", "shape": [1024, 1024], "role": "in", "init": "normal"},
+              {"scalar": "n", "dtype": "int32", "value": 1024}, {"scratch": "tmp", "nbytes": 0}]}
+    """
+    args: list[Buffer | Scalar | Scratch] = []
+    for i, item in enumerate(spec.get("args", [])):
+        if "buffer" in item:
+            args.append(
+                Buffer(
+                    item["buffer"],
+                    item["dtype"],
+                    tuple(item["shape"]),
+                    item.get("role", "in"),
+                    item.get("init", "normal"),
+                )
+            )
+        elif "scalar" in item:
+            args.append(Scalar(item["scalar"], item["dtype"], item["value"]))
+        elif "scratch" in item:
+            args.append(Scratch(item["scratch"], int(item.get("nbytes", 0))))
+        else:
+            raise LaunchError(f"launch argument {i} names no 'buffer', 'scalar' or 'scratch': {item}")
+    try:
+        launch = CubinLaunch(
+            cubin=cubin,
+            kernel=spec["kernel"],
+            grid=tuple(spec["grid"]),
+            block=tuple(spec["block"]),
+            args=tuple(args),
+            shared_bytes=int(spec.get("shared_bytes", 0)),
+            name=spec.get("name", ""),
+            rtol=float(spec.get("rtol", 0.0)),
+        )
+    except KeyError as exc:
+        raise LaunchError(f"the launch description needs {exc.args[0]!r}") from exc
+    launch.check()
+    return launch
