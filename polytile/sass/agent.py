@@ -78,7 +78,7 @@ def _ppo(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: in
         learning_rate=3e-4,
         gamma=0.95,
         ent_coef=0.01,
-        policy_kwargs={"net_arch": [64, 64]},
+        policy_kwargs={"net_arch": [64, 64], "ortho_init": False},
         seed=seed,
         device="cpu",
         verbose=0,

@@ -52,23 +52,9 @@ _OFFSET_LIST_ATTRS = {
 }
 # Sized attributes known to carry no instruction offsets; any other sized attribute is scanned
 # conservatively (every aligned u32 that names an instruction pins it).
-_NON_OFFSET_ATTRS = {
-    0x04,
-    0x05,
-    0x0A,
-    0x10,
-    0x11,
-    0x12,
-    0x17,
-    0x1E,
-    0x23,
-    0x2F,
-    0x33,
-    0x36,
-    0x37,
-    0x3D,
-    0x50,
-}
+_NON_OFFSET_ATTRS = {  # sizes, parameter tables, register ids, statistics, versions, cluster shapes
+    0x04, 0x05, 0x0A, 0x10, 0x11, 0x12, 0x17, 0x1E, 0x23, 0x29, 0x2F, 0x33, 0x36, 0x37, 0x3D, 0x50,
+}  # fmt: skip
 
 
 class CubinError(ValueError):

@@ -75,24 +75,16 @@ class MeasurementLog:
 
 
 FEATURES = 22 + len(OPCODE_CLASSES)
+_STALL, _UP, _DOWN, _POSITION = 0, 19, 20, 21  # the columns that change with the order
 
 
-def instruction_features(schedule: Schedule) -> np.ndarray:
-    """(instructions, FEATURES) float32 rows in the schedule's current order."""
-    a = schedule.analysis
-    n = len(schedule.order)
-    mask = schedule.legal_mask()
-    legal = {}
-    for k, instruction in enumerate(a.movable):
-        legal[instruction] = (mask[2 * k], mask[2 * k + 1])
-    rows = np.zeros((n, FEATURES), dtype=np.float32)
-    for p, i in enumerate(schedule.order):
-        c, s = a.controls[i], a.semantics[i]
-        block = a.blocks[a.block_of[i]]
+def _static_features(analysis: KernelAnalysis) -> np.ndarray:
+    """Per instruction (original index), the feature columns that do not depend on the order."""
+    rows = np.zeros((len(analysis.instructions), FEATURES), dtype=np.float32)
+    for i, (c, s) in enumerate(zip(analysis.controls, analysis.semantics, strict=True)):
         mem = s.memory
-        up, down = legal.get(i, (False, False))
-        row = [
-            schedule.stall(i) / 15.0,
+        spaces = (mem.reads | mem.writes) if mem else frozenset()
+        rows[i, 1:19] = [
             c.yield_bit,
             c.write_barrier != NO_BARRIER,
             c.write_barrier / 7.0,
@@ -100,18 +92,38 @@ def instruction_features(schedule: Schedule) -> np.ndarray:
             c.read_barrier / 7.0,
             *[(c.wait_mask >> b) & 1 for b in range(6)],
             c.reuse != 0,
-            bool(mem and "global" in mem.reads | mem.writes),
-            bool(mem and "shared" in mem.reads | mem.writes),
+            "global" in spaces,
+            "shared" in spaces,
             bool(mem and mem.writes),
             (mem.width / 16.0) if mem else 0.0,
-            i in a.pinned,
-            i in a.movable,
-            up,
-            down,
-            (p - block.start) / max(1, block.end - block.start - 1),
-            *[s.opcode_class == name for name in OPCODE_CLASSES],
+            i in analysis.pinned,
+            i in analysis.movable,
         ]
-        rows[p, : len(row)] = row
+        rows[i, 22:] = [s.opcode_class == name for name in OPCODE_CLASSES]
+    return rows
+
+
+def instruction_features(schedule: Schedule, static: np.ndarray | None = None) -> np.ndarray:
+    """(instructions, FEATURES) float32 rows in the schedule's current order.
+
+    Columns: stall/15, yield, write barrier (set, index/7), read barrier (set, index/7), wait mask
+    bits, reuse, global, shared, store, width/16, pinned, movable, legal up, legal down, position
+    in block, opcode class one-hot.
+    """
+    a = schedule.analysis
+    if static is None:
+        static = _static_features(a)
+    order = np.asarray(schedule.order)
+    rows = static[order].copy()
+    rows[:, _STALL] = [schedule.stall(int(i)) / 15.0 for i in order]
+    mask = schedule.legal_mask()
+    if len(a.movable):
+        movable = np.asarray(a.movable)
+        positions = schedule.position[movable]
+        rows[positions, _UP] = mask[0::2]
+        rows[positions, _DOWN] = mask[1::2]
+    for block in a.blocks:
+        rows[block.start : block.end, _POSITION] = np.linspace(0.0, 1.0, block.end - block.start)
     return rows
 
 
@@ -141,6 +153,7 @@ class AssemblyGame(gym.Env):
         self.schedule = self.original
         self.t_prev = self.t0
         self.steps = 0
+        self._static = _static_features(analysis)
 
     def move_of(self, action: int) -> Move:
         return Move(self.analysis.movable[int(action) // 2], UP if int(action) % 2 == 0 else DOWN)
@@ -153,7 +166,7 @@ class AssemblyGame(gym.Env):
         self.schedule = self.original
         self.t_prev = self.t0
         self.steps = 0
-        return instruction_features(self.schedule), {"time": self.t0}
+        return instruction_features(self.schedule, self._static), {"time": self.t0}
 
     def step(self, action):
         self.steps += 1
@@ -163,10 +176,10 @@ class AssemblyGame(gym.Env):
         try:
             t = self.log.measure(moved)
         except MeasurementFailed:
-            obs = instruction_features(self.schedule)
+            obs = instruction_features(self.schedule, self._static)
             return obs, self.failure_reward, True, False, {"time": None, "failed": True}
         reward = (self.t_prev - t) / self.t0 * 100.0
         self.schedule, self.t_prev = moved, t
         terminated = not self.schedule.legal_mask().any()
         truncated = self.steps >= self.max_steps or self.log.exhausted
-        return instruction_features(self.schedule), reward, terminated, truncated, {"time": t}
+        return instruction_features(self.schedule, self._static), reward, terminated, truncated, {"time": t}

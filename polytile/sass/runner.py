@@ -144,6 +144,10 @@ class Runner:
         """Median milliseconds of `cubin` (after a screen of its outputs on the timing inputs)."""
         return float(self.request(("time", cubin)))
 
+    def outputs(self, cubin: bytes, seed: int) -> dict:
+        """Output arrays of `cubin` on the inputs `verify.host_inputs(launch, seed)` builds."""
+        return self.request(("outputs", cubin, seed))
+
     def verify(self, cubin: bytes, seeds: tuple[int, ...] = (1, 2, 3)) -> str | None:
         """None if `cubin` matches the original on fresh inputs for every seed, else what differed."""
         return self.request(("verify", cubin, tuple(seeds)))

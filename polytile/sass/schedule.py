@@ -63,17 +63,28 @@ class Schedule:
         extra: dict[int, int] | None = None,
         _caches: dict | None = None,
         path: tuple[Move, ...] = (),
+        _position: np.ndarray | None = None,
     ) -> None:
         n = len(analysis.instructions)
         self.analysis = analysis
         self.order = tuple(range(n)) if order is None else tuple(order)
         self.extra = dict(extra or {})
         self.path = path  # the moves that led here from the compiler's order
-        self.position = np.empty(n, dtype=np.int64)
-        self.position[list(self.order)] = np.arange(n)
-        self._caches = _caches if _caches is not None else {"conflict": {}, "rules": {}, "blocks": {}}
-        self._base_stall = np.array([c.stall for c in analysis.controls], dtype=np.int64)
-        self._max_stall = np.array([c.max_stall for c in analysis.controls], dtype=np.int64)
+        if _position is None:
+            _position = np.empty(n, dtype=np.int64)
+            _position[list(self.order)] = np.arange(n)
+        self.position = _position
+        if _caches is None:
+            _caches = {
+                "conflict": {},
+                "rules": {},
+                "blocks": {},
+                "base_stall": np.array([c.stall for c in analysis.controls], dtype=np.int64),
+                "max_stall": np.array([c.max_stall for c in analysis.controls], dtype=np.int64),
+            }
+        self._caches = _caches
+        self._base_stall = _caches["base_stall"]
+        self._max_stall = _caches["max_stall"]
 
     @classmethod
     def original(cls, analysis: KernelAnalysis) -> Schedule:
@@ -117,7 +128,7 @@ class Schedule:
             return None, "the stall repair it needs does not fit in the stall fields"
         extra = {i: e for i, e in self.extra.items() if a.block_of[i] != block.index}
         extra.update(repaired)
-        return Schedule(a, tuple(order), extra, self._caches, self.path + (move,)), ""
+        return Schedule(a, tuple(order), extra, self._caches, self.path + (move,), position), ""
 
     def apply(self, move: Move) -> Schedule:
         result, reason = self.check(move)

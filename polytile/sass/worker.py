@@ -8,6 +8,7 @@ Run as `python -m polytile.sass.worker`. It speaks length-prefixed pickles on st
 - ("time", cubin) -> median milliseconds. First runs the variant once on the timing inputs and
   compares with the original's outputs (a cheap screen); a mismatch is an error reply.
 - ("verify", cubin, seeds) -> None or a mismatch description, on fresh inputs per seed.
+- ("outputs", cubin, seed) -> the output arrays on `host_inputs(launch, seed)` (for references).
 A CUDA error is replied as ("error", text, fatal=True) and the worker exits: after a fault the
 context is unusable, so the parent starts a new worker.
 """
@@ -149,6 +150,10 @@ class GpuSession:
         finally:
             self.device.unload(module)
 
+    def outputs(self, cubin: bytes, seed: int) -> dict:
+        """The outputs of `cubin` on the inputs `host_inputs(launch, seed)`."""
+        return self._run(cubin, host_inputs(self.launch, seed))
+
     def verify(self, cubin: bytes, seeds) -> str | None:
         for seed in seeds:
             inputs = host_inputs(self.launch, seed)
@@ -180,6 +185,8 @@ def main() -> None:
             return session[0].time(message[1])
         if kind == "verify":
             return session[0].verify(message[1], message[2])
+        if kind == "outputs":
+            return session[0].outputs(message[1], message[2])
         raise ValueError(f"unknown request {kind!r}")
 
     serve(handle)
