@@ -10,6 +10,7 @@ none is faster in the confirmation, the original kernel comes back with speedup 
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field
 
@@ -113,18 +114,22 @@ def optimize(
     confirm_rounds: int = 5,
     max_steps: int = 32,
     latency_overrides: dict[str, int] | None = None,
+    runner: Runner | None = None,
     **triton_options,
 ) -> OptimizedKernel:
     """A verified, possibly faster variant of `kernel` and a report of what the search found.
 
     `kernel` is a CubinLaunch, or a `@triton.jit` function with its non-constexpr `example_inputs`
     and the options of `triton_launch` (grid=..., constexprs=..., outputs=..., num_warps=...).
+    A `runner` already measuring the same launch may be passed to reuse its worker.
     """
     launch = _as_launch(kernel, example_inputs, triton_options)
     launch.check()
     analysis = analyse(launch, latency_overrides)
     cubin = Cubin(launch.cubin)
-    with Runner(launch, settings) as runner:
+    if runner is not None and runner.launch is not launch:
+        raise ValueError(f"the runner measures {runner.launch.label}, not {launch.label}")
+    with contextlib.nullcontext(runner) if runner is not None else Runner(launch, settings) as runner:
         measurer = GpuMeasurer(runner, cubin, launch.kernel)
         result = search(analysis, measurer, budget, method=method, seed=seed, max_steps=max_steps)
         report = OptimizationReport(
