@@ -268,7 +268,7 @@ def check_outputs(workload: Workload, cubin: bytes, runner: Runner, seed: int = 
 
 
 def run(args) -> dict:
-    settings = RunnerSettings(reps=args.reps)
+    settings = RunnerSettings(reps=args.reps, timeout_s=args.timeout)
     workloads = polytile_workloads() or cuda_workloads()
     if not args.no_triton:
         try:
@@ -378,6 +378,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=20, help="launches per timing (median)")
     parser.add_argument("--confirm", type=int, default=5, help="interleaved re-timing rounds of the winner")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a variant counts as hung")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton workloads")
     parser.add_argument("--build-only", action="store_true", help="build the CUDA C cubins and stop")
     args = parser.parse_args()

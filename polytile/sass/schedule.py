@@ -137,20 +137,27 @@ class Schedule:
         return result
 
     def legal_mask(self) -> np.ndarray:
-        """Boolean mask over actions 2k (move movable[k] up) and 2k+1 (down)."""
+        """Boolean mask over actions 2k (move movable[k] up) and 2k+1 (down).
+
+        Legality depends only on the instruction's block, so verdicts are cached per distinct
+        block state (its order and repairs), each state interned once.
+        """
         a = self.analysis
         mask = np.zeros(2 * len(a.movable), dtype=bool)
-        blocks = self._caches["blocks"]
+        verdicts, states = self._caches["blocks"], self._caches.setdefault("block_states", {})
+        block_ids: dict[int, int] = {}
         for k, instruction in enumerate(a.movable):
             block = a.blocks[a.block_of[instruction]]
-            state = (
-                instruction,
-                self.order[block.start : block.end],
-                tuple((i, e) for i, e in sorted(self.extra.items()) if a.block_of[i] == block.index),
-            )
-            if state not in blocks:
-                blocks[state] = tuple(self.check(Move(instruction, d))[0] is not None for d in (UP, DOWN))
-            mask[2 * k], mask[2 * k + 1] = blocks[state]
+            if block.index not in block_ids:
+                state = (
+                    self.order[block.start : block.end],
+                    tuple((i, e) for i, e in sorted(self.extra.items()) if a.block_of[i] == block.index),
+                )
+                block_ids[block.index] = states.setdefault(state, len(states))
+            key = (instruction, block_ids[block.index])
+            if key not in verdicts:
+                verdicts[key] = tuple(self.check(Move(instruction, d))[0] is not None for d in (UP, DOWN))
+            mask[2 * k], mask[2 * k + 1] = verdicts[key]
         return mask
 
     def _conflict(self, first: int, second: int) -> str | None:

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 
 from polytile.sass.driver import CudaError, Device, KernelParams
-from polytile.sass.launch import CubinLaunch, Scalar
+from polytile.sass.launch import Buffer, CubinLaunch, Scalar, Scratch
 from polytile.sass.verify import compare, host_inputs
 
 _HEADER = struct.Struct("<Q")
@@ -80,9 +80,8 @@ class GpuSession:
         self.device = Device(settings.get("device", 0))
         self.pointers = {}
         for arg in launch.args:
-            nbytes = getattr(arg, "nbytes", 0)
-            if hasattr(arg, "role") or nbytes:
-                self.pointers[arg.name] = self.device.alloc(nbytes)
+            if isinstance(arg, Buffer) or isinstance(arg, Scratch) and arg.nbytes:
+                self.pointers[arg.name] = self.device.alloc(arg.nbytes)
         flush_bytes = 2 * self.device.info.l2_bytes if settings.get("flush_l2", True) else 0
         self.flush = (self.device.alloc(flush_bytes), flush_bytes) if flush_bytes else None
         self.params = self._params()
