@@ -82,14 +82,8 @@ def disassemble(
     tool = nvdisasm or find_nvdisasm()
     if use_json is None:
         use_json = _supports_json(tool)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin.data)
-        handle.flush()
-        args = [tool, "-json", handle.name] if use_json else [tool, "-c", "-hex", handle.name]
-        result = subprocess.run(args, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise DisassemblyError(f"{' '.join(args[:-1])} failed on {cubin.source}: {result.stderr.strip()}")
-    parsed = parse_json(result.stdout) if use_json else parse_text(result.stdout)
+    output = _run(tool, ["-json"] if use_json else ["-c", "-hex"], cubin)
+    parsed = parse_json(output) if use_json else parse_text(output)
     for name, kernel in cubin.kernels.items():
         instructions = parsed.get(name)
         if instructions is None:
@@ -213,13 +207,17 @@ def _parse_text(text: str) -> tuple[dict[str, list[SassInstruction]], dict[str, 
 
 def text_encodings(cubin: Cubin, nvdisasm: str | None = None) -> dict[str, list[int]]:
     """The 128-bit encodings `nvdisasm -hex` prints for each kernel, in address order."""
-    tool = nvdisasm or find_nvdisasm()
+    return _parse_text(_run(nvdisasm or find_nvdisasm(), ["-c", "-hex"], cubin))[1]
+
+
+def _run(tool: str, options: list[str], cubin: Cubin) -> str:
+    """nvdisasm's standard output for `cubin` (written to a temporary file)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin.data)
         handle.flush()
-        result = subprocess.run(
-            [tool, "-c", "-hex", handle.name], capture_output=True, text=True, check=False
-        )
+        result = subprocess.run([tool, *options, handle.name], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise DisassemblyError(f"nvdisasm -c -hex failed on {cubin.source}: {result.stderr.strip()}")
-    return _parse_text(result.stdout)[1]
+        raise DisassemblyError(
+            f"nvdisasm {' '.join(options)} failed on {cubin.source}: {result.stderr.strip()}"
+        )
+    return result.stdout
