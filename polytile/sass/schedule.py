@@ -224,7 +224,3 @@ class Schedule:
                 control = replace(control, reuse=0)
             words.append(control.apply(a.kernel.words[instruction]))
         return words
-
-    def moved(self) -> list[tuple[int, int]]:
-        """(instruction, new position) for every instruction not at its original position."""
-        return [(i, p) for p, i in enumerate(self.order) if i != p]

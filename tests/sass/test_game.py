@@ -66,8 +66,10 @@ def test_failed_variant_ends_the_episode_with_a_penalty(matmul):
     assert len(log.failed) == 1 and log.best.is_original()
 
 
-@pytest.mark.parametrize("method", ["greedy", "random", "ppo"])
+@pytest.mark.parametrize("method", ["greedy", "random", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
+    if method == "ppo":
+        pytest.importorskip("sb3_contrib", reason="PPO needs sb3-contrib (and torch)")
     model = IssueModel()
     result = search(matmul, model, budget=40, method=method, seed=0, max_steps=8)
     assert result.measurements <= 40 and model.calls == result.measurements
