@@ -85,6 +85,11 @@ def analyse(launch: CubinLaunch, latency_overrides: dict[str, int] | None = None
 
 def _as_launch(kernel, example_inputs, triton_options: dict) -> CubinLaunch:
     if isinstance(kernel, CubinLaunch):
+        if example_inputs is not None:
+            raise TypeError(
+                f"{kernel.label}: a CubinLaunch describes its inputs in `args` (Buffer.init); "
+                "pass example_inputs=None"
+            )
         if triton_options:
             raise TypeError(f"options {sorted(triton_options)} apply to Triton kernels, not a CubinLaunch")
         return kernel
