@@ -311,8 +311,8 @@ def _operand_widths(ins: SassInstruction, count: int) -> list[int]:
         return [4] * count
     if base.startswith("D") and base in VARIABLE_LATENCY or mods & _SIXTY_FOUR:
         return [2] * count
-    if base in ("IMAD", "UIMAD") and "WIDE" in mods:      # destination and addend are 64-bit; the
-        return [2] * count                                # operand order shifts with carries (.X)
+    if base in ("IMAD", "UIMAD") and "WIDE" in mods:  # destination and addend are 64-bit; the
+        return [2] * count  # operand order shifts with carries (.X)
     if base == "CS2R" and "32" not in mods:
         return [2] * count
     return [1] * count
