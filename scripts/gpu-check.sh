@@ -15,11 +15,11 @@ python3 -c "import torch, islpy; print('torch', torch.__version__, 'cuda', torch
 
 if [[ ",$skip," != *",tests,"* ]]; then
   echo "== pytest -m gpu"
-  timeout 900 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/cuda tests/core 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | tail -25
+  timeout 500 python3 -m pytest -m gpu -q -p no:cacheprovider -n 6 tests/cuda tests/core 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | tail -25
 fi
 if [[ ",$skip," != *",ops,"* ]]; then
   echo "== benchmarks/gpu_ops.py"
-  timeout 900 python3 benchmarks/gpu_ops.py ${GPU_CHECK_QUICK:+--quick} 2>&1 | tee "$OUT_DIR/gpu_ops.log" | tail -12
+  timeout 400 python3 benchmarks/gpu_ops.py ${GPU_CHECK_QUICK:+--quick} 2>&1 | tee "$OUT_DIR/gpu_ops.log" | tail -12
 fi
 if [[ ",$skip," != *",sass,"* && -f scripts/sass-gpu.sh ]]; then
   echo "== SASS optimizer"
