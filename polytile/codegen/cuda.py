@@ -89,6 +89,7 @@ class CUDAPrinter(CLikePrinter):
         self.index32 = index32
         self.dynamic: dict[str, int] = {}
         self.written: dict[str, bool] = {}
+        self.shared_global: set[str] = set()
 
     # --- types ----------------------------------------------------------------------------------
     def half_type(self) -> str:
@@ -137,6 +138,8 @@ class CUDAPrinter(CLikePrinter):
         return super().math_call(base, d, args, e)
 
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
+        if buf.name in self.shared_global:  # written by other threads of the block before a barrier
+            return f"((volatile {self.storage_type(buf.dtype)}*){buf.name})[{idx}]"
         if buf.dtype.name == "bfloat16":
             return f"__bfloat162float({buf.name}[{idx}])"
         if buf.dtype.name == "float16":
@@ -226,6 +229,10 @@ class CUDAPrinter(CLikePrinter):
         for e in ir.all_exprs(k.body):
             if isinstance(e, ir.Load) and e.buffer.scope in ("arg", "global"):
                 bufs.setdefault(e.buffer.name, e.buffer)
+        read = {e.buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Load)}
+        # global temporaries a kernel both writes and reads carry values between its threads: no
+        # __restrict__ and volatile loads, so that nothing is cached across the barrier
+        self.shared_global = {n for n, b in bufs.items() if b.scope == "global" and self.written.get(n) and n in read}
         names = {n.name for n in ir.all_exprs(k.body) if isinstance(n, ir.Var)}
         used = [p for p in params if p.name in names]
         shared = [st.buffer for st in ir.walk_stmt(k.body) if isinstance(st, ir.Allocate)
@@ -237,7 +244,8 @@ class CUDAPrinter(CLikePrinter):
             for b in shared:
                 self.dynamic[b.name] = dyn
                 dyn += (_const_bytes(b) + 127) // 128 * 128
-        args = [f"{self.storage_type(b.dtype)}* __restrict__ {b.name}" if self.written.get(b.name) else
+        args = [f"{self.storage_type(b.dtype)}* {b.name}" if b.name in self.shared_global else
+                f"{self.storage_type(b.dtype)}* __restrict__ {b.name}" if self.written.get(b.name) else
                 f"const {self.storage_type(b.dtype)}* __restrict__ {b.name}" for b in bufs.values()]
         args += [f"const {self.index_type()} {p.name}" for p in used]
         nthreads = k.block[0] * k.block[1] * k.block[2]

@@ -87,6 +87,8 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
     sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
+    for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
+        sched[stat].store_at("i").set_loc("shared")
 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
@@ -100,6 +102,8 @@ def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
     sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
+    for stat in ("s1", "s2"):
+        sched[stat].store_at("i").set_loc("shared")
 
 
 def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:
