@@ -109,10 +109,10 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
         st = sched.states[c.consumer]
         level = None if c.level is None else st.loops.index(c.level)
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
-                            if tag.startswith("threadIdx")) if c.loc == "shared" else frozenset()
+                            if tag.startswith("threadIdx"))
         order = copy_order if c.loc == "shared" else "cache"  # register tiles: dense loops to unroll
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc, threads,
-                                     order, c.also))
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc,
+                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)

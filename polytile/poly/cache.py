@@ -37,6 +37,7 @@ class CacheRequest:
     block_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (shared caches span them)
     order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
     also: tuple[str, ...] = ()  # more consumers (fused with the first at the level) sharing the cache
+    thread_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (any cache)
 
 
 @dataclass
@@ -295,7 +296,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
         # shared cache, every thread of the block (threads without work of their own still copy
         # their share, and the barriers around the copies must be reached by all)
-        scope_range = _all_threads(prefix.range(), req.block_dims) if req.block_dims else prefix.range()
+        scope_range = _all_threads(prefix.range(), req.thread_dims) if req.thread_dims else prefix.range()
         key = (req.consumer, pos)
         slot_used[key] = slot_used.get(key, 0) + 1
         if slot_used[key] > STATIC_SCALE // 2 - 2:
@@ -318,9 +319,10 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
             else:
                 rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]: over the cache's
-            if req.block_dims:
-                rel = _whole_block(rel, m, req.block_dims)
-            rel = rel.intersect_domain(scope_range)
+            if req.block_dims:  # a shared cache: all threads of the block take part in the copy
+                rel = _whole_block(rel, m, req.block_dims).intersect_domain(scope_range)
+            else:
+                rel = rel.intersect_domain(prefix.range())
             n_c = rel.dim(isl.dim_type.out)
             c_names = _names("q", n_c)
             cname = f"{req.name}__{kind}"
