@@ -42,6 +42,22 @@ __device__ __forceinline__ double pt_rsqrt(double x) { return rsqrt(x); }
 __device__ __forceinline__ float pt_bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 __device__ __forceinline__ float pt_f16_round(float x) { return __half2float(__float2half(x)); }
 
+// asynchronous global-to-shared copies (sm_80+) and their groups
+__device__ __forceinline__ unsigned pt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void pt_cp_async16(void* s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async8(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async4(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void pt_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
 // block-wide reductions: every thread of the block calls them (block size a multiple of 32)
 template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -136,6 +152,23 @@ class CUDAPrinter(CLikePrinter):
         if d.name == "float32" and base in ("exp", "log", "tanh", "sin", "cos", "exp2", "log2"):
             return f"{base}f({args})"
         return super().math_call(base, d, args, e)
+
+    def e_Call(self, e: ir.Call) -> str:
+        if e.name == "pt_cp_async":
+            dst, src = e.args
+            assert isinstance(dst, ir.Load) and isinstance(src, ir.Load)
+            nbytes = dst.index[0].lanes * dst.buffer.dtype.itemsize
+            if nbytes not in (4, 8, 16):
+                raise LoweringError(f"an asynchronous copy of {nbytes} bytes into {dst.buffer.name}")
+            return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
+        if e.name == "pt_cp_async_wait":
+            return f"pt_cp_async_wait<{self.expr(e.args[0])}>()"
+        return super().e_Call(e)
+
+    def address(self, ld: ir.Load) -> str:
+        (idx,) = ld.index
+        base = idx.base if isinstance(idx, ir.Ramp) else idx
+        return f"&{ld.buffer.name}[{self.expr(base)}]"
 
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
         if buf.name in self.shared_global:  # written by other threads of the block before a barrier

@@ -217,10 +217,15 @@ class IRBuilder:
         users = _users(n.body)
         name = self.loop_name(n, users, scope)
         kind = self.loop_kind(n, users)
-        if n.degenerate:
+        if n.degenerate and not kind.startswith(("blockIdx", "threadIdx")):
             env2 = dict(env)
             env2[n.iterator] = lo
             return self.node(n.body, env2, scope)
+        if n.degenerate:  # a bound loop of one iteration is still a grid or block dimension
+            var = ir.Var(name)
+            env2 = dict(env, **{n.iterator: var, f"@d{n.dim}": var})
+            body = self.node(n.body, env2, scope + [name])
+            return ir.For(var, lo, ir.const(1), body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         cond = n.cond
         if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
             raise LoweringError(f"unexpected loop condition {cond}")
