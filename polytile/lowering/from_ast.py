@@ -265,7 +265,7 @@ class IRBuilder:
 
     def loop_kind(self, n: AstFor, users: set[str]) -> str:
         copies = [self.plan.statements[u] for u in users
-                  if u in self.plan.statements and self.plan.statements[u].kind in ("copy_in", "copy_out")]
+                  if u in self.plan.statements and self.plan.statements[u].kind in ("copy_in", "copy_out", "fill")]
         if copies and len(copies) == len([u for u in users if u in self.plan.statements]):
             return self.copy_loop_kind(n, copies)
         kinds = set()
@@ -302,7 +302,7 @@ class IRBuilder:
         args = [aexpr(a, env) for a in n.args]
         dims_env = dict(zip(plan.dims, args))
         conv = ExprConverter(self.buffers, plan.rewrites, dims_env, env)
-        if plan.kind in ("copy_in", "copy_out"):
+        if plan.kind in ("copy_in", "copy_out", "fill"):
             return self.copy(plan, conv, dims_env, env)
         comp = self.computations[plan.owner]
         axes = list(comp.axes) + (list(comp.reduce_axes) if plan.kind == "compute" else [])
@@ -342,10 +342,22 @@ class IRBuilder:
             cbuf, cidx = ExprConverter(self.buffers, [plan.cache_rewrite], dims_env, env).index_of(tensor, elem)
         else:
             cbuf, cidx = self.buffers[cache.name], tuple(aexpr(e, dims_env) for e in plan.cache_index)
+        if plan.kind == "fill":
+            return ir.Store(cbuf, cidx, ir.Const(plan.fill_value, cbuf.dtype))  # type: ignore[arg-type]
         if plan.kind == "copy_in":
             sbuf, sidx = conv.index_of(tensor, elem)  # the tensor, or the previous cache of a chain
-            return ir.Store(cbuf, cidx, ir.Load(sbuf, sidx))
-        return ir.Store(self.buffers[tensor], elem, ir.Load(cbuf, cidx))
+            value: ir.Expr = ir.Load(sbuf, sidx)
+            if plan.zfill:  # a whole tile: the elements past the tensor's end are zeros
+                inside = [ir.Cmp("<", i, d) for i, d in zip(sidx, sbuf.shape)]
+                value = ir.Select(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), value,
+                                  ir.Const(0.0 if sbuf.dtype.is_float else 0, sbuf.dtype))
+            return ir.Store(cbuf, cidx, value)
+        tbuf = self.buffers[tensor]
+        out: ir.Stmt = ir.Store(tbuf, elem, ir.Load(cbuf, cidx))
+        if plan.guard_inside:  # a whole tile written back: the elements inside the tensor
+            inside = [ir.Cmp("<", i, d) for i, d in zip(elem, tbuf.shape)]
+            out = ir.If(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), out)
+        return out
 
 
 REGISTER_CACHE_BYTES = 2048

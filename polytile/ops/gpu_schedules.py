@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import ScheduleError
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 
@@ -49,12 +50,61 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
 
+def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 32,
+                    wm: int = 64, wn: int = 64, stages: int = 3, reg_stages: int = 1,
+                    batch: str | None = None) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on tensor
+    cores: a ``bm``×``bn`` block tile, (bm/wm)×(bn/wn) warps each owning a ``wm``×``wn`` tile of
+    ``mma.m16n8k16`` accumulators in registers, operand tiles of ``bk`` columns in shared memory
+    (rows padded by 8 elements: conflict-free ``ldmatrix``), pipelined over ``stages`` K steps; with
+    ``reg_stages=2`` the operand fragments are double-buffered across the 16-wide K steps of a tile
+    (ALCOP's register level)."""
+    for what, v, m in (("bm", bm, wm), ("bn", bn, wn)):
+        if v % m:
+            raise ScheduleError(f"gemm_tensorcore: {what}={v} must be a multiple of the warp tile ({m})")
+    if wm % 16 or wn % 8 or bk % 16:
+        raise ScheduleError(f"gemm_tensorcore: warp tiles are multiples of 16×8 and bk of 16 (got {wm}×{wn}, "
+                            f"bk={bk})")
+    st = sched[out]
+    st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
+    st.split("i1", wm, "wi", "i2").split("j1", wn, "wj", "j2")
+    st.split("i2", 16, "mi", "i3").split("j2", 8, "nj", "j3")
+    st.split("k", bk, "ko", "k1").split("k1", 16, "kk", "k3")
+    lead = [batch] if batch else []
+    st.reorder(*lead, "bi", "bj", "wi", "wj", "ko", "kk", "mi", "nj", "i3", "j3", "k3")
+    if batch:
+        st.bind(batch, "blockIdx.z")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
+    st.cache(a, "ko", loc="shared", pad=(0,) * (1 + bool(batch)) + (8,), name=f"{a}_shared")
+    st.cache(b, "ko", loc="shared", pad=(0,) * (1 + bool(batch)) + (8,), name=f"{b}_shared")
+    st.cache_write("wj", loc="fragment")
+    st.tensorize("i3", "mma_m16n8k16")
+    if stages > 1:
+        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+    if reg_stages > 1 and bk > 16:
+        st.pipeline(f"{a}_shared_frag", reg_stages).pipeline(f"{b}_shared_frag", reg_stages)
+
+
+def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
+    """16-bit operands on a GPU with mma.sync (sm_80 and newer)."""
+    return sched.func.tensor(a).dtype.name in ("float16", "bfloat16") and target.capability >= 80
+
+
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
-    gemm_cuda(sched, "C", "A", "B")
+    if _tensor_cores(sched, "A", target):
+        gemm_tensorcore(sched, "C", "A", "B")
+    else:
+        gemm_cuda(sched, "C", "A", "B")
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
-    gemm_cuda(sched, "C", "A", "B", batch="bb")
+    if _tensor_cores(sched, "A", target):
+        # small matrices (attention heads): one warp tile per block when the matrix is small
+        bm = 128 if M >= 128 else 64
+        bn = 128 if N >= 128 else 64
+        gemm_tensorcore(sched, "C", "A", "B", bm=bm, bn=bn, batch="bb")
+    else:
+        gemm_cuda(sched, "C", "A", "B", batch="bb")
 
 
 def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:

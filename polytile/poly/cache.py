@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from ..errors import LanguageError, ScheduleError
+from ..errors import ScheduleError
 from ..lang import expr as lx
 from .affine import NotAffine, affine
 from .astgen import Scheduled, binding_depth, pw_aff_expr
 from .astnodes import AExpr
-from .model import INIT_SUFFIX, Namer, Statement, maps_of, project_out_params
+from .model import INIT_SUFFIX, Namer, Statement, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
+from .schedule import full_map
 
 
 @dataclass
@@ -38,6 +39,9 @@ class CacheRequest:
     order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
     also: tuple[str, ...] = ()  # more consumers (fused with the first at the level) sharing the cache
     thread_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (any cache)
+    pad: tuple[int, ...] = ()  # extra elements per buffer dimension (bank-conflict padding)
+    fill: object = None  # write caches: start from this identity instead of running the initialization
+    whole: bool = False  # read caches: copy the whole (constant) box, zeros outside the tensor
 
 
 @dataclass
@@ -184,10 +188,12 @@ def _bound_params(program: PolyProgram, it: Scheduled, m: int, dyn_sources: dict
 
 def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
                  requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]
-                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]]]:
+                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]],
+                            set[str]]:
     from .materialize import StmtPlan
 
     by_name = {it.stmt.name: it for it in items}
+    dropped: set[str] = set()
     extra: list[tuple[Scheduled, object]] = []
     buffers: list[CacheBuffer] = []
     rewrites: dict[str, list[CacheRewrite]] = {}
@@ -215,7 +221,8 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         acc = accesses[0]
         for a in accesses[1:]:
             acc = acc.union(a)
-        acc = project_out_params(acc, drop).intersect_domain(dom)
+        acc_any = project_out_params(acc, drop)  # accesses as functions, any iteration
+        acc = acc_any.intersect_domain(dom)
         fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
         for other in req.also:
             o_it = by_name[other]
@@ -234,8 +241,11 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             fp = fp.union(_prefix_map(o_it, m, o_dom).reverse().apply_range(o_acc))
         if req.block_dims:
             fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
+        # whole tiles (tensor cores): the box of a tile away from the tensors' ends, also at the ends
+        extent_fp = _unclipped_footprint(full_map(sched.loops, sched.statics, width), m, dom, acc_any, req) \
+            if req.whole else fp
         ndim = tensor.ndim
-        boxes = [_box_dim(fp, d, what) for d in range(ndim)]
+        boxes = [_box_dim(extent_fp, d, what) for d in range(ndim)]
         lmap, lvars, lexprs = _layout(req, ndim)
         p_names = _names("p", m)
         ctx = program.context
@@ -243,7 +253,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         shape: list[AExpr] = []
         if all(b.size is not None for b in boxes):
             # the buffer spans the layout's image of what is accessed (relative to the origin)
-            img = _sum(fp, off_map.neg()).range().apply(lmap)
+            img = _sum(extent_fp, off_map.neg()).range().apply(lmap)
             img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
             for c in range(img.dim(isl.dim_type.set)):
                 lo_v = img.dim_min_val(c).to_python()
@@ -251,7 +261,8 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 if lo_v != 0:
                     raise ScheduleError(f"{what}: the layout must map the footprint's origin to index 0 "
                                         f"(dimension {c} starts at {lo_v})")
-                shape.append(AExpr("int", value=int(hi_v) + 1))
+                extra_pad = req.pad[c] if c < len(req.pad) else 0
+                shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
         else:
             if req.layout is not None:
                 raise ScheduleError(f"{what}: a layout needs a footprint of constant size; it depends on "
@@ -266,10 +277,21 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                            lvars, lexprs, what)
             continue
         redirected = [req.consumer, *req.also]
+        fill = False
         if req.kind == "write":
             init_name = req.consumer + INIT_SUFFIX
             init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
-            if init_inside:
+            if init_inside and req.fill is not None:
+                # the buffer starts as the identity and the initialization is not needed: every element
+                # it would write is written back from the buffer
+                init_fp = _prefix_map(by_name[init_name], m, by_name[init_name].stmt.over_domain()).reverse() \
+                    .apply_range(project_out_params(by_name[init_name].stmt.writes[0].relation, drop))
+                if not init_fp.is_subset(fp):
+                    raise ScheduleError(f"{what}: some elements get no reduction term; this cache must keep "
+                                        "the initialization (an empty reduction range)")
+                dropped.add(init_name)
+                fill = True
+            elif init_inside:
                 redirected.append(init_name)
         for sname in redirected:
             s_it = by_name[sname]
@@ -286,13 +308,21 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         last_static = max([base_static] + [scheds[o].statics[pos] for o in req.also])
         base_static = min([base_static] + [scheds[o].statics[pos] for o in req.also])
         copy_kinds = []
-        if req.kind == "read":
+        if req.kind == "read" and req.whole:
+            if not all(b.size is not None for b in boxes):
+                raise ScheduleError(f"{what}: copying whole tiles needs a footprint of constant size")
+            copy_kinds.append(("copy_in", _box_region(off_map, [b.size for b in boxes], m), -1))  # type: ignore[misc]
+        elif req.kind == "read":
             copy_kinds.append(("copy_in", fp, -1))
         else:
             written = fp  # the exact written footprint
-            if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
+            box = _whole_written(program, req, fp, off_map, boxes, m, tensor) if req.whole else None
+            if fill:
+                # a fill touches only the buffer: the whole box (constant loops, registers)
+                copy_kinds.append(("fill", box if box is not None else written, -1))
+            elif not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
                 copy_kinds.append(("copy_in", written, -1))
-            copy_kinds.append(("copy_out", written, +1))
+            copy_kinds.append(("copy_out", box if box is not None else written, +1))
         # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
         # shared cache, every thread of the block (threads without work of their own still copy
         # their share, and the barriers around the copies must be reached by all)
@@ -341,6 +371,9 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             names = p_names + c_names
             plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
                                                           enumerate(c_names, start=m // 2)})
+            plan.fill_value = req.fill if kind == "fill" else None
+            plan.zfill = req.whole and kind == "copy_in"
+            plan.guard_inside = kind == "copy_out" and region is not written
             if req.order == "source":
                 # the element is a loop index; the cache side goes through the offset and layout
                 plan.elem_index = [AExpr("id", name=c) for c in c_names]
@@ -362,7 +395,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         if req.kind == "read":
             chains[(req.consumer, req.tensor)] = (buf, m, off_map, lvars, lexprs)
     del items
-    return extra, buffers, rewrites
+    return extra, buffers, rewrites, dropped
 
 
 def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
@@ -429,6 +462,67 @@ def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:
     return out
 
 
+def _unclipped_footprint(smap: isl.Map, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map:
+    """The footprint with the domain's upper bounds dropped: every tile is a whole tile. The domain
+    is a box (tensorize checks it), so its lower bounds alone are the constraints on one dimension."""
+    dom = dom.coalesce()
+    if dom.n_basic_set() != 1:
+        return prefix_fp(smap, m, dom, acc, req)
+    bset = dom.get_basic_sets()[0]
+    lower = isl.BasicSet.universe(bset.get_space())
+    n = bset.dim(isl.dim_type.set)
+    for c in bset.get_constraints():
+        coefs = [c.get_coefficient_val(isl.dim_type.set, d).to_python() for d in range(n)]
+        used = [d for d in range(n) if coefs[d] != 0]
+        if c.is_equality() or len(used) != 1 or coefs[used[0]] < 0:
+            if c.is_equality() or len(used) > 1:
+                return prefix_fp(smap, m, dom, acc, req)
+            continue  # an upper bound (or a constraint on parameters only)
+        lower = lower.add_constraint(c)
+    full = isl.Set.from_basic_set(lower)
+    return prefix_fp(smap, m, full, acc, req)
+
+
+def prefix_fp(smap: isl.Map, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map:
+    """{ [P] -> X[e] }: what iterations of ``dom`` at prefix P (schedule ``smap``) access through ``acc``."""
+    n_out = smap.dim(isl.dim_type.out)
+    prefix = smap.intersect_domain(dom).project_out(isl.dim_type.out, m, n_out - m)
+    acc = acc.gist_domain(acc.domain())  # the access functions beyond the original domain
+    fp = prefix.reverse().apply_range(acc.intersect_domain(dom))
+    if req.block_dims:
+        fp = _whole_block(fp, m, req.block_dims)
+    return fp
+
+
+def _whole_written(program: PolyProgram, req: CacheRequest, fp: isl.Map, off_map: isl.Map, boxes: list[_Box],
+                   m: int, tensor: object) -> isl.Map | None:
+    """The whole box of a write cache's footprint, when what is written is exactly the part of the box
+    inside the tensor: the write-back then runs over constant loops with a bounds test."""
+    if not all(b.size is not None for b in boxes):
+        return None
+    box = _box_region(off_map, [b.size for b in boxes], m)  # type: ignore[misc]
+    try:
+        bounds = tensor_bounds(tensor, program.params)  # type: ignore[arg-type]
+    except (isl.Error, NotAffine):
+        return None
+    inside = box.intersect_range(bounds.reset_tuple_id()).intersect_params(program.context)
+    exact = fp.reset_tuple_id(isl.dim_type.out).intersect_params(program.context)
+    inside = inside.intersect_domain(exact.domain())
+    if not inside.is_equal(exact.align_params(inside.get_space())):
+        return None
+    del req
+    return box
+
+
+def _box_region(off_map: isl.Map, sizes: list[int], m: int) -> isl.Map:
+    """{ [P] -> [e] : off(P) <= e < off(P) + size }: the whole box of a footprint."""
+    ps = [f"p{k}" for k in range(m)]
+    rs = [f"r{d}" for d in range(len(sizes))]
+    cons = " and ".join(f"0 <= {r} < {s}" for r, s in zip(rs, sizes)) or "true"
+    rel = isl.Map(f"{{ [{', '.join(ps)}] -> [{', '.join(rs)}] : {cons} }}")
+    return _sum(off_map, rel)
+
+
 def _whole_block(fp: isl.Map, m: int, block_dims: frozenset[int]) -> isl.Map:
     """A shared cache serves every thread of the block: the footprint at P is the union over all
     values of the thread-bound dimensions of P."""
@@ -467,9 +561,3 @@ def _init_inside(update: StageSchedule, init: StageSchedule, level: int | None) 
         n_shared += 1
     return n_shared > level and init.statics[:level + 1] == update.statics[:level + 1]
 
-
-def check_no_maps(m: isl.UnionMap) -> list[isl.Map]:
-    return maps_of(m)
-
-
-_ = LanguageError

@@ -19,9 +19,9 @@ from ..poly.program import STATIC_SCALE
 from ..poly.program import PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[5:])
 
 
 @dataclass
@@ -45,6 +45,8 @@ class CacheSpec:
     layout: object | None = None  # callable relative index -> cache index, for manual layouts
     loc: str = "auto"
     also: tuple[str, ...] = ()  # further consumers sharing the cache
+    pad: tuple[int, ...] = ()  # extra elements per buffer dimension
+    whole: bool = False  # copy whole tiles, zeros past the tensor's end (operands of tensor cores)
 
 
 @dataclass
@@ -251,6 +253,7 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .pipeline import pipeline  # noqa: E402
+    from .tensorize import tensorize  # noqa: E402
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
 
     def reassociate(self) -> Stage:

@@ -8,7 +8,8 @@ For a buffer X filled by a copy at the top of a sequential loop L and read by th
   issues the copy of iteration ``ko + S − 1`` into the slot iteration ``ko − 1`` just released, and
   computes from slot ``(ko − lo) mod S``.
 
-Copies from global to shared memory become ``cp.async`` (16 bytes where the copy is vectorized);
+Copies from global to shared memory become ``cp.async`` (16 bytes where the copy is vectorized;
+zero-filling copies of whole tiles use its source-size operand; 2-byte copies stay synchronous);
 register-level buffers (copies from shared memory into registers) are double-buffered the same way
 without asynchronous copies or barriers. A register pipeline inside a shared-memory pipeline keeps
 its prologue inside the outer loop's body, right after the outer wait (inner pipeline fusion).
@@ -44,7 +45,14 @@ def _peel_allocates(st: ir.Stmt) -> tuple[list[ir.Buffer], ir.Stmt]:
 
 
 def _stores_to(st: ir.Stmt) -> set[str]:
-    return {x.buffer.name for x in ir.walk_stmt(st) if isinstance(x, ir.Store)}
+    """The buffers ``st`` writes: stores, and the fragments ``ldmatrix`` fills (its first argument)."""
+    out = {x.buffer.name for x in ir.walk_stmt(st) if isinstance(x, ir.Store)}
+    for x in ir.walk_stmt(st):
+        if isinstance(x, ir.Evaluate) and x.call.name.startswith("pt_ldmatrix"):
+            dst = x.call.args[0]
+            assert isinstance(dst, ir.Load)
+            out.add(dst.buffer.name)
+    return out
 
 
 def _reads(st: ir.Stmt) -> set[str]:
@@ -71,8 +79,13 @@ class _Reslot(ir.Mutator):
             return ir.Store(s.buffer, idx, value)
         buf = self.enlarged[s.buffer.name]
         dst = ir.Load(buf, (self.slot, *idx))
-        if self.async_copy and isinstance(value, ir.Load) and value.buffer.scope in ("arg", "global"):
-            return _call("pt_cp_async", dst, value)
+        nbytes = max(value.lanes, dst.index[0].lanes) * buf.dtype.itemsize
+        if self.async_copy and nbytes in (4, 8, 16):
+            if isinstance(value, ir.Load) and value.buffer.scope in ("arg", "global"):
+                return _call("pt_cp_async", dst, value)
+            if isinstance(value, ir.Select) and isinstance(value.a, ir.Load) and value.a.buffer.scope in (
+                    "arg", "global") and isinstance(value.b, ir.Const) and value.b.value == 0:
+                return _call("pt_cp_async_zfill", dst, value.a, value.cond)  # zeros past the tensor's end
         return ir.Store(buf, (self.slot, *idx), value)
 
 
