@@ -141,7 +141,8 @@ class ModelTuner(Tuner):
     After each update the model is refit on every measurement and annealing plans the ``plan_size``
     best unmeasured configurations by predicted speed; a batch takes them in order, each slot
     replaced with probability ``epsilon`` by a random unmeasured configuration. Until ``min_train``
-    measurements exist, batches are random.
+    measurements exist, batches are random, led by the template's default configuration (the first
+    choice of every decision) when it is valid.
 
     ``feature="knob"`` scores configurations by their decisions. ``feature="itervar"`` also trains a
     second model on iter features (from the lowered IR, which the builders return for every measured
@@ -199,7 +200,8 @@ class ModelTuner(Tuner):
 
     def next_batch(self, n: int) -> list[Digits]:
         if sum(1 for _, c in self.history if np.isfinite(c)) < self.min_train:
-            return self._take(self.space.sample_valid(self.rng, n, self.visited), n)
+            default = (0,) * len(self.space.decisions)
+            return self._take([default, *self.space.sample_valid(self.rng, n, self.visited)], n)
         if self._dirty or not self.plan:
             self._replan()
         plan = [d for d in self.plan if d not in self.visited]

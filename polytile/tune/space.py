@@ -257,13 +257,17 @@ class TemplateConfig:
 
     def split(self, name: str, extent: int, n: int = 2, *, policy: str = "factors",
               max_factor: int | None = None, inner: Sequence[int] | None = None,
-              keep: Callable[[tuple[int, ...]], bool] | None = None) -> tuple[int, ...]:
-        """Declare an n-way split of a loop of ``extent``; returns the n extents, outermost first."""
+              keep: Callable[[tuple[int, ...]], bool] | None = None,
+              default: Sequence[int] | None = None) -> tuple[int, ...]:
+        """Declare an n-way split of a loop of ``extent``; returns the n extents, outermost first.
+        ``default`` (the n-1 inner extents) puts that choice first."""
         if self.mode != "define":
             return self._value(name)  # type: ignore[return-value]
         choices = split_choices(int(extent), n, policy, max_factor, inner)
         if keep is not None:
             choices = tuple(c for c in choices if keep(c))
+        if default is not None:
+            choices = tuple(sorted(choices, key=lambda c: tuple(c[1:]) != tuple(default)))
         return self._declare(Split(name, choices, int(extent), n, policy))  # type: ignore[return-value]
 
     def knob(self, name: str, choices: Sequence[Value]) -> Value:

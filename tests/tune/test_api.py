@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import polytile as pt
+from polytile import ops
 from polytile.tune import MeasureOptions, TuneError, tune
 from polytile.tune.cli import parse_shape, tune_main
 
@@ -17,9 +18,9 @@ def test_tune_returns_a_correct_kernel_and_reuses_complete_records(tmp_path):
     kern = tune("layernorm", M=48, N=80, trials=3, records=path, batch_size=3, measure=FAST, progress=False)
     res = kern.tune_result
     assert res.new_trials == 3 and res.verified and len(path.read_text().splitlines()) == 3
-    op = pt.ops.get("layernorm", M=48, N=80)
+    op = ops.get("layernorm", M=48, N=80)
     x = op.make_inputs(np.random.default_rng(5))
-    assert pt.ops.rel_error(kern(*x), op.reference(*x)) < op.tolerance
+    assert ops.rel_error(kern(*x), op.reference(*x)) < op.tolerance
     again = tune("layernorm", M=48, N=80, trials=3, records=path, measure=FAST, progress=False, verify=False)
     assert again.tune_result.new_trials == 0 and again.tune_result.best.config == res.best.config
     assert len(path.read_text().splitlines()) == 3

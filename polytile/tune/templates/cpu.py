@@ -3,8 +3,8 @@
 The matrix products share one BLIS-shaped space (``gemm_space``/``apply_gemm``): register tile
 MR × NR (NR a number of vectors), cache blocks MC, NC, KC, the order of the block loops, which
 operands are packed, which loop runs in parallel, whether the register tile is unrolled and full
-tiles separated. Convolution tiles output channels × rows × a vector of columns over the reduction
-(channel blocks and filter taps in a chosen order), with packed weights. Softmax and layer
+tiles separated. Convolution tiles output channels × rows × a vector of columns over the reduction, with
+packed weights. Softmax and layer
 normalization are memory-bound: their spaces choose the vector width, unrolling and parallelism.
 """
 
@@ -18,21 +18,37 @@ from ..space import TemplateConfig
 from ..task import template
 
 
-def _upto(values: list[int], limit: int) -> list[int]:
-    return sorted({v for v in values if v <= limit} | {min(values)})
+def _upto(values: list[int], limit: int, first: int | None = None) -> list[int]:
+    """The values up to ``limit`` (at least the smallest), ``first`` (the default) leading."""
+    out = sorted({v for v in values if v <= limit} | {min(values)})
+    if first is not None:
+        out = [first] + [v for v in out if v != first]
+    return out
+
+
+def _nearest(values: list[int], x: float) -> int:
+    return min(values, key=lambda v: (abs(math.log(v / x)), v))
 
 
 def gemm_space(cfg: TemplateConfig, M: int, N: int, K: int, batch: int = 1) -> dict[str, Any]:
-    """Declare the decisions of a BLIS-shaped GEMM schedule and its constraints; returns the tiles."""
+    """Declare the decisions of a BLIS-shaped GEMM schedule and its constraints; returns the tiles.
+    The first choice of every decision is the operator library's default tiling for the target."""
+    from ...ops.matmul import cpu_gemm_tiles
     target = cfg.target
     assert isinstance(target, CPUTarget)
     lanes = target.vector_lanes(4)
-    nr_vecs = cfg.knob("nr_vecs", _upto([1, 2, 3, 4, 6], max(1, math.ceil(N / lanes))))
-    mr = cfg.knob("mr", _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], M))
+    d = cpu_gemm_tiles(M, N, K, target)
+    vec_choices = _upto([1, 2, 3, 4, 6], max(1, math.ceil(N / lanes)))
+    nr_vecs = cfg.knob("nr_vecs", _upto(vec_choices, 6, _nearest(vec_choices, d["nr"] // lanes)))
+    mr_choices = _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], M)
+    mr = cfg.knob("mr", _upto(mr_choices, 14, _nearest(mr_choices, d["mr"])))
     nr = lanes * nr_vecs  # type: ignore[operator]
-    mc_blocks = cfg.knob("mc_blocks", [1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
-    nc_blocks = cfg.knob("nc_blocks", [1, 2, 4, 8, 16, 32, 64])
-    kc = cfg.knob("kc", _upto([32, 64, 128, 192, 256, 384, 512, 768, 1024], K))
+    blocks = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+    mc_blocks = cfg.knob("mc_blocks", _upto(blocks, 64, _nearest(blocks, d["mc"] / mr)))  # type: ignore[operator]
+    nc_choices = [1, 2, 4, 8, 16, 32, 64]
+    nc_blocks = cfg.knob("nc_blocks", _upto(nc_choices, 64, _nearest(nc_choices, d["nc"] / nr)))
+    kc_choices = _upto([32, 64, 128, 192, 256, 384, 512, 768, 1024], K)
+    kc = cfg.knob("kc", _upto(kc_choices, 1024, _nearest(kc_choices, d["kc"])))
     order = cfg.reorder("outer_order", ["jc", "kc", "ic"])
     inner = cfg.reorder("inner_order", ["jr", "ir"])
     pack_a = cfg.knob("pack_a", [True, False])
@@ -108,20 +124,19 @@ def dense_cpu(cfg: TemplateConfig, op: Any) -> Any:
 @template("conv2d", "cpu")
 def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     """Direct NCHW convolution: an output tile of k_tile channels × p_tile rows × q_tile columns (a
-    vector) accumulated in registers over channel blocks and filter taps."""
+    vector) accumulated in registers over the channels and filter taps (kept in their order: the
+    compiler does not reassociate the sum)."""
     s = op.shape
     target = cfg.target
     assert isinstance(target, CPUTarget)
     lanes = target.vector_lanes(4)
-    K, C = s["K"], s["C"]
+    K = s["K"]
     P = (s["H"] + 2 * s["padding"] - s["dilation"] * (s["R"] - 1) - 1) // s["stride"] + 1
     Q = (s["W"] + 2 * s["padding"] - s["dilation"] * (s["S"] - 1) - 1) // s["stride"] + 1
-    _, k_tile = cfg.split("tile_k", K, 2, inner=[1, 2, 3, 4, 6, 8, 12, 16])
+    _, k_tile = cfg.split("tile_k", K, 2, inner=[1, 2, 3, 4, 6, 8, 12, 16], default=[min(8, K)])
     _, p_tile = cfg.split("tile_p", P, 2, inner=[1, 2, 4, 7, 8])
-    q_tile = cfg.knob("q_tile", _upto(sorted({lanes // 2, lanes, 2 * lanes, 7, 14, 28, Q}), max(Q, 1)))
-    _, c_tile = cfg.split("tile_c", C, 2, inner=[4, 8, 16, 32, 64, 128, 256, C])
-    red = cfg.reorder("reduction_order", ["c1", "r", "s"],
-                      orders=[["c1", "r", "s"], ["r", "s", "c1"], ["r", "c1", "s"]])
+    q_tile = cfg.knob("q_tile", _upto(sorted({lanes // 2, lanes, 2 * lanes, 7, 14, 28, Q}), max(Q, 1),
+                                      min(lanes, Q)))
     pack_w = cfg.knob("pack_w", [True, False])
     par = cfg.knob("parallel", ["ko", "po"])
     unroll_p = cfg.tag("unroll_p", "pi", ["unroll", "serial"])
@@ -131,8 +146,7 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     sched = cfg.schedule(op.func)
     st = sched["O"]
     st.split("k", k_tile, "ko", "ki").split("p", p_tile, "po", "pi").split("q", q_tile, "qo", "qi")
-    st.split("c", c_tile, "c0", "c1")
-    st.reorder("n", "ko", "po", "qo", "c0", *red, "ki", "pi", "qi")
+    st.reorder("n", "ko", "po", "qo", "c", "r", "s", "ki", "pi", "qi")
     if pack_w:
         st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
     st.cache_write("qo")
