@@ -21,6 +21,16 @@ from .target import CPUTarget, CUDATarget, cpu_target
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> object:
+    """``pt.sass``, ``pt.ops`` and ``pt.tune`` load on first use (they pull heavier dependencies)."""
+    import importlib
+    if name in ("sass", "ops"):
+        return importlib.import_module(f"polytile.{name}")
+    if name == "tune":
+        return importlib.import_module("polytile.tune").tune
+    raise AttributeError(f"module 'polytile' has no attribute {name!r}")
+
+
 def create_schedule(func: Func) -> Schedule:
     """A fresh (default) schedule of ``func``: every computation in its own loop nest, in order."""
     return Schedule(func)

@@ -224,6 +224,8 @@ def _lambda_names(fn: Callable[..., object], ndim: int, name: str) -> list[str]:
         params = []
     if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
         return [f"i{d}" for d in range(ndim)]
+    params = [p for p in params if p.default is inspect.Parameter.empty
+              and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) != ndim:
         raise LanguageError(f"compute {name}: the function takes {len(params)} argument(s) but the shape has "
                             f"{ndim} dimension(s)")

@@ -51,16 +51,18 @@ class ExprConverter:
     """Algorithm expressions to loop IR, with iterators bound to IR expressions."""
 
     def __init__(self, buffers: Mapping[str, ir.Buffer], rewrites: list[CacheRewrite],
-                 env_dims: Mapping[str, ir.Expr]):
+                 env_dims: Mapping[str, ir.Expr], loops: Mapping[str, ir.Expr] | None = None):
         self.buffers = buffers
         self.rewrites = {r.tensor: r for r in rewrites}
         self.env_dims = env_dims
+        self.loops = loops or {}
 
     def index_of(self, tensor: str, idx: tuple[ir.Expr, ...]) -> tuple[ir.Buffer, tuple[ir.Expr, ...]]:
         rw = self.rewrites.get(tensor)
         if rw is None:
             return self.buffers[tensor], idx
-        rel = [ir.BinOp("-", i, aexpr(o, self.env_dims)) for i, o in zip(idx, rw.offset)]
+        prefix = {f"p{k}": self.loops.get(f"@d{k}", aexpr(v, self.env_dims)) for k, v in enumerate(rw.prefix)}
+        rel = [ir.BinOp("-", i, aexpr(o, prefix)) for i, o in zip(idx, rw.offset)]
         env = {id(v): r for v, r in zip(rw.layout_vars, rel)}
         out = tuple(self._convert(e, env) for e in rw.layout_exprs)
         return self.buffers[rw.cache], out
@@ -195,6 +197,7 @@ class IRBuilder:
         env2 = dict(env)
         if n.step == 1:
             env2[n.iterator] = var
+            env2[f"@d{n.dim}"] = var
             body = self.node(n.body, env2, scope + [name])
             loop = ir.For(var, lo, extent, body, kind)
         else:
@@ -251,7 +254,7 @@ class IRBuilder:
         plan = self.plan.statements[n.stmt]
         args = [aexpr(a, env) for a in n.args]
         dims_env = dict(zip(plan.dims, args))
-        conv = ExprConverter(self.buffers, plan.rewrites, dims_env)
+        conv = ExprConverter(self.buffers, plan.rewrites, dims_env, env)
         if plan.kind in ("copy_in", "copy_out"):
             return self.copy(plan, conv, dims_env)
         comp = self.computations[plan.owner]

@@ -57,7 +57,8 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
 
     passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]] = [
         ("allocate", lambda s: allocate_intermediates(s, [buffers[c.name] for c in sched.computations
-                                                          if c.name not in {o.name for o in func.outputs}])),
+                                                          if c.name not in {o.name for o in func.outputs}
+                                                          and folded_name(c.name) not in buffers])),
         ("simplify", simplify),
         ("unroll", unroll_loops),
         ("flatten", flatten_storage),
@@ -85,10 +86,19 @@ def build_plan(sched: Schedule) -> Plan:
     for c in sched.caches:
         level = None if c.level is None else sched.states[c.consumer].loops.index(c.level)
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc))
+    for name, st in sched.states.items():
+        if st.store_level is not None or st.store_layout is not None:
+            level = None if st.store_level is None else st.loops.index(st.store_level)
+            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout, st.loc))
     separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
     full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
             for n, st in sched.states.items() if st.separate}
     return materialize(sched.program, sched.stage_schedules(), separate, requests, full)
+
+
+def folded_name(comp: str) -> str:
+    """The buffer of a computation stored with a layout or inside a loop (store / store_at)."""
+    return f"{comp}_stored"
 
 
 def shape_expr(e: lx.Expr) -> ir.Expr:

@@ -32,6 +32,8 @@ class Op:
     schedules: dict[str, Callable[[Schedule, CPUTarget | CUDATarget], None]] = field(default_factory=dict)
     params: dict[str, int] = field(default_factory=dict)
     tolerance: float = 1e-5
+    baseline: Callable[..., object] | None = None  # the library a user would call instead (same dtypes)
+    baseline_name: str = "numpy"
 
     def schedule(self, target: object = "cpu") -> Schedule:
         """A schedule of ``func`` for ``target`` (the default one of this operator)."""

@@ -12,6 +12,7 @@ from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op, random_array
+from .baselines import torch_conv2d
 
 
 def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -55,6 +56,9 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             lambda rng: [random_array(rng, (N, C, H, W), dtype), random_array(rng, (K, C, R, S), dtype)],
             reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
             {"cpu": cpu}, tolerance=1e-4)
+    base = torch_conv2d(stride, padding, dilation)
+    if base is not None:
+        op.baseline, op.baseline_name = base
     from .matmul import _add_cuda
     _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
     return op
@@ -125,6 +129,9 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
             lambda rng: [random_array(rng, (N, H, W, C), dtype), random_array(rng, (R, S, C, K), dtype)],
             reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
             {"cpu": cpu}, tolerance=1e-4 if dtype == "float32" else 1e-2)
+    base = torch_conv2d(stride, padding, 1, "NHWC")
+    if base is not None:
+        op.baseline, op.baseline_name = base
     from .matmul import _add_cuda
     _add_cuda(op, "conv2d_nhwc", (N, H, W, C, K, R, S, stride, padding))
     return op

@@ -73,7 +73,7 @@ def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Op:
     op = Op("matmul", {"M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)],
             lambda a, b: a.astype(np.float64) @ b.astype(np.float64),
-            2.0 * M * N * K, 4.0 * (M * K + K * N + M * N), {"cpu": cpu})
+            2.0 * M * N * K, 4.0 * (M * K + K * N + M * N), {"cpu": cpu}, baseline=lambda a, b: a @ b)
     _add_cuda(op, "matmul", (M, N, K))
     return op
 
@@ -94,7 +94,7 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> 
     op = Op("batch_matmul", {"batch": batch, "M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (batch, M, K), dtype), random_array(rng, (batch, K, N), dtype)],
             lambda a, b: np.matmul(a.astype(np.float64), b.astype(np.float64)),
-            2.0 * batch * M * N * K, 4.0 * batch * (M * K + K * N + M * N), {"cpu": cpu})
+            2.0 * batch * M * N * K, 4.0 * batch * (M * K + K * N + M * N), {"cpu": cpu}, baseline=np.matmul)
     _add_cuda(op, "batch_matmul", (batch, M, N, K))
     return op
 
@@ -130,7 +130,8 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
     op = Op("dense", {"M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (N, K), dtype),
                          random_array(rng, (N,), dtype)],
-            reference, 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N), {"cpu": cpu})
+            reference, 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N), {"cpu": cpu},
+            baseline=lambda x, w, b: np.maximum(x @ w.T + b, 0) if activation == "relu" else x @ w.T + b)
     _add_cuda(op, "dense", (M, N, K))
     return op
 

@@ -11,6 +11,7 @@ from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op, random_array
+from .baselines import numpy_layernorm, numpy_softmax
 
 
 def softmax(M: int, N: int, dtype: str = "float32") -> Op:
@@ -37,7 +38,8 @@ def softmax(M: int, N: int, dtype: str = "float32") -> Op:
         return e / e.sum(axis=1, keepdims=True)
 
     return Op("softmax", {"M": M, "N": N}, func, lambda rng: [random_array(rng, (M, N), dtype, -4, 4)],
-              reference, 5.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu})
+              reference, 5.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu},
+              baseline=numpy_softmax)
 
 
 def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
@@ -73,4 +75,5 @@ def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
     return Op("layernorm", {"M": M, "N": N}, func,
               lambda rng: [random_array(rng, (M, N), dtype), random_array(rng, (N,), dtype),
                            random_array(rng, (N,), dtype)],
-              reference, 8.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu}, tolerance=1e-4)
+              reference, 8.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu}, tolerance=1e-4,
+              baseline=numpy_layernorm(eps))

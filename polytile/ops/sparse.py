@@ -15,6 +15,7 @@ from ..lang.tensor import compute, param, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op
+from .baselines import numpy_segment_sum, scipy_spmm
 
 
 def random_offsets(rng: np.random.Generator, rows: int, nnz: int) -> np.ndarray:
@@ -46,7 +47,7 @@ def segment_sum(rows: int, nnz: int, dtype: str = "float32") -> Op:
         return np.array([xv[o[i]:o[i + 1]].astype(np.float64).sum() for i in range(len(o) - 1)])
 
     return Op("segment_sum", {"rows": rows, "nnz": nnz}, func, inputs, reference, float(nnz),
-              4.0 * (nnz + 2 * rows), {"cpu": cpu}, params={})
+              4.0 * (nnz + 2 * rows), {"cpu": cpu}, baseline=numpy_segment_sum)
 
 
 def spmm(rows: int, cols: int, n: int, nnz: int, dtype: str = "float32") -> Op:
@@ -81,5 +82,9 @@ def spmm(rows: int, cols: int, n: int, nnz: int, dtype: str = "float32") -> Op:
                 out[i] += v[k] * b[c[k]].astype(np.float64)
         return out
 
-    return Op("spmm", {"rows": rows, "cols": cols, "n": n, "nnz": nnz}, func, inputs, reference,
-              2.0 * nnz * n, 4.0 * (nnz * (2 + n) + rows * n), {"cpu": cpu}, tolerance=1e-5)
+    op = Op("spmm", {"rows": rows, "cols": cols, "n": n, "nnz": nnz}, func, inputs, reference,
+            2.0 * nnz * n, 4.0 * (nnz * (2 + n) + rows * n), {"cpu": cpu}, tolerance=1e-5)
+    base = scipy_spmm()
+    if base is not None:
+        op.baseline, op.baseline_name = base
+    return op

@@ -52,13 +52,19 @@ class CacheBuffer:
 
 @dataclass
 class CacheRewrite:
-    """In statement ``stmt``, accesses of ``tensor`` go to ``cache`` at
-    ``layout(index - offset)``; ``offset`` is over the statement's dimensions."""
+    """In statement ``stmt``, accesses of ``tensor`` go to ``cache`` at ``layout(index - offset)``.
+
+    ``offset`` is over the schedule prefix ``p0, p1, …`` (the iteration of the cache's loop);
+    ``prefix`` gives those prefix values as functions of the statement's dimensions, for where the
+    generated code has no loop variable for them (the code generator prefers the loop variables,
+    which keeps the indices simple: ``2 * ko`` rather than ``k - k % 2``).
+    """
 
     stmt: str
     tensor: str
     cache: str
     offset: list[AExpr]
+    prefix: list[AExpr]
     layout_vars: list[lx.IterVar]
     layout_exprs: list[lx.Expr]
 
@@ -138,6 +144,16 @@ def _expr(pa: isl.PwAff, names: list[str], context: isl.Set) -> AExpr:
     return pw_aff_expr(pa, names, context)
 
 
+def _offset_exprs(off_map: isl.Map, m: int, ctx: isl.Set) -> list[AExpr]:
+    pma = isl.PwMultiAff.from_map(off_map)
+    return [_expr(pma.get_pw_aff(d), _names("p", m), ctx) for d in range(pma.dim(isl.dim_type.out))]
+
+
+def _prefix_exprs(prefix: isl.Map, dims: list[str], ctx: isl.Set) -> list[AExpr]:
+    pma = isl.PwMultiAff.from_map(prefix)
+    return [_expr(pma.get_pw_aff(d), dims, ctx) for d in range(pma.dim(isl.dim_type.out))]
+
+
 def _prefix_map(it: Scheduled, m: int, dom: isl.Set) -> isl.Map:
     sched = it.schedule.intersect_domain(dom)
     n_out = sched.dim(isl.dim_type.out)
@@ -184,10 +200,11 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         dom = project_out_params(stmt.domain, drop)
         prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
         tensor = program.func.tensor(req.tensor)
-        what = f"cache {req.name} of {req.tensor} for {req.consumer}"
+        what = (f"store_at of {req.tensor}" if req.kind == "fold" else
+                f"cache {req.name} of {req.tensor} for {req.consumer}")
         if req.kind == "read":
             accesses = [a.relation for a in stmt.reads if a.tensor == req.tensor]
-        else:
+        else:  # a write cache, or a folded buffer (store_at): what the computation writes
             accesses = [a.relation for a in stmt.writes if a.tensor == req.tensor]
         if not accesses:
             raise ScheduleError(f"{what}: {req.consumer} does not access {req.tensor}")
@@ -224,10 +241,11 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, shape, req.level, req.loc)
         buffers.append(buf)
         off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
-        # what the consumer reads from now on
-        off_x = prefix.apply_range(off_map)  # S[x] -> [o]
-        off_pma = isl.PwMultiAff.from_map(off_x)
-        offsets = [_expr(off_pma.get_pw_aff(d), stmt.dims, ctx) for d in range(ndim)]
+        offsets = _offset_exprs(off_map, m, ctx)
+        if req.kind == "fold":
+            extra += _fold(program, req, by_name, scheds, m, prefix, fp, off_map, keep, width, rewrites,
+                           lvars, lexprs, what)
+            continue
         redirected = [req.consumer]
         if req.kind == "write":
             init_name = req.consumer + INIT_SUFFIX
@@ -235,15 +253,12 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             if init_inside:
                 redirected.append(init_name)
         for sname in redirected:
-            s_off = offsets
-            if sname != req.consumer:
-                s_it = by_name[sname]
-                s_prefix = _prefix_map(s_it, m, s_it.stmt.over_domain())
-                s_pma = isl.PwMultiAff.from_map(s_prefix.apply_range(off_map))
-                s_off = [_expr(s_pma.get_pw_aff(d), s_it.stmt.dims, ctx) for d in range(ndim)]
+            s_it = by_name[sname]
+            s_prefix = prefix if sname == req.consumer else _prefix_map(s_it, m, s_it.stmt.over_domain())
+            pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx)
             rewrites.setdefault(sname, [])
             rewrites[sname] = [r for r in rewrites[sname] if r.tensor != req.tensor]
-            rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, s_off, lvars, lexprs))
+            rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, offsets, pvals, lvars, lexprs))
         # the source of the copy: the tensor, or the previous cache in a chain (multi-level)
         prev = chains.get((req.consumer, req.tensor)) if req.kind == "read" else None
         statics = sched.statics
@@ -307,14 +322,63 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 plan.src_index, plan.dst_index = cache_idx, elem
             if prev is not None and kind == "copy_in":
                 # the copy reads the previous cache: rewrite its read of the tensor like a consumer's
-                poff = _prev_offsets(prev, cstmt, m, names, ctx)
-                plan.rewrites.append(CacheRewrite(cname, req.tensor, prev[0].name, poff, prev[3], prev[4]))
+                pbuf, pm, poff_map, pvars, pexprs = prev
+                plan.rewrites.append(CacheRewrite(cname, req.tensor, pbuf.name, _offset_exprs(poff_map, pm, ctx),
+                                                  [AExpr("id", name=n) for n in names[:pm]], pvars, pexprs))
             buf.copy_stmts.append(cname)
             extra.append((Scheduled(cstmt, cmap), plan))
         if req.kind == "read":
             chains[(req.consumer, req.tensor)] = (buf, m, off_map, lvars, lexprs)
     del items
     return extra, buffers, rewrites
+
+
+def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
+          scheds: Mapping[str, StageSchedule], m: int, prefix: isl.Map, fp: isl.Map, off_map: isl.Map,
+          keep: list[str], width: int, rewrites: dict[str, list[CacheRewrite]], lvars: list[lx.IterVar],
+          lexprs: list[lx.Expr], what: str) -> list[tuple[Scheduled, object]]:
+    """store_at: the computation and every reader use a buffer of one iteration's footprint."""
+    from .materialize import StmtPlan
+    ctx = program.context
+    writers = [n for n in (req.consumer + INIT_SUFFIX, req.consumer) if n in by_name]
+    readers = [it for it in by_name.values() if it.stmt.name not in writers
+               and any(a.tensor == req.tensor for a in it.stmt.reads)]
+    own_statics = scheds[req.consumer].statics[:m // 2]
+    last_static = scheds[req.consumer].statics[m // 2]
+    for it in [by_name[n] for n in writers] + readers:
+        sname = it.stmt.name
+        if sname in scheds and scheds[sname].statics[:m // 2] != own_statics:
+            raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads {req.tensor} outside the "
+                                f"loop {req.tensor} is stored in; fuse it inside that loop first (after/before)")
+        s_prefix = _prefix_map(it, m, it.stmt.over_domain())
+        if it in readers:
+            reads = None
+            for a in it.stmt.reads:
+                if a.tensor == req.tensor:
+                    r = project_out_params(a.relation, [p for p in it.stmt.dyn_params if p not in keep])
+                    reads = r if reads is None else reads.union(r)
+            assert reads is not None
+            read_fp = s_prefix.reverse().apply_range(reads.intersect_domain(it.stmt.over_domain()))
+            outside = read_fp.subtract(fp.intersect_domain(read_fp.domain()))
+            if not outside.is_empty():
+                raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads elements of "
+                                    f"{req.tensor} written in other iterations; it cannot be stored at this loop")
+            if sname in scheds:
+                last_static = max(last_static, scheds[sname].statics[m // 2])
+        rewrites.setdefault(sname, []).append(
+            CacheRewrite(sname, req.tensor, req.name, _offset_exprs(off_map, m, ctx),
+                         _prefix_exprs(s_prefix, it.stmt.dims, ctx), lvars, lexprs))
+    p_names = _names("p", m)
+    out: list[tuple[Scheduled, object]] = []
+    first = scheds[req.consumer].statics[m // 2]
+    for kind, static in (("alloc", first - STATIC_SCALE // 2), ("free", last_static + STATIC_SCALE // 2 - 1)):
+        sname = f"{req.name}__{kind}"
+        sdom = prefix.range().set_tuple_name(sname)
+        outs = p_names + [str(static)] + ["0"] * (width - m - 1)
+        smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
+        out.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=keep), smap),
+                    StmtPlan(sname, kind, req.name, list(p_names), {})))
+    return out
 
 
 def _copy_domain_hull(boxes: list[_Box], fp: isl.Map) -> isl.Map:
@@ -350,18 +414,6 @@ def _sum(a: isl.Map, b: isl.Map) -> isl.Map:
     a = a.align_params(b.get_space())
     b = b.align_params(a.get_space())
     return a.sum(b)
-
-
-def _prev_offsets(prev: tuple, cstmt: Statement, m: int, names: list[str], ctx: isl.Set) -> list[AExpr]:
-    """Offsets of the previous (outer) cache as functions of the copy statement's dimensions."""
-    _, pm, poff_map, _, _ = prev
-    n = len(names)
-    # the copy's first pm dimensions are the previous cache's prefix
-    proj = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(names[:pm])}] }}")
-    rel = proj.apply_range(poff_map.reset_tuple_id(isl.dim_type.in_))
-    pma = isl.PwMultiAff.from_map(rel)
-    del cstmt, m, n
-    return [pw_aff_expr(pma.get_pw_aff(d), names, ctx) for d in range(pma.dim(isl.dim_type.out))]
 
 
 def _init_inside(update: StageSchedule, init: StageSchedule, level: int | None) -> bool:

@@ -120,7 +120,7 @@ def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim:
 
 def _example(d: Dependence, bad: isl.UnionMap, theta: isl.UnionMap) -> Violation:
     m = maps_of(bad)[0]
-    pt = m.wrap().sample_point()
+    pt = m.wrap().lexmin().sample_point()  # the first violating pair, for a stable message
     n_in = m.dim(isl.dim_type.in_)
     n_out = m.dim(isl.dim_type.out)
     src_vals = [pt.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_in)]

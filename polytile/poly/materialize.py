@@ -44,6 +44,10 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
     """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
     must be full there (those to unroll or vectorize; all inner loops when not given)."""
     width = program.width(scheds)
+    for req in caches:  # copy statements: prefix, a static slot, then two dimensions per buffer dimension
+        m = 0 if req.level is None else 2 * (req.level + 1)
+        ndim = program.func.tensor(req.tensor).ndim
+        width = max(width, m + 1 + 2 * (ndim + 2))
     items: list[Scheduled] = []
     plans: dict[str, StmtPlan] = {}
     for name, s in scheds.items():

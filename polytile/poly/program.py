@@ -103,7 +103,8 @@ class PolyProgram:
                 if outside.is_empty():
                     continue
                 comp = self.owner_of[st.name]
-                hint = ("; declare value_range=(lo, hi) on the index arrays it reads" if not acc.exact else
+                data_dependent = not acc.exact or bool(st.dyn_params)
+                hint = ("; declare value_range=(lo, hi) on the index arrays it reads" if data_dependent else
                         "; guard the read with pt.select or shrink the domain")
                 pt = outside.sample_point()
                 coords = [pt.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(tensor.ndim)]

@@ -49,10 +49,14 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
                layout: Callable[..., object] | None, loc: str) -> Stage:
     from .state import CacheSpec
     sched = stage.schedule
+    taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
     cname = name or (f"{tensor}_{stage.name}_local" if kind == "read" else f"{stage.name}_local")
+    if name is None:
+        base, k = cname, 1
+        while cname in taken:
+            cname, k = f"{base}{k}", k + 1
     if not cname.isidentifier():
         raise ScheduleError(f"cache name {cname!r} is not an identifier")
-    taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
     if cname in taken:
         raise ScheduleError(f"the name {cname!r} is already used; pass name= to the cache primitive")
     for c in sched.caches:

@@ -162,7 +162,7 @@ class Schedule:
         scheds = self.stage_schedules()
         v = self.program.violation(self._original, scheds)
         if v is not None:
-            raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}, e.g. {v.source} -> {v.sink}"
+            raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
@@ -175,7 +175,7 @@ class Schedule:
         v = self.program.carried(self._original, scheds, dim)
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
-                                f"({v.describe()}, e.g. {v.source} -> {v.sink})")
+                                f"({v.describe()})")
 
     def _at_loop(self, dim: int, scheds: dict[str, StageSchedule], stmt: str) -> str:
         name = stmt.split("[")[0]

@@ -51,7 +51,11 @@ class _Replace(ir.Mutator):
 
     def visit_Store(self, s: ir.Store) -> ir.Stmt:
         if s.buffer is self.buf:
-            return ir.Assign(self.names[_const_access(s.index[0])], self.expr(s.value))  # type: ignore[index]
+            var = self.names[_const_access(s.index[0])]  # type: ignore[index]
+            value = self.expr(s.value)
+            if value.lanes < var.lanes:
+                value = ir.Broadcast(value, var.lanes)
+            return ir.Assign(var, value)
         return self.default_stmt(s)
 
 

@@ -123,7 +123,7 @@ class Simplifier(ir.Mutator):
                 return folded
         if _is_int(e):
             if e.op in ("+", "-", "*"):
-                return self.linear(ir.BinOp(e.op, a, b)).expr()
+                return self.merge_divmod(self.linear(ir.BinOp(e.op, a, b))).expr()
             if e.op in ("min", "max"):
                 ia, ib = self.interval(a), self.interval(b)
                 if e.op == "min":
@@ -146,6 +146,18 @@ class Simplifier(ir.Mutator):
             if e.op == "*" and ir.is_const(b, 1):
                 return a
         return e if (a is e.a and b is e.b) else ir.BinOp(e.op, a, b)
+
+    def merge_divmod(self, lin: Linear) -> Linear:
+        """a*(x % c) + a*c*(x // c) = a*x (floor division and modulo recombine)."""
+        for key, (coef, atom) in list(lin.terms.items()):
+            if not (isinstance(atom, ir.BinOp) and atom.op == "%" and isinstance(atom.b, ir.Const)):
+                continue
+            c = int(atom.b.value)
+            div_key = ir.expr_text(ir.BinOp("//", atom.a, atom.b))
+            if key in lin.terms and div_key in lin.terms and lin.terms[div_key][0] == coef * c:
+                lin = lin.add(Linear({key: (coef, atom), div_key: (coef * c, lin.terms[div_key][1])}), -1)
+                lin = lin.add(self.linear(atom.a).scale(coef))
+        return lin
 
     def divmod(self, op: str, a: ir.Expr, c: int) -> ir.Expr:
         if c == 1:

@@ -1,0 +1,185 @@
+"""The assembly game: a gymnasium environment over one kernel's schedule (CuAsmRL's formulation).
+
+State: one row of features per instruction, in the current order (control fields, opcode class,
+memory operand, pinned/movable, legal moves). Action 2k moves movable instruction k one slot up,
+2k+1 one slot down; `action_masks()` gives the legal ones (sb3-contrib's MaskablePPO reads it).
+Reward: (T_prev - T_new) / T_0 * 100 with T from a `Measurer` (the GPU in real runs, a cost model
+in tests). An episode ends when no move is legal (terminated), after `max_steps` moves or when the
+measurement budget is spent (truncated). A measurement that fails (the variant faulted, hung or
+was rejected) gives `failure_reward` and ends the episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from polytile.sass.analysis import KernelAnalysis
+from polytile.sass.cubin import NO_BARRIER
+from polytile.sass.isa import OPCODE_CLASSES
+from polytile.sass.schedule import DOWN, UP, Move, Schedule
+
+
+class MeasurementFailed(RuntimeError):
+    """A variant could not be timed: it faulted, hung, or failed verification."""
+
+
+class Measurer(Protocol):
+    """Times a schedule; lower is better. Raises MeasurementFailed for a broken variant."""
+
+    def measure(self, schedule: Schedule) -> float: ...
+
+
+@dataclass
+class MeasurementLog:
+    """Every distinct schedule measured, with a budget on real measurements (cache hits are free)."""
+
+    measurer: Measurer
+    budget: int
+    times: dict[tuple, float] = field(default_factory=dict)
+    schedules: dict[tuple, Schedule] = field(default_factory=dict)
+    failed: set[tuple] = field(default_factory=set)
+    history: list[float] = field(default_factory=list)  # time of each real measurement, in order
+    best: Schedule | None = None
+    best_time: float = float("inf")
+
+    @property
+    def used(self) -> int:
+        return len(self.history)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used >= self.budget
+
+    def measure(self, schedule: Schedule) -> float:
+        """Cached time of `schedule`; raises MeasurementFailed for known-bad or newly failing ones."""
+        key = schedule.key
+        if key in self.failed:
+            raise MeasurementFailed("this variant failed before")
+        if key not in self.times:
+            try:
+                t = float(self.measurer.measure(schedule))
+            except MeasurementFailed:
+                self.failed.add(key)
+                self.history.append(float("nan"))
+                raise
+            self.times[key] = t
+            self.schedules[key] = schedule
+            self.history.append(t)
+            if t < self.best_time:
+                self.best, self.best_time = schedule, t
+        return self.times[key]
+
+
+FEATURES = 22 + len(OPCODE_CLASSES)
+_STALL, _UP, _DOWN, _POSITION = 0, 19, 20, 21  # the columns that change with the order
+
+
+def _static_features(analysis: KernelAnalysis) -> np.ndarray:
+    """Per instruction (original index), the feature columns that do not depend on the order."""
+    rows = np.zeros((len(analysis.instructions), FEATURES), dtype=np.float32)
+    for i, (c, s) in enumerate(zip(analysis.controls, analysis.semantics, strict=True)):
+        mem = s.memory
+        spaces = (mem.reads | mem.writes) if mem else frozenset()
+        rows[i, 1:19] = [
+            c.yield_bit,
+            c.write_barrier != NO_BARRIER,
+            c.write_barrier / 7.0,
+            c.read_barrier != NO_BARRIER,
+            c.read_barrier / 7.0,
+            *[(c.wait_mask >> b) & 1 for b in range(6)],
+            c.reuse != 0,
+            "global" in spaces,
+            "shared" in spaces,
+            bool(mem and mem.writes),
+            (mem.width / 16.0) if mem else 0.0,
+            i in analysis.pinned,
+            i in analysis.movable,
+        ]
+        rows[i, 22:] = [s.opcode_class == name for name in OPCODE_CLASSES]
+    return rows
+
+
+def instruction_features(schedule: Schedule, static: np.ndarray | None = None) -> np.ndarray:
+    """(instructions, FEATURES) float32 rows in the schedule's current order.
+
+    Columns: stall/15, yield, write barrier (set, index/7), read barrier (set, index/7), wait mask
+    bits, reuse, global, shared, store, width/16, pinned, movable, legal up, legal down, position
+    in block, opcode class one-hot.
+    """
+    a = schedule.analysis
+    if static is None:
+        static = _static_features(a)
+    order = np.asarray(schedule.order)
+    rows = static[order].copy()
+    rows[:, _STALL] = [schedule.stall(int(i)) / 15.0 for i in order]
+    mask = schedule.legal_mask()
+    if len(a.movable):
+        movable = np.asarray(a.movable)
+        positions = schedule.position[movable]
+        rows[positions, _UP] = mask[0::2]
+        rows[positions, _DOWN] = mask[1::2]
+    for block in a.blocks:
+        rows[block.start : block.end, _POSITION] = np.linspace(0.0, 1.0, block.end - block.start)
+    return rows
+
+
+class AssemblyGame(gym.Env):
+    """Reorder one kernel's memory instructions; reward is the measured speed-up per move."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        analysis: KernelAnalysis,
+        log: MeasurementLog,
+        max_steps: int = 32,
+        failure_reward: float = -10.0,
+    ) -> None:
+        if not analysis.movable:
+            raise ValueError(f"kernel {analysis.name!r} has no movable memory instructions")
+        self.analysis = analysis
+        self.log = log
+        self.max_steps = max_steps
+        self.failure_reward = failure_reward
+        self.original = Schedule.original(analysis)
+        self.t0 = log.measure(self.original)
+        n = len(analysis.instructions)
+        self.observation_space = gym.spaces.Box(-1.0, 2.0, shape=(n, FEATURES), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2 * len(analysis.movable))
+        self.schedule = self.original
+        self.t_prev = self.t0
+        self.steps = 0
+        self._static = _static_features(analysis)
+
+    def move_of(self, action: int) -> Move:
+        return Move(self.analysis.movable[int(action) // 2], UP if int(action) % 2 == 0 else DOWN)
+
+    def action_masks(self) -> np.ndarray:
+        return self.schedule.legal_mask()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.schedule = self.original
+        self.t_prev = self.t0
+        self.steps = 0
+        return instruction_features(self.schedule, self._static), {"time": self.t0}
+
+    def step(self, action):
+        self.steps += 1
+        moved, reason = self.schedule.check(self.move_of(action))
+        if moved is None:
+            raise ValueError(f"action {action} is illegal ({reason}); pass action_masks() to the agent")
+        try:
+            t = self.log.measure(moved)
+        except MeasurementFailed:
+            obs = instruction_features(self.schedule, self._static)
+            return obs, self.failure_reward, True, False, {"time": None, "failed": True}
+        reward = (self.t_prev - t) / self.t0 * 100.0
+        self.schedule, self.t_prev = moved, t
+        terminated = not self.schedule.legal_mask().any()
+        truncated = self.steps >= self.max_steps or self.log.exhausted
+        return instruction_features(self.schedule, self._static), reward, terminated, truncated, {"time": t}

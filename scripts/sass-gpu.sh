@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU run for the SASS schedule optimizer (issue 6): the GPU tests, then the benchmark, in well
+# under 5 minutes. Run from anywhere on the GPU host:  bash scripts/sass-gpu.sh
+# Knobs (environment): SASS_MEASUREMENTS (GPU timings per method and kernel, default 32),
+# SASS_METHODS (default ppo,greedy), SASS_KERNELS (default all six), SASS_REPS (default 15).
+# Needs: cuda-bindings, triton, numpy, pytest (on the host); pyelftools, gymnasium,
+# farama-notifications, stable-baselines3, sb3-contrib, cloudpickle as wheels in ./.whl (installed
+# to /tmp/site without an index); nvdisasm (CUDA toolkit); the CUDA C cubins from nvcc, or built
+# beforehand with `python benchmarks/sass.py --build-only` and carried in benchmarks/kernels/build/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! python3 -c "import elftools, gymnasium, sb3_contrib" 2>/dev/null; then
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  python3 -c "import elftools, gymnasium, sb3_contrib" || { echo "missing pyelftools/gymnasium/sb3-contrib wheels in .whl" >&2; exit 2; }
+fi
+if ! command -v nvdisasm > /dev/null && [ -z "${POLYTILE_NVDISASM:-}" ]; then
+  for d in "${CUDA_HOME:-/usr/local/cuda}/bin" /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+    if [ -x "$d/nvdisasm" ]; then export POLYTILE_NVDISASM="$d/nvdisasm"; break; fi
+  done
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+
+if command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  PATH="$PATH:/usr/local/cuda/bin" python3 benchmarks/sass.py --build-only
+fi
+
+echo "== GPU tests"
+timeout 120 python3 -m pytest -m gpu tests/sass -x -q -p no:cacheprovider
+
+echo "== benchmark"
+timeout 240 python3 benchmarks/sass.py --measurements "${SASS_MEASUREMENTS:-32}" \
+  --methods "${SASS_METHODS:-ppo,greedy}" --reps "${SASS_REPS:-15}" --confirm 5 \
+  ${SASS_KERNELS:+--kernels "$SASS_KERNELS"}

@@ -1,0 +1,116 @@
+"""Legality: primitives that break a dependence are refused with a message naming the computations,
+the dependence and the loop; legal ones that interval-based compilers refuse are accepted."""
+
+import numpy as np
+import pytest
+
+import polytile as pt
+
+
+def matmul():
+    A = pt.placeholder((8, 6), "float32", "A")
+    B = pt.placeholder((6, 5), "float32", "B")
+    k = pt.reduce_axis(6, "k")
+    C = pt.compute((8, 5), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    return pt.create_schedule(pt.Func([A, B], [C])), C
+
+
+def test_reversing_a_reduction_loop_is_refused():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match=r"C\[0, 0, 0\] must run before C\[0, 0, 1\].*"
+                                                r"C is written by the first and read by the second.*loop k"):
+        s[C].reverse("k")
+    assert s[C].loops == ["i", "j", "k"]  # unchanged
+    s[C].reverse("i")  # no dependence is carried by i
+
+
+def test_parallel_reduction_loop_is_refused():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="loop k of C cannot be parallel"):
+        s[C].parallel("k")
+    s[C].parallel("j")
+
+
+def chain():
+    X = pt.placeholder((10,), "float32", "X")
+    T = pt.compute((10,), lambda i: X[i] + 1.0, "T")
+    Y = pt.compute((8,), lambda i: T[i] + T[i + 2], "Y")
+    return pt.create_schedule(pt.Func([X], [Y])), T, Y
+
+
+def test_consumer_before_producer_is_refused():
+    s, T, Y = chain()
+    with pytest.raises(pt.ScheduleError, match=r"T\[\d\] must run before Y\[\d\] \(T is written by the first"):
+        s[Y].before(s[T], None)
+
+
+def test_fusing_without_shift_is_refused_and_with_shift_accepted(rng):
+    s, T, Y = chain()
+    with pytest.raises(pt.ScheduleError, match="T.*must run before Y.*loop i"):
+        s[Y].after(s[T], "i")
+    s[T].shift("i", -2)
+    s[Y].after(s[T], "i")  # producer fused into the consumer's loop: TVM's compute_at cannot shift
+    x = rng.standard_normal(10).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(x), (x[:8] + 1) + (x[2:] + 1), rtol=1e-6)
+
+
+def stencil_2d(N=12):
+    """S[i, j] depends on S[i-1, j+1] through an input-output chain: a 2D recurrence with a
+    dependence of distance (1, -1), so interchanging i and j is illegal and skewing makes it legal."""
+    A = pt.placeholder((N, N), "float32", "A")
+    P = pt.compute((N, N), lambda i, j: A[i, j] * 0.5, "P")
+    Q = pt.compute((N, N), lambda i, j: pt.select((i >= 1) & (j < N - 1), P[i - 1, j + 1], 0.0) + A[i, j], "Q")
+    return pt.create_schedule(pt.Func([A], [Q])), P, Q
+
+
+def test_stencil_interchange_refused_skew_accepted(rng):
+    s, P, Q = stencil_2d()
+    s[Q].after(s[P], "j")  # fuse at (i, j): Q[i, j] reads P[i-1, j+1] from the previous row: legal
+    with pytest.raises(pt.ScheduleError, match="must run before"):
+        s[P].reorder("j", "i")
+        s[Q].reorder("j", "i")
+    s2, P2, Q2 = stencil_2d()
+    for st in (s2[P2], s2[Q2]):
+        st.skew("i", "j", 1).reorder("j", "i")  # the wavefront order keeps the (1, -1) dependence forward
+    s2[Q2].after(s2[P2], "i")
+    a = rng.standard_normal((12, 12)).astype("float32")
+    ref = a.astype(np.float64).copy()
+    p = a.astype(np.float64) * 0.5
+    ref[1:, :-1] += p[:-1, 1:]
+    np.testing.assert_allclose(pt.build(s2)(a), ref, rtol=1e-6)
+
+
+def test_unknown_loop_named():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="C has no loop named 'q'; its loops are i, j, k"):
+        s[C].split("q", 4)
+
+
+def test_bad_split_factor():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="positive integer"):
+        s[C].split("i", 0)
+
+
+def test_malformed_isl_map():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="is not an isl map"):
+        s[C].apply_sch("{ [i, j, k] -> [i + ] }")
+    with pytest.raises(pt.ScheduleError, match="takes 2 loop"):
+        s[C].apply_sch("{ [i, j] -> [j, i] }")
+    with pytest.raises(pt.ScheduleError, match="sends two iterations to one point"):
+        s[C].apply_sch("{ [i, j, k] -> [i, j] }")
+
+
+def test_unknown_tag_and_stage():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="unknown loop tag"):
+        s[C].tag("i", "paralel")
+    with pytest.raises(pt.ScheduleError, match="'D' is not a computation"):
+        s["D"]
+
+
+def test_inlining_a_reduction_refused():
+    s, C = matmul()
+    with pytest.raises(pt.ScheduleError, match="reduction and cannot be inlined"):
+        s[C].compute_inline()

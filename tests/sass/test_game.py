@@ -1,0 +1,87 @@
+"""The assembly game and the search agents, on the synthetic issue-time measurer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polytile.sass.agent import search
+from polytile.sass.analysis import KernelAnalysis
+from polytile.sass.costmodel import IssueModel
+from polytile.sass.cubin import Cubin
+from polytile.sass.disasm import disassemble
+from polytile.sass.game import AssemblyGame, MeasurementFailed, MeasurementLog
+from polytile.sass.schedule import Schedule
+
+
+@pytest.fixture(scope="module")
+def matmul(sample_cubins) -> KernelAnalysis:
+    cubin = Cubin.from_file(sample_cubins["sm_90a"])
+    return KernelAnalysis(cubin.kernel("matmul"), disassemble(cubin)["matmul"])
+
+
+def test_episode_follows_the_masks_and_rewards_telescope(matmul):
+    log = MeasurementLog(IssueModel(), budget=100)
+    game = AssemblyGame(matmul, log, max_steps=12)
+    obs, info = game.reset(seed=0)
+    assert game.observation_space.contains(obs) and info["time"] == game.t0
+    rng = np.random.default_rng(0)
+    total, done, steps = 0.0, False, 0
+    while not done:
+        mask = game.action_masks()
+        assert mask.shape == (game.action_space.n,) and mask.any()
+        obs, reward, terminated, truncated, info = game.step(int(rng.choice(np.nonzero(mask)[0])))
+        assert game.observation_space.contains(obs)
+        total += reward
+        steps += 1
+        done = terminated or truncated
+    assert steps == 12
+    assert total == pytest.approx((game.t0 - info["time"]) / game.t0 * 100)
+    assert game.schedule.path and len(game.schedule.path) == 12
+
+
+def test_illegal_action_is_refused(matmul):
+    game = AssemblyGame(matmul, MeasurementLog(IssueModel(), budget=10))
+    game.reset()
+    illegal = int(np.nonzero(~game.action_masks())[0][0])
+    with pytest.raises(ValueError, match="illegal"):
+        game.step(illegal)
+
+
+class FailsAfterMoves:
+    """Times the original; every other variant 'faults'."""
+
+    def measure(self, schedule: Schedule) -> float:
+        if schedule.is_original():
+            return 1.0
+        raise MeasurementFailed("fault")
+
+
+def test_failed_variant_ends_the_episode_with_a_penalty(matmul):
+    log = MeasurementLog(FailsAfterMoves(), budget=10)
+    game = AssemblyGame(matmul, log, failure_reward=-5.0)
+    game.reset()
+    _, reward, terminated, _, info = game.step(int(np.nonzero(game.action_masks())[0][0]))
+    assert (reward, terminated, info["failed"]) == (-5.0, True, True)
+    assert len(log.failed) == 1 and log.best.is_original()
+
+
+@pytest.mark.parametrize("method", ["greedy", "random", pytest.param("ppo", marks=pytest.mark.slow)])
+def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
+    if method == "ppo":
+        pytest.importorskip("sb3_contrib", reason="PPO needs sb3-contrib (and torch)")
+    model = IssueModel()
+    result = search(matmul, model, budget=40, method=method, seed=0, max_steps=8)
+    assert result.measurements <= 40 and model.calls == result.measurements
+    assert result.best_time <= result.baseline_time
+    if method == "greedy":
+        assert result.best_time < result.baseline_time
+    replay = Schedule.original(matmul)
+    for move in result.best.path:
+        replay = replay.apply(move)
+    assert replay.key == result.best.key
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match="greedy"):
+        search(None, IssueModel(), budget=4, method="anneal")

@@ -1,0 +1,133 @@
+"""On the GPU: patched kernels run and match the original; an illegal move is caught and rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polytile.sass.api import analyse, optimize
+from polytile.sass.cubin import Cubin
+from polytile.sass.game import MeasurementFailed
+from polytile.sass.runner import Runner, RunnerSettings
+from polytile.sass.schedule import DOWN, UP, Move, Schedule
+
+pytestmark = pytest.mark.gpu
+
+SETTINGS = RunnerSettings(reps=5, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def fma_launch():
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+    from polytile.sass.triton_kernel import triton_launch
+
+    @triton.jit
+    def fma3(x_ptr, y_ptr, z_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        y = tl.load(y_ptr + offs, mask=mask)
+        z = tl.load(z_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, x * y + z * x - y, mask=mask)
+
+    n = 1 << 20
+    arrays = [np.zeros(n, np.float32) for _ in range(4)]
+    return triton_launch(
+        fma3, [*arrays, n], grid=(n // 1024,), constexprs={"BLOCK": 1024}, outputs=["out_ptr"]
+    )
+
+
+def random_schedule(analysis, moves: int, seed: int) -> Schedule:
+    rng = np.random.default_rng(seed)
+    schedule = Schedule.original(analysis)
+    for _ in range(moves):
+        legal = np.nonzero(schedule.legal_mask())[0]
+        if not len(legal):
+            break
+        k = int(rng.choice(legal))
+        schedule = schedule.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
+    return schedule
+
+
+def test_patched_kernels_run_and_match(fma_launch):
+    analysis = analyse(fma_launch)
+    cubin = Cubin(fma_launch.cubin)
+    with Runner(fma_launch, SETTINGS) as runner:
+        assert runner.time(fma_launch.cubin) > 0
+        for seed in range(3):
+            schedule = random_schedule(analysis, 12, seed)
+            assert not schedule.is_original()
+            patched = cubin.with_words(fma_launch.kernel, schedule.words())
+            assert runner.verify(patched, seeds=(1, 2)) is None
+            assert runner.time(patched) > 0
+
+
+def _illegal_variant(analysis, cubin: Cubin, kernel: str) -> bytes:
+    """Move a global load below the first instruction that reads its result, ignoring the mask."""
+    for i, sem in enumerate(analysis.semantics):
+        if analysis.instructions[i].base != "LDG" or not sem.defs:
+            continue
+        block = analysis.blocks[analysis.block_of[i]]
+        for j in range(i + 1, block.end):
+            if analysis.semantics[j].uses & sem.defs:
+                order = list(range(len(analysis.instructions)))
+                order.insert(j, order.pop(i))
+                words = [analysis.kernel.words[k] for k in order]
+                return cubin.with_words(kernel, words)
+    pytest.skip("no global load with a reader in its block")
+
+
+def test_illegal_move_is_caught_by_verification(fma_launch):
+    analysis = analyse(fma_launch)
+    cubin = Cubin(fma_launch.cubin)
+    bad = _illegal_variant(analysis, cubin, fma_launch.kernel)
+    with Runner(fma_launch, SETTINGS) as runner:
+        try:
+            verdict = runner.verify(bad, seeds=(1, 2, 3))
+        except MeasurementFailed as exc:  # a fault is also a rejection
+            verdict = str(exc)
+        assert verdict is not None
+        with pytest.raises(MeasurementFailed):
+            runner.time(bad)  # the screen before timing rejects it too
+        assert runner.verify(fma_launch.cubin, seeds=(4,)) is None  # the worker recovered
+
+
+def test_optimize_returns_a_verified_kernel(fma_launch):
+    result = optimize(fma_launch, budget=12, method="greedy", settings=SETTINGS, confirm_rounds=3)
+    with Runner(fma_launch, SETTINGS) as runner:
+        assert runner.verify(result.cubin, seeds=(21, 22)) is None
+    assert result.report.speedup >= 1.0
+    assert result.report.verified or result.cubin == fma_launch.cubin
+
+
+def test_nvcc_sample_kernels(sample_cubins):
+    from polytile.sass.launch import Buffer, CubinLaunch, Scalar
+
+    n = 256
+    launch = CubinLaunch(
+        sample_cubins["sm_90a"].read_bytes(),
+        "matmul",
+        (n // 32, n // 32, 1),
+        (256, 1, 1),
+        (
+            Buffer("a", "float32", (n, n)),
+            Buffer("b", "float32", (n, n)),
+            Buffer("c", "float32", (n, n), "out"),
+            Scalar("m", "int32", n),
+            Scalar("n", "int32", n),
+            Scalar("k", "int32", n),
+        ),
+    )
+    analysis = analyse(launch)
+    cubin = Cubin(launch.cubin)
+    with Runner(launch, SETTINGS) as runner:
+        outputs = runner.outputs(launch.cubin, 5)
+        from polytile.sass.verify import host_inputs
+
+        inputs = host_inputs(launch, 5)
+        ref = inputs["a"].astype(np.float64) @ inputs["b"].astype(np.float64)
+        assert np.linalg.norm(outputs["c"] - ref) / np.linalg.norm(ref) < 1e-5
+        for seed in range(2):
+            patched = cubin.with_words("matmul", random_schedule(analysis, 30, seed).words())
+            assert runner.verify(patched, seeds=(1, 2)) is None
