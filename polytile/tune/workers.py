@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .space import TuneError
+
 
 @dataclass
 class Returned:
@@ -52,6 +54,7 @@ Outcome = Returned | Raised | Crashed | TimedOut
 def _serve(conn: Connection, env: dict[str, str]) -> None:
     os.environ.update(env)
     from ..errors import PolytileError
+    conn.send("ready")  # deadlines count from here: a slow interpreter start is no timeout
     while True:
         try:
             fn, args = conn.recv()
@@ -69,12 +72,25 @@ def _serve(conn: Connection, env: dict[str, str]) -> None:
             return
 
 
+STARTUP_TIMEOUT = 300.0
+
+
 class _Worker:
     def __init__(self, ctx: Any, env: dict[str, str]):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, env), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
+
+    def wait_ready(self) -> bool:
+        """Wait for the worker's first message; False if it died or never started."""
+        if not self.ready:
+            try:
+                self.ready = self.conn.poll(STARTUP_TIMEOUT) and self.conn.recv() == "ready"
+            except (EOFError, OSError):
+                self.ready = False
+        return self.ready
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -116,6 +132,9 @@ class WorkerPool:
         while pending or busy:
             for slot, w in enumerate(self._workers):
                 if slot not in busy and pending:
+                    if not w.wait_ready():
+                        raise TuneError(f"a worker process failed to start (exit code {w.proc.exitcode}); "
+                                        "run `python -c 'import polytile'` to see why")
                     k = pending.pop(0)
                     try:
                         w.conn.send((fn, calls[k]))
