@@ -39,6 +39,7 @@ class MeasureOptions:
     ``flush_cache``: write a buffer larger than the caches before every timed run (CPU).
     ``check``: compare one call with the reference first. ``check_odd_shape``: also build the
     configuration at sizes that divide no tile (``odd_shape`` of the template) and check it.
+    ``threads``: OpenMP threads of the timed kernels (0: the OpenMP default, every core).
     ``before_run``: a module-level function ``f(task, values)`` called in the runner before the
     kernel runs — a test hook to simulate faulty kernels; leave it None.
     """
@@ -224,7 +225,11 @@ class Measurer:
     def __init__(self, options: MeasureOptions | None = None):
         self.options = options or MeasureOptions()
         threads = self.options.threads
-        env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        # NumPy's BLAS computes references single-threaded: its idle threads spin after each call
+        # and would steal the cores from the kernel timed next
+        env = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         self.builders = WorkerPool(self.options.builder_count(), {"OMP_NUM_THREADS": "1"})
         self.runner = WorkerPool(1, env)
 
