@@ -72,3 +72,23 @@ def test_epsilon_greedy_mixes_random_configurations():
     t.update(first, [_cost(space, d) for d in first])
     batch = t.next_batch(8)
     assert len(batch) == 8 and not set(batch) & set(first)
+
+
+def test_itervar_reranking_lowers_only_a_few_candidates_per_batch():
+    space = _space()
+    asked: list[int] = []
+
+    def features_of(ds):  # noqa: ANN001, ANN202 - stands in for lowering in the build processes
+        asked.append(len(ds))
+        return [space.knob_features(np.array([d]))[0] * 2.0 for d in ds]
+
+    t = ModelTuner(space, seed=0, feature="itervar", features_of=features_of, rerank=3)
+    curve = []
+    for _ in range(6):
+        ds = t.next_batch(8)
+        costs = [_cost(space, d) for d in ds]
+        t.update(ds, costs, [features_of([d])[0] for d in ds])
+        curve.append(min(c for _, c in t.history))
+    reranks = [n for n in asked if n > 1]
+    assert reranks and max(reranks) <= 24
+    assert curve[-1] < curve[0]
