@@ -6,9 +6,10 @@ installed).
     python benchmarks/tuning.py --trials 32 --workloads mm512
     python benchmarks/tuning.py --target cuda          # the GPU templates (or: -m gpu)
 
-Records of every trial go to ``--records-dir`` (one file per workload and tuner), so a killed run
-resumes where it stopped. At the end, each tuner's best kernel is timed again, interleaved with the
-vendor library, and a JSON record is written under ``benchmarks/results/``.
+The tuners advance in turns, one batch each, so that they meet the same machine conditions (a
+shared machine drifts). Records of every trial go to ``--records-dir`` (one file per workload and
+tuner), so a killed run resumes where it stopped. At the end, each tuner's best kernel is timed
+again, interleaved with the vendor library, and a JSON record is written under ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from polytile import build, ops
 from polytile.target import as_target
-from polytile.tune import MeasureOptions, RecordLog, make_task, tune_task
+from polytile.tune import MeasureOptions, Measurer, RecordLog, make_task, tune_task
 from polytile.tune.vendor import time_call, vendor_baseline
 
 WORKLOADS = {
@@ -112,17 +113,29 @@ def main(argv: list[str]) -> int:
         op = ops.get(op_name, **shape)
         entry: dict[str, object] = {"op": op_name, "shape": shape, "flops": op.flops, "tuners": {}}
         kernels = {}
-        for tuner in args.tuners.split(","):
-            task = make_task(op_name, target, **shape)
-            path = records_dir / f"{wl}-{tuner}.jsonl"
-            t0 = time.perf_counter()
-            res = tune_task(task, args.trials, path, tuner=tuner, batch_size=args.batch, seed=args.seed,
-                            measure=MeasureOptions(repeat=10, min_time=0.05), verify=False, build_best=False)
-            curve = curve_of(path, task)
+        tuners = args.tuners.split(",")
+        task = make_task(op_name, target, **shape)
+        paths = {tuner: records_dir / f"{wl}-{tuner}.jsonl" for tuner in tuners}
+        seconds = dict.fromkeys(tuners, 0.0)
+        results = {}
+        with Measurer(MeasureOptions(repeat=10, min_time=0.05)) as measurer:
+            for n in range(args.batch, args.trials + args.batch, args.batch):
+                for tuner in tuners:
+                    t0 = time.perf_counter()
+                    results[tuner] = tune_task(task, min(n, args.trials), paths[tuner], tuner=tuner,
+                                               batch_size=args.batch, seed=args.seed + n, verify=False,
+                                               build_best=False, progress=False, measurer=measurer)
+                    seconds[tuner] += time.perf_counter() - t0
+                bests = {t: min((r.cost for r in results[t].records), default=math.inf) * 1e3 for t in tuners}
+                print(f"{wl} {min(n, args.trials):4d} trials: "
+                      + "  ".join(f"{t} {b:.3f} ms" for t, b in bests.items()), flush=True)
+        for tuner in tuners:
+            res = results[tuner]
+            curve = curve_of(paths[tuner], task)
             entry["tuners"][tuner] = {  # type: ignore[index]
                 "best_after": {str(n): at(curve, n) for n in checkpoints},
                 "failures": sum(1 for r in res.records if not r.ok),
-                "seconds": round(time.perf_counter() - t0, 1),
+                "seconds": round(seconds[tuner], 1),
                 "best_config": res.best.config if res.best else None, "curve": curve,
             }
             if res.best is not None:
@@ -134,10 +147,10 @@ def main(argv: list[str]) -> int:
         entry["vendor"] = vendor[0] if vendor else None
         if "vendor" in final:
             entry["ratio_to_vendor"] = {k: v / final["vendor"] for k, v in final.items() if k != "vendor"}
-        tuners = entry["tuners"]
-        if "xgb" in tuners and "random" in tuners:  # type: ignore[operator]
-            goal = tuners["random"]["curve"][-1] if tuners["random"]["curve"] else math.inf  # type: ignore[index]
-            entry["xgb_trials_to_random_final"] = trials_to_reach(tuners["xgb"]["curve"], goal)  # type: ignore[index]
+        done = entry["tuners"]
+        if "xgb" in done and "random" in done:  # type: ignore[operator]
+            goal = done["random"]["curve"][-1] if done["random"]["curve"] else math.inf  # type: ignore[index]
+            entry["xgb_trials_to_random_final"] = trials_to_reach(done["xgb"]["curve"], goal)  # type: ignore[index]
         result["workloads"][wl] = entry  # type: ignore[index]
         _print(wl, entry, checkpoints)
     out = Path(args.out or f"benchmarks/results/tuning-{datetime.date.today().isoformat()}.json")

@@ -94,17 +94,19 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
               batch_size: int = 8, measure: MeasureOptions | None = None, seed: int = 0,
               progress: bool = True, verify: bool = True, build_best: bool = True,
               tuner_options: dict[str, object] | None = None,
-              on_trial: Callable[[Record], None] | None = None) -> TuneResult:
-    """Tune ``task`` until its records hold ``trials`` trials; see ``tune`` for the options."""
+              on_trial: Callable[[Record], None] | None = None,
+              measurer: Measurer | None = None) -> TuneResult:
+    """Tune ``task`` until its records hold ``trials`` trials; see ``tune`` for the options.
+    ``measurer``: an open ``Measurer`` to reuse (kept open), e.g. by callers that interleave tasks."""
     start = time.perf_counter()
     log = RecordLog(records) if records is not None else None
     target_key = task.target.key
     prior = log.select(task.key, target_key) if log is not None else []
     history: list[Record] = list(prior)
     options = dict(tuner_options or {})
-    measurer: Measurer | None = None
+    owned = measurer is None
     if options.get("feature") == "itervar":
-        measurer = Measurer(measure)
+        measurer = measurer or Measurer(measure)
         space = task.space
         m = measurer
         options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
@@ -142,7 +144,7 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
         if build_best and result.best is not None:
             _finish(result, measure, verify)
     finally:
-        if measurer is not None:
+        if owned and measurer is not None:
             measurer.close()
     result.seconds = time.perf_counter() - start
     return result
