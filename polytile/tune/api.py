@@ -142,7 +142,7 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
     result = TuneResult(task, history, _best(history), new_trials=new)
     try:
         if build_best and result.best is not None:
-            _finish(result, measure, verify)
+            _finish(result, measure, verify and new > 0)  # complete records: the winner was checked
     finally:
         if owned and measurer is not None:
             measurer.close()
@@ -191,8 +191,9 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     (a resumed run continues; a complete one returns at once). ``records``: the JSON-lines log.
     ``tuner``: "xgb" (cost-model-guided annealing), "random" or "grid"; ``feature`` ("knob" or
     "itervar") and ``objective`` ("rank" or "reg") configure the cost model. ``verify`` checks the
-    winner at sizes that divide no tile before returning it. Raises ``TuneError`` when no trial
-    succeeded. The result's ``tune_result`` attribute holds the records and the curve.
+    winner at sizes that divide no tile before returning it (not when nothing new was measured).
+    Raises ``TuneError`` when no trial succeeded. The kernel's ``tune_result`` attribute holds the
+    records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
     opts = {"feature": feature, "objective": objective} if tuner == "xgb" else {}
