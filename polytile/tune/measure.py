@@ -12,6 +12,7 @@ the runner is replaced and tuning goes on.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import zlib
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import numpy as np
 from ..errors import DeviceError
 from .features import itervar_features
 from .space import InvalidConfig
-from .task import Task
+from .task import Task, Workload
 from .workers import Crashed, Outcome, Raised, Returned, TimedOut, WorkerPool
 
 STATUSES = ("ok", "invalid", "build_error", "build_timeout", "build_crash", "wrong_result", "crash",
@@ -93,11 +94,17 @@ class KernelArtifact:
     payload: Any
 
 
-def pack_kernel(kern: Any) -> KernelArtifact:
+def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtifact:
+    """CPU kernels travel as their lowered IR and source (the shared library is in the build cache);
+    other kernels as themselves when they pickle, else as the configuration to build again."""
     from ..runtime.cpu import CPUKernel
     if isinstance(kern, CPUKernel):
         return KernelArtifact("cpu", (kern.func, kern.lowered, kern.source))
-    return KernelArtifact("pickle", kern)  # GPU kernels pickle themselves (module image + launch data)
+    try:
+        pickle.dumps(kern)
+    except Exception:  # noqa: BLE001 - any pickling failure means: rebuild in the runner
+        return KernelArtifact("rebuild", (task, values))
+    return KernelArtifact("pickle", kern)
 
 
 def load_kernel(art: KernelArtifact) -> Any:
@@ -105,20 +112,24 @@ def load_kernel(art: KernelArtifact) -> Any:
         from ..runtime.cpu import CPUKernel
         func, lowered, source = art.payload
         return CPUKernel(func, lowered, source)
+    if art.kind == "rebuild":
+        from ..build import build
+        task, values = art.payload
+        return build(task.schedule(values), task.target)
     return art.payload
 
 
 # --- what the workers run ------------------------------------------------------------------------------
 
 
-def odd_workload(task: Task) -> Any:
-    """The operator at sizes that divide no tile: every size above 8 lowered to the closest prime
+def odd_workload(task: Task) -> Workload:
+    """The workload at sizes that divide no tile: every size above 8 lowered to the closest prime
     (structural sizes — filter, stride, padding, dilation — kept)."""
     structural = {"R", "S", "stride", "padding", "dilation"}
     shape = dict(task.workload.shape)
     odd = {k: (_prime_below(v) if isinstance(v, int) and k not in structural and v > 8 else v)
            for k, v in shape.items()}
-    return task.workload.with_shape(odd).instantiate()
+    return task.workload.with_shape(odd)
 
 
 def _prime_below(n: int) -> int:
@@ -138,8 +149,11 @@ def build_candidate(task: Task, values: dict[str, object], odd: bool) -> tuple[K
     t0 = time.perf_counter()
     kern = build(task.schedule(values), task.target)
     feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
-    odd_art = pack_kernel(build(task.schedule(values, odd_workload(task)), task.target)) if odd else None
-    return pack_kernel(kern), feats, odd_art, time.perf_counter() - t0
+    odd_art = None
+    if odd:
+        odd_task = Task(task.template, odd_workload(task), task.target)
+        odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
+    return pack_kernel(kern, task, values), feats, odd_art, time.perf_counter() - t0
 
 
 def lower_features(task: Task, values: dict[str, object]) -> np.ndarray:
@@ -180,7 +194,7 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     seed = zlib.crc32(repr(sorted(values.items())).encode())
     kern = load_kernel(art)
     if odd_art is not None:
-        _, err = _check(load_kernel(odd_art), odd_workload(task), seed)
+        _, err = _check(load_kernel(odd_art), odd_workload(task).instantiate(), seed)
         if err:
             return "wrong_result", [], f"at odd sizes: {err}"
     t0 = time.perf_counter()
@@ -194,8 +208,9 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     first = time.perf_counter() - t0
     budget = max(opts.min_time, 0.3 * opts.run_timeout)
     repeat = int(max(3, min(opts.repeat, budget / max(first, 1e-9))))
+    extra = {"flush_cache": True} if opts.flush_cache else {}
     costs = [kern.benchmark(*inputs, repeat=repeat, warmup=opts.warmup if first < 0.5 else 0,
-                            min_time=min(opts.min_time, budget), flush_cache=opts.flush_cache)]
+                            min_time=min(opts.min_time, budget), **extra)]
     return "ok", costs, ""
 
 

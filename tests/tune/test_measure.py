@@ -64,10 +64,11 @@ def test_faulty_candidates_are_survived_and_recorded(tmp_path):
 def test_odd_shape_check_builds_the_configuration_at_other_sizes():
     from polytile.tune.measure import odd_workload
     task = make_task("matmul", "cpu", M=512, N=384, K=64)
-    odd = odd_workload(task)
-    assert (odd.shape["M"], odd.shape["N"], odd.shape["K"]) == (509, 383, 61)
+    odd = dict(odd_workload(task).shape)
+    assert (odd["M"], odd["N"], odd["K"]) == (509, 383, 61)
     conv = make_task("conv2d", "cpu", N=1, C=16, H=14, W=14, K=16, R=3, S=3, stride=1, padding=1)
-    assert odd_workload(conv).shape["R"] == 3 and odd_workload(conv).shape["H"] == 13
+    odd_conv = dict(odd_workload(conv).shape)
+    assert odd_conv["R"] == 3 and odd_conv["H"] == 13 and odd_conv["N"] == 1
 
 
 @pytest.mark.slow
@@ -76,3 +77,25 @@ def test_best_matmul_is_checked_at_odd_sizes(tmp_path):
     result = tune_task(task, trials=2, records=tmp_path / "r.jsonl", tuner="random", batch_size=2,
                        measure=MeasureOptions(repeat=3, min_time=0.0), progress=False, verify=True)
     assert result.verified and result.kernel is not None
+
+
+def test_kernels_that_do_not_pickle_are_rebuilt_in_the_runner():
+    import threading
+
+    import numpy as np
+
+    from polytile.tune.measure import load_kernel, pack_kernel
+
+    class DeviceKernel:  # like a GPU kernel holding driver handles
+        lock = threading.Lock()
+
+        def __reduce__(self):  # noqa: ANN204
+            raise TypeError("cannot pickle a driver handle")
+
+    task = make_task("softmax", "cpu", M=8, N=24)
+    values = task.space.config_at(0).values
+    art = pack_kernel(DeviceKernel(), task, values)
+    assert art.kind == "rebuild"
+    kern = load_kernel(art)
+    x = task.op.make_inputs(np.random.default_rng(0))
+    assert np.allclose(kern(*x), task.op.reference(*x), rtol=1e-5)
