@@ -76,6 +76,9 @@ def tune_main(argv: list[str]) -> int:
     except PolytileError as err:
         print(f"polytile tune: {err}", file=sys.stderr)
         return 2
+    except ImportError as err:  # a missing optional dependency or backend (xgboost, CUDA)
+        print(f"polytile tune: {err}; install polytile[tune] (and polytile[cuda] for GPUs)", file=sys.stderr)
+        return 2
     if result.kernel is None:
         print(f"polytile tune: no working configuration in {len(result.records)} trial(s)", file=sys.stderr)
         return 1
