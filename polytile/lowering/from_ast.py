@@ -199,13 +199,22 @@ class IRBuilder:
             env2[n.iterator] = var
             env2[f"@d{n.dim}"] = var
             body = self.node(n.body, env2, scope + [name])
-            loop = ir.For(var, lo, extent, body, kind)
+            loop = ir.For(var, lo, extent, body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         else:
             env2[n.iterator] = ir.BinOp("+", lo, ir.BinOp("*", var, ir.const(n.step)))
             body = self.node(n.body, env2, scope + [name])
             trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
-            loop = ir.For(var, ir.const(0), trips, body, kind)
+            if kind.startswith(("blockIdx", "threadIdx")):
+                raise LoweringError(f"loop {name} is bound to {kind} but steps by {n.step}; bind a loop of step 1")
+            loop = ir.For(var, ir.const(0), trips, body, kind, n.dim)
         return loop
+
+    def gpu_bounds(self, n: AstFor, kind: str, users: set[str], env: dict[str, ir.Expr]
+                   ) -> tuple[ir.Expr, ir.Expr] | None:
+        if not kind.startswith(("blockIdx", "threadIdx")):
+            return None
+        lo, hi = self.plan.dim_range(n.dim, users)
+        return aexpr(lo, env), aexpr(hi, env)
 
     def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:
         names = {self.plan.statements[u].loop_names.get(n.dim) for u in users if u in self.plan.statements}
@@ -256,7 +265,7 @@ class IRBuilder:
         dims_env = dict(zip(plan.dims, args))
         conv = ExprConverter(self.buffers, plan.rewrites, dims_env, env)
         if plan.kind in ("copy_in", "copy_out"):
-            return self.copy(plan, conv, dims_env)
+            return self.copy(plan, conv, dims_env, env)
         comp = self.computations[plan.owner]
         axes = list(comp.axes) + (list(comp.reduce_axes) if plan.kind == "compute" else [])
         var_env = {id(a): v for a, v in zip(axes, args)}
@@ -286,18 +295,19 @@ class IRBuilder:
             store = ir.If(conv.convert(guard, var_env), store)
         return store
 
-    def copy(self, plan: StmtPlan, conv: ExprConverter, dims_env: Mapping[str, ir.Expr]) -> ir.Stmt:
+    def copy(self, plan: StmtPlan, conv: ExprConverter, dims_env: Mapping[str, ir.Expr],
+             env: dict[str, ir.Expr]) -> ir.Stmt:
         cache = self.cache_levels[plan.owner]
-        cbuf = self.buffers[cache.name]
         tensor = cache.tensor
+        elem = tuple(aexpr(e, dims_env) for e in plan.elem_index)
+        if plan.cache_rewrite is not None:
+            cbuf, cidx = ExprConverter(self.buffers, [plan.cache_rewrite], dims_env, env).index_of(tensor, elem)
+        else:
+            cbuf, cidx = self.buffers[cache.name], tuple(aexpr(e, dims_env) for e in plan.cache_index)
         if plan.kind == "copy_in":
-            src_idx = tuple(aexpr(e, dims_env) for e in plan.src_index)
-            sbuf, sidx = conv.index_of(tensor, src_idx)
-            dst = tuple(aexpr(e, dims_env) for e in plan.dst_index)
-            return ir.Store(cbuf, dst, ir.Load(sbuf, sidx))
-        src = tuple(aexpr(e, dims_env) for e in plan.src_index)
-        dst = tuple(aexpr(e, dims_env) for e in plan.dst_index)
-        return ir.Store(self.buffers[tensor], dst, ir.Load(cbuf, src))
+            sbuf, sidx = conv.index_of(tensor, elem)  # the tensor, or the previous cache of a chain
+            return ir.Store(cbuf, cidx, ir.Load(sbuf, sidx))
+        return ir.Store(self.buffers[tensor], elem, ir.Load(cbuf, cidx))
 
 
 REGISTER_CACHE_BYTES = 2048

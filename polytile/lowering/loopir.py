@@ -190,6 +190,8 @@ class For(Stmt):
     extent: Expr
     body: Stmt
     kind: str = "serial"
+    dim: int = -1  # the schedule dimension it scans (-1: made by a pass)
+    bounds: tuple[Expr, Expr] | None = None  # GPU-bound loops: [lo, hi] of the dimension over the kernel
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -233,6 +235,19 @@ class Evaluate(Stmt):
     """A call for its effect: barriers, asynchronous copies, intrinsics."""
 
     call: Call
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Kernel(Stmt):
+    """A GPU kernel launched by the host: ``grid`` (host expressions over parameters) by ``block``
+    threads; inside ``body``, ``blockIdx``/``threadIdx`` variables are in scope."""
+
+    name: str
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[int, int, int]
+    body: Stmt
+    args: tuple[Buffer, ...] = ()
+    params: tuple[Var, ...] = ()
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -307,6 +322,8 @@ def walk_expr(e: Expr) -> Iterator[Expr]:
 def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     if isinstance(s, For):
         return (s.lo, s.extent)
+    if isinstance(s, Kernel):
+        return s.grid
     if isinstance(s, If):
         return (s.cond,)
     if isinstance(s, Store):
@@ -321,7 +338,7 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
 
 
 def stmt_children(s: Stmt) -> tuple[Stmt, ...]:
-    if isinstance(s, (For, LetStmt, Allocate, Declare)):
+    if isinstance(s, (For, LetStmt, Allocate, Declare, Kernel)):
         return (s.body,)
     if isinstance(s, If):
         return (s.then,) + ((s.orelse,) if s.orelse is not None else ())
@@ -421,6 +438,9 @@ class Mutator:
         if isinstance(s, Assign):
             v = self.expr(s.value)
             return s if v is s.value else Assign(s.var, v)
+        if isinstance(s, Kernel):
+            b = self.stmt(s.body)
+            return s if b is s.body else replace(s, body=b)
         return s
 
 
@@ -514,6 +534,9 @@ def stmt_text(s: Stmt, indent: int = 0) -> str:
         return f"{pad}var {s.var.name}: {s.var.dtype.name}{lanes}{init}\n{stmt_text(s.body, indent)}"
     if isinstance(s, Assign):
         return f"{pad}{s.var.name} = {expr_text(s.value)}"
+    if isinstance(s, Kernel):
+        grid = ", ".join(expr_text(g) for g in s.grid)
+        return (f"{pad}kernel {s.name} grid=({grid}) block={s.block}:\n{stmt_text(s.body, indent + 1)}")
     return f"{pad}<{type(s).__name__}>"
 
 

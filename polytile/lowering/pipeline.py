@@ -19,6 +19,9 @@ from ..target import CPUTarget, CUDATarget
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
 from .passes.allocate import allocate_intermediates
+from .passes.barriers import insert_barriers
+from .passes.gpu_vectorize import vectorize_copies
+from .passes.kernels import outline_kernels
 from .passes.flatten import flatten_storage
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
@@ -47,7 +50,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     func = sched.func
     name = name or func.name
     log = _Log(name)
-    plan = build_plan(sched)
+    plan = build_plan(sched, "source" if isinstance(target, CUDATarget) else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
@@ -55,22 +58,35 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved).build()
     log("ast-to-ir", body)
 
-    passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]] = [
-        ("allocate", lambda s: allocate_intermediates(s, [buffers[c.name] for c in sched.computations
-                                                          if c.name not in {o.name for o in func.outputs}
-                                                          and folded_name(c.name) not in buffers])),
-        ("simplify", simplify),
-        ("unroll", unroll_loops),
-        ("flatten", flatten_storage),
-        ("simplify", simplify),
-        ("vectorize", lambda s: vectorize_loops(s, target)),
-        ("simplify", simplify),
-        ("registers", promote_registers),
-        ("simplify", simplify),
-    ]
+    intermediates = [buffers[c.name] for c in sched.computations
+                     if c.name not in {o.name for o in func.outputs} and folded_name(c.name) not in buffers]
+    passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]]
     if isinstance(target, CUDATarget):
-        from .gpu import gpu_passes
-        passes += gpu_passes(target)
+        passes = [
+            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
+            ("simplify", simplify),
+            ("kernels", lambda s: outline_kernels(s, target, name)),
+            ("simplify", simplify),
+            ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
+            ("flatten", flatten_storage),
+            ("simplify", simplify),
+            ("gpu-vectorize", lambda s: vectorize_copies(s)),
+            ("registers", promote_registers),
+            ("barriers", insert_barriers),
+            ("simplify", simplify),
+        ]
+    else:
+        passes = [
+            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
+            ("simplify", simplify),
+            ("unroll", unroll_loops),
+            ("flatten", flatten_storage),
+            ("simplify", simplify),
+            ("vectorize", lambda s: vectorize_loops(s, target)),
+            ("simplify", simplify),
+            ("registers", promote_registers),
+            ("simplify", simplify),
+        ]
     for stage, fn in passes:
         body = fn(body)
         log(stage, body)
@@ -80,12 +96,19 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
 
 
-def build_plan(sched: Schedule) -> Plan:
-    """The polyhedral part: every statement's schedule (caches included) and the isl AST."""
+def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
+    """The polyhedral part: every statement's schedule (caches included) and the isl AST.
+
+    ``copy_order``: cache copies loop over the cache's layout (CPU: contiguous packed writes) or
+    over the tensor's indices (GPU: coalesced global reads)."""
     requests = []
     for c in sched.caches:
-        level = None if c.level is None else sched.states[c.consumer].loops.index(c.level)
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc))
+        st = sched.states[c.consumer]
+        level = None if c.level is None else st.loops.index(c.level)
+        threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
+                            if tag.startswith("threadIdx")) if c.loc == "shared" else frozenset()
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc, threads,
+                                     copy_order))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)

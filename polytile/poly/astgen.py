@@ -101,6 +101,23 @@ class Binding:
     sources: list[str]
 
 
+def dim_range(context: isl.Set, items: list[Scheduled], d: int) -> tuple[AExpr, AExpr]:
+    """The smallest and largest value schedule dimension ``d`` takes over every statement, as
+    expressions of the parameters (GPU launch bounds: exact even for non-rectangular loops)."""
+    img: isl.Set | None = None
+    for it in items:
+        dom = it.stmt.over_domain()
+        s = dom.apply(project_out_params(it.schedule, it.stmt.dyn_params).intersect_domain(dom))
+        s = s.reset_tuple_id()
+        n = s.dim(isl.dim_type.set)
+        s = s.project_out(isl.dim_type.set, d + 1, n - d - 1).project_out(isl.dim_type.set, 0, d)
+        img = s if img is None else img.union(s)
+    assert img is not None
+    lo = img.dim_min(0).intersect_params(context).coalesce()
+    hi = img.dim_max(0).intersect_params(context).coalesce()
+    return pw_aff_expr(lo, [], context), pw_aff_expr(hi, [], context)
+
+
 def full_tiles(it: Scheduled, d: int, width: int, need: list[int]) -> isl.Set:
     """A convex set of values of schedule dimensions 0..d for which the inner dimensions ``need``
     of ``it`` run their whole range (full tiles): { P : P × inner ⊆ image } restricted to a convex

@@ -34,6 +34,8 @@ class CacheRequest:
     name: str
     layout: Callable[..., object] | None = None
     loc: str = "auto"
+    block_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (shared caches span them)
+    order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
 
 
 @dataclass
@@ -213,18 +215,19 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             acc = acc.union(a)
         acc = project_out_params(acc, drop).intersect_domain(dom)
         fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
+        if req.block_dims:
+            fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
         ndim = tensor.ndim
         boxes = [_box_dim(fp, d, what) for d in range(ndim)]
         lmap, lvars, lexprs = _layout(req, ndim)
         p_names = _names("p", m)
         ctx = program.context
-        # buffer shape: the bounds of the layout's image of the box
-        box_rel = isl.Set(f"{{ [{', '.join(_names('r', ndim))}] : "
-                          + " and ".join(f"0 <= r{d} < {b.size}" for d, b in enumerate(boxes) if b.size is not None)
-                          + (" and " if any(b.size is not None for b in boxes) else "") + "1 = 1 }")
+        off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
         shape: list[AExpr] = []
         if all(b.size is not None for b in boxes):
-            img = box_rel.apply(lmap)
+            # the buffer spans the layout's image of what is accessed (relative to the origin)
+            img = _sum(fp, off_map.neg()).range().apply(lmap)
+            img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
             for c in range(img.dim(isl.dim_type.set)):
                 lo_v = img.dim_min_val(c).to_python()
                 hi_v = img.dim_max_val(c).to_python()
@@ -240,7 +243,6 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                      for b in boxes]
         buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, shape, req.level, req.loc)
         buffers.append(buf)
-        off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
         offsets = _offset_exprs(off_map, m, ctx)
         if req.kind == "fold":
             extra += _fold(program, req, by_name, scheds, m, prefix, fp, off_map, keep, width, rewrites,
@@ -266,7 +268,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         base_static = statics[pos] if pos < len(statics) else statics[-1]
         copy_kinds = []
         if req.kind == "read":
-            copy_kinds.append(("copy_in", _copy_domain_hull(boxes, fp), -1))
+            copy_kinds.append(("copy_in", fp, -1))
         else:
             written = fp  # the exact written footprint
             if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
@@ -290,7 +292,10 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 static = base_static - STATIC_SCALE // 2 + slot_used[key]
             else:
                 static = base_static + slot_used[key]
-            rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]
+            if req.order == "source":
+                rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
+            else:
+                rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]: over the cache's
             rel = rel.intersect_domain(prefix.range())
             n_c = rel.dim(isl.dim_type.out)
             c_names = _names("q", n_c)
@@ -307,19 +312,20 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             cmap = isl.Map(f"{{ {cname}[{', '.join(p_names + c_names)}] -> [{', '.join(outs)}] }}")
             cmap = cmap.intersect_domain(cdom)
             cstmt = Statement(cname, p_names + c_names, cdom, dyn_params=keep)
-            # element index: e = off(P) + layout^-1(c)
-            linv = lmap.reverse()
-            src = _src_index(off_map, linv, m, n_c)
-            src_pma = isl.PwMultiAff.from_map(src)
             names = p_names + c_names
-            elem = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(ndim)]
-            cache_idx = [AExpr("id", name=c) for c in c_names]
             plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
                                                           enumerate(c_names, start=m // 2)})
-            if kind == "copy_in":
-                plan.src_index, plan.dst_index = elem, cache_idx
+            if req.order == "source":
+                # the element is a loop index; the cache side goes through the offset and layout
+                plan.elem_index = [AExpr("id", name=c) for c in c_names]
+                plan.cache_rewrite = CacheRewrite(cname, req.tensor, req.name, offsets,
+                                                  [AExpr("id", name=n) for n in p_names], lvars, lexprs)
             else:
-                plan.src_index, plan.dst_index = cache_idx, elem
+                linv = lmap.reverse()
+                src = _src_index(off_map, linv, m, n_c)
+                src_pma = isl.PwMultiAff.from_map(src)
+                plan.elem_index = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(ndim)]
+                plan.cache_index = [AExpr("id", name=c) for c in c_names]
             if prev is not None and kind == "copy_in":
                 # the copy reads the previous cache: rewrite its read of the tensor like a consumer's
                 pbuf, pm, poff_map, pvars, pexprs = prev
@@ -381,21 +387,13 @@ def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled]
     return out
 
 
-def _copy_domain_hull(boxes: list[_Box], fp: isl.Map) -> isl.Map:
-    """{ [P] -> X[e] : lo_d(P) <= e_d <= hi_d(P) } — the rectangular hull of the footprint."""
-    n = len(boxes)
-    out = None
-    for d, b in enumerate(boxes):
-        lo_g = isl.Map.from_pw_aff(b.lo)
-        hi_g = isl.Map.from_pw_aff(b.hi)
-        ge = isl.Map("{ [a] -> [e] : e >= a }")
-        le = isl.Map("{ [b] -> [e] : e <= b }")
-        dim_rel = lo_g.apply_range(ge).intersect(hi_g.apply_range(le))
-        out = dim_rel if out is None else out.flat_range_product(dim_rel)
-    assert out is not None
-    del n
-    return out.set_tuple_id(isl.dim_type.out, fp.get_tuple_id(isl.dim_type.out)) \
-        .reset_tuple_id(isl.dim_type.out)
+def _whole_block(fp: isl.Map, m: int, block_dims: frozenset[int]) -> isl.Map:
+    """A shared cache serves every thread of the block: the footprint at P is the union over all
+    values of the thread-bound dimensions of P."""
+    ps = [f"p{k}" for k in range(m)]
+    qs = [f"q{k}" if k in block_dims else f"p{k}" for k in range(m)]
+    same = isl.Map(f"{{ [{', '.join(ps)}] -> [{', '.join(qs)}] }}")
+    return same.apply_range(fp.reset_tuple_id(isl.dim_type.in_))
 
 
 def _src_index(off_map: isl.Map, linv: isl.Map, m: int, n_c: int) -> isl.Map:

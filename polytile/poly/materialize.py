@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .astgen import Binding, Scheduled, full_tiles, generate
+from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
 from .cache import CacheBuffer, CacheRequest, CacheRewrite, build_caches
 from .program import PolyProgram, StageSchedule
@@ -25,8 +25,9 @@ class StmtPlan:
     owner: str  # computation, or cache buffer for copies
     dims: list[str]
     loop_names: dict[int, str]  # odd schedule dimension -> loop name of the owner
-    src_index: list[AExpr] = field(default_factory=list)  # copies: element read, over ``dims``
-    dst_index: list[AExpr] = field(default_factory=list)  # copies: element written, over ``dims``
+    elem_index: list[AExpr] = field(default_factory=list)  # copies: the tensor element, over ``dims``
+    cache_index: list[AExpr] = field(default_factory=list)  # copies in cache order: the cache element
+    cache_rewrite: CacheRewrite | None = None  # copies in source order: tensor element -> cache element
     rewrites: list[CacheRewrite] = field(default_factory=list)  # reads/writes redirected to caches
 
 
@@ -37,6 +38,13 @@ class Plan:
     bindings: list[Binding]
     caches: list[CacheBuffer]
     width: int
+    items: list[Scheduled] = field(default_factory=list)
+
+    def dim_range(self, d: int, stmts: set[str]) -> tuple[AExpr, AExpr]:
+        """[lo, hi] of schedule dimension ``d`` over the statements ``stmts`` (GPU launch bounds)."""
+        return dim_range(self.context, [it for it in self.items if it.stmt.name in stmts], d)
+
+    context: object = None
 
 
 def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separate: Mapping[str, set[str]],
@@ -75,4 +83,4 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
             isolate.append(full_tiles(by_name[name], d, width, need))
     ast, bindings = generate(program.context, items, dict(program.dyn.owners), dyn_sources,
                              program.dyn_constraints, isolate, width)
-    return Plan(ast, plans, bindings, buffers, width)
+    return Plan(ast, plans, bindings, buffers, width, items, program.context)

@@ -21,7 +21,7 @@ import struct
 import sys
 from collections.abc import Callable
 
-from polytile.sass.driver import CudaError, Device, KernelParams
+from polytile.runtime.cuda_driver import CudaError, Device, KernelParams
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar, Scratch
 from polytile.sass.verify import compare, host_inputs
 

@@ -174,7 +174,7 @@ def test_cache_identity():
               C[((7 * i) + j)] = 0.0
               for ko in [0, 3):
                 allocate B_C_local[2, 1] float32 in auto
-                for B_C_local_q0 in [0, (min(1, ((-1 * ko) + 2)) + 1)):
+                for B_C_local_q0 in [0, (min(1, ((-2 * ko) + 4)) + 1)):
                   B_C_local[B_C_local_q0] = B[(((7 * B_C_local_q0) + j) + (14 * ko))]
                 for ki in [0, (min(1, ((-2 * ko) + 4)) + 1)):
                   C[((7 * i) + j)] = (C[((7 * i) + j)] + (A[(((5 * i) + ki) + (2 * ko))] * B_C_local[ki]))

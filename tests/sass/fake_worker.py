@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from polytile.sass.driver import CudaError
+from polytile.runtime.cuda_driver import CudaError
 from polytile.sass.worker import serve
 
 ORIGINAL = []

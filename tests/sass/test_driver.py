@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from polytile.sass.driver import CudaError, Device, KernelParams
+from polytile.runtime.cuda_driver import CudaError, Device, KernelParams
 
 
 class FakeDriver:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from polytile.sass import worker
-from polytile.sass.driver import DeviceInfo
+from polytile.runtime.cuda_driver import DeviceInfo
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 
 

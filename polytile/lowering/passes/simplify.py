@@ -74,6 +74,8 @@ class Simplifier(ir.Mutator):
             return (e.value, e.value)  # type: ignore[return-value]
         if isinstance(e, ir.Var):
             return self.bounds.get(e.name, (-INF, INF))
+        if isinstance(e, ir.Cast) and e.dtype.is_int and e.a.dtype.is_int:
+            return self.interval(e.a)
         if isinstance(e, ir.BinOp) and e.lanes == 1 and not e.dtype.is_float:
             a, b = self.interval(e.a), self.interval(e.b)
             if e.op == "+":
@@ -117,6 +119,9 @@ class Simplifier(ir.Mutator):
     # --- expressions ------------------------------------------------------------------------------
     def visit_BinOp(self, e: ir.BinOp) -> ir.Expr:
         a, b = self.expr(e.a), self.expr(e.b)
+        ramp = _ramp_arith(e.op, a, b)
+        if ramp is not None:
+            return self.expr(ramp)
         if isinstance(a, ir.Const) and isinstance(b, ir.Const) and a.lanes == 1 and b.lanes == 1:
             folded = _fold(e.op, a, b, e.dtype)
             if folded is not None:
@@ -252,6 +257,15 @@ class Simplifier(ir.Mutator):
         orelse = self.stmt(s.orelse) if s.orelse is not None else None
         return ir.If(c, then, orelse)
 
+    def visit_Kernel(self, s: ir.Kernel) -> ir.Stmt:
+        saved = dict(self.bounds)
+        for axis, n in zip("xyz", s.block):
+            self.bounds[f"threadIdx.{axis}"] = (0, n - 1)
+            self.bounds[f"blockIdx.{axis}"] = (0, INF)
+        body = self.stmt(s.body)
+        self.bounds = saved
+        return replace(s, body=body)
+
     def visit_LetStmt(self, s: ir.LetStmt) -> ir.Stmt:
         v = self.expr(s.value)
         if isinstance(v, (ir.Const, ir.Var)):
@@ -263,6 +277,21 @@ class Simplifier(ir.Mutator):
         if saved is not None:
             self.bounds[s.var.name] = saved
         return ir.LetStmt(s.var, v, body)
+
+
+def _ramp_arith(op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr | None:
+    """Keep index vectors as ramps: ramp + scalar, scalar + ramp, ramp * constant."""
+    if op == "+" and isinstance(a, ir.Ramp) and b.lanes == 1:
+        return ir.Ramp(ir.BinOp("+", a.base, b), a.stride, a.lanes)
+    if op == "+" and isinstance(b, ir.Ramp) and a.lanes == 1:
+        return ir.Ramp(ir.BinOp("+", a, b.base), b.stride, b.lanes)
+    if op == "-" and isinstance(a, ir.Ramp) and b.lanes == 1:
+        return ir.Ramp(ir.BinOp("-", a.base, b), a.stride, a.lanes)
+    if op == "*" and isinstance(a, ir.Ramp) and isinstance(b, ir.Const) and b.lanes == 1:
+        return ir.Ramp(ir.BinOp("*", a.base, b), ir.BinOp("*", a.stride, b), a.lanes)
+    if op == "*" and isinstance(b, ir.Ramp) and isinstance(a, ir.Const) and a.lanes == 1:
+        return ir.Ramp(ir.BinOp("*", a, b.base), ir.BinOp("*", a, b.stride), b.lanes)
+    return None
 
 
 _CMP_FN = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,

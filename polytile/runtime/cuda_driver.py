@@ -1,4 +1,5 @@
-"""A small, checked layer over the CUDA driver API (`cuda.bindings.driver`) for the timing worker.
+"""A small, checked layer over the CUDA driver API (`cuda.bindings.driver`): devices, memory, modules,
+launches and event timing, used by the CUDA runtime and the SASS optimizer's timing worker.
 
 Every call's status is checked and turned into `CudaError` naming the call and the error. The
 module imports `cuda.bindings` lazily (falling back to the older `cuda.cuda` layout), so the rest
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import DeviceError
 
-class CudaError(RuntimeError):
+
+class CudaError(DeviceError):
     """A CUDA driver call failed. After a kernel fault the context is unusable: restart the process."""
 
 

@@ -1,0 +1,328 @@
+"""Kernel outlining for GPUs: loops bound to blockIdx become kernels, loops bound to threadIdx become
+thread indices, and block-level cache copies are spread over all threads of the block.
+
+Launch dimensions come from the polyhedral range of each bound dimension (exact for non-rectangular
+loops); a guard is added only where a loop's own bounds are narrower than that range. Statements
+left at block level (not inside thread loops, not copies) run in thread 0 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ... import dtypes
+from ...errors import LoweringError
+from ...target import CUDATarget
+from .. import loopir as ir
+from .simplify import simplify_expr
+
+AXES = ("x", "y", "z")
+
+
+def thread_var(kind: str) -> ir.Var:
+    """The index variable of a binding (printed as an int cast of the CUDA builtin)."""
+    return ir.Var(kind, dtypes.int32)
+
+
+@dataclass
+class _KernelInfo:
+    block: dict[str, int] = field(default_factory=dict)
+
+
+def _same(a: ir.Expr, b: ir.Expr) -> bool:
+    return ir.expr_text(simplify_expr(a)) == ir.expr_text(simplify_expr(b))
+
+
+def _bound_index(loop: ir.For) -> tuple[ir.Expr, ir.Expr | None]:
+    """The loop variable's value from the hardware index, and the guard keeping it in the loop."""
+    assert loop.bounds is not None
+    lo_g, hi_g = loop.bounds
+    value = ir.BinOp("+", lo_g, ir.Cast(dtypes.INDEX, thread_var(loop.kind)))
+    end = ir.BinOp("+", loop.lo, loop.extent)
+    exact = _same(loop.lo, lo_g) and _same(ir.BinOp("-", end, ir.const(1)), hi_g)
+    if exact:
+        return value, None
+    var = loop.var
+    cond = ir.Logic("&&", (ir.Cmp(">=", var, loop.lo), ir.Cmp("<", var, end)))
+    return value, cond
+
+
+def _extent_of(loop: ir.For) -> ir.Expr:
+    assert loop.bounds is not None
+    lo_g, hi_g = loop.bounds
+    return simplify_expr(ir.BinOp("+", ir.BinOp("-", hi_g, lo_g), ir.const(1)))
+
+
+def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
+    """Replace every nest of blockIdx-bound loops by a Kernel; everything else must be host-level
+    allocation of temporaries."""
+    counter = [0]
+
+    def top(st: ir.Stmt) -> ir.Stmt:
+        if isinstance(st, ir.Block):
+            return ir.block([top(x) for x in st.body])
+        if isinstance(st, ir.Allocate):
+            buf = st.buffer
+            if buf.scope in ("shared", "local"):
+                raise LoweringError(f"buffer {buf.name} is in {buf.scope} memory but allocated outside any "
+                                    "kernel; cache it inside a loop bound to blockIdx")
+            return ir.Allocate(replace(buf, scope="global"), top(st.body))
+        if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
+            counter[0] += 1
+            return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
+        what = f"loop {st.var.name}" if isinstance(st, ir.For) else "a statement"
+        raise LoweringError(f"{what} runs on the host: on a GPU every computation needs its outermost loop "
+                            "bound to blockIdx (s[C].bind(loop, 'blockIdx.x'))")
+
+    return top(s)
+
+
+def make_kernel(root: ir.For, name: str, target: CUDATarget) -> ir.Kernel:
+    grid: dict[str, ir.Expr] = {}
+    info = _KernelInfo()
+    _collect_threads(root, info, inside_thread=False)
+    nthreads = info.block.get("x", 1) * info.block.get("y", 1) * info.block.get("z", 1)
+    if nthreads > target.max_threads_per_block:
+        raise LoweringError(f"kernel {name} needs {nthreads} threads per block; the GPU allows "
+                            f"{target.max_threads_per_block}")
+
+    def blocks(st: ir.Stmt) -> ir.Stmt:
+        if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
+            axis = st.kind[-1]
+            if axis in grid:
+                raise LoweringError(f"kernel {name}: two loops are bound to {st.kind}")
+            grid[axis] = _extent_of(st)
+            value, guard = _bound_index(st)
+            body = blocks(st.body)
+            if guard is not None:
+                body = ir.If(guard, body)
+            return ir.LetStmt(st.var, value, body)
+        return threads(st, info, nthreads)
+
+    body = _spread_shared_copies(blocks(root), info.block, nthreads)
+    for axis, ext in grid.items():
+        if any(isinstance(n, ir.Var) and not n.name.startswith(("blockIdx", "threadIdx")) and
+               n.name != "" and _is_loop_var(n.name, root) for n in ir.walk_expr(ext)):
+            raise LoweringError(f"kernel {name}: the grid extent along {axis} depends on a loop variable")
+    g = tuple(grid.get(a, ir.const(1)) for a in AXES)
+    b = tuple(info.block.get(a, 1) for a in AXES)
+    return ir.Kernel(name, g, b, body)  # type: ignore[arg-type]
+
+
+def _is_loop_var(name: str, root: ir.Stmt) -> bool:
+    return any(isinstance(st, ir.For) and st.var.name == name for st in ir.walk_stmt(root))
+
+
+def _collect_threads(st: ir.Stmt, info: _KernelInfo, inside_thread: bool) -> None:
+    if isinstance(st, ir.For) and st.kind.startswith("threadIdx"):
+        axis = st.kind[-1]
+        ext = _extent_of(st)
+        if not isinstance(ext, ir.Const):
+            raise LoweringError(f"loop {st.var.name} is bound to {st.kind} but its extent {ir.expr_text(ext)} is "
+                                "not a constant; split it by a constant first")
+        info.block[axis] = max(info.block.get(axis, 1), int(ext.value))
+        _collect_threads(st.body, info, True)
+        return
+    for child in ir.stmt_children(st):
+        _collect_threads(child, info, inside_thread)
+
+
+def _thread_id(block: dict[str, int]) -> ir.Expr:
+    """The linear thread index within the block."""
+    bx, by = block.get("x", 1), block.get("y", 1)
+    tid: ir.Expr = ir.Cast(dtypes.INDEX, thread_var("threadIdx.x"))
+    if block.get("y", 1) > 1:
+        tid = ir.BinOp("+", tid, ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("threadIdx.y")), ir.const(bx)))
+    if block.get("z", 1) > 1:
+        tid = ir.BinOp("+", tid, ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("threadIdx.z")),
+                                          ir.const(bx * by)))
+    return tid
+
+
+def threads(st: ir.Stmt, info: _KernelInfo, nthreads: int) -> ir.Stmt:
+    """Map thread loops; spread block-level copy nests over the threads; run other block-level
+    statements in thread 0."""
+    if isinstance(st, ir.For) and st.kind.startswith("threadIdx"):
+        value, guard = _bound_index(st)
+        body = _inside_threads(st.body)
+        if guard is not None:
+            body = ir.If(guard, body)
+        return ir.LetStmt(st.var, value, body)
+    if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
+        raise LoweringError(f"loop {st.var.name} is bound to {st.kind} inside a kernel's block level; bind "
+                            "only the outermost loops to blockIdx")
+    if isinstance(st, ir.For):
+        if not any(isinstance(x, ir.For) and x.kind.startswith("threadIdx") for x in ir.walk_stmt(st.body)):
+            if _is_copy_nest(st):
+                return cooperative(st, info.block, nthreads)
+            return _single_thread(st, info.block)
+        return replace(st, body=threads(st.body, info, nthreads))
+    if isinstance(st, ir.Block):
+        return ir.block([threads(x, info, nthreads) for x in st.body])
+    if isinstance(st, (ir.LetStmt, ir.Allocate, ir.Declare)):
+        return replace(st, body=threads(st.body, info, nthreads))
+    if isinstance(st, ir.If):
+        then = threads(st.then, info, nthreads)
+        orelse = threads(st.orelse, info, nthreads) if st.orelse is not None else None
+        return ir.If(st.cond, then, orelse)
+    if isinstance(st, ir.Store):
+        if st.buffer.scope in ("shared",) and _is_copy_store(st):
+            return cooperative(st, info.block, nthreads)
+        return _single_thread(st, info.block)
+    return st
+
+
+def _spread_shared_copies(st: ir.Stmt, block: dict[str, int], nthreads: int) -> ir.Stmt:
+    """Copies into shared memory inside thread loops: every thread would run the same loops (their
+    bounds do not depend on the thread), so each thread takes its share instead."""
+    from .barriers import thread_dependent_vars
+    divergent = thread_dependent_vars(st)
+
+    def visit(x: ir.Stmt) -> ir.Stmt | None:
+        if isinstance(x, ir.For) and x.kind != "coop" and _is_copy_nest(x) and \
+                any(isinstance(y, ir.Store) and y.buffer.scope == "shared" for y in ir.walk_stmt(x)) and \
+                not _varies(x, divergent):
+            return cooperative(x, block, nthreads)
+        if isinstance(x, ir.For) and x.kind == "coop":
+            return x
+        return None
+    return ir.map_stmts(st, visit)
+
+
+def _varies(st: ir.For, divergent: set[str]) -> bool:
+    """Whether the loop nest's bounds vary between threads."""
+    for x in ir.walk_stmt(st):
+        if isinstance(x, ir.For):
+            for e in (x.lo, x.extent):
+                if any(isinstance(n, ir.Var) and (n.name.startswith("threadIdx") or n.name in divergent)
+                       for n in ir.walk_expr(e)):
+                    return True
+    return False
+
+
+def _inside_threads(st: ir.Stmt) -> ir.Stmt:
+    for x in ir.walk_stmt(st):
+        if isinstance(x, ir.For) and x.kind.startswith("blockIdx"):
+            raise LoweringError(f"loop {x.var.name} is bound to {x.kind} inside a thread loop")
+    return ir.map_stmts(st, lambda x: _map_inner_thread(x))
+
+
+def _map_inner_thread(x: ir.Stmt) -> ir.Stmt | None:
+    if isinstance(x, ir.For) and x.kind.startswith("threadIdx"):
+        value, guard = _bound_index(x)
+        body = _inside_threads(x.body)
+        if guard is not None:
+            body = ir.If(guard, body)
+        return ir.LetStmt(x.var, value, body)
+    return None
+
+
+def _single_thread(st: ir.Stmt, block: dict[str, int]) -> ir.Stmt:
+    return ir.If(ir.Cmp("==", _thread_id(block), ir.const(0)), st)
+
+
+def _is_copy_store(st: ir.Store) -> bool:
+    return isinstance(st.value, ir.Load) or st.buffer.scope == "shared"
+
+
+def _is_copy_nest(st: ir.For) -> bool:
+    """A loop nest whose statements only copy elements to or from shared memory."""
+    stores = [x for x in ir.walk_stmt(st) if isinstance(x, ir.Store)]
+    if not stores:
+        return False
+    for x in ir.walk_stmt(st):
+        if not isinstance(x, (ir.For, ir.Store, ir.Block, ir.If, ir.LetStmt)):
+            return False
+    return all(isinstance(x.value, ir.Load) and "shared" in (x.buffer.scope, x.value.buffer.scope)
+               for x in stores)
+
+
+def cooperative(st: ir.Stmt, block: dict[str, int], nthreads: int) -> ir.Stmt:
+    """A copy nest run by all threads: the iteration space is flattened and strided by the block size.
+
+    Loops become index arithmetic over one flat counter; guards inside the nest stay guards.
+    """
+    loops: list[ir.For] = []
+    inner = st
+    while isinstance(inner, ir.For):
+        loops.append(inner)
+        inner = inner.body
+    if not loops:
+        return ir.If(ir.Cmp("<", _thread_id(block), ir.const(1)), st)
+    if any(_uses_any(lp.lo, loops) or _uses_any(lp.extent, loops[:k]) for k, lp in enumerate(loops)
+           if k > 0) or any(_uses_any(lp.lo, loops) for lp in loops[:1]):
+        return _strided_outer(loops, inner, block, nthreads)
+    loops, inner = _vector_groups(loops, inner)
+    total: ir.Expr = ir.const(1)
+    for lp in loops:
+        total = ir.BinOp("*", total, lp.extent)
+    flat = ir.Var(f"{loops[-1].var.name}_flat")
+    mapping: dict[str, ir.Expr] = {}
+    rest: ir.Expr = flat
+    for lp in reversed(loops):
+        mapping[lp.var.name] = ir.BinOp("+", lp.lo, ir.BinOp("%", rest, lp.extent))
+        rest = ir.BinOp("//", rest, lp.extent)
+    body = ir.substitute(inner, mapping)
+    tid = ir.Var(f"{flat.name}_t")
+    trips = ir.BinOp("//", ir.BinOp("+", ir.BinOp("-", total, tid), ir.const(nthreads - 1)), ir.const(nthreads))
+    loop = ir.For(ir.Var(f"{flat.name}_k"), ir.const(0), trips,
+                  ir.LetStmt(flat, ir.BinOp("+", tid, ir.BinOp("*", ir.Var(f"{flat.name}_k"), ir.const(nthreads))),
+                             body),  # type: ignore[arg-type]
+                  "coop")
+    return ir.LetStmt(tid, _thread_id(block), loop)
+
+
+VECTOR_BYTES = 16
+
+
+def _vector_groups(loops: list[ir.For], inner: ir.Stmt) -> tuple[list[ir.For], ir.Stmt]:
+    """Copy 16 bytes per thread where the innermost loop runs along the last dimension of both
+    buffers with a constant extent divisible by the vector width (alignment is checked later)."""
+    lp = loops[-1]
+    if not (isinstance(inner, ir.Store) and isinstance(inner.value, ir.Load)):
+        return loops, inner
+    ext = simplify_expr(lp.extent)
+    width = VECTOR_BYTES // inner.buffer.dtype.itemsize
+    if not isinstance(ext, ir.Const) or inner.buffer.dtype.itemsize != 4 or \
+            inner.value.buffer.dtype != inner.buffer.dtype or int(ext.value) % width or width < 2:
+        return loops, inner
+    for idx in (inner.index, inner.value.index):
+        if not _unit_stride_last(idx, lp.var.name):
+            return loops, inner
+    group = ir.Var(f"{lp.var.name}_v")
+    lane = ir.BinOp("+", ir.BinOp("+", lp.lo, ir.BinOp("*", group, ir.const(width))),
+                    ir.Ramp(ir.const(0), ir.const(1), width))
+    body = ir.substitute(inner, {lp.var.name: lane})
+    new = ir.For(group, ir.const(0), ir.const(int(ext.value) // width), body, lp.kind)
+    return loops[:-1] + [new], body  # type: ignore[list-item]
+
+
+def _unit_stride_last(idx: tuple[ir.Expr, ...], var: str) -> bool:
+    from .simplify import Simplifier
+    if any(any(isinstance(n, ir.Var) and n.name == var for n in ir.walk_expr(i)) for i in idx[:-1]):
+        return False
+    lin = Simplifier().linear(simplify_expr(idx[-1]))
+    coef = [c for k, (c, a) in lin.terms.items() if isinstance(a, ir.Var) and a.name == var]
+    others = [a for k, (c, a) in lin.terms.items() if not (isinstance(a, ir.Var) and a.name == var)]
+    return coef == [1] and not any(isinstance(n, ir.Var) and n.name == var for a in others
+                                   for n in ir.walk_expr(a))
+
+
+def _strided_outer(loops: list[ir.For], inner: ir.Stmt, block: dict[str, int], nthreads: int) -> ir.Stmt:
+    """Loops whose bounds depend on outer ones: only the outermost loop is spread over threads."""
+    outer = loops[0]
+    tid = ir.Var(f"{outer.var.name}_t")
+    rest = inner
+    for lp in reversed(loops[1:]):
+        rest = replace(lp, body=rest)
+    k = ir.Var(f"{outer.var.name}_k")
+    trips = ir.BinOp("//", ir.BinOp("+", ir.BinOp("-", outer.extent, tid), ir.const(nthreads - 1)),
+                     ir.const(nthreads))
+    body = ir.substitute(rest, {outer.var.name: ir.BinOp("+", outer.lo, ir.BinOp("+", tid, ir.BinOp(
+        "*", k, ir.const(nthreads))))})
+    return ir.LetStmt(tid, _thread_id(block), ir.For(k, ir.const(0), trips, body, "coop"))  # type: ignore[arg-type]
+
+
+def _uses_any(e: ir.Expr, loops: list[ir.For]) -> bool:
+    names = {lp.var.name for lp in loops}
+    return any(isinstance(n, ir.Var) and n.name in names for n in ir.walk_expr(e))
