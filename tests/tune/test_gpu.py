@@ -30,6 +30,18 @@ def test_cuda_spaces_discard_configurations_over_the_limits(op, shape):
         assert v[split][1] * v[other][1] <= 128
 
 
+@pytest.mark.parametrize("op, shape", [("matmul", dict(M=128, N=96, K=64)),
+                                       ("conv2d", dict(N=1, C=16, H=14, W=14, K=32, R=3, S=3, stride=1,
+                                                       padding=1))])
+def test_cuda_templates_lower_to_kernels_with_shared_staging(op, shape):
+    import polytile as pt
+    target = CUDATarget(name="test", arch="sm_90a")
+    task = make_task(op, target, **shape)
+    first_valid = next(c for c in task.space if task.space.is_valid(c.digits))
+    text = str(pt.lower(task.schedule(first_valid.values), target))
+    assert "kernel " in text and "in shared" in text and "__syncthreads" in text
+
+
 @pytest.mark.gpu
 def test_tune_matmul_on_the_gpu(tmp_path):
     task = make_task("matmul", "cuda", M=512, N=512, K=512)
