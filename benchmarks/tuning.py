@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -25,12 +26,28 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
-from polytile import build, ops
-from polytile.target import as_target
-from polytile.tune import MeasureOptions, Measurer, RecordLog, make_task, tune_task
-from polytile.tune.vendor import time_call, vendor_baseline
+def _thread_count(argv: list[str]) -> int:
+    """``--threads N`` is applied before NumPy loads its BLAS, so the vendor runs on as many threads."""
+    for k, a in enumerate(argv):
+        if a == "--threads" and k + 1 < len(argv):
+            return int(argv[k + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return 0
+
+
+THREADS = _thread_count(sys.argv[1:])
+if THREADS:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(THREADS)
+
+import numpy as np  # noqa: E402
+
+from polytile import build, ops  # noqa: E402
+from polytile.target import as_target  # noqa: E402
+from polytile.tune import MeasureOptions, Measurer, RecordLog, make_task, tune_task  # noqa: E402
+from polytile.tune.vendor import time_call, vendor_baseline  # noqa: E402
 
 WORKLOADS = {
     "mm512": ("matmul", dict(M=512, N=512, K=512)),
@@ -98,6 +115,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--records-dir", default="benchmarks/results/tuning-records")
     p.add_argument("--out", help="result JSON (default benchmarks/results/tuning-<date>.json)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for our kernels and the vendor library (default: all cores)")
     args = p.parse_args(argv)
     target = as_target("cuda" if args.marker == "gpu" else args.target)
     checkpoints = [int(c) for c in args.checkpoints.split(",") if int(c) <= args.trials]
@@ -106,7 +125,8 @@ def main(argv: list[str]) -> int:
     result: dict[str, object] = {
         "benchmark": "tuning", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *argv]), "device": device_info(target),
-        "target": target.key, "host": platform.node(), "trials": args.trials, "workloads": {},
+        "target": target.key, "host": platform.node(), "trials": args.trials,
+        "threads": args.threads or getattr(target, "cores", None), "workloads": {},
     }
     for wl in args.workloads.split(","):
         op_name, shape = WORKLOADS[wl]
@@ -118,7 +138,7 @@ def main(argv: list[str]) -> int:
         paths = {tuner: records_dir / f"{wl}-{tuner}.jsonl" for tuner in tuners}
         seconds = dict.fromkeys(tuners, 0.0)
         results = {}
-        with Measurer(MeasureOptions(repeat=10, min_time=0.05)) as measurer:
+        with Measurer(MeasureOptions(repeat=10, min_time=0.05, threads=args.threads)) as measurer:
             for n in range(args.batch, args.trials + args.batch, args.batch):
                 for tuner in tuners:
                     t0 = time.perf_counter()

@@ -139,10 +139,12 @@ class ModelTuner(Tuner):
     """XGBoost-guided simulated annealing with ε-greedy exploration (PLANT Algorithm 4.1).
 
     After each update the model is refit on every measurement and annealing plans the ``plan_size``
-    best unmeasured configurations by predicted speed; a batch takes them in order, each slot
-    replaced with probability ``epsilon`` by a random unmeasured configuration. Until ``min_train``
-    measurements exist, batches are random, led by the template's default configuration (the first
-    choice of every decision) when it is valid.
+    best unmeasured configurations by predicted speed. A batch takes from the plan greedily by
+    predicted rank plus ``diversity`` times the share of decision values not yet in the batch (so a
+    batch does not spend itself on near-copies of one guess), each slot replaced with probability
+    ``epsilon`` by a random unmeasured configuration. Until ``min_train`` successful measurements
+    exist, batches are random, led by the template's default configuration (the first choice of
+    every decision) when it is valid.
 
     ``feature="knob"`` scores configurations by their decisions. ``feature="itervar"`` also trains a
     second model on iter features (from the lowered IR, which the builders return for every measured
@@ -153,7 +155,8 @@ class ModelTuner(Tuner):
     name = "xgb"
 
     def __init__(self, space: ConfigSpace, seed: int = 0, *, objective: str = "rank", feature: str = "knob",
-                 plan_size: int = 64, epsilon: float = 0.05, min_train: int = 8, rerank: int = 3,
+                 plan_size: int = 64, epsilon: float = 0.05, min_train: int = 16, rerank: int = 3,
+                 diversity: float = 0.5,
                  features_of: Callable[[Sequence[Digits]], list[np.ndarray | None]] | None = None,
                  chains: int = 128, steps: int = 300):
         super().__init__(space, seed)
@@ -167,6 +170,7 @@ class ModelTuner(Tuner):
         self.features_of = features_of
         self.iter_features: dict[Digits, np.ndarray] = {}
         self.plan_size, self.epsilon, self.min_train, self.rerank = plan_size, epsilon, min_train, rerank
+        self.diversity = diversity
         self.chains, self.steps = chains, steps
         self.plan: list[Digits] = []
         self._dirty = False
@@ -207,6 +211,7 @@ class ModelTuner(Tuner):
         plan = [d for d in self.plan if d not in self.visited]
         if self.iter_model is not None and self.iter_model.fitted and plan:
             plan = self._rerank(plan[:self.rerank * n])
+        plan = self._diverse(plan, n)
         out: list[Digits] = []
         for d in plan:
             if len(out) == n:
@@ -218,6 +223,24 @@ class ModelTuner(Tuner):
         if len(out) < n:
             out += self._take(self.space.sample_valid(self.rng, n - len(out), self.visited), n - len(out))
         return out
+
+    def _diverse(self, plan: list[Digits], n: int) -> list[Digits]:
+        """Reorder a ranked plan so its first ``n`` trade predicted rank for new decision values."""
+        if self.diversity <= 0 or len(plan) <= n:
+            return plan
+        left = list(range(len(plan)))
+        covered: set[tuple[int, int]] = set()
+        order: list[int] = []
+        width = len(self.space.decisions)
+        for _ in range(n):
+            def gain(k: int) -> float:
+                new = sum((i, v) not in covered for i, v in enumerate(plan[k]))
+                return (1.0 - k / len(plan)) + self.diversity * new / width
+            best = max(left, key=gain)
+            left.remove(best)
+            order.append(best)
+            covered.update(enumerate(plan[best]))
+        return [plan[k] for k in order] + [plan[k] for k in left]
 
     def _rerank(self, candidates: list[Digits]) -> list[Digits]:
         feats = self.features_of(candidates)  # type: ignore[misc]
