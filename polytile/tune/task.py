@@ -54,7 +54,7 @@ _TEMPLATES: dict[str, Template] = {}
 def template(op: str, target: str = "cpu", name: str | None = None) -> Callable[[TemplateFn], Template]:
     """Register a schedule template for operator ``op`` on ``target`` ("cpu" or "cuda")::
 
-        @pt.tune.template("matmul", "cpu")
+        @polytile.tune.template("matmul", "cpu")
         def matmul_cpu(cfg, op): ...
 
     The function must be defined at module level (worker processes import it by name).
@@ -82,7 +82,7 @@ def find_template(op: str, kind: str, name: str | None = None) -> Template:
             return t
     ops = sorted({t.op for t in _TEMPLATES.values() if t.kind == kind})
     raise TuneError(f"no tuning template for operator {op!r} on {kind}; templates exist for {', '.join(ops)} "
-                    "(register one with @pt.tune.template)")
+                    "(register one with @polytile.tune.template)")
 
 
 def list_templates() -> list[Template]:
