@@ -55,3 +55,9 @@ def test_cli_tunes_prints_a_table_and_plots(tmp_path, capsys):
     assert "polytile tuned" in out and "numpy" in out and "× vendor time" in out
     assert plot.stat().st_size > 1000
     assert tune_main(["nosuchop", "--shape", "1"]) == 2
+
+
+def test_pt_tune_is_callable_and_the_package():
+    import polytile.tune as package
+    assert pt.tune is package and callable(pt.tune)
+    assert pt.tune.MeasureOptions is MeasureOptions and pt.tune.template is package.template
