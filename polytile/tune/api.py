@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .measure import MeasureOptions, Measurer, MeasureResult
 from .records import Record, RecordLog
 from .search import Tuner, make_tuner
@@ -226,14 +224,3 @@ def apply_best(op_or_func: object, records: str | Path, *, target: object = "cpu
     from ..build import build
     return build(task.schedule(best.config), task.target)
 
-
-def best_latency_curve(records: list[Record], trials: int) -> np.ndarray:
-    """Best cost after 1..trials trials (inf before the first success)."""
-    out = np.full(trials, np.inf)
-    best = np.inf
-    for k, r in enumerate(records[:trials]):
-        best = min(best, r.cost)
-        out[k] = best
-    if records and len(records) < trials:
-        out[len(records):] = best
-    return out

@@ -93,6 +93,9 @@ class Tag(Knob):
     loop: str = ""
     kind = "tag"
 
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "loop": self.loop}
+
     def features(self, value: Value) -> list[float]:
         return [1.0 if value == c else 0.0 for c in self.choices]
 

@@ -99,3 +99,9 @@ def test_kernels_that_do_not_pickle_are_rebuilt_in_the_runner():
     kern = load_kernel(art)
     x = task.op.make_inputs(np.random.default_rng(0))
     assert np.allclose(kern(*x), task.op.reference(*x), rtol=1e-5)
+
+
+def test_every_status_is_documented():
+    from polytile.tune.measure import STATUSES
+    text = (__import__("pathlib").Path(__file__).parents[2] / "docs" / "tuning.md").read_text()
+    assert all(f"`{s}`" in text for s in STATUSES)

@@ -86,3 +86,11 @@ def test_template_spaces_of_the_operators_are_defined_without_compiling():
         assert task.space.size > 1
         assert task.key.startswith(f"{task.template.name}/{op}(")
         assert task.space.sample_valid(np.random.default_rng(0), 4)
+
+
+def test_builtin_templates_are_listed_for_each_target_kind():
+    from polytile.tune import list_templates
+    kinds = {(t.op, t.kind) for t in list_templates()}
+    for op in ("matmul", "batch_matmul", "dense", "conv2d", "softmax", "layernorm"):
+        assert (op, "cpu") in kinds
+    assert ("matmul", "cuda") in kinds and ("conv2d", "cuda") in kinds and ("func", "cpu") in kinds
