@@ -246,9 +246,18 @@ class CLikePrinter:
         self.emit("}")
 
     def s_Declare(self, s: ir.Declare) -> None:
-        init = f" = {self.expr(s.value)}" if s.value is not None else ""
-        self.emit(f"{self.type_name(s.var.dtype, s.var.lanes)} {s.var.name}{init};")
-        self.stmt(s.body)
+        decls = []
+        while isinstance(s, ir.Declare):  # one scope for a run of declarations
+            init = f" = {self.expr(s.value)}" if s.value is not None else ""
+            decls.append(f"{self.type_name(s.var.dtype, s.var.lanes)} {s.var.name}{init};")
+            s = s.body  # type: ignore[assignment]
+        self.emit("{")
+        self.depth += 1
+        for d in decls:
+            self.emit(d)
+        self.stmt(s)
+        self.depth -= 1
+        self.emit("}")
 
     def s_Assign(self, s: ir.Assign) -> None:
         self.emit(f"{s.var.name} = {self.expr(s.value)};")

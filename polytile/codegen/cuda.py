@@ -32,12 +32,40 @@ template <typename A, typename B> __device__ __forceinline__ auto pt_floormod(A 
   decltype(a + b) r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 template <typename T> __device__ __forceinline__ T pt_iabs(T a) { return a < 0 ? -a : a; }
+template <typename T> __device__ __forceinline__ T pt_inf() { return (T)INFINITY; }
+template <> __device__ __forceinline__ int pt_inf<int>() { return 2147483647; }
+template <> __device__ __forceinline__ long long pt_inf<long long>() { return 9223372036854775807LL; }
 __device__ __forceinline__ float pt_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ double pt_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 __device__ __forceinline__ float pt_rsqrt(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double pt_rsqrt(double x) { return rsqrt(x); }
 __device__ __forceinline__ float pt_bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 __device__ __forceinline__ float pt_f16_round(float x) { return __half2float(__float2half(x)); }
+
+// block-wide reductions: every thread of the block calls them (block size a multiple of 32)
+template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (nt <= 32) return v;
+  __shared__ T pt_scratch[32];
+  __syncthreads();
+  if ((tid & 31) == 0) pt_scratch[tid >> 5] = v;
+  __syncthreads();
+  v = (tid & 31) < ((nt + 31) >> 5) ? pt_scratch[tid & 31] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+struct pt_op_sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct pt_op_prod { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct pt_op_max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };
+struct pt_op_min { template <typename T> __device__ T operator()(T a, T b) const { return a < b ? a : b; } };
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_sum(T v) { return pt_block_allreduce(v, (T)0, pt_op_sum()); }
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_prod(T v) { return pt_block_allreduce(v, (T)1, pt_op_prod()); }
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_max(T v) { return pt_block_allreduce(v, -pt_inf<T>(), pt_op_max()); }
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) { return pt_block_allreduce(v, pt_inf<T>(), pt_op_min()); }
 """
 
 STATIC_SHARED_LIMIT = 48 * 1024

@@ -142,7 +142,9 @@ class IRBuilder:
             return self.node(n.body, env, scope)
         raise LoweringError(f"unexpected AST node {type(n).__name__}")
 
-    def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
+    def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str],
+              opened: frozenset[str] = frozenset()) -> ir.Stmt:
+        """``opened``: buffers whose scope an enclosing statement already opened."""
         nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
         out: list[ir.Stmt] = []
         k = 0
@@ -150,21 +152,48 @@ class IRBuilder:
             n = nodes[k]
             plan = self.plan.statements.get(n.stmt) if isinstance(n, AstUser) else None
             if isinstance(n, AstUser) and n.stmt in self.bindings:
-                rest = self.block(nodes[k + 1:], env, scope)
+                rest = self.block(nodes[k + 1:], env, scope, opened)
                 out.append(self.bind(self.bindings[n.stmt], n, env, rest))
                 break
-            if plan is not None and plan.kind == "alloc":
-                end = next((j for j in range(k + 1, len(nodes)) if isinstance(nodes[j], AstUser)
-                            and nodes[j].stmt == f"{plan.owner}__free"), None)
-                if end is None:
-                    raise LoweringError(f"the scope of cache {plan.owner} is split by the AST generator")
-                inner = self.block(nodes[k + 1:end], env, scope)
-                out.append(ir.Allocate(self.buffers[plan.owner], inner))
+            if plan is not None and plan.kind == "alloc" and plan.owner not in opened:
+                end, owners = self._scope_end(nodes, k, plan.owner)
+                inner = self.block(nodes[k + 1:end], env, scope, opened | owners)
+                for owner in sorted(owners):
+                    inner = ir.Allocate(self.buffers[owner], inner)
+                out.append(inner)
                 k = end + 1
+                continue
+            if plan is not None and plan.kind in ("alloc", "free"):  # a scope opened further out
+                k += 1
                 continue
             out.append(self.node(n, env, scope))
             k += 1
         return ir.block(out)
+
+    def _scope_end(self, nodes: list[AstNode], k: int, owner: str) -> tuple[int, frozenset[str]]:
+        """The index of ``owner``'s release, extended past the releases of buffers allocated inside
+        (isl may order two releases of the same slot either way; a longer scope is harmless), and
+        the buffers whose scopes are merged into it."""
+        def free_of(name: str, start: int) -> int:
+            for j in range(start, len(nodes)):
+                if isinstance(nodes[j], AstUser) and nodes[j].stmt == f"{name}__free":
+                    return j
+            raise LoweringError(f"the scope of cache {name} is split by the AST generator")
+
+        end = free_of(owner, k + 1)
+        owners = {owner}
+        j = k + 1
+        while j < end:
+            n = nodes[j]
+            if isinstance(n, AstUser) and self.plan.statements.get(n.stmt) is not None \
+                    and self.plan.statements[n.stmt].kind == "alloc":
+                inner_owner = self.plan.statements[n.stmt].owner
+                inner_end = free_of(inner_owner, j + 1)
+                if inner_end > end:
+                    end = inner_end
+                    owners.add(inner_owner)
+            j += 1
+        return end, frozenset(owners)
 
     def bind(self, b: Binding, n: AstUser, env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
         comp = self.computations[b.owner]
@@ -213,7 +242,7 @@ class IRBuilder:
                    ) -> tuple[ir.Expr, ir.Expr] | None:
         if not kind.startswith(("blockIdx", "threadIdx")):
             return None
-        lo, hi = self.plan.dim_range(n.dim, users)
+        lo, hi = self.plan.dim_range(n.dim, users, constant=kind.startswith("threadIdx"))
         return aexpr(lo, env), aexpr(hi, env)
 
     def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:

@@ -19,6 +19,7 @@ from ..target import CPUTarget, CUDATarget
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
 from .passes.allocate import allocate_intermediates
+from .passes.allreduce import cross_thread_reductions
 from .passes.barriers import insert_barriers
 from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
@@ -65,6 +66,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
         passes = [
             ("allocate", lambda s: allocate_intermediates(s, intermediates)),
             ("simplify", simplify),
+            ("allreduce", cross_thread_reductions),
             ("kernels", lambda s: outline_kernels(s, target, name)),
             ("simplify", simplify),
             ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
@@ -99,16 +101,18 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
 def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     """The polyhedral part: every statement's schedule (caches included) and the isl AST.
 
-    ``copy_order``: cache copies loop over the cache's layout (CPU: contiguous packed writes) or
-    over the tensor's indices (GPU: coalesced global reads)."""
+    ``copy_order``: shared-memory copies loop over the tensor's indices (GPU: coalesced global
+    reads) when "source"; other copies loop over the cache's layout (dense loops, contiguous
+    packed writes)."""
     requests = []
     for c in sched.caches:
         st = sched.states[c.consumer]
         level = None if c.level is None else st.loops.index(c.level)
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
                             if tag.startswith("threadIdx")) if c.loc == "shared" else frozenset()
+        order = copy_order if c.loc == "shared" else "cache"  # register tiles: dense loops to unroll
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc, threads,
-                                     copy_order))
+                                     order, c.also))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)
@@ -148,7 +152,10 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
         if c.name in outputs:
             out[c.name] = ir.Buffer(c.name, c.dtype, shape, "arg")
         else:
-            out[c.name] = ir.Buffer(c.name, c.dtype, shape, _scope(sched.states[c.name].loc, target, c.name))
+            scope = _scope(sched.states[c.name].loc, target, c.name)
+            if isinstance(target, CUDATarget) and scope == "auto":
+                scope = "global"  # a GPU intermediate lives in device memory unless cached elsewhere
+            out[c.name] = ir.Buffer(c.name, c.dtype, shape, scope)
     for cb in plan.caches:
         dtype = func.tensor(cb.tensor).dtype
         shape = tuple(aexpr(d, {}) for d in cb.shape)

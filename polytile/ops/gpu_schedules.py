@@ -1,7 +1,144 @@
-"""Default CUDA schedules of the operators, by operator kind (filled in by the CUDA backend)."""
+"""Default CUDA schedules of the operators, by operator kind.
+
+fp32 GEMM on CUDA cores: a 128×128 block tile with K chunks of 8 staged in shared memory (A
+transposed so that each thread reads its rows as 16-byte vectors), 256 threads each computing an
+8×8 register tile split in two 4-wide halves 64 apart (conflict-free shared reads, coalesced
+stores), operands of each k step held in registers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-SCHEDULES: dict[str, Callable[..., None]] = {}
+from ..schedule.state import Schedule
+from ..target import CUDATarget
+
+
+def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
+              tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores."""
+    hm, hn = tm // 2, tn // 2
+    st = sched[out]
+    st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
+    st.split("i1", bm // 2, "ih", "i2").split("i2", hm, "ty", "il")
+    st.split("j1", bn // 2, "jh", "j2").split("j2", hn, "tx", "jl")
+    st.split("k", bk, "ko", "ki")
+    lead = [batch] if batch else []
+    st.reorder(*lead, "bi", "bj", "ty", "tx", "ko", "ki", "ih", "jh", "il", "jl")
+    if batch:
+        st.bind(batch, "blockIdx.z")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ty", "threadIdx.y").bind("tx", "threadIdx.x")
+    st.cache(a, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared")
+    if b_transposed:
+        st.cache(b, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared")
+    else:
+        st.cache_identity(b, "ko", loc="shared")
+    # registers: the 8 rows and 8 columns a thread uses at one k, packed as (half, lane)
+    hb, hn2 = bm // 2, bn // 2
+    st.cache_identity(a, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1]))
+    if b_transposed:
+        st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hn2, e[-2] % hn2, e[-1]))
+    else:
+        st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2], e[-1] // hn2, e[-1] % hn2))
+    st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb,
+                                                        e[-1] // hn2, e[-1] % hn2))
+    st.unroll("ki").unroll("ih").unroll("jh").unroll("il").unroll("jl")
+
+
+def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
+    gemm_cuda(sched, "C", "A", "B")
+
+
+def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
+    gemm_cuda(sched, "C", "A", "B", batch="bb")
+
+
+def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
+    gemm_cuda(sched, "XW", "X", "W", b_transposed=True)
+    ep = sched["Y"]
+    ep.fuse("i", "j").split("ij", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+
+
+def _row_threads(n: int) -> int:
+    """Threads per row for row-wise kernels: a multiple of 32, at most 1024, about n / 4."""
+    return max(32, min(1024, (n // 4 + 31) // 32 * 32))
+
+
+def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
+    st = sched[name]
+    st.reassociate().split(axis, nt, f"{axis}o", f"{axis}t").reorder("i", f"{axis}t", f"{axis}o")
+    st.bind(f"{axis}t", "threadIdx.x")
+
+
+def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
+    st = sched[name]
+    st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
+
+
+def softmax(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
+    """One block per row: the row is read once into shared memory, then max and sum are reduced
+    across the block's threads and the output written (exp recomputed rather than stored)."""
+    nt = _row_threads(N)
+    sched["ex"].compute_inline()
+    _row_reduction(sched, "mx", "j1", nt)
+    sched["mx"].bind("i", "blockIdx.x")
+    _row_reduction(sched, "sm", "j2", nt)
+    sched["sm"].after(sched["mx"], "i")
+    _row_elementwise(sched, "Y", nt)
+    sched["Y"].after(sched["sm"], "i")
+    sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
+
+
+def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
+    """One block per row, the row read once into shared memory; both moments reduced across the
+    block's threads, then the normalized row written."""
+    nt = _row_threads(N)
+    _row_reduction(sched, "s1", "j1", nt)
+    sched["s1"].bind("i", "blockIdx.x")
+    _row_reduction(sched, "s2", "j2", nt)
+    sched["s2"].after(sched["s1"], "i")
+    _row_elementwise(sched, "Y", nt)
+    sched["Y"].after(sched["s2"], "i")
+    sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
+
+
+def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:
+    """One warp per segment, partial sums combined across the warp."""
+    st = sched["y"]
+    st.reassociate().split("k", 32, "ko", "kt").reorder("i", "kt", "ko")
+    st.bind("i", "blockIdx.x").bind("kt", "threadIdx.x")
+
+
+def spmm(sched: Schedule, target: CUDATarget, rows: int, cols: int, n: int, nnz: int) -> None:
+    """One block per row of the sparse matrix; threads along the dense columns (coalesced reads of B)."""
+    st = sched["C"]
+    st.split("j", 64, "jo", "jt").reorder("i", "jo", "jt", "k")
+    st.bind("i", "blockIdx.y").bind("jo", "blockIdx.x").bind("jt", "threadIdx.x")
+
+
+def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, K: int, R: int, S: int,
+           stride: int, padding: int, dilation: int) -> None:
+    """Direct convolution: 128 output pixels per block, each thread an 8-channel register tile, the
+    block's weights staged in shared memory; the padded input is its own small kernel."""
+    kt = 8 if K >= 8 else K
+    st = sched["O"]
+    st.split("k", kt, "ko", "ki").fuse("p", "q", "pq").split("pq", 128, "pqo", "pqt")
+    st.reorder("n", "ko", "pqo", "pqt", "c", "r", "s", "ki")
+    st.bind("ko", "blockIdx.y").bind("pqo", "blockIdx.x").bind("pqt", "threadIdx.x")
+    if N > 1:
+        st.bind("n", "blockIdx.z")
+    st.cache("Wt", "pqo", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk), loc="shared")
+    st.cache_write("pqt", loc="local")
+    st.unroll("ki")
+    if "Ipad" in sched.stage_names():
+        pad = sched["Ipad"]
+        pad.fuse("h", "w", "hw").split("hw", 256, "hwo", "hwt")
+        pad.bind("cc", "blockIdx.y").bind("hwo", "blockIdx.x").bind("hwt", "threadIdx.x")
+        if N > 1:
+            pad.bind("n", "blockIdx.z")
+
+
+SCHEDULES: dict[str, Callable[..., None]] = {
+    "matmul": matmul, "batch_matmul": batch_matmul, "dense": dense, "softmax": softmax,
+    "layernorm": layernorm, "segment_sum": segment_sum, "spmm": spmm, "conv2d": conv2d,
+}

@@ -11,6 +11,7 @@ from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op, random_array
+from .matmul import _add_cuda
 from .baselines import numpy_layernorm, numpy_softmax
 
 
@@ -37,9 +38,11 @@ def softmax(M: int, N: int, dtype: str = "float32") -> Op:
         e = np.exp(x64 - x64.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    return Op("softmax", {"M": M, "N": N}, func, lambda rng: [random_array(rng, (M, N), dtype, -4, 4)],
-              reference, 5.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu},
-              baseline=numpy_softmax)
+    op = Op("softmax", {"M": M, "N": N}, func, lambda rng: [random_array(rng, (M, N), dtype, -4, 4)],
+            reference, 5.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu},
+            baseline=numpy_softmax)
+    _add_cuda(op, "softmax", (M, N))
+    return op
 
 
 def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
@@ -72,8 +75,10 @@ def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
         var = x64.var(axis=1, keepdims=True)
         return (x64 - mean) / np.sqrt(var + eps) * g + b
 
-    return Op("layernorm", {"M": M, "N": N}, func,
-              lambda rng: [random_array(rng, (M, N), dtype), random_array(rng, (N,), dtype),
-                           random_array(rng, (N,), dtype)],
-              reference, 8.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu}, tolerance=1e-4,
-              baseline=numpy_layernorm(eps))
+    op = Op("layernorm", {"M": M, "N": N}, func,
+            lambda rng: [random_array(rng, (M, N), dtype), random_array(rng, (N,), dtype),
+                         random_array(rng, (N,), dtype)],
+            reference, 8.0 * M * N, 2.0 * M * N * np.dtype(dtype).itemsize, {"cpu": cpu}, tolerance=1e-4,
+            baseline=numpy_layernorm(eps))
+    _add_cuda(op, "layernorm", (M, N))
+    return op

@@ -15,6 +15,7 @@ from ..lang.tensor import compute, param, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op
+from .matmul import _add_cuda
 from .baselines import numpy_segment_sum, scipy_spmm
 
 
@@ -46,8 +47,10 @@ def segment_sum(rows: int, nnz: int, dtype: str = "float32") -> Op:
     def reference(o: np.ndarray, xv: np.ndarray) -> np.ndarray:
         return np.array([xv[o[i]:o[i + 1]].astype(np.float64).sum() for i in range(len(o) - 1)])
 
-    return Op("segment_sum", {"rows": rows, "nnz": nnz}, func, inputs, reference, float(nnz),
-              4.0 * (nnz + 2 * rows), {"cpu": cpu}, baseline=numpy_segment_sum)
+    op = Op("segment_sum", {"rows": rows, "nnz": nnz}, func, inputs, reference, float(nnz),
+            4.0 * (nnz + 2 * rows), {"cpu": cpu}, baseline=numpy_segment_sum)
+    _add_cuda(op, "segment_sum", (rows, nnz))
+    return op
 
 
 def spmm(rows: int, cols: int, n: int, nnz: int, dtype: str = "float32") -> Op:
@@ -87,4 +90,5 @@ def spmm(rows: int, cols: int, n: int, nnz: int, dtype: str = "float32") -> Op:
     base = scipy_spmm()
     if base is not None:
         op.baseline, op.baseline_name = base
+    _add_cuda(op, "spmm", (rows, cols, n, nnz))
     return op

@@ -101,9 +101,10 @@ class Binding:
     sources: list[str]
 
 
-def dim_range(context: isl.Set, items: list[Scheduled], d: int) -> tuple[AExpr, AExpr]:
+def dim_range(context: isl.Set, items: list[Scheduled], d: int, constant: bool = False) -> tuple[AExpr, AExpr]:
     """The smallest and largest value schedule dimension ``d`` takes over every statement, as
-    expressions of the parameters (GPU launch bounds: exact even for non-rectangular loops)."""
+    expressions of the parameters (GPU launch bounds: exact even for non-rectangular loops);
+    ``constant``: bounds valid for every parameter value (thread blocks need constant sizes)."""
     img: isl.Set | None = None
     for it in items:
         dom = it.stmt.over_domain()
@@ -113,8 +114,14 @@ def dim_range(context: isl.Set, items: list[Scheduled], d: int) -> tuple[AExpr, 
         s = s.project_out(isl.dim_type.set, d + 1, n - d - 1).project_out(isl.dim_type.set, 0, d)
         img = s if img is None else img.union(s)
     assert img is not None
-    lo = img.dim_min(0).intersect_params(context).coalesce()
-    hi = img.dim_max(0).intersect_params(context).coalesce()
+    img = img.intersect_params(context)
+    if constant:
+        flat = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
+        lo_v, hi_v = flat.dim_min_val(0), flat.dim_max_val(0)
+        if not (lo_v.is_infty() or lo_v.is_neginfty() or hi_v.is_infty() or hi_v.is_neginfty()):
+            return aint(lo_v.to_python()), aint(hi_v.to_python())
+    lo = img.dim_min(0).coalesce()
+    hi = img.dim_max(0).coalesce()
     return pw_aff_expr(lo, [], context), pw_aff_expr(hi, [], context)
 
 

@@ -36,6 +36,7 @@ class CacheRequest:
     loc: str = "auto"
     block_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (shared caches span them)
     order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
+    also: tuple[str, ...] = ()  # more consumers (fused with the first at the level) sharing the cache
 
 
 @dataclass
@@ -215,6 +216,21 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             acc = acc.union(a)
         acc = project_out_params(acc, drop).intersect_domain(dom)
         fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
+        for other in req.also:
+            o_it = by_name[other]
+            if scheds[other].statics[:m // 2] != sched.statics[:m // 2]:
+                raise ScheduleError(f"{what}: {other} shares the cache but is not fused with {req.consumer} "
+                                    "down to the cache's loop; fuse it there first (after/before)")
+            o_reads = [a.relation for a in o_it.stmt.reads if a.tensor == req.tensor]
+            if not o_reads:
+                raise ScheduleError(f"{what}: {other} does not read {req.tensor}")
+            o_acc = o_reads[0]
+            for a in o_reads[1:]:
+                o_acc = o_acc.union(a)
+            o_drop = [p for p in o_it.stmt.dyn_params if p not in keep]
+            o_dom = project_out_params(o_it.stmt.domain, o_drop)
+            o_acc = project_out_params(o_acc, o_drop).intersect_domain(o_dom)
+            fp = fp.union(_prefix_map(o_it, m, o_dom).reverse().apply_range(o_acc))
         if req.block_dims:
             fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
         ndim = tensor.ndim
@@ -248,7 +264,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             extra += _fold(program, req, by_name, scheds, m, prefix, fp, off_map, keep, width, rewrites,
                            lvars, lexprs, what)
             continue
-        redirected = [req.consumer]
+        redirected = [req.consumer, *req.also]
         if req.kind == "write":
             init_name = req.consumer + INIT_SUFFIX
             init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
@@ -266,6 +282,8 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         statics = sched.statics
         pos = m // 2  # the static position of the consumer just inside the level
         base_static = statics[pos] if pos < len(statics) else statics[-1]
+        last_static = max([base_static] + [scheds[o].statics[pos] for o in req.also])
+        base_static = min([base_static] + [scheds[o].statics[pos] for o in req.also])
         copy_kinds = []
         if req.kind == "read":
             copy_kinds.append(("copy_in", fp, -1))
@@ -278,7 +296,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         slot_used[key] = slot_used.get(key, 0) + 1
         if slot_used[key] > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
-        for kind, static in (("alloc", base_static - STATIC_SCALE // 2), ("free", base_static + STATIC_SCALE // 2 - 1)):
+        for kind, static in (("alloc", base_static - STATIC_SCALE // 2), ("free", last_static + STATIC_SCALE // 2 - 1)):
             sname = f"{req.name}__{kind}"
             sdom = prefix.range().set_tuple_name(sname)
             for k, nm in enumerate(p_names):
@@ -291,7 +309,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             if direction < 0:
                 static = base_static - STATIC_SCALE // 2 + slot_used[key]
             else:
-                static = base_static + slot_used[key]
+                static = last_static + slot_used[key]
             if req.order == "source":
                 rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
             else:

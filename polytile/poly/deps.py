@@ -90,20 +90,38 @@ def _over(s: Statement, rel: isl.Map) -> isl.Map:
     return project_out_params(rel, s.dyn_params)
 
 
-def first_violation(deps: list[Dependence], sched: Mapping[str, isl.Map]) -> Violation | None:
-    """The first dependence whose source does not run strictly before its sink under ``sched``."""
+def first_violation(deps: list[Dependence], sched: Mapping[str, isl.Map],
+                    relaxed: frozenset[str] = frozenset()) -> Violation | None:
+    """The first dependence whose source does not run strictly before its sink under ``sched``.
+
+    ``relaxed``: reductions whose accumulation order may change (their update-to-update
+    dependences are not enforced; the initialization still comes first)."""
     theta = schedule_union(sched)
     ge = theta.lex_ge_union_map(theta)
     for d in deps:
-        bad = d.relation.intersect(ge)
+        bad = _drop_relaxed(d, d.relation.intersect(ge), relaxed)
         if not bad.is_empty():
             return _example(d, bad, theta)
     return None
 
 
+def _drop_relaxed(d: Dependence, rel: isl.UnionMap, relaxed: frozenset[str]) -> isl.UnionMap:
+    if d.tensor not in relaxed or rel.is_empty():
+        return rel
+    n = _arity(rel, d.tensor)
+    if n < 0:
+        return rel
+    own = isl.UnionSet(f"{{ {d.tensor}[{', '.join(f'x{k}' for k in range(n))}] }}")
+    return rel.subtract(isl.UnionMap.from_domain_and_range(own, own))
+
+
 def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim: int,
-                      width: int) -> Violation | None:
-    """A dependence carried by schedule dimension ``dim`` (its two ends differ first there)."""
+                      width: int, reduction_of: str | None = None, inside: set[str] | None = None
+                      ) -> Violation | None:
+    """A dependence carried by schedule dimension ``dim`` (its two ends differ first there).
+
+    ``reduction_of``: the update statement of a reduction whose own accumulation may be carried
+    (a cross-thread reduction combines the partial results in a fixed tree)."""
     theta = schedule_union(sched)
     xs = [f"t{k}" for k in range(width)]
     ys = [f"u{k}" for k in range(width)]
@@ -113,9 +131,30 @@ def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim:
     carried = theta.apply_range(isl.UnionMap(text)).apply_range(theta.reverse())
     for d in deps:
         rel = d.relation.intersect(carried)
+        if inside is not None:
+            rel = _between(rel, inside)
+        if reduction_of is not None:
+            rel = _drop_relaxed(d, rel, frozenset([reduction_of]))
         if not rel.is_empty():
             return _example(d, rel, theta)
     return None
+
+
+def _between(rel: isl.UnionMap, names: set[str]) -> isl.UnionMap:
+    """The part of ``rel`` whose both ends are instances of the statements ``names``."""
+    out: isl.UnionMap | None = None
+    for m in maps_of(rel):
+        if m.get_tuple_name(isl.dim_type.in_) in names and m.get_tuple_name(isl.dim_type.out) in names:
+            u = isl.UnionMap.from_map(m)
+            out = u if out is None else out.union(u)
+    return out if out is not None else isl.UnionMap.empty(rel.get_space())
+
+
+def _arity(rel: isl.UnionMap, name: str) -> int:
+    for m in maps_of(rel):
+        if m.get_tuple_name(isl.dim_type.in_) == name:
+            return m.dim(isl.dim_type.in_)
+    return -1
 
 
 def _example(d: Dependence, bad: isl.UnionMap, theta: isl.UnionMap) -> Violation:

@@ -40,9 +40,9 @@ class Plan:
     width: int
     items: list[Scheduled] = field(default_factory=list)
 
-    def dim_range(self, d: int, stmts: set[str]) -> tuple[AExpr, AExpr]:
+    def dim_range(self, d: int, stmts: set[str], constant: bool = False) -> tuple[AExpr, AExpr]:
         """[lo, hi] of schedule dimension ``d`` over the statements ``stmts`` (GPU launch bounds)."""
-        return dim_range(self.context, [it for it in self.items if it.stmt.name in stmts], d)
+        return dim_range(self.context, [it for it in self.items if it.stmt.name in stmts], d, constant)
 
     context: object = None
 

@@ -172,14 +172,19 @@ class PolyProgram:
             self._deps = compute_dependences(stmts, self.full_maps(original))
         return self._deps
 
-    def violation(self, original: Mapping[str, StageSchedule],
-                  scheds: Mapping[str, StageSchedule]) -> Violation | None:
-        return first_violation(self.dependences(original), self.full_maps(scheds))
+    def violation(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
+                  relaxed: frozenset[str] = frozenset()) -> Violation | None:
+        return first_violation(self.dependences(original), self.full_maps(scheds), relaxed)
 
     def carried(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
-                dim: int) -> Violation | None:
+                dim: int, stmt: str, reduction_of: str | None = None) -> Violation | None:
+        """A dependence carried by schedule dimension ``dim`` between statements inside the loop of
+        ``stmt`` at that dimension (those sharing its static positions up to it)."""
         w = self.width(scheds)
-        return carried_violation(self.dependences(original), self.full_maps(scheds, w), dim, w)
+        mine = scheds[stmt].statics[:(dim + 1) // 2]
+        inside = {n for n, sc in scheds.items() if sc.statics[:(dim + 1) // 2] == mine}
+        return carried_violation(self.dependences(original), self.full_maps(scheds, w), dim, w, reduction_of,
+                                 inside)
 
     def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
         return loops.loop_range(pos, self.statements[stmt].over_domain())

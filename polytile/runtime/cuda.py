@@ -8,7 +8,6 @@ import hashlib
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -281,36 +280,9 @@ class CUDAKernel:
                   **params: object) -> float:
         """Median seconds of one call (all its kernels), timed with CUDA events after ``warmup``
         calls; ``flush_l2`` writes a buffer twice the L2 size before each timed call."""
-        from .cuda_device import device
+        from .timing import time_gpu
         args, bound, _ = self._prepare(arrays, params)
-        dev = device()
-        cu = dev.cu
-        flush_bytes = 2 * self.target.l2_bytes
-        flush = dev.alloc(flush_bytes) if flush_l2 else None
-        try:
-            for _ in range(warmup):
-                self._launch_all(args, bound)
-            dev.synchronize()
-            events = []
-            for _ in range(repeat):
-                start = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
-                end = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
-                if flush is not None:
-                    dev._check(cu.cuMemsetD8Async(flush, 1, flush_bytes, 0), "cuMemsetD8Async")
-                dev._check(cu.cuEventRecord(start, 0), "cuEventRecord")
-                self._launch_all(args, bound)
-                dev._check(cu.cuEventRecord(end, 0), "cuEventRecord")
-                events.append((start, end))
-            times = []
-            for start, end in events:
-                dev._check(cu.cuEventSynchronize(end), f"{self.lowered.name} (a kernel faulted?)")
-                times.append(float(dev._check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")[0]))
-                dev._check(cu.cuEventDestroy(start), "cuEventDestroy")
-                dev._check(cu.cuEventDestroy(end), "cuEventDestroy")
-        finally:
-            if flush is not None:
-                dev.free(flush)
-        return statistics.median(times) / 1e3
+        return time_gpu(lambda: self._launch_all(args, bound), repeat, warmup, flush_l2, self.target.l2_bytes)
 
 
 def _host_copy(a: object) -> np.ndarray | None:

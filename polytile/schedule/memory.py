@@ -8,7 +8,7 @@ accumulates a computation's results in a local buffer and writes them back once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
@@ -46,7 +46,7 @@ def _inlined_reads(stage: Stage) -> set[str]:
 
 
 def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str | None,
-               layout: Callable[..., object] | None, loc: str) -> Stage:
+               layout: Callable[..., object] | None, loc: str, also: tuple[str, ...] = ()) -> Stage:
     from .state import CacheSpec
     sched = stage.schedule
     taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
@@ -62,16 +62,25 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
     for c in sched.caches:
         if c.kind == kind and c.tensor == tensor and c.consumer == stage.name and c.level == at:
             raise ScheduleError(f"{tensor} is already cached for {stage.name} at loop {at}")
-    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc))
+    for other in also:
+        if other not in sched.states or other == stage.name:
+            raise ScheduleError(f"cache of {tensor}: {other!r} is not another computation of the schedule")
+    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also))
     return stage
 
 
 def cache_identity(self: Stage, tensor: Tensor | str, at: str | None = None, *, name: str | None = None,
-                   loc: str = "auto") -> Stage:
+                   loc: str = "auto", layout: Callable[..., object] | None = None,
+                   also: Sequence[object] = ()) -> Stage:
     """Copy the elements of ``tensor`` read by this computation within one iteration of loop ``at``
-    into a local buffer, and read them from there. The footprint may depend on parameters."""
-    return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, None,
-                      _check_loc(self, loc))
+    into a local buffer, and read them from there. The footprint may depend on parameters.
+
+    On a GPU, ``loc="shared"`` makes one buffer per thread block (the footprint of all its
+    threads), filled cooperatively; ``loc="local"`` keeps a thread's elements in registers.
+    ``also`` lists further computations, fused with this one down to ``at``, that read the same
+    cache (one copy serves them all)."""
+    return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, layout,
+                      _check_loc(self, loc), tuple(getattr(o, "name", o) for o in also))
 
 
 def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Callable[..., object] | None = None,
@@ -85,10 +94,12 @@ def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Call
                       _check_loc(self, loc))
 
 
-def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto") -> Stage:
+def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto",
+                layout: Callable[..., object] | None = None) -> Stage:
     """Accumulate this computation's results inside one iteration of loop ``at`` in a local buffer
-    (registers on a GPU when ``loc="local"``) and write them back once at the end of the iteration."""
-    return _add_cache(self, "write", self.name, _level(self, at), name, None, _check_loc(self, loc))
+    (registers on a GPU when ``loc="local"``) and write them back once at the end of the iteration.
+    ``layout`` packs a scattered footprint densely (as for ``cache``)."""
+    return _add_cache(self, "write", self.name, _level(self, at), name, layout, _check_loc(self, loc))
 
 
 def store(self: Stage, layout: Callable[..., object]) -> Stage:

@@ -44,7 +44,7 @@ class CacheSpec:
     name: str
     layout: object | None = None  # callable relative index -> cache index, for manual layouts
     loc: str = "auto"
-    vector_copy: bool = True
+    also: tuple[str, ...] = ()  # further consumers sharing the cache
 
 
 @dataclass
@@ -57,6 +57,7 @@ class StageState:
     store_level: str | None = None
     loc: str = "auto"
     alloc_level: str | None = None
+    reassociate: bool = False  # the reduction's accumulation order may change
 
 
 class Schedule:
@@ -160,7 +161,8 @@ class Schedule:
     def check(self) -> None:
         """Raise ScheduleError if the current schedule breaks a dependence or a parallel tag."""
         scheds = self.stage_schedules()
-        v = self.program.violation(self._original, scheds)
+        relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
+        v = self.program.violation(self._original, scheds, relaxed)
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
@@ -171,8 +173,17 @@ class Schedule:
 
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         st = self.states[name]
-        dim = 2 * st.loops.index(loop) + 1
-        v = self.program.carried(self._original, scheds, dim)
+        pos = st.loops.index(loop)
+        dim = 2 * pos + 1
+        stmt = self.program.statements[name]
+        cross_thread = (tag.startswith("threadIdx") and bool(stmt.reduce_dims) and st.reassociate
+                        and st.loops.depends_on(pos, stmt.reduce_dims)
+                        and not st.loops.depends_on(pos, [d for d in stmt.dims if d not in stmt.reduce_dims]))
+        if st.reassociate and not cross_thread and st.loops.depends_on(pos, stmt.reduce_dims):
+            raise ScheduleError(f"loop {loop} of {name} runs its reduction; it cannot be {tag} (only a "
+                                "GPU thread binding turns it into a cross-thread reduction)")
+        # a reduction loop bound to threads becomes a cross-thread reduction (a tree of partial sums)
+        v = self.program.carried(self._original, scheds, dim, name, name if cross_thread else None)
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
                                 f"({v.describe()})")
@@ -236,6 +247,17 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
+
+    def reassociate(self) -> Stage:
+        """Let the order of this reduction's accumulation change (sums of floats may then differ in
+        the last bits): reduction loops may be reordered, and bound to GPU threads as a tree."""
+        comp = self.schedule.computation(self.name)
+        if comp.reduction is None:
+            raise ScheduleError(f"computation {self.name} is not a reduction")
+        st = self.schedule.state_copy(self.name)
+        st.reassociate = True
+        self.schedule.commit(self.name, st)
+        return self
 
     def compute_inline(self) -> Schedule:
         """Substitute this computation into its consumers (it must not be a reduction or an output)."""

@@ -98,7 +98,9 @@ class _Inserter:
         if isinstance(st, ir.Block):
             body, _, _ = self.sequence(list(st.body), _Access())
             return ir.block(body)
-        if isinstance(st, ir.For) and not (_depends(st.lo, self.divergent) or _depends(st.extent, self.divergent)):
+        if isinstance(st, ir.For) and st.kind != "coop" and not (
+                _depends(st.lo, self.divergent) or _depends(st.extent, self.divergent)):
+            # (a cooperative copy writes each element once: it needs no barrier inside)
             parts = list(st.body.body) if isinstance(st.body, ir.Block) else [st.body]
             body, pending, head = self.sequence(parts, _Access())
             if pending.conflicts(head) and not (body and _is_sync(body[-1])):

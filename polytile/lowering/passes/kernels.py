@@ -63,10 +63,10 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
             return ir.block([top(x) for x in st.body])
         if isinstance(st, ir.Allocate):
             buf = st.buffer
-            if buf.scope in ("shared", "local"):
+            if buf.scope != "global":
                 raise LoweringError(f"buffer {buf.name} is in {buf.scope} memory but allocated outside any "
-                                    "kernel; cache it inside a loop bound to blockIdx")
-            return ir.Allocate(replace(buf, scope="global"), top(st.body))
+                                    "kernel; cache it inside a loop bound to blockIdx, or leave it in global memory")
+            return ir.Allocate(buf, top(st.body))
         if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
             counter[0] += 1
             return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
@@ -97,9 +97,15 @@ def make_kernel(root: ir.For, name: str, target: CUDATarget) -> ir.Kernel:
             if guard is not None:
                 body = ir.If(guard, body)
             return ir.LetStmt(st.var, value, body)
+        if isinstance(st, ir.LetStmt):  # a bound loaded between block loops (data-dependent bounds)
+            return ir.LetStmt(st.var, st.value, blocks(st.body))
         return threads(st, info, nthreads)
 
     body = _spread_shared_copies(blocks(root), info.block, nthreads)
+    if nthreads % 32 and any(isinstance(e, ir.Call) and e.name.startswith("pt_block_allreduce")
+                             for e in ir.all_exprs(body)):
+        raise LoweringError(f"kernel {name} reduces across threads; its block must have a multiple of 32 "
+                            f"threads (it has {nthreads})")
     for axis, ext in grid.items():
         if any(isinstance(n, ir.Var) and not n.name.startswith(("blockIdx", "threadIdx")) and
                n.name != "" and _is_loop_var(n.name, root) for n in ir.walk_expr(ext)):
