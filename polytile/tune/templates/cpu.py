@@ -3,9 +3,9 @@
 The matrix products share one BLIS-shaped space (``gemm_space``/``apply_gemm``): register tile
 MR × NR (NR a number of vectors), cache blocks MC, NC, KC, the order of the block loops, which
 operands are packed, which loop runs in parallel, whether the register tile is unrolled and full
-tiles separated. Convolution tiles output channels × rows × a vector of columns over the reduction, with
-packed weights. Softmax and layer
-normalization are memory-bound: their spaces choose the vector width, unrolling and parallelism.
+tiles separated. Convolution tiles output channels × rows × a vector of columns over the reduction
+(in a chosen order), with packed weights. Softmax and layer normalization are memory-bound: their
+spaces choose the vector width, unrolling and parallelism.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ def dense_cpu(cfg: TemplateConfig, op: Any) -> Any:
 @template("conv2d", "cpu")
 def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     """Direct NCHW convolution: an output tile of k_tile channels × p_tile rows × q_tile columns (a
-    vector) accumulated in registers over the channels and filter taps (kept in their order: the
-    compiler does not reassociate the sum)."""
+    vector) accumulated in registers over the channels and filter taps, in a chosen order (another
+    order than the algorithm's reassociates the sum)."""
     s = op.shape
     target = cfg.target
     assert isinstance(target, CPUTarget)
@@ -137,6 +137,8 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     _, p_tile = cfg.split("tile_p", P, 2, inner=[1, 2, 4, 7, 8])
     q_tile = cfg.knob("q_tile", _upto(sorted({lanes // 2, lanes, 2 * lanes, 7, 14, 28, Q}), max(Q, 1),
                                       min(lanes, Q)))
+    order = cfg.reorder("reduction_order", ["c", "r", "s"],
+                        orders=[["c", "r", "s"], ["r", "s", "c"], ["r", "c", "s"]])
     pack_w = cfg.knob("pack_w", [True, False])
     par = cfg.knob("parallel", ["ko", "po"])
     unroll_p = cfg.tag("unroll_p", "pi", ["unroll", "serial"])
@@ -146,7 +148,9 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     sched = cfg.schedule(op.func)
     st = sched["O"]
     st.split("k", k_tile, "ko", "ki").split("p", p_tile, "po", "pi").split("q", q_tile, "qo", "qi")
-    st.reorder("n", "ko", "po", "qo", "c", "r", "s", "ki", "pi", "qi")
+    if tuple(order) != ("c", "r", "s"):
+        st.reassociate()
+    st.reorder("n", "ko", "po", "qo", *order, "ki", "pi", "qi")
     if pack_w:
         st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
     st.cache_write("qo")
