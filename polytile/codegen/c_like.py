@@ -115,6 +115,10 @@ class CLikePrinter:
             return f"pt_floordiv({a}, {b})"
         if e.op == "%":
             return f"pt_floormod({a}, {b})"
+        if e.op == "div":  # proven non-negative operands: C's division is floor division
+            return f"({a} / {b})"
+        if e.op == "mod":
+            return f"({a} % {b})"
         if e.op == "/" and not e.dtype.is_float:
             raise LoweringError("true division of integers")
         return f"({a} {e.op} {b})"

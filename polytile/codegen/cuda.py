@@ -42,6 +42,22 @@ __device__ __forceinline__ double pt_rsqrt(double x) { return rsqrt(x); }
 __device__ __forceinline__ float pt_bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 __device__ __forceinline__ float pt_f16_round(float x) { return __half2float(__float2half(x)); }
 
+// asynchronous global-to-shared copies (sm_80+) and their groups
+__device__ __forceinline__ unsigned pt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void pt_cp_async16(void* s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async8(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async4(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(pt_smem(s)), "l"(g));
+}
+__device__ __forceinline__ void pt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void pt_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
 // block-wide reductions: every thread of the block calls them (block size a multiple of 32)
 template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -89,6 +105,7 @@ class CUDAPrinter(CLikePrinter):
         self.index32 = index32
         self.dynamic: dict[str, int] = {}
         self.written: dict[str, bool] = {}
+        self.shared_global: set[str] = set()
 
     # --- types ----------------------------------------------------------------------------------
     def half_type(self) -> str:
@@ -136,7 +153,26 @@ class CUDAPrinter(CLikePrinter):
             return f"{base}f({args})"
         return super().math_call(base, d, args, e)
 
+    def e_Call(self, e: ir.Call) -> str:
+        if e.name == "pt_cp_async":
+            dst, src = e.args
+            assert isinstance(dst, ir.Load) and isinstance(src, ir.Load)
+            nbytes = dst.index[0].lanes * dst.buffer.dtype.itemsize
+            if nbytes not in (4, 8, 16):
+                raise LoweringError(f"an asynchronous copy of {nbytes} bytes into {dst.buffer.name}")
+            return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
+        if e.name == "pt_cp_async_wait":
+            return f"pt_cp_async_wait<{self.expr(e.args[0])}>()"
+        return super().e_Call(e)
+
+    def address(self, ld: ir.Load) -> str:
+        (idx,) = ld.index
+        base = idx.base if isinstance(idx, ir.Ramp) else idx
+        return f"&{ld.buffer.name}[{self.expr(base)}]"
+
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
+        if buf.name in self.shared_global:  # written by other threads of the block before a barrier
+            return f"((volatile {self.storage_type(buf.dtype)}*){buf.name})[{idx}]"
         if buf.dtype.name == "bfloat16":
             return f"__bfloat162float({buf.name}[{idx}])"
         if buf.dtype.name == "float16":
@@ -226,6 +262,10 @@ class CUDAPrinter(CLikePrinter):
         for e in ir.all_exprs(k.body):
             if isinstance(e, ir.Load) and e.buffer.scope in ("arg", "global"):
                 bufs.setdefault(e.buffer.name, e.buffer)
+        read = {e.buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Load)}
+        # global temporaries a kernel both writes and reads carry values between its threads: no
+        # __restrict__ and volatile loads, so that nothing is cached across the barrier
+        self.shared_global = {n for n, b in bufs.items() if b.scope == "global" and self.written.get(n) and n in read}
         names = {n.name for n in ir.all_exprs(k.body) if isinstance(n, ir.Var)}
         used = [p for p in params if p.name in names]
         shared = [st.buffer for st in ir.walk_stmt(k.body) if isinstance(st, ir.Allocate)
@@ -237,7 +277,8 @@ class CUDAPrinter(CLikePrinter):
             for b in shared:
                 self.dynamic[b.name] = dyn
                 dyn += (_const_bytes(b) + 127) // 128 * 128
-        args = [f"{self.storage_type(b.dtype)}* __restrict__ {b.name}" if self.written.get(b.name) else
+        args = [f"{self.storage_type(b.dtype)}* {b.name}" if b.name in self.shared_global else
+                f"{self.storage_type(b.dtype)}* __restrict__ {b.name}" if self.written.get(b.name) else
                 f"const {self.storage_type(b.dtype)}* __restrict__ {b.name}" for b in bufs.values()]
         args += [f"const {self.index_type()} {p.name}" for p in used]
         nthreads = k.block[0] * k.block[1] * k.block[2]

@@ -156,7 +156,7 @@ class IRBuilder:
                 out.append(self.bind(self.bindings[n.stmt], n, env, rest))
                 break
             if plan is not None and plan.kind == "alloc" and plan.owner not in opened:
-                end, owners = self._scope_end(nodes, k, plan.owner)
+                end, owners = self._scope_end(nodes, k, plan.owner, opened)
                 inner = self.block(nodes[k + 1:end], env, scope, opened | owners)
                 for owner in sorted(owners):
                     inner = ir.Allocate(self.buffers[owner], inner)
@@ -170,7 +170,8 @@ class IRBuilder:
             k += 1
         return ir.block(out)
 
-    def _scope_end(self, nodes: list[AstNode], k: int, owner: str) -> tuple[int, frozenset[str]]:
+    def _scope_end(self, nodes: list[AstNode], k: int, owner: str,
+                   opened: frozenset[str]) -> tuple[int, frozenset[str]]:
         """The index of ``owner``'s release, extended past the releases of buffers allocated inside
         (isl may order two releases of the same slot either way; a longer scope is harmless), and
         the buffers whose scopes are merged into it."""
@@ -188,6 +189,9 @@ class IRBuilder:
             if isinstance(n, AstUser) and self.plan.statements.get(n.stmt) is not None \
                     and self.plan.statements[n.stmt].kind == "alloc":
                 inner_owner = self.plan.statements[n.stmt].owner
+                if inner_owner in opened:
+                    j += 1
+                    continue
                 inner_end = free_of(inner_owner, j + 1)
                 if inner_end > end:
                     end = inner_end
@@ -213,10 +217,15 @@ class IRBuilder:
         users = _users(n.body)
         name = self.loop_name(n, users, scope)
         kind = self.loop_kind(n, users)
-        if n.degenerate:
+        if n.degenerate and not kind.startswith(("blockIdx", "threadIdx")):
             env2 = dict(env)
             env2[n.iterator] = lo
             return self.node(n.body, env2, scope)
+        if n.degenerate:  # a bound loop of one iteration is still a grid or block dimension
+            var = ir.Var(name)
+            env2 = dict(env, **{n.iterator: var, f"@d{n.dim}": var})
+            body = self.node(n.body, env2, scope + [name])
+            return ir.For(var, lo, ir.const(1), body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         cond = n.cond
         if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
             raise LoweringError(f"unexpected loop condition {cond}")

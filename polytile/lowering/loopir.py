@@ -56,7 +56,8 @@ class Var(Expr):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class BinOp(Expr):
-    """op: + - * / (true division for floats), // and % (floor semantics), min, max."""
+    """op: + - * / (true division for floats), // and % (floor semantics), div and mod (the same on
+    operands proven non-negative: printed as C's / and %), min, max."""
 
     op: str
     a: Expr

@@ -23,6 +23,7 @@ from .passes.allreduce import cross_thread_reductions
 from .passes.barriers import insert_barriers
 from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
+from .passes.pipeline import pipeline_buffers
 from .passes.flatten import flatten_storage
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
@@ -51,6 +52,12 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     func = sched.func
     name = name or func.name
     log = _Log(name)
+    if isinstance(target, CUDATarget):
+        for c in sched.computations:
+            st = sched.states[c.name]
+            if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:
+                raise LoweringError(f"computation {c.name} runs on the host: on a GPU every computation needs "
+                                    f"its outermost loop bound to blockIdx (s[{c.name}].bind(loop, 'blockIdx.x'))")
     plan = build_plan(sched, "source" if isinstance(target, CUDATarget) else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
@@ -68,6 +75,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
             ("simplify", simplify),
             ("allreduce", cross_thread_reductions),
             ("kernels", lambda s: outline_kernels(s, target, name)),
+            ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines))),
             ("simplify", simplify),
             ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
             ("flatten", flatten_storage),
@@ -109,10 +117,10 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
         st = sched.states[c.consumer]
         level = None if c.level is None else st.loops.index(c.level)
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
-                            if tag.startswith("threadIdx")) if c.loc == "shared" else frozenset()
+                            if tag.startswith("threadIdx"))
         order = copy_order if c.loc == "shared" else "cache"  # register tiles: dense loops to unroll
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc, threads,
-                                     order, c.also))
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc,
+                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)

@@ -15,8 +15,10 @@ from ..target import CUDATarget
 
 
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
-              tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False) -> None:
-    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores."""
+              tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False,
+              stages: int = 3) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores; the shared
+    tiles are pipelined over ``stages`` iterations of the K loop (asynchronous copies)."""
     hm, hn = tm // 2, tn // 2
     st = sched[out]
     st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
@@ -28,11 +30,11 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ty", "threadIdx.y").bind("tx", "threadIdx.x")
-    st.cache(a, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared")
+    st.cache(a, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{a}_shared")
     if b_transposed:
-        st.cache(b, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared")
+        st.cache(b, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{b}_shared")
     else:
-        st.cache_identity(b, "ko", loc="shared")
+        st.cache_identity(b, "ko", loc="shared", name=f"{b}_shared")
     # registers: the 8 rows and 8 columns a thread uses at one k, packed as (half, lane)
     hb, hn2 = bm // 2, bn // 2
     st.cache_identity(a, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1]))
@@ -43,6 +45,8 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
     st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb,
                                                         e[-1] // hn2, e[-1] % hn2))
     st.unroll("ki").unroll("ih").unroll("jh").unroll("il").unroll("jl")
+    if stages > 1:
+        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
@@ -75,10 +79,10 @@ def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
     st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
 
 
-def softmax(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
+def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
     """One block per row: the row is read once into shared memory, then max and sum are reduced
     across the block's threads and the output written (exp recomputed rather than stored)."""
-    nt = _row_threads(N)
+    nt = threads or _row_threads(N)
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", nt)
     sched["mx"].bind("i", "blockIdx.x")
@@ -87,12 +91,14 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
     sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
+    for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
+        sched[stat].store_at("i").set_loc("shared")
 
 
-def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
+def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
     """One block per row, the row read once into shared memory; both moments reduced across the
     block's threads, then the normalized row written."""
-    nt = _row_threads(N)
+    nt = threads or _row_threads(N)
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
     _row_reduction(sched, "s2", "j2", nt)
@@ -100,6 +106,8 @@ def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int) -> None:
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
     sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
+    for stat in ("s1", "s2"):
+        sched[stat].store_at("i").set_loc("shared")
 
 
 def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:

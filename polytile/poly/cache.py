@@ -37,6 +37,7 @@ class CacheRequest:
     block_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (shared caches span them)
     order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
     also: tuple[str, ...] = ()  # more consumers (fused with the first at the level) sharing the cache
+    thread_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (any cache)
 
 
 @dataclass
@@ -292,13 +293,17 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
                 copy_kinds.append(("copy_in", written, -1))
             copy_kinds.append(("copy_out", written, +1))
+        # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
+        # shared cache, every thread of the block (threads without work of their own still copy
+        # their share, and the barriers around the copies must be reached by all)
+        scope_range = _all_threads(prefix.range(), req.thread_dims) if req.thread_dims else prefix.range()
         key = (req.consumer, pos)
         slot_used[key] = slot_used.get(key, 0) + 1
         if slot_used[key] > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
         for kind, static in (("alloc", base_static - STATIC_SCALE // 2), ("free", last_static + STATIC_SCALE // 2 - 1)):
             sname = f"{req.name}__{kind}"
-            sdom = prefix.range().set_tuple_name(sname)
+            sdom = scope_range.set_tuple_name(sname)
             for k, nm in enumerate(p_names):
                 sdom = sdom.set_dim_name(isl.dim_type.set, k, nm)
             outs = p_names + [str(static)] + ["0"] * (width - m - 1)
@@ -314,7 +319,10 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
             else:
                 rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]: over the cache's
-            rel = rel.intersect_domain(prefix.range())
+            if req.block_dims:  # a shared cache: all threads of the block take part in the copy
+                rel = _whole_block(rel, m, req.block_dims).intersect_domain(scope_range)
+            else:
+                rel = rel.intersect_domain(prefix.range())
             n_c = rel.dim(isl.dim_type.out)
             c_names = _names("q", n_c)
             cname = f"{req.name}__{kind}"
@@ -402,6 +410,22 @@ def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled]
         smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
         out.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=keep), smap),
                     StmtPlan(sname, kind, req.name, list(p_names), {})))
+    return out
+
+
+def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:
+    """``prefixes`` with each thread-bound dimension ranging over all its values in the kernel."""
+    out = prefixes
+    for d in sorted(block_dims):
+        if d >= out.dim(isl.dim_type.set):
+            continue
+        flat = prefixes.project_out(isl.dim_type.param, 0, prefixes.dim(isl.dim_type.param))
+        lo, hi = flat.dim_min_val(d).to_python(), flat.dim_max_val(d).to_python()
+        out = out.project_out(isl.dim_type.set, d, 1).insert_dims(isl.dim_type.set, d, 1)
+        n = out.dim(isl.dim_type.set)
+        names = [f"x{k}" for k in range(n)]
+        box = isl.Set(f"{{ [{', '.join(names)}] : {lo} <= x{d} <= {hi} }}")
+        out = out.intersect(box.set_tuple_id(out.get_tuple_id()) if out.has_tuple_id() else box)
     return out
 
 

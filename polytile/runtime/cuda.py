@@ -105,7 +105,7 @@ def eval_expr(e: ir.Expr, env: Mapping[str, int]) -> int:
     if isinstance(e, ir.BinOp):
         a, b = eval_expr(e.a, env), eval_expr(e.b, env)
         return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0,
-                "min": min(a, b), "max": max(a, b)}[e.op]
+                "div": a // b if b else 0, "mod": a % b if b else 0, "min": min(a, b), "max": max(a, b)}[e.op]
     if isinstance(e, ir.Select):
         return eval_expr(e.a, env) if eval_expr(e.cond, env) else eval_expr(e.b, env)
     if isinstance(e, ir.Cmp):

@@ -67,6 +67,7 @@ class Schedule:
         self.func = func
         self.inlined: list[str] = []
         self.caches: list[CacheSpec] = []
+        self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
@@ -246,6 +247,7 @@ class Stage:
         store_at,
     )
     from .order import after, before  # noqa: E402
+    from .pipeline import pipeline  # noqa: E402
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
 
     def reassociate(self) -> Stage:

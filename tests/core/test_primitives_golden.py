@@ -97,7 +97,7 @@ def test_fuse():
           for ij in [0, 70):
             C[ij] = 0.0
             for k in [0, 5):
-              C[ij] = (C[ij] + (A[((5 * (ij // 7)) + k)] * B[((ij % 7) + (7 * k))]))
+              C[ij] = (C[ij] + (A[((5 * (ij div 7)) + k)] * B[((ij mod 7) + (7 * k))]))
     """)
 
 def test_separate_unroll():

@@ -34,12 +34,28 @@ def test_op_compiles(name, shape, arch):
     assert set(kern.resources) >= {k.name for k in kern.kernels}
 
 
-def test_matmul_kernel_structure():
-    kern = ops.matmul(512, 512, 512).build("cuda:sm_90a")
-    src = kern.source[kern.source.index('extern "C" __global__'):]
+def _gemm(stages):
+    from polytile.ops.gpu_schedules import gemm_cuda
+    s = pt.create_schedule(ops.matmul(512, 512, 512).func)
+    gemm_cuda(s, "C", "A", "B", stages=stages)
+    kern = pt.build(s, "cuda:sm_90a")
+    return kern, kern.source[kern.source.index('extern "C" __global__'):]
+
+
+def test_matmul_kernel_structure_without_pipeline():
+    kern, src = _gemm(1)
     assert src.count("__syncthreads();") == 2  # after the tile copies; before the next overwrite
-    assert "__shared__ __align__(16) float A_C_local[(8) * (128)];" in src
-    assert "*(float4*)&B_C_local" in src  # 16-byte cooperative copies of B
+    assert "__shared__ __align__(16) float A_shared[(8) * (128)];" in src
+    assert "*(float4*)&B_shared" in src  # 16-byte cooperative copies of B
+    assert "cp_async" not in src
+
+
+def test_matmul_kernel_structure():
+    kern, src = _gemm(3)
+    assert src.count("__syncthreads();") == 1  # one per iteration, after waiting for its tile
+    assert "__shared__ __align__(16) float A_shared[(3) * (8) * (128)];" in src
+    assert src.count("pt_cp_async16(&B_shared") == 3  # two prologue stages and the steady state
+    assert "pt_cp_async_wait<1>();" in src and "pt_cp_async_wait<0>();" in src
     (k,) = kern.kernels
     assert k.block == (16, 16, 1) and tuple(int(g.value) for g in k.grid) == (4, 4, 1)
     r = kern.resources[k.name]

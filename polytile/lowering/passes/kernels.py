@@ -67,17 +67,15 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
                 raise LoweringError(f"buffer {buf.name} is in {buf.scope} memory but allocated outside any "
                                     "kernel; cache it inside a loop bound to blockIdx, or leave it in global memory")
             return ir.Allocate(buf, top(st.body))
-        if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
-            counter[0] += 1
-            return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
-        what = f"loop {st.var.name}" if isinstance(st, ir.For) else "a statement"
-        raise LoweringError(f"{what} runs on the host: on a GPU every computation needs its outermost loop "
-                            "bound to blockIdx (s[C].bind(loop, 'blockIdx.x'))")
+        # a nest of block loops, or code whose block loops had one iteration and vanished (isl does
+        # not generate loops of one value): both become a kernel
+        counter[0] += 1
+        return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
 
     return top(s)
 
 
-def make_kernel(root: ir.For, name: str, target: CUDATarget) -> ir.Kernel:
+def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
     grid: dict[str, ir.Expr] = {}
     info = _KernelInfo()
     _collect_threads(root, info, inside_thread=False)

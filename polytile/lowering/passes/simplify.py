@@ -89,11 +89,11 @@ class Simplifier(ir.Mutator):
                 return (min(a[0], b[0]), min(a[1], b[1]))
             if e.op == "max":
                 return (max(a[0], b[0]), max(a[1], b[1]))
-            if e.op == "//" and b[0] == b[1] and b[0] > 0:
+            if e.op in ("//", "div") and b[0] == b[1] and b[0] > 0:
                 c = b[0]
                 return (math.floor(a[0] / c) if not math.isinf(a[0]) else -INF,
                         math.floor(a[1] / c) if not math.isinf(a[1]) else INF)
-            if e.op == "%" and b[0] == b[1] and b[0] > 0:
+            if e.op in ("%", "mod") and b[0] == b[1] and b[0] > 0:
                 return (0, b[0] - 1)
         if isinstance(e, ir.Select):
             a, b = self.interval(e.a), self.interval(e.b)
@@ -144,7 +144,11 @@ class Simplifier(ir.Mutator):
                 if ir.expr_text(a) == ir.expr_text(b):
                     return a
             if e.op in ("//", "%") and isinstance(b, ir.Const) and int(b.value) > 0:
-                return self.divmod(e.op, a, int(b.value))
+                out = self.divmod(e.op, a, int(b.value))
+                if isinstance(out, ir.BinOp) and out.op in ("//", "%") and self.interval(out.a)[0] >= 0:
+                    # a non-negative numerator: C's truncating division is floor division
+                    return ir.BinOp("div" if out.op == "//" else "mod", out.a, out.b)
+                return out
         if e.dtype.is_float and e.lanes == 1:
             if e.op == "+" and ir.is_const(b, 0):
                 return a
@@ -155,10 +159,10 @@ class Simplifier(ir.Mutator):
     def merge_divmod(self, lin: Linear) -> Linear:
         """a*(x % c) + a*c*(x // c) = a*x (floor division and modulo recombine)."""
         for key, (coef, atom) in list(lin.terms.items()):
-            if not (isinstance(atom, ir.BinOp) and atom.op == "%" and isinstance(atom.b, ir.Const)):
+            if not (isinstance(atom, ir.BinOp) and atom.op in ("%", "mod") and isinstance(atom.b, ir.Const)):
                 continue
             c = int(atom.b.value)
-            div_key = ir.expr_text(ir.BinOp("//", atom.a, atom.b))
+            div_key = ir.expr_text(ir.BinOp("//" if atom.op == "%" else "div", atom.a, atom.b))
             if key in lin.terms and div_key in lin.terms and lin.terms[div_key][0] == coef * c:
                 lin = lin.add(Linear({key: (coef, atom), div_key: (coef * c, lin.terms[div_key][1])}), -1)
                 lin = lin.add(self.linear(atom.a).scale(coef))
@@ -326,9 +330,9 @@ def _fold(op: str, a: ir.Const, b: ir.Const, dtype: dtypes.DType) -> ir.Const | 
             v = x * y
         elif op == "/":
             v = x / y
-        elif op == "//":
+        elif op in ("//", "div"):
             v = x // y
-        elif op == "%":
+        elif op in ("%", "mod"):
             v = x % y
         elif op == "min":
             v = min(x, y)
