@@ -281,9 +281,13 @@ class TemplateConfig:
         """Declare which annotation loop ``loop`` gets; ``apply_tag`` applies it."""
         return self._declare(Tag(name, tuple(kinds), loop))  # type: ignore[return-value]
 
-    def integer(self, name: str, lo: int, hi: int, step: int = 1) -> int:
-        """Declare an integer in ``[lo, hi]`` (pipeline stages, unroll depth, …)."""
-        return self._declare(Integer(name, tuple(range(lo, hi + 1, step))))  # type: ignore[return-value]
+    def integer(self, name: str, lo: int, hi: int, step: int = 1, default: int | None = None) -> int:
+        """Declare an integer in ``[lo, hi]`` (pipeline stages, unroll depth, …); ``default`` first."""
+        values = list(range(lo, hi + 1, step))
+        if default in values:
+            values.remove(default)
+            values.insert(0, default)  # type: ignore[arg-type]
+        return self._declare(Integer(name, tuple(values)))  # type: ignore[return-value]
 
     def reorder(self, name: str, loops: Sequence[str], orders: Sequence[Sequence[str]] | None = None
                 ) -> tuple[str, ...]:

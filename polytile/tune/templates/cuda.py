@@ -1,7 +1,8 @@
 """CUDA schedule templates: the operator library's GPU schedules with their tile sizes as decisions.
 
 Matrix products (matmul, batch_matmul, dense) tune the block tile BM × BN, the reduction step BK
-staged in shared memory and the TM × TN register tile of a thread of ``gpu_schedules.gemm_cuda``.
+staged in shared memory, the TM × TN register tile of a thread and the number of pipeline stages
+of the shared tiles (an integer decision) of ``gpu_schedules.gemm_cuda``.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -30,13 +31,14 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
     bk = cfg.knob("bk", [8, 4, 16, 32])
     tm = cfg.knob("tm", [8, 2, 4])
     tn = cfg.knob("tn", [8, 2, 4])
+    stages = cfg.integer("stages", 1, 4, default=3)
     cfg.require((bm // 2) % (tm // 2) == 0 and (bn // 2) % (tn // 2) == 0,
                 "the register tile must divide the block tile")
     # a grid dimension of one block disappears from the loop nest, which the backend rejects
     cfg.require(bm < M and bn < N, "the block tile covers the whole matrix")
     threads = (bm // tm) * (bn // tn)  # type: ignore[operator]
-    _block_resources(cfg, threads, bk * (bm + bn) + 2, tm * tn + tm + tn)  # type: ignore[operator]
-    return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}  # type: ignore[dict-item]
+    _block_resources(cfg, threads, stages * bk * (bm + bn) + 2, tm * tn + tm + tn)  # type: ignore[operator]
+    return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
 @template("matmul", "cuda")
