@@ -207,8 +207,8 @@ class CUDAPrinter(CLikePrinter):
 
     # --- statements -----------------------------------------------------------------------------
     def s_For(self, s: ir.For) -> None:
-        if s.kind in ("unroll", "vectorize"):
-            self.emit("#pragma unroll")
+        if s.kind in ("unroll", "vectorize", "coop") or (isinstance(s.extent, ir.Const) and int(s.extent.value) <= 32):
+            self.emit("#pragma unroll")  # independent loads in flight together
         lo, ext = self.expr(s.lo), self.expr(s.extent)
         end = ext if ir.is_const(s.lo, 0) else f"{lo} + {ext}"
         t = self.index_type()

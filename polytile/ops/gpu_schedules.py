@@ -64,8 +64,9 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
 
 
 def _row_threads(n: int) -> int:
-    """Threads per row for row-wise kernels: a multiple of 32, at most 1024, about n / 4."""
-    return max(32, min(1024, (n // 4 + 31) // 32 * 32))
+    """Threads per row for row-wise kernels (measured on an H100: one warp up to 2K elements,
+    four warps beyond)."""
+    return 32 if n <= 2048 else 128
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
@@ -102,7 +103,7 @@ def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int 
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
     _row_reduction(sched, "s2", "j2", nt)
-    sched["s2"].after(sched["s1"], "i")
+    sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
     sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])

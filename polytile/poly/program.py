@@ -177,7 +177,7 @@ class PolyProgram:
         return first_violation(self.dependences(original), self.full_maps(scheds), relaxed)
 
     def carried(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
-                dim: int, stmt: str, reduction_of: str | None = None) -> Violation | None:
+                dim: int, stmt: str, reduction_of: frozenset[str] = frozenset()) -> Violation | None:
         """A dependence carried by schedule dimension ``dim`` between statements inside the loop of
         ``stmt`` at that dimension (those sharing its static positions up to it)."""
         w = self.width(scheds)

@@ -184,7 +184,10 @@ class Schedule:
             raise ScheduleError(f"loop {loop} of {name} runs its reduction; it cannot be {tag} (only a "
                                 "GPU thread binding turns it into a cross-thread reduction)")
         # a reduction loop bound to threads becomes a cross-thread reduction (a tree of partial sums)
-        v = self.program.carried(self._original, scheds, dim, name, name if cross_thread else None)
+        # the other reductions fused in this loop and bound to the same threads reduce across them too
+        relaxed = frozenset(n for n, other in self.states.items() if other.reassociate and any(
+            t == tag and 2 * other.loops.index(lp) + 1 == dim for lp, t in other.tags.items())) | {name}
+        v = self.program.carried(self._original, scheds, dim, name, relaxed if cross_thread else frozenset())
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
                                 f"({v.describe()})")
