@@ -65,7 +65,8 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
     comps = {c.name: c for c in sched.computations}
-    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved).build()
+    virtual = {v: (sched.func.tensor(v), sched.bodies[v]) for v in sched.virtual}
+    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved, virtual).build()
     log("ast-to-ir", body)
 
     intermediates = [buffers[c.name] for c in sched.computations
@@ -128,7 +129,7 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
             layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
                                      threads if c.loc == "shared" else frozenset(), order, c.also, threads,
-                                     c.pad, fill, c.whole or c.loc == "fragment"))
+                                     c.pad, fill, c.whole))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)

@@ -85,6 +85,60 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
         st.pipeline(f"{a}_shared_frag", reg_stages).pipeline(f"{b}_shared_frag", reg_stages)
 
 
+def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
+                     bn: int = 128, bk: int = 32, wm: int = 64, wn: int = 64, stages: int = 3,
+                     reg_stages: int = 1) -> None:
+    """Schedule an implicit-GEMM convolution ``out[m, k] = sum col[m, *taps, c] * w[*taps, c, k]`` on
+    tensor cores like ``gemm_tensorcore``: the filter taps and the channel chunks form one sequential
+    K loop (pipelined), the gathered input ``col`` is cached in shared memory as an [m][c] tile and
+    then inlined into its copies (zero-filling asynchronous copies straight from the input)."""
+    if bm % wm or bn % wn or wm % 16 or wn % 8 or bk % 16:
+        raise ScheduleError(f"igemm_tensorcore: tiles {bm}×{bn}×{bk} with warp tiles {wm}×{wn} do not fit "
+                            "mma.m16n8k16")
+    st = sched[out]
+    st.split("m", bm, "bi", "i1").split("k", bn, "bj", "j1")
+    st.split("i1", wm, "wi", "i2").split("j1", wn, "wj", "j2")
+    st.split("i2", 16, "mi", "i3").split("j2", 8, "nj", "j3")
+    st.split("c", bk, "co", "c1").split("c1", 16, "kk", "k3")
+    st.reorder("bi", "bj", "wi", "wj", *taps, "co", "kk", "mi", "nj", "i3", "j3", "k3")
+    k_loop = taps[0]
+    for t in [*taps[1:], "co"]:  # one sequential loop over the taps and channel chunks
+        st.fuse(k_loop, t, f"{k_loop}_{t}")
+        k_loop = f"{k_loop}_{t}"
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
+    st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", pad=(0, 8), name=f"{col}_shared")
+    st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", pad=(0, 8), name=f"{w}_shared")
+    st.cache_write("wj", loc="fragment")
+    st.tensorize("i3", "mma_m16n8k16")
+    sched[col].compute_inline()  # after caching: the copies gather the input themselves
+    if stages > 1:
+        st.pipeline(f"{col}_shared", stages).pipeline(f"{w}_shared", stages)
+    if reg_stages > 1 and bk > 16:
+        st.pipeline(f"{col}_shared_frag", reg_stages).pipeline(f"{w}_shared_frag", reg_stages)
+
+
+def _gemm_tiles(M: int, N: int) -> dict[str, int]:
+    """Block and warp tiles for a tensor-core GEMM of M × N outputs: 128-wide tiles when the matrix
+    gives the GPU's multiprocessors enough blocks, 64-wide otherwise."""
+    big = (M // 128) * (N // 128) >= 96
+    return dict(bm=128, bn=128, wm=64, wn=64) if big else dict(bm=64, bn=64, wm=32, wn=32)
+
+
+def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
+                 stride: int, padding: int) -> None:
+    P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    igemm_tensorcore(sched, "O", "col", "Wt", ["r", "s"], bk=32, stages=3, reg_stages=2,
+                     **_gemm_tiles(N * P * Q, K))
+
+
+def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,
+                 R: int, S: int, stride: int, padding: int) -> None:
+    Z = (D + 2 * padding - T) // stride + 1
+    P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], bk=32, stages=3, reg_stages=2,
+                     **_gemm_tiles(N * Z * P * Q, K))
+
+
 def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
     """16-bit operands on a GPU with mma.sync (sm_80 and newer)."""
     return sched.func.tensor(a).dtype.name in ("float16", "bfloat16") and target.capability >= 80
@@ -200,4 +254,5 @@ def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, 
 SCHEDULES: dict[str, Callable[..., None]] = {
     "matmul": matmul, "batch_matmul": batch_matmul, "dense": dense, "softmax": softmax,
     "layernorm": layernorm, "segment_sum": segment_sum, "spmm": spmm, "conv2d": conv2d,
+    "conv2d_igemm": conv2d_igemm, "conv3d_igemm": conv3d_igemm,
 }

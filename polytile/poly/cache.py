@@ -23,7 +23,6 @@ from .astgen import Scheduled, binding_depth, pw_aff_expr
 from .astnodes import AExpr
 from .model import INIT_SUFFIX, Namer, Statement, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
-from .schedule import full_map
 
 
 @dataclass
@@ -41,7 +40,8 @@ class CacheRequest:
     thread_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (any cache)
     pad: tuple[int, ...] = ()  # extra elements per buffer dimension (bank-conflict padding)
     fill: object = None  # write caches: start from this identity instead of running the initialization
-    whole: bool = False  # read caches: copy the whole (constant) box, zeros outside the tensor
+    whole: tuple[int, ...] = ()  # whole tiles: the box rounded up to these granules per tensor dimension,
+    # copied whole (zeros past the tensor's end) or, for write caches, filled whole
 
 
 @dataclass
@@ -77,7 +77,10 @@ class CacheRewrite:
     layout_exprs: list[lx.Expr]
 
 
-def _layout(req: CacheRequest, ndim: int) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
+def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
+            ) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
+    """The layout as a map from the element's offset in the footprint's box to the buffer index; it
+    must be one-to-one over the box (dimensions of extent one may be dropped)."""
     rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
           for k in range(ndim)]
     if req.layout is None:
@@ -92,7 +95,9 @@ def _layout(req: CacheRequest, ndim: int) -> tuple[isl.Map, list[lx.IterVar], li
         raise ScheduleError(f"cache {req.name}: its layout is not affine ({err})") from None
     text = (f"{{ [{', '.join(r.name for r in rs)}] -> [{', '.join(str(f) for f in forms)}] }}")
     lmap = isl.Map(text)
-    if not lmap.is_injective():
+    box = " and ".join(f"0 <= r{k} < {n}" for k, n in enumerate(sizes or []) if n is not None)
+    over = lmap.intersect_domain(isl.Set(f"{{ [{', '.join(r.name for r in rs)}] : {box} }}")) if box else lmap
+    if not over.is_injective():
         raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
     return lmap, rs, outs
 
@@ -118,22 +123,40 @@ class _Box:
     hi: isl.PwAff
 
 
-def _box_dim(f: isl.Map, d: int, what: str) -> _Box:
+def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None] | None = None) -> _Box:
+    """The box of dimension ``d`` of the footprint ``f`` ([P] -> X[e]): an offset over P and a size.
+
+    The offset is one of the pieces of the lowest index accessed; where none of them gives a box as
+    tight as the footprint (the lowest index is periodic in a fused loop, e.g. 64·(x mod 4), and isl
+    returns it as one piece per residue), the index accessed at the first inner iteration
+    (``origin``) is tried as well. Every candidate is checked exactly."""
     n_out = f.dim(isl.dim_type.out)
     proj = f.project_out(isl.dim_type.out, d + 1, n_out - d - 1).project_out(isl.dim_type.out, 0, d)
     lo = proj.dim_min(0)
     hi = proj.dim_max(0)
-    best: tuple[int, isl.Aff] | None = None
-    for _, aff in lo.get_pieces():
-        cand = isl.PwAff.from_aff(aff)
+    best: tuple[int, isl.PwAff] | None = None
+
+    def consider(cand: isl.PwAff) -> None:
+        nonlocal best
         below = _extreme(lo.sub(cand), maximize=False)
         if below is None or below < 0:
-            continue
+            return
         size = _extreme(hi.sub(cand), maximize=True)
         if size is not None and (best is None or size + 1 < best[0]):
-            best = (size + 1, aff)
+            best = (size + 1, cand)
+
+    for _, aff in lo.get_pieces():
+        consider(isl.PwAff.from_aff(aff))
+    if origin is not None and lo.n_piece() > 1:
+        tight = _extreme(hi.sub(lo), maximize=True)
+        if best is None or tight is None or best[0] > tight + 1:
+            at = origin()
+            if at is not None:
+                pa = isl.PwMultiAff.from_map(at).get_pw_aff(d).coalesce()
+                consider(pa.intersect_domain(lo.domain()) if pa.n_piece() > 1 else
+                         isl.PwAff.from_aff(pa.get_pieces()[0][1]))
     if best is not None:
-        return _Box(isl.PwAff.from_aff(best[1]), best[0], None, lo, hi)
+        return _Box(best[1], best[0], None, lo, hi)
     ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
         lo.get_domain_space())).set_constant_val(1)))
     s = isl.Map.from_pw_aff(ext).range()  # the extents, over the parameters
@@ -166,6 +189,31 @@ def _prefix_map(it: Scheduled, m: int, dom: isl.Set) -> isl.Map:
     sched = it.schedule.intersect_domain(dom)
     n_out = sched.dim(isl.dim_type.out)
     return sched.project_out(isl.dim_type.out, m, n_out - m)
+
+
+def _once(fn: Callable[[], isl.Map | None]) -> Callable[[], isl.Map | None]:
+    memo: list[isl.Map | None] = []
+
+    def get() -> isl.Map | None:
+        if not memo:
+            memo.append(fn())
+        return memo[0]
+    return get
+
+
+def _origin(it: Scheduled, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map | None:
+    """{ [P] -> X[e] }: the element accessed at the first iteration of the loops inside the cache's
+    loop, when the access is a function (None otherwise, or for caches shared with other
+    computations, whose first iterations differ)."""
+    if req.also or not acc.is_single_valued():
+        return None
+    sched = it.schedule.intersect_domain(dom)
+    n_out = sched.dim(isl.dim_type.out)
+    image = dom.apply(sched)
+    inner = isl.Map.from_domain(image).move_dims(isl.dim_type.out, 0, isl.dim_type.in_, m, n_out - m)
+    first = inner.lexmin()  # [P] -> [first inner iteration]
+    full = isl.Map.identity(first.get_space().domain().map_from_set()).flat_range_product(first)
+    return full.apply_range(sched.reverse()).apply_range(acc)
 
 
 def _graph(pas: list[isl.PwAff]) -> isl.Map:
@@ -221,8 +269,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         acc = accesses[0]
         for a in accesses[1:]:
             acc = acc.union(a)
-        acc_any = project_out_params(acc, drop)  # accesses as functions, any iteration
-        acc = acc_any.intersect_domain(dom)
+        acc = project_out_params(acc, drop).intersect_domain(dom)
         fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
         for other in req.also:
             o_it = by_name[other]
@@ -241,19 +288,20 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             fp = fp.union(_prefix_map(o_it, m, o_dom).reverse().apply_range(o_acc))
         if req.block_dims:
             fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
-        # whole tiles (tensor cores): the box of a tile away from the tensors' ends, also at the ends
-        extent_fp = _unclipped_footprint(full_map(sched.loops, sched.statics, width), m, dom, acc_any, req) \
-            if req.whole else fp
         ndim = tensor.ndim
-        boxes = [_box_dim(extent_fp, d, what) for d in range(ndim)]
-        lmap, lvars, lexprs = _layout(req, ndim)
+        origin = _once(lambda: _origin(it, m, dom, acc, req))
+        boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
+        if req.whole:  # whole tiles (tensor cores): boxes rounded up to the instruction's tile
+            boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]
+        lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
         p_names = _names("p", m)
         ctx = program.context
         off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
         shape: list[AExpr] = []
         if all(b.size is not None for b in boxes):
             # the buffer spans the layout's image of what is accessed (relative to the origin)
-            img = _sum(extent_fp, off_map.neg()).range().apply(lmap)
+            region = _box_region(off_map, [b.size for b in boxes], m) if req.whole else fp  # type: ignore[misc]
+            img = _sum(region, off_map.neg()).range().apply(lmap)
             img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
             for c in range(img.dim(isl.dim_type.set)):
                 lo_v = img.dim_min_val(c).to_python()
@@ -312,6 +360,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             if not all(b.size is not None for b in boxes):
                 raise ScheduleError(f"{what}: copying whole tiles needs a footprint of constant size")
             copy_kinds.append(("copy_in", _box_region(off_map, [b.size for b in boxes], m), -1))  # type: ignore[misc]
+            # (the box is rounded to whole instruction tiles; what lies past the tensor reads as zero)
         elif req.kind == "read":
             copy_kinds.append(("copy_in", fp, -1))
         else:
@@ -372,7 +421,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
                                                           enumerate(c_names, start=m // 2)})
             plan.fill_value = req.fill if kind == "fill" else None
-            plan.zfill = req.whole and kind == "copy_in"
+            plan.zfill = bool(req.whole) and kind == "copy_in"
             plan.guard_inside = kind == "copy_out" and region is not written
             if req.order == "source":
                 # the element is a loop index; the cache side goes through the offset and layout
@@ -462,36 +511,10 @@ def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:
     return out
 
 
-def _unclipped_footprint(smap: isl.Map, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map:
-    """The footprint with the domain's upper bounds dropped: every tile is a whole tile. The domain
-    is a box (tensorize checks it), so its lower bounds alone are the constraints on one dimension."""
-    dom = dom.coalesce()
-    if dom.n_basic_set() != 1:
-        return prefix_fp(smap, m, dom, acc, req)
-    bset = dom.get_basic_sets()[0]
-    lower = isl.BasicSet.universe(bset.get_space())
-    n = bset.dim(isl.dim_type.set)
-    for c in bset.get_constraints():
-        coefs = [c.get_coefficient_val(isl.dim_type.set, d).to_python() for d in range(n)]
-        used = [d for d in range(n) if coefs[d] != 0]
-        if c.is_equality() or len(used) != 1 or coefs[used[0]] < 0:
-            if c.is_equality() or len(used) > 1:
-                return prefix_fp(smap, m, dom, acc, req)
-            continue  # an upper bound (or a constraint on parameters only)
-        lower = lower.add_constraint(c)
-    full = isl.Set.from_basic_set(lower)
-    return prefix_fp(smap, m, full, acc, req)
-
-
-def prefix_fp(smap: isl.Map, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map:
-    """{ [P] -> X[e] }: what iterations of ``dom`` at prefix P (schedule ``smap``) access through ``acc``."""
-    n_out = smap.dim(isl.dim_type.out)
-    prefix = smap.intersect_domain(dom).project_out(isl.dim_type.out, m, n_out - m)
-    acc = acc.gist_domain(acc.domain())  # the access functions beyond the original domain
-    fp = prefix.reverse().apply_range(acc.intersect_domain(dom))
-    if req.block_dims:
-        fp = _whole_block(fp, m, req.block_dims)
-    return fp
+def _rounded(b: _Box, granule: int, what: str) -> _Box:
+    if b.size is None:
+        raise ScheduleError(f"{what}: whole tiles need a footprint of constant size")
+    return _Box(b.offset, -(-b.size // granule) * granule, None, b.lo, b.hi)
 
 
 def _whole_written(program: PolyProgram, req: CacheRequest, fp: isl.Map, off_map: isl.Map, boxes: list[_Box],

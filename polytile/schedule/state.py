@@ -46,7 +46,7 @@ class CacheSpec:
     loc: str = "auto"
     also: tuple[str, ...] = ()  # further consumers sharing the cache
     pad: tuple[int, ...] = ()  # extra elements per buffer dimension
-    whole: bool = False  # copy whole tiles, zeros past the tensor's end (operands of tensor cores)
+    whole: tuple[int, ...] = ()  # whole tiles rounded to these granules per dimension (tensor cores)
 
 
 @dataclass
@@ -68,6 +68,7 @@ class Schedule:
     def __init__(self, func: Func):
         self.func = func
         self.inlined: list[str] = []
+        self.virtual: list[str] = []  # inlined into the copies of their caches (computed while copying)
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.auto_transfer = True
@@ -79,7 +80,8 @@ class Schedule:
     def _build_program(self) -> None:
         from .inline import inline_bodies
         self.bodies: dict[str, Expr] = inline_bodies(self.func, self.inlined)
-        self.computations: list[ComputeTensor] = [c for c in self.func.computations if c.name not in self.inlined]
+        self.computations: list[ComputeTensor] = [c for c in self.func.computations
+                                                   if c.name not in self.inlined and c.name not in self.virtual]
         self.program = PolyProgram(self.func, self.bodies, self.computations)
 
     def rebuild(self) -> None:
@@ -95,7 +97,7 @@ class Schedule:
     # --- access ---------------------------------------------------------------------------------
     def __getitem__(self, key: Tensor | str) -> Stage:
         name = key if isinstance(key, str) else key.name
-        if name in self.inlined:
+        if name in self.inlined or name in self.virtual:
             raise ScheduleError(f"computation {name} was inlined; schedule its consumers instead")
         if name not in self.states:
             known = ", ".join(self.states)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
-from ..lang.expr import BinOp, Cast, Expr, Load, Reduce
+from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
 
 if TYPE_CHECKING:
     from .state import Stage
@@ -77,7 +77,10 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
         raise ScheduleError(f"tensorize of {self.name}: give the accumulator a fragment cache first: "
                             f"s[{self.name}].cache_write(warp_loop, loc='fragment')")
     # the operands come from shared-memory caches holding whole tiles: the instruction computes full
-    # 16×8×16 products, so the elements past the tensors' ends must read as zeros
+    # 16×8×16 products, so the caches hold whole instruction tiles (rounded up) and what lies past
+    # the tensors' ends reads as zero; the accumulator holds whole 16×8 tiles
+    k_dims = [d for d in stmt.reduce_dims if loops.depends_on(p + 2, [d])]
+    grain = {data[-2]: 16, data[-1]: 16, **{d: 16 for d in k_dims}}
     for op in (a, b):
         found = [k for k, c in enumerate(sched.caches) if c.kind == "read" and c.consumer == self.name
                  and c.tensor == op.tensor.name and c.loc == "shared"]
@@ -85,8 +88,13 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
             raise ScheduleError(f"tensorize of {self.name}: cache {op.tensor.name} in shared memory first "
                                 f"(s[{self.name}].cache({op.tensor.name}, loop, loc='shared')); the "
                                 "instruction's operands are loaded from shared memory with ldmatrix")
+        granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
+                         for i in op.indices)
         for k in found:
-            sched.caches[k] = replace(sched.caches[k], whole=True)
+            sched.caches[k] = replace(sched.caches[k], whole=granules)
+    for k, c in enumerate(sched.caches):
+        if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":
+            sched.caches[k] = replace(c, whole=(1,) * (len(comp.shape) - 2) + (16, 8))
     new = sched.state_copy(self.name)
     new.tags[loop] = "tensorize"
     sched.commit(self.name, new)

@@ -157,3 +157,19 @@ def test_operator_library_uses_tensor_cores_for_16_bit_inputs():
     assert "pt_mma_m16n8k16_f16" in kern.source
     kern = ops.batch_matmul(4, 128, 128, 64, "bfloat16").build("cuda:sm_80")
     assert "pt_mma_m16n8k16_bf16" in kern.source
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_implicit_gemm_convolutions_gather_with_zero_filling_copies(arch):
+    """ResNet-50's 3×3 layer and a 3-D convolution: the gathered input is never stored, the shared
+    copies read the input (zero-filled in the padding), tensor cores and pipelining as for GEMMs; the
+    fused tap/channel loop leaves every operand index affine (no selects in the mma nest)."""
+    for op in (ops.conv2d_igemm(32, 14, 14, 256, 256, 3, 3, 1, 1), ops.conv3d_igemm(2, 8, 14, 14, 64, 64, 3, 3, 3, 1, 1)):
+        kern = op.build(f"cuda:{arch}")
+        src = kern.source
+        assert "col[" not in src and "pt_cp_async16_zfill(" in src and "pt_mma_m16n8k16_f16(" in src
+        assert "pt_cp_async_wait<1>()" in src  # three stages
+        sass = _sass_ops(kern.cubin)
+        assert sass.get("HMMA", 0) >= 16 and sass.get("LDGSTS", 0) > 0 and sass.get("LDSM", 0) > 0
+        assert not sass.get("LDL") and not sass.get("STL")

@@ -96,6 +96,8 @@ class _Nest:
         if _coefficient(b.index[-1], jv) != 1 or _coefficient(b.index[-2], kv) != 1:
             raise LoweringError(f"operand {b.buffer.name} must be stored with n contiguous (layout [k][n])")
         self.dtype = a.buffer.dtype
+        self.names = names
+        self.accesses = [ir.Load(st.buffer, st.index), a, b]  # over the whole nest
         self.acc = ir.Load(st.buffer, tuple(_at_origin(x, names) for x in st.index))
         self.a = ir.Load(a.buffer, tuple(_at_origin(x, names) for x in a.index))
         self.b = ir.Load(b.buffer, tuple(_at_origin(x, names) for x in b.index))
@@ -104,17 +106,38 @@ class _Nest:
         self.intrinsic = f"pt_mma_m16n8k16_{'f16' if self.dtype.name == 'float16' else 'bf16'}"
 
 
-def _full(loop: ir.For, strict: bool = True) -> ir.For:
-    """``loop`` over its full constant range: tiles at the edges compute on the zeros their operand
-    copies put past the tensors' ends, and only the valid part of the accumulator is written back."""
+def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None:
+    """``loop`` over its full constant range (None if it has none): at the edges of the tensors the
+    extra iterations compute on the zeros that whole-tile copies put past the tensors' ends."""
+    simp = Simplifier()
+    simp.bounds = dict(bounds)
     lo = simplify_expr(loop.lo)
-    hi = Simplifier().interval(simplify_expr(loop.extent))[1]
+    hi = simp.interval(simplify_expr(loop.extent))[1]
     if not isinstance(lo, ir.Const) or hi == float("inf"):
-        if not strict:
-            return loop
-        raise LoweringError(f"loop {loop.var.name} around a tensorized nest needs a constant range "
-                            f"(it runs from {ir.expr_text(loop.lo)} over {ir.expr_text(loop.extent)})")
+        return None
     return replace(loop, lo=lo, extent=ir.const(int(hi)))
+
+
+def _span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    simp = Simplifier()
+    simp.bounds = dict(bounds)
+    lo = simp.interval(loop.lo)
+    ext = simp.interval(loop.extent)
+    return lo[0], lo[1] + ext[1] - 1
+
+
+def _fits(nests: list[_Nest], bounds: dict[str, tuple[float, float]]) -> bool:
+    """Whether every access of the nests stays inside its buffer for the loop ranges in ``bounds``
+    (the nests' own loops over their whole 16 × 8 × 16 tile)."""
+    simp = Simplifier()
+    for nest in nests:
+        simp.bounds = {**bounds, **dict(zip(nest.names, [(0, 15), (0, 7), (0, 15)]))}
+        for ld in nest.accesses:
+            for i, d in zip(ld.index, ld.buffer.shape):
+                hi = simp.interval(simplify_expr(i))[1]
+                if not isinstance(d, ir.Const) or hi > int(d.value) - 1:
+                    return False
+    return True
 
 
 def _uses(e: ir.Expr, name: str) -> bool:
@@ -127,7 +150,8 @@ def _nests(s: ir.Stmt) -> list[ir.For]:
 
 class _Tensorize(ir.Mutator):
     def __init__(self) -> None:
-        self.shared: list[str] = []  # shared buffers whose scope we are in (the operands' whole tiles)
+        self.shared: list[str] = []  # buffers whose scope we are in (the operands' whole tiles)
+        self.bounds: dict[str, tuple[float, float]] = {}  # ranges of the enclosing loops
 
     def visit_Allocate(self, s: ir.Allocate) -> ir.Stmt:
         self.shared.append(s.buffer.name)
@@ -137,23 +161,39 @@ class _Tensorize(ir.Mutator):
             self.shared.pop()
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
-        nests = _nests(s) if s.kind != "tensorize" else []
+        nests = [_Nest(n) for n in _nests(s)] if s.kind != "tensorize" else []
         if nests and s.kind in ("serial", "unroll") and all(
-                _Nest(n).a.buffer.name in self.shared and _Nest(n).b.buffer.name in self.shared for n in nests):
+                n.accesses[1].buffer.name in self.shared and n.accesses[2].buffer.name in self.shared for n in nests):
             # a loop between the operands' whole tiles and the nest (the K steps inside a tile): its
-            # full range only adds products of zeros at the edges, and keeps its trip count constant
-            s = _full(s, strict=False)
-        # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
-        inner = _unguard(s.body)
-        if isinstance(inner, ir.For) and isinstance(_unguard(inner.body), ir.For) and \
-                _unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
-            nest = _Nest(_unguard(inner.body))  # type: ignore[arg-type]
-            mi, nj = s.var.name, inner.var.name
-            if not any(_uses(x, mi) for x in nest.b.index) and not any(_uses(x, nj) for x in nest.a.index):
-                return self.shared_fragments(s, inner, nest)
-        if s.kind == "tensorize":
-            return self.single(_Nest(s))
-        return self.default_stmt(s)
+            # full range keeps its trip count constant, where the buffers hold it
+            full = _full(s, self.bounds)
+            if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: _span(
+                    full, self.bounds), **self._inner_spans(full)}):
+                s = full
+        self.bounds[s.var.name] = _span(s, self.bounds)
+        try:
+            # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
+            inner = _unguard(s.body)
+            if isinstance(inner, ir.For) and isinstance(_unguard(inner.body), ir.For) and \
+                    _unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
+                nest = _Nest(_unguard(inner.body))  # type: ignore[arg-type]
+                mi, nj = s.var.name, inner.var.name
+                if not any(_uses(x, mi) for x in nest.b.index) and not any(_uses(x, nj) for x in nest.a.index):
+                    return self.shared_fragments(s, inner, nest)
+            if s.kind == "tensorize":
+                return self.single(_Nest(s))
+            return self.default_stmt(s)
+        finally:
+            del self.bounds[s.var.name]
+
+    def _inner_spans(self, loop: ir.For) -> dict[str, tuple[float, float]]:
+        """Ranges of the loops inside ``loop`` down to the nests, at their largest."""
+        out: dict[str, tuple[float, float]] = {}
+        for x in ir.walk_stmt(loop.body):
+            if isinstance(x, ir.For) and x.kind != "tensorize":
+                full = _full(x, self.bounds)
+                out[x.var.name] = _span(full if full is not None else x, {**self.bounds, **out})
+        return out
 
     @staticmethod
     def _buffers(nest: _Nest, rows: ir.Expr, cols: ir.Expr) -> tuple[ir.Buffer, ir.Buffer]:
@@ -174,14 +214,25 @@ class _Tensorize(ir.Mutator):
         return ir.Allocate(afrag, ir.Allocate(bfrag, body))
 
     def shared_fragments(self, outer: ir.For, inner: ir.For, nest: _Nest) -> ir.Stmt:
-        outer, inner = _full(outer), _full(inner)
+        # the tile loops over their full constant range where the buffers hold it (registers indexed
+        # by constants); otherwise they keep their bounds and the fragments are sized for the most
+        full_o, full_i = _full(outer, self.bounds), _full(inner, self.bounds)
+        if full_o is None or full_i is None:
+            raise LoweringError(f"loops {outer.var.name}, {inner.var.name} around a tensorized nest need a bounded "
+                                "range")
+        spans = {**self.bounds, outer.var.name: _span(full_o, self.bounds),
+                 inner.var.name: _span(full_i, self.bounds)}
+        if _fits([nest], spans) and isinstance(simplify_expr(outer.lo), ir.Const) and \
+                isinstance(simplify_expr(inner.lo), ir.Const):
+            outer, inner = full_o, full_i
+        sizes = (full_o.extent, full_i.extent)
         mi, nj = outer.var, inner.var
-        afrag, bfrag = self._buffers(nest, outer.extent, inner.extent)
+        afrag, bfrag = self._buffers(nest, *sizes)
         a_rel = ir.BinOp("-", mi, outer.lo)
         b_rel = ir.BinOp("-", nj, inner.lo)
         load_a = replace(outer, body=_call("pt_ldmatrix_a", ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda),
                          kind="unroll")
-        ext = int(inner.extent.value)  # type: ignore[union-attr]
+        ext = int(inner.extent.value) if isinstance(inner.extent, ir.Const) else 1
         if ext % 2 == 0:  # two column tiles per ldmatrix (x4): half the shared-memory instructions
             pair = ir.Var(f"{nj.name}_pair")
             col = ir.BinOp("+", inner.lo, ir.BinOp("*", pair, ir.const(2)))
