@@ -129,15 +129,15 @@ def _report(result: Any) -> float | None:
 
 
 def plot_curve(curve: list[float], path: str | Path, title: str, vendor: float | None = None,
-               more: dict[str, list[float]] | None = None) -> None:
+               more: dict[str, list[float]] | None = None, label: str = "tuned") -> None:
     """Save a plot of best latency (ms) against trials (several curves via ``more``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, c in {"tuned": curve, **(more or {})}.items():
+    for name, c in {label: curve, **(more or {})}.items():
         xs = [k + 1 for k, v in enumerate(c) if math.isfinite(v)]
-        ax.step(xs, [v * 1e3 for v in c if math.isfinite(v)], where="post", label=label)
+        ax.step(xs, [v * 1e3 for v in c if math.isfinite(v)], where="post", label=name)
     if vendor:
         ax.axhline(vendor * 1e3, color="gray", linestyle="--", label="vendor")
     ax.set_xlabel("trials")
