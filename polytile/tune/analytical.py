@@ -27,8 +27,8 @@ the last batch may hold fewer blocks per SM (and a small grid never fills the fi
 **Inner load–use loop** (registers ← shared, one k16 step of one warp, on its SM sub-partition):
 
     t_mma = 2·wm·wn·16 / (tensor-core FLOP per cycle per SM / 4)
-    L_s   = shared latency + (wm + wn)·16·itemsize / (shared bytes per cycle / 4)
-    step  = max(w · t_mma, L_s / (R − 1))      with R ≥ 2 register stages
+    L_s   = shared latency + (wm + wn)·16·itemsize / shared bytes per cycle
+    step  = max(w · t_mma, L_s / (R − 1))      with R ≥ 2 register stages (and bk > 16)
     step  = max(w · t_mma, L_s + t_mma)        with R = 1 (each warp waits for its own loads)
 
 where w is the number of warps per sub-partition (N_mplx · warps / 4, rounded up): the other warps
@@ -41,10 +41,14 @@ per outer iteration.
     round = max(I(N_mplx), L_g / (S − 1), T_l2, T_dram, T_smem) + sync     with S ≥ 2
     round = max(I(N_mplx), L_g + I(1), T_l2, T_dram, T_smem) + sync        with S = 1
 
-L_g is the load latency (L2 latency, raised toward DRAM latency by the miss share); T_l2 and T_dram
-the L2 and DRAM transfer times of the round's bytes ((bm + bn)·bk·itemsize per block; DRAM sees the
-compulsory bytes when the operands fit the L2, else every batch's distinct rows and columns);
-T_smem the shared-memory bandwidth time of the round's ldmatrix reads and cp.async writes.
+L_g is the load latency of a block's tile: the L2 latency, raised toward the DRAM latency by the miss
+share, plus the tile's transfer through the SM's L2 port; T_l2 and T_dram the L2 and DRAM transfer
+times of the round's bytes ((bm + bn)·bk·itemsize per block; DRAM sees the compulsory bytes when the
+operands fit in half the L2, else every batch's distinct rows and columns); T_smem the
+shared-memory bandwidth time of the round's ldmatrix reads and cp.async writes.
+
+Every "max" above is ``overlap``: the largest term plus ``OVERLAP_LOSS`` (10%) of the others, since
+overlap is never perfect (this also orders configurations whose largest terms tie).
 
 **Batch** = prologue (L_g, plus L_s with register pipelining) + (K steps) · round + epilogue (the
 float32 tile written back through DRAM). **Kernel** = sum over batches + launch overhead.
@@ -175,7 +179,9 @@ class TileConfig:
 
     @staticmethod
     def of(values: dict[str, object]) -> TileConfig:
-        return TileConfig(*(int(values[k]) for k in ("bm", "bn", "bk", "wm", "wn", "stages", "reg_stages")))  # type: ignore[call-overload]
+        """The tiles of a configuration's values (by decision name)."""
+        names = ("bm", "bn", "bk", "wm", "wn", "stages", "reg_stages")
+        return TileConfig(**{k: int(values[k]) for k in names})  # type: ignore[call-overload]
 
     @property
     def warps(self) -> int:

@@ -108,7 +108,7 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
         space = task.space
         m = measurer
         options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
-    if getattr(TUNERS.get(tuner), "needs_model", False) and "predict" not in options:
+    if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
         space = task.space
         options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
         task.predict([])  # fails now, with the reason, when the template has no model

@@ -81,6 +81,7 @@ class Tuner:
     """Proposes configurations of ``space``; remembers every one it proposed or was told about."""
 
     name = "tuner"
+    needs_model = False  # whether it takes ``predict``, the template's analytical model
 
     def __init__(self, space: ConfigSpace, seed: int = 0):
         self.space = space
@@ -366,7 +367,6 @@ def make_tuner(kind: str, space: ConfigSpace, seed: int = 0, **options: object) 
     two take ``predict`` (digit rows -> predicted seconds)."""
     if kind not in TUNERS:
         raise TuneError(f"unknown tuner {kind!r}; use one of {', '.join(TUNERS)}")
-    cls = TUNERS[kind]
-    if getattr(cls, "needs_model", False) and options.get("predict") is None:
+    if TUNERS[kind].needs_model and options.get("predict") is None:
         raise TuneError(f"tuner {kind!r} needs the template's analytical model (predict=...)")
-    return cls(space, seed, **options)  # type: ignore[arg-type]
+    return TUNERS[kind](space, seed, **options)  # type: ignore[arg-type]
