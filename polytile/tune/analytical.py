@@ -17,7 +17,8 @@ All times are in cycles of the SM clock until ``Estimate.seconds``.
 **Occupancy** (N_mplx, blocks resident on one SM) = min over the limits
 
     shared:    shared_per_sm // (stages · (bm·(bk+8) + bk·(bn+8)) · itemsize + reserved_per_block)
-    registers: (registers_per_sm // (regs_per_thread · 32)) // warps   (allocation per warp)
+    registers: (registers_per_sm // (regs_per_thread · 32)) // warps   (allocation per warp; an
+               estimate: accumulators, fragments per register stage, copy addresses, 24 more)
     threads:   max_threads_per_sm // threads
     blocks:    max_blocks_per_sm
 
@@ -148,6 +149,7 @@ class GemmShape:
     taps: int = 1
     itemsize: int = 2
     input_bytes: float | None = None
+    gather: bool = False  # the A tile's copies gather (implicit GEMM): more address registers
 
     @property
     def flops(self) -> float:
@@ -195,14 +197,15 @@ class TileConfig:
         """Operand tiles in shared memory, rows padded by 8 elements, one copy per stage."""
         return self.stages * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * itemsize
 
-    @property
-    def registers_per_thread(self) -> int:
+    def registers_per_thread(self, itemsize: int = 2, gather: bool = False) -> int:
         """An estimate: float32 accumulators, operand fragments of a k16 step per register stage
-        (A: 4 registers per 16 rows, B: 2 per 8 columns) and addressing; rounded to the allocation
-        unit of 8 (nvcc reports within about ±25% on sm_90a)."""
+        (A: 4 registers per 16 rows, B: 2 per 8 columns), an address per 16-byte copy of a K tile
+        (two for a gather) and 24 more; rounded to the allocation unit of 8. nvcc's counts on
+        sm_90a are within about ±25% for GEMMs; convolutions can need more."""
         accumulators = self.wm * self.wn // 32
         fragments = (self.wm // 16) * 4 + (self.wn // 8) * 2
-        regs = accumulators + fragments * self.reg_stages + 24
+        copies = -(-(self.bm + self.bn) * self.bk * itemsize // (16 * self.threads))
+        regs = accumulators + fragments * self.reg_stages + copies * (2 if gather else 1) + 24
         return -(-regs // 8) * 8
 
 
@@ -221,10 +224,10 @@ class Occupancy:
         return min(self.limits, key=lambda k: self.limits[k])
 
 
-def occupancy(cfg: TileConfig, hw: Hardware, itemsize: int = 2) -> Occupancy:
+def occupancy(cfg: TileConfig, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
     """N_mplx from shared memory, registers, threads and the block limit (0: the block does not fit)."""
     shared = cfg.shared_bytes(itemsize)
-    regs = cfg.registers_per_thread
+    regs = cfg.registers_per_thread(itemsize, gather)
     fits = shared <= hw.shared_per_block and cfg.threads <= hw.max_threads_per_block and regs <= 256
     limits = {
         "shared": hw.shared_per_sm // (shared + RESERVED_SHARED_PER_BLOCK) if fits else 0,
@@ -279,7 +282,7 @@ def estimate(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> Estimate:
     check_tiles(cfg)
     hw = Hardware.of(target)
     it = shape.itemsize
-    occ = occupancy(cfg, hw, it)
+    occ = occupancy(cfg, hw, it, shape.gather)
     blocks = shape.batch * -(-shape.m // cfg.bm) * -(-shape.n // cfg.bn)
     steps = shape.k_steps(cfg.bk)
     if occ.blocks == 0:

@@ -20,17 +20,19 @@ A100 = CUDATarget(name="A100", arch="sm_80", **{k: v for k, v in KNOWN_ARCHS["sm
 
 def test_occupancy_limited_by_registers():
     # shared: 3·(128·40 + 32·136)·2 = 56832 B (+1 KiB reserved) → 233472 // 57856 = 4 blocks;
-    # registers: 128 accumulators + 32 fragment + 24 = 184 per thread → 65536 // (184·32) = 11 warps
-    # → 2 blocks of 4 warps; threads: 2048 // 128 = 16
+    # registers: 128 accumulators + 32 fragment + 8 copy addresses ((128 + 128)·32·2 B / 16 B / 128
+    # threads) + 24 = 192 per thread → 65536 // (192·32) = 10 warps → 2 blocks of 4 warps;
+    # threads: 2048 // 128 = 16
     cfg = TileConfig(128, 128, 32, 64, 64, stages=3, reg_stages=1)
-    assert cfg.shared_bytes() == 56832 and cfg.registers_per_thread == 184 and cfg.threads == 128
+    assert cfg.shared_bytes() == 56832 and cfg.registers_per_thread() == 192 and cfg.threads == 128
     occ = occupancy(cfg, Hardware.of(H100))
     assert occ.limits == {"shared": 4, "registers": 2, "threads": 16, "blocks": 32}
     assert occ.blocks == 2 and occ.limiter == "registers"
 
 
 def test_occupancy_limited_by_shared_memory():
-    # 6·(64·40 + 32·72)·2 = 58368 B → 233472 // 59392 = 3; registers 32 + 2·16 + 24 = 88 → 23 warps → 5
+    # 6·(64·40 + 32·72)·2 = 58368 B → 233472 // 59392 = 3; registers 32 + 2·16 + 4 + 24 = 92 → 96
+    # → 65536 // 3072 = 21 warps → 5 blocks
     cfg = TileConfig(64, 64, 32, 32, 32, stages=6, reg_stages=2)
     occ = occupancy(cfg, Hardware.of(H100))
     assert (occ.limits["shared"], occ.limits["registers"], occ.blocks, occ.limiter) == (3, 5, 3, "shared")
@@ -150,6 +152,9 @@ def test_templates_predict_every_tensor_core_operator():
                              padding=1).op)
     assert (g.m, g.n, g.k, g.taps, g.k_steps(64)) == (6272, 256, 256, 9, 36)
     assert g.flops == 2.0 * 6272 * 256 * 256 * 9
+    # its copies gather (two address registers per 16-byte copy): 16 copies per thread here
+    cfg = TileConfig(128, 128, 64, 64, 64, 3, 2)
+    assert g.gather and cfg.registers_per_thread(2, True) == cfg.registers_per_thread(2) + 16
 
 
 def test_the_model_costs_microseconds():

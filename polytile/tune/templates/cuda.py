@@ -136,7 +136,7 @@ def gemm_shape(op: Any) -> GemmShape:
         taps *= s[f]
         pixels *= s[dim]
     return GemmShape(out, s["K"], s["C"], taps=taps, itemsize=itemsize,
-                     input_bytes=itemsize * (pixels * s["C"] + taps * s["C"] * s["K"]))
+                     input_bytes=itemsize * (pixels * s["C"] + taps * s["C"] * s["K"]), gather=True)
 
 
 def tensorcore_model(op: Any, target: Any, values: dict[str, object]) -> float:
@@ -161,7 +161,7 @@ def _tensorcore_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
     cfg.require(tiles.bm // 2 < shape.m or tiles.bm == 32, "the block tile is twice the matrix's rows")
     cfg.require(tiles.bn // 2 < shape.n or tiles.bn == 32, "the block tile is twice the matrix's columns")
     cfg.require(tiles.bk // 2 < shape.k or tiles.bk == 16, "the K tile is twice the reduction")
-    regs = tiles.registers_per_thread
+    regs = tiles.registers_per_thread(shape.itemsize, shape.gather)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
     return t
