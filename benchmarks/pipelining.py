@@ -2,7 +2,7 @@
 
 For each workload — fp16/bf16 GEMM 4096³, BERT-base's GEMMs (512×768×768, 512×3072×768,
 512×768×3072), a fully connected layer (64×1000×2048), attention's batched GEMM (96×128×128×64),
-ResNet-50's 3×3 convolution (N=32, 14×14, 256→256, NHWC) and a 3-D convolution as implicit GEMMs —
+ResNet-50's 3×3 convolutions (N=32, NHWC) and a 3-D convolution as implicit GEMMs —
 polytile's tensor-core kernel is built with the same tiles in four pipelining variants:
 
   none        no pipelining (load, sync, compute)
@@ -46,6 +46,7 @@ def workloads(quick: bool) -> dict[str, dict]:
     """name -> kind, sizes, tiles (the same for every variant) and the multi-stage stage count."""
     big = dict(bm=128, bn=256, wm=64, wn=64, bk=64)
     small = dict(bm=64, bn=64, wm=32, wn=32, bk=64)
+    n = 8 if quick else 32
     w = {
         "matmul4096": dict(kind="matmul", dims=(1024, 1024, 1024) if quick else (4096, 4096, 4096), tiles=big,
                            stages=3),
@@ -54,8 +55,15 @@ def workloads(quick: bool) -> dict[str, dict]:
         "bert_ffn2": dict(kind="matmul", dims=(512, 768, 3072), tiles=small, stages=4),
         "fc": dict(kind="matmul", dims=(64, 1000, 2048), tiles=dict(small, bk=64), stages=4),
         "bmm_attn": dict(kind="batch_matmul", dims=(96, 128, 128, 64), tiles=dict(small, bk=32), stages=2),
-        "conv2d_r50": dict(kind="conv2d_igemm", dims=(8 if quick else 32, 14, 14, 256, 256, 3, 3, 1, 1),
-                           tiles=dict(bm=128, bn=128, wm=64, wn=64, bk=32), stages=3),
+        # ResNet-50's 3×3 layers (stride 1, padding 1) at batch 32
+        "r50_conv2": dict(kind="conv2d_igemm", dims=(n, 56, 56, 64, 64, 3, 3, 1, 1),
+                          tiles=dict(bm=128, bn=64, wm=64, wn=32, bk=32), stages=3),
+        "r50_conv3": dict(kind="conv2d_igemm", dims=(n, 28, 28, 128, 128, 3, 3, 1, 1),
+                          tiles=dict(bm=128, bn=128, wm=64, wn=64, bk=32), stages=3),
+        "r50_conv4": dict(kind="conv2d_igemm", dims=(n, 14, 14, 256, 256, 3, 3, 1, 1),
+                          tiles=dict(bm=128, bn=128, wm=64, wn=64, bk=32), stages=3),
+        "r50_conv5": dict(kind="conv2d_igemm", dims=(n, 7, 7, 512, 512, 3, 3, 1, 1),
+                          tiles=dict(small, bk=32), stages=3),
         "conv3d": dict(kind="conv3d_igemm", dims=(2, 8 if quick else 16, 28, 28, 64, 64, 3, 3, 3, 1, 1),
                        tiles=dict(small, bk=32), stages=3),
     }
