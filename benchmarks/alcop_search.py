@@ -38,6 +38,7 @@ import datetime
 import inspect
 import json
 import math
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ WORKLOADS = {
     "conv2d_r50": ("conv2d_igemm", dict(N=32, H=14, W=14, C=256, K=256, R=3, S=3, stride=1, padding=1)),
 }
 TUNERS = ("xgb", "analytical", "analytical+xgboost", "random")
+STOP: list[str] = []  # set by SIGTERM (e.g. from `timeout`): finish the round, then report
 
 
 class SharedMeasurer:
@@ -192,9 +194,10 @@ def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target,
     done = 0
     for n in range(args.batch, args.trials + args.batch, args.batch):
         n = min(n, args.trials)
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or STOP:
             entry["truncated_at"] = done
-            print(f"{name}: time budget spent; every tuner stops at {done} trials", flush=True)
+            why = "terminated" if STOP else "time budget spent"
+            print(f"{name}: {why}; every tuner stops at {done} trials", flush=True)
             break
         for tuner in tuners:
             start = time.perf_counter()
@@ -242,6 +245,13 @@ def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target,
     return entry
 
 
+def save(result: dict, out: Path, start: float, measurer: SharedMeasurer) -> None:
+    result["seconds"] = round(time.monotonic() - start, 1)
+    result["distinct_measurements"] = measurer.measured
+    result["terminated"] = bool(STOP)
+    out.write_text(json.dumps(result, indent=1))
+
+
 def print_summary(name: str, entry: dict, checkpoints: list[int]) -> None:
     found = entry.get("best_found_s")
     print(f"\n{name}: {entry['op']} {entry['shape']}  space {entry['space_size']} "
@@ -282,8 +292,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--simulate", action="store_true",
                    help="no GPU: 'measure' with the model times noise (checks the script, not the model)")
     p.add_argument("--no-share", action="store_true", help="measure a configuration again for each tuner")
-    p.add_argument("--budget-minutes", type=float, default=6.5,
-                   help="start no new round of batches after this long (default 6.5: the run ends within 8)")
+    p.add_argument("--budget-minutes", type=float, default=5.0,
+                   help="start no new round of batches after this long (default 5: the run ends within 7)")
     p.add_argument("--records-dir", help="keep the records here (a killed run resumes; default: temporary)")
     p.add_argument("--plot", action="store_true", help="write a PNG of the curves per workload")
     p.add_argument("--out", help="result JSON (default benchmarks/results/alcop_search-<date>.json)")
@@ -313,27 +323,29 @@ def main(argv: list[str]) -> int:
     }
     records_dir = Path(args.records_dir or tempfile.mkdtemp(prefix="alcop-records-"))
     records_dir.mkdir(parents=True, exist_ok=True)
+    date = datetime.date.today().isoformat()
+    out = Path(args.out or ROOT / "benchmarks" / "results" /
+               f"alcop_search{'-simulated' if args.simulate else ''}-{date}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: STOP.append("SIGTERM"))
     # one input set per workload: the float64 reference of a 4096³ GEMM takes seconds on one core
     inner = SimulatedMeasurer() if args.simulate else Measurer(MeasureOptions(repeat=10, min_time=0.05,
                                                                               same_inputs=True))
     measurer = SharedMeasurer(inner, share=not args.no_share)
     try:
         for w in workloads:
+            if STOP:
+                break
             try:
                 entry = run_workload(w, args, tuners, target, measurer, records_dir, deadline)
             except Exception as err:  # noqa: BLE001 - the other workloads still run and are recorded
                 entry = {"error": f"{type(err).__name__}: {err}"}
                 print(f"{w}: {entry['error']}", file=sys.stderr)
             result["workloads"][w] = entry
+            save(result, out, start, measurer)  # after every workload: a kill keeps the rest
     finally:
         inner.close()
-    result["seconds"] = round(time.monotonic() - start, 1)
-    result["distinct_measurements"] = measurer.measured
-    date = datetime.date.today().isoformat()
-    out = Path(args.out or ROOT / "benchmarks" / "results" /
-               f"alcop_search{'-simulated' if args.simulate else ''}-{date}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    save(result, out, start, measurer)
     checkpoints = sorted({n for n in (1, 8, 16, 32, 64, args.trials) if n <= args.trials})
     for w, entry in result["workloads"].items():
         if "error" not in entry:
