@@ -13,6 +13,7 @@ neighbours in the wrong order without one of them first crossing an instruction 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from polytile.sass.cubin import NO_BARRIER, WORD_BYTES, Control, KernelText
@@ -22,6 +23,12 @@ from polytile.sass.isa import CONTROL_FLOW, Semantics, memory_conflict, semantic
 START, END = -1, -2  # pseudo producer at a block's entry, pseudo consumer at its exit
 DEFAULT_FIXED_LATENCY = 15  # cycles assumed for a fixed-latency opcode never seen inside a block
 ASYNC_WINDOW = 32  # cycles kept around unguarded variable-latency reads and results
+# Cycles from an instruction that sets a scoreboard to the first one that may wait on it: the set
+# lands a cycle after issue, so a wait one cycle later sees the scoreboard clear and does not
+# wait at all. ptxas never schedules a wait closer than 2 cycles to the set (in every sm_90 cubin
+# looked at, 2 is also its most common distance), and a move that made it 1 broke a Triton
+# kernel on an H100 (a load's deferred address read lost to the overwrite that waited for it).
+SCOREBOARD_SETUP = 2
 _INDIRECT = {"CALL", "RET", "BRX", "BRXU", "JMX", "JMXU", "JMP"}
 
 
@@ -107,6 +114,19 @@ class KernelAnalysis:
             if b != NO_BARRIER:
                 out.add(b)
         return out
+
+    def scoreboard_waits(self, i: int) -> set[int]:
+        """Scoreboards instruction `i` waits on: its wait mask, and the SB operand of a DEPBAR."""
+        out = set(self.controls[i].waits)
+        ins = self.instructions[i]
+        if ins.base == "DEPBAR":
+            out |= {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
+        return out
+
+    def scoreboard_sets(self, i: int) -> set[int]:
+        """Scoreboards instruction `i` sets (its write and read barriers)."""
+        c = self.controls[i]
+        return {b for b in (c.write_barrier, c.read_barrier) if b != NO_BARRIER}
 
     def unguarded_result(self, i: int) -> bool:
         """A variable-latency result no scoreboard of its own tracks.
@@ -294,9 +314,14 @@ class KernelAnalysis:
         return bool(s.defs) and (s.fixed_latency or self.unguarded_result(i))
 
     def _pairs(self, block: Block):
-        """(producer, consumer, kind) pairs in one block, in the compiler's order."""
+        """(producer, consumer, kind) pairs in one block, in the compiler's order.
+
+        Besides register results and unguarded source reads, a scoreboard's last setter is the
+        producer of the next instruction that waits on that scoreboard (SCOREBOARD_SETUP).
+        """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
+        last_set: dict[int, int] = {}
         pairs = []
         for c in range(block.start, block.end):
             s = self.semantics[c]
@@ -312,6 +337,12 @@ class KernelAnalysis:
             if c in self._async_reads:
                 for u in s.uses:
                     async_readers.setdefault(u, []).append(c)
+            for b in self.scoreboard_waits(c):
+                p = last_set.pop(b, START)
+                pairs.append((p, c, "live-in" if p == START else "scoreboard set"))
+            for b in self.scoreboard_sets(c):
+                last_set[b] = c
+        pairs.extend((p, END, "scoreboard set, live-out") for p in last_set.values())
         for p in last_def.values():
             if self._timed_producer(p):
                 pairs.append((p, END, "live-out"))
@@ -339,62 +370,91 @@ class KernelAnalysis:
             table.setdefault(key, value)
         return table
 
-    def _live_in_needs(self) -> list[dict[int, int]]:
-        """Per block, the cycles each live-in register may still need after the block starts.
+    def _live_in_needs(self) -> list[dict]:
+        """Per block, the cycles each live-in dependence may still need after the block starts.
 
-        A timed producer near the end of a predecessor block leaves `latency - distance to the
-        block end` cycles for the successor to wait; values flow through blocks that do not
-        redefine the register, shrinking by their stall total. With indirect control flow every
-        live-in register is assumed to need the full window.
+        Keys are register units (a timed producer's result), ("war", unit) (a source read
+        without a read barrier, before its overwrite) and ("sb", b) (a set of scoreboard b, before
+        a wait on it). A producer near the end of a predecessor block leaves `required - distance
+        to the block end` cycles for the successor to wait; values flow through blocks that do not
+        touch the key, shrinking by their stall total. With indirect control flow every live-in
+        dependence is assumed to need the full window (`_live_in_requirement`).
         """
         n = len(self.blocks)
         if self.has_indirect_flow:
             return [{} for _ in range(n)]
-        own: list[dict[int, int]] = []
-        defined: list[set[int]] = []
+        own: list[dict] = []
+        cut: list[set] = []
         total = []
         for block in self.blocks:
-            last: dict[int, int] = {}
+            needs: dict = {}
+            last_def: dict[int, int] = {}
+            last_set: dict[int, int] = {}
+            reads: dict[int, list[int]] = {}
+            touched: set = set()
             for i in range(block.start, block.end):
-                for u in self.semantics[i].defs:
-                    last[u] = i
-            own.append(
-                {
-                    u: max(0, self.required_latency(p) - self._distance(block, p, END))
-                    for u, p in last.items()
-                    if self._timed_producer(p)
-                }
-            )
-            defined.append(set(last))
+                s = self.semantics[i]
+                for b in self.scoreboard_waits(i):
+                    last_set.pop(b, None)
+                    touched.add(("sb", b))
+                for b in self.scoreboard_sets(i):
+                    last_set[b] = i
+                    touched.add(("sb", b))
+                for u in s.defs:
+                    last_def[u] = i
+                    reads.pop(u, None)
+                    touched |= {u, ("war", u)}
+                if i in self._async_reads:
+                    for u in s.uses:
+                        reads.setdefault(u, []).append(i)
+
+            def need(key, producer, required, needs=needs, block=block):
+                value = required - self._distance(block, producer, END)
+                if value > needs.get(key, 0):
+                    needs[key] = value
+
+            for u, p in last_def.items():
+                if self._timed_producer(p):
+                    need(u, p, self.required_latency(p))
+            for u, readers in reads.items():
+                for m in readers:
+                    need(("war", u), m, self.required_latency(m))
+            for b, p in last_set.items():
+                need(("sb", b), p, SCOREBOARD_SETUP)
+            own.append(needs)
+            cut.append(touched)
             total.append(self._distance(block, START, END))
         preds: list[list[int]] = [[] for _ in range(n)]
         for block in self.blocks:
             for succ in block.successors:
                 preds[succ].append(block.index)
-        need: list[dict[int, int]] = [{} for _ in range(n)]
+        need_in: list[dict] = [{} for _ in range(n)]
         changed = True
         while changed:
             changed = False
             for k in range(n):
-                new: dict[int, int] = {}
+                new: dict = {}
                 for q in preds[k]:
                     outgoing = dict(own[q])
-                    for u, v in need[q].items():
-                        if u not in defined[q]:
-                            outgoing[u] = max(outgoing.get(u, 0), v - total[q])
-                    for u, v in outgoing.items():
-                        if v > 0 and v > new.get(u, 0):
-                            new[u] = v
-                if new != need[k]:
-                    need[k] = new
+                    for key, v in need_in[q].items():
+                        if key not in cut[q]:
+                            outgoing[key] = max(outgoing.get(key, 0), v - total[q])
+                    for key, v in outgoing.items():
+                        if v > 0 and v > new.get(key, 0):
+                            new[key] = v
+                if new != need_in[k]:
+                    need_in[k] = new
                     changed = True
-        return need
+        return need_in
 
     def _live_in_requirement(self, block: Block, consumer: int) -> int:
         s = self.semantics[consumer]
         if self.has_indirect_flow:
             return ASYNC_WINDOW
-        return max((self._live_in_need[block.index].get(u, 0) for u in s.uses | s.defs), default=0)
+        keys = [*(s.uses | s.defs), *(("war", u) for u in s.defs)]
+        keys += [("sb", b) for b in self.scoreboard_waits(consumer)]
+        need = self._live_in_need[block.index]
+        return max((need.get(key, 0) for key in keys), default=0)
 
     def _distance_rules(self) -> dict[int, list[DistanceRule]]:
         rules: dict[int, list[DistanceRule]] = {}
@@ -408,6 +468,8 @@ class KernelAnalysis:
                     required = min(original, self.required_latency(p))
                 elif kind == "result":
                     required = min(original, ASYNC_WINDOW)
+                elif kind.startswith("scoreboard set"):
+                    required = min(original, SCOREBOARD_SETUP)
                 else:
                     required = min(original, self.required_latency(p))
                 if required <= 0:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from polytile.sass.analysis import DEFAULT_FIXED_LATENCY, KernelAnalysis
+from polytile.sass.analysis import DEFAULT_FIXED_LATENCY, SCOREBOARD_SETUP, KernelAnalysis
 from polytile.sass.cubin import Control, Cubin
 from polytile.sass.disasm import disassemble, instruction_from_text
 from polytile.sass.isa import P_BASE, UR_BASE, memory_conflict, semantics
@@ -142,6 +142,50 @@ def test_unguarded_shared_load_keeps_its_place_among_scoreboard_users(analysis_o
     ]
     a = analysis_of(rows)
     assert "unguarded" in Schedule(a).check(Move(0, DOWN))[1]
+
+
+def test_a_wait_stays_two_cycles_after_the_set_of_its_scoreboard(analysis_of):
+    """The H100 failure in miniature (Triton's fma3): a load that reads R2 under read barrier 5
+    moved down to just before the LDC that waits on 5 to overwrite R2. One cycle after the set
+    the wait sees nothing pending, and the LDC can win the race for R2; the repair keeps 2."""
+    rows = [
+        ("@!P1 LDG.E.128 R20, desc[UR4][R2.64+0x800]", {"read_barrier": 5, "write_barrier": 4}),
+        ("CS2R R26, SRZ", {}),
+        ("LDC.64 R2, c[0x0][0x228]", {"wait_mask": 1 << 5, "write_barrier": 1}),
+        ("EXIT", {"wait_mask": 1 << 1 | 1 << 4}),
+    ]
+    a = analysis_of(rows)
+    s = Schedule(a).apply(Move(0, DOWN))
+    assert s.order[:3] == (1, 0, 2) and s.extra == {0: 1} and s.stall(0) == SCOREBOARD_SETUP
+    assert Control.from_word(s.words()[1]).stall == 2
+
+
+def test_scoreboard_set_and_wait_in_different_blocks_keep_their_distance(analysis_of):
+    """The set at the end of one block, the wait in the next: the distance across the edge holds."""
+    rows = [
+        ("LDG.E R20, desc[UR4][R2.64]", {"read_barrier": 5, "write_barrier": 4}),
+        ("@P0 BRA 0x40", {"stall": 0}),
+        ("STS [R8], R9", {}),  # one cycle between the set and the wait: moving it below is illegal
+        ("LDC.64 R2, c[0x0][0x228]", {"wait_mask": 1 << 5}),
+        ("EXIT", {"wait_mask": 1 << 4}),
+    ]
+    a = analysis_of(rows)
+    result, reason = Schedule(a).check(Move(2, DOWN))
+    assert result is None and "stall repair" in reason
+
+
+def test_unguarded_source_read_keeps_its_distance_to_an_overwrite_in_the_next_block(analysis_of):
+    """STS reads R3 with no read barrier; the overwrite of R3 in the next block keeps its distance."""
+    rows = [
+        ("STS [R3], R4", {}),
+        ("@P0 BRA 0x40", {}),
+        ("LDS R6, [R8]", {"write_barrier": 0, "stall": 4}),
+        ("IADD3 R3, R5, 0x1, RZ", {}),
+        ("EXIT", {"wait_mask": 1}),
+    ]
+    a = analysis_of(rows)
+    result, reason = Schedule(a).check(Move(2, DOWN))
+    assert result is None and "stall repair" in reason
 
 
 def _conflicting_pairs(a: KernelAnalysis, block) -> list[tuple[int, int]]:
