@@ -105,13 +105,20 @@ class ExprConverter:
         raise LoweringError(f"cannot lower {type(e).__name__}")
 
 
+def shape_expr(e: lx.Expr) -> ir.Expr:
+    from .pipeline import shape_expr as convert
+    return convert(e)
+
+
 class IRBuilder:
     """Builds the loop IR of a plan; ``buffers`` holds every tensor and cache buffer by name."""
 
     def __init__(self, plan: Plan, computations: Mapping[str, ComputeTensor], bodies: Mapping[str, lx.Expr],
                  buffers: Mapping[str, ir.Buffer], tags: Mapping[str, Mapping[str, str]],
-                 dyn_exprs: Mapping[str, lx.Expr], reserved: set[str]):
+                 dyn_exprs: Mapping[str, lx.Expr], reserved: set[str],
+                 virtual: Mapping[str, tuple[ComputeTensor, lx.Expr]] | None = None):
         self.plan = plan
+        self.virtual = virtual or {}  # computations inlined into their caches' copies
         self.computations = computations
         self.bodies = bodies
         self.buffers = buffers
@@ -265,7 +272,7 @@ class IRBuilder:
 
     def loop_kind(self, n: AstFor, users: set[str]) -> str:
         copies = [self.plan.statements[u] for u in users
-                  if u in self.plan.statements and self.plan.statements[u].kind in ("copy_in", "copy_out")]
+                  if u in self.plan.statements and self.plan.statements[u].kind in ("copy_in", "copy_out", "fill")]
         if copies and len(copies) == len([u for u in users if u in self.plan.statements]):
             return self.copy_loop_kind(n, copies)
         kinds = set()
@@ -302,7 +309,7 @@ class IRBuilder:
         args = [aexpr(a, env) for a in n.args]
         dims_env = dict(zip(plan.dims, args))
         conv = ExprConverter(self.buffers, plan.rewrites, dims_env, env)
-        if plan.kind in ("copy_in", "copy_out"):
+        if plan.kind in ("copy_in", "copy_out", "fill"):
             return self.copy(plan, conv, dims_env, env)
         comp = self.computations[plan.owner]
         axes = list(comp.axes) + (list(comp.reduce_axes) if plan.kind == "compute" else [])
@@ -342,10 +349,41 @@ class IRBuilder:
             cbuf, cidx = ExprConverter(self.buffers, [plan.cache_rewrite], dims_env, env).index_of(tensor, elem)
         else:
             cbuf, cidx = self.buffers[cache.name], tuple(aexpr(e, dims_env) for e in plan.cache_index)
+        if plan.kind == "fill":
+            return ir.Store(cbuf, cidx, ir.Const(plan.fill_value, cbuf.dtype))  # type: ignore[arg-type]
         if plan.kind == "copy_in":
-            sbuf, sidx = conv.index_of(tensor, elem)  # the tensor, or the previous cache of a chain
-            return ir.Store(cbuf, cidx, ir.Load(sbuf, sidx))
-        return ir.Store(self.buffers[tensor], elem, ir.Load(cbuf, cidx))
+            value: ir.Expr
+            if tensor in self.virtual:  # computed while copying (inlined into the cache)
+                comp, body = self.virtual[tensor]
+                value = conv.convert(body, {id(a): i for a, i in zip(comp.axes, elem)})
+                if value.dtype != comp.dtype:
+                    value = ir.Cast(comp.dtype, value)
+                shape = tuple(shape_expr(d) for d in comp.shape)
+                sidx = elem
+            else:
+                sbuf, sidx = conv.index_of(tensor, elem)  # the tensor, or the previous cache of a chain
+                value, shape = ir.Load(sbuf, sidx), sbuf.shape
+            if plan.zfill:  # a whole tile: the elements past the tensor's end are zeros
+                inside = [ir.Cmp("<", i, d) for i, d in zip(sidx, shape)]
+                value = _zero_unless(inside, value)
+            return ir.Store(cbuf, cidx, value)
+        tbuf = self.buffers[tensor]
+        out: ir.Stmt = ir.Store(tbuf, elem, ir.Load(cbuf, cidx))
+        if plan.guard_inside:  # a whole tile written back: the elements inside the tensor
+            inside = [ir.Cmp("<", i, d) for i, d in zip(elem, tbuf.shape)]
+            out = ir.If(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), out)
+        return out
+
+
+def _zero_unless(conds: list[ir.Expr], value: ir.Expr) -> ir.Expr:
+    """``select(all conds, value, 0)``, merged with a select-with-zero inside ``value`` (zero padding
+    of an inlined producer), so that a copy stays ``select(inside, load, 0)``."""
+    zero = ir.Const(0.0 if value.dtype.is_float else 0, value.dtype)
+    inner = value
+    while isinstance(inner, ir.Select) and isinstance(inner.b, ir.Const) and inner.b.value == 0:
+        conds = [*conds, inner.cond]
+        inner = inner.a
+    return ir.Select(conds[0] if len(conds) == 1 else ir.Logic("&&", tuple(conds)), inner, zero)
 
 
 REGISTER_CACHE_BYTES = 2048

@@ -25,6 +25,8 @@ from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
 from .passes.pipeline import pipeline_buffers
 from .passes.flatten import flatten_storage
+from .passes.fragments import distribute_fragments
+from .passes.tensorize import tensorize_nests
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
 from .passes.unroll import unroll_loops
@@ -63,7 +65,8 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
     comps = {c.name: c for c in sched.computations}
-    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved).build()
+    virtual = {v: (sched.func.tensor(v), sched.bodies[v]) for v in sched.virtual}
+    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved, virtual).build()
     log("ast-to-ir", body)
 
     intermediates = [buffers[c.name] for c in sched.computations
@@ -73,6 +76,8 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
         passes = [
             ("allocate", lambda s: allocate_intermediates(s, intermediates)),
             ("simplify", simplify),
+            ("tensorize", tensorize_nests),
+            ("fragments", distribute_fragments),
             ("allreduce", cross_thread_reductions),
             ("kernels", lambda s: outline_kernels(s, target, name)),
             ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines))),
@@ -119,8 +124,12 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
                             if tag.startswith("threadIdx"))
         order = copy_order if c.loc == "shared" else "cache"  # register tiles: dense loops to unroll
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, c.layout, c.loc,
-                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads))
+        layout, fill = c.layout, None
+        if c.loc == "fragment":
+            layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
+                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads,
+                                     c.pad, fill, c.whole))
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)
@@ -129,6 +138,14 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
             for n, st in sched.states.items() if st.separate}
     return materialize(sched.program, sched.stage_schedules(), separate, requests, full)
+
+
+def fragment_layout(*e: object) -> tuple[object, ...]:
+    """Where mma.m16n8 keeps accumulator element (row, col) of a warp tile: tile (row // 16,
+    col // 8), slot ((row % 16) // 8 * 2 + col % 2) of lane (row % 8, (col % 8) // 2) — the last two
+    dimensions are the lane (8 × 4 = 32), spread over the warp."""
+    *lead, r, c = e
+    return (*lead, r // 16, c // 8, (r % 16) // 8 * 2 + c % 2, r % 8, (c % 8) // 2)  # type: ignore[operator]
 
 
 def folded_name(comp: str) -> str:
@@ -173,7 +190,7 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
 
 _CPU_SCOPES = {"auto": "auto", "heap": "heap", "stack": "stack"}
 _GPU_SCOPES = {"auto": "auto", "global": "global", "shared": "shared", "local": "local", "constant": "constant",
-               "heap": "global"}
+               "heap": "global", "fragment": "fragment"}
 
 
 def _scope(loc: str, target: CPUTarget | CUDATarget, name: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..errors import PolytileError
 from .base import Op, random_array, rel_error
 from .conv import conv2d, conv2d_nhwc
+from .igemm import conv2d_igemm, conv3d_igemm
 from .matmul import batch_matmul, dense, matmul
 from .norm import layernorm, softmax
 from .sparse import segment_sum, spmm
@@ -15,7 +16,7 @@ from .sparse import segment_sum, spmm
 OPS: dict[str, Callable[..., Op]] = {
     "matmul": matmul, "batch_matmul": batch_matmul, "dense": dense, "conv2d": conv2d,
     "conv2d_nhwc": conv2d_nhwc, "softmax": softmax, "layernorm": layernorm, "segment_sum": segment_sum,
-    "spmm": spmm,
+    "spmm": spmm, "conv2d_igemm": conv2d_igemm, "conv3d_igemm": conv3d_igemm,
 }
 
 
@@ -29,5 +30,5 @@ def get(name: str, **shape: int) -> Op:
         raise PolytileError(f"operator {name}: {err}") from None
 
 
-__all__ = ["OPS", "Op", "batch_matmul", "conv2d", "conv2d_nhwc", "dense", "get", "layernorm", "matmul",
+__all__ = ["OPS", "Op", "batch_matmul", "conv2d", "conv2d_igemm", "conv2d_nhwc", "conv3d_igemm", "dense", "get", "layernorm", "matmul",
            "random_array", "rel_error", "segment_sum", "softmax", "spmm"]

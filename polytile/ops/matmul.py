@@ -59,12 +59,28 @@ def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str
     st.parallel(batch if batch else "ic")
 
 
+def _acc(dtype: str) -> str | None:
+    """16-bit inputs are multiplied and summed in float32 (the result is float32), as tensor cores do."""
+    from ..dtypes import as_dtype
+    return "float32" if as_dtype(dtype).name in ("float16", "bfloat16") else None
+
+
+def _mul(a: lang.expr.Expr, b: lang.expr.Expr, acc: str | None) -> lang.expr.Expr:
+    return a * b if acc is None else a.astype(acc) * b.astype(acc)
+
+
+def _nbytes(dtype: str) -> int:
+    from ..dtypes import as_dtype
+    return as_dtype(dtype).itemsize
+
+
 def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Op:
-    """C[i, j] = sum_k A[i, k] * B[k, j]."""
+    """C[i, j] = sum_k A[i, k] * B[k, j] (float16/bfloat16 inputs: a float32 sum and result)."""
     A = placeholder((M, K), dtype, "A")
     B = placeholder((K, N), dtype, "B")
     k = reduce_axis(K, "k")
-    C = compute((M, N), lambda i, j: lang.tensor.sum(A[i, k] * B[k, j], axis=k), "C")
+    acc = _acc(dtype)
+    C = compute((M, N), lambda i, j: lang.tensor.sum(_mul(A[i, k], B[k, j], acc), axis=k), "C")
     func = Func([A, B], [C], name="matmul")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -73,17 +89,19 @@ def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Op:
     op = Op("matmul", {"M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)],
             lambda a, b: a.astype(np.float64) @ b.astype(np.float64),
-            2.0 * M * N * K, 4.0 * (M * K + K * N + M * N), {"cpu": cpu}, baseline=lambda a, b: a @ b)
+            2.0 * M * N * K, _nbytes(dtype) * (M * K + K * N) + 4.0 * M * N, {"cpu": cpu},
+            baseline=lambda a, b: a @ b, tolerance=1e-5 if acc is None else 1e-4)
     _add_cuda(op, "matmul", (M, N, K))
     return op
 
 
 def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> Op:
-    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j]."""
+    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (16-bit inputs: float32 sums, as in ``matmul``)."""
     A = placeholder((batch, M, K), dtype, "A")
     B = placeholder((batch, K, N), dtype, "B")
     k = reduce_axis(K, "k")
-    C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(A[bb, i, k] * B[bb, k, j], axis=k), "C")
+    acc = _acc(dtype)
+    C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(_mul(A[bb, i, k], B[bb, k, j], acc), axis=k), "C")
     func = Func([A, B], [C], name="batch_matmul")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -94,7 +112,8 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> 
     op = Op("batch_matmul", {"batch": batch, "M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (batch, M, K), dtype), random_array(rng, (batch, K, N), dtype)],
             lambda a, b: np.matmul(a.astype(np.float64), b.astype(np.float64)),
-            2.0 * batch * M * N * K, 4.0 * batch * (M * K + K * N + M * N), {"cpu": cpu}, baseline=np.matmul)
+            2.0 * batch * M * N * K, batch * (_nbytes(dtype) * (M * K + K * N) + 4.0 * M * N), {"cpu": cpu},
+            baseline=np.matmul, tolerance=1e-5 if acc is None else 1e-4)
     _add_cuda(op, "batch_matmul", (batch, M, N, K))
     return op
 

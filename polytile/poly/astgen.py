@@ -208,9 +208,47 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
         start = m
     if node.get_type() == isl.schedule_node_type.band:
         node = _set_isolate(node, 0, start, width, isolate)
-    build = isl.AstBuild.from_context(context)
+    build = isl.AstBuild.from_context(context).set_at_each_domain(_statement_call)
+    if isinstance(build, tuple):  # islpy returns the build with a handle keeping the callback alive
+        build, _keep = build
     ast = build.node_from_schedule(node.get_schedule())
     return convert_node(ast), bindings
+
+
+def _statement_call(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+    """A statement's call with each argument built from its own simplified piecewise function.
+
+    isl derives all arguments from one piecewise multi-function, whose pieces (split by one
+    complicated argument, e.g. a loop fusing several dimensions) repeat in every other argument as
+    equivalent selects; coalescing each argument apart keeps the simple ones simple."""
+    sched = isl.Map.from_union_map(build.get_schedule())
+    pma = isl.PwMultiAff.from_map(sched.reverse())
+    name = sched.get_tuple_name(isl.dim_type.in_)
+    args = isl.AstExprList.alloc(pma.get_ctx(), pma.dim(isl.dim_type.out))
+    for d in range(pma.dim(isl.dim_type.out)):
+        args = args.add(build.expr_from_pw_aff(_one_piece(pma.get_pw_aff(d).coalesce())))
+    del node
+    return isl.AstNode.user_from_expr(isl.AstExpr.from_id(isl.Id(name)).call(args))
+
+
+def _one_piece(pa: isl.PwAff) -> isl.PwAff:
+    """``pa`` as one (quasi-)affine function when one agrees with all its pieces (tiled schedules
+    come back from isl as disjunctions, e.g. ``64b + i`` where ``w = 0`` and ``64b + 32 + i`` where
+    ``w = 1``, which the AST would print as selects): one of the pieces' functions, or the affine
+    hull of the function's graph, checked exact."""
+    if pa.n_piece() <= 1:
+        return pa
+    graph = isl.Map.from_pw_aff(pa)
+    dom = pa.domain()
+    for _, aff in pa.get_pieces():  # one piece's function may hold on the others' domains too
+        one = isl.PwAff.from_aff(aff).intersect_domain(dom)
+        if isl.Map.from_pw_aff(one).is_equal(graph):
+            return one
+    hull = isl.Map.from_basic_map(graph.affine_hull())
+    if not hull.is_single_valued():
+        return pa
+    one = isl.PwMultiAff.from_map(hull).get_pw_aff(0).intersect_domain(pa.domain())
+    return one if isl.Map.from_pw_aff(one).is_equal(graph) else pa
 
 
 def _set_isolate(node: isl.ScheduleNode, up: int, start: int, end: int, isolate: list[isl.Set]) -> isl.ScheduleNode:

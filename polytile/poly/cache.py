@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from ..errors import LanguageError, ScheduleError
+from ..errors import ScheduleError
 from ..lang import expr as lx
 from .affine import NotAffine, affine
 from .astgen import Scheduled, binding_depth, pw_aff_expr
 from .astnodes import AExpr
-from .model import INIT_SUFFIX, Namer, Statement, maps_of, project_out_params
+from .model import INIT_SUFFIX, Namer, Statement, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
 
 
@@ -38,6 +38,10 @@ class CacheRequest:
     order: str = "cache"  # copy loops over the cache's layout ("cache") or the tensor's ("source")
     also: tuple[str, ...] = ()  # more consumers (fused with the first at the level) sharing the cache
     thread_dims: frozenset[int] = frozenset()  # prefix dims bound to GPU threads (any cache)
+    pad: tuple[int, ...] = ()  # extra elements per buffer dimension (bank-conflict padding)
+    fill: object = None  # write caches: start from this identity instead of running the initialization
+    whole: tuple[int, ...] = ()  # whole tiles: the box rounded up to these granules per tensor dimension,
+    # copied whole (zeros past the tensor's end) or, for write caches, filled whole
 
 
 @dataclass
@@ -73,7 +77,10 @@ class CacheRewrite:
     layout_exprs: list[lx.Expr]
 
 
-def _layout(req: CacheRequest, ndim: int) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
+def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
+            ) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
+    """The layout as a map from the element's offset in the footprint's box to the buffer index; it
+    must be one-to-one over the box (dimensions of extent one may be dropped)."""
     rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
           for k in range(ndim)]
     if req.layout is None:
@@ -88,7 +95,9 @@ def _layout(req: CacheRequest, ndim: int) -> tuple[isl.Map, list[lx.IterVar], li
         raise ScheduleError(f"cache {req.name}: its layout is not affine ({err})") from None
     text = (f"{{ [{', '.join(r.name for r in rs)}] -> [{', '.join(str(f) for f in forms)}] }}")
     lmap = isl.Map(text)
-    if not lmap.is_injective():
+    box = " and ".join(f"0 <= r{k} < {n}" for k, n in enumerate(sizes or []) if n is not None)
+    over = lmap.intersect_domain(isl.Set(f"{{ [{', '.join(r.name for r in rs)}] : {box} }}")) if box else lmap
+    if not over.is_injective():
         raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
     return lmap, rs, outs
 
@@ -114,22 +123,40 @@ class _Box:
     hi: isl.PwAff
 
 
-def _box_dim(f: isl.Map, d: int, what: str) -> _Box:
+def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None] | None = None) -> _Box:
+    """The box of dimension ``d`` of the footprint ``f`` ([P] -> X[e]): an offset over P and a size.
+
+    The offset is one of the pieces of the lowest index accessed; where none of them gives a box as
+    tight as the footprint (the lowest index is periodic in a fused loop, e.g. 64·(x mod 4), and isl
+    returns it as one piece per residue), the index accessed at the first inner iteration
+    (``origin``) is tried as well. Every candidate is checked exactly."""
     n_out = f.dim(isl.dim_type.out)
     proj = f.project_out(isl.dim_type.out, d + 1, n_out - d - 1).project_out(isl.dim_type.out, 0, d)
     lo = proj.dim_min(0)
     hi = proj.dim_max(0)
-    best: tuple[int, isl.Aff] | None = None
-    for _, aff in lo.get_pieces():
-        cand = isl.PwAff.from_aff(aff)
+    best: tuple[int, isl.PwAff] | None = None
+
+    def consider(cand: isl.PwAff) -> None:
+        nonlocal best
         below = _extreme(lo.sub(cand), maximize=False)
         if below is None or below < 0:
-            continue
+            return
         size = _extreme(hi.sub(cand), maximize=True)
         if size is not None and (best is None or size + 1 < best[0]):
-            best = (size + 1, aff)
+            best = (size + 1, cand)
+
+    for _, aff in lo.get_pieces():
+        consider(isl.PwAff.from_aff(aff))
+    if origin is not None and lo.n_piece() > 1:
+        tight = _extreme(hi.sub(lo), maximize=True)
+        if best is None or tight is None or best[0] > tight + 1:
+            at = origin()
+            if at is not None:
+                pa = isl.PwMultiAff.from_map(at).get_pw_aff(d).coalesce()
+                consider(pa.intersect_domain(lo.domain()) if pa.n_piece() > 1 else
+                         isl.PwAff.from_aff(pa.get_pieces()[0][1]))
     if best is not None:
-        return _Box(isl.PwAff.from_aff(best[1]), best[0], None, lo, hi)
+        return _Box(best[1], best[0], None, lo, hi)
     ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
         lo.get_domain_space())).set_constant_val(1)))
     s = isl.Map.from_pw_aff(ext).range()  # the extents, over the parameters
@@ -164,6 +191,31 @@ def _prefix_map(it: Scheduled, m: int, dom: isl.Set) -> isl.Map:
     return sched.project_out(isl.dim_type.out, m, n_out - m)
 
 
+def _once(fn: Callable[[], isl.Map | None]) -> Callable[[], isl.Map | None]:
+    memo: list[isl.Map | None] = []
+
+    def get() -> isl.Map | None:
+        if not memo:
+            memo.append(fn())
+        return memo[0]
+    return get
+
+
+def _origin(it: Scheduled, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest) -> isl.Map | None:
+    """{ [P] -> X[e] }: the element accessed at the first iteration of the loops inside the cache's
+    loop, when the access is a function (None otherwise, or for caches shared with other
+    computations, whose first iterations differ)."""
+    if req.also or not acc.is_single_valued():
+        return None
+    sched = it.schedule.intersect_domain(dom)
+    n_out = sched.dim(isl.dim_type.out)
+    image = dom.apply(sched)
+    inner = isl.Map.from_domain(image).move_dims(isl.dim_type.out, 0, isl.dim_type.in_, m, n_out - m)
+    first = inner.lexmin()  # [P] -> [first inner iteration]
+    full = isl.Map.identity(first.get_space().domain().map_from_set()).flat_range_product(first)
+    return full.apply_range(sched.reverse()).apply_range(acc)
+
+
 def _graph(pas: list[isl.PwAff]) -> isl.Map:
     """{ [P] -> [v0, v1, …] } from one piecewise function per output."""
     pma = isl.PwMultiAff.from_pw_aff(pas[0])
@@ -184,10 +236,12 @@ def _bound_params(program: PolyProgram, it: Scheduled, m: int, dyn_sources: dict
 
 def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
                  requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]
-                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]]]:
+                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]],
+                            set[str]]:
     from .materialize import StmtPlan
 
     by_name = {it.stmt.name: it for it in items}
+    dropped: set[str] = set()
     extra: list[tuple[Scheduled, object]] = []
     buffers: list[CacheBuffer] = []
     rewrites: dict[str, list[CacheRewrite]] = {}
@@ -235,15 +289,19 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         if req.block_dims:
             fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
         ndim = tensor.ndim
-        boxes = [_box_dim(fp, d, what) for d in range(ndim)]
-        lmap, lvars, lexprs = _layout(req, ndim)
+        origin = _once(lambda: _origin(it, m, dom, acc, req))
+        boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
+        if req.whole:  # whole tiles (tensor cores): boxes rounded up to the instruction's tile
+            boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]
+        lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
         p_names = _names("p", m)
         ctx = program.context
         off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
         shape: list[AExpr] = []
         if all(b.size is not None for b in boxes):
             # the buffer spans the layout's image of what is accessed (relative to the origin)
-            img = _sum(fp, off_map.neg()).range().apply(lmap)
+            region = _box_region(off_map, [b.size for b in boxes], m) if req.whole else fp  # type: ignore[misc]
+            img = _sum(region, off_map.neg()).range().apply(lmap)
             img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
             for c in range(img.dim(isl.dim_type.set)):
                 lo_v = img.dim_min_val(c).to_python()
@@ -251,7 +309,8 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                 if lo_v != 0:
                     raise ScheduleError(f"{what}: the layout must map the footprint's origin to index 0 "
                                         f"(dimension {c} starts at {lo_v})")
-                shape.append(AExpr("int", value=int(hi_v) + 1))
+                extra_pad = req.pad[c] if c < len(req.pad) else 0
+                shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
         else:
             if req.layout is not None:
                 raise ScheduleError(f"{what}: a layout needs a footprint of constant size; it depends on "
@@ -266,10 +325,21 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
                            lvars, lexprs, what)
             continue
         redirected = [req.consumer, *req.also]
+        fill = False
         if req.kind == "write":
             init_name = req.consumer + INIT_SUFFIX
             init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
-            if init_inside:
+            if init_inside and req.fill is not None:
+                # the buffer starts as the identity and the initialization is not needed: every element
+                # it would write is written back from the buffer
+                init_fp = _prefix_map(by_name[init_name], m, by_name[init_name].stmt.over_domain()).reverse() \
+                    .apply_range(project_out_params(by_name[init_name].stmt.writes[0].relation, drop))
+                if not init_fp.is_subset(fp):
+                    raise ScheduleError(f"{what}: some elements get no reduction term; this cache must keep "
+                                        "the initialization (an empty reduction range)")
+                dropped.add(init_name)
+                fill = True
+            elif init_inside:
                 redirected.append(init_name)
         for sname in redirected:
             s_it = by_name[sname]
@@ -286,13 +356,22 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         last_static = max([base_static] + [scheds[o].statics[pos] for o in req.also])
         base_static = min([base_static] + [scheds[o].statics[pos] for o in req.also])
         copy_kinds = []
-        if req.kind == "read":
+        if req.kind == "read" and req.whole:
+            if not all(b.size is not None for b in boxes):
+                raise ScheduleError(f"{what}: copying whole tiles needs a footprint of constant size")
+            copy_kinds.append(("copy_in", _box_region(off_map, [b.size for b in boxes], m), -1))  # type: ignore[misc]
+            # (the box is rounded to whole instruction tiles; what lies past the tensor reads as zero)
+        elif req.kind == "read":
             copy_kinds.append(("copy_in", fp, -1))
         else:
             written = fp  # the exact written footprint
-            if not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
+            box = _whole_written(program, req, fp, off_map, boxes, m, tensor) if req.whole else None
+            if fill:
+                # a fill touches only the buffer: the whole box (constant loops, registers)
+                copy_kinds.append(("fill", box if box is not None else written, -1))
+            elif not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
                 copy_kinds.append(("copy_in", written, -1))
-            copy_kinds.append(("copy_out", written, +1))
+            copy_kinds.append(("copy_out", box if box is not None else written, +1))
         # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
         # shared cache, every thread of the block (threads without work of their own still copy
         # their share, and the barriers around the copies must be reached by all)
@@ -341,6 +420,9 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
             names = p_names + c_names
             plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
                                                           enumerate(c_names, start=m // 2)})
+            plan.fill_value = req.fill if kind == "fill" else None
+            plan.zfill = bool(req.whole) and kind == "copy_in"
+            plan.guard_inside = kind == "copy_out" and region is not written
             if req.order == "source":
                 # the element is a loop index; the cache side goes through the offset and layout
                 plan.elem_index = [AExpr("id", name=c) for c in c_names]
@@ -362,7 +444,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         if req.kind == "read":
             chains[(req.consumer, req.tensor)] = (buf, m, off_map, lvars, lexprs)
     del items
-    return extra, buffers, rewrites
+    return extra, buffers, rewrites, dropped
 
 
 def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
@@ -429,6 +511,41 @@ def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:
     return out
 
 
+def _rounded(b: _Box, granule: int, what: str) -> _Box:
+    if b.size is None:
+        raise ScheduleError(f"{what}: whole tiles need a footprint of constant size")
+    return _Box(b.offset, -(-b.size // granule) * granule, None, b.lo, b.hi)
+
+
+def _whole_written(program: PolyProgram, req: CacheRequest, fp: isl.Map, off_map: isl.Map, boxes: list[_Box],
+                   m: int, tensor: object) -> isl.Map | None:
+    """The whole box of a write cache's footprint, when what is written is exactly the part of the box
+    inside the tensor: the write-back then runs over constant loops with a bounds test."""
+    if not all(b.size is not None for b in boxes):
+        return None
+    box = _box_region(off_map, [b.size for b in boxes], m)  # type: ignore[misc]
+    try:
+        bounds = tensor_bounds(tensor, program.params)  # type: ignore[arg-type]
+    except (isl.Error, NotAffine):
+        return None
+    inside = box.intersect_range(bounds.reset_tuple_id()).intersect_params(program.context)
+    exact = fp.reset_tuple_id(isl.dim_type.out).intersect_params(program.context)
+    inside = inside.intersect_domain(exact.domain())
+    if not inside.is_equal(exact.align_params(inside.get_space())):
+        return None
+    del req
+    return box
+
+
+def _box_region(off_map: isl.Map, sizes: list[int], m: int) -> isl.Map:
+    """{ [P] -> [e] : off(P) <= e < off(P) + size }: the whole box of a footprint."""
+    ps = [f"p{k}" for k in range(m)]
+    rs = [f"r{d}" for d in range(len(sizes))]
+    cons = " and ".join(f"0 <= {r} < {s}" for r, s in zip(rs, sizes)) or "true"
+    rel = isl.Map(f"{{ [{', '.join(ps)}] -> [{', '.join(rs)}] : {cons} }}")
+    return _sum(off_map, rel)
+
+
 def _whole_block(fp: isl.Map, m: int, block_dims: frozenset[int]) -> isl.Map:
     """A shared cache serves every thread of the block: the footprint at P is the union over all
     values of the thread-bound dimensions of P."""
@@ -467,9 +584,3 @@ def _init_inside(update: StageSchedule, init: StageSchedule, level: int | None) 
         n_shared += 1
     return n_shared > level and init.statics[:level + 1] == update.statics[:level + 1]
 
-
-def check_no_maps(m: isl.UnionMap) -> list[isl.Map]:
-    return maps_of(m)
-
-
-_ = LanguageError

@@ -116,11 +116,11 @@ def _drop_relaxed(d: Dependence, rel: isl.UnionMap, relaxed: frozenset[str]) -> 
 
 
 def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim: int,
-                      width: int, reduction_of: str | None = None, inside: set[str] | None = None
+                      width: int, reduction_of: frozenset[str] = frozenset(), inside: set[str] | None = None
                       ) -> Violation | None:
     """A dependence carried by schedule dimension ``dim`` (its two ends differ first there).
 
-    ``reduction_of``: the update statement of a reduction whose own accumulation may be carried
+    ``reduction_of``: update statements of reductions whose own accumulation may be carried
     (a cross-thread reduction combines the partial results in a fixed tree)."""
     theta = schedule_union(sched)
     xs = [f"t{k}" for k in range(width)]
@@ -133,8 +133,8 @@ def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim:
         rel = d.relation.intersect(carried)
         if inside is not None:
             rel = _between(rel, inside)
-        if reduction_of is not None:
-            rel = _drop_relaxed(d, rel, frozenset([reduction_of]))
+        if reduction_of:
+            rel = _drop_relaxed(d, rel, reduction_of)
         if not rel.is_empty():
             return _example(d, rel, theta)
     return None

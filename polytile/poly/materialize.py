@@ -18,7 +18,7 @@ from .schedule import full_map
 
 @dataclass
 class StmtPlan:
-    """How to emit statement ``name``: ``kind`` is compute, init, copy_in or copy_out."""
+    """How to emit statement ``name``: ``kind`` is compute, init, copy_in, copy_out, fill, alloc, free."""
 
     name: str
     kind: str
@@ -28,6 +28,9 @@ class StmtPlan:
     elem_index: list[AExpr] = field(default_factory=list)  # copies: the tensor element, over ``dims``
     cache_index: list[AExpr] = field(default_factory=list)  # copies in cache order: the cache element
     cache_rewrite: CacheRewrite | None = None  # copies in source order: tensor element -> cache element
+    fill_value: object = None  # "fill" statements: the value every element of the cache starts with
+    zfill: bool = False  # copies of whole tiles: elements outside the tensor read as zero
+    guard_inside: bool = False  # write-backs of whole tiles: only the elements inside the tensor
     rewrites: list[CacheRewrite] = field(default_factory=list)  # reads/writes redirected to caches
 
 
@@ -66,7 +69,8 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
         plans[name] = StmtPlan(name, kind, owner, list(stmt.dims),
                                {2 * k + 1: n for k, n in enumerate(s.loops.names)})
     dyn_sources = program.dyn_sources()
-    extra, buffers, rewrites = build_caches(program, items, scheds, caches, width, dyn_sources)
+    extra, buffers, rewrites, dropped = build_caches(program, items, scheds, caches, width, dyn_sources)
+    items = [it for it in items if it.stmt.name not in dropped]
     for it, plan in extra:
         items.append(it)
         plans[plan.name] = plan

@@ -177,7 +177,7 @@ class PolyProgram:
         return first_violation(self.dependences(original), self.full_maps(scheds), relaxed)
 
     def carried(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
-                dim: int, stmt: str, reduction_of: str | None = None) -> Violation | None:
+                dim: int, stmt: str, reduction_of: frozenset[str] = frozenset()) -> Violation | None:
         """A dependence carried by schedule dimension ``dim`` between statements inside the loop of
         ``stmt`` at that dimension (those sharing its static positions up to it)."""
         w = self.width(scheds)
@@ -188,6 +188,19 @@ class PolyProgram:
 
     def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
         return loops.loop_range(pos, self.statements[stmt].over_domain())
+
+    def is_box(self, stmt: str) -> bool:
+        """Whether the statement's domain is a box: each dimension's range depends on the parameters
+        only (not on the other dimensions), so that cutting it at the edges is all there is."""
+        dom = self.statements[stmt].domain.intersect_params(self.context)
+        box = dom.universe(dom.get_space())
+        for d in range(dom.dim(isl.dim_type.set)):
+            others = dom.project_out(isl.dim_type.set, d + 1, dom.dim(isl.dim_type.set) - d - 1) \
+                .project_out(isl.dim_type.set, 0, d)
+            box = box.intersect(others.insert_dims(isl.dim_type.set, 0, d)
+                                .add_dims(isl.dim_type.set, dom.dim(isl.dim_type.set) - d - 1)
+                                .set_tuple_id(dom.get_tuple_id()))
+        return box.is_equal(dom)
 
     def domain_of(self, stmt: str) -> isl.Set:
         return self.statements[stmt].domain

@@ -169,7 +169,11 @@ class LoopSchedule:
         out = []
         for pos in range(len(self.names)):
             pa = pma.get_pw_aff(pos)
-            out.append({d for k, d in enumerate(self.dims) if pa.involves_dims(isl.dim_type.in_, k, 1)})
+            graph = isl.Map.from_pw_aff(pa)
+            # a dimension that only cuts the function into pieces (fused loops come back from isl as
+            # several pieces) does not make it vary: the function stays single-valued without it
+            out.append({d for k, d in enumerate(self.dims) if pa.involves_dims(isl.dim_type.in_, k, 1)
+                        and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()})
         return out
 
     def __repr__(self) -> str:

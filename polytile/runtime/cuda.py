@@ -320,6 +320,11 @@ def index32_ok(lowered: ir.LoweredFunc) -> bool:
 def build_cuda_kernel(sched: object, lowered: ir.LoweredFunc, target: CUDATarget) -> CUDAKernel:
     idx32 = index32_ok(lowered)
     source, kernels = cuda_source(lowered, idx32)
+    for k in kernels:
+        if k.dynamic_shared > target.shared_per_block:
+            raise BuildError(f"{lowered.name}: kernel {k.name} needs {k.dynamic_shared} bytes of shared memory, "
+                             f"more than the {target.shared_per_block} a block of {target.name} ({target.arch}) "
+                             "can have; use smaller tiles or fewer pipeline stages")
     cubin, resources = compile_cuda(source, target.arch)
     temps = [st.buffer for st in ir.walk_stmt(lowered.body)
              if isinstance(st, ir.Allocate) and st.buffer.scope == "global"]

@@ -48,8 +48,11 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
     for other, st in sched.states.items():
         if st.anchor is not None and st.anchor.other == name:
             raise ScheduleError(f"computation {other} is placed relative to {name}; inline {name} first")
-    if any(c.tensor == name or c.consumer == name for c in sched.caches):
-        raise ScheduleError(f"computation {name} has caches; inline it before adding caches")
+    if any(c.consumer == name for c in sched.caches):
+        raise ScheduleError(f"computation {name} has caches of its own; inline it before adding them")
+    cached = [c for c in sched.caches if c.tensor == name]
+    if cached:
+        return _inline_into_caches(sched, name, cached)
     old_inlined, old_states = list(sched.inlined), dict(sched.states)
     sched.inlined.append(name)
     try:
@@ -60,3 +63,37 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
         sched.rebuild()
         raise
     return sched
+
+
+def _inline_into_caches(sched: Schedule, name: str, cached: list) -> Schedule:  # noqa: ANN001 - CacheSpecs
+    """ALCOP's order (cache reads and tiling first, inlining after): an elementwise producer whose
+    every consumer reads it through a cache is computed inside those caches' copies — the copy of
+    ``col = select(inside, I[...], 0)`` reads ``I`` directly (with zeros where the select says so)
+    and stays an asynchronous copy. Its consumers keep reading the cache."""
+    readers = [c.name for c in sched.computations if c.name != name and any(
+        isinstance(n, Load) and n.tensor.name == name for n in _walk(sched.bodies[c.name]))]
+    served = {r for c in cached for r in (c.consumer, *c.also)}
+    missing = [r for r in readers if r not in served]
+    if missing:
+        raise ScheduleError(f"computation {name} is read by {', '.join(missing)} without a cache; inline it "
+                            f"before caching, or cache it for every reader")
+    old_states = dict(sched.states)
+    sched.virtual.append(name)
+    try:
+        sched.rebuild()
+    except Exception:
+        sched.virtual.remove(name)
+        sched.states = old_states
+        sched.rebuild()
+        raise
+    return sched
+
+
+def _walk(e: Expr) -> list[Expr]:
+    out: list[Expr] = []
+
+    def visit(n: Expr) -> Expr | None:
+        out.append(n)
+        return None
+    rebuild(e, visit)
+    return out

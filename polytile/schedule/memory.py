@@ -17,7 +17,7 @@ from ..lang.tensor import Tensor
 if TYPE_CHECKING:
     from .state import Stage
 
-LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "constant")
+LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "constant", "fragment")
 
 
 def _check_loc(stage: Stage, loc: str) -> str:
@@ -46,7 +46,8 @@ def _inlined_reads(stage: Stage) -> set[str]:
 
 
 def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str | None,
-               layout: Callable[..., object] | None, loc: str, also: tuple[str, ...] = ()) -> Stage:
+               layout: Callable[..., object] | None, loc: str, also: tuple[str, ...] = (),
+               pad: tuple[int, ...] = ()) -> Stage:
     from .state import CacheSpec
     sched = stage.schedule
     taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
@@ -65,7 +66,12 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
     for other in also:
         if other not in sched.states or other == stage.name:
             raise ScheduleError(f"cache of {tensor}: {other!r} is not another computation of the schedule")
-    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also))
+    if loc == "fragment" and kind != "write":
+        raise ScheduleError(f"cache {cname}: loc='fragment' is for the accumulator of a tensorized computation "
+                            "(cache_write); operands come from shared memory")
+    if any(not isinstance(p, int) or p < 0 for p in pad):
+        raise ScheduleError(f"cache {cname}: pad must be non-negative integers, got {pad!r}")
+    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad)))
     return stage
 
 
@@ -84,21 +90,24 @@ def cache_identity(self: Stage, tensor: Tensor | str, at: str | None = None, *, 
 
 
 def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Callable[..., object] | None = None,
-          *, name: str | None = None, loc: str = "auto") -> Stage:
+          *, name: str | None = None, loc: str = "auto", pad: Sequence[int] = ()) -> Stage:
     """Like ``cache_identity`` with a layout: ``layout(*rel)`` gives the buffer index of the element at
     ``rel`` (its index minus the footprint's origin), e.g. ``lambda k, j: (j // 16, k, j % 16)`` packs
-    panels; results may be padded (``lambda i, j: (i, j)`` with ``pad=``) through the layout's range."""
+    panels; ``pad`` adds elements to each buffer dimension (e.g. ``(0, 8)`` lengthens rows by 8 to
+    spread them over shared-memory banks)."""
     if layout is not None and not callable(layout):
         raise ScheduleError(f"cache of {tensor} for {self.name}: layout must be a function of the indices")
     return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, layout,
-                      _check_loc(self, loc))
+                      _check_loc(self, loc), (), tuple(pad))
 
 
 def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto",
                 layout: Callable[..., object] | None = None) -> Stage:
     """Accumulate this computation's results inside one iteration of loop ``at`` in a local buffer
     (registers on a GPU when ``loc="local"``) and write them back once at the end of the iteration.
-    ``layout`` packs a scattered footprint densely (as for ``cache``)."""
+    ``layout`` packs a scattered footprint densely (as for ``cache``). ``loc="fragment"`` is the
+    accumulator of a tensorized computation: the warp's tile held in registers spread over its
+    lanes as the tensor-core instruction lays it out."""
     return _add_cache(self, "write", self.name, _level(self, at), name, layout, _check_loc(self, loc))
 
 

@@ -20,6 +20,8 @@ def pipeline(self: Stage, cache: str, stages: int) -> Stage:
     """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead."""
     sched = self.schedule
     spec = next((c for c in sched.caches if c.name == cache), None)
+    if spec is None and cache.endswith("_frag"):
+        return _pipeline_fragments(self, cache, stages)
     if spec is None:
         known = ", ".join(c.name for c in sched.caches if c.consumer == self.name) or "none"
         raise ScheduleError(f"pipeline: {self.name} has no cache named {cache!r} (its caches: {known})")
@@ -51,3 +53,32 @@ def rejection(stage: Stage, spec) -> str | None:  # noqa: ANN001 - a CacheSpec
     if spec.also:
         return "it is shared by several computations; its producer and consumers must be in one scope"
     return None
+
+
+def _pipeline_fragments(stage: Stage, name: str, stages: int) -> Stage:
+    """The register level: ``<cache>_frag``, the operand fragments a tensorized nest loads from
+    shared cache ``<cache>`` with ldmatrix, multi-buffered across the loop around the nest's tile
+    loops (the K steps within a shared tile)."""
+    sched = stage.schedule
+    base = name.removesuffix("_frag")
+    spec = next((c for c in sched.caches if c.name == base and c.consumer == stage.name), None)
+    st = stage.state
+    nest = next((lp for lp, t in st.tags.items() if t == "tensorize"), None)
+    if spec is None or nest is None or spec.loc != "shared":
+        raise ScheduleError(f"pipeline: {name} names no operand fragments of {stage.name}; fragments come from "
+                            "a shared cache read by a tensorized nest (tensorize first)")
+    if not isinstance(stages, int) or not 1 <= stages <= 2:
+        raise ScheduleError(f"pipeline of {name}: register fragments take 1 or 2 stages, got {stages!r}")
+    pos = st.loops.index(nest)
+    if pos < 3:
+        raise ScheduleError(f"pipeline of {name}: no loop around the fragment loads of {stage.name}")
+    loop = st.loops.names[pos - 3]  # around the tile rows and columns of the warp
+    tag = st.tags.get(loop)
+    if tag is not None and tag != "serial":
+        raise ScheduleError(f"pipeline of {name}: its load-use loop {loop} is marked {tag}; it must be a "
+                            "sequential loop (it is unrolled after pipelining)")
+    if spec.level is None or st.loops.index(spec.level) >= pos - 3:
+        raise ScheduleError(f"pipeline of {name}: loop {loop} must be inside the loop of the shared tile "
+                            f"{base} ({spec.level}), so that the fragments are loaded from one tile")
+    sched.pipelines[name] = stages
+    return stage

@@ -19,9 +19,9 @@ from ..poly.program import STATIC_SCALE
 from ..poly.program import PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[5:])
 
 
 @dataclass
@@ -45,6 +45,8 @@ class CacheSpec:
     layout: object | None = None  # callable relative index -> cache index, for manual layouts
     loc: str = "auto"
     also: tuple[str, ...] = ()  # further consumers sharing the cache
+    pad: tuple[int, ...] = ()  # extra elements per buffer dimension
+    whole: tuple[int, ...] = ()  # whole tiles rounded to these granules per dimension (tensor cores)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Schedule:
     def __init__(self, func: Func):
         self.func = func
         self.inlined: list[str] = []
+        self.virtual: list[str] = []  # inlined into the copies of their caches (computed while copying)
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.auto_transfer = True
@@ -77,7 +80,8 @@ class Schedule:
     def _build_program(self) -> None:
         from .inline import inline_bodies
         self.bodies: dict[str, Expr] = inline_bodies(self.func, self.inlined)
-        self.computations: list[ComputeTensor] = [c for c in self.func.computations if c.name not in self.inlined]
+        self.computations: list[ComputeTensor] = [c for c in self.func.computations
+                                                   if c.name not in self.inlined and c.name not in self.virtual]
         self.program = PolyProgram(self.func, self.bodies, self.computations)
 
     def rebuild(self) -> None:
@@ -93,7 +97,7 @@ class Schedule:
     # --- access ---------------------------------------------------------------------------------
     def __getitem__(self, key: Tensor | str) -> Stage:
         name = key if isinstance(key, str) else key.name
-        if name in self.inlined:
+        if name in self.inlined or name in self.virtual:
             raise ScheduleError(f"computation {name} was inlined; schedule its consumers instead")
         if name not in self.states:
             known = ", ".join(self.states)
@@ -184,7 +188,10 @@ class Schedule:
             raise ScheduleError(f"loop {loop} of {name} runs its reduction; it cannot be {tag} (only a "
                                 "GPU thread binding turns it into a cross-thread reduction)")
         # a reduction loop bound to threads becomes a cross-thread reduction (a tree of partial sums)
-        v = self.program.carried(self._original, scheds, dim, name, name if cross_thread else None)
+        # the other reductions fused in this loop and bound to the same threads reduce across them too
+        relaxed = frozenset(n for n, other in self.states.items() if other.reassociate and any(
+            t == tag and 2 * other.loops.index(lp) + 1 == dim for lp, t in other.tags.items())) | {name}
+        v = self.program.carried(self._original, scheds, dim, name, relaxed if cross_thread else frozenset())
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
                                 f"({v.describe()})")
@@ -248,6 +255,7 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .pipeline import pipeline  # noqa: E402
+    from .tensorize import tensorize  # noqa: E402
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
 
     def reassociate(self) -> Stage:

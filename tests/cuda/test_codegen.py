@@ -46,7 +46,7 @@ def test_matmul_kernel_structure_without_pipeline():
     kern, src = _gemm(1)
     assert src.count("__syncthreads();") == 2  # after the tile copies; before the next overwrite
     assert "__shared__ __align__(16) float A_shared[(8) * (128)];" in src
-    assert "*(float4*)&B_shared" in src  # 16-byte cooperative copies of B
+    assert "*(uint4*)&B_shared" in src  # 16-byte cooperative copies of B
     assert "cp_async" not in src
 
 

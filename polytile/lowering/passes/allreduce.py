@@ -31,34 +31,41 @@ class _CrossThread(ir.Mutator):
         if not s.kind.startswith("threadIdx"):
             return self.default_stmt(s)
         stores = [x for x in ir.walk_stmt(s.body) if isinstance(x, ir.Store)]
+        shared = [x for x in stores if x.buffer.scope in ("arg", "global", "shared", "heap")]
         # threads share the target (it is not a per-thread buffer) and write the same element
-        carried = [x for x in stores if _reduction_update(x) is not None
-                   and x.buffer.scope in ("arg", "global", "shared", "heap")
+        carried = [x for x in shared if _reduction_update(x) is not None
                    and not any(_uses(i, s.var.name) for i in x.index)]
         if not carried:
             return self.default_stmt(s)
-        first = carried[0]
-        key = (first.buffer.name, tuple(ir.expr_text(i) for i in first.index))
-        shared_stores = [x for x in stores if x.buffer.scope in ("arg", "global", "shared", "heap")]
-        if len(carried) != len(shared_stores) or any((x.buffer.name, tuple(ir.expr_text(i) for i in x.index)) != key
-                                              for x in carried):
-            raise LoweringError(f"loop {s.var.name} is bound to {s.kind} and reduces into {first.buffer.name}; "
-                                "a cross-thread reduction may hold only that one reduction")
-        op, _ = _reduction_update(first)  # type: ignore[misc]
-        dtype = first.buffer.dtype
-        acc = ir.Var(f"{first.buffer.name}_part", dtype)
-        identity = _identity(op, dtype)
+        if len(carried) != len(shared):
+            raise LoweringError(f"loop {s.var.name} is bound to {s.kind} and reduces across threads; it may hold "
+                                "only reductions (store other results in a separate loop)")
+        targets: dict[tuple[str, tuple[str, ...]], ir.Store] = {}
+        for x in carried:
+            targets.setdefault((x.buffer.name, tuple(ir.expr_text(i) for i in x.index)), x)
+        parts: dict[tuple[str, tuple[str, ...]], tuple[ir.Var, str]] = {}
+        for key, x in targets.items():
+            op, _ = _reduction_update(x)  # type: ignore[misc]
+            parts[key] = (ir.Var(f"{x.buffer.name}_part", x.buffer.dtype), op)
 
         def update(x: ir.Stmt) -> ir.Stmt | None:
             if isinstance(x, ir.Store) and x in carried:
+                key = (x.buffer.name, tuple(ir.expr_text(i) for i in x.index))
+                var, op = parts[key]
                 _, term = _reduction_update(x)  # type: ignore[misc]
-                return ir.Assign(acc, ir.BinOp(op, acc, term))
+                return ir.Assign(var, ir.BinOp(op, var, term))
             return None
 
-        partial = replace(s, body=ir.map_stmts(s.body, update))
-        combine = ir.Assign(acc, ir.Call(f"pt_block_allreduce_{_OPS[op]}", (acc,), dtype))
-        total = ir.Store(first.buffer, first.index, ir.BinOp(op, ir.Load(first.buffer, first.index), acc))
-        return ir.Declare(acc, identity, ir.block([partial, combine, total]))
+        out: list[ir.Stmt] = [replace(s, body=ir.map_stmts(s.body, update))]
+        for key, x in targets.items():  # one tree per reduction, then one thread adds it in
+            var, op = parts[key]
+            out.append(ir.Assign(var, ir.Call(f"pt_block_allreduce_{_OPS[op]}", (var,), var.dtype)))
+            out.append(ir.Store(x.buffer, x.index, ir.BinOp(op, ir.Load(x.buffer, x.index), var)))
+        result: ir.Stmt = ir.block(out)
+        for key in reversed(list(targets)):
+            var, op = parts[key]
+            result = ir.Declare(var, _identity(op, var.dtype), result)
+        return result
 
 
 def _identity(op: str, dtype) -> ir.Const:  # noqa: ANN001 - a DType

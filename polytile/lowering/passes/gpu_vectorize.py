@@ -1,5 +1,5 @@
-"""Legal vector accesses on GPUs: a 16-byte (or 8-byte) load or store is kept only where its offset is
-provably a multiple of its width; otherwise it is split into scalar accesses."""
+"""Legal vector accesses on GPUs: a 16-byte (or 8-byte) load, store or asynchronous copy is kept only
+where its offset is provably a multiple of its width; otherwise it is split into scalar accesses."""
 
 from __future__ import annotations
 
@@ -23,28 +23,59 @@ class _Legalize(ir.Mutator):
         value = self.expr(s.value)
         if idx.lanes == 1 and value.lanes == 1:
             return ir.Store(s.buffer, s.index, value)
+        src = value.a if isinstance(value, ir.Select) else value
         ok = (isinstance(idx, ir.Ramp) and ir.is_const(idx.stride, 1) and _aligned(idx.base, idx.lanes)
-              and isinstance(value, ir.Load) and isinstance(value.index[0], ir.Ramp)
-              and ir.is_const(value.index[0].stride, 1) and _aligned(value.index[0].base, idx.lanes))
+              and isinstance(src, ir.Load) and isinstance(src.index[0], ir.Ramp)
+              and ir.is_const(src.index[0].stride, 1) and _aligned(src.index[0].base, idx.lanes))
         if ok:
             return ir.Store(s.buffer, s.index, value)
-        return ir.block([ir.Store(s.buffer, (_lane(idx, k),), _lane_value(value, k)) for k in range(idx.lanes)])
+        return ir.block([ir.Store(s.buffer, (lane(idx, k),), lane(value, k)) for k in range(idx.lanes)])
 
 
-def _lane(idx: ir.Expr, k: int) -> ir.Expr:
-    if isinstance(idx, ir.Ramp):
-        return ir.BinOp("+", idx.base, ir.BinOp("*", ir.const(k), idx.stride))
-    if isinstance(idx, ir.Broadcast):
-        return idx.value
-    return idx
+    def visit_Evaluate(self, s: ir.Evaluate) -> ir.Stmt:
+        call = s.call
+        if not (isinstance(call, ir.Call) and call.name in ("pt_cp_async", "pt_cp_async_zfill")):
+            return self.default_stmt(s)
+        dst, src = call.args[:2]
+        assert isinstance(dst, ir.Load) and isinstance(src, ir.Load)
+        (idx,) = dst.index
+        (sidx,) = src.index
+        n = idx.lanes
+        if n == 1 or (isinstance(idx, ir.Ramp) and _aligned(idx.base, n) and isinstance(sidx, ir.Ramp)
+                      and _aligned(sidx.base, n)):
+            return s
+        # not provably aligned: element by element (asynchronous if 4 bytes, else a plain copy)
+        out: list[ir.Stmt] = []
+        for k in range(n):
+            d, v = lane(dst, k), lane(src, k)
+            assert isinstance(d, ir.Load)
+            cond = lane(call.args[2], k) if call.name == "pt_cp_async_zfill" else None
+            if dst.buffer.dtype.itemsize == 4:
+                args = (d, v) if cond is None else (d, v, cond)
+                out.append(ir.Evaluate(ir.Call(call.name, args, call.dtype)))
+            else:
+                value = v if cond is None else ir.Select(cond, v, ir.Const(0.0 if v.dtype.is_float else 0, v.dtype))
+                out.append(ir.Store(d.buffer, d.index, value))
+        return ir.block(out)
 
 
-def _lane_value(v: ir.Expr, k: int) -> ir.Expr:
-    if isinstance(v, ir.Load):
-        return ir.Load(v.buffer, (_lane(v.index[0], k),))
-    if isinstance(v, ir.Broadcast):
-        return v.value
-    return v
+class _Lane(ir.Mutator):
+    def __init__(self, k: int):
+        self.k = k
+
+    def visit_Ramp(self, e: ir.Ramp) -> ir.Expr:
+        return ir.BinOp("+", self.expr(e.base), ir.BinOp("*", ir.const(self.k), self.expr(e.stride)))
+
+    def visit_Broadcast(self, e: ir.Broadcast) -> ir.Expr:
+        return self.expr(e.value)
+
+    def visit_Const(self, e: ir.Const) -> ir.Expr:
+        return ir.Const(e.value, e.dtype) if e.lanes > 1 else e
+
+
+def lane(e: ir.Expr, k: int) -> ir.Expr:
+    """Lane ``k`` of a vector expression, as a scalar expression."""
+    return _Lane(k).expr(e) if e.lanes > 1 else e
 
 
 def vectorize_copies(s: ir.Stmt) -> ir.Stmt:

@@ -61,14 +61,11 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
     def top(st: ir.Stmt) -> ir.Stmt:
         if isinstance(st, ir.Block):
             return ir.block([top(x) for x in st.body])
-        if isinstance(st, ir.Allocate):
-            buf = st.buffer
-            if buf.scope != "global":
-                raise LoweringError(f"buffer {buf.name} is in {buf.scope} memory but allocated outside any "
-                                    "kernel; cache it inside a loop bound to blockIdx, or leave it in global memory")
-            return ir.Allocate(buf, top(st.body))
+        if isinstance(st, ir.Allocate) and st.buffer.scope == "global":
+            return ir.Allocate(st.buffer, top(st.body))
         # a nest of block loops, or code whose block loops had one iteration and vanished (isl does
-        # not generate loops of one value): both become a kernel
+        # not generate loops of one value), with its shared or register buffers: both become a kernel
+        # (every computation is bound to blockIdx: lower() checks it)
         counter[0] += 1
         return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
 
@@ -79,6 +76,13 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
     grid: dict[str, ir.Expr] = {}
     info = _KernelInfo()
     _collect_threads(root, info, inside_thread=False)
+    if any(isinstance(e, ir.Call) and e.name.startswith("pt_mma") for e in ir.all_exprs(root)) or any(
+            isinstance(e, ir.Var) and e.name == "threadIdx.x" for e in ir.all_exprs(root)):
+        # tensor-core instructions (and fragments) use the 32 lanes of a warp along threadIdx.x
+        if info.block.get("x", 32) != 32:
+            raise LoweringError(f"kernel {name} uses tensor cores: threadIdx.x is the warp's lane; bind the "
+                                "warps to threadIdx.y and threadIdx.z")
+        info.block["x"] = 32
     nthreads = info.block.get("x", 1) * info.block.get("y", 1) * info.block.get("z", 1)
     if nthreads > target.max_threads_per_block:
         raise LoweringError(f"kernel {name} needs {nthreads} threads per block; the GPU allows "
@@ -222,11 +226,20 @@ def _map_inner_thread(x: ir.Stmt) -> ir.Stmt | None:
 
 
 def _single_thread(st: ir.Stmt, block: dict[str, int]) -> ir.Stmt:
+    if _per_lane(st):
+        return st
     return ir.If(ir.Cmp("==", _thread_id(block), ir.const(0)), st)
 
 
+def _per_lane(st: ir.Stmt) -> bool:
+    """Warp-level code (fragments, tensor-core instructions) that every lane runs: its thread loops
+    had one iteration and vanished, but it is written for the 32 lanes of a warp."""
+    return any((isinstance(e, ir.Var) and e.name == "threadIdx.x") or
+               (isinstance(e, ir.Call) and e.name.startswith(("pt_mma", "pt_ldmatrix"))) for e in ir.all_exprs(st))
+
+
 def _is_copy_store(st: ir.Store) -> bool:
-    return isinstance(st.value, ir.Load) or st.buffer.scope == "shared"
+    return _copy_source(st.value) is not None or st.buffer.scope == "shared"
 
 
 def _is_copy_nest(st: ir.For) -> bool:
@@ -237,7 +250,7 @@ def _is_copy_nest(st: ir.For) -> bool:
     for x in ir.walk_stmt(st):
         if not isinstance(x, (ir.For, ir.Store, ir.Block, ir.If, ir.LetStmt)):
             return False
-    return all(isinstance(x.value, ir.Load) and "shared" in (x.buffer.scope, x.value.buffer.scope)
+    return all((src := _copy_source(x.value)) is not None and "shared" in (x.buffer.scope, src.buffer.scope)
                for x in stores)
 
 
@@ -281,16 +294,26 @@ VECTOR_BYTES = 16
 
 def _vector_groups(loops: list[ir.For], inner: ir.Stmt) -> tuple[list[ir.For], ir.Stmt]:
     """Copy 16 bytes per thread where the innermost loop runs along the last dimension of both
-    buffers with a constant extent divisible by the vector width (alignment is checked later)."""
+    buffers with a constant extent divisible by the vector width (alignment is checked later). A
+    zero-filling copy (``select(inside, load, 0)``) is grouped when the source's rows are a whole
+    number of vectors: an aligned vector is then entirely inside the tensor or entirely past it."""
     lp = loops[-1]
-    if not (isinstance(inner, ir.Store) and isinstance(inner.value, ir.Load)):
+    if not isinstance(inner, ir.Store):
+        return loops, inner
+    src = _copy_source(inner.value)
+    if src is None:
         return loops, inner
     ext = simplify_expr(lp.extent)
-    width = VECTOR_BYTES // inner.buffer.dtype.itemsize
-    if not isinstance(ext, ir.Const) or inner.buffer.dtype.itemsize != 4 or \
-            inner.value.buffer.dtype != inner.buffer.dtype or int(ext.value) % width or width < 2:
+    size = inner.buffer.dtype.itemsize
+    width = VECTOR_BYTES // size
+    if not isinstance(ext, ir.Const) or size not in (2, 4, 8) or src.buffer.dtype != inner.buffer.dtype \
+            or int(ext.value) % width or width < 2:
         return loops, inner
-    for idx in (inner.index, inner.value.index):
+    if isinstance(inner.value, ir.Select):
+        row = src.buffer.shape[-1]
+        if not isinstance(row, ir.Const) or int(row.value) % width:
+            return loops, inner
+    for idx in (inner.index, src.index):
         if not _unit_stride_last(idx, lp.var.name):
             return loops, inner
     group = ir.Var(f"{lp.var.name}_v")
@@ -299,6 +322,16 @@ def _vector_groups(loops: list[ir.For], inner: ir.Stmt) -> tuple[list[ir.For], i
     body = ir.substitute(inner, {lp.var.name: lane})
     new = ir.For(group, ir.const(0), ir.const(int(ext.value) // width), body, lp.kind)
     return loops[:-1] + [new], body  # type: ignore[list-item]
+
+
+def _copy_source(value: ir.Expr) -> ir.Load | None:
+    """The buffer read of a copy: ``load`` or ``select(inside, load, 0)``."""
+    if isinstance(value, ir.Load):
+        return value
+    if isinstance(value, ir.Select) and isinstance(value.a, ir.Load) and isinstance(value.b, ir.Const) \
+            and value.b.value == 0:
+        return value.a
+    return None
 
 
 def _unit_stride_last(idx: tuple[ir.Expr, ...], var: str) -> bool:

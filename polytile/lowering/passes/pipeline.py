@@ -8,20 +8,25 @@ For a buffer X filled by a copy at the top of a sequential loop L and read by th
   issues the copy of iteration ``ko + S − 1`` into the slot iteration ``ko − 1`` just released, and
   computes from slot ``(ko − lo) mod S``.
 
-Copies from global to shared memory become ``cp.async`` (16 bytes where the copy is vectorized);
+Copies from global to shared memory become ``cp.async`` (16 bytes where the copy is vectorized;
+zero-filling copies of whole tiles use its source-size operand; 2-byte copies stay synchronous);
 register-level buffers (copies from shared memory into registers) are double-buffered the same way
-without asynchronous copies or barriers. A register pipeline inside a shared-memory pipeline keeps
-its prologue inside the outer loop's body, right after the outer wait (inner pipeline fusion).
+without asynchronous copies or barriers. A register pipeline inside a shared-memory pipeline is
+fused with it (ALCOP Fig. 3d): the last step of the inner loop waits for the next shared tile and
+loads its first fragments, so the inner prologue runs inside the outer loop, overlapped with the
+last products of the current tile; when that is not possible (an odd number of inner steps) the
+inner prologue stays right after the outer wait.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
 from .barriers import SYNC
+from .simplify import simplify_expr
 
 
 def _call(name: str, *args: ir.Expr) -> ir.Stmt:
@@ -44,7 +49,14 @@ def _peel_allocates(st: ir.Stmt) -> tuple[list[ir.Buffer], ir.Stmt]:
 
 
 def _stores_to(st: ir.Stmt) -> set[str]:
-    return {x.buffer.name for x in ir.walk_stmt(st) if isinstance(x, ir.Store)}
+    """The buffers ``st`` writes: stores, and the fragments ``ldmatrix`` fills (its first argument)."""
+    out = {x.buffer.name for x in ir.walk_stmt(st) if isinstance(x, ir.Store)}
+    for x in ir.walk_stmt(st):
+        if isinstance(x, ir.Evaluate) and x.call.name.startswith("pt_ldmatrix"):
+            dst = x.call.args[0]
+            assert isinstance(dst, ir.Load)
+            out.add(dst.buffer.name)
+    return out
 
 
 def _reads(st: ir.Stmt) -> set[str]:
@@ -71,12 +83,76 @@ class _Reslot(ir.Mutator):
             return ir.Store(s.buffer, idx, value)
         buf = self.enlarged[s.buffer.name]
         dst = ir.Load(buf, (self.slot, *idx))
-        if self.async_copy and isinstance(value, ir.Load) and value.buffer.scope in ("arg", "global"):
-            return _call("pt_cp_async", dst, value)
+        nbytes = max(value.lanes, dst.index[0].lanes) * buf.dtype.itemsize
+        if self.async_copy and nbytes in (4, 8, 16):
+            if isinstance(value, ir.Load) and value.buffer.scope in ("arg", "global"):
+                return _call("pt_cp_async", dst, value)
+            if isinstance(value, ir.Select) and isinstance(value.a, ir.Load) and value.a.buffer.scope in (
+                    "arg", "global") and isinstance(value.b, ir.Const) and value.b.value == 0:
+                return _call("pt_cp_async_zfill", dst, value.a, value.cond)  # zeros past the tensor's end
         return ir.Store(buf, (self.slot, *idx), value)
 
 
-def _pipeline_loop(loop: ir.For, body: ir.Stmt, stages: dict[str, int]) -> ir.Stmt | None:
+@dataclass
+class _Piped:
+    """One pipelined loop, kept in pieces so that an outer pipeline can fuse with it."""
+
+    loop: ir.For
+    stages: int
+    producers: list[ir.Stmt]
+    consumers: list[ir.Stmt]
+    allocs: list[ir.Buffer]
+    enlarged: dict[str, ir.Buffer]
+    async_copy: bool
+
+    @property
+    def rel(self) -> ir.Expr:
+        return ir.BinOp("-", self.loop.var, self.loop.lo)
+
+    @property
+    def end(self) -> ir.Expr:
+        return ir.BinOp("+", self.loop.lo, self.loop.extent)
+
+    def produce(self, iteration: ir.Expr, slot: ir.Expr) -> ir.Stmt:
+        moved = [ir.substitute(p, {self.loop.var.name: iteration}) for p in self.producers]
+        return _Reslot(self.enlarged, slot, self.async_copy).stmt(ir.block(moved))  # type: ignore[arg-type]
+
+    def prologue(self) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for s in range(self.stages - 1):
+            it = ir.BinOp("+", self.loop.lo, ir.const(s))
+            out.append(ir.If(ir.Cmp("<", it, self.end), self.produce(it, ir.const(s))))
+            if self.async_copy:
+                out.append(COMMIT)
+        return out
+
+    def issue(self) -> ir.Stmt:
+        """The copy of iteration ``i + S − 1`` into the slot iteration ``i − 1`` released."""
+        S = self.stages
+        ahead = ir.BinOp("+", self.loop.var, ir.const(S - 1))
+        slot = ir.BinOp("%", ir.BinOp("+", self.rel, ir.const(S - 1)), ir.const(S))
+        return ir.If(ir.Cmp("<", ahead, self.end), self.produce(ahead, slot))
+
+    def compute(self) -> ir.Stmt:
+        return _Reslot(self.enlarged, ir.BinOp("%", self.rel, ir.const(self.stages)), False).stmt(
+            ir.block(self.consumers))
+
+    def wrap(self, st: ir.Stmt, allocs: list[ir.Buffer] | None = None) -> ir.Stmt:
+        for b in reversed(self.allocs if allocs is None else allocs):
+            st = ir.Allocate(self.enlarged.get(b.name, b), st)
+        return st
+
+    def stmt(self) -> ir.Stmt:
+        S = self.stages
+        if self.async_copy:
+            body = [_wait(S - 2), SYNC, self.issue(), COMMIT, self.compute()]
+            after = [_wait(0)]
+        else:
+            body, after = [self.issue(), self.compute()], []
+        return self.wrap(ir.block([*self.prologue(), replace(self.loop, body=ir.block(body)), *after]))
+
+
+def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int]) -> _Piped | None:
     allocs, inner = _peel_allocates(body)
     piped = [b for b in allocs if b.name in stages]
     if not piped:
@@ -107,46 +183,62 @@ def _pipeline_loop(loop: ir.For, body: ir.Stmt, stages: dict[str, int]) -> ir.St
         raise LoweringError(f"pipeline of {', '.join(sorted(names))}: loop {loop.var.name} writes the buffer "
                             "after its copy; producer and consumers do not match")
     enlarged = {b.name: replace(b, shape=(ir.const(S), *b.shape)) for b in piped}
-    var, lo, ext = loop.var, loop.lo, loop.extent
-    rel = ir.BinOp("-", var, lo)
-    end = ir.BinOp("+", lo, ext)
+    return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy)
 
-    def produce(iteration: ir.Expr, slot: ir.Expr) -> ir.Stmt:
-        moved = [ir.substitute(p, {var.name: iteration}) for p in producers]
-        return _Reslot(enlarged, slot, async_copy).stmt(ir.block(moved))  # type: ignore[arg-type]
 
-    prologue: list[ir.Stmt] = []
-    for s in range(S - 1):
-        it = ir.BinOp("+", lo, ir.const(s))
-        prologue.append(ir.If(ir.Cmp("<", it, end), produce(it, ir.const(s))))
-        if async_copy:
-            prologue.append(COMMIT)
-    ahead = ir.BinOp("+", var, ir.const(S - 1))
-    issue = ir.If(ir.Cmp("<", ahead, end), produce(ahead, ir.BinOp("%", ir.BinOp("+", rel, ir.const(S - 1)),
-                                                                    ir.const(S))))
-    compute = _Reslot(enlarged, ir.BinOp("%", rel, ir.const(S)), False).stmt(ir.block(consumers))
-    if async_copy:
-        new_body = [_wait(S - 2), SYNC, issue, COMMIT, compute]
-        after = [_wait(0)]
-    else:
-        new_body = [issue, compute]
-        after = []
-    out: ir.Stmt = ir.block([*prologue, replace(loop, body=ir.block(new_body)), *after])
-    for b in reversed(allocs):
-        out = ir.Allocate(enlarged.get(b.name, b), out)
-    return out
+def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
+    """Inner pipeline fusion (ALCOP Fig. 3d): the register-level pipeline inside a shared-memory one
+    loads the first fragments of the next shared tile during the last step of the current one, so
+    the wait for that tile (and its barrier) moves there, and the fragments live across the outer
+    loop. Needs an even number of inner steps (the last step's fragments are in the other slot)."""
+    ext = simplify_expr(inner.loop.extent)
+    if inner.async_copy or not outer.async_copy or inner.stages != 2 or not isinstance(ext, ir.Const) or \
+            int(ext.value) % 2:
+        return None
+    S = outer.stages
+    ko = outer.loop.var
+    here = ir.BinOp("%", outer.rel, ir.const(S))
+    after_here = ir.BinOp("%", ir.BinOp("+", outer.rel, ir.const(1)), ir.const(S))
+
+    def inner_prologue(at: ir.Expr, slot: ir.Expr) -> ir.Stmt:
+        moved = ir.substitute(ir.block(inner.prologue()), {ko.name: at})
+        return _Reslot(outer.enlarged, slot, False).stmt(moved)  # type: ignore[arg-type]
+
+    kk = inner.loop.var
+    step_ahead = ir.BinOp("+", kk, ir.const(1))
+    next_tile = ir.If(ir.Cmp("<", ir.BinOp("+", ko, ir.const(1)), outer.end),
+                      ir.block([_wait(S - 2), SYNC, inner_prologue(ir.BinOp("+", ko, ir.const(1)), after_here)]))
+    this_tile = _Reslot(outer.enlarged, here, False)
+    inner_issue = this_tile.stmt(inner.produce(step_ahead, ir.BinOp("%", ir.BinOp("+", inner.rel, ir.const(1)),
+                                                                            ir.const(2))))
+    inner_body = ir.block([ir.If(ir.Cmp("<", step_ahead, inner.end), inner_issue, next_tile),
+                           this_tile.stmt(inner.compute())])
+    inner_loop = replace(inner.loop, body=inner_body)
+    body = ir.block([outer.issue(), COMMIT, inner_loop])
+    out: ir.Stmt = ir.block([*outer.prologue(), _wait(S - 2), SYNC, inner_prologue(outer.loop.lo, ir.const(0)),
+                             replace(outer.loop, body=body), _wait(0)])
+    return outer.wrap(inner.wrap(out))
 
 
 class _Pipeline(ir.Mutator):
     def __init__(self, stages: dict[str, int]):
         self.stages = stages
+        self.pieces: dict[int, _Piped] = {}  # pipelined loops already transformed, by their result
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
         body = self.stmt(s.body)
         if s.kind != "serial":
             return replace(s, body=body)
-        out = _pipeline_loop(s, body, self.stages)
-        return out if out is not None else replace(s, body=body)
+        piped = _split(s, body, self.stages)
+        if piped is None:
+            return replace(s, body=body)
+        if len(piped.consumers) == 1 and id(piped.consumers[0]) in self.pieces:
+            fused = _fused(piped, self.pieces[id(piped.consumers[0])])
+            if fused is not None:
+                return fused
+        out = piped.stmt()
+        self.pieces[id(out)] = piped
+        return out
 
 
 def pipeline_buffers(s: ir.Stmt, stages: dict[str, int]) -> ir.Stmt:

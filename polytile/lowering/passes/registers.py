@@ -20,6 +20,9 @@ def _const_access(idx: ir.Expr) -> tuple[int, int] | None:
 
 def _accesses(body: ir.Stmt, buf: ir.Buffer) -> list[tuple[int, int]] | None:
     found: set[tuple[int, int]] = set()
+    for e in ir.all_exprs(body):  # an address passed to an intrinsic keeps the buffer in memory
+        if isinstance(e, ir.Call) and any(isinstance(a, ir.Load) and a.buffer is buf for a in e.args):
+            return None
     for st in ir.walk_stmt(body):
         if isinstance(st, ir.Store) and st.buffer is buf:
             acc = _const_access(st.index[0])

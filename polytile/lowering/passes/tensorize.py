@@ -1,0 +1,253 @@
+"""Tensor cores: the loop nests tagged ``tensorize`` become ``mma.sync.m16n8k16`` instructions whose
+operands are loaded from shared memory with ``ldmatrix``.
+
+Within the two loops around a nest (the warp's tiles along m and n), the operand fragments are
+loaded once per tile row and per tile column into registers and reused by every product:
+``for mi: ldmatrix A; for nj: ldmatrix B; for mi, nj: mma``. The fragments are named after their
+shared tiles (``A_shared_frag``) so that the pipeline pass can double-buffer them across the loop
+around (the register level of ALCOP's multi-level pipeline).
+
+Loops at the edges of the tensors are run over their full range: the operand tiles are whole tiles
+with zeros past the tensors' ends, so the extra products add zeros, and the write-back of the
+accumulator tests the bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ... import dtypes
+from ...errors import LoweringError
+from .. import loopir as ir
+from .simplify import Simplifier, simplify_expr
+
+U32 = dtypes.DType("uint32", "uint", 32)
+
+
+def _call(name: str, *args: ir.Expr) -> ir.Stmt:
+    return ir.Evaluate(ir.Call(name, tuple(args), dtypes.int32))
+
+
+def _strip_cast(e: ir.Expr) -> ir.Expr:
+    while isinstance(e, ir.Cast):
+        e = e.a
+    return e
+
+
+def _coefficient(e: ir.Expr, var: str) -> int | None:
+    """The coefficient of ``var`` in the linear integer expression ``e`` (None if not linear)."""
+    lin = Simplifier().linear(simplify_expr(e))
+    coef = 0
+    for _, (c, atom) in lin.terms.items():
+        if isinstance(atom, ir.Var) and atom.name == var:
+            coef += c
+        elif any(isinstance(n, ir.Var) and n.name == var for n in ir.walk_expr(atom)):
+            return None
+    return coef
+
+
+def _at_origin(e: ir.Expr, names: list[str]) -> ir.Expr:
+    return simplify_expr(ir.substitute(e, {n: ir.const(0) for n in names}))  # type: ignore[arg-type]
+
+
+def _unguard(s: ir.Stmt) -> ir.Stmt:
+    while isinstance(s, ir.If) and s.orelse is None:
+        s = s.then
+    return s
+
+
+class _Nest:
+    """One (16, 8, 16) nest: the accumulator tile, the operand tiles and their row strides."""
+
+    def __init__(self, loop: ir.For):
+        # tests inside the nest only cut it at the tensors' ends (the computation's domain is a box,
+        # checked by the primitive): the instruction computes the whole nest on zero-filled operands
+        i_loop = loop
+        j_loop = _unguard(loop.body)
+        if not isinstance(j_loop, ir.For) or not isinstance(_unguard(j_loop.body), ir.For):
+            raise LoweringError(f"tensorized loop {loop.var.name} must hold exactly two loops")
+        k_loop = _unguard(j_loop.body)
+        assert isinstance(k_loop, ir.For)
+        st = _unguard(k_loop.body)
+        if not isinstance(st, ir.Store):
+            raise LoweringError(f"tensorized nest {loop.var.name} must hold one update")
+        names = [i_loop.var.name, j_loop.var.name, k_loop.var.name]
+        v = st.value
+        if not (isinstance(v, ir.BinOp) and v.op == "+" and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer
+                and isinstance(v.b, ir.BinOp) and v.b.op == "*"):
+            raise LoweringError(f"tensorized nest {loop.var.name} is not an accumulation of products")
+        a, b = _strip_cast(v.b.a), _strip_cast(v.b.b)
+        if not (isinstance(a, ir.Load) and isinstance(b, ir.Load)):
+            raise LoweringError(f"tensorized nest {loop.var.name}: the factors must be buffer reads")
+        if st.buffer.scope != "fragment":
+            raise LoweringError(f"tensorized nest {loop.var.name} accumulates into {st.buffer.name}, which is not a "
+                                "fragment cache; use cache_write(..., loc='fragment')")
+        for op in (a, b):
+            if op.buffer.scope != "shared":
+                raise LoweringError(f"tensor-core operand {op.buffer.name} must be in shared memory (ldmatrix reads "
+                                    "shared memory); cache it with loc='shared'")
+        iv, jv, kv = names
+        # A is read along (i, k) with k contiguous; B along (k, j) with j contiguous
+        if _coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1:
+            a, b = b, a
+        if _coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1:
+            raise LoweringError(f"operand {a.buffer.name} must be stored row by row with k contiguous "
+                                "(layout [m][k])")
+        if _coefficient(b.index[-1], jv) != 1 or _coefficient(b.index[-2], kv) != 1:
+            raise LoweringError(f"operand {b.buffer.name} must be stored with n contiguous (layout [k][n])")
+        self.dtype = a.buffer.dtype
+        self.names = names
+        self.accesses = [ir.Load(st.buffer, st.index), a, b]  # over the whole nest
+        self.acc = ir.Load(st.buffer, tuple(_at_origin(x, names) for x in st.index))
+        self.a = ir.Load(a.buffer, tuple(_at_origin(x, names) for x in a.index))
+        self.b = ir.Load(b.buffer, tuple(_at_origin(x, names) for x in b.index))
+        self.lda = a.buffer.shape[-1]
+        self.ldb = b.buffer.shape[-1]
+        self.intrinsic = f"pt_mma_m16n8k16_{'f16' if self.dtype.name == 'float16' else 'bf16'}"
+
+
+def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None:
+    """``loop`` over its full constant range (None if it has none): at the edges of the tensors the
+    extra iterations compute on the zeros that whole-tile copies put past the tensors' ends."""
+    simp = Simplifier()
+    simp.bounds = dict(bounds)
+    lo = simplify_expr(loop.lo)
+    hi = simp.interval(simplify_expr(loop.extent))[1]
+    if not isinstance(lo, ir.Const) or hi == float("inf"):
+        return None
+    return replace(loop, lo=lo, extent=ir.const(int(hi)))
+
+
+def _span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    simp = Simplifier()
+    simp.bounds = dict(bounds)
+    lo = simp.interval(loop.lo)
+    ext = simp.interval(loop.extent)
+    return lo[0], lo[1] + ext[1] - 1
+
+
+def _fits(nests: list[_Nest], bounds: dict[str, tuple[float, float]]) -> bool:
+    """Whether every access of the nests stays inside its buffer for the loop ranges in ``bounds``
+    (the nests' own loops over their whole 16 × 8 × 16 tile)."""
+    simp = Simplifier()
+    for nest in nests:
+        simp.bounds = {**bounds, **dict(zip(nest.names, [(0, 15), (0, 7), (0, 15)]))}
+        for ld in nest.accesses:
+            for i, d in zip(ld.index, ld.buffer.shape):
+                hi = simp.interval(simplify_expr(i))[1]
+                if not isinstance(d, ir.Const) or hi > int(d.value) - 1:
+                    return False
+    return True
+
+
+def _uses(e: ir.Expr, name: str) -> bool:
+    return any(isinstance(n, ir.Var) and n.name == name for n in ir.walk_expr(e))
+
+
+def _nests(s: ir.Stmt) -> list[ir.For]:
+    return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and x.kind == "tensorize"]
+
+
+class _Tensorize(ir.Mutator):
+    def __init__(self) -> None:
+        self.shared: list[str] = []  # buffers whose scope we are in (the operands' whole tiles)
+        self.bounds: dict[str, tuple[float, float]] = {}  # ranges of the enclosing loops
+
+    def visit_Allocate(self, s: ir.Allocate) -> ir.Stmt:
+        self.shared.append(s.buffer.name)
+        try:
+            return ir.Allocate(s.buffer, self.stmt(s.body))
+        finally:
+            self.shared.pop()
+
+    def visit_For(self, s: ir.For) -> ir.Stmt:
+        nests = [_Nest(n) for n in _nests(s)] if s.kind != "tensorize" else []
+        if nests and s.kind in ("serial", "unroll") and all(
+                n.accesses[1].buffer.name in self.shared and n.accesses[2].buffer.name in self.shared for n in nests):
+            # a loop between the operands' whole tiles and the nest (the K steps inside a tile): its
+            # full range keeps its trip count constant, where the buffers hold it
+            full = _full(s, self.bounds)
+            if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: _span(
+                    full, self.bounds), **self._inner_spans(full)}):
+                s = full
+        self.bounds[s.var.name] = _span(s, self.bounds)
+        try:
+            # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
+            inner = _unguard(s.body)
+            if isinstance(inner, ir.For) and isinstance(_unguard(inner.body), ir.For) and \
+                    _unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
+                nest = _Nest(_unguard(inner.body))  # type: ignore[arg-type]
+                mi, nj = s.var.name, inner.var.name
+                if not any(_uses(x, mi) for x in nest.b.index) and not any(_uses(x, nj) for x in nest.a.index):
+                    return self.shared_fragments(s, inner, nest)
+            if s.kind == "tensorize":
+                return self.single(_Nest(s))
+            return self.default_stmt(s)
+        finally:
+            del self.bounds[s.var.name]
+
+    def _inner_spans(self, loop: ir.For) -> dict[str, tuple[float, float]]:
+        """Ranges of the loops inside ``loop`` down to the nests, at their largest."""
+        out: dict[str, tuple[float, float]] = {}
+        for x in ir.walk_stmt(loop.body):
+            if isinstance(x, ir.For) and x.kind != "tensorize":
+                full = _full(x, self.bounds)
+                out[x.var.name] = _span(full if full is not None else x, {**self.bounds, **out})
+        return out
+
+    @staticmethod
+    def _buffers(nest: _Nest, rows: ir.Expr, cols: ir.Expr) -> tuple[ir.Buffer, ir.Buffer]:
+        """Operand fragments, named after the shared tiles they are loaded from (``A_shared_frag``):
+        ``pipeline`` may double-buffer them (the register level)."""
+        afrag = ir.Buffer(f"{nest.a.buffer.name}_frag", U32, (rows, ir.const(4)), "local")
+        bfrag = ir.Buffer(f"{nest.b.buffer.name}_frag", U32, (cols, ir.const(2)), "local")
+        return afrag, bfrag
+
+    def single(self, nest: _Nest) -> ir.Stmt:
+        afrag, bfrag = self._buffers(nest, ir.const(1), ir.const(1))
+        zero = (ir.const(0), ir.const(0))
+        body = ir.block([
+            _call("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
+            _call("pt_ldmatrix_b_trans", ir.Load(bfrag, zero), nest.b, nest.ldb),
+            _call(nest.intrinsic, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
+        ])
+        return ir.Allocate(afrag, ir.Allocate(bfrag, body))
+
+    def shared_fragments(self, outer: ir.For, inner: ir.For, nest: _Nest) -> ir.Stmt:
+        # the tile loops over their full constant range where the buffers hold it (registers indexed
+        # by constants); otherwise they keep their bounds and the fragments are sized for the most
+        full_o, full_i = _full(outer, self.bounds), _full(inner, self.bounds)
+        if full_o is None or full_i is None:
+            raise LoweringError(f"loops {outer.var.name}, {inner.var.name} around a tensorized nest need a bounded "
+                                "range")
+        spans = {**self.bounds, outer.var.name: _span(full_o, self.bounds),
+                 inner.var.name: _span(full_i, self.bounds)}
+        if _fits([nest], spans) and isinstance(simplify_expr(outer.lo), ir.Const) and \
+                isinstance(simplify_expr(inner.lo), ir.Const):
+            outer, inner = full_o, full_i
+        sizes = (full_o.extent, full_i.extent)
+        mi, nj = outer.var, inner.var
+        afrag, bfrag = self._buffers(nest, *sizes)
+        a_rel = ir.BinOp("-", mi, outer.lo)
+        b_rel = ir.BinOp("-", nj, inner.lo)
+        load_a = replace(outer, body=_call("pt_ldmatrix_a", ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda),
+                         kind="unroll")
+        ext = int(inner.extent.value) if isinstance(inner.extent, ir.Const) else 1
+        if ext % 2 == 0:  # two column tiles per ldmatrix (x4): half the shared-memory instructions
+            pair = ir.Var(f"{nj.name}_pair")
+            col = ir.BinOp("+", inner.lo, ir.BinOp("*", pair, ir.const(2)))
+            load_b = ir.For(pair, ir.const(0), ir.const(ext // 2), _call(
+                "pt_ldmatrix_b_trans_x4", ir.Load(bfrag, (ir.BinOp("*", pair, ir.const(2)), ir.const(0))),
+                ir.substitute(nest.b, {nj.name: col}), nest.ldb), "unroll")  # type: ignore[arg-type]
+        else:
+            load_b = replace(inner, body=_call("pt_ldmatrix_b_trans", ir.Load(bfrag, (b_rel, ir.const(0))), nest.b,
+                                               nest.ldb), kind="unroll")
+        mma = _call(nest.intrinsic, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
+                    ir.Load(bfrag, (b_rel, ir.const(0))))
+        products = replace(outer, body=replace(inner, body=mma, kind="unroll"), kind="unroll")
+        return ir.Allocate(afrag, ir.Allocate(bfrag, ir.block([load_a, load_b, products])))
+
+
+def tensorize_nests(s: ir.Stmt) -> ir.Stmt:
+    """Replace every tensorized nest by ldmatrix loads and mma instructions."""
+    return _Tensorize().stmt(s)

@@ -1,0 +1,143 @@
+"""``polytile tune``: tune an operator from the command line, with a progress bar, a final table
+beside the vendor library, and optionally a plot of the best latency against trials."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .space import TuneError
+
+
+def parse_shape(op_name: str, text: str) -> dict[str, object]:
+    """``"M=512,N=512,K=512"`` or ``"512,512,512"`` (in the operator's argument order)."""
+    from .. import ops
+    if op_name not in ops.OPS:
+        raise TuneError(f"unknown operator {op_name!r}; known: {', '.join(sorted(ops.OPS))}")
+    params = [p for p in inspect.signature(ops.OPS[op_name]).parameters.values()
+              if p.annotation in ("int", int)]
+    shape: dict[str, object] = {}
+    for k, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
+        if "=" in part:
+            key, value = part.split("=", 1)
+        else:
+            if k >= len(params):
+                raise TuneError(f"--shape {text}: {op_name} takes {len(params)} sizes "
+                                f"({', '.join(p.name for p in params)})")
+            key, value = params[k].name, part
+        try:
+            shape[key.strip()] = int(value)
+        except ValueError:
+            raise TuneError(f"--shape {text}: {value!r} is not an integer") from None
+    return shape
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="polytile tune",
+                                description="Tune the schedule of an operator by measurement.")
+    p.add_argument("op", help="an operator of polytile.ops (matmul, conv2d, dense, softmax, …)")
+    p.add_argument("--shape", required=True, help="sizes, e.g. M=512,N=512,K=512 or 512,512,512")
+    p.add_argument("--target", default="cpu", help="cpu, cuda or cuda:sm_XX (default cpu)")
+    p.add_argument("--trials", type=int, default=64, help="trials the records should hold (default 64)")
+    p.add_argument("--records", help="JSON-lines records file (resumes a killed run; default: none)")
+    p.add_argument("--plot", help="write a plot of best latency against trials to this PNG")
+    p.add_argument("--tuner", default="xgb", choices=["xgb", "random", "grid"])
+    p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
+    p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
+    p.add_argument("--batch", type=int, default=8, help="candidates built in parallel per batch")
+    p.add_argument("--template", help="template name (default: the operator's first)")
+    p.add_argument("--flush-cache", action="store_true", help="flush the CPU caches before every timed run")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the best at odd sizes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def tune_main(argv: list[str]) -> int:
+    """Entry point of ``polytile tune``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from ..errors import PolytileError
+    from .api import tune_task
+    from .measure import MeasureOptions
+    from .task import make_task
+    try:
+        shape = parse_shape(args.op, args.shape)
+        task = make_task(args.op, args.target, args.template, **shape)
+        opts = {"feature": args.feature, "objective": args.objective} if args.tuner == "xgb" else {}
+        result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
+                           measure=MeasureOptions(flush_cache=args.flush_cache), seed=args.seed,
+                           progress=not args.quiet, verify=not args.no_verify, tuner_options=opts)
+    except PolytileError as err:
+        print(f"polytile tune: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # a missing optional dependency or backend (xgboost, CUDA)
+        print(f"polytile tune: {err}; install polytile[tune] (and polytile[cuda] for GPUs)", file=sys.stderr)
+        return 2
+    if result.kernel is None:
+        print(f"polytile tune: no working configuration in {len(result.records)} trial(s)", file=sys.stderr)
+        return 1
+    vendor = _report(result)
+    if args.plot:
+        plot_curve(result.curve(), args.plot, f"{task.workload.key} on {task.target.key}", vendor)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _report(result: Any) -> float | None:
+    """Print the final table: tuned kernel, default schedule and vendor library, timed in this process."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .vendor import time_call, vendor_baseline
+    task, op = result.task, result.task.op
+    inputs = op.make_inputs(np.random.default_rng(0))
+    rows: list[tuple[str, float]] = [("polytile tuned", result.kernel.benchmark(*inputs))]
+    if task.target.kind in op.schedules:
+        try:
+            rows.append(("polytile default schedule", op.build(task.target).benchmark(*inputs)))
+        except Exception as err:  # noqa: BLE001 - the table still shows the rest
+            print(f"(default schedule unavailable: {err})", file=sys.stderr)
+    vendor_time = None
+    base = vendor_baseline(op) if task.target.kind == "cpu" else None
+    if base is not None:
+        vendor_time = time_call(base[1], inputs)
+        rows.append((base[0], vendor_time))
+    table = Table(title=f"{task.workload.key} on {task.target.key} — {len(result.records)} trials, "
+                        f"{result.failures} failed, best of them {result.best.cost * 1e3:.3f} ms")
+    for col in ("kernel", "time (ms)", "GFLOP/s", "× vendor time"):
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    for name, t in rows:
+        gflops = f"{op.flops / t / 1e9:.1f}" if op.flops else "-"
+        ratio = f"{t / vendor_time:.2f}" if vendor_time else "-"
+        table.add_row(name, f"{t * 1e3:.3f}", gflops, ratio)
+    Console().print(table)
+    print(f"best configuration: {result.best.config}")
+    return vendor_time
+
+
+def plot_curve(curve: list[float], path: str | Path, title: str, vendor: float | None = None,
+               more: dict[str, list[float]] | None = None) -> None:
+    """Save a plot of best latency (ms) against trials (several curves via ``more``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, c in {"tuned": curve, **(more or {})}.items():
+        xs = [k + 1 for k, v in enumerate(c) if math.isfinite(v)]
+        ax.step(xs, [v * 1e3 for v in c if math.isfinite(v)], where="post", label=label)
+    if vendor:
+        ax.axhline(vendor * 1e3, color="gray", linestyle="--", label="vendor")
+    ax.set_xlabel("trials")
+    ax.set_ylabel("best latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,107 @@
+"""Measurement survives faulty candidates: a segfaulting kernel, a never-returning one, a wrong result
+and a device error each cost one trial, are recorded with their reason, and tuning goes on."""
+
+from __future__ import annotations
+
+import json
+
+import faulty
+import pytest
+
+from polytile.tune import MeasureOptions, RecordLog, make_task, tune_task
+from polytile.tune.workers import Crashed, Raised, Returned, TimedOut, WorkerPool
+
+
+def _sleep(seconds: float) -> float:
+    import time
+    time.sleep(seconds)
+    return seconds
+
+
+def _segfault() -> None:
+    import ctypes
+    ctypes.string_at(0)
+
+
+def _fail() -> None:
+    raise ValueError("boom")
+
+
+def test_worker_pool_reports_each_outcome_and_keeps_serving():
+    with WorkerPool(2) as pool:
+        outs = pool.map(_sleep, [(0.0,), (30.0,), (0.1,)], timeout=3.0)
+        assert isinstance(outs[0], Returned) and outs[0].value == 0.0
+        assert isinstance(outs[1], TimedOut)
+        assert isinstance(outs[2], Returned)
+        crashed = pool.call(_segfault, (), timeout=10.0)
+        assert isinstance(crashed, Crashed) and crashed.signal == "SIGSEGV"
+        raised = pool.call(_fail, (), timeout=10.0)
+        assert isinstance(raised, Raised) and raised.kind == "ValueError" and not raised.polytile
+        assert isinstance(pool.call(_sleep, (0.0,), timeout=10.0), Returned)
+
+
+def test_faulty_candidates_are_survived_and_recorded(tmp_path):
+    records = tmp_path / "faulty.jsonl"
+    task = make_task(faulty.make_func(), "cpu", template=faulty.faulty)
+    assert task.space.size == 5
+    opts = MeasureOptions(builders=2, run_timeout=8.0, repeat=3, min_time=0.0, before_run=faulty.misbehave)
+    result = tune_task(task, trials=5, records=records, tuner="grid", batch_size=5, measure=opts,
+                       progress=False, verify=False)
+    by_mode = {r.config["mode"]: r for r in result.records}
+    assert set(by_mode) == {"ok", "crash", "hang", "wrong", "device"}
+    assert by_mode["ok"].status == "ok" and by_mode["ok"].cost > 0
+    assert by_mode["crash"].status == "crash" and "SIGSEGV" in by_mode["crash"].error
+    assert by_mode["hang"].status == "timeout"
+    assert by_mode["wrong"].status == "wrong_result" and "relative error" in by_mode["wrong"].error
+    assert by_mode["device"].status == "device_error" and "ILLEGAL_ADDRESS" in by_mode["device"].error
+    assert result.best is not None and result.best.config == {"mode": "ok"}
+    assert result.kernel is not None  # built from the one good configuration
+    lines = [json.loads(x) for x in records.read_text().splitlines()]
+    assert sorted(x["status"] for x in lines) == sorted(r.status for r in result.records)
+    assert len(RecordLog(records).select(task.key, task.target.key)) == 5
+
+
+def test_odd_shape_check_builds_the_configuration_at_other_sizes():
+    from polytile.tune.measure import odd_workload
+    task = make_task("matmul", "cpu", M=512, N=384, K=64)
+    odd = dict(odd_workload(task).shape)
+    assert (odd["M"], odd["N"], odd["K"]) == (509, 383, 61)
+    conv = make_task("conv2d", "cpu", N=1, C=16, H=14, W=14, K=16, R=3, S=3, stride=1, padding=1)
+    odd_conv = dict(odd_workload(conv).shape)
+    assert odd_conv["R"] == 3 and odd_conv["H"] == 13 and odd_conv["N"] == 1
+
+
+@pytest.mark.slow
+def test_best_matmul_is_checked_at_odd_sizes(tmp_path):
+    task = make_task("matmul", "cpu", M=64, N=64, K=64)
+    result = tune_task(task, trials=2, records=tmp_path / "r.jsonl", tuner="random", batch_size=2,
+                       measure=MeasureOptions(repeat=3, min_time=0.0), progress=False, verify=True)
+    assert result.verified and result.kernel is not None
+
+
+def test_kernels_that_do_not_pickle_are_rebuilt_in_the_runner():
+    import threading
+
+    import numpy as np
+
+    from polytile.tune.measure import load_kernel, pack_kernel
+
+    class DeviceKernel:  # like a GPU kernel holding driver handles
+        lock = threading.Lock()
+
+        def __reduce__(self):  # noqa: ANN204
+            raise TypeError("cannot pickle a driver handle")
+
+    task = make_task("softmax", "cpu", M=8, N=24)
+    values = task.space.config_at(0).values
+    art = pack_kernel(DeviceKernel(), task, values)
+    assert art.kind == "rebuild"
+    kern = load_kernel(art)
+    x = task.op.make_inputs(np.random.default_rng(0))
+    assert np.allclose(kern(*x), task.op.reference(*x), rtol=1e-5)
+
+
+def test_every_status_is_documented():
+    from polytile.tune.measure import STATUSES
+    text = (__import__("pathlib").Path(__file__).parents[2] / "docs" / "tuning.md").read_text()
+    assert all(f"`{s}`" in text for s in STATUSES)

@@ -1,0 +1,96 @@
+"""Search spaces: decisions, configurations (JSON, indices), constraints and resource limits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from polytile.target import CPUTarget, CUDATarget
+from polytile.tune import ConfigSpace, TemplateConfig, TuneError, make_task
+from polytile.tune.space import split_choices
+
+
+def test_split_choices_factors_and_powers_of_two():
+    assert split_choices(12, 2) == ((12, 1), (6, 2), (4, 3), (3, 4), (2, 6), (1, 12))
+    three = split_choices(8, 3)
+    assert all(a * b * c == 8 for a, b, c in three) and len(three) == 10
+    pow2 = split_choices(100, 2, policy="pow2")
+    assert [c[1] for c in pow2] == [1, 2, 4, 8, 16, 32, 64] and pow2[-1][0] == 2  # ceil(100 / 64)
+    with pytest.raises(TuneError, match="policy"):
+        split_choices(8, 2, policy="primes")
+
+
+def _space(target=None) -> ConfigSpace:
+    cfg = TemplateConfig("define", target or CPUTarget(cores=2))
+    cfg.split("tile", 64, 3, policy="pow2")
+    cfg.knob("unroll", [True, False])
+    cfg.reorder("order", ["a", "b", "c"])
+    cfg.tag("ann", "x", ["serial", "vectorize"])
+    cfg.integer("stages", 1, 4)
+    return ConfigSpace(cfg.decisions)
+
+
+def test_configs_round_trip_through_json_and_indices():
+    space = _space()
+    assert space.size == len(split_choices(64, 3, "pow2")) * 2 * 6 * 2 * 4
+    rng = np.random.default_rng(0)
+    for d in space.sample_valid(rng, 20):
+        cfg = space.config(d)
+        again = space.from_values(json.loads(json.dumps(cfg.to_json())))
+        assert again.digits == cfg.digits and again.key == cfg.key
+        assert space.config_at(space.index_of(d)).digits == d
+    with pytest.raises(TuneError, match="not one of its choices"):
+        space.from_values({**space.config_at(0).to_json(), "stages": 9})
+
+
+def test_knob_features_have_fixed_length_and_differ():
+    space = _space()
+    rows = np.array(space.sample_valid(np.random.default_rng(1), 30))
+    feats = space.knob_features(rows)
+    assert feats.shape == (30, len(space.knob_feature_names()))
+    assert len({tuple(f) for f in feats}) == 30
+
+
+def test_constraints_and_resource_limits_discard_configurations():
+    task = make_task("matmul", CPUTarget(cores=2, vector_bits=512), M=64, N=64, K=64)
+    space = task.space
+    bad = space.from_values({**space.config_at(0).to_json(), "mr": 14, "nr_vecs": 4})
+    assert "vector_registers" in space.reason_invalid(bad.digits)
+    sample = space.sample_valid(np.random.default_rng(0), 200)
+    for d in sample:
+        v = space.config(d).values
+        assert v["mr"] * v["nr_vecs"] + v["nr_vecs"] + 1 <= 32
+
+
+def test_gpu_resource_limits_come_from_the_target():
+    small = CUDATarget(max_threads_per_block=256, shared_per_block=16 * 1024)
+    cfg = TemplateConfig("check", small, {})
+    cfg.resources(threads_per_block=256, shared_bytes=8 * 1024)
+    with pytest.raises(TuneError, match="threads_per_block 512 exceeds"):
+        cfg.resources(threads_per_block=512)
+    with pytest.raises(TuneError, match="shared_bytes"):
+        cfg.resources(shared_bytes=32 * 1024)
+    with pytest.raises(TuneError, match="unknown resource"):
+        cfg.resources(warps=4)
+
+
+def test_template_spaces_of_the_operators_are_defined_without_compiling():
+    for op, shape in [("matmul", dict(M=512, N=512, K=512)),
+                      ("batch_matmul", dict(batch=4, M=64, N=64, K=64)),
+                      ("dense", dict(M=64, N=128, K=64)), ("softmax", dict(M=64, N=100)),
+                      ("layernorm", dict(M=64, N=100)),
+                      ("conv2d", dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, stride=1, padding=1))]:
+        task = make_task(op, "cpu", **shape)
+        assert task.space.size > 1
+        assert task.key.startswith(f"{task.template.name}/{op}(")
+        assert task.space.sample_valid(np.random.default_rng(0), 4)
+
+
+def test_builtin_templates_are_listed_for_each_target_kind():
+    from polytile.tune import list_templates
+    kinds = {(t.op, t.kind) for t in list_templates()}
+    for op in ("matmul", "batch_matmul", "dense", "conv2d", "softmax", "layernorm"):
+        assert (op, "cpu") in kinds
+    assert ("matmul", "cuda") in kinds and ("conv2d", "cuda") in kinds and ("func", "cpu") in kinds
