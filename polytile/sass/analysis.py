@@ -29,6 +29,8 @@ ASYNC_WINDOW = 32  # cycles kept around unguarded variable-latency reads and res
 # looked at, 2 is also its most common distance), and a move that made it 1 broke a Triton
 # kernel on an H100 (a load's deferred address read lost to the overwrite that waited for it).
 SCOREBOARD_SETUP = 2
+CONSUMER_KINDS = ("fixed", "memory", "other")  # see KernelAnalysis.latency_key
+ACCESSES = ("read", "write")
 _INDIRECT = {"CALL", "RET", "BRX", "BRXU", "JMX", "JMXU", "JMP"}
 
 
@@ -101,7 +103,8 @@ class KernelAnalysis:
         self.movable = tuple(i for i, s in enumerate(self.semantics) if s.movable and i not in self.pinned)
         self._async_reads = self._find_async_reads()
         self.guards = self._scoreboard_guards()
-        self.latency = self._latency_table(latency_overrides or {})
+        self.latency_overrides = dict(latency_overrides or {})
+        self.latency = self._latency_table()
         self._live_in_need = self._live_in_needs()
         self.rules = self._distance_rules()
 
@@ -300,24 +303,61 @@ class KernelAnalysis:
 
     # ---- stall distances -----------------------------------------------------------------------
 
-    def latency_key(self, i: int) -> str:
-        return self.instructions[i].opcode
+    def consumer_kind(self, i: int) -> str:
+        """The kind of consumer in `latency_key`: "fixed" (ALU), "memory" or "other"."""
+        s = self.semantics[i]
+        return "fixed" if s.fixed_latency else "memory" if s.memory is not None else "other"
 
-    def required_latency(self, i: int) -> int:
-        """Cycles the result of instruction `i` needs before a consumer may issue."""
-        if self.semantics[i].fixed_latency:
-            return self.latency.get(self.latency_key(i), DEFAULT_FIXED_LATENCY)
-        return ASYNC_WINDOW
+    def latency_key(self, producer: int, consumer: int, unit: int) -> tuple[str, str, str, str]:
+        """What the distance from a fixed-latency result to its next user depends on.
+
+        The producer's opcode (with modifiers), the kind of consumer, the register file of the
+        unit (R, UR, P, UP) and whether the consumer reads it or only overwrites it. ptxas keeps
+        13 cycles between an ISETP and the load its predicate guards but 2 before an ALU
+        instruction reads that predicate, and more before a load overwrites an ALU result than
+        before an ALU instruction reads it: one latency per opcode would take the smallest of
+        these for all of them.
+        """
+        access = "read" if unit in self.semantics[consumer].uses else "write"
+        return self.instructions[producer].opcode, self.consumer_kind(consumer), _register_file(unit), access
+
+    def required_latency(self, producer: int, consumer: int, unit: int) -> int:
+        """Cycles `consumer` must issue after `producer` when it reads or overwrites `unit`."""
+        return self._latency(producer, self.latency_key(producer, consumer, unit))
+
+    def _latency(self, producer: int, key: tuple[str, str, str, str]) -> int:
+        """The latency table's value for `key`, DEFAULT_FIXED_LATENCY if the compiler never
+        placed such a pair in a block. An override replaces only latencies to ALU consumers (what
+        a microbenchmark of dependent instructions measures). A variable-latency result that no
+        scoreboard tracks keeps ASYNC_WINDOW."""
+        if not self.semantics[producer].fixed_latency:
+            return ASYNC_WINDOW
+        opcode, kind = key[0], key[1]
+        for name in (opcode, opcode.split(".", 1)[0]):
+            if kind == "fixed" and name in self.latency_overrides:
+                return self.latency_overrides[name]
+        return self.latency.get(key, DEFAULT_FIXED_LATENCY)
+
+    def _latencies_of(self, producer: int, unit: int) -> dict[tuple[str, str], int]:
+        """The latency of `producer`'s result in `unit` for each (consumer kind, access): a
+        consumer in another block is not known where the producer's rules are made."""
+        opcode, file = self.instructions[producer].opcode, _register_file(unit)
+        return {
+            (kind, access): self._latency(producer, (opcode, kind, file, access))
+            for kind in CONSUMER_KINDS
+            for access in ACCESSES
+        }
 
     def _timed_producer(self, i: int) -> bool:
         s = self.semantics[i]
         return bool(s.defs) and (s.fixed_latency or self.unguarded_result(i))
 
     def _pairs(self, block: Block):
-        """(producer, consumer, kind) pairs in one block, in the compiler's order.
+        """(producer, consumer, kind, unit) in one block, in the compiler's order.
 
-        Besides register results and unguarded source reads, a scoreboard's last setter is the
-        producer of the next instruction that waits on that scoreboard (SCOREBOARD_SETUP).
+        Register results (unit: the register) and unguarded source reads; besides, a
+        scoreboard's last setter is the producer of the next instruction that waits on that
+        scoreboard (SCOREBOARD_SETUP). Unit is None where no one register is concerned.
         """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
@@ -325,13 +365,13 @@ class KernelAnalysis:
         pairs = []
         for c in range(block.start, block.end):
             s = self.semantics[c]
-            for u in s.uses | s.defs:
+            for u in sorted(s.uses | s.defs):
                 p = last_def.get(u, START)
                 if p == START or self._timed_producer(p):
-                    pairs.append((p, c, "live-in" if p == START else "result"))
+                    pairs.append((p, c, "live-in" if p == START else "result", u))
             for u in s.defs:
                 for m in async_readers.pop(u, []):
-                    pairs.append((m, c, "unguarded source read"))
+                    pairs.append((m, c, "unguarded source read", u))
             for u in s.defs:
                 last_def[u] = c
             if c in self._async_reads:
@@ -339,15 +379,15 @@ class KernelAnalysis:
                     async_readers.setdefault(u, []).append(c)
             for b in self.scoreboard_waits(c):
                 p = last_set.pop(b, START)
-                pairs.append((p, c, "live-in" if p == START else "scoreboard set"))
+                pairs.append((p, c, "live-in" if p == START else "scoreboard set", None))
             for b in self.scoreboard_sets(c):
                 last_set[b] = c
-        pairs.extend((p, END, "scoreboard set, live-out") for p in last_set.values())
-        for p in last_def.values():
+        pairs.extend((p, END, "scoreboard set, live-out", None) for p in last_set.values())
+        for u, p in last_def.items():
             if self._timed_producer(p):
-                pairs.append((p, END, "live-out"))
-        for readers in async_readers.values():
-            pairs.extend((m, END, "unguarded source read, live-out") for m in readers)
+                pairs.append((p, END, "live-out", u))
+        for u, readers in async_readers.items():
+            pairs.extend((m, END, "unguarded source read, live-out", u) for m in readers)
         return pairs
 
     def _distance(self, block: Block, producer: int, consumer: int) -> int:
@@ -355,30 +395,27 @@ class KernelAnalysis:
         hi = block.end if consumer == END else consumer
         return sum(self.controls[k].stall for k in range(lo, hi))
 
-    def _latency_table(self, overrides: dict[str, int]) -> dict[str, int]:
-        table: dict[str, int] = {}
+    def _latency_table(self) -> dict[tuple[str, str, str, str], int]:
+        """The compiler's smallest distance per `latency_key`, over the pairs inside blocks."""
+        table: dict[tuple[str, str, str, str], int] = {}
         for block in self.blocks:
-            for p, c, kind in self._pairs(block):
-                if kind == "result" and c != END and self.semantics[p].fixed_latency:
-                    key = self.latency_key(p)
+            for p, c, kind, u in self._pairs(block):
+                if kind == "result" and self.semantics[p].fixed_latency:
+                    key = self.latency_key(p, c, u)
                     table[key] = min(table.get(key, 1 << 30), self._distance(block, p, c))
-        for key in list(table):
-            base = key.split(".", 1)[0]
-            if key in overrides or base in overrides:
-                table[key] = overrides.get(key, overrides.get(base))
-        for key, value in overrides.items():
-            table.setdefault(key, value)
         return table
 
     def _live_in_needs(self) -> list[dict]:
         """Per block, the cycles each live-in dependence may still need after the block starts.
 
-        Keys are register units (a timed producer's result), ("war", unit) (a source read
-        without a read barrier, before its overwrite) and ("sb", b) (a set of scoreboard b, before
-        a wait on it). A producer near the end of a predecessor block leaves `required - distance
-        to the block end` cycles for the successor to wait; values flow through blocks that do not
-        touch the key, shrinking by their stall total. With indirect control flow every live-in
-        dependence is assumed to need the full window (`_live_in_requirement`).
+        Keys are ("reg", unit, consumer kind, access) (a timed producer's result, for each kind
+        of consumer `latency_key` distinguishes), ("war", unit) (a source read without a read
+        barrier, before its overwrite) and ("sb", b) (a set of scoreboard b, before a wait on
+        it). A producer near the end of a predecessor block leaves `required - distance to the
+        block end` cycles for the successor to wait; values flow through blocks that neither
+        write the unit nor touch the scoreboard, shrinking by their stall total. With indirect
+        control flow every live-in dependence is assumed to need the full window
+        (`_live_in_requirement`).
         """
         n = len(self.blocks)
         if self.has_indirect_flow:
@@ -403,7 +440,7 @@ class KernelAnalysis:
                 for u in s.defs:
                     last_def[u] = i
                     reads.pop(u, None)
-                    touched |= {u, ("war", u)}
+                    touched |= {("reg", u), ("war", u)}
                 if i in self._async_reads:
                     for u in s.uses:
                         reads.setdefault(u, []).append(i)
@@ -415,10 +452,11 @@ class KernelAnalysis:
 
             for u, p in last_def.items():
                 if self._timed_producer(p):
-                    need(u, p, self.required_latency(p))
+                    for (kind, access), latency in self._latencies_of(p, u).items():
+                        need(("reg", u, kind, access), p, latency)
             for u, readers in reads.items():
                 for m in readers:
-                    need(("war", u), m, self.required_latency(m))
+                    need(("war", u), m, ASYNC_WINDOW)
             for b, p in last_set.items():
                 need(("sb", b), p, SCOREBOARD_SETUP)
             own.append(needs)
@@ -437,7 +475,7 @@ class KernelAnalysis:
                 for q in preds[k]:
                     outgoing = dict(own[q])
                     for key, v in need_in[q].items():
-                        if key not in cut[q]:
+                        if key[:2] not in cut[q]:
                             outgoing[key] = max(outgoing.get(key, 0), v - total[q])
                     for key, v in outgoing.items():
                         if v > 0 and v > new.get(key, 0):
@@ -447,31 +485,36 @@ class KernelAnalysis:
                     changed = True
         return need_in
 
-    def _live_in_requirement(self, block: Block, consumer: int) -> int:
-        s = self.semantics[consumer]
+    def _live_in_requirement(self, block: Block, consumer: int, unit: int | None) -> int:
+        """Cycles `consumer` may need after the start of its block for its live-in dependences
+        (on `unit`, or on the scoreboards it waits for when unit is None)."""
         if self.has_indirect_flow:
             return ASYNC_WINDOW
-        keys = [*(s.uses | s.defs), *(("war", u) for u in s.defs)]
-        keys += [("sb", b) for b in self.scoreboard_waits(consumer)]
         need = self._live_in_need[block.index]
-        return max((need.get(key, 0) for key in keys), default=0)
+        if unit is None:
+            return max((need.get(("sb", b), 0) for b in self.scoreboard_waits(consumer)), default=0)
+        access = "read" if unit in self.semantics[consumer].uses else "write"
+        keys = [("reg", unit, self.consumer_kind(consumer), access)]
+        if unit in self.semantics[consumer].defs:
+            keys.append(("war", unit))
+        return max(need.get(key, 0) for key in keys)
 
     def _distance_rules(self) -> dict[int, list[DistanceRule]]:
         rules: dict[int, list[DistanceRule]] = {}
         for block in self.blocks:
             best: dict[tuple[int, int], DistanceRule] = {}
-            for p, c, kind in self._pairs(block):
-                original = self._distance(block, p, c)
+            for p, c, kind, u in self._pairs(block):
                 if p == START:
-                    required = min(original, self._live_in_requirement(block, c))
-                elif kind == "result" and c != END and self.semantics[p].fixed_latency:
-                    required = min(original, self.required_latency(p))
+                    need = self._live_in_requirement(block, c, u)
                 elif kind == "result":
-                    required = min(original, ASYNC_WINDOW)
+                    need = self.required_latency(p, c, u)
+                elif kind == "live-out":  # the most any consumer in a later block may need
+                    need = max(self._latencies_of(p, u).values())
                 elif kind.startswith("scoreboard set"):
-                    required = min(original, SCOREBOARD_SETUP)
-                else:
-                    required = min(original, self.required_latency(p))
+                    need = SCOREBOARD_SETUP
+                else:  # an unguarded source read before its overwrite
+                    need = ASYNC_WINDOW
+                required = min(self._distance(block, p, c), need)
                 if required <= 0:
                     continue
                 rule = DistanceRule(p, c, required, kind)
@@ -479,6 +522,11 @@ class KernelAnalysis:
                     best[(p, c)] = rule
             rules[block.index] = list(best.values())
         return rules
+
+
+def _register_file(unit: int) -> str:
+    """R, UR, P or UP."""
+    return unit_name(unit).rstrip("0123456789")
 
 
 def _differs(old, new) -> bool:

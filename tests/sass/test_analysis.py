@@ -78,9 +78,29 @@ def analysis_of(synthetic):
 
 def test_latency_is_the_compilers_minimum_distance(analysis_of):
     a = analysis_of(CHAIN)
-    assert a.latency == {"IMAD": 4, "FADD": 1}  # IADD3's R9 is only live-out: not observed
-    assert a.required_latency(2) == DEFAULT_FIXED_LATENCY
+    # IADD3's R9 is only live-out: not observed; FADD's R5 goes to a store
+    assert a.latency == {("IMAD", "fixed", "R", "read"): 4, ("FADD", "memory", "R", "read"): 1}
+    assert a.required_latency(2, 3, 9) == DEFAULT_FIXED_LATENCY  # as if FADD read it
     assert a.movable == (1, 4)
+
+
+def test_latency_depends_on_the_consumer_and_the_register_kind(analysis_of):
+    """A predicate that an ALU instruction reads 2 cycles after the ISETP still needs the
+    compiler's distance before the load it guards (ptxas keeps 13 there)."""
+    rows = [
+        ("ISETP.GE.AND P0, PT, R0, UR6, PT", {"stall": 2}),
+        ("@P0 IADD3 R5, R5, 0x1, RZ", {"stall": 1}),
+        ("IADD3 R9, R10, 0x1, RZ", {"stall": 9}),
+        ("LDG.E R12, desc[UR4][R2.64]", {"write_barrier": 0}),
+        ("@!P0 LDG.E R8, desc[UR4][R6.64]", {"write_barrier": 1}),
+        ("EXIT", {"wait_mask": 0b11}),
+    ]
+    a = analysis_of(rows)
+    assert a.latency[("ISETP.GE.AND", "fixed", "P", "read")] == 2
+    assert a.latency[("ISETP.GE.AND", "memory", "P", "read")] == 13
+    s = Schedule(a).apply(Move(4, UP)).apply(Move(4, UP))  # above the LDG and the IADD3
+    assert s.order[:5] == (0, 1, 4, 2, 3)
+    assert s.stall(0) + s.stall(1) == 13  # the guard's 13 cycles kept, not the ALU reader's 2
 
 
 def test_move_that_shortens_a_latency_gets_a_stall_repair_and_undoing_it_removes_it(analysis_of):
