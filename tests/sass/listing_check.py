@@ -44,12 +44,13 @@ _SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 _TARGET = re.compile(r"`\(([.$\w]+)\)")
 _REG = re.compile(r"(?<![\w.])(UR\d+|UP\d|R\d+|P\d|UPR|PR)(\.64)?(?!\w)")
 
-# Plain operations: reordering memory instructions around them is fine if registers allow.
+# Plain operations: reordering memory instructions around them is fine if registers allow. Not
+# NOP: __syncwarp() compiles to one on sm_90, and it orders the memory accesses of the warp's lanes.
 ALU = set(
     """FADD FMUL FFMA FMNMX FSEL FSET FSETP FSWZADD FADD32I FMUL32I FFMA32I HADD2 HMUL2 HFMA2 HMNMX2
     HSET2 HSETP2 HADD2_32I HMUL2_32I HFMA2_32I IMAD IMAD32I IADD3 IADD IADD32I IABS IMNMX ISCADD
     ISCADD32I ISETP LEA LOP3 LOP LOP32I SHF SHL SHR SEL PRMT MOV MOV32I PLOP3 PSETP P2R R2P BMSK SGXT
-    VIADD VIADDMNMX VIMNMX VIMNMX3 VHMNMX IDP IDP4A CS2R F2FP I2FP F2IP NOP FMNMX3 FADD2 FMUL2 FFMA2
+    VIADD VIADDMNMX VIMNMX VIMNMX3 VHMNMX IDP IDP4A CS2R F2FP I2FP F2IP FMNMX3 FADD2 FMUL2 FFMA2
     UIADD3 UIMAD ULOP3 ULOP USHF USHL USHR UMOV USEL ULEA UISETP UPLOP3 UPRMT UIMNMX USGXT UBMSK ULDC
     UP2UR UR2UP UPSETP UVIADD""".split()
 )
@@ -354,7 +355,9 @@ def _memory_conflict(a: Effects, b: Effects) -> bool:
     spaces_b = {"global", "shared", "local"} if b.space == "generic" else set(b.space.split("+"))
     if not spaces_a & spaces_b:
         return False
-    if a.address and b.address and a.address[0] == b.address[0] and a.space == b.space != "generic":
+    # the same registers with disjoint offsets keep one lane's accesses apart, not another lane's:
+    # only local memory is private to a lane
+    if a.address and b.address and a.address[0] == b.address[0] and a.space == b.space == "local":
         (_, oa, na), (_, ob, nb) = a.address, b.address
         return not (oa + na <= ob or ob + nb <= oa)
     return True

@@ -48,8 +48,11 @@ def test_memory_conflicts():
         return sem(text).memory
 
     assert not memory_conflict(mem("LDS R1, [R8]"), mem("LDS R2, [R8]"))
-    assert not memory_conflict(mem("STS [R8+0x10], R1"), mem("LDS R2, [R8+0x14]"))
-    assert memory_conflict(mem("STS.64 [R8+0x10], R2"), mem("LDS R4, [R8+0x14]"))
+    # disjoint for one lane, but lane t's R8+0x14 may be lane t+1's R8+0x10
+    assert memory_conflict(mem("STS [R8+0x10], R1"), mem("LDS R2, [R8+0x14]"))
+    assert memory_conflict(mem("STG.E desc[UR4][R2.64], R1"), mem("LDG.E R4, desc[UR4][R2.64+0x10]"))
+    assert not memory_conflict(mem("STL [R1+0x10], R2"), mem("LDL R4, [R1+0x14]"))  # thread-private
+    assert memory_conflict(mem("STL.64 [R1+0x10], R2"), mem("LDL R4, [R1+0x14]"))
     assert memory_conflict(mem("STS [R8], R1"), mem("LDS R2, [R9]"))
     assert not memory_conflict(mem("STG.E desc[UR4][R2.64], R1"), mem("LDS R2, [R9]"))
     assert memory_conflict(mem("ST.E [R2.64], R1"), mem("LDS R4, [R9]"))
@@ -139,6 +142,25 @@ def test_dependences_and_pins_forbid_moves(analysis_of):
     with pytest.raises(IllegalMove, match="register dependence"):
         s.apply(Move(4, UP))
     assert list(s.legal_mask()) == [True, True, False, False]
+
+
+def test_lanes_that_talk_through_memory_keep_their_order(analysis_of):
+    """`s[t] = v; __syncwarp(); v += s[t + 4];` as nvcc compiles it for sm_90: the __syncwarp()
+    is a NOP, and the load reads what another lane stored, though not at this lane's address."""
+    rows = [
+        ("STS [R5+UR4], R8", {}),
+        ("NOP", {}),
+        ("LDS R3, [R5+UR4+0x10]", {"write_barrier": 0}),
+        ("LDS R4, [R7+UR4]", {"write_barrier": 1}),
+        ("FADD R0, R3, R4", {"wait_mask": 0b11}),
+        ("EXIT", {}),
+    ]
+    a = analysis_of(rows)
+    assert "pinned" in Schedule(a).check(Move(2, UP))[1]
+    rows[1] = ("IADD3 R9, R10, 0x1, RZ", {})  # without the NOP (volatile warp-synchronous code)
+    a = analysis_of(rows)
+    s = Schedule(a).apply(Move(2, UP))
+    assert "memory accesses that may overlap" in s.check(Move(2, UP))[1]
 
 
 def test_scoreboard_guard_keeps_readers_after_the_wait(analysis_of):
