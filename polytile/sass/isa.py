@@ -62,6 +62,10 @@ _PINNED = {
         "UCGABAR_GET",
         "ACQBULK",
     },
+    # ptxas compiles __syncwarp() to a NOP on sm_90 (and names it in .nv.info, which pins it too):
+    # what the warp's lanes stored before it is visible to their loads after it, so nothing
+    # crosses a NOP, named or not
+    "warp-level memory barrier (__syncwarp() compiles to NOP)": {"NOP"},
     "warpgroup / GMMA": {"HGMMA", "QGMMA", "IGMMA", "BGMMA", "WARPGROUP", "USETMAXREG", "SETMAXREG"},
     "SYNCS / TMA": {
         "SYNCS",
@@ -139,7 +143,6 @@ FIXED_LATENCY = {
     "F2FP",
     "I2FP",
     "F2IP",
-    "NOP",
     "FMNMX3",
     "FADD2",
     "FMUL2",
@@ -225,7 +228,7 @@ MEMORY = {
 # The memory instructions the assembly game may move.
 MOVABLE = {"LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "LDL", "STL", "LD", "ST"}
 # Opcodes with no destination operand: every register they name is read.
-_NO_DEST = {"STG", "STS", "STSM", "STL", "ST", "RED", "REDG", "LDGSTS", "NOP"} | set(PINNED_OPCODES)
+_NO_DEST = {"STG", "STS", "STSM", "STL", "ST", "RED", "REDG", "LDGSTS"} | set(PINNED_OPCODES)
 # Memory orderings that other threads may observe: such accesses keep their order with all others.
 _ORDERED_MODIFIERS = {"STRONG", "SYS", "GPU", "MMIO", "VOLATILE", "ACQUIRE", "RELEASE", "SM"}
 _PER_LANE_ADDRESS = {"LDG", "STG", "LDS", "STS", "LDL", "STL", "LD", "ST"}
@@ -407,12 +410,19 @@ def _leading_destination(operands: list[str], i: int, first_is_predicate: bool) 
 
 
 def memory_conflict(a: MemoryAccess, b: MemoryAccess) -> bool:
-    """True unless two accesses provably commute within one thread."""
+    """True unless two accesses provably commute, for every lane of the warp.
+
+    Two reads commute, and so do accesses to different spaces. The same address registers with
+    disjoint offsets keep one lane's accesses apart, but in shared and global memory another lane,
+    running the same instructions with other register values, may reach the other address, and
+    lanes do communicate that way: after __syncwarp() (a NOP on sm_90) or in volatile
+    warp-synchronous code (plain LDS/STS on sm_90). Only local memory is private to a thread.
+    """
     if a.ordered or b.ordered:
         return True
     if not (a.writes & (b.reads | b.writes) or b.writes & a.reads):
         return False
-    same_space = a.reads | a.writes == b.reads | b.writes and len(a.reads | a.writes) == 1
-    if same_space and a.address is not None and a.address == b.address:
+    private = a.reads | a.writes == b.reads | b.writes == {"local"}
+    if private and a.address is not None and a.address == b.address:
         return not (a.offset + a.width <= b.offset or b.offset + b.width <= a.offset)
     return True
