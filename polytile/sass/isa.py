@@ -2,7 +2,9 @@
 
 Everything here errs on the side of more dependences: an operand whose role is unclear counts as
 both read and written, a width that is unclear counts as the wider one, and an opcode outside
-these tables is pinned (never moved, and nothing moves across it). Register units are integers:
+these tables is pinned (never moved, and nothing moves across it), and so is an instruction whose
+operands or predicate do not read as nvdisasm's text prints them (a register glued to an address,
+`R3[R7]`; a predicate that is not `@P<n>`/`@UP<n>`). Register units are integers:
 R<n> is n, UR<n> is 1000+n, P<n> is 2000+n, UP<n> is 3000+n; RZ, URZ, PT and UPT are no units.
 """
 
@@ -240,6 +242,10 @@ OPCODE_CLASSES = ("fixed", "variable", "load", "store", "atomic", "async_copy", 
 _REGISTER = re.compile(r"(?<![\w.])(!?)(UR\d+|URZ|R\d+|RZ|UP\d|UPT|P\d|PT|UPR|PR)((?:\.64)?)(?![\w])")
 _BARE_PREDICATE = re.compile(r"^(U?P\d|U?PT)$")
 _BARE_REGISTER = re.compile(r"^(U?R\d+|U?RZ)$")
+# A register written right before a bracketed address, with no comma: the destination and the
+# address of a load as one operand (nvdisasm -json up to 13.4), which would read as no destination.
+_GLUED_ADDRESS = re.compile(r"^-?!?(?:U?R\d+|U?RZ|U?P\d|U?PT|U?PR)\[")
+_PREDICATE_FORM = re.compile(r"^@!?U?P(?:T|\d)$")
 _IMMEDIATE = re.compile(r"([+-])\s*(-?0x[0-9a-fA-F]+|-?\d+)(?![\w])")
 
 
@@ -354,6 +360,12 @@ def semantics(ins: SassInstruction) -> Semantics:
     if not known:
         pinned = f"opcode {base} is not in polytile's SASS tables"
     operands = list(ins.operands)
+    if not pinned and (
+        any(_GLUED_ADDRESS.match(op) for op in operands)
+        or ins.predicate
+        and not _PREDICATE_FORM.match(ins.predicate)
+    ):
+        pinned = f"operands not understood: {ins.text}"
     widths = _operand_widths(ins, len(operands))
     defs: set[int] = set()
     uses: set[int] = set()

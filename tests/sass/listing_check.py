@@ -290,6 +290,9 @@ def effects(row: Row) -> Effects:
     writes: set[str] = set()
     known = base in ALU or base in VARIABLE or base in SPACES or base == "LDC"
     has_destination = base not in NO_DESTINATION
+    for operand in row.operands:  # `R3[R7]` (nvdisasm -json up to 13.4) would read as no destination
+        if re.match(r"-?!?U?(R\d+|RZ|P\d|PT)\[", operand):
+            raise AssertionError(f"operand {operand!r} of {row.text} glues a register to an address")
     for i, operand in enumerate(row.operands):
         bracketed = "[" in operand
         destination = (

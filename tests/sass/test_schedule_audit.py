@@ -11,6 +11,7 @@ cubins in tests/sass/kernels/triton, rebuilt by build.py there).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -22,7 +23,8 @@ import pytest
 
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.cubin import Control, Cubin
-from polytile.sass.disasm import DisassemblyError, disassemble, find_nvdisasm
+from polytile.sass.disasm import DisassemblyError, disassemble, find_nvdisasm, parse_json
+from polytile.sass.isa import semantics
 from polytile.sass.schedule import DOWN, UP, Move, Schedule
 
 TRITON = Path(__file__).parent / "kernels" / "triton"
@@ -150,6 +152,70 @@ def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisas
     checker = lc.Checker(original)
     for schedule, rows in zip(schedules, variants, strict=True):
         assert checker.check(rows, list(schedule.order)) == [], [m.describe(a) for m in schedule.path]
+
+
+def _mask_walk(analysis: KernelAnalysis, moves: int, seed: int) -> Schedule:
+    """tests/sass/test_sass_gpu.py's random_schedule: `moves` picks from the legal mask."""
+    rng = np.random.default_rng(seed)
+    schedule = Schedule.original(analysis)
+    for _ in range(moves):
+        legal = np.nonzero(schedule.legal_mask())[0]
+        if not len(legal):
+            break
+        k = int(rng.choice(legal))
+        schedule = schedule.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
+    return schedule
+
+
+def _reordered_memory_pairs(analysis: KernelAnalysis, schedule: Schedule) -> list[str]:
+    """A rule of its own: two shared or global accesses of which one is a store keep their order
+    (lanes of a warp talk through memory: `vs[t] += vs[t + d]`)."""
+    rows = [lc.effects(lc.Row(0, i.predicate, i.opcode, list(i.operands), 0)) for i in analysis.instructions]
+    out = []
+    for i, a in enumerate(rows):
+        for j in range(i + 1, len(rows)):
+            b = rows[j]
+            if a.space and b.space and (a.stores or b.stores) and {a.space, b.space} & {"shared", "global"}:
+                if schedule.position[i] > schedule.position[j]:
+                    out.append(f"{analysis.instructions[j].text} now before {analysis.instructions[i].text}")
+    return out
+
+
+def test_the_warp_sums_walks_that_failed_on_the_h100(nvdisasm, sample_cubins):
+    """The GPU test's four schedules of warp_sums (20 random legal moves, seeds 0-3), replayed on
+    the instructions as nvdisasm 13.2-13.4 -json printed them on the H100 (`LDS R3[R7+0x8]`).
+
+    Read as one operand, each LDS wrote nothing: it lost its register dependences, and the order
+    with the next LDS, whose scoreboard SB0 is the one the FADD waits on for both (shared loads
+    complete in order). Seed 0 moved `LDS R3, [R7+0x8]` (W0) above `LDS R2, [R7]`: the FADD
+    read R2 before it arrived, and y differed in 2816 elements.
+    """
+    cubin = Cubin(sample_cubins["sm_90a"].read_bytes())
+    kernel = cubin.kernels["warp_sums"]
+    text = disassemble(cubin)["warp_sums"]
+    glued = [
+        {
+            **({"predicate": i.predicate} if i.predicate else {}),
+            "opcode": i.opcode,
+            "operands": ",".join(i.operands).replace(",[", "[") if i.base == "LDS" else ",".join(i.operands),
+        }
+        for i in text
+    ]
+    old = parse_json(json.dumps([{}, [{"function-name": "warp_sums", "sass-instructions": glued}]]))
+    assert any(g["operands"].startswith("R3[R7") for g in glued)
+    a = KernelAnalysis(kernel, old["warp_sums"])
+    schedules = [_mask_walk(a, 20, seed) for seed in range(4)]
+    assert sum(not s.is_original() for s in schedules) >= 2
+    original, *variants = lc.kernels([list(a.kernel.words), *(s.words() for s in schedules)], nvdisasm)
+    checker = lc.Checker(original)
+    for schedule, rows in zip(schedules, variants, strict=True):
+        path = [m.describe(a) for m in schedule.path]
+        assert checker.check(rows, list(schedule.order)) == [], path
+        assert _reordered_memory_pairs(a, schedule) == [], path
+    # an operand that still reads glued pins its instruction rather than lose its destination
+    assert text[21].text == "LDS R3, [R7]"
+    assert semantics(replace(text[21], operands=("R3[R7]",))).pinned
+    assert not semantics(text[21]).pinned
 
 
 def test_random_legal_schedules_pass_the_independent_check(nvdisasm, sample_cubins, benchmark_cubins):
