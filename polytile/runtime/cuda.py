@@ -27,8 +27,9 @@ from .cpu import cache_dir
 
 
 def nvcc() -> str:
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"),
-                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"), "/usr/local/cuda/bin/nvcc"):
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), os.path.join(home, "bin", "nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
         if cand and os.path.exists(cand):
             return cand
     raise BuildError("nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc")
@@ -63,7 +64,8 @@ def parse_ptxas(text: str) -> dict[str, Resources]:
         if current is None:
             continue
         r = out[current]
-        if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+        if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                          line):
             r.stack_bytes, r.spill_stores, r.spill_loads = (int(x) for x in m.groups())
         if m := re.search(r"Used (\d+) registers", line):
             r.registers = int(m.group(1))
@@ -217,16 +219,17 @@ class CUDAKernel:
         func = self.func
         n_in, n_out = len(func.inputs), len(func.outputs)
         if len(arrays) not in (n_in, n_in + n_out):
-            raise InputError(f"{func.name} takes {n_in} input array(s), optionally followed by {n_out} output "
-                             f"array(s); got {len(arrays)}")
+            raise InputError(f"{func.name} takes {n_in} input array(s), optionally followed by {n_out} "
+                             f"output array(s); got {len(arrays)}")
         tensors = [*func.inputs, *func.outputs]
-        shapes = [_Shape(tuple(int(s) for s in getattr(a, "shape"))) for a in arrays]
+        shapes = [_Shape(tuple(int(s) for s in a.shape)) for a in arrays]  # type: ignore[attr-defined]
         params = bind_params(func, shapes, kwargs)
-        check_index_arrays(func, [a if isinstance(a, np.ndarray) else _host_copy(a) if t.value_range is not None
-                                  or t.monotonic else None for t, a in zip(func.inputs, arrays)], params)
+        index_arrays = [a if isinstance(a, np.ndarray) else _host_copy(a) if t.value_range is not None
+                        or t.monotonic else None for t, a in zip(func.inputs, arrays, strict=False)]
+        check_index_arrays(func, index_arrays, params)
         args: dict[str, _Arg] = {}
         like = next((a for a in arrays if not isinstance(a, np.ndarray)), None)
-        for t, a in zip(tensors, arrays):
+        for t, a in zip(tensors, arrays, strict=False):
             args[t.name] = device_array(a, t.dtype, t.name)
         outputs = []
         for t in func.outputs[len(arrays) - n_in:]:
@@ -269,20 +272,22 @@ class CUDAKernel:
             names = ", ".join(k.name for k in self.kernels)
             raise DeviceError(f"{self.lowered.name} ({names}) failed on the GPU: {err}") from None
         results = []
-        for t, o in zip(self.func.outputs, outs):
+        for t, o in zip(self.func.outputs, outs, strict=True):
             a = args[t.name]
             if isinstance(o, np.ndarray):
                 o[...] = device().download(a.ptr, o)
             results.append(o)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def benchmark(self, *arrays: object, repeat: int = 50, warmup: int = 5, flush_l2: bool = True,
-                  **params: object) -> float:
-        """Median seconds of one call (all its kernels), timed with CUDA events after ``warmup``
-        calls; ``flush_l2`` writes a buffer twice the L2 size before each timed call."""
+    def benchmark(self, *arrays: object, repeat: int = 50, warmup: int = 5, min_time: float = 0.0,
+                  flush_cache: bool = True, **params: object) -> float:
+        """Median seconds of one call (all its kernels), timed with CUDA events after ``warmup`` calls:
+        at least ``repeat`` runs, more until the timed runs add up to ``min_time`` seconds (as
+        ``CPUKernel.benchmark``). ``flush_cache`` writes a buffer twice the L2 size before each run."""
         from .timing import time_gpu
         args, bound, _ = self._prepare(arrays, params)
-        return time_gpu(lambda: self._launch_all(args, bound), repeat, warmup, flush_l2, self.target.l2_bytes)
+        return time_gpu(lambda: self._launch_all(args, bound), repeat, warmup, flush_cache,
+                        self.target.l2_bytes, min_time)
 
 
 def _host_copy(a: object) -> np.ndarray | None:
@@ -322,9 +327,9 @@ def build_cuda_kernel(sched: object, lowered: ir.LoweredFunc, target: CUDATarget
     source, kernels = cuda_source(lowered, idx32)
     for k in kernels:
         if k.dynamic_shared > target.shared_per_block:
-            raise BuildError(f"{lowered.name}: kernel {k.name} needs {k.dynamic_shared} bytes of shared memory, "
-                             f"more than the {target.shared_per_block} a block of {target.name} ({target.arch}) "
-                             "can have; use smaller tiles or fewer pipeline stages")
+            raise BuildError(f"{lowered.name}: kernel {k.name} needs {k.dynamic_shared} bytes of shared "
+                             f"memory, more than the {target.shared_per_block} a block of {target.name} "
+                             f"({target.arch}) can have; use smaller tiles or fewer pipeline stages")
     cubin, resources = compile_cuda(source, target.arch)
     temps = [st.buffer for st in ir.walk_stmt(lowered.body)
              if isinstance(st, ir.Allocate) and st.buffer.scope == "global"]

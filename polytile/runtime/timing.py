@@ -4,6 +4,7 @@ correctness measure ‖out − ref‖ / ‖ref‖."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
@@ -11,37 +12,48 @@ import numpy as np
 
 
 def time_gpu(fn: Callable[[], object], repeat: int = 50, warmup: int = 5, flush_l2: bool = True,
-             l2_bytes: int | None = None) -> float:
-    """Median seconds of ``fn()`` (which launches GPU work on the default stream)."""
+             l2_bytes: int | None = None, min_time: float = 0.0, max_runs: int = 10_000) -> float:
+    """Median seconds of ``fn()`` (which launches GPU work on the default stream): at least ``repeat``
+    timed runs, more until the timed runs add up to ``min_time`` seconds (at most ``max_runs``)."""
     from .cuda_device import device
     dev = device()
-    cu = dev.cu
     nbytes = 2 * (l2_bytes or dev.info.l2_bytes or 64 * 1024 * 1024)
     flush = dev.alloc(nbytes) if flush_l2 else None
     try:
         for _ in range(warmup):
             fn()
         dev.synchronize()
-        events = []
-        for _ in range(repeat):
-            start = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
-            end = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
-            if flush is not None:
-                dev._check(cu.cuMemsetD8Async(flush, 1, nbytes, 0), "cuMemsetD8Async (L2 flush)")
-            dev._check(cu.cuEventRecord(start, 0), "cuEventRecord")
-            fn()
-            dev._check(cu.cuEventRecord(end, 0), "cuEventRecord")
-            events.append((start, end))
-        times = []
-        for start, end in events:
-            dev._check(cu.cuEventSynchronize(end), "cuEventSynchronize (did a kernel fault?)")
-            times.append(float(dev._check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")[0]))
-            dev._check(cu.cuEventDestroy(start), "cuEventDestroy")
-            dev._check(cu.cuEventDestroy(end), "cuEventDestroy")
+        times = _timed_runs(dev, fn, max(1, repeat), flush, nbytes)
+        while sum(times) < min_time and len(times) < max_runs:
+            # the runs so far give the time of one: enough more to reach min_time, in one batch
+            more = math.ceil((min_time - sum(times)) / max(statistics.mean(times), 1e-7))
+            times += _timed_runs(dev, fn, min(max(more, 1), max_runs - len(times)), flush, nbytes)
     finally:
         if flush is not None:
             dev.free(flush)
-    return statistics.median(times) / 1e3
+    return statistics.median(times)
+
+
+def _timed_runs(dev, fn: Callable[[], object], runs: int, flush: int | None, nbytes: int) -> list[float]:  # noqa: ANN001
+    """Seconds of ``runs`` calls of ``fn``, each between two events (after an L2 flush when ``flush``)."""
+    cu = dev.cu
+    events = []
+    for _ in range(runs):
+        start = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
+        end = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
+        if flush is not None:
+            dev._check(cu.cuMemsetD8Async(flush, 1, nbytes, 0), "cuMemsetD8Async (L2 flush)")
+        dev._check(cu.cuEventRecord(start, 0), "cuEventRecord")
+        fn()
+        dev._check(cu.cuEventRecord(end, 0), "cuEventRecord")
+        events.append((start, end))
+    times = []
+    for start, end in events:
+        dev._check(cu.cuEventSynchronize(end), "cuEventSynchronize (did a kernel fault?)")
+        times.append(float(dev._check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")[0]) / 1e3)
+        dev._check(cu.cuEventDestroy(start), "cuEventDestroy")
+        dev._check(cu.cuEventDestroy(end), "cuEventDestroy")
+    return times
 
 
 def rel_error(out: object, ref: object) -> float:

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 import polytile as pt
@@ -80,6 +79,14 @@ def test_benchmark_times_with_events(rng):
     kern = op.build("cuda")
     t = kern.benchmark(*op.make_inputs(rng), repeat=10, warmup=2)
     assert 1e-7 < t < 1.0
+
+
+def test_benchmark_takes_the_tuner_arguments(rng):
+    """The tuner's runner passes CPU-style timing arguments to every kernel (tune/measure.py)."""
+    op = ops.softmax(64, 1024)
+    kern = op.build("cuda")
+    t = kern.benchmark(*op.make_inputs(rng), repeat=3, warmup=1, min_time=0.05, flush_cache=True)
+    assert 1e-7 < t < 0.05
 
 
 FAULT = textwrap.dedent("""
