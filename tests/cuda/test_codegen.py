@@ -108,6 +108,42 @@ def test_host_level_loop_is_refused():
         pt.lower(s, "cuda:sm_90a")
 
 
+def _thread_tiled_matmul():
+    A = pt.placeholder((64, 32), "float32", "A")
+    B = pt.placeholder((32, 64), "float32", "B")
+    k = pt.reduce_axis(32, "k")
+    C = pt.compute((64, 64), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C].split("i", 16, "bi", "ti").split("j", 16, "bj", "tj").reorder("bi", "bj", "ti", "tj", "k")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ti", "threadIdx.y").bind("tj", "threadIdx.x")
+    return s, st
+
+
+@pytest.mark.parametrize("cache", [lambda st: st.cache_write("bj", loc="local"),
+                                   lambda st: st.cache_write("ti", loc="local"),
+                                   lambda st: st.cache_write(None),
+                                   lambda st: st.cache_identity("A", "bi", loc="local")],
+                         ids=["write-block", "write-between-threads", "write-top-auto", "read-block"])
+def test_register_cache_above_thread_loops_is_refused(cache):
+    """Registers belong to one thread: a per-thread cache spanning other threads' elements would be
+    filled or written back by one thread alone (wrong results), so lowering refuses it."""
+    s, st = _thread_tiled_matmul()
+    cache(st)
+    with pytest.raises(pt.ScheduleError, match=r"of C lives in the registers of one thread .* thread-bound "
+                                                r"loop\(s\) .*tj \(threadIdx.x\).* at or inside loop tj"):
+        pt.lower(s, "cuda:sm_90a")
+
+
+def test_register_cache_inside_thread_loops_is_per_thread():
+    s, st = _thread_tiled_matmul()
+    st.cache_write("tj", loc="local").cache_identity("A", "tj", loc="local")
+    text = str(pt.lower(s, "cuda:sm_90a"))
+    assert "var C_local_0: float32" in text and "== 0" not in text  # every thread writes its own result
+    s, st = _thread_tiled_matmul()
+    st.cache_write("bj", loc="shared")  # one buffer per block, written back by all its threads
+    assert "for coop" in str(pt.lower(s, "cuda:sm_90a"))
+
+
 def test_thread_loop_extent_must_be_constant():
     N = pt.param("N")
     A = pt.placeholder((N,), "float32", "A")
