@@ -7,6 +7,8 @@ import inspect
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +66,72 @@ def time_call(fn, args: Sequence[object], repeat: int = 10, warmup: int = 2,  # 
     return float(np.median(times))
 
 
+@dataclass
+class Comparison:
+    """An operator's kernel checked on random inputs and timed beside the library a user would call
+    instead (the baseline: NumPy/torch on the CPU, cuBLAS/cuDNN/torch on the GPU), in one process."""
+
+    op: Any
+    error: float
+    seconds: float
+    baseline: str | None = None
+    baseline_seconds: float | None = None
+    baseline_error: float = 0.0  # the baseline's own error; above the tolerance it is not timed
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.op.tolerance
+
+    def lines(self) -> list[str]:
+        """The verdict and one line of speed per library."""
+        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'})",
+               _speed_row("polytile", self.seconds, self.op)]
+        if self.baseline is None:
+            out.append("  (no baseline library for this operator here)")
+        elif self.baseline_seconds is None:
+            out.append(f"  {self.baseline}: its result differs from the reference (relative error "
+                       f"{self.baseline_error:.1e}); not timed")
+        else:
+            out.append(_speed_row(self.baseline, self.baseline_seconds, self.op)
+                       + f"   (polytile is {self.baseline_seconds / self.seconds:.2f}x its speed)")
+        return out
+
+
+def _speed_row(label: str, seconds: float, op: Any) -> str:
+    return (f"  {label:14s} {seconds * 1e3:10.3f} ms  {op.flops / seconds / 1e9:9.1f} GFLOP/s"
+            f"  {op.bytes_moved / seconds / 1e9:7.1f} GB/s")
+
+
+def compare_cpu(op: Any, kern: Any, repeat: int = 10) -> Comparison:
+    """Check and time a CPU kernel of ``op`` beside ``op.baseline`` on the same random inputs."""
+    from . import ops
+    inputs = op.make_inputs(np.random.default_rng(0))
+    err = ops.rel_error(kern(*inputs), op.reference(*inputs))
+    out = Comparison(op, err, kern.benchmark(*inputs, repeat=repeat))
+    if op.baseline is not None:
+        out.baseline = op.baseline_name
+        out.baseline_seconds = time_call(op.baseline, inputs, repeat=repeat)
+    return out
+
+
+def compare_cuda(op: Any, kern: Any, repeat: int = 20) -> Comparison:
+    """Check and time a CUDA kernel of ``op`` (a GPU must be present) beside torch's counterpart,
+    both timed with CUDA events and an L2 flush before each run, on the same random inputs."""
+    from .ops.baselines import torch_cuda_baseline, torch_cuda_inputs
+    from .runtime.timing import rel_error, time_gpu
+    host = op.make_inputs(np.random.default_rng(0))
+    ref = op.reference(*host)
+    inputs = torch_cuda_inputs(host) or host  # NumPy arrays are copied to the GPU
+    out = Comparison(op, rel_error(kern(*inputs), ref), kern.benchmark(*inputs, repeat=repeat))
+    base = torch_cuda_baseline(op) if inputs is not host else None
+    if base is not None:
+        fn, out.baseline = base
+        out.baseline_error = rel_error(fn(*inputs).reshape(np.shape(ref)), ref)
+        if out.baseline_error <= max(op.tolerance, 1e-2):
+            out.baseline_seconds = time_gpu(lambda: fn(*inputs), repeat=repeat)
+    return out
+
+
 def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, repeat: int,
            dtype: str | None = None) -> int:
     """Build ``name`` at ``shape`` for ``target`` ("cpu", "cuda", "cuda:sm_80"), check it on random
@@ -77,69 +145,34 @@ def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, rep
     if show_source:
         print(kern.source)
     if kern.target == "cpu":
-        return _run_cpu(op, kern, build_s, repeat)
-    return _run_cuda(op, kern, build_s, repeat)
+        print(f"{op.key} on cpu: built in {build_s:.2f} s")
+        result = compare_cpu(op, kern, repeat)
+    else:
+        from .runtime.cuda_device import gpu_available
+        tgt = kern.target
+        print(f"{op.key} on {tgt.name} ({tgt.arch}): built in {build_s:.2f} s")
+        print("\n".join(kernel_lines(kern)))
+        if not gpu_available():
+            print(f"no GPU found: the kernel was compiled for {tgt.arch} but not run "
+                  "(--show-source prints it)")
+            return 0
+        result = compare_cuda(op, kern, repeat)
+    print("\n".join(result.lines()))
+    return 0 if result.ok else 1
 
 
-def _speed_row(label: str, seconds: float, op: object) -> str:
-    return (f"  {label:14s} {seconds * 1e3:10.3f} ms  {op.flops / seconds / 1e9:9.1f} GFLOP/s"  # type: ignore[attr-defined]
-            f"  {op.bytes_moved / seconds / 1e9:7.1f} GB/s")  # type: ignore[attr-defined]
-
-
-def _verdict(err: float, tolerance: float) -> str:
-    return f"relative error {err:.1e} ({'ok' if err <= tolerance else 'WRONG'})"
-
-
-def _run_cpu(op, kern, build_s: float, repeat: int) -> int:  # noqa: ANN001 - an Op and a CPUKernel
-    from . import ops
-    inputs = op.make_inputs(np.random.default_rng(0))
-    err = ops.rel_error(kern(*inputs), op.reference(*inputs))
-    t = kern.benchmark(*inputs, repeat=repeat)
-    print(f"{op.key} on cpu: build {build_s:.2f} s, {_verdict(err, op.tolerance)}")
-    print(_speed_row("polytile", t, op))
-    if op.baseline is not None:
-        tb = time_call(op.baseline, inputs, repeat=repeat)
-        print(_speed_row(op.baseline_name, tb, op) + f"   (polytile is {tb / t:.2f}x its speed)")
-    return 0 if err <= op.tolerance else 1
-
-
-def _run_cuda(op, kern, build_s: float, repeat: int) -> int:  # noqa: ANN001 - an Op and a CUDAKernel
+def kernel_lines(kern: Any) -> list[str]:
+    """One line per kernel of a CUDA function: launch shape and ptxas resources."""
     from .lowering.loopir import expr_text
-    from .ops.baselines import torch_cuda_baseline, torch_cuda_inputs
-    from .runtime.cuda_device import gpu_available
-    from .runtime.timing import rel_error, time_gpu
-    tgt = kern.target
-    print(f"{op.key} on {tgt.name} ({tgt.arch}): built in {build_s:.2f} s")
+    out = []
     for k in kern.kernels:
         r = kern.resources.get(k.name)
         grid = ", ".join(expr_text(g) for g in k.grid)
         use = "no ptxas report" if r is None else (
             f"{r.registers} registers, {r.shared_bytes + k.dynamic_shared} B shared memory, "
             f"{r.stack_bytes} B stack, {r.spill_stores + r.spill_loads} B spilled")
-        print(f"  kernel {k.name}: grid ({grid}), block {k.block}; {use}")
-    if not gpu_available():
-        print(f"no GPU found: the kernel was compiled for {tgt.arch} but not run (--show-source prints it)")
-        return 0
-    host = op.make_inputs(np.random.default_rng(0))
-    ref = op.reference(*host)
-    inputs = torch_cuda_inputs(host) or host  # NumPy arrays are copied to the GPU at each call
-    err = rel_error(kern(*inputs), ref)
-    t = kern.benchmark(*inputs, repeat=repeat)
-    print(f"  {_verdict(err, op.tolerance)}")
-    print(_speed_row("polytile", t, op))
-    base = torch_cuda_baseline(op) if inputs is not host else None
-    if base is None:
-        print("  (no torch baseline: torch with CUDA is not installed or has no such operator)")
-    else:
-        fn, label = base
-        base_err = rel_error(fn(*inputs).reshape(np.shape(ref)), ref)
-        if base_err > max(op.tolerance, 1e-2):
-            print(f"  {label}: its result differs from the reference (relative error {base_err:.1e}); "
-                  "not timed")
-        else:
-            tb = time_gpu(lambda: fn(*inputs), repeat=repeat)
-            print(_speed_row(label, tb, op) + f"   (polytile is {tb / t:.2f}x its speed)")
-    return 0 if err <= op.tolerance else 1
+        out.append(f"  kernel {k.name}: grid ({grid}), block {k.block}; {use}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,14 @@ def test_op_compiles(name, shape, arch):
     assert set(kern.resources) >= {k.name for k in kern.kernels}
 
 
+def test_demo_gpu_cases_compile():
+    """What ``make demo`` runs on a GPU builds for one (tile sizes, shared memory within the limit)."""
+    from polytile.demo import gpu_cases
+    for op in gpu_cases(4096):
+        kern = op.build("cuda:sm_90a")
+        assert all(r.spill_stores == 0 for r in kern.resources.values()), op.key
+
+
 def _gemm(stages):
     from polytile.ops.gpu_schedules import gemm_cuda
     s = pt.create_schedule(ops.matmul(512, 512, 512).func)

@@ -128,3 +128,10 @@ def test_cli_runs_and_times_beside_torch():
         return
     if torch.cuda.is_available():
         assert "x its speed" in proc.stdout
+
+
+def test_demo_runs_on_the_gpu():
+    proc = subprocess.run([sys.executable, "-m", "polytile.demo", "--size", "2048"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU: " in proc.stdout and proc.stdout.count("(ok)") == 4
