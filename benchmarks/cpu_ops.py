@@ -128,7 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--only", default="", help="comma-separated workload names")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median)")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per round at least")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds timed per round at least")
     parser.add_argument("--threads", type=int, default=0, help="threads for OpenMP, OpenBLAS and torch")
