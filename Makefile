@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CUDA_STAMP := $(VENV)/.installed-cuda
 
 .PHONY: demo test test-all gpu-check lint bench-cpu clean
 
@@ -12,7 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# the CUDA driver bindings where an NVIDIA GPU is present: make demo then runs on the GPU
+$(CUDA_STAMP): $(STAMP)
+	if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python -m pip install -q -e '.[cuda]'; fi
+	touch $(CUDA_STAMP)
+
+demo: $(CUDA_STAMP)
 	$(BIN)/python -m polytile.demo
 
 test: $(STAMP)

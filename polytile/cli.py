@@ -7,6 +7,8 @@ import inspect
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,38 +51,128 @@ DEFAULT_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
-def time_call(fn, args: Sequence[np.ndarray], repeat: int = 10, warmup: int = 2) -> float:  # noqa: ANN001
+def time_call(fn, args: Sequence[object], repeat: int = 10, warmup: int = 2,  # noqa: ANN001
+              min_time: float = 0.0) -> float:
+    """Median wall time in seconds of ``fn(*args)`` after ``warmup`` calls: at least ``repeat`` runs
+    or ``min_time`` seconds (the protocol of ``CPUKernel.benchmark``)."""
     for _ in range(warmup):
         fn(*args)
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
         t0 = time.perf_counter()
         fn(*args)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
 
-def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, repeat: int) -> int:
+@dataclass
+class Comparison:
+    """An operator's kernel checked on random inputs and timed beside the library a user would call
+    instead (the baseline: NumPy/torch on the CPU, cuBLAS/cuDNN/torch on the GPU), in one process."""
+
+    op: Any
+    error: float
+    seconds: float
+    baseline: str | None = None
+    baseline_seconds: float | None = None
+    baseline_error: float = 0.0  # the baseline's own error; above the tolerance it is not timed
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.op.tolerance
+
+    def lines(self) -> list[str]:
+        """The verdict and one line of speed per library."""
+        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'})",
+               _speed_row("polytile", self.seconds, self.op)]
+        if self.baseline is None:
+            out.append("  (no baseline library for this operator here)")
+        elif self.baseline_seconds is None:
+            out.append(f"  {self.baseline}: its result differs from the reference (relative error "
+                       f"{self.baseline_error:.1e}); not timed")
+        else:
+            out.append(_speed_row(self.baseline, self.baseline_seconds, self.op)
+                       + f"   (polytile is {self.baseline_seconds / self.seconds:.2f}x its speed)")
+        return out
+
+
+def _speed_row(label: str, seconds: float, op: Any) -> str:
+    return (f"  {label:14s} {seconds * 1e3:10.3f} ms  {op.flops / seconds / 1e9:9.1f} GFLOP/s"
+            f"  {op.bytes_moved / seconds / 1e9:7.1f} GB/s")
+
+
+def compare_cpu(op: Any, kern: Any, repeat: int = 10) -> Comparison:
+    """Check and time a CPU kernel of ``op`` beside ``op.baseline`` on the same random inputs."""
     from . import ops
-    op = ops.get(name, **(shape or DEFAULT_SHAPES.get(name, {})))
-    rng = np.random.default_rng(0)
+    inputs = op.make_inputs(np.random.default_rng(0))
+    err = ops.rel_error(kern(*inputs), op.reference(*inputs))
+    out = Comparison(op, err, kern.benchmark(*inputs, repeat=repeat))
+    if op.baseline is not None:
+        out.baseline = op.baseline_name
+        out.baseline_seconds = time_call(op.baseline, inputs, repeat=repeat)
+    return out
+
+
+def compare_cuda(op: Any, kern: Any, repeat: int = 20) -> Comparison:
+    """Check and time a CUDA kernel of ``op`` (a GPU must be present) beside torch's counterpart,
+    both timed with CUDA events and an L2 flush before each run, on the same random inputs."""
+    from .ops.baselines import torch_cuda_baseline, torch_cuda_inputs
+    from .runtime.timing import rel_error, time_gpu
+    host = op.make_inputs(np.random.default_rng(0))
+    ref = op.reference(*host)
+    inputs = torch_cuda_inputs(host) or host  # NumPy arrays are copied to the GPU
+    out = Comparison(op, rel_error(kern(*inputs), ref), kern.benchmark(*inputs, repeat=repeat))
+    base = torch_cuda_baseline(op) if inputs is not host else None
+    if base is not None:
+        fn, out.baseline = base
+        out.baseline_error = rel_error(fn(*inputs).reshape(np.shape(ref)), ref)
+        if out.baseline_error <= max(op.tolerance, 1e-2):
+            out.baseline_seconds = time_gpu(lambda: fn(*inputs), repeat=repeat)
+    return out
+
+
+def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, repeat: int,
+           dtype: str | None = None) -> int:
+    """Build ``name`` at ``shape`` for ``target`` ("cpu", "cuda", "cuda:sm_80"), check it on random
+    inputs and time it beside the library a user would call instead; 1 when the result is wrong."""
+    from . import ops
+    sizes = dict(shape or DEFAULT_SHAPES.get(name, {}))
+    op = ops.get(name, **sizes, **({"dtype": dtype} if dtype else {}))
     t0 = time.perf_counter()
     kern = op.build(target)
     build_s = time.perf_counter() - t0
     if show_source:
         print(kern.source)
-    inputs = op.make_inputs(rng)
-    out = kern(*inputs)
-    err = ops.rel_error(out, op.reference(*inputs))
-    ok = err <= op.tolerance
-    t = kern.benchmark(*inputs, repeat=repeat)
-    print(f"{op.key} on {target}: build {build_s:.2f} s, relative error {err:.1e} ({'ok' if ok else 'WRONG'})")
-    print(f"  polytile      {t * 1e3:10.3f} ms  {op.flops / t / 1e9:9.1f} GFLOP/s")
-    if op.baseline is not None and target == "cpu":
-        tb = time_call(op.baseline, inputs, repeat=repeat)
-        print(f"  {op.baseline_name:12s}  {tb * 1e3:10.3f} ms  {op.flops / tb / 1e9:9.1f} GFLOP/s"
-              f"   (polytile is {tb / t:.2f}x its speed)")
-    return 0 if ok else 1
+    if kern.target == "cpu":
+        print(f"{op.key} on cpu: built in {build_s:.2f} s")
+        result = compare_cpu(op, kern, repeat)
+    else:
+        from .runtime.cuda_device import gpu_available
+        tgt = kern.target
+        print(f"{op.key} on {tgt.name} ({tgt.arch}): built in {build_s:.2f} s")
+        print("\n".join(kernel_lines(kern)))
+        if not gpu_available():
+            print(f"no GPU found: the kernel was compiled for {tgt.arch} but not run "
+                  "(--show-source prints it)")
+            return 0
+        result = compare_cuda(op, kern, repeat)
+    print("\n".join(result.lines()))
+    return 0 if result.ok else 1
+
+
+def kernel_lines(kern: Any) -> list[str]:
+    """One line per kernel of a CUDA function: launch shape and ptxas resources."""
+    from .lowering.loopir import expr_text
+    out = []
+    for k in kern.kernels:
+        r = kern.resources.get(k.name)
+        grid = ", ".join(expr_text(g) for g in k.grid)
+        use = "no ptxas report" if r is None else (
+            f"{r.registers} registers, {r.shared_bytes + k.dynamic_shared} B shared memory, "
+            f"{r.stack_bytes} B stack, {r.spill_stores + r.spill_loads} B spilled")
+        out.append(f"  kernel {k.name}: grid ({grid}), block {k.block}; {use}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("op", help="operator name (see `polytile ops`)")
     run.add_argument("--shape", help='sizes, "M=512,N=512,K=512" or "512,512,512"')
     run.add_argument("--target", default="cpu", help="cpu (default), cuda, or cuda:sm_80")
-    run.add_argument("--show-source", action="store_true", help="print the generated source")
+    run.add_argument("--show-source", "--source", action="store_true", help="print the generated source")
+    run.add_argument("--dtype", help="element type, where the operator takes one (float16: tensor cores)")
     run.add_argument("--repeat", type=int, default=10, help="timed repetitions (median reported)")
     sub.add_parser("ops", help="list the operators and their default sizes")
     sub.add_parser("tune", help="tune an operator (see `polytile tune --help`)", add_help=False)
@@ -107,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
-            return run_op(args.op, parse_shape(args.op, args.shape), args.target, args.show_source, args.repeat)
+            return run_op(args.op, parse_shape(args.op, args.shape), args.target, args.show_source,
+                          args.repeat, args.dtype)
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)

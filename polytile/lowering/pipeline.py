@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import dtypes
-from ..errors import LoweringError
+from ..errors import LoweringError, ScheduleError
 from ..lang import expr as lx
 from ..poly.cache import CacheRequest
 from ..poly.materialize import Plan, materialize
@@ -21,14 +21,14 @@ from .from_ast import IRBuilder, aexpr
 from .passes.allocate import allocate_intermediates
 from .passes.allreduce import cross_thread_reductions
 from .passes.barriers import insert_barriers
+from .passes.flatten import flatten_storage
+from .passes.fragments import distribute_fragments
 from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
 from .passes.pipeline import pipeline_buffers
-from .passes.flatten import flatten_storage
-from .passes.fragments import distribute_fragments
-from .passes.tensorize import tensorize_nests
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
+from .passes.tensorize import tensorize_nests
 from .passes.unroll import unroll_loops
 from .passes.vectorize import vectorize_loops
 
@@ -55,18 +55,15 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     name = name or func.name
     log = _Log(name)
     if isinstance(target, CUDATarget):
-        for c in sched.computations:
-            st = sched.states[c.name]
-            if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:
-                raise LoweringError(f"computation {c.name} runs on the host: on a GPU every computation needs "
-                                    f"its outermost loop bound to blockIdx (s[{c.name}].bind(loop, 'blockIdx.x'))")
+        check_gpu_schedule(sched)
     plan = build_plan(sched, "source" if isinstance(target, CUDATarget) else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
     comps = {c.name: c for c in sched.computations}
     virtual = {v: (sched.func.tensor(v), sched.bodies[v]) for v in sched.virtual}
-    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved, virtual).build()
+    body = IRBuilder(plan, comps, sched.bodies, buffers, tags, sched.program.dyn.exprs, reserved,
+                     virtual).build()
     log("ast-to-ir", body)
 
     intermediates = [buffers[c.name] for c in sched.computations
@@ -111,6 +108,35 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
 
 
+def check_gpu_schedule(sched: Schedule) -> None:
+    """Reject what a GPU cannot run as scheduled: a computation left on the host, and a per-thread
+    cache (registers) placed above thread-bound loops, which would hold the values of many threads
+    that no single thread has."""
+    for c in sched.computations:
+        st = sched.states[c.name]
+        if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:
+            raise LoweringError(f"computation {c.name} runs on the host: on a GPU every computation needs "
+                                f"its outermost loop bound to blockIdx "
+                                f"(s[{c.name}].bind(loop, 'blockIdx.x'))")
+    for cache in sched.caches:
+        if cache.loc not in ("local", "auto"):
+            continue
+        for comp in (cache.consumer, *cache.also):
+            loops = list(sched.states[comp].loops.names)
+            tags = sched.states[comp].tags
+            start = 0 if cache.level is None else loops.index(cache.level) + 1
+            inner = [f"{loop} ({tags[loop]})" for loop in loops[start:]
+                     if tags.get(loop, "").startswith("threadIdx")]
+            if inner:
+                what = "write cache" if cache.kind == "write" else f"cache of {cache.tensor}"
+                where = "at the top" if cache.level is None else f"at loop {cache.level}"
+                raise ScheduleError(
+                    f"{what} {cache.name} of {comp} lives in the registers of one thread (loc={cache.loc!r}) "
+                    f"but is placed {where}, above the thread-bound loop(s) {', '.join(inner)}: one thread "
+                    "cannot hold or write back the values of the others. Place it at or inside loop "
+                    f"{inner[-1].split()[0]}, or use loc='shared' for one buffer per thread block")
+
+
 def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     """The polyhedral part: every statement's schedule (caches included) and the isl AST.
 
@@ -133,7 +159,8 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     for name, st in sched.states.items():
         if st.store_level is not None or st.store_layout is not None:
             level = None if st.store_level is None else st.loops.index(st.store_level)
-            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout, st.loc))
+            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout,
+                                         st.loc))
     separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
     full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
             for n, st in sched.states.items() if st.separate}
@@ -189,8 +216,8 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
 
 
 _CPU_SCOPES = {"auto": "auto", "heap": "heap", "stack": "stack"}
-_GPU_SCOPES = {"auto": "auto", "global": "global", "shared": "shared", "local": "local", "constant": "constant",
-               "heap": "global", "fragment": "fragment"}
+_GPU_SCOPES = {"auto": "auto", "global": "global", "shared": "shared", "local": "local",
+               "constant": "constant", "heap": "global", "fragment": "fragment"}
 
 
 def _scope(loc: str, target: CPUTarget | CUDATarget, name: str) -> str:

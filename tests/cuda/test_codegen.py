@@ -34,6 +34,14 @@ def test_op_compiles(name, shape, arch):
     assert set(kern.resources) >= {k.name for k in kern.kernels}
 
 
+def test_demo_gpu_cases_compile():
+    """What ``make demo`` runs on a GPU builds for one (tile sizes, shared memory within the limit)."""
+    from polytile.demo import gpu_cases
+    for op in gpu_cases(4096):
+        kern = op.build("cuda:sm_90a")
+        assert all(r.spill_stores == 0 for r in kern.resources.values()), op.key
+
+
 def _gemm(stages):
     from polytile.ops.gpu_schedules import gemm_cuda
     s = pt.create_schedule(ops.matmul(512, 512, 512).func)
@@ -106,6 +114,42 @@ def test_host_level_loop_is_refused():
     s = pt.create_schedule(pt.Func([A], [B]))
     with pytest.raises(pt.LoweringError, match="bound to blockIdx"):
         pt.lower(s, "cuda:sm_90a")
+
+
+def _thread_tiled_matmul():
+    A = pt.placeholder((64, 32), "float32", "A")
+    B = pt.placeholder((32, 64), "float32", "B")
+    k = pt.reduce_axis(32, "k")
+    C = pt.compute((64, 64), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C].split("i", 16, "bi", "ti").split("j", 16, "bj", "tj").reorder("bi", "bj", "ti", "tj", "k")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ti", "threadIdx.y").bind("tj", "threadIdx.x")
+    return s, st
+
+
+@pytest.mark.parametrize("cache", [lambda st: st.cache_write("bj", loc="local"),
+                                   lambda st: st.cache_write("ti", loc="local"),
+                                   lambda st: st.cache_write(None),
+                                   lambda st: st.cache_identity("A", "bi", loc="local")],
+                         ids=["write-block", "write-between-threads", "write-top-auto", "read-block"])
+def test_register_cache_above_thread_loops_is_refused(cache):
+    """Registers belong to one thread: a per-thread cache spanning other threads' elements would be
+    filled or written back by one thread alone (wrong results), so lowering refuses it."""
+    s, st = _thread_tiled_matmul()
+    cache(st)
+    with pytest.raises(pt.ScheduleError, match=r"of C lives in the registers of one thread .* thread-bound "
+                                                r"loop\(s\) .*tj \(threadIdx.x\).* at or inside loop tj"):
+        pt.lower(s, "cuda:sm_90a")
+
+
+def test_register_cache_inside_thread_loops_is_per_thread():
+    s, st = _thread_tiled_matmul()
+    st.cache_write("tj", loc="local").cache_identity("A", "tj", loc="local")
+    text = str(pt.lower(s, "cuda:sm_90a"))
+    assert "var C_local_0: float32" in text and "== 0" not in text  # every thread writes its own result
+    s, st = _thread_tiled_matmul()
+    st.cache_write("bj", loc="shared")  # one buffer per block, written back by all its threads
+    assert "for coop" in str(pt.lower(s, "cuda:sm_90a"))
 
 
 def test_thread_loop_extent_must_be_constant():

@@ -115,3 +115,23 @@ def test_faulting_kernel_is_a_clean_error_and_later_work_runs(rng):
     op = ops.softmax(16, 100)
     (x,) = op.make_inputs(rng)
     assert ops.rel_error(op.build("cuda")(x), op.reference(x)) < 1e-5
+
+
+def test_cli_runs_and_times_beside_torch():
+    proc = subprocess.run([sys.executable, "-m", "polytile.cli", "run", "softmax", "--shape", "M=300,N=1000",
+                           "--target", "cuda", "--repeat", "5"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(ok)" in proc.stdout and "polytile" in proc.stdout and "kernel softmax_kernel0" in proc.stdout
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        assert "x its speed" in proc.stdout
+
+
+def test_demo_runs_on_the_gpu():
+    proc = subprocess.run([sys.executable, "-m", "polytile.demo", "--size", "2048"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU: " in proc.stdout and proc.stdout.count("(ok)") == 4
