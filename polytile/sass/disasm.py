@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,16 +56,22 @@ class SassInstruction:
 
 
 def find_nvdisasm() -> str:
-    """Path of an nvdisasm binary: $POLYTILE_NVDISASM, PATH, $CUDA_HOME/bin, then the pip wheel."""
-    candidates = [os.environ.get("POLYTILE_NVDISASM"), shutil.which("nvdisasm")]
+    """Path of an nvdisasm binary: $POLYTILE_NVDISASM, the pip wheel (the project's dependency, so
+    that every machine reads listings printed by one version: their text differs between releases),
+    then PATH, $CUDA_HOME/bin and /usr/local/cuda/bin."""
+    candidates = [os.environ.get("POLYTILE_NVDISASM")]
+    roots = []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        roots += list(spec.submodule_search_locations)
+    roots += [str(Path(entry) / "nvidia") for entry in sys.path if entry]  # also beside a regular `nvidia`
+    for root in roots:
+        candidates.extend(str(p) for p in sorted(Path(root).glob("*/bin/nvdisasm")))
+    candidates.append(shutil.which("nvdisasm"))
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(str(Path(os.environ[var]) / "bin" / "nvdisasm"))
     candidates.append("/usr/local/cuda/bin/nvdisasm")
-    spec = importlib.util.find_spec("nvidia")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            candidates.extend(str(p) for p in sorted(Path(root).glob("*/bin/nvdisasm")))
     for path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
