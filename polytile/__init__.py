@@ -1,6 +1,7 @@
 """polytile: a polyhedral tensor compiler for CPUs and NVIDIA GPUs."""
 
 from . import dtypes
+from .build import build, lower
 from .dtypes import bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8
 from .errors import (
     BuildError,
@@ -15,7 +16,6 @@ from .lang.expr import Expr, call, cast, select
 from .lang.func import Func
 from .lang.tensor import Tensor, compute, max, min, param, placeholder, prod, reduce_axis, sum
 from .schedule import Schedule, Stage
-from .build import build, lower
 from .target import CPUTarget, CUDATarget, cpu_target
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..dtypes import DType, INDEX, bool_
+from ..dtypes import INDEX, DType, bool_
 
 # --- buffers ----------------------------------------------------------------------------------------
 

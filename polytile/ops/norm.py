@@ -11,8 +11,8 @@ from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op, random_array
-from .matmul import _add_cuda
 from .baselines import numpy_layernorm, numpy_softmax
+from .matmul import _add_cuda
 
 
 def softmax(M: int, N: int, dtype: str = "float32") -> Op:

@@ -15,8 +15,8 @@ from ..lang.tensor import compute, param, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op
-from .matmul import _add_cuda
 from .baselines import numpy_segment_sum, scipy_spmm
+from .matmul import _add_cuda
 
 
 def random_offsets(rng: np.random.Generator, rows: int, nnz: int) -> np.ndarray:

@@ -289,7 +289,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         if req.block_dims:
             fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
         ndim = tensor.ndim
-        origin = _once(lambda: _origin(it, m, dom, acc, req))
+        origin = _once(lambda it=it, m=m, dom=dom, acc=acc, req=req: _origin(it, m, dom, acc, req))
         boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
         if req.whole:  # whole tiles (tensor cores): boxes rounded up to the instruction's tile
             boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]

@@ -20,7 +20,6 @@ from .deps import Dependence, Violation, carried_violation, compute_dependences,
 from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
 from .schedule import LoopSchedule, full_map
 
-
 STATIC_SCALE = 16
 """Static positions of computations are spaced by this, leaving room around each for its
 initialization (just before), cache copies (before) and write-backs (after)."""

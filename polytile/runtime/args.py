@@ -59,7 +59,7 @@ class BoundArgs:
 
 
 def array_shape(a: object) -> tuple[int, ...]:
-    return tuple(int(s) for s in getattr(a, "shape"))
+    return tuple(int(s) for s in a.shape)
 
 
 def bind_params(func: Func, arrays: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, int]:

@@ -4,7 +4,7 @@ shared driver context."""
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from ..errors import DeviceError
 from ..target import CUDATarget
@@ -38,7 +38,7 @@ def gpu_available() -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def cuda_target(arch: str | None = None) -> CUDATarget:
     """The present GPU's facts (compute capability from the device unless ``arch`` overrides it), or
     the datasheet facts of ``arch`` when no GPU is present."""

@@ -15,8 +15,7 @@ from ..lang.expr import Expr
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor, Tensor
 from ..poly.model import INIT_SUFFIX
-from ..poly.program import STATIC_SCALE
-from ..poly.program import PolyProgram, StageSchedule
+from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize",
@@ -255,8 +254,8 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .pipeline import pipeline  # noqa: E402
-    from .tensorize import tensorize  # noqa: E402
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
+    from .tensorize import tensorize  # noqa: E402
 
     def reassociate(self) -> Stage:
         """Let the order of this reduction's accumulation change (sums of floats may then differ in
