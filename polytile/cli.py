@@ -28,8 +28,14 @@ def parse_shape(op_name: str, text: str | None) -> dict[str, int]:
     for k, part in enumerate(text.split(",")):
         part = part.strip()
         if "=" in part:
-            key, val = part.split("=", 1)
-            out[key.strip()] = int(val)
+            key, val = (x.strip() for x in part.split("=", 1))
+            if key == "dtype":  # as `polytile tune` takes it
+                out[key] = val  # type: ignore[assignment]
+                continue
+            try:
+                out[key] = int(val)
+            except ValueError:
+                raise PolytileError(f"--shape {text!r}: {key} must be an integer, got {val!r}") from None
         else:
             if k >= len(params):
                 raise PolytileError(f"operator {op_name} takes {len(params)} sizes "
@@ -200,8 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
-            return run_op(args.op, parse_shape(args.op, args.shape), args.target, args.show_source,
-                          args.repeat, args.dtype)
+            shape = parse_shape(args.op, args.shape)
+            dtype = shape.pop("dtype", None) or args.dtype
+            return run_op(args.op, shape, args.target, args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)

@@ -11,18 +11,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! python3 -c "import elftools, gymnasium, sb3_contrib" 2>/dev/null; then
-  if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+if compgen -G ".whl/*.whl" > /dev/null; then  # wheels carried to a host without a package index
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+python3 -c "import elftools, gymnasium, sb3_contrib" || { echo "missing pyelftools/gymnasium/sb3-contrib wheels in .whl" >&2; exit 2; }
+# the disassembler: the pip wheel (one version everywhere) when installed, else the toolkit's
+if [ -z "${POLYTILE_NVDISASM:-}" ] && ! python3 -c "from polytile.sass.disasm import find_nvdisasm; import sys; sys.exit('nvidia' not in find_nvdisasm())" 2>/dev/null; then
+  if ! command -v nvdisasm > /dev/null; then
+    for d in "${CUDA_HOME:-/usr/local/cuda}/bin" /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+      if [ -x "$d/nvdisasm" ]; then export POLYTILE_NVDISASM="$d/nvdisasm"; break; fi
+    done
   fi
-  python3 -c "import elftools, gymnasium, sb3_contrib" || { echo "missing pyelftools/gymnasium/sb3-contrib wheels in .whl" >&2; exit 2; }
 fi
-if ! command -v nvdisasm > /dev/null && [ -z "${POLYTILE_NVDISASM:-}" ]; then
-  for d in "${CUDA_HOME:-/usr/local/cuda}/bin" /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
-    if [ -x "$d/nvdisasm" ]; then export POLYTILE_NVDISASM="$d/nvdisasm"; break; fi
-  done
-fi
+python3 -c "from polytile.sass.disasm import find_nvdisasm; print('nvdisasm:', find_nvdisasm())"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
 if command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then

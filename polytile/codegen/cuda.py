@@ -213,7 +213,10 @@ class CUDAPrinter(CLikePrinter):
                 raise LoweringError(f"an asynchronous copy of {nbytes} bytes into {dst.buffer.name}")
             if e.name == "pt_cp_async_zfill":
                 inside = self.expr(lane(e.args[2], 0))
-                return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {self.address(src)}, {inside})"
+                # outside the tensor nothing is read, but the address must still be a mapped one:
+                # the tensor's first element stands in (an address past an allocation faults)
+                src_ptr = f"(({inside}) ? (const void*){self.address(src)} : (const void*){src.buffer.name})"
+                return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {src_ptr}, {inside})"
             return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
         if e.name == "pt_cp_async_wait":
             return f"pt_cp_async_wait<{self.expr(e.args[0])}>()"

@@ -144,9 +144,23 @@ def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
     return sched.func.tensor(a).dtype.name in ("float16", "bfloat16") and target.capability >= 80
 
 
+def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
+    """Tiles and pipelining of a tensor-core GEMM (the best of the configurations measured on an H100,
+    benchmarks/pipelining.py): 128×256 block tiles when the matrix gives every multiprocessor several
+    blocks, 64×64 otherwise; 64-wide K tiles in 3 shared-memory stages with double-buffered register
+    fragments (ALCOP's multi-level pipeline)."""
+    if (M // 128) * (N // 256) >= 256:
+        tiles = dict(bm=128, bn=256, wm=64, wn=64)
+    elif (M // 128) * (N // 128) >= 96:
+        tiles = dict(bm=128, bn=128, wm=64, wn=64)
+    else:
+        tiles = dict(bm=64, bn=64, wm=32, wn=32)
+    return dict(tiles, bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
+
+
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
     if _tensor_cores(sched, "A", target):
-        gemm_tensorcore(sched, "C", "A", "B")
+        gemm_tensorcore(sched, "C", "A", "B", **_tensorcore_gemm_config(M, N, K))
     else:
         gemm_cuda(sched, "C", "A", "B")
 
@@ -154,9 +168,10 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
     if _tensor_cores(sched, "A", target):
         # small matrices (attention heads): one warp tile per block when the matrix is small
-        bm = 128 if M >= 128 else 64
-        bn = 128 if N >= 128 else 64
-        gemm_tensorcore(sched, "C", "A", "B", bm=bm, bn=bn, batch="bb")
+        cfg = _tensorcore_gemm_config(batch * M, N, K)
+        if cfg["bm"] > M or cfg["bn"] > N:
+            cfg.update(bm=64, bn=64, wm=32, wn=32)
+        gemm_tensorcore(sched, "C", "A", "B", batch="bb", **cfg)
     else:
         gemm_cuda(sched, "C", "A", "B", batch="bb")
 

@@ -13,6 +13,7 @@ neighbours in the wrong order without one of them first crossing an instruction 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from polytile.sass.cubin import NO_BARRIER, WORD_BYTES, Control, KernelText
@@ -22,6 +23,14 @@ from polytile.sass.isa import CONTROL_FLOW, Semantics, memory_conflict, semantic
 START, END = -1, -2  # pseudo producer at a block's entry, pseudo consumer at its exit
 DEFAULT_FIXED_LATENCY = 15  # cycles assumed for a fixed-latency opcode never seen inside a block
 ASYNC_WINDOW = 32  # cycles kept around unguarded variable-latency reads and results
+# Cycles from an instruction that sets a scoreboard to the first one that may wait on it: the set
+# lands a cycle after issue, so a wait one cycle later sees the scoreboard clear and does not
+# wait at all. ptxas never schedules a wait closer than 2 cycles to the set (in every sm_90 cubin
+# looked at, 2 is also its most common distance), and a move that made it 1 broke a Triton
+# kernel on an H100 (a load's deferred address read lost to the overwrite that waited for it).
+SCOREBOARD_SETUP = 2
+CONSUMER_KINDS = ("fixed", "memory", "other")  # see KernelAnalysis.latency_key
+ACCESSES = ("read", "write")
 _INDIRECT = {"CALL", "RET", "BRX", "BRXU", "JMX", "JMXU", "JMP"}
 
 
@@ -94,7 +103,8 @@ class KernelAnalysis:
         self.movable = tuple(i for i, s in enumerate(self.semantics) if s.movable and i not in self.pinned)
         self._async_reads = self._find_async_reads()
         self.guards = self._scoreboard_guards()
-        self.latency = self._latency_table(latency_overrides or {})
+        self.latency_overrides = dict(latency_overrides or {})
+        self.latency = self._latency_table()
         self._live_in_need = self._live_in_needs()
         self.rules = self._distance_rules()
 
@@ -107,6 +117,19 @@ class KernelAnalysis:
             if b != NO_BARRIER:
                 out.add(b)
         return out
+
+    def scoreboard_waits(self, i: int) -> set[int]:
+        """Scoreboards instruction `i` waits on: its wait mask, and the SB operand of a DEPBAR."""
+        out = set(self.controls[i].waits)
+        ins = self.instructions[i]
+        if ins.base == "DEPBAR":
+            out |= {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
+        return out
+
+    def scoreboard_sets(self, i: int) -> set[int]:
+        """Scoreboards instruction `i` sets (its write and read barriers)."""
+        c = self.controls[i]
+        return {b for b in (c.write_barrier, c.read_barrier) if b != NO_BARRIER}
 
     def unguarded_result(self, i: int) -> bool:
         """A variable-latency result no scoreboard of its own tracks.
@@ -280,43 +303,91 @@ class KernelAnalysis:
 
     # ---- stall distances -----------------------------------------------------------------------
 
-    def latency_key(self, i: int) -> str:
-        return self.instructions[i].opcode
+    def consumer_kind(self, i: int) -> str:
+        """The kind of consumer in `latency_key`: "fixed" (ALU), "memory" or "other"."""
+        s = self.semantics[i]
+        return "fixed" if s.fixed_latency else "memory" if s.memory is not None else "other"
 
-    def required_latency(self, i: int) -> int:
-        """Cycles the result of instruction `i` needs before a consumer may issue."""
-        if self.semantics[i].fixed_latency:
-            return self.latency.get(self.latency_key(i), DEFAULT_FIXED_LATENCY)
-        return ASYNC_WINDOW
+    def latency_key(self, producer: int, consumer: int, unit: int) -> tuple[str, str, str, str]:
+        """What the distance from a fixed-latency result to its next user depends on.
+
+        The producer's opcode (with modifiers), the kind of consumer, the register file of the
+        unit (R, UR, P, UP) and whether the consumer reads it or only overwrites it. ptxas keeps
+        13 cycles between an ISETP and the load its predicate guards but 2 before an ALU
+        instruction reads that predicate, and more before a load overwrites an ALU result than
+        before an ALU instruction reads it: one latency per opcode would take the smallest of
+        these for all of them.
+        """
+        access = "read" if unit in self.semantics[consumer].uses else "write"
+        return self.instructions[producer].opcode, self.consumer_kind(consumer), _register_file(unit), access
+
+    def required_latency(self, producer: int, consumer: int, unit: int) -> int:
+        """Cycles `consumer` must issue after `producer` when it reads or overwrites `unit`."""
+        return self._latency(producer, self.latency_key(producer, consumer, unit))
+
+    def _latency(self, producer: int, key: tuple[str, str, str, str]) -> int:
+        """The latency table's value for `key`, DEFAULT_FIXED_LATENCY if the compiler never
+        placed such a pair in a block. An override replaces only latencies to ALU consumers (what
+        a microbenchmark of dependent instructions measures). A variable-latency result that no
+        scoreboard tracks keeps ASYNC_WINDOW."""
+        if not self.semantics[producer].fixed_latency:
+            return ASYNC_WINDOW
+        opcode, kind = key[0], key[1]
+        for name in (opcode, opcode.split(".", 1)[0]):
+            if kind == "fixed" and name in self.latency_overrides:
+                return self.latency_overrides[name]
+        return self.latency.get(key, DEFAULT_FIXED_LATENCY)
+
+    def _latencies_of(self, producer: int, unit: int) -> dict[tuple[str, str], int]:
+        """The latency of `producer`'s result in `unit` for each (consumer kind, access): a
+        consumer in another block is not known where the producer's rules are made."""
+        opcode, file = self.instructions[producer].opcode, _register_file(unit)
+        return {
+            (kind, access): self._latency(producer, (opcode, kind, file, access))
+            for kind in CONSUMER_KINDS
+            for access in ACCESSES
+        }
 
     def _timed_producer(self, i: int) -> bool:
         s = self.semantics[i]
         return bool(s.defs) and (s.fixed_latency or self.unguarded_result(i))
 
     def _pairs(self, block: Block):
-        """(producer, consumer, kind) pairs in one block, in the compiler's order."""
+        """(producer, consumer, kind, unit) in one block, in the compiler's order.
+
+        Register results (unit: the register) and unguarded source reads; besides, a
+        scoreboard's last setter is the producer of the next instruction that waits on that
+        scoreboard (SCOREBOARD_SETUP). Unit is None where no one register is concerned.
+        """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
+        last_set: dict[int, int] = {}
         pairs = []
         for c in range(block.start, block.end):
             s = self.semantics[c]
-            for u in s.uses | s.defs:
+            for u in sorted(s.uses | s.defs):
                 p = last_def.get(u, START)
                 if p == START or self._timed_producer(p):
-                    pairs.append((p, c, "live-in" if p == START else "result"))
+                    pairs.append((p, c, "live-in" if p == START else "result", u))
             for u in s.defs:
                 for m in async_readers.pop(u, []):
-                    pairs.append((m, c, "unguarded source read"))
+                    pairs.append((m, c, "unguarded source read", u))
             for u in s.defs:
                 last_def[u] = c
             if c in self._async_reads:
                 for u in s.uses:
                     async_readers.setdefault(u, []).append(c)
-        for p in last_def.values():
+            for b in self.scoreboard_waits(c):
+                p = last_set.pop(b, START)
+                pairs.append((p, c, "live-in" if p == START else "scoreboard set", None))
+            for b in self.scoreboard_sets(c):
+                last_set[b] = c
+        pairs.extend((p, END, "scoreboard set, live-out", None) for p in last_set.values())
+        for u, p in last_def.items():
             if self._timed_producer(p):
-                pairs.append((p, END, "live-out"))
-        for readers in async_readers.values():
-            pairs.extend((m, END, "unguarded source read, live-out") for m in readers)
+                pairs.append((p, END, "live-out", u))
+        for u, readers in async_readers.items():
+            pairs.extend((m, END, "unguarded source read, live-out", u) for m in readers)
         return pairs
 
     def _distance(self, block: Block, producer: int, consumer: int) -> int:
@@ -324,92 +395,126 @@ class KernelAnalysis:
         hi = block.end if consumer == END else consumer
         return sum(self.controls[k].stall for k in range(lo, hi))
 
-    def _latency_table(self, overrides: dict[str, int]) -> dict[str, int]:
-        table: dict[str, int] = {}
+    def _latency_table(self) -> dict[tuple[str, str, str, str], int]:
+        """The compiler's smallest distance per `latency_key`, over the pairs inside blocks."""
+        table: dict[tuple[str, str, str, str], int] = {}
         for block in self.blocks:
-            for p, c, kind in self._pairs(block):
-                if kind == "result" and c != END and self.semantics[p].fixed_latency:
-                    key = self.latency_key(p)
+            for p, c, kind, u in self._pairs(block):
+                if kind == "result" and self.semantics[p].fixed_latency:
+                    key = self.latency_key(p, c, u)
                     table[key] = min(table.get(key, 1 << 30), self._distance(block, p, c))
-        for key in list(table):
-            base = key.split(".", 1)[0]
-            if key in overrides or base in overrides:
-                table[key] = overrides.get(key, overrides.get(base))
-        for key, value in overrides.items():
-            table.setdefault(key, value)
         return table
 
-    def _live_in_needs(self) -> list[dict[int, int]]:
-        """Per block, the cycles each live-in register may still need after the block starts.
+    def _live_in_needs(self) -> list[dict]:
+        """Per block, the cycles each live-in dependence may still need after the block starts.
 
-        A timed producer near the end of a predecessor block leaves `latency - distance to the
-        block end` cycles for the successor to wait; values flow through blocks that do not
-        redefine the register, shrinking by their stall total. With indirect control flow every
-        live-in register is assumed to need the full window.
+        Keys are ("reg", unit, consumer kind, access) (a timed producer's result, for each kind
+        of consumer `latency_key` distinguishes), ("war", unit) (a source read without a read
+        barrier, before its overwrite) and ("sb", b) (a set of scoreboard b, before a wait on
+        it). A producer near the end of a predecessor block leaves `required - distance to the
+        block end` cycles for the successor to wait; values flow through blocks that neither
+        write the unit nor touch the scoreboard, shrinking by their stall total. With indirect
+        control flow every live-in dependence is assumed to need the full window
+        (`_live_in_requirement`).
         """
         n = len(self.blocks)
         if self.has_indirect_flow:
             return [{} for _ in range(n)]
-        own: list[dict[int, int]] = []
-        defined: list[set[int]] = []
+        own: list[dict] = []
+        cut: list[set] = []
         total = []
         for block in self.blocks:
-            last: dict[int, int] = {}
+            needs: dict = {}
+            last_def: dict[int, int] = {}
+            last_set: dict[int, int] = {}
+            reads: dict[int, list[int]] = {}
+            touched: set = set()
             for i in range(block.start, block.end):
-                for u in self.semantics[i].defs:
-                    last[u] = i
-            own.append(
-                {
-                    u: max(0, self.required_latency(p) - self._distance(block, p, END))
-                    for u, p in last.items()
-                    if self._timed_producer(p)
-                }
-            )
-            defined.append(set(last))
+                s = self.semantics[i]
+                for b in self.scoreboard_waits(i):
+                    last_set.pop(b, None)
+                    touched.add(("sb", b))
+                for b in self.scoreboard_sets(i):
+                    last_set[b] = i
+                    touched.add(("sb", b))
+                for u in s.defs:
+                    last_def[u] = i
+                    reads.pop(u, None)
+                    touched |= {("reg", u), ("war", u)}
+                if i in self._async_reads:
+                    for u in s.uses:
+                        reads.setdefault(u, []).append(i)
+
+            def need(key, producer, required, needs=needs, block=block):
+                value = required - self._distance(block, producer, END)
+                if value > needs.get(key, 0):
+                    needs[key] = value
+
+            for u, p in last_def.items():
+                if self._timed_producer(p):
+                    for (kind, access), latency in self._latencies_of(p, u).items():
+                        need(("reg", u, kind, access), p, latency)
+            for u, readers in reads.items():
+                for m in readers:
+                    need(("war", u), m, ASYNC_WINDOW)
+            for b, p in last_set.items():
+                need(("sb", b), p, SCOREBOARD_SETUP)
+            own.append(needs)
+            cut.append(touched)
             total.append(self._distance(block, START, END))
         preds: list[list[int]] = [[] for _ in range(n)]
         for block in self.blocks:
             for succ in block.successors:
                 preds[succ].append(block.index)
-        need: list[dict[int, int]] = [{} for _ in range(n)]
+        need_in: list[dict] = [{} for _ in range(n)]
         changed = True
         while changed:
             changed = False
             for k in range(n):
-                new: dict[int, int] = {}
+                new: dict = {}
                 for q in preds[k]:
                     outgoing = dict(own[q])
-                    for u, v in need[q].items():
-                        if u not in defined[q]:
-                            outgoing[u] = max(outgoing.get(u, 0), v - total[q])
-                    for u, v in outgoing.items():
-                        if v > 0 and v > new.get(u, 0):
-                            new[u] = v
-                if new != need[k]:
-                    need[k] = new
+                    for key, v in need_in[q].items():
+                        if key[:2] not in cut[q]:
+                            outgoing[key] = max(outgoing.get(key, 0), v - total[q])
+                    for key, v in outgoing.items():
+                        if v > 0 and v > new.get(key, 0):
+                            new[key] = v
+                if new != need_in[k]:
+                    need_in[k] = new
                     changed = True
-        return need
+        return need_in
 
-    def _live_in_requirement(self, block: Block, consumer: int) -> int:
-        s = self.semantics[consumer]
+    def _live_in_requirement(self, block: Block, consumer: int, unit: int | None) -> int:
+        """Cycles `consumer` may need after the start of its block for its live-in dependences
+        (on `unit`, or on the scoreboards it waits for when unit is None)."""
         if self.has_indirect_flow:
             return ASYNC_WINDOW
-        return max((self._live_in_need[block.index].get(u, 0) for u in s.uses | s.defs), default=0)
+        need = self._live_in_need[block.index]
+        if unit is None:
+            return max((need.get(("sb", b), 0) for b in self.scoreboard_waits(consumer)), default=0)
+        access = "read" if unit in self.semantics[consumer].uses else "write"
+        keys = [("reg", unit, self.consumer_kind(consumer), access)]
+        if unit in self.semantics[consumer].defs:
+            keys.append(("war", unit))
+        return max(need.get(key, 0) for key in keys)
 
     def _distance_rules(self) -> dict[int, list[DistanceRule]]:
         rules: dict[int, list[DistanceRule]] = {}
         for block in self.blocks:
             best: dict[tuple[int, int], DistanceRule] = {}
-            for p, c, kind in self._pairs(block):
-                original = self._distance(block, p, c)
+            for p, c, kind, u in self._pairs(block):
                 if p == START:
-                    required = min(original, self._live_in_requirement(block, c))
-                elif kind == "result" and c != END and self.semantics[p].fixed_latency:
-                    required = min(original, self.required_latency(p))
+                    need = self._live_in_requirement(block, c, u)
                 elif kind == "result":
-                    required = min(original, ASYNC_WINDOW)
-                else:
-                    required = min(original, self.required_latency(p))
+                    need = self.required_latency(p, c, u)
+                elif kind == "live-out":  # the most any consumer in a later block may need
+                    need = max(self._latencies_of(p, u).values())
+                elif kind.startswith("scoreboard set"):
+                    need = SCOREBOARD_SETUP
+                else:  # an unguarded source read before its overwrite
+                    need = ASYNC_WINDOW
+                required = min(self._distance(block, p, c), need)
                 if required <= 0:
                     continue
                 rule = DistanceRule(p, c, required, kind)
@@ -417,6 +522,11 @@ class KernelAnalysis:
                     best[(p, c)] = rule
             rules[block.index] = list(best.values())
         return rules
+
+
+def _register_file(unit: int) -> str:
+    """R, UR, P or UP."""
+    return unit_name(unit).rstrip("0123456789")
 
 
 def _differs(old, new) -> bool:

@@ -26,7 +26,11 @@ def format_listing(analysis: KernelAnalysis) -> str:
     lines = [
         f"kernel {analysis.name}: {len(analysis.instructions)} instructions, {len(analysis.blocks)} blocks, "
         f"{len(analysis.movable)} movable, {len(analysis.pinned)} pinned",
-        "latency table (cycles): " + ", ".join(f"{k}={v}" for k, v in sorted(analysis.latency.items())),
+        "latency table (cycles, producer -> consumer kind, register file, access): "
+        + ", ".join(
+            f"{p}->{kind} {file} {access}={v}"
+            for (p, kind, file, access), v in sorted(analysis.latency.items())
+        ),
     ]
     lines += [f"note: {n}" for n in analysis.kernel.notes]
     for block in analysis.blocks:

@@ -1,9 +1,14 @@
 """Disassemble a cubin's kernels with NVIDIA's `nvdisasm` into instructions matched to their words.
 
-`nvdisasm` comes from a CUDA toolkit or from the `nvidia-cuda-nvdisasm` wheel. Its `-json` output
-is used where the installed version has it, else the `-c -hex` text; both give, per instruction,
-the predicate, opcode with modifiers and operands, in address order. Branch targets come out as
-hexadecimal byte offsets in both forms.
+`nvdisasm` comes from a CUDA toolkit or from the `nvidia-cuda-nvdisasm` wheel. Its `-c -hex` text
+is what is read by default: it has printed the same operands in every version looked at (13.2,
+13.4, 13.5). The `-json` form (`use_json=True`) is not: up to 13.4 it glues a shared load's
+destination to its address (`LDS` with operands `R3[R7+0x8]`, so the load seemed to write
+nothing, and the analysis let a schedule that broke `warp_sums` on an H100 through), and every
+version puts P2R's `PR` operand into the predicate field. `parse_json` splits the glued operands
+and refuses a predicate that is not one. Both forms give, per instruction, the predicate, opcode
+with modifiers and operands, in address order; branch targets come out as hexadecimal byte
+offsets.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,16 +56,22 @@ class SassInstruction:
 
 
 def find_nvdisasm() -> str:
-    """Path of an nvdisasm binary: $POLYTILE_NVDISASM, PATH, $CUDA_HOME/bin, then the pip wheel."""
-    candidates = [os.environ.get("POLYTILE_NVDISASM"), shutil.which("nvdisasm")]
+    """Path of an nvdisasm binary: $POLYTILE_NVDISASM, the pip wheel (the project's dependency, so
+    that every machine reads listings printed by one version: their text differs between releases),
+    then PATH, $CUDA_HOME/bin and /usr/local/cuda/bin."""
+    candidates = [os.environ.get("POLYTILE_NVDISASM")]
+    roots = []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        roots += list(spec.submodule_search_locations)
+    roots += [str(Path(entry) / "nvidia") for entry in sys.path if entry]  # also beside a regular `nvidia`
+    for root in roots:
+        candidates.extend(str(p) for p in sorted(Path(root).glob("*/bin/nvdisasm")))
+    candidates.append(shutil.which("nvdisasm"))
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(str(Path(os.environ[var]) / "bin" / "nvdisasm"))
     candidates.append("/usr/local/cuda/bin/nvdisasm")
-    spec = importlib.util.find_spec("nvidia")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            candidates.extend(str(p) for p in sorted(Path(root).glob("*/bin/nvdisasm")))
     for path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
@@ -81,7 +93,7 @@ def disassemble(
     """Instructions of every kernel in `cubin`, checked against its words (count and offsets)."""
     tool = nvdisasm or find_nvdisasm()
     if use_json is None:
-        use_json = _supports_json(tool)
+        use_json = False  # the text form is the reliable one (module docstring)
     output = _run(tool, ["-json"] if use_json else ["-c", "-hex"], cubin)
     parsed = parse_json(output) if use_json else parse_text(output)
     for name, kernel in cubin.kernels.items():
@@ -113,7 +125,18 @@ def split_operands(text: str) -> tuple[str, ...]:
     tail = "".join(current).strip()
     if tail:
         out.append(tail)
-    return tuple(out)
+    return tuple(part for operand in out for part in _unglue(operand))
+
+
+# A register directly followed by a bracketed address: nvdisasm -json (up to 13.4) prints
+# `LDS R3, [R7+0x8]` with the operands "R3[R7+0x8]". desc[UR6][R2.64] and c[0x0][0x28] are
+# single operands and stay whole.
+_GLUED = re.compile(r"^(-?!?(?:U?R\d+|U?RZ|U?P\d|U?PT))(\[.*)$")
+
+
+def _unglue(operand: str) -> tuple[str, ...]:
+    m = _GLUED.match(operand)
+    return (m.group(1), m.group(2)) if m else (operand,)
 
 
 def parse_json(text: str) -> dict[str, list[SassInstruction]]:
@@ -127,10 +150,16 @@ def parse_json(text: str) -> dict[str, list[SassInstruction]]:
         start = int(function.get("start", 0))
         instructions = []
         for i, ins in enumerate(function["sass-instructions"]):
+            predicate = ins.get("predicate", "")
+            if predicate and not _PREDICATE.match(predicate + " "):
+                raise DisassemblyError(
+                    f"nvdisasm -json put {predicate!r} in the predicate field of {ins['opcode']} at "
+                    f"{start + i * WORD_BYTES:#x} (read the -c -hex text instead)"
+                )
             instructions.append(
                 SassInstruction(
                     offset=start + i * WORD_BYTES,
-                    predicate=ins.get("predicate", ""),
+                    predicate=predicate,
                     opcode=ins["opcode"],
                     operands=split_operands(ins.get("operands", "")),
                 )

@@ -2,7 +2,9 @@
 
 Everything here errs on the side of more dependences: an operand whose role is unclear counts as
 both read and written, a width that is unclear counts as the wider one, and an opcode outside
-these tables is pinned (never moved, and nothing moves across it). Register units are integers:
+these tables is pinned (never moved, and nothing moves across it), and so is an instruction whose
+operands or predicate do not read as nvdisasm's text prints them (a register glued to an address,
+`R3[R7]`; a predicate that is not `@P<n>`/`@UP<n>`). Register units are integers:
 R<n> is n, UR<n> is 1000+n, P<n> is 2000+n, UP<n> is 3000+n; RZ, URZ, PT and UPT are no units.
 """
 
@@ -62,6 +64,10 @@ _PINNED = {
         "UCGABAR_GET",
         "ACQBULK",
     },
+    # ptxas compiles __syncwarp() to a NOP on sm_90 (and names it in .nv.info, which pins it too):
+    # what the warp's lanes stored before it is visible to their loads after it, so nothing
+    # crosses a NOP, named or not
+    "warp-level memory barrier (__syncwarp() compiles to NOP)": {"NOP"},
     "warpgroup / GMMA": {"HGMMA", "QGMMA", "IGMMA", "BGMMA", "WARPGROUP", "USETMAXREG", "SETMAXREG"},
     "SYNCS / TMA": {
         "SYNCS",
@@ -139,7 +145,6 @@ FIXED_LATENCY = {
     "F2FP",
     "I2FP",
     "F2IP",
-    "NOP",
     "FMNMX3",
     "FADD2",
     "FMUL2",
@@ -225,7 +230,7 @@ MEMORY = {
 # The memory instructions the assembly game may move.
 MOVABLE = {"LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "LDL", "STL", "LD", "ST"}
 # Opcodes with no destination operand: every register they name is read.
-_NO_DEST = {"STG", "STS", "STSM", "STL", "ST", "RED", "REDG", "LDGSTS", "NOP"} | set(PINNED_OPCODES)
+_NO_DEST = {"STG", "STS", "STSM", "STL", "ST", "RED", "REDG", "LDGSTS"} | set(PINNED_OPCODES)
 # Memory orderings that other threads may observe: such accesses keep their order with all others.
 _ORDERED_MODIFIERS = {"STRONG", "SYS", "GPU", "MMIO", "VOLATILE", "ACQUIRE", "RELEASE", "SM"}
 _PER_LANE_ADDRESS = {"LDG", "STG", "LDS", "STS", "LDL", "STL", "LD", "ST"}
@@ -237,6 +242,10 @@ OPCODE_CLASSES = ("fixed", "variable", "load", "store", "atomic", "async_copy", 
 _REGISTER = re.compile(r"(?<![\w.])(!?)(UR\d+|URZ|R\d+|RZ|UP\d|UPT|P\d|PT|UPR|PR)((?:\.64)?)(?![\w])")
 _BARE_PREDICATE = re.compile(r"^(U?P\d|U?PT)$")
 _BARE_REGISTER = re.compile(r"^(U?R\d+|U?RZ)$")
+# A register written right before a bracketed address, with no comma: the destination and the
+# address of a load as one operand (nvdisasm -json up to 13.4), which would read as no destination.
+_GLUED_ADDRESS = re.compile(r"^-?!?(?:U?R\d+|U?RZ|U?P\d|U?PT|U?PR)\[")
+_PREDICATE_FORM = re.compile(r"^@!?U?P(?:T|\d)$")
 _IMMEDIATE = re.compile(r"([+-])\s*(-?0x[0-9a-fA-F]+|-?\d+)(?![\w])")
 
 
@@ -351,6 +360,12 @@ def semantics(ins: SassInstruction) -> Semantics:
     if not known:
         pinned = f"opcode {base} is not in polytile's SASS tables"
     operands = list(ins.operands)
+    if not pinned and (
+        any(_GLUED_ADDRESS.match(op) for op in operands)
+        or ins.predicate
+        and not _PREDICATE_FORM.match(ins.predicate)
+    ):
+        pinned = f"operands not understood: {ins.text}"
     widths = _operand_widths(ins, len(operands))
     defs: set[int] = set()
     uses: set[int] = set()
@@ -407,12 +422,19 @@ def _leading_destination(operands: list[str], i: int, first_is_predicate: bool) 
 
 
 def memory_conflict(a: MemoryAccess, b: MemoryAccess) -> bool:
-    """True unless two accesses provably commute within one thread."""
+    """True unless two accesses provably commute, for every lane of the warp.
+
+    Two reads commute, and so do accesses to different spaces. The same address registers with
+    disjoint offsets keep one lane's accesses apart, but in shared and global memory another lane,
+    running the same instructions with other register values, may reach the other address, and
+    lanes do communicate that way: after __syncwarp() (a NOP on sm_90) or in volatile
+    warp-synchronous code (plain LDS/STS on sm_90). Only local memory is private to a thread.
+    """
     if a.ordered or b.ordered:
         return True
     if not (a.writes & (b.reads | b.writes) or b.writes & a.reads):
         return False
-    same_space = a.reads | a.writes == b.reads | b.writes and len(a.reads | a.writes) == 1
-    if same_space and a.address is not None and a.address == b.address:
+    private = a.reads | a.writes == b.reads | b.writes == {"local"}
+    if private and a.address is not None and a.address == b.address:
         return not (a.offset + a.width <= b.offset or b.offset + b.width <= a.offset)
     return True

@@ -79,8 +79,24 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     # the operands come from shared-memory caches holding whole tiles: the instruction computes full
     # 16×8×16 products, so the caches hold whole instruction tiles (rounded up) and what lies past
     # the tensors' ends reads as zero; the accumulator holds whole 16×8 tiles
+    # The tiles are whole *block* tiles along m and n and whole K tiles along k (what the loops inside
+    # the block's loops, and inside the cache's loop, span): the ldmatrix loads of every warp and K
+    # step then stay inside the buffers even where the tensors end within a tile.
     k_dims = [d for d in stmt.reduce_dims if loops.depends_on(p + 2, [d])]
-    grain = {data[-2]: 16, data[-1]: 16, **{d: 16 for d in k_dims}}
+    tags = sched.states[self.name].tags
+    bound = [q for q, n in enumerate(loops.names) if tags.get(n, "").startswith("blockIdx")]
+    first = bound[-1] + 1 if bound else 0
+
+    def span(axis: str, start: int) -> int:
+        n = 1
+        for q in range(start, len(loops.names)):
+            if loops.depends_on(q, [axis]):
+                lo, hi = sched.program.loop_range(self.name, loops, q)
+                if lo is None or hi is None:
+                    return 16
+                n *= hi - lo + 1
+        return max(16, n)
+
     for op in (a, b):
         found = [k for k, c in enumerate(sched.caches) if c.kind == "read" and c.consumer == self.name
                  and c.tensor == op.tensor.name and c.loc == "shared"]
@@ -88,9 +104,13 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
             raise ScheduleError(f"tensorize of {self.name}: cache {op.tensor.name} in shared memory first "
                                 f"(s[{self.name}].cache({op.tensor.name}, loop, loc='shared')); the "
                                 "instruction's operands are loaded from shared memory with ldmatrix")
-        granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
-                         for i in op.indices)
         for k in found:
+            level = sched.caches[k].level
+            inside = loops.index(level) + 1 if level is not None else 0
+            grain = {data[-2]: span(data[-2], first), data[-1]: span(data[-1], first),
+                     **{d: span(d, inside) for d in k_dims}}
+            granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
+                             for i in op.indices)
             sched.caches[k] = replace(sched.caches[k], whole=granules)
     for k, c in enumerate(sched.caches):
         if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":

@@ -8,11 +8,21 @@ from .api import TuneResult, apply_best, tune, tune_task
 from .measure import MeasureOptions, Measurer, MeasureResult
 from .model import XGBModel, pairwise_accuracy
 from .records import Record, RecordLog
-from .search import GridTuner, ModelTuner, RandomTuner, Tuner, anneal, make_tuner
+from .search import (
+    AnalyticalTuner,
+    AnalyticalXGBTuner,
+    GridTuner,
+    ModelTuner,
+    RandomTuner,
+    Tuner,
+    anneal,
+    make_tuner,
+)
 from .space import Config, ConfigSpace, InvalidConfig, Knob, Reorder, Split, Tag, TemplateConfig, TuneError
 from .task import Task, Template, Workload, find_template, list_templates, make_task, template
 
-__all__ = ["Config", "ConfigSpace", "GridTuner", "InvalidConfig", "Knob", "MeasureOptions", "MeasureResult",
+__all__ = ["AnalyticalTuner", "AnalyticalXGBTuner", "Config", "ConfigSpace", "GridTuner", "InvalidConfig",
+           "Knob", "MeasureOptions", "MeasureResult",
            "Measurer", "ModelTuner", "RandomTuner", "Record", "RecordLog", "Reorder", "Split", "Tag", "Task",
            "Template", "TemplateConfig", "TuneError", "TuneResult", "Tuner", "Workload", "XGBModel", "anneal",
            "apply_best", "find_template", "list_templates", "make_task", "make_tuner", "pairwise_accuracy",

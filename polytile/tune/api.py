@@ -18,7 +18,7 @@ from typing import Any
 
 from .measure import MeasureOptions, Measurer, MeasureResult
 from .records import Record, RecordLog
-from .search import Tuner, make_tuner
+from .search import TUNERS, Tuner, make_tuner
 from .space import TuneError
 from .task import Task, make_task
 
@@ -108,6 +108,10 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
         space = task.space
         m = measurer
         options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
+    if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
+        space = task.space
+        options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
+        task.predict([])  # fails now, with the reason, when the template has no model
     search = make_tuner(tuner, task.space, seed, **options)
     _replay(task, search, prior)
     new = 0
@@ -187,14 +191,16 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     K=512)``), a ``polytile.ops`` operator, or a ``pt.Func`` (tuned with the generic template).
     ``trials``: how many trials the records of this workload and target should hold when it returns
     (a resumed run continues; a complete one returns at once). ``records``: the JSON-lines log.
-    ``tuner``: "xgb" (cost-model-guided annealing), "random" or "grid"; ``feature`` ("knob" or
-    "itervar") and ``objective`` ("rank" or "reg") configure the cost model. ``verify`` checks the
+    ``tuner``: "xgb" (cost-model-guided annealing), "random", "grid", "analytical" (measure in the
+    order of the template's analytical model) or "analytical+xgboost" (XGBoost pre-trained on the
+    analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
+    ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
     Raises ``TuneError`` when no trial succeeded. The kernel's ``tune_result`` attribute holds the
     records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
-    opts = {"feature": feature, "objective": objective} if tuner == "xgb" else {}
+    opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
     result = tune_task(task, trials, records, tuner=tuner, batch_size=batch_size, measure=measure, seed=seed,
                        progress=progress, verify=verify, tuner_options=opts)
     if result.kernel is None:

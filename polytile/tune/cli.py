@@ -16,23 +16,27 @@ from .space import TuneError
 
 
 def parse_shape(op_name: str, text: str) -> dict[str, object]:
-    """``"M=512,N=512,K=512"`` or ``"512,512,512"`` (in the operator's argument order)."""
+    """``"M=512,N=512,K=512"`` or ``"512,512,512"`` (in the operator's argument order); text arguments
+    go by name (``dtype=float16``)."""
     from .. import ops
     if op_name not in ops.OPS:
         raise TuneError(f"unknown operator {op_name!r}; known: {', '.join(sorted(ops.OPS))}")
-    params = [p for p in inspect.signature(ops.OPS[op_name]).parameters.values()
-              if p.annotation in ("int", int)]
+    signature = inspect.signature(ops.OPS[op_name]).parameters
+    params = [p for p in signature.values() if p.annotation in ("int", int)]
     shape: dict[str, object] = {}
     for k, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
         if "=" in part:
-            key, value = part.split("=", 1)
+            key, value = (x.strip() for x in part.split("=", 1))
         else:
             if k >= len(params):
                 raise TuneError(f"--shape {text}: {op_name} takes {len(params)} sizes "
                                 f"({', '.join(p.name for p in params)})")
             key, value = params[k].name, part
+        if key in signature and signature[key].annotation in ("str", str):
+            shape[key] = value
+            continue
         try:
-            shape[key.strip()] = int(value)
+            shape[key] = int(value)
         except ValueError:
             raise TuneError(f"--shape {text}: {value!r} is not an integer") from None
     return shape
@@ -47,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=64, help="trials the records should hold (default 64)")
     p.add_argument("--records", help="JSON-lines records file (resumes a killed run; default: none)")
     p.add_argument("--plot", help="write a plot of best latency against trials to this PNG")
-    p.add_argument("--tuner", default="xgb", choices=["xgb", "random", "grid"])
+    p.add_argument("--tuner", default="xgb",
+                   choices=["xgb", "random", "grid", "analytical", "analytical+xgboost"],
+                   help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
     p.add_argument("--batch", type=int, default=8, help="candidates built in parallel per batch")
@@ -69,7 +75,8 @@ def tune_main(argv: list[str]) -> int:
     try:
         shape = parse_shape(args.op, args.shape)
         task = make_task(args.op, args.target, args.template, **shape)
-        opts = {"feature": args.feature, "objective": args.objective} if args.tuner == "xgb" else {}
+        model_tuner = args.tuner in ("xgb", "analytical+xgboost")
+        opts = {"feature": args.feature, "objective": args.objective} if model_tuner else {}
         result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
                            measure=MeasureOptions(flush_cache=args.flush_cache), seed=args.seed,
                            progress=not args.quiet, verify=not args.no_verify, tuner_options=opts)
@@ -122,15 +129,15 @@ def _report(result: Any) -> float | None:
 
 
 def plot_curve(curve: list[float], path: str | Path, title: str, vendor: float | None = None,
-               more: dict[str, list[float]] | None = None) -> None:
+               more: dict[str, list[float]] | None = None, label: str = "tuned") -> None:
     """Save a plot of best latency (ms) against trials (several curves via ``more``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, c in {"tuned": curve, **(more or {})}.items():
+    for name, c in {label: curve, **(more or {})}.items():
         xs = [k + 1 for k, v in enumerate(c) if math.isfinite(v)]
-        ax.step(xs, [v * 1e3 for v in c if math.isfinite(v)], where="post", label=label)
+        ax.step(xs, [v * 1e3 for v in c if math.isfinite(v)], where="post", label=name)
     if vendor:
         ax.axhline(vendor * 1e3, color="gray", linestyle="--", label="vendor")
     ax.set_xlabel("trials")

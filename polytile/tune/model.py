@@ -37,8 +37,9 @@ class XGBModel:
     def fitted(self) -> bool:
         return self._booster is not None
 
-    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
-        """Fit on rows of features and their measured costs (seconds; inf for failed trials)."""
+    def fit(self, features: np.ndarray, costs: np.ndarray, base_margin: np.ndarray | None = None) -> None:
+        """Fit on rows of features and their measured costs (seconds; inf for failed trials).
+        ``base_margin``: a prior score per row the trees add to (AutoTVM's transfer of a base model)."""
         import xgboost as xgb
         costs = np.asarray(costs, dtype=np.float64)
         ok = np.isfinite(costs) & (costs > 0)
@@ -47,6 +48,8 @@ class XGBModel:
         y = np.zeros(len(costs))
         y[ok] = costs[ok].min() / costs[ok]
         dtrain = xgb.DMatrix(np.asarray(features, dtype=np.float32), label=y)
+        if base_margin is not None:
+            dtrain.set_base_margin(np.asarray(base_margin, dtype=np.float32))
         if self.objective == "rank":
             dtrain.set_group([len(y)])
         params = {"objective": OBJECTIVES[self.objective], "max_depth": self.max_depth, "eta": self.eta,
@@ -54,12 +57,15 @@ class XGBModel:
                   "nthread": self.threads, "seed": self.seed, "verbosity": 0}
         self._booster = xgb.train(params, dtrain, num_boost_round=self.rounds)
 
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        """Scores of rows of features (higher is better); zeros before the first fit."""
+    def predict(self, features: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
+        """Scores of rows of features (higher is better; the raw margin, plus ``base_margin`` when the
+        model was fit with one); zeros (or the base margin) before the first fit."""
         features = np.asarray(features, dtype=np.float32)
         if self._booster is None:
-            return np.zeros(len(features))
-        return self._booster.inplace_predict(features)  # type: ignore[attr-defined]
+            return np.zeros(len(features)) if base_margin is None else np.asarray(base_margin, np.float64)
+        if base_margin is None:
+            return self._booster.inplace_predict(features)  # type: ignore[attr-defined]
+        return self._booster.inplace_predict(features, base_margin=np.asarray(base_margin, dtype=np.float32))  # type: ignore[attr-defined]
 
 
 def pairwise_accuracy(scores: np.ndarray, costs: np.ndarray) -> float:

@@ -1,5 +1,6 @@
 """Search: simulated annealing on the cost model (PLANT Algorithm 4.1) and the tuners that propose
-batches of configurations — model-guided, random and grid.
+batches of configurations — model-guided, random, grid, and ALCOP's analytical and
+analytical+XGBoost tuners (which need the template's analytical model, ``predict``).
 
 A tuner sees configurations as digit vectors of its ``ConfigSpace``. ``next_batch(n)`` proposes up
 to ``n`` valid configurations never proposed before; ``update`` feeds back measured costs (seconds,
@@ -80,6 +81,7 @@ class Tuner:
     """Proposes configurations of ``space``; remembers every one it proposed or was told about."""
 
     name = "tuner"
+    needs_model = False  # whether it takes ``predict``, the template's analytical model
 
     def __init__(self, space: ConfigSpace, seed: int = 0):
         self.space = space
@@ -183,10 +185,15 @@ class ModelTuner(Tuner):
                 self.iter_features[tuple(d)] = np.asarray(f, dtype=np.float32)
         self._dirty = True
 
+    def _prior(self, features: np.ndarray) -> np.ndarray | None:
+        """Scores the model starts from (its base margin); none here."""
+        return None
+
     def _refit(self) -> None:
-        rows = np.array([d for d, _ in self.history], dtype=np.int64)
+        rows = np.array([d for d, _ in self.history], dtype=np.int64).reshape(-1, len(self.space.decisions))
         costs = np.array([c for _, c in self.history])
-        self.model.fit(self.space.knob_features(rows), costs)
+        features = self.space.knob_features(rows)
+        self.model.fit(features, costs, self._prior(features))
         if self.iter_model is not None:
             have = [k for k, (d, _) in enumerate(self.history) if d in self.iter_features]
             if len(have) >= 2:
@@ -195,7 +202,8 @@ class ModelTuner(Tuner):
         self._dirty = False
 
     def _score(self, rows: np.ndarray) -> np.ndarray:
-        return self.model.predict(self.space.knob_features(rows))
+        features = self.space.knob_features(rows)
+        return self.model.predict(features, self._prior(features))
 
     def _replan(self) -> None:
         self._refit()
@@ -254,11 +262,111 @@ class ModelTuner(Tuner):
         return order + [d for d in candidates if d not in set(order)]
 
 
-TUNERS: dict[str, type[Tuner]] = {"xgb": ModelTuner, "random": RandomTuner, "grid": GridTuner}
+class AnalyticalTuner(Tuner):
+    """ALCOP's analytical search: configurations in the order of the analytical model's predicted
+    time, fastest first (ties in index order), each measured once.
+
+    ``predict(digit rows) -> seconds`` is the template's model (inf: the model rules it out; those
+    come last). A space of at most ``exhaustive_limit`` configurations is ranked whole (a model
+    evaluation costs tens of microseconds); a larger one by annealing on the model (best
+    ``plan_size`` unmeasured per plan).
+    """
+
+    name = "analytical"
+    needs_model = True
+
+    def __init__(self, space: ConfigSpace, seed: int = 0, *,
+                 predict: Callable[[Sequence[Digits]], np.ndarray], exhaustive_limit: int = 100_000,
+                 plan_size: int = 64, chains: int = 128, steps: int = 300):
+        super().__init__(space, seed)
+        self.predict = predict
+        self.exhaustive_limit, self.plan_size = exhaustive_limit, plan_size
+        self.chains, self.steps = chains, steps
+        self._ranking: list[Digits] | None = None
+        self._cursor = 0
+
+    def ranking(self) -> list[Digits]:
+        """Every valid configuration, predicted fastest first (spaces up to ``exhaustive_limit``)."""
+        if self._ranking is None:
+            valid = [d for d in (self.space.config_at(i).digits for i in range(self.space.size))
+                     if self.space.is_valid(d)]
+            times = np.asarray(self.predict(valid), dtype=np.float64) if valid else np.zeros(0)
+            self._ranking = [valid[k] for k in np.argsort(times, kind="stable")]
+        return self._ranking
+
+    def next_batch(self, n: int) -> list[Digits]:
+        if self.space.size > self.exhaustive_limit:
+            def score(rows: np.ndarray) -> np.ndarray:
+                times = self.predict([tuple(int(x) for x in r) for r in rows])
+                return -np.log(np.asarray(times, dtype=np.float64))
+            plan = anneal(self.space, score, max(n, self.plan_size), self.visited, self.rng,
+                          chains=self.chains, steps=self.steps)
+            return self._take(plan, n)
+        ranked = self.ranking()
+        out: list[Digits] = []
+        while len(out) < n and self._cursor < len(ranked):
+            out += self._take([ranked[self._cursor]], 1)
+            self._cursor += 1
+        return out
+
+
+class AnalyticalXGBTuner(ModelTuner):
+    """ALCOP's model-assisted search: the XGBoost cost model pre-trained on the analytical model's
+    predictions, then refined with measurements.
+
+    Before the first batch, a base model (same features and objective) is fit on the predicted times
+    of ``pretrain_size`` random valid configurations. The tuning model is then fit on the
+    measurements with the base model's scores as its base margin, discounted by 2^(-n/64) after n
+    measurements and dropped below 0.05 — the transfer mechanism of AutoTVM's
+    ``XGBoostCostModel`` (``fit``, ``_base_model_discount``) that the ALCOP artifact tunes with
+    (``python/tvm/autotvm/tuner/xgboost_cost_model.py``). Unlike ``xgb``, the first batches already
+    follow the model (no random warm-up): the pre-trained model knows the space from the start.
+    """
+
+    name = "analytical+xgboost"
+    needs_model = True
+
+    def __init__(self, space: ConfigSpace, seed: int = 0, *,
+                 predict: Callable[[Sequence[Digits]], np.ndarray], pretrain_size: int = 2048,
+                 min_train: int = 0, **options: object):
+        super().__init__(space, seed, min_train=min_train, **options)  # type: ignore[arg-type]
+        self.predict = predict
+        self.pretrain_size = pretrain_size
+        self.base: XGBModel | None = None
+        self._pretrained = False
+
+    def _pretrain(self) -> None:
+        self._pretrained = True
+        sample = self.space.sample_valid(self.rng, self.pretrain_size)
+        if len(sample) < 2:
+            return
+        self.base = XGBModel(self.model.objective, seed=self.model.seed)
+        self.base.fit(self.space.knob_features(np.array(sample, dtype=np.int64)), self.predict(sample))
+
+    def discount(self) -> float:
+        """The weight of the pre-trained model's scores after the measurements so far."""
+        return 2.0 ** (-len(self.history) / 64.0)
+
+    def _prior(self, features: np.ndarray) -> np.ndarray | None:
+        if not self._pretrained:
+            self._pretrain()
+        if self.base is not None and self.discount() < 0.05:
+            self.base = None  # enough measurements: the prior is dropped, as AutoTVM does
+        if self.base is None:
+            return None
+        return self.discount() * self.base.predict(features)
+
+
+TUNERS: dict[str, type[Tuner]] = {"xgb": ModelTuner, "random": RandomTuner, "grid": GridTuner,
+                                  "analytical": AnalyticalTuner, "analytical+xgboost": AnalyticalXGBTuner}
 
 
 def make_tuner(kind: str, space: ConfigSpace, seed: int = 0, **options: object) -> Tuner:
-    """A tuner by name: "xgb" (model-guided annealing), "random" or "grid"."""
+    """A tuner by name: "xgb" (model-guided annealing), "random", "grid", "analytical" (the analytical
+    model's ranking) or "analytical+xgboost" (XGBoost pre-trained on the analytical model); the last
+    two take ``predict`` (digit rows -> predicted seconds)."""
     if kind not in TUNERS:
         raise TuneError(f"unknown tuner {kind!r}; use one of {', '.join(TUNERS)}")
+    if TUNERS[kind].needs_model and options.get("predict") is None:
+        raise TuneError(f"tuner {kind!r} needs the template's analytical model (predict=...)")
     return TUNERS[kind](space, seed, **options)  # type: ignore[arg-type]

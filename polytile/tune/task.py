@@ -8,7 +8,7 @@ the schedule of a configuration in apply mode (see ``space``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,16 +19,24 @@ from ..target import CPUTarget, CUDATarget, as_target
 from .space import ConfigSpace, InvalidConfig, TemplateConfig, TuneError, _StopTemplate
 
 TemplateFn = Callable[..., Any]  # fn(cfg, op) -> Schedule
+ModelFn = Callable[[Any, Any, dict[str, object]], float]  # model(op, target, values) -> predicted seconds
+AppliesFn = Callable[[Any, Any], bool]  # applies(op, target) -> whether the template fits this workload
 
 
 @dataclass(frozen=True)
 class Template:
-    """A schedule template: ``fn(cfg, op) -> Schedule`` for operator ``op`` on targets of ``kind``."""
+    """A schedule template: ``fn(cfg, op) -> Schedule`` for operator ``op`` on targets of ``kind``.
+
+    ``model(op, target, values)``, when given, predicts a configuration's time in seconds without
+    building it (the analytical tuners rank the space by it); ``applies(op, target)``, when given,
+    says whether the template fits a workload (e.g. tensor cores need 16-bit operands)."""
 
     name: str
     op: str
     kind: str
     fn: TemplateFn
+    model: ModelFn | None = None
+    applies: AppliesFn | None = None
 
     def __call__(self, cfg: TemplateConfig, op: object) -> object:
         return self.fn(cfg, op)
@@ -51,16 +59,20 @@ def _load_template(module: str, qualname: str) -> Template:
 _TEMPLATES: dict[str, Template] = {}
 
 
-def template(op: str, target: str = "cpu", name: str | None = None) -> Callable[[TemplateFn], Template]:
+def template(op: str, target: str = "cpu", name: str | None = None, *, model: ModelFn | None = None,
+             applies: AppliesFn | None = None) -> Callable[[TemplateFn], Template]:
     """Register a schedule template for operator ``op`` on ``target`` ("cpu" or "cuda")::
 
         @polytile.tune.template("matmul", "cpu")
         def matmul_cpu(cfg, op): ...
 
-    The function must be defined at module level (worker processes import it by name).
+    ``model(op, target, values) -> seconds`` gives the analytical tuners a prediction per
+    configuration; ``applies(op, target) -> bool`` restricts the workloads the template is chosen
+    for when no template is named. The function must be defined at module level (worker processes
+    import it by name).
     """
     def register(fn: TemplateFn) -> Template:
-        t = Template(name or fn.__name__, op, target, fn)
+        t = Template(name or fn.__name__, op, target, fn, model, applies)
         _TEMPLATES[t.name] = t
         return t
     return register
@@ -70,16 +82,24 @@ def _load_builtin_templates() -> None:
     from . import templates  # noqa: F401 - registers the built-in templates
 
 
-def find_template(op: str, kind: str, name: str | None = None) -> Template:
-    """The template ``name``, or the first registered for ``op`` on targets of ``kind``."""
+def find_template(op: str, kind: str, name: str | None = None, instance: Callable[[], object] | None = None,
+                  target: object = None) -> Template:
+    """The template ``name``, or the first registered for ``op`` on targets of ``kind`` that applies to
+    the operator ``instance()`` returns on ``target`` (when given; called only if a candidate asks)."""
     _load_builtin_templates()
     if name is not None:
         if name not in _TEMPLATES:
             raise TuneError(f"no tuning template named {name!r}; known: {', '.join(sorted(_TEMPLATES))}")
         return _TEMPLATES[name]
-    for t in _TEMPLATES.values():
-        if t.op == op and t.kind == kind:
+    candidates = [t for t in _TEMPLATES.values() if t.op == op and t.kind == kind]
+    for t in candidates:
+        if t.applies is None or instance is None or t.applies(instance(), target):
             return t
+    if candidates:
+        key = getattr(instance(), "key", op) if instance is not None else op
+        raise TuneError(f"no tuning template for {op} on {kind} applies to {key} "
+                        f"(templates {', '.join(t.name for t in candidates)} need other data types or "
+                        "hardware); name one with template=... to force it")
     ops = sorted({t.op for t in _TEMPLATES.values() if t.kind == kind})
     raise TuneError(f"no tuning template for operator {op!r} on {kind}; templates exist for {', '.join(ops)} "
                     "(register one with @polytile.tune.template)")
@@ -220,6 +240,19 @@ class Task:
     def flops(self) -> float:
         return float(self.op.flops)
 
+    @property
+    def has_model(self) -> bool:
+        return self.template.model is not None
+
+    def predict(self, configs: Sequence[dict[str, object]]) -> np.ndarray:
+        """The template's analytical prediction (seconds) of each configuration, given as values by
+        decision name; TuneError when the template has no model."""
+        model = self.template.model
+        if model is None:
+            raise TuneError(f"template {self.template.name} has no analytical model; the analytical tuners "
+                            "need one (tune it with tuner='xgb', or register the template with model=...)")
+        return np.array([model(self.op, self.target, dict(v)) for v in configs], dtype=np.float64)
+
     def schedule(self, values: dict[str, object], op: Any = None) -> Any:
         """The schedule of a configuration (given as values by decision name) on this workload, or on
         ``op`` (the same operator at other sizes)."""
@@ -242,16 +275,38 @@ def make_task(op_or_func: object, target: object = "cpu", template: str | Templa
         workload = Workload.of(op_or_func, **shape)
         op_name = op_or_func
     elif hasattr(op_or_func, "shape") and hasattr(op_or_func, "func") and hasattr(op_or_func, "name"):
-        workload = Workload.of(op_or_func.name, **{**op_or_func.shape, **shape})  # type: ignore[attr-defined]
         op_name = op_or_func.name  # type: ignore[attr-defined]
+        sizes = {**op_or_func.shape, **_dtype_argument(op_or_func), **shape}  # type: ignore[attr-defined]
+        workload = Workload.of(op_name, **sizes)
     else:
         raise TuneError(f"cannot tune {type(op_or_func).__name__}: pass an operator name with sizes, a "
                         "polytile.ops operator, or a pt.Func")
+    loaded: list[object] = []
+
+    def instance() -> object:
+        if not loaded:
+            loaded.append(workload.instantiate())
+        return loaded[0]
+
     if isinstance(template, Template):
         tmpl = template
     else:
-        tmpl = find_template(op_name, tgt.kind, template)
-    task = Task(tmpl, workload, tgt)
+        tmpl = find_template(op_name, tgt.kind, template, instance, tgt)
+    task = Task(tmpl, workload, tgt, loaded[0] if loaded else None)
     if workload.func is not None and tmpl.op != "func":
         raise TuneError(f"template {tmpl.name} is for operator {tmpl.op}, not a plain Func")
     return task
+
+
+def _dtype_argument(op: Any) -> dict[str, object]:
+    """``{"dtype": ...}`` when a library operator was made with another data type than its default
+    (an operator's ``shape`` holds only its sizes)."""
+    import inspect
+
+    from .. import ops
+    factory = ops.OPS.get(op.name)
+    param = inspect.signature(factory).parameters.get("dtype") if factory is not None else None
+    if param is None or not op.func.inputs:
+        return {}
+    dtype = op.func.inputs[0].dtype.name
+    return {} if dtype == param.default else {"dtype": dtype}

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from polytile.sass.analysis import DEFAULT_FIXED_LATENCY, KernelAnalysis
+from polytile.sass.analysis import DEFAULT_FIXED_LATENCY, SCOREBOARD_SETUP, KernelAnalysis
 from polytile.sass.cubin import Control, Cubin
 from polytile.sass.disasm import disassemble, instruction_from_text
 from polytile.sass.isa import P_BASE, UR_BASE, memory_conflict, semantics
@@ -48,8 +48,11 @@ def test_memory_conflicts():
         return sem(text).memory
 
     assert not memory_conflict(mem("LDS R1, [R8]"), mem("LDS R2, [R8]"))
-    assert not memory_conflict(mem("STS [R8+0x10], R1"), mem("LDS R2, [R8+0x14]"))
-    assert memory_conflict(mem("STS.64 [R8+0x10], R2"), mem("LDS R4, [R8+0x14]"))
+    # disjoint for one lane, but lane t's R8+0x14 may be lane t+1's R8+0x10
+    assert memory_conflict(mem("STS [R8+0x10], R1"), mem("LDS R2, [R8+0x14]"))
+    assert memory_conflict(mem("STG.E desc[UR4][R2.64], R1"), mem("LDG.E R4, desc[UR4][R2.64+0x10]"))
+    assert not memory_conflict(mem("STL [R1+0x10], R2"), mem("LDL R4, [R1+0x14]"))  # thread-private
+    assert memory_conflict(mem("STL.64 [R1+0x10], R2"), mem("LDL R4, [R1+0x14]"))
     assert memory_conflict(mem("STS [R8], R1"), mem("LDS R2, [R9]"))
     assert not memory_conflict(mem("STG.E desc[UR4][R2.64], R1"), mem("LDS R2, [R9]"))
     assert memory_conflict(mem("ST.E [R2.64], R1"), mem("LDS R4, [R9]"))
@@ -78,9 +81,29 @@ def analysis_of(synthetic):
 
 def test_latency_is_the_compilers_minimum_distance(analysis_of):
     a = analysis_of(CHAIN)
-    assert a.latency == {"IMAD": 4, "FADD": 1}  # IADD3's R9 is only live-out: not observed
-    assert a.required_latency(2) == DEFAULT_FIXED_LATENCY
+    # IADD3's R9 is only live-out: not observed; FADD's R5 goes to a store
+    assert a.latency == {("IMAD", "fixed", "R", "read"): 4, ("FADD", "memory", "R", "read"): 1}
+    assert a.required_latency(2, 3, 9) == DEFAULT_FIXED_LATENCY  # as if FADD read it
     assert a.movable == (1, 4)
+
+
+def test_latency_depends_on_the_consumer_and_the_register_kind(analysis_of):
+    """A predicate that an ALU instruction reads 2 cycles after the ISETP still needs the
+    compiler's distance before the load it guards (ptxas keeps 13 there)."""
+    rows = [
+        ("ISETP.GE.AND P0, PT, R0, UR6, PT", {"stall": 2}),
+        ("@P0 IADD3 R5, R5, 0x1, RZ", {"stall": 1}),
+        ("IADD3 R9, R10, 0x1, RZ", {"stall": 9}),
+        ("LDG.E R12, desc[UR4][R2.64]", {"write_barrier": 0}),
+        ("@!P0 LDG.E R8, desc[UR4][R6.64]", {"write_barrier": 1}),
+        ("EXIT", {"wait_mask": 0b11}),
+    ]
+    a = analysis_of(rows)
+    assert a.latency[("ISETP.GE.AND", "fixed", "P", "read")] == 2
+    assert a.latency[("ISETP.GE.AND", "memory", "P", "read")] == 13
+    s = Schedule(a).apply(Move(4, UP)).apply(Move(4, UP))  # above the LDG and the IADD3
+    assert s.order[:5] == (0, 1, 4, 2, 3)
+    assert s.stall(0) + s.stall(1) == 13  # the guard's 13 cycles kept, not the ALU reader's 2
 
 
 def test_move_that_shortens_a_latency_gets_a_stall_repair_and_undoing_it_removes_it(analysis_of):
@@ -121,6 +144,25 @@ def test_dependences_and_pins_forbid_moves(analysis_of):
     assert list(s.legal_mask()) == [True, True, False, False]
 
 
+def test_lanes_that_talk_through_memory_keep_their_order(analysis_of):
+    """`s[t] = v; __syncwarp(); v += s[t + 4];` as nvcc compiles it for sm_90: the __syncwarp()
+    is a NOP, and the load reads what another lane stored, though not at this lane's address."""
+    rows = [
+        ("STS [R5+UR4], R8", {}),
+        ("NOP", {}),
+        ("LDS R3, [R5+UR4+0x10]", {"write_barrier": 0}),
+        ("LDS R4, [R7+UR4]", {"write_barrier": 1}),
+        ("FADD R0, R3, R4", {"wait_mask": 0b11}),
+        ("EXIT", {}),
+    ]
+    a = analysis_of(rows)
+    assert "pinned" in Schedule(a).check(Move(2, UP))[1]
+    rows[1] = ("IADD3 R9, R10, 0x1, RZ", {})  # without the NOP (volatile warp-synchronous code)
+    a = analysis_of(rows)
+    s = Schedule(a).apply(Move(2, UP))
+    assert "memory accesses that may overlap" in s.check(Move(2, UP))[1]
+
+
 def test_scoreboard_guard_keeps_readers_after_the_wait(analysis_of):
     rows = [
         ("LDS R2, [R8]", {"write_barrier": 0}),
@@ -142,6 +184,50 @@ def test_unguarded_shared_load_keeps_its_place_among_scoreboard_users(analysis_o
     ]
     a = analysis_of(rows)
     assert "unguarded" in Schedule(a).check(Move(0, DOWN))[1]
+
+
+def test_a_wait_stays_two_cycles_after_the_set_of_its_scoreboard(analysis_of):
+    """The H100 failure in miniature (Triton's fma3): a load that reads R2 under read barrier 5
+    moved down to just before the LDC that waits on 5 to overwrite R2. One cycle after the set
+    the wait sees nothing pending, and the LDC can win the race for R2; the repair keeps 2."""
+    rows = [
+        ("@!P1 LDG.E.128 R20, desc[UR4][R2.64+0x800]", {"read_barrier": 5, "write_barrier": 4}),
+        ("CS2R R26, SRZ", {}),
+        ("LDC.64 R2, c[0x0][0x228]", {"wait_mask": 1 << 5, "write_barrier": 1}),
+        ("EXIT", {"wait_mask": 1 << 1 | 1 << 4}),
+    ]
+    a = analysis_of(rows)
+    s = Schedule(a).apply(Move(0, DOWN))
+    assert s.order[:3] == (1, 0, 2) and s.extra == {0: 1} and s.stall(0) == SCOREBOARD_SETUP
+    assert Control.from_word(s.words()[1]).stall == 2
+
+
+def test_scoreboard_set_and_wait_in_different_blocks_keep_their_distance(analysis_of):
+    """The set at the end of one block, the wait in the next: the distance across the edge holds."""
+    rows = [
+        ("LDG.E R20, desc[UR4][R2.64]", {"read_barrier": 5, "write_barrier": 4}),
+        ("@P0 BRA 0x40", {"stall": 0}),
+        ("STS [R8], R9", {}),  # one cycle between the set and the wait: moving it below is illegal
+        ("LDC.64 R2, c[0x0][0x228]", {"wait_mask": 1 << 5}),
+        ("EXIT", {"wait_mask": 1 << 4}),
+    ]
+    a = analysis_of(rows)
+    result, reason = Schedule(a).check(Move(2, DOWN))
+    assert result is None and "stall repair" in reason
+
+
+def test_unguarded_source_read_keeps_its_distance_to_an_overwrite_in_the_next_block(analysis_of):
+    """STS reads R3 with no read barrier; the overwrite of R3 in the next block keeps its distance."""
+    rows = [
+        ("STS [R3], R4", {}),
+        ("@P0 BRA 0x40", {}),
+        ("LDS R6, [R8]", {"write_barrier": 0, "stall": 4}),
+        ("IADD3 R3, R5, 0x1, RZ", {}),
+        ("EXIT", {"wait_mask": 1}),
+    ]
+    a = analysis_of(rows)
+    result, reason = Schedule(a).check(Move(2, DOWN))
+    assert result is None and "stall repair" in reason
 
 
 def _conflicting_pairs(a: KernelAnalysis, block) -> list[tuple[int, int]]:

@@ -35,7 +35,7 @@ def test_patched_words_land_in_the_kernel_text_only(cubin):
 
 def test_kernels_parameters_and_pins(cubin):
     assert cubin.sm == 90
-    assert set(cubin.kernels) == {"saxpy", "stencil", "matmul"}
+    assert set(cubin.kernels) == {"saxpy", "stencil", "matmul", "warp_sums"}
     saxpy = cubin.kernel("saxpy")
     assert [p.size for p in saxpy.params] == [4, 4, 8, 8]
     assert saxpy.param_bytes == 24

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from polytile.sass import disasm
@@ -11,6 +13,7 @@ from polytile.sass.disasm import (
     disassemble,
     find_nvdisasm,
     instruction_from_text,
+    parse_json,
     parse_text,
     split_operands,
 )
@@ -52,6 +55,60 @@ def test_json_and_text_agree(sample_cubins):
     if not disasm._supports_json(find_nvdisasm()):
         pytest.skip("this nvdisasm has no -json")
     assert disassemble(cubin, use_json=True) == disassemble(cubin, use_json=False)
+
+
+# What nvdisasm 13.2 and 13.4 print with -json for warp_sums' first shared loads (13.5 prints
+# "R4,[R7]"), and the P2R of softmax (every version so far): the text form has `P2R R4, PR, RZ, 0x1`.
+OLD_JSON = [
+    {"SchemaVersion": {"major": 13, "minor": 4}},
+    [
+        {
+            "function-name": "k",
+            "start": 0,
+            "sass-instructions": [
+                {"opcode": "STS", "operands": "[R7],R2"},
+                {"opcode": "LDS", "operands": "R4[R7]"},
+                {"opcode": "LDS.64", "operands": "R4[R7+0x40]"},
+                {"opcode": "LDG.E", "operands": "R8,desc[UR6][R2.64+0x8]", "predicate": "@!P0"},
+            ],
+        }
+    ],
+]
+
+
+def test_json_loads_keep_their_destination():
+    """nvdisasm -json up to 13.4 glues a shared load's destination to its address: read as one
+    operand, the LDS wrote nothing, and random schedules of warp_sums broke on an H100."""
+    ((name, instructions),) = parse_json(json.dumps(OLD_JSON)).items()
+    assert [i.operands for i in instructions] == [
+        ("[R7]", "R2"),
+        ("R4", "[R7]"),
+        ("R4", "[R7+0x40]"),
+        ("R8", "desc[UR6][R2.64+0x8]"),
+    ]
+    assert split_operands("R4[R7], c[0x0][0x28], desc[UR4][R2.64]") == (
+        "R4",
+        "[R7]",
+        "c[0x0][0x28]",
+        "desc[UR4][R2.64]",
+    )
+    p2r = [
+        {},
+        [
+            {
+                "function-name": "k",
+                "sass-instructions": [{"predicate": "PR", "opcode": "P2R", "operands": "R4,RZ,0x1"}],
+            }
+        ],
+    ]
+    with pytest.raises(DisassemblyError, match="predicate field of P2R"):
+        parse_json(json.dumps(p2r))
+
+
+def test_text_is_the_default(sample_cubins, monkeypatch):
+    cubin = Cubin.from_file(sample_cubins["sm_90a"])
+    monkeypatch.setattr(disasm, "parse_json", lambda text: pytest.fail("-json read by default"))
+    assert disassemble(cubin)["warp_sums"][16].operands == ("R4", "[R7]")
 
 
 def test_missing_nvdisasm_says_how_to_get_it(monkeypatch):

@@ -108,6 +108,24 @@ def test_inputs_are_random_outputs_poisoned_and_comparison_is_bitwise():
     assert mismatch.elements == 1 and mismatch.first_index == 5
 
 
+def test_unwritten_poison_is_an_infinite_error_not_zero():
+    """Elements a variant never wrote keep the poison, a NaN: that is no error of 0."""
+    l = CubinLaunch(b"", "k", (1, 1, 1), (1, 1, 1), (Buffer("y", "float32", (8,), role="out"),))
+    want = {"y": np.arange(8, dtype=np.float32)}
+    got = {"y": want["y"].copy()}
+    got["y"][5:] = host_inputs(l, 0)["y"][5:]  # left as poisoned
+    mismatch = compare(l, want, got)
+    assert (mismatch.elements, mismatch.first_index, mismatch.max_abs_error) == (3, 5, np.inf)
+    assert "max |error| inf" in str(mismatch)
+    got["y"][6] = 100.0  # a finite error among the NaNs does not hide them
+    assert compare(l, want, got).max_abs_error == np.inf
+    nan_bits = np.full(8, np.nan, np.float32)
+    other_nan = nan_bits.view(np.uint32) | 1
+    assert compare(l, {"y": nan_bits}, {"y": other_nan.view(np.float32)}).max_abs_error == 0.0
+    ints = CubinLaunch(b"", "k", (1, 1, 1), (1, 1, 1), (Buffer("y", "int32", (4,), role="out"),))
+    assert compare(ints, {"y": np.arange(4, dtype=np.int32)}, {"y": -np.ones(4, np.int32)}).max_abs_error == 4
+
+
 def test_launch_is_checked_against_the_kernel_parameters(sample_cubins):
     cubin = sample_cubins["sm_90a"].read_bytes()
     good = CubinLaunch(

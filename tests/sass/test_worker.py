@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polytile.sass import worker
 from polytile.runtime.cuda_driver import DeviceInfo
+from polytile.sass import worker
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 
 

@@ -1,8 +1,13 @@
 """CUDA schedule templates: the operator library's GPU schedules with their tile sizes as decisions.
 
-Matrix products (matmul, batch_matmul, dense) tune the block tile BM × BN, the reduction step BK
-staged in shared memory, the TM × TN register tile of a thread and the number of pipeline stages
-of the shared tiles (an integer decision) of ``gpu_schedules.gemm_cuda``.
+Matrix products (matmul, batch_matmul, dense) in float32 tune the block tile BM × BN, the reduction
+step BK staged in shared memory, the TM × TN register tile of a thread and the number of pipeline
+stages of the shared tiles (an integer decision) of ``gpu_schedules.gemm_cuda``.
+With 16-bit operands (float16, bfloat16) on sm_80 and newer, matmul, batch_matmul and the
+implicit-GEMM convolutions (conv2d_igemm, conv3d_igemm) use tensor cores (``gemm_tensorcore``,
+``igemm_tensorcore``): block tile bm × bn × bk, warp tile wm × wn, shared-memory stages 1–6 and
+register stages 1–2 (ALCOP's space); these templates carry ALCOP's analytical model
+(``tune.analytical``) for the analytical tuners.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.gpu_schedules import gemm_cuda
+from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, igemm_tensorcore
+from ...target import CUDATarget
+from ..analytical import GemmShape, TileConfig, predict
 from ..space import TemplateConfig
 from ..task import template
 
@@ -41,7 +48,17 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
-@template("matmul", "cuda")
+def tensor_core_op(op: Any, target: object) -> bool:
+    """16-bit operands on a GPU with mma.sync (sm_80 and newer): the tensor-core templates apply."""
+    return (isinstance(target, CUDATarget) and target.capability >= 80
+            and op.func.inputs[0].dtype.name in ("float16", "bfloat16"))
+
+
+def _cuda_core_op(op: Any, target: object) -> bool:
+    return not tensor_core_op(op, target)
+
+
+@template("matmul", "cuda", applies=_cuda_core_op)
 def matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
     sched = cfg.schedule(op.func)
@@ -49,7 +66,7 @@ def matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
     return sched
 
 
-@template("batch_matmul", "cuda")
+@template("batch_matmul", "cuda", applies=_cuda_core_op)
 def batch_matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
     sched = cfg.schedule(op.func)
@@ -97,4 +114,89 @@ def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
         pad.bind("cc", "blockIdx.y").bind("hwo", "blockIdx.x").bind("hwt", "threadIdx.x")
         if s["N"] > 1:
             pad.bind("n", "blockIdx.z")
+    return sched
+
+
+# --- tensor cores (ALCOP's space and model) ----------------------------------------------------------
+
+
+def gemm_shape(op: Any) -> GemmShape:
+    """The GEMM a tensor-core operator computes, for the analytical model."""
+    s = op.shape
+    itemsize = op.func.inputs[0].dtype.itemsize
+    if op.name == "matmul":
+        return GemmShape(s["M"], s["N"], s["K"], itemsize=itemsize)
+    if op.name == "batch_matmul":
+        return GemmShape(s["M"], s["N"], s["K"], batch=s["batch"], itemsize=itemsize)
+    spatial = ("D", "H", "W") if op.name == "conv3d_igemm" else ("H", "W")
+    filt = ("T", "R", "S") if op.name == "conv3d_igemm" else ("R", "S")
+    out, taps, pixels = s["N"], 1, s["N"]
+    for dim, f in zip(spatial, filt, strict=True):
+        out *= (s[dim] + 2 * s["padding"] - s[f]) // s["stride"] + 1
+        taps *= s[f]
+        pixels *= s[dim]
+    return GemmShape(out, s["K"], s["C"], taps=taps, itemsize=itemsize,
+                     input_bytes=itemsize * (pixels * s["C"] + taps * s["C"] * s["K"]), gather=True)
+
+
+def tensorcore_model(op: Any, target: Any, values: dict[str, object]) -> float:
+    """ALCOP's analytical prediction (seconds) of a tensor-core configuration."""
+    return predict(gemm_shape(op), TileConfig.of(values), target)
+
+
+def _tensorcore_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
+    """Declare ALCOP's decisions and their constraints; the first choices are the library's default."""
+    knobs = {"bm": [128, 64, 256, 32], "bn": [128, 64, 256, 32], "bk": [32, 16, 64], "wm": [64, 32, 16],
+             "wn": [64, 32, 16]}
+    t = {name: int(cfg.knob(name, choices)) for name, choices in knobs.items()}  # type: ignore[call-overload]
+    t["stages"] = cfg.integer("stages", 1, 6, default=3)
+    t["reg_stages"] = cfg.integer("reg_stages", 1, 2, default=2)
+    tiles = TileConfig(**t)
+    cfg.require(tiles.bm % tiles.wm == 0 and tiles.bn % tiles.wn == 0,
+                "the warp tile must divide the block tile")
+    cfg.require(tiles.wm * tiles.wn <= 64 * 64, "more than 128 accumulator registers per thread")
+    cfg.require(tiles.reg_stages == 1 or tiles.bk > 16,
+                "register double-buffering needs two 16-wide steps per K tile (bk > 16)")
+    # a tile twice the matrix or more only repeats a smaller tile's work
+    cfg.require(tiles.bm // 2 < shape.m or tiles.bm == 32, "the block tile is twice the matrix's rows")
+    cfg.require(tiles.bn // 2 < shape.n or tiles.bn == 32, "the block tile is twice the matrix's columns")
+    cfg.require(tiles.bk // 2 < shape.k or tiles.bk == 16, "the K tile is twice the reduction")
+    regs = tiles.registers_per_thread(shape.itemsize, shape.gather)
+    cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tiles.threads)
+    return t
+
+
+@template("matmul", "cuda", name="matmul_tensorcore", model=tensorcore_model, applies=tensor_core_op)
+def matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _tensorcore_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    gemm_tensorcore(sched, "C", "A", "B", **tiles)
+    return sched
+
+
+@template("batch_matmul", "cuda", name="batch_matmul_tensorcore", model=tensorcore_model,
+          applies=tensor_core_op)
+def batch_matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _tensorcore_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    gemm_tensorcore(sched, "C", "A", "B", batch="bb", **tiles)
+    return sched
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_tensorcore", model=tensorcore_model,
+          applies=tensor_core_op)
+def conv2d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _tensorcore_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    igemm_tensorcore(sched, "O", "col", "Wt", ["r", "s"], **tiles)
+    return sched
+
+
+@template("conv3d_igemm", "cuda", name="conv3d_igemm_tensorcore", model=tensorcore_model,
+          applies=tensor_core_op)
+def conv3d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _tensorcore_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], **tiles)
     return sched

@@ -1,5 +1,6 @@
 // Small kernels whose SASS the CPU tests analyse: straight-line global memory, a shared-memory
-// loop with branches, and a register-tiled matrix product (many LDS/LDG/STS near FFMAs).
+// loop with branches, a register-tiled matrix product (many LDS/LDG/STS near FFMAs), and lanes of
+// a warp that talk through shared and global memory.
 
 extern "C" __global__ void saxpy(int n, float a, const float* __restrict__ x, float* __restrict__ y) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,4 +42,21 @@ extern "C" __global__ void __launch_bounds__(256) matmul(const float* __restrict
     }
     for (int r = 0; r < WORK; ++r)
         if (row0 + r < m && col < n) c[(row0 + r) * n + col] = acc[r];
+}
+
+// One warp per block, whose lanes talk through memory: a volatile warp-synchronous reduction in
+// shared memory (plain STS/LDS on sm_90) and a neighbour's value through global memory after
+// __syncwarp() (a NOP). Each `vs[t + d]` reads what lane t + d stored, at an address that for
+// lane t itself is disjoint from its own store (the same registers, another offset).
+extern "C" __global__ void warp_sums(const float* __restrict__ x, float* __restrict__ y, float* partial) {
+    __shared__ float s[64];
+    volatile float* vs = s;
+    int t = threadIdx.x, i = blockIdx.x * 32 + t;
+    vs[t] = x[i];
+    vs[t + 32] = 0.f;
+    for (int d = 16; d > 0; d /= 2) vs[t] += vs[t + d];
+    float v = vs[t];
+    partial[2 * i] = v;
+    __syncwarp();
+    y[i] = t < 31 ? v - partial[2 * i + 2] : v;
 }

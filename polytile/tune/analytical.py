@@ -1,0 +1,359 @@
+"""ALCOP's pipeline-aware analytical model: the time of a tensor-core GEMM-like kernel from its tiles.
+
+The model follows Table I of ALCOP (Huang et al., MLSys 2023, §V "static analysis guided tuning")
+as issue 5 summarizes it: thread-block batches from the occupancy limits, the latency of the
+load–use loop with N_pipe stages and N_mplx co-resident thread blocks, inner (register-level)
+pipeline fusion, LLC and DRAM load times, and the epilogue. The public ALCOP artifact
+(github.com/hgyhungry/alcop-artifact) does not contain the model's code: its
+``python/tvm/topi/exp_cuda/dense_tensorcore.py`` gives the space the model ranks (block warps, warp
+tiles, chunk, ``smem_pipestage`` 2–6, ``regf_pipestage``) and its
+``python/tvm/autotvm/tuner/fake_xgboost_tuner.py`` replays exhaustive logs to compare search
+models. The formulas below are therefore written from the paper's description; every constant is a
+hardware fact of the target (``CUDATarget``) or of the architecture table ``ARCH_FACTS``
+(overridable through ``CUDATarget.extra``).
+
+All times are in cycles of the SM clock until ``Estimate.seconds``.
+
+**Occupancy** (N_mplx, blocks resident on one SM) = min over the limits
+
+    shared:    shared_per_sm // (stages · (bm·(bk+8) + bk·(bn+8)) · itemsize + reserved_per_block)
+    registers: (registers_per_sm // (regs_per_thread · 32)) // warps   (allocation per warp; an
+               estimate: accumulators, fragments per register stage, copy addresses, 24 more)
+    threads:   max_threads_per_sm // threads
+    blocks:    max_blocks_per_sm
+
+**Thread-block batches**: B = batch · ⌈m/bm⌉ · ⌈n/bn⌉ blocks run in ⌈B / (SMs · N_mplx)⌉ batches;
+the last batch may hold fewer blocks per SM (and a small grid never fills the first).
+
+**Inner load–use loop** (registers ← shared, one k16 step of one warp, on its SM sub-partition):
+
+    t_mma = 2·wm·wn·16 / (tensor-core FLOP per cycle per SM / 4)
+    L_s   = shared latency + (wm + wn)·16·itemsize / shared bytes per cycle
+    step  = max(w · t_mma, L_s / (R − 1))      with R ≥ 2 register stages (and bk > 16)
+    step  = max(w · t_mma, L_s + t_mma)        with R = 1 (each warp waits for its own loads)
+
+where w is the number of warps per sub-partition (N_mplx · warps / 4, rounded up): the other warps
+of a sub-partition fill a warp's wait. One outer iteration runs bk/16 steps: I = (bk/16) · step.
+With inner pipeline fusion (ALCOP Fig. 3d) the register prologue is paid once per block, not once
+per outer iteration.
+
+**Outer load–use loop** (shared ← global, one bk chunk of every resident block; S = N_pipe stages):
+
+    round = max(I(N_mplx), L_g / (S − 1), T_l2, T_dram, T_smem) + sync     with S ≥ 2
+    round = max(I(N_mplx), L_g + I(1), T_l2, T_dram, T_smem) + sync        with S = 1
+
+L_g is the load latency of a block's tile: the L2 latency, raised toward the DRAM latency by the miss
+share, plus the tile's transfer through the SM's L2 port; T_l2 and T_dram the L2 and DRAM transfer
+times of the round's bytes ((bm + bn)·bk·itemsize per block; DRAM sees the compulsory bytes when the
+operands fit in half the L2, else every batch's distinct rows and columns); T_smem the
+shared-memory bandwidth time of the round's ldmatrix reads and cp.async writes.
+
+Every "max" above is ``overlap``: the largest term plus ``OVERLAP_LOSS`` (10%) of the others, since
+overlap is never perfect (this also orders configurations whose largest terms tie).
+
+**Batch** = prologue (L_g, plus L_s with register pipelining) + (K steps) · round + epilogue (the
+float32 tile written back through DRAM). **Kernel** = sum over batches + launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..target import CUDATarget
+from .space import TuneError
+
+# Per-architecture facts the target does not carry (approximate, from datasheets and published
+# microbenchmarks). mma_flops: dense fp16/bf16 mma.sync FLOP per cycle per SM with float32
+# accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096).
+ARCH_FACTS: dict[str, dict[str, float]] = {
+    "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
+                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32),
+    "sm_86": dict(mma_flops=512, l2_bytes_per_cycle=2048, sm_l2_bytes_per_cycle=64, l2_latency=240,
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=16),
+    "sm_89": dict(mma_flops=512, l2_bytes_per_cycle=2560, sm_l2_bytes_per_cycle=64, l2_latency=240,
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=24),
+    "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
+                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32),
+}
+RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
+SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
+OVERLAP_LOSS = 0.1                # the share of the overlapped (non-maximal) terms that still shows
+LAUNCH_SECONDS = 3e-6
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The facts of one GPU the model reads (cycles, bytes, bytes per cycle)."""
+
+    sms: int
+    clock_hz: float
+    shared_per_sm: int
+    shared_per_block: int
+    registers_per_sm: int
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    mma_flops: float
+    shared_bytes_per_cycle: float
+    l2_bytes_per_cycle: float
+    sm_l2_bytes_per_cycle: float
+    dram_bytes_per_cycle: float
+    l2_bytes: int
+    l2_latency: float
+    dram_latency: float
+    shared_latency: float
+
+    @staticmethod
+    def of(target: CUDATarget) -> Hardware:
+        """The facts of ``target``: its own fields, then the table of its architecture, then
+        ``target.extra`` (which overrides the table, e.g. ``extra={"mma_flops": 1024}``)."""
+        key = (target.arch, target.sms, target.clock_hz, target.shared_per_sm, target.shared_per_block,
+               target.registers_per_sm, target.max_threads_per_sm, target.max_threads_per_block,
+               target.dram_bandwidth, target.l2_bytes, tuple(sorted(target.extra.items())))
+        hw = _HARDWARE.get(key)
+        if hw is None:
+            arch = target.arch.rstrip("af")
+            if arch not in ARCH_FACTS:
+                arch = "sm_90" if target.capability >= 90 else "sm_80"
+            facts = {**ARCH_FACTS[arch], **target.extra}
+            hw = _HARDWARE[key] = Hardware(
+                sms=target.sms, clock_hz=target.clock_hz, shared_per_sm=target.shared_per_sm,
+                shared_per_block=target.shared_per_block, registers_per_sm=target.registers_per_sm,
+                max_threads_per_sm=target.max_threads_per_sm,
+                max_threads_per_block=target.max_threads_per_block,
+                max_blocks_per_sm=int(facts["max_blocks_per_sm"]), mma_flops=facts["mma_flops"],
+                shared_bytes_per_cycle=facts["shared_bytes_per_cycle"],
+                l2_bytes_per_cycle=facts["l2_bytes_per_cycle"],
+                sm_l2_bytes_per_cycle=facts["sm_l2_bytes_per_cycle"],
+                dram_bytes_per_cycle=target.dram_bandwidth / target.clock_hz, l2_bytes=target.l2_bytes,
+                l2_latency=facts["l2_latency"], dram_latency=facts["dram_latency"],
+                shared_latency=facts["shared_latency"])
+        return hw
+
+
+_HARDWARE: dict[tuple[object, ...], Hardware] = {}
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """A tensor-core GEMM-like workload: ``batch`` products of (m × k_total) by (k_total × n) with 16-bit
+    operands and float32 results. An implicit-GEMM convolution has ``taps`` filter taps of ``k``
+    channels each (its K loop runs taps · ⌈k/bk⌉ steps) and reads only ``input_bytes`` of distinct
+    operand data from DRAM (the gathered im2col matrix is never stored)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    taps: int = 1
+    itemsize: int = 2
+    input_bytes: float | None = None
+    gather: bool = False  # the A tile's copies gather (implicit GEMM): more address registers
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k * self.taps
+
+    def k_steps(self, bk: int) -> int:
+        return self.taps * -(-self.k // bk)
+
+    @property
+    def operand_bytes(self) -> float:
+        """Distinct operand bytes (DRAM's compulsory traffic)."""
+        if self.input_bytes is not None:
+            return float(self.input_bytes)
+        return float(self.batch * self.itemsize * (self.m + self.n) * self.k * self.taps)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """A tensor-core schedule: block tile bm × bn × bk, warp tile wm × wn, shared-memory and register
+    pipeline stages (``gemm_tensorcore``'s parameters)."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int = 1
+    reg_stages: int = 1
+
+    @staticmethod
+    def of(values: dict[str, object]) -> TileConfig:
+        """The tiles of a configuration's values (by decision name)."""
+        names = ("bm", "bn", "bk", "wm", "wn", "stages", "reg_stages")
+        return TileConfig(**{k: int(values[k]) for k in names})  # type: ignore[call-overload]
+
+    @property
+    def warps(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_bytes(self, itemsize: int = 2) -> int:
+        """Operand tiles in shared memory, rows padded by 8 elements, one copy per stage."""
+        return self.stages * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * itemsize
+
+    def registers_per_thread(self, itemsize: int = 2, gather: bool = False) -> int:
+        """An estimate: float32 accumulators, operand fragments of a k16 step per register stage
+        (A: 4 registers per 16 rows, B: 2 per 8 columns), an address per 16-byte copy of a K tile
+        (two for a gather) and 24 more; rounded to the allocation unit of 8. nvcc's counts on
+        sm_90a are within about ±25% for GEMMs; convolutions can need more."""
+        accumulators = self.wm * self.wn // 32
+        fragments = (self.wm // 16) * 4 + (self.wn // 8) * 2
+        copies = -(-(self.bm + self.bn) * self.bk * itemsize // (16 * self.threads))
+        regs = accumulators + fragments * self.reg_stages + copies * (2 if gather else 1) + 24
+        return -(-regs // 8) * 8
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Thread blocks resident on one SM (N_mplx) and each limit that bounds it."""
+
+    limits: dict[str, int]
+
+    @property
+    def blocks(self) -> int:
+        return min(self.limits.values())
+
+    @property
+    def limiter(self) -> str:
+        return min(self.limits, key=lambda k: self.limits[k])
+
+
+def occupancy(cfg: TileConfig, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
+    """N_mplx from shared memory, registers, threads and the block limit (0: the block does not fit)."""
+    shared = cfg.shared_bytes(itemsize)
+    regs = cfg.registers_per_thread(itemsize, gather)
+    fits = shared <= hw.shared_per_block and cfg.threads <= hw.max_threads_per_block and regs <= 256
+    limits = {
+        "shared": hw.shared_per_sm // (shared + RESERVED_SHARED_PER_BLOCK) if fits else 0,
+        "registers": (hw.registers_per_sm // (regs * 32)) // cfg.warps if fits else 0,
+        "threads": hw.max_threads_per_sm // cfg.threads,
+        "blocks": hw.max_blocks_per_sm,
+    }
+    return Occupancy(limits)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The model's prediction and the terms it came from (cycles unless named otherwise)."""
+
+    seconds: float
+    occupancy: Occupancy
+    blocks: int
+    batches: int
+    k_steps: int
+    round_cycles: float = 0.0      # one outer iteration of every resident block (a full batch)
+    terms: dict[str, float] = field(default_factory=dict)  # the candidates of the round's max
+    batch_cycles: float = 0.0
+
+    @property
+    def bound(self) -> str:
+        """Which term limits a full batch's round: compute, latency, l2, dram or shared."""
+        return max(self.terms, key=lambda k: self.terms[k]) if self.terms else "none"
+
+
+def _inner_cycles(cfg: TileConfig, hw: Hardware, resident_warps: int, itemsize: int) -> float:
+    """One outer iteration (bk/16 steps) of the register-level load–use loop of every resident warp."""
+    per_sub = -(-resident_warps // 4)
+    t_mma = 2.0 * cfg.wm * cfg.wn * 16 / (hw.mma_flops / 4)
+    latency = hw.shared_latency + (cfg.wm + cfg.wn) * 16 * itemsize / hw.shared_bytes_per_cycle
+    if cfg.reg_stages >= 2 and cfg.bk > 16:
+        step = overlap(per_sub * t_mma, latency / (cfg.reg_stages - 1))
+    else:
+        step = overlap(per_sub * t_mma, latency + t_mma)
+    return (cfg.bk // 16) * step
+
+
+def overlap(*terms: float) -> float:
+    """Terms that run concurrently: the largest, plus ``OVERLAP_LOSS`` of the others (overlap is never
+    perfect; this also orders configurations whose largest terms tie)."""
+    top = max(terms)
+    return top + OVERLAP_LOSS * (sum(terms) - top)
+
+
+def estimate(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> Estimate:
+    """The predicted time of ``shape`` scheduled with ``cfg`` on ``target`` (``seconds`` is inf when
+    a block does not fit on an SM)."""
+    check_tiles(cfg)
+    hw = Hardware.of(target)
+    it = shape.itemsize
+    occ = occupancy(cfg, hw, it, shape.gather)
+    blocks = shape.batch * -(-shape.m // cfg.bm) * -(-shape.n // cfg.bn)
+    steps = shape.k_steps(cfg.bk)
+    if occ.blocks == 0:
+        return Estimate(math.inf, occ, blocks, 0, steps)
+    per_batch = hw.sms * occ.blocks
+    batches = -(-blocks // per_batch)
+
+    tile_bytes = (cfg.bm + cfg.bn) * cfg.bk * it  # one block's cp.async bytes per outer iteration
+    miss = min(1.0, _dram_bytes(shape, cfg, hw, min(blocks, per_batch), batches, steps)
+               / (float(blocks) * steps * tile_bytes))
+    # a tile arrives after the L2 (or DRAM, for the missing share) latency and its own transfer
+    load_latency = (hw.l2_latency + miss * (hw.dram_latency - hw.l2_latency)
+                    + tile_bytes / hw.sm_l2_bytes_per_cycle)
+    shared_traffic = cfg.warps * (cfg.bk // 16) * (cfg.wm + cfg.wn) * 16 * it + tile_bytes
+    pipelined_registers = cfg.reg_stages >= 2 and cfg.bk > 16
+
+    def batch(resident: int, active_sms: int) -> tuple[float, float, dict[str, float]]:
+        """(cycles, round cycles, round terms) of a batch with ``resident`` blocks on each active SM."""
+        if cfg.stages >= 2:
+            latency = load_latency / (cfg.stages - 1)
+        else:  # each block waits for its own loads; the other resident blocks fill the wait
+            latency = load_latency + _inner_cycles(cfg, hw, cfg.warps, it)
+        moving = resident * active_sms * tile_bytes
+        terms = {"compute": _inner_cycles(cfg, hw, resident * cfg.warps, it), "latency": latency,
+                 "l2": moving / hw.l2_bytes_per_cycle, "dram": moving * miss / hw.dram_bytes_per_cycle,
+                 "shared": resident * shared_traffic / hw.shared_bytes_per_cycle}
+        round_cycles = overlap(*terms.values()) + SYNC_CYCLES
+        prologue = load_latency if cfg.stages >= 2 else 0.0
+        if pipelined_registers:
+            prologue += hw.shared_latency
+        epilogue = hw.dram_latency + moving / tile_bytes * cfg.bm * cfg.bn * 4 / hw.dram_bytes_per_cycle
+        return prologue + steps * round_cycles + epilogue, round_cycles, terms
+
+    full, last = divmod(blocks, per_batch)
+    cycles = 0.0
+    shown = None
+    if full:
+        shown = batch(occ.blocks, hw.sms)
+        cycles += full * shown[0]
+    if last:
+        resident = -(-last // hw.sms)
+        tail = batch(resident, -(-last // resident))
+        cycles += tail[0]
+        shown = shown or tail
+    assert shown is not None
+    return Estimate(cycles / hw.clock_hz + LAUNCH_SECONDS, occ, blocks, batches, steps, shown[1], shown[2],
+                    shown[0])
+
+
+def _dram_bytes(shape: GemmShape, cfg: TileConfig, hw: Hardware, concurrent: int, batches: int,
+                steps: int) -> float:
+    """DRAM reads of the whole kernel: the compulsory bytes when the operands fit in half the L2 (the
+    rest holds other data), else each batch's distinct rows of A and columns of B (blocks are
+    launched row by row, blockIdx.x along n)."""
+    compulsory = shape.operand_bytes
+    if compulsory <= hw.l2_bytes / 2:
+        return compulsory
+    grid_n = -(-shape.n // cfg.bn)
+    rows = min(-(-concurrent // grid_n), -(-shape.m // cfg.bm) * shape.batch)
+    cols = min(concurrent, grid_n)
+    per_batch = (rows * cfg.bm + cols * cfg.bn) * cfg.bk * steps * shape.itemsize
+    return max(compulsory, batches * per_batch)
+
+
+def predict(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> float:
+    """Predicted seconds of ``shape`` with ``cfg`` on ``target`` (inf: the block does not fit)."""
+    return estimate(shape, cfg, target).seconds
+
+
+def check_tiles(cfg: TileConfig) -> None:
+    """Raise ``TuneError`` when the tiles cannot map onto mma.m16n8k16 warps."""
+    if cfg.bm % cfg.wm or cfg.bn % cfg.wn or cfg.wm % 16 or cfg.wn % 8 or cfg.bk % 16:
+        raise TuneError(f"tiles {cfg.bm}×{cfg.bn}×{cfg.bk} with warp tiles {cfg.wm}×{cfg.wn} do not fit "
+                        "mma.m16n8k16 warps")
