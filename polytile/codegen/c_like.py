@@ -142,6 +142,8 @@ class CLikePrinter:
         if e.dtype.name == "bfloat16":
             return f"pt_bf16_round({inner})"
         if e.lanes > 1:
+            if e.a.dtype.is_bool:  # a vector comparison: 0 or -1 (all bits set) per lane
+                inner = f"(-{inner})"
             return f"__builtin_convertvector({inner}, {self.type_name(e.dtype, e.lanes)})"
         return f"(({self.type_name(e.dtype)}){inner})"
 

@@ -3,7 +3,12 @@
 The loop variable becomes ``ramp(lo, 1, lanes)``; operations on it widen (scalars broadcast), loads
 and stores with a ramp index move contiguous elements, other indices gather or scatter. Loops that
 cannot be vectorized this way (a scalar store fed by vector values, math calls, vector conditions
-in control flow) stay scalar loops with a SIMD hint for the C compiler.
+in control flow, bool values other than comparisons) stay scalar loops with a SIMD hint for the C
+compiler.
+
+The only vector booleans are comparisons: in C they are integer masks (0 or -1 per lane), which
+``Select`` takes as its condition and the printer turns into 0 or 1 when cast to a number. Bool
+buffers, broadcast bools and bool selects have no vector type (GCC has no bool vectors).
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ class CannotVectorize(Exception):
 
 
 def _widen(e: ir.Expr, lanes: int) -> ir.Expr:
-    return e if e.lanes == lanes else ir.Broadcast(e, lanes)
+    if e.lanes == lanes:
+        return e
+    if e.dtype.is_bool:
+        raise CannotVectorize("a bool broadcast across lanes")
+    return ir.Broadcast(e, lanes)
 
 
 class _Widen(ir.Mutator):
@@ -69,11 +78,19 @@ class _Widen(ir.Mutator):
         c, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
         if c.lanes == 1 and a.lanes == 1 and b.lanes == 1:
             return ir.Select(c, a, b)
+        if e.dtype.is_bool:
+            raise CannotVectorize("a select of bool values")
         if c.lanes > 1:
             width = _cmp_width(c)
             if width != e.dtype.itemsize:
                 raise CannotVectorize("a vector condition of another element size")
         return ir.Select(c, _widen(a, self.lanes), _widen(b, self.lanes))
+
+    def visit_Cast(self, e: ir.Cast) -> ir.Expr:
+        a = self.expr(e.a)
+        if a.lanes > 1 and e.dtype.is_bool:
+            raise CannotVectorize("a cast to bool across lanes")
+        return ir.Cast(e.dtype, a)
 
     def visit_Call(self, e: ir.Call) -> ir.Expr:
         args = tuple(self.expr(a) for a in e.args)
@@ -83,6 +100,8 @@ class _Widen(ir.Mutator):
 
     def visit_Load(self, e: ir.Load) -> ir.Expr:
         idx = tuple(self.expr(i) for i in e.index)
+        if e.buffer.dtype.is_bool and any(i.lanes > 1 for i in idx):
+            raise CannotVectorize(f"a vector load of the bool buffer {e.buffer.name}")
         return ir.Load(e.buffer, idx)
 
     def visit_Store(self, s: ir.Store) -> ir.Stmt:
@@ -90,6 +109,8 @@ class _Widen(ir.Mutator):
         v = self.expr(s.value)
         if v.lanes > 1 and all(i.lanes == 1 for i in idx):
             raise CannotVectorize(f"a reduction into {s.buffer.name}")
+        if s.buffer.dtype.is_bool and (v.lanes > 1 or any(i.lanes > 1 for i in idx)):
+            raise CannotVectorize(f"a vector store into the bool buffer {s.buffer.name}")
         return ir.Store(s.buffer, idx, v)
 
     def visit_For(self, s: ir.For) -> ir.Stmt:

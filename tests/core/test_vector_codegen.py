@@ -1,0 +1,92 @@
+"""Vectorized CPU code for selects, scalar constants, comparisons and bool data: it compiles and agrees
+with NumPy, whether the loop became vector code or stayed a scalar loop with a SIMD hint."""
+
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.ops.conv import conv2d_reference
+
+M, N = 5, 64  # N a multiple of every vector width: the full tiles are vectorized
+
+
+def elementwise(body, dtype="float32", out_dtype=None, write_cache=False, lanes=8):
+    """Y[i, j] = body(X[i, j], i, j) with j split by ``lanes`` and vectorized."""
+    X = pt.placeholder((M, N), dtype, "X")
+    Y = pt.compute((M, N), lambda i, j: body(X[i, j], i, j), "Y")
+    s = pt.create_schedule(pt.Func([X], [Y]))
+    st = s[Y].split("j", lanes, "jo", "ji")
+    if write_cache:
+        st.cache_write("jo")
+    st.vectorize("ji")
+    return pt.build(s, "cpu")
+
+
+CASES = {
+    "step": (lambda x, i, j: (x > 0.0).astype("float32") * 2.0 - 1.0,
+             lambda x: (x > 0).astype(np.float64) * 2 - 1),
+    "mask_to_int": (lambda x, i, j: (x <= 0.25).astype("int32") + 3, lambda x: (x <= 0.25) + 3),
+    "relu_select": (lambda x, i, j: pt.select(x > 0.0, x, 0.0), lambda x: np.where(x > 0, x, 0)),
+    "select_constants": (lambda x, i, j: pt.select(x > 0.5, 1.5, -2.0),
+                         lambda x: np.where(x > 0.5, 1.5, -2.0)),
+    "row_select_constant": (lambda x, i, j: pt.select(i < 2, 0.0, x * 3.0),
+                            lambda x: np.where(np.arange(M)[:, None] < 2, 0, x * 3)),
+    "clamp": (lambda x, i, j: pt.minimum(pt.maximum(x, -0.5), 0.5), lambda x: np.clip(x, -0.5, 0.5)),
+}
+
+
+@pytest.mark.parametrize("write_cache", [False, True], ids=["direct", "write-cache"])
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("name", list(CASES))
+def test_vector_select_and_comparisons_match_numpy(name, lanes, write_cache, rng):
+    body, ref = CASES[name]
+    kern = elementwise(body, write_cache=write_cache, lanes=lanes)
+    x = rng.uniform(-1, 1, (M, N)).astype("float32")
+    np.testing.assert_allclose(kern(x), ref(x.astype(np.float64)), rtol=1e-6, atol=1e-6)
+
+
+def test_comparison_cast_is_one_not_the_mask(rng):
+    """A vector comparison is an integer mask (-1 where true); cast to a number it must be 1."""
+    kern = elementwise(lambda x, i, j: (x > 0.0).astype("float32"))
+    assert "__builtin_convertvector((-" in kern.source  # the loop was vectorized
+    x = rng.uniform(-1, 1, (M, N)).astype("float32")
+    np.testing.assert_array_equal(kern(x), (x > 0).astype("float32"))
+
+
+def test_bool_data_in_a_vectorized_loop(rng):
+    """GCC has no bool vectors: loops reading or writing bool buffers stay scalar (with a SIMD hint)."""
+    X = pt.placeholder((M, N), "bool", "X")
+    Y = pt.compute((M, N), lambda i, j: X[i, j].astype("float32") * 2.0, "Y")
+    Z = pt.compute((M, N), lambda i, j: Y[i, j] > 1.0, "Z")
+    s = pt.create_schedule(pt.Func([X], [Y, Z]))
+    for c in (Y, Z):
+        s[c].split("j", 8, "jo", "ji").vectorize("ji")
+    kern = pt.build(s, "cpu")
+    assert "pt_boolx" not in kern.source and "#pragma omp simd" in kern.source
+    x = rng.random((M, N)) > 0.5
+    y, z = kern(x)
+    np.testing.assert_array_equal(y, x * 2.0)
+    np.testing.assert_array_equal(z, x)
+
+
+@pytest.mark.parametrize("pad_stage", [True, False], ids=["pad-stage", "pad-select"])
+@pytest.mark.parametrize("q_tile,order", [(8, ("c", "r", "s")), (16, ("r", "s", "c"))])
+def test_conv2d_tuner_style_schedule_with_padding_select(pad_stage, q_tile, order, rng):
+    """The CPU tuner's conv2d template (polytile/tune/templates/cpu.py): a k × p × q output tile in a
+    write cache over a chosen reduction order, q vectorized, at sizes that divide no tile; the zero
+    padding is a select (in its own stage or inside the sum)."""
+    op = ops.conv2d(1, 6, 13, 19, 10, 3, 3, padding=1, pad_stage=pad_stage)
+    s = pt.create_schedule(op.func)
+    st = s["O"].split("k", 4, "ko", "ki").split("p", 2, "po", "pi").split("q", q_tile, "qo", "qi")
+    if order != ("c", "r", "s"):
+        st.reassociate()
+    st.reorder("n", "ko", "po", "qo", *order, "ki", "pi", "qi")
+    st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
+    st.cache_write("qo").separate("qo")
+    st.unroll("ki").unroll("pi").vectorize("qi").parallel("ko")
+    kern = pt.build(s, "cpu")
+    i, w = op.make_inputs(rng)
+    out = kern(i, w)
+    ref = conv2d_reference(i, w, 1, 1, 1)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
