@@ -22,22 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+import _threads  # noqa: E402, F401 - sets the thread variables before NumPy loads its BLAS
 
-def _thread_count(argv: list[str]) -> int:
-    """``--threads N`` must reach OpenMP, OpenBLAS and MKL before NumPy loads its BLAS."""
-    for k, a in enumerate(argv):
-        if a == "--threads" and k + 1 < len(argv):
-            return int(argv[k + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return 0
-
-
-THREADS = _thread_count(sys.argv[1:])
-if THREADS:
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(THREADS)
-
+# isort: split
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -72,8 +72,6 @@ def workloads(quick: bool) -> dict[str, dict]:
 
 def variant_cfg(spec: dict, variant: str) -> dict:
     stages = {"none": 1, "shared2": 2, "shared": spec["stages"], "multilevel": spec["stages"]}[variant]
-    if variant == "shared2" and spec["stages"] == 2:
-        stages = 2
     return dict(spec["tiles"], stages=stages, reg_stages=2 if variant == "multilevel" else 1)
 
 
@@ -149,41 +147,12 @@ TRITON_CONFIGS = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 32, 4, 
 
 
 def triton_gemm():  # noqa: ANN201 - the jitted kernel, or None without Triton
+    """Triton's tutorial GEMM (benchmarks/triton_kernels.py), storing in the output's type."""
     try:
-        import triton
-        import triton.language as tl
+        from triton_kernels import matmul_kernel
     except ImportError:
         return None
-
-    @triton.jit
-    def gemm(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
-        group = GROUP_M * num_n
-        first_m = (pid // group) * GROUP_M
-        group_m = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % group_m
-        pid_n = (pid % group) // group_m
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
-        b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
-            acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * sak
-            b_ptrs += BLOCK_K * sbk
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        tl.store(c_ptr + rows[:, None] * scm + cols[None, :] * scn, acc, mask=mask)
-
-    return gemm
+    return matmul_kernel
 
 
 def time_triton(gemm, a, b, ref, repeat: int) -> dict | None:  # noqa: ANN001

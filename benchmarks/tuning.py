@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import platform
 import statistics
 import subprocess
@@ -26,22 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+import _threads  # noqa: E402, F401 - sets the thread variables before NumPy loads its BLAS
 
-def _thread_count(argv: list[str]) -> int:
-    """``--threads N`` is applied before NumPy loads its BLAS, so the vendor runs on as many threads."""
-    for k, a in enumerate(argv):
-        if a == "--threads" and k + 1 < len(argv):
-            return int(argv[k + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return 0
-
-
-THREADS = _thread_count(sys.argv[1:])
-if THREADS:
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(THREADS)
-
+# isort: split
 import numpy as np  # noqa: E402
 
 from polytile import build, ops  # noqa: E402

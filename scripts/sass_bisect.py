@@ -11,7 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, ".")
 from polytile.sass.api import analyse
@@ -19,7 +18,7 @@ from polytile.sass.cubin import Cubin
 from polytile.sass.disasm import find_nvdisasm
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 from polytile.sass.runner import Runner, RunnerSettings
-from polytile.sass.schedule import DOWN, UP, Move, Schedule
+from polytile.sass.schedule import Schedule, random_legal
 
 print("nvdisasm", find_nvdisasm())
 out = Path(tempfile.mkdtemp()) / "sample.cubin"
@@ -33,20 +32,9 @@ analysis = analyse(launch)
 cubin = Cubin(launch.cubin)
 print("words hash", hashlib.sha1(str(cubin.kernel("matmul").words).encode()).hexdigest()[:12])
 
-def random_path(moves, seed):
-    rng = np.random.default_rng(seed)
-    s = Schedule.original(analysis)
-    for _ in range(moves):
-        legal = np.nonzero(s.legal_mask())[0]
-        if not len(legal):
-            break
-        k = int(rng.choice(legal))
-        s = s.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
-    return s
-
 with Runner(launch, RunnerSettings(reps=3, warmup=1)) as runner:
     for seed in (0, 1, 2, 3):
-        s = random_path(30, seed)
+        s = random_legal(analysis, 30, seed)
         bad = runner.verify(cubin.with_words("matmul", s.words()), seeds=(1, 2, 3))
         print("schedule seed", seed, "->", bad, flush=True)
         if bad is None:

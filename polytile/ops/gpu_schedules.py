@@ -117,11 +117,14 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
         st.pipeline(f"{col}_shared_frag", reg_stages).pipeline(f"{w}_shared_frag", reg_stages)
 
 
-def _gemm_tiles(M: int, N: int) -> dict[str, int]:
-    """Block and warp tiles for a tensor-core GEMM of M × N outputs: 128-wide tiles when the matrix
-    gives the GPU's multiprocessors enough blocks, 64-wide otherwise."""
-    big = (M // 128) * (N // 128) >= 96
-    return dict(bm=128, bn=128, wm=64, wn=64) if big else dict(bm=64, bn=64, wm=32, wn=32)
+def _gemm_tiles(M: int, N: int, wide: bool = False) -> dict[str, int]:
+    """Block and warp tiles for a tensor-core GEMM of M × N outputs: 128×256 (``wide``) or 128×128
+    tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
+    if wide and (M // 128) * (N // 256) >= 256:
+        return dict(bm=128, bn=256, wm=64, wn=64)
+    if (M // 128) * (N // 128) >= 96:
+        return dict(bm=128, bn=128, wm=64, wn=64)
+    return dict(bm=64, bn=64, wm=32, wn=32)
 
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
@@ -146,16 +149,9 @@ def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
 
 def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
     """Tiles and pipelining of a tensor-core GEMM (the best of the configurations measured on an H100,
-    benchmarks/pipelining.py): 128×256 block tiles when the matrix gives every multiprocessor several
-    blocks, 64×64 otherwise; 64-wide K tiles in 3 shared-memory stages with double-buffered register
-    fragments (ALCOP's multi-level pipeline)."""
-    if (M // 128) * (N // 256) >= 256:
-        tiles = dict(bm=128, bn=256, wm=64, wn=64)
-    elif (M // 128) * (N // 128) >= 96:
-        tiles = dict(bm=128, bn=128, wm=64, wn=64)
-    else:
-        tiles = dict(bm=64, bn=64, wm=32, wn=32)
-    return dict(tiles, bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
+    benchmarks/pipelining.py): ``_gemm_tiles`` with 128×256 tiles allowed, 64-wide K tiles in 3
+    shared-memory stages with double-buffered register fragments (ALCOP's multi-level pipeline)."""
+    return dict(_gemm_tiles(M, N, wide=True), bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:

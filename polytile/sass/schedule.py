@@ -224,3 +224,17 @@ class Schedule:
                 control = replace(control, reuse=0)
             words.append(control.apply(a.kernel.words[instruction]))
         return words
+
+
+def random_legal(analysis: KernelAnalysis, moves: int, seed: int) -> Schedule:
+    """A schedule ``moves`` random legal moves away from the compiler's order (fewer when no move is
+    legal): the walk the GPU tests, the schedule audit and scripts/sass_bisect.py replay by seed."""
+    rng = np.random.default_rng(seed)
+    schedule = Schedule.original(analysis)
+    for _ in range(moves):
+        legal = np.nonzero(schedule.legal_mask())[0]
+        if not len(legal):
+            break
+        k = int(rng.choice(legal))
+        schedule = schedule.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
+    return schedule

@@ -120,5 +120,5 @@ def test_alcop_fig7_golden_ir():
     assert got == expected, "the pipelined IR changed; review it and regenerate with POLYTILE_REGEN_GOLDEN=1"
     # the structure the golden text shows, spelled out
     assert got.count("pt_cp_async_commit") >= 3  # two prologue stages and the steady state
-    assert "pt_cp_async_wait(1)" in got or "pt_cp_async_wait<1>" in got or "cp_async_wait" in got
+    assert "pt_cp_async_wait(1)" in got  # stages - 2 groups may stay in flight
     assert "A_shared_frag" in got and "B_shared_frag" in got

@@ -12,7 +12,7 @@ from polytile.sass.cubin import Control, Cubin
 from polytile.sass.game import MeasurementFailed
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 from polytile.sass.runner import Runner, RunnerSettings
-from polytile.sass.schedule import DOWN, UP, Move, Schedule
+from polytile.sass.schedule import random_legal
 from polytile.sass.verify import host_inputs
 
 pytestmark = pytest.mark.gpu
@@ -42,25 +42,13 @@ def fma_launch():
     )
 
 
-def random_schedule(analysis, moves: int, seed: int) -> Schedule:
-    rng = np.random.default_rng(seed)
-    schedule = Schedule.original(analysis)
-    for _ in range(moves):
-        legal = np.nonzero(schedule.legal_mask())[0]
-        if not len(legal):
-            break
-        k = int(rng.choice(legal))
-        schedule = schedule.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
-    return schedule
-
-
 def test_patched_kernels_run_and_match(fma_launch):
     analysis = analyse(fma_launch)
     cubin = Cubin(fma_launch.cubin)
     with Runner(fma_launch, SETTINGS) as runner:
         assert runner.time(fma_launch.cubin) > 0
         for seed in range(3):
-            schedule = random_schedule(analysis, 12, seed)
+            schedule = random_legal(analysis, 12, seed)
             assert not schedule.is_original()
             patched = cubin.with_words(fma_launch.kernel, schedule.words())
             assert runner.verify(patched, seeds=(1, 2)) is None
@@ -129,7 +117,7 @@ def test_nvcc_sample_kernels(sample_cubins):
         ref = inputs["a"].astype(np.float64) @ inputs["b"].astype(np.float64)
         assert np.linalg.norm(outputs["c"] - ref) / np.linalg.norm(ref) < 1e-5
         for seed in range(2):
-            patched = cubin.with_words("matmul", random_schedule(analysis, 30, seed).words())
+            patched = cubin.with_words("matmul", random_legal(analysis, 30, seed).words())
             assert runner.verify(patched, seeds=(1, 2)) is None
 
 
@@ -187,7 +175,7 @@ def test_lanes_that_talk_through_memory(sample_cubins):
         np.testing.assert_array_equal(outputs["partial"][0::2], partial)
         if bad is not None:
             assert runner.verify(bad, seeds=(1, 2)) is not None  # the hazard is real on this GPU
-        schedules = [random_schedule(analysis, 20, seed) for seed in range(4)]
+        schedules = [random_legal(analysis, 20, seed) for seed in range(4)]
         assert sum(not s.is_original() for s in schedules) >= 2  # few moves are legal here
         for schedule in schedules:
             patched = cubin.with_words("warp_sums", schedule.words())

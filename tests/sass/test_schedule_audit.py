@@ -25,7 +25,7 @@ from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.cubin import Control, Cubin
 from polytile.sass.disasm import DisassemblyError, disassemble, find_nvdisasm, parse_json
 from polytile.sass.isa import semantics
-from polytile.sass.schedule import DOWN, UP, Move, Schedule
+from polytile.sass.schedule import DOWN, UP, Move, Schedule, random_legal
 
 TRITON = Path(__file__).parent / "kernels" / "triton"
 BENCHMARK_KERNELS = Path(__file__).parents[2] / "benchmarks" / "kernels"
@@ -136,7 +136,7 @@ def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisas
     ldg = next(i for i, ins in enumerate(a.instructions) if ins.offset == 0x1F0)
     ldc = next(i for i, ins in enumerate(a.instructions) if ins.offset == 0x210)
     schedules = []
-    for seed in range(3):  # tests/sass/test_sass_gpu.py: random_schedule(analysis, 12, seed)
+    for seed in range(3):  # polytile.sass.schedule.random_legal(analysis, 12, seed)
         rng = np.random.default_rng(seed)
         schedule = Schedule.original(a)
         for _ in range(12):
@@ -152,19 +152,6 @@ def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisas
     checker = lc.Checker(original)
     for schedule, rows in zip(schedules, variants, strict=True):
         assert checker.check(rows, list(schedule.order)) == [], [m.describe(a) for m in schedule.path]
-
-
-def _mask_walk(analysis: KernelAnalysis, moves: int, seed: int) -> Schedule:
-    """tests/sass/test_sass_gpu.py's random_schedule: `moves` picks from the legal mask."""
-    rng = np.random.default_rng(seed)
-    schedule = Schedule.original(analysis)
-    for _ in range(moves):
-        legal = np.nonzero(schedule.legal_mask())[0]
-        if not len(legal):
-            break
-        k = int(rng.choice(legal))
-        schedule = schedule.apply(Move(analysis.movable[k // 2], UP if k % 2 == 0 else DOWN))
-    return schedule
 
 
 def _reordered_memory_pairs(analysis: KernelAnalysis, schedule: Schedule) -> list[str]:
@@ -204,7 +191,7 @@ def test_the_warp_sums_walks_that_failed_on_the_h100(nvdisasm, sample_cubins):
     old = parse_json(json.dumps([{}, [{"function-name": "warp_sums", "sass-instructions": glued}]]))
     assert any(g["operands"].startswith("R3[R7") for g in glued)
     a = KernelAnalysis(kernel, old["warp_sums"])
-    schedules = [_mask_walk(a, 20, seed) for seed in range(4)]
+    schedules = [random_legal(a, 20, seed) for seed in range(4)]
     assert sum(not s.is_original() for s in schedules) >= 2
     original, *variants = lc.kernels([list(a.kernel.words), *(s.words() for s in schedules)], nvdisasm)
     checker = lc.Checker(original)
