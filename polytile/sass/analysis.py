@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from polytile.sass.cubin import NO_BARRIER, WORD_BYTES, Control, KernelText
 from polytile.sass.disasm import SassInstruction
-from polytile.sass.isa import CONTROL_FLOW, Semantics, memory_conflict, semantics, unit_name
+from polytile.sass.isa import CONTROL_FLOW, Semantics, fixed_pipe, memory_conflict, semantics, unit_name
 
 START, END = -1, -2  # pseudo producer at a block's entry, pseudo consumer at its exit
 DEFAULT_FIXED_LATENCY = 15  # cycles assumed for a fixed-latency opcode never seen inside a block
@@ -29,7 +29,6 @@ ASYNC_WINDOW = 32  # cycles kept around unguarded variable-latency reads and res
 # looked at, 2 is also its most common distance), and a move that made it 1 broke a Triton
 # kernel on an H100 (a load's deferred address read lost to the overwrite that waited for it).
 SCOREBOARD_SETUP = 2
-CONSUMER_KINDS = ("fixed", "memory", "other")  # see KernelAnalysis.latency_key
 ACCESSES = ("read", "write")
 _INDIRECT = {"CALL", "RET", "BRX", "BRXU", "JMX", "JMXU", "JMP"}
 
@@ -104,6 +103,7 @@ class KernelAnalysis:
         self._async_reads = self._find_async_reads()
         self.guards = self._scoreboard_guards()
         self.latency_overrides = dict(latency_overrides or {})
+        self.consumer_kinds = sorted({self.consumer_kind(i) for i in range(len(instructions))})
         self.latency = self._latency_table()
         self._live_in_need = self._live_in_needs()
         self.rules = self._distance_rules()
@@ -304,9 +304,12 @@ class KernelAnalysis:
     # ---- stall distances -----------------------------------------------------------------------
 
     def consumer_kind(self, i: int) -> str:
-        """The kind of consumer in `latency_key`: "fixed" (ALU), "memory" or "other"."""
+        """The kind of consumer in `latency_key`: "fixed:<pipe>" (a fixed-latency instruction on
+        that pipe, `isa.fixed_pipe`), "memory" or "other"."""
         s = self.semantics[i]
-        return "fixed" if s.fixed_latency else "memory" if s.memory is not None else "other"
+        if s.fixed_latency:
+            return "fixed:" + fixed_pipe(self.instructions[i])
+        return "memory" if s.memory is not None else "other"
 
     def latency_key(self, producer: int, consumer: int, unit: int) -> tuple[str, str, str, str]:
         """What the distance from a fixed-latency result to its next user depends on.
@@ -316,7 +319,8 @@ class KernelAnalysis:
         13 cycles between an ISETP and the load its predicate guards but 2 before an ALU
         instruction reads that predicate, and more before a load overwrites an ALU result than
         before an ALU instruction reads it: one latency per opcode would take the smallest of
-        these for all of them.
+        these for all of them. Fixed-latency consumers are told apart by pipe: ptxas keeps IMAD ->
+        IMAD.WIDE 4 cycles apart but IMAD -> IADD3 5, and 4 is too few for the IADD3 on an H100.
         """
         access = "read" if unit in self.semantics[consumer].uses else "write"
         return self.instructions[producer].opcode, self.consumer_kind(consumer), _register_file(unit), access
@@ -334,7 +338,7 @@ class KernelAnalysis:
             return ASYNC_WINDOW
         opcode, kind = key[0], key[1]
         for name in (opcode, opcode.split(".", 1)[0]):
-            if kind == "fixed" and name in self.latency_overrides:
+            if kind.startswith("fixed") and name in self.latency_overrides:
                 return self.latency_overrides[name]
         return self.latency.get(key, DEFAULT_FIXED_LATENCY)
 
@@ -344,7 +348,7 @@ class KernelAnalysis:
         opcode, file = self.instructions[producer].opcode, _register_file(unit)
         return {
             (kind, access): self._latency(producer, (opcode, kind, file, access))
-            for kind in CONSUMER_KINDS
+            for kind in self.consumer_kinds
             for access in ACCESSES
         }
 

@@ -171,6 +171,36 @@ FIXED_LATENCY = {
     "UPSETP",
     "UVIADD",
 }
+# The pipe a fixed-latency instruction issues to. A result reaches a consumer on the producer's own
+# pipe sooner than one on another pipe: ptxas keeps IMAD -> IMAD.WIDE 4 cycles apart but IMAD ->
+# IADD3 5, and an IMAD -> IADD3 distance of 4 reads the old register on an H100 (the sample matmul,
+# docs/sass.md). So the latency table is kept per consumer pipe (`fixed_pipe`).
+FMA_PIPE = {
+    "FADD", "FMUL", "FFMA", "FADD32I", "FMUL32I", "FFMA32I", "FADD2", "FMUL2", "FFMA2", "FSWZADD",
+    "IMAD", "IMAD32I", "IDP", "IDP4A", "HADD2", "HMUL2", "HFMA2", "HADD2_32I", "HMUL2_32I", "HFMA2_32I",
+}
+ALU_PIPE = {
+    "IADD3", "IADD", "IADD32I", "IABS", "IMNMX", "ISCADD", "ISCADD32I", "ISETP", "LEA", "LOP3", "LOP",
+    "LOP32I", "SHF", "SHL", "SHR", "SEL", "PRMT", "MOV", "MOV32I", "PLOP3", "PSETP", "P2R", "R2P", "BMSK",
+    "SGXT", "FMNMX", "FSEL", "FSET", "FSETP", "CS2R",
+}
+
+
+def fixed_pipe(ins: SassInstruction) -> str:
+    """"fma", "alu", "uniform", "fma.mma" (HFMA2.MMA) or, for a fixed-latency opcode whose pipe is not
+    tabulated, the opcode itself (its latencies are then only compared with its own)."""
+    base = ins.base
+    if base == "HFMA2" and "MMA" in ins.modifiers:
+        return "fma.mma"
+    if base in FMA_PIPE:
+        return "fma"
+    if base in ALU_PIPE:
+        return "alu"
+    if base.startswith("U") and base in FIXED_LATENCY:
+        return "uniform"
+    return base
+
+
 # Known instructions with variable latency (scoreboards) that are not memory accesses.
 VARIABLE_LATENCY = {
     "S2R",

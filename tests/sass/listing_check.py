@@ -282,6 +282,7 @@ class Effects:
     address: tuple[str, int, int] | None  # (address text without offset, offset, bytes)
     ordered: bool
     kind: str  # "alu" (fixed latency), "variable", "memory", "other"
+    pipe: str = ""  # for "alu": the pipe it issues to (`_pipe`)
 
 
 def effects(row: Row) -> Effects:
@@ -344,7 +345,25 @@ def effects(row: Row) -> Effects:
         if known
         else "other"
     )
-    return Effects(reads, writes, space, stores, address, bool(row.mods & ORDERED), kind)
+    return Effects(reads, writes, space, stores, address, bool(row.mods & ORDERED), kind, _pipe(row))
+
+
+# Multiply-add pipe: a result crosses to another pipe a cycle later (ptxas: IMAD -> IMAD.WIDE 4
+# cycles, IMAD -> IADD3 5; the H100 reads a stale register at IMAD -> IADD3 4).
+FMA_LIKE = set("FADD FMUL FFMA FADD32I FMUL32I FFMA32I FADD2 FMUL2 FFMA2 IMAD IMAD32I IDP IDP4A HADD2 HMUL2 "
+               "HFMA2 HADD2_32I HMUL2_32I HFMA2_32I".split())
+INTEGER_LIKE = set("IADD3 IADD IADD32I IABS IMNMX ISCADD ISCADD32I ISETP LEA LOP3 LOP LOP32I SHF SHL SHR SEL "
+                   "PRMT MOV MOV32I PLOP3 PSETP P2R R2P BMSK SGXT FMNMX FSEL FSET FSETP CS2R".split())
+
+
+def _pipe(row: Row) -> str:
+    if row.base == "HFMA2" and "MMA" in row.mods:
+        return "fma.mma"
+    if row.base in FMA_LIKE:
+        return "fma"
+    if row.base in INTEGER_LIKE:
+        return "alu"
+    return "uniform" if row.base.startswith("U") else row.base
 
 
 def _memory_conflict(a: Effects, b: Effects) -> bool:
@@ -597,11 +616,13 @@ def timing_facts(rows: list[Row], ids: list[int], spans, successors, fx: list[Ef
 
 def latency_key(producer: Row, consumer: Effects, unit: str) -> tuple[str, str, str, str]:
     """What a fixed-latency distance depends on: the producer's opcode, the kind of consumer
-    (ALU, memory, other), the kind of register (R, UR, P, UP) and whether the consumer reads it or
+    (ALU by pipe, memory, other), the kind of register (R, UR, P, UP) and whether the consumer reads it or
     only overwrites it. ptxas keeps 13 cycles from an ISETP to the memory instruction it guards,
     but 2 to an ALU instruction that reads the predicate; uniform results and memory consumers
     show the same pattern."""
     consumer_kind = consumer.kind if consumer.kind in ("alu", "memory") else "other"
+    if consumer_kind == "alu":
+        consumer_kind = "alu:" + consumer.pipe
     access = "read" if unit in consumer.reads else "write"
     return producer.opcode, consumer_kind, re.match(r"[A-Z]+", unit).group(0), access
 

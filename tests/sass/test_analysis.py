@@ -82,7 +82,7 @@ def analysis_of(synthetic):
 def test_latency_is_the_compilers_minimum_distance(analysis_of):
     a = analysis_of(CHAIN)
     # IADD3's R9 is only live-out: not observed; FADD's R5 goes to a store
-    assert a.latency == {("IMAD", "fixed", "R", "read"): 4, ("FADD", "memory", "R", "read"): 1}
+    assert a.latency == {("IMAD", "fixed:fma", "R", "read"): 4, ("FADD", "memory", "R", "read"): 1}
     assert a.required_latency(2, 3, 9) == DEFAULT_FIXED_LATENCY  # as if FADD read it
     assert a.movable == (1, 4)
 
@@ -99,11 +99,32 @@ def test_latency_depends_on_the_consumer_and_the_register_kind(analysis_of):
         ("EXIT", {"wait_mask": 0b11}),
     ]
     a = analysis_of(rows)
-    assert a.latency[("ISETP.GE.AND", "fixed", "P", "read")] == 2
+    assert a.latency[("ISETP.GE.AND", "fixed:alu", "P", "read")] == 2
     assert a.latency[("ISETP.GE.AND", "memory", "P", "read")] == 13
     s = Schedule(a).apply(Move(4, UP)).apply(Move(4, UP))  # above the LDG and the IADD3
     assert s.order[:5] == (0, 1, 4, 2, 3)
     assert s.stall(0) + s.stall(1) == 13  # the guard's 13 cycles kept, not the ALU reader's 2
+
+
+def test_latency_depends_on_the_consumers_pipe(analysis_of):
+    """ptxas keeps IMAD -> IMAD.WIDE 4 cycles apart and IMAD -> IADD3 5; a repair that gave the IADD3
+    only the IMAD.WIDE's 4 read a stale register on an H100 (the sample matmul, docs/sass.md)."""
+    rows = [
+        ("IMAD R17, R10, UR8, R11", {"stall": 4}),
+        ("IMAD.WIDE R18, R17, 0x4, R18", {"stall": 1}),
+        ("IMAD R28, R20, R9, R9", {"stall": 1}),
+        ("ISETP.GE.OR P0, PT, R10, R9, P0", {"stall": 1}),
+        ("LDG.E R27, desc[UR6][R16.64]", {"stall": 3, "write_barrier": 5}),
+        ("IADD3 R28, R28, R9, RZ", {"stall": 4}),
+        ("STG.E desc[UR6][R18.64], R28", {"stall": 1}),
+        ("EXIT", {"stall": 5, "wait_mask": 0b100000}),
+    ]
+    a = analysis_of(rows)
+    assert a.latency[("IMAD", "fixed:fma", "R", "read")] == 4
+    assert a.latency[("IMAD", "fixed:alu", "R", "read")] == 5
+    s = Schedule(a).apply(Move(4, DOWN))  # the load below the IADD3: IMAD -> IADD3 keeps 5 cycles
+    assert s.order[2:6] == (2, 3, 5, 4)
+    assert s.stall(2) + s.stall(3) == 5
 
 
 def test_move_that_shortens_a_latency_gets_a_stall_repair_and_undoing_it_removes_it(analysis_of):
