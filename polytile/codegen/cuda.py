@@ -64,6 +64,13 @@ __device__ __forceinline__ void pt_cp_async8_zfill(void* s, const void* g, bool 
 __device__ __forceinline__ void pt_cp_async4_zfill(void* s, const void* g, bool inside) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(pt_smem(s)), "l"(g), "r"(inside ? 4 : 0));
 }
+// two adjacent elements in one store (the address is even: see lowering/passes/pair_stores.py)
+__device__ __forceinline__ void pt_store_pair(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+__device__ __forceinline__ void pt_store_pair(int* p, int a, int b) { *(int2*)p = make_int2(a, b); }
+__device__ __forceinline__ void pt_store_pair(__half* p, float a, float b) { *(__half2*)p = __floats2half2_rn(a, b); }
+__device__ __forceinline__ void pt_store_pair(__nv_bfloat16* p, float a, float b) {
+  *(__nv_bfloat162*)p = __floats2bfloat162_rn(a, b);
+}
 __device__ __forceinline__ void pt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void pt_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
@@ -218,6 +225,10 @@ class CUDAPrinter(CLikePrinter):
                 src_ptr = f"(({inside}) ? (const void*){self.address(src)} : (const void*){src.buffer.name})"
                 return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {src_ptr}, {inside})"
             return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
+        if e.name == "pt_store_pair":
+            dst, a, b = e.args
+            assert isinstance(dst, ir.Load)
+            return f"pt_store_pair({self.address(dst)}, {self.expr(a)}, {self.expr(b)})"
         if e.name == "pt_cp_async_wait":
             return f"pt_cp_async_wait<{self.expr(e.args[0])}>()"
         if e.name.startswith(("pt_ldmatrix", "pt_mma")):  # buffer arguments are addresses
@@ -324,14 +335,18 @@ class CUDAPrinter(CLikePrinter):
     def kernel(self, k: ir.Kernel, params: list[ir.Var]) -> KernelSource:
         bufs: dict[str, ir.Buffer] = {}
         self.written = {}
+        paired = set()  # the destinations of paired stores: written, not read
         for st in ir.walk_stmt(k.body):
+            if isinstance(st, ir.Evaluate) and st.call.name == "pt_store_pair":
+                paired.add(id(st.call.args[0]))
+                st = ir.Store(st.call.args[0].buffer, (), st.call.args[1])
             if isinstance(st, ir.Store) and st.buffer.scope in ("arg", "global"):
                 bufs.setdefault(st.buffer.name, st.buffer)
                 self.written[st.buffer.name] = True
         for e in ir.all_exprs(k.body):
             if isinstance(e, ir.Load) and e.buffer.scope in ("arg", "global"):
                 bufs.setdefault(e.buffer.name, e.buffer)
-        read = {e.buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Load)}
+        read = {e.buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Load) and id(e) not in paired}
         # global temporaries a kernel both writes and reads carry values between its threads: no
         # __restrict__ and volatile loads, so that nothing is cached across the barrier
         self.shared_global = {n for n, b in bufs.items() if b.scope == "global" and self.written.get(n) and n in read}

@@ -25,6 +25,7 @@ from .passes.flatten import flatten_storage
 from .passes.fragments import distribute_fragments
 from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
+from .passes.pair_stores import pair_stores
 from .passes.pipeline import pipeline_buffers
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
@@ -86,6 +87,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
             ("registers", promote_registers),
             ("barriers", insert_barriers),
             ("simplify", simplify),
+            ("pair-stores", pair_stores),
         ]
     else:
         passes = [

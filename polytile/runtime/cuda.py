@@ -150,7 +150,7 @@ def device_array(x: object, t_dtype: DType, name: str) -> _Arg:
             raise InputError(f"argument {name} must have dtype {t_dtype}, got {x.dtype}")  # type: ignore[attr-defined]
         if not x.is_contiguous():  # type: ignore[attr-defined]
             raise InputError(f"argument {name} must be contiguous; call .contiguous()")
-        return _Arg(int(x.data_ptr()), tuple(x.shape), x)  # type: ignore[attr-defined]
+        return _aligned_arg(_Arg(int(x.data_ptr()), tuple(x.shape), x), name)  # type: ignore[attr-defined]
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
         raise InputError(f"argument {name} must be a GPU array (torch, CuPy, __cuda_array_interface__) or a "
@@ -168,7 +168,17 @@ def device_array(x: object, t_dtype: DType, name: str) -> _Arg:
             acc *= s
         if tuple(reversed(expect)) != tuple(strides):
             raise InputError(f"argument {name} must be C-contiguous")
-    return _Arg(int(cai["data"][0]), shape, x)
+    return _aligned_arg(_Arg(int(cai["data"][0]), shape, x), name)
+
+
+ALIGNMENT = 16  # bytes: generated kernels copy 16-byte vectors and store element pairs
+
+
+def _aligned_arg(arg: _Arg, name: str) -> _Arg:
+    if arg.ptr % ALIGNMENT:
+        raise InputError(f"argument {name} starts at an address that is not a multiple of {ALIGNMENT} bytes "
+                         "(a view into another array?); pass a freshly allocated or .clone()d array")
+    return arg
 
 
 class _DeviceBuffer:

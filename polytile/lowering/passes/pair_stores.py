@@ -1,0 +1,97 @@
+"""Paired global stores: a short loop whose iterations store to adjacent elements two by two becomes
+one 8-byte (or 4-byte) store per pair.
+
+The tensor-core accumulators of ``mma.m16n8k16`` hold two adjacent columns per thread, so the
+write-back of a fragment, one element per iteration, leaves every 32-byte sector of the output half
+written by each store instruction. When, for every pair of iterations (2k, 2k+1), the second index is
+the first plus one, both are guarded by the same condition, and the first is even (so the paired
+address is aligned, as the runtime's buffers are), the pair becomes ``pt_store_pair(&buf[i], a, b)``.
+Anything else is left as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import loopir as ir
+from .simplify import Simplifier, simplify_expr
+
+PAIRABLE = ("float32", "int32", "float16", "bfloat16")
+MAX_EXTENT = 32
+
+
+def _aligned(e: ir.Expr, n: int) -> bool:
+    lin = Simplifier().linear(e)
+    return lin.const % n == 0 and all(coef % n == 0 for coef, _ in lin.terms.values())
+
+
+def _inline_lets(s: ir.Stmt) -> tuple[ir.Expr | None, ir.Store] | None:
+    """(guard or None, store) of a body made of lets, at most one guard without else, and a store;
+    the lets substituted into both."""
+    env: dict[str, ir.Expr] = {}
+    cond: ir.Expr | None = None
+    while True:
+        if isinstance(s, ir.LetStmt):
+            env[s.var.name] = ir.substitute(s.value, env)
+            s = s.body
+        elif isinstance(s, ir.If) and s.orelse is None and cond is None:
+            cond = ir.substitute(s.cond, env)
+            s = s.then
+        elif isinstance(s, ir.Block) and len(s.body) == 1:
+            s = s.body[0]
+        else:
+            break
+    if not isinstance(s, ir.Store):
+        return None
+    store = ir.Store(s.buffer, tuple(ir.substitute(i, env) for i in s.index), ir.substitute(s.value, env))
+    return cond, store
+
+
+def _pair(loop: ir.For) -> ir.Stmt | None:
+    ext = simplify_expr(loop.extent)
+    if not (isinstance(ext, ir.Const) and ir.is_const(simplify_expr(loop.lo), 0)):
+        return None
+    n = int(ext.value)
+    if n % 2 or not 2 <= n <= MAX_EXTENT:
+        return None
+    parts = _inline_lets(loop.body)
+    if parts is None:
+        return None
+    _, store = parts
+    if store.buffer.scope not in ("arg", "global") or store.buffer.dtype.name not in PAIRABLE:
+        return None
+    if len(store.index) != 1 or store.index[0].lanes > 1 or store.value.lanes > 1:
+        return None
+    out: list[ir.Stmt] = []
+    for k in range(0, n, 2):
+        (ca, sa), (cb, sb) = (_inline_lets(ir.substitute(loop.body, {loop.var.name: ir.const(j)}))
+                              for j in (k, k + 1))
+        ia, ib = simplify_expr(sa.index[0]), simplify_expr(sb.index[0])
+        step = simplify_expr(ir.BinOp("-", ib, ia))
+        if not (isinstance(step, ir.Const) and int(step.value) == 1) or not _aligned(ia, 2):
+            return None
+        if (ca is None) != (cb is None):
+            return None
+        if ca is not None:
+            ca, cb = simplify_expr(ca), simplify_expr(cb)
+            if str(ca) != str(cb):
+                return None
+        call = ir.Call("pt_store_pair", (ir.Load(store.buffer, (ia,)), sa.value, sb.value), store.buffer.dtype)
+        st: ir.Stmt = ir.Evaluate(call)
+        out.append(st if ca is None else ir.If(ca, st))
+    return ir.block(out)
+
+
+class _PairStores(ir.Mutator):
+    def visit_For(self, s: ir.For) -> ir.Stmt:
+        loop = replace(s, body=self.stmt(s.body))
+        if loop.kind in ("serial", "unroll"):
+            paired = _pair(loop)
+            if paired is not None:
+                return paired
+        return loop
+
+
+def pair_stores(s: ir.Stmt) -> ir.Stmt:
+    """Pair the stores of short loops that write adjacent elements of a global buffer."""
+    return _PairStores().stmt(s)

@@ -1,0 +1,34 @@
+"""Paired global stores (lowering/passes/pair_stores.py): the tensor-core write-back stores two
+adjacent accumulators at once where the pair is provably adjacent, aligned and equally guarded."""
+
+import polytile as pt
+from polytile.ops.gpu_schedules import gemm_tensorcore
+
+
+def _hgemm_ir(M, N, K):
+    A = pt.placeholder((M, K), "float16", "A")
+    B = pt.placeholder((K, N), "float16", "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k].astype("float32") * B[k, j].astype("float32"), axis=k), "C")
+    s = pt.Schedule(pt.Func([A, B], [C], name="hgemm"))
+    gemm_tensorcore(s, "C", "A", "B", bm=64, bn=64, wm=32, wn=32, bk=32, stages=2)
+    return str(pt.lower(s, "cuda"))
+
+
+def test_fragment_write_back_is_paired():
+    ir = _hgemm_ir(128, 128, 64)
+    assert ir.count("pt_store_pair(C[") == 2  # rows r and r + 8 of each m16n8 accumulator
+    assert "C[" not in ir.replace("pt_store_pair(C[", "")  # no scalar store of C is left
+
+
+def test_odd_row_length_is_not_paired():
+    """With 129 columns every other row starts at an odd element: a pair would be misaligned."""
+    ir = _hgemm_ir(128, 129, 64)
+    assert "pt_store_pair" not in ir
+    assert "C[" in ir
+
+
+def test_pairs_under_different_guards_are_not_paired():
+    """A partial column tile guards each column separately: the two stores of a pair differ."""
+    ir = _hgemm_ir(128, 100, 64)
+    assert "C[" in ir.replace("pt_store_pair(C[", "")
