@@ -1,21 +1,22 @@
 """SASS schedule optimizer benchmark (issue 6): learned (PPO) and greedy schedules vs the compiler's.
 
-For each workload -- polytile's matmul, softmax and layernorm (hand-written CUDA C stand-ins from
-benchmarks/kernels/ until polytile's CUDA backend produces them, see `polytile_workloads`) and
-Triton's tutorial matmul (fp16), softmax and layernorm -- it spends the same number of GPU
-measurements with each search method, verifies the result on fresh inputs, confirms the speedup in
-interleaved timings against the compiler's schedule, and checks the outputs of both against a
-float64 numpy reference. A short table goes to stdout, a JSON record to benchmarks/results/.
+For each workload -- polytile's own fp32 matmul, softmax and layernorm built by its CUDA backend
+("polytile-*"), hand-written CUDA C kernels of the same operators from benchmarks/kernels/
+("cuda-*"), and Triton's tutorial matmul (fp16), softmax and layernorm ("triton-*") -- it spends the
+same number of GPU measurements with each search method, verifies the result on fresh inputs,
+confirms the speedup in interleaved timings against the compiler's schedule, and checks the outputs
+of both against a float64 numpy reference. A short table goes to stdout, a JSON record to
+benchmarks/results/.
 
     python benchmarks/sass.py                       # everything, 32 measurements per method and kernel
-    python benchmarks/sass.py --measurements 100 --methods ppo,greedy,random --kernels cuda-matmul
+    python benchmarks/sass.py --measurements 100 --methods ppo,greedy,random --kernels polytile-matmul
     python benchmarks/sass.py --build-only          # only build the CUDA C cubins (needs nvcc)
 
 Knobs: --measurements (GPU timings per method and kernel), --reps (launches per timing, median),
 --confirm (interleaved re-timing rounds), --methods, --kernels, --seed. Needs a GPU, cuda-bindings,
-nvdisasm, sb3-contrib, pyelftools, gymnasium; Triton for the Triton workloads. nvcc builds the CUDA C
-kernels; where the GPU host has no nvcc, build them here with --build-only and bring
-benchmarks/kernels/build/ along.
+nvdisasm, sb3-contrib, pyelftools, gymnasium; Triton for the Triton workloads. nvcc builds polytile's
+kernels (skipped where it is missing) and the CUDA C ones; where the GPU host has no nvcc, build the
+CUDA C cubins here with --build-only and bring benchmarks/kernels/build/ along.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+from polytile import ops
+from polytile.errors import PolytileError
 from polytile.sass.api import optimize
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
+from polytile.sass.polytile_kernel import polytile_launch
 from polytile.sass.runner import Runner, RunnerSettings
 from polytile.sass.verify import host_inputs
 
@@ -167,15 +171,26 @@ def cuda_workloads() -> list[Workload]:
     ]
 
 
-def polytile_workloads() -> list[Workload] | None:
-    """ADAPTER for polytile's own CUDA kernels: return them here once the CUDA backend exists.
+def polytile_workloads() -> list[Workload]:
+    """polytile's own fp32 matmul, softmax and layernorm (the sizes of `cuda_workloads`), built with
+    each operator's default CUDA schedule for the GPU present (sm_90a without one), checked against
+    the operator's float64 reference."""
+    rng = np.random.default_rng(0)
+    workloads = []
+    for name, op in (
+        ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32")),
+        ("polytile-softmax", ops.softmax(2048, 4096, "float32")),
+        ("polytile-layernorm", ops.layernorm(2048, 4096, "float32")),
+    ):
+        launch = polytile_launch(op.build("cuda"), op.make_inputs(rng), name=name)
+        workloads.append(Workload(name, launch, _op_reference(op), op.tolerance))
+    return workloads
 
-    It should build polytile's matmul, softmax and layernorm with the CUDA backend, take the
-    CubinLaunch the backend produces for each (same sizes as `cuda_workloads`), and return
-    Workloads named "polytile-matmul", ... with the same references. Until then it returns None
-    and the benchmark uses the hand-written CUDA C stand-ins.
-    """
-    return None
+
+def _op_reference(op: ops.Op) -> Callable[[dict], dict]:
+    """Host inputs by name -> the operator's float64 reference, by its output's name."""
+    (output,) = op.func.outputs
+    return lambda h: {output.name: op.reference(*(h[t.name] for t in op.func.inputs))}
 
 
 # ---- Triton workloads ---------------------------------------------------------------------------
@@ -269,7 +284,12 @@ def check_outputs(workload: Workload, cubin: bytes, runner: Runner, seed: int = 
 
 def run(args) -> dict:
     settings = RunnerSettings(reps=args.reps, timeout_s=args.timeout)
-    workloads = polytile_workloads() or cuda_workloads()
+    workloads = []
+    try:
+        workloads += polytile_workloads()
+    except PolytileError as exc:  # no nvcc here: the CUDA C and Triton workloads still run
+        print(f"skipping polytile's workloads: {exc}", file=sys.stderr)
+    workloads += cuda_workloads()
     if not args.no_triton:
         try:
             workloads += triton_workloads()

@@ -1,18 +1,22 @@
 """`optimize`: search a faster SASS schedule for a kernel, verify it, and report what paid off.
 
-Steps: describe the kernel as a CubinLaunch (given, or compiled from a `@triton.jit` function);
-disassemble and analyse it; spend `budget` GPU measurements with the chosen search method (each
-measured variant is first screened against the original's outputs); then verify the fastest
-candidates on several fresh random inputs, confirm the winner against the original in interleaved
-timings, and return it. A candidate that fails verification is never returned; if none passes or
-none is faster in the confirmation, the original kernel comes back with speedup 1.0.
+Steps: describe the kernel as a CubinLaunch (given, read off a polytile CUDA function built with
+`pt.build(..., "cuda")`, or compiled from a `@triton.jit` function); disassemble and analyse it;
+spend `budget` GPU measurements with the chosen search method (each measured variant is first
+screened against the original's outputs); then verify the fastest candidates on several fresh
+random inputs, confirm the winner against the original in interleaved timings, and return it. A
+candidate that fails verification is never returned; if none passes or none is faster in the
+confirmation, the original kernel comes back with speedup 1.0. A polytile function also comes back
+as a function (`OptimizedKernel.kernel`), callable like the original.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from polytile.sass.agent import search
 from polytile.sass.analysis import KernelAnalysis
@@ -22,6 +26,11 @@ from polytile.sass.game import MeasurementFailed
 from polytile.sass.launch import CubinLaunch
 from polytile.sass.runner import Runner, RunnerSettings
 from polytile.sass.schedule import Schedule
+
+if TYPE_CHECKING:
+    from polytile.runtime.cuda import CUDAKernel
+
+_POLYTILE_OPTIONS = ("kernel_name", "name", "params")  # what polytile_launch takes besides the kernel
 
 
 @dataclass
@@ -58,6 +67,7 @@ class OptimizedKernel:
     launch: CubinLaunch  # the launch with the optimized cubin
     schedule: Schedule
     report: OptimizationReport
+    kernel: CUDAKernel | None = None  # for a polytile function: the same function with the optimized cubin
 
     @property
     def cubin(self) -> bytes:
@@ -83,26 +93,46 @@ def analyse(launch: CubinLaunch, latency_overrides: dict[str, int] | None = None
     return KernelAnalysis(cubin.kernel(launch.kernel), instructions, latency_overrides)
 
 
-def _as_launch(kernel, example_inputs, triton_options: dict) -> CubinLaunch:
+def _as_launch(kernel, example_inputs, options: dict) -> CubinLaunch:
+    """The CubinLaunch of `kernel` (a CubinLaunch, a polytile CUDAKernel or a `@triton.jit` function)."""
     if isinstance(kernel, CubinLaunch):
         if example_inputs is not None:
             raise TypeError(
                 f"{kernel.label}: a CubinLaunch describes its inputs in `args` (Buffer.init); "
                 "pass example_inputs=None"
             )
-        if triton_options:
-            raise TypeError(f"options {sorted(triton_options)} apply to Triton kernels, not a CubinLaunch")
+        if options:
+            raise TypeError(f"options {sorted(options)} apply to polytile or Triton kernels, not a CubinLaunch")
         return kernel
+    from polytile.runtime.cuda import CUDAKernel
+
+    if isinstance(kernel, CUDAKernel):
+        from polytile.sass.polytile_kernel import polytile_launch
+
+        name = kernel.func.name
+        if example_inputs is None:
+            inputs = ", ".join(t.name for t in kernel.func.inputs)
+            raise TypeError(
+                f"optimizing polytile function {name} needs example_inputs: its input arrays ({inputs}) "
+                "as numpy arrays or torch tensors, e.g. optimize(kern, [x], budget=...)"
+            )
+        unknown = sorted(set(options) - set(_POLYTILE_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"options {unknown} do not apply to polytile function {name}; it takes {', '.join(_POLYTILE_OPTIONS)}"
+            )
+        return polytile_launch(kernel, example_inputs, **options)
     if hasattr(kernel, "arg_names") and hasattr(kernel, "fn"):
         from polytile.sass.triton_kernel import triton_launch
 
-        if "grid" not in triton_options:
+        if "grid" not in options:
             raise TypeError(
                 "optimizing a Triton kernel needs grid=(programs, ...) and usually constexprs={...}"
             )
-        return triton_launch(kernel, list(example_inputs), **triton_options)
+        return triton_launch(kernel, list(example_inputs), **options)
     raise TypeError(
-        f"cannot optimize a {type(kernel).__name__}: pass a CubinLaunch or a @triton.jit function"
+        f"cannot optimize a {type(kernel).__name__}: pass a CubinLaunch, a polytile CUDA kernel "
+        "(pt.build(..., \"cuda\")) or a @triton.jit function"
     )
 
 
@@ -120,19 +150,21 @@ def optimize(
     max_steps: int = 32,
     latency_overrides: dict[str, int] | None = None,
     runner: Runner | None = None,
-    **triton_options,
+    **kernel_options,
 ) -> OptimizedKernel:
     """A verified, possibly faster variant of `kernel` and a report of what the search found.
 
-    `kernel` is a CubinLaunch, or a `@triton.jit` function with its non-constexpr `example_inputs`
-    and the options of `triton_launch` (grid=..., constexprs=..., outputs=..., num_warps=...).
-    A `runner` already measuring the same launch may be passed to reuse its worker.
+    `kernel` is a CubinLaunch; a polytile CUDA function (`pt.build(sched, "cuda")`) with its input
+    arrays as `example_inputs` and the options of `polytile_launch` (kernel_name=... for a function
+    of several kernels, params=...); or a `@triton.jit` function with its non-constexpr
+    `example_inputs` and the options of `triton_launch` (grid=..., constexprs=..., outputs=...,
+    num_warps=...). A `runner` already measuring the same launch may be passed to reuse its worker.
     """
-    launch = _as_launch(kernel, example_inputs, triton_options)
+    launch = _as_launch(kernel, example_inputs, kernel_options)
     launch.check()
     analysis = analyse(launch, latency_overrides)
     cubin = Cubin(launch.cubin)
-    if runner is not None and runner.launch is not launch:
+    if runner is not None and runner.launch != launch:  # equal launches: a polytile kernel is described anew
         raise ValueError(f"the runner measures {runner.launch.label}, not {launch.label}")
     with contextlib.nullcontext(runner) if runner is not None else Runner(launch, settings) as runner:
         measurer = GpuMeasurer(runner, cubin, launch.kernel)
@@ -175,7 +207,17 @@ def optimize(
         if not ranked:
             report.notes.append("no measured variant was faster than the compiler's schedule")
         report.moves = _describe_path(chosen, result, analysis)
-    return OptimizedKernel(launch.with_cubin(measurer.cubin_of(chosen)), chosen, report)
+    optimized = launch.with_cubin(measurer.cubin_of(chosen))
+    return OptimizedKernel(optimized, chosen, report, _with_cubin(kernel, optimized.cubin))
+
+
+def _with_cubin(kernel, cubin: bytes) -> CUDAKernel | None:
+    """A polytile function like `kernel` running `cubin` (its loaded functions dropped); else None."""
+    from polytile.runtime.cuda import CUDAKernel
+
+    if not isinstance(kernel, CUDAKernel):
+        return None
+    return dataclasses.replace(kernel, cubin=cubin, _functions={})
 
 
 def _confirm(runner: Runner, original: bytes, candidate: bytes, rounds: int) -> tuple[float, float, float]:

@@ -2,6 +2,10 @@
 
 polytile sass-opt k.cubin --list [--kernel NAME]          analysed schedule and legal moves (no GPU)
 polytile sass-opt k.cubin --launch launch.json -o out.cubin [--budget N] [--method ppo|greedy|random]
+
+It takes cubins with a JSON launch description. A polytile CUDA function (pt.build(..., "cuda")) or
+a @triton.jit kernel goes through the Python API, which describes the launch itself:
+    result = pt.sass.optimize(kern, [a, b], budget=100); result.kernel(a, b); print(result.report.format())
 """
 
 from __future__ import annotations
