@@ -194,7 +194,11 @@ def optimize(
             if mismatch is not None:
                 report.rejected.append(f"{len(schedule.path)} moves: {mismatch}")
                 continue
-            speedup, base_ms, best_ms = _confirm(runner, launch.cubin, patched, confirm_rounds)
+            try:
+                speedup, base_ms, best_ms = _confirm(runner, launch.cubin, patched, confirm_rounds)
+            except MeasurementFailed as exc:  # verified, yet it failed when re-timed: never returned
+                report.rejected.append(f"{len(schedule.path)} moves: failed in the confirmation timings: {exc}")
+                continue
             if speedup > 1.0:
                 chosen = schedule
                 report.speedup, report.baseline_ms, report.optimized_ms = speedup, base_ms, best_ms

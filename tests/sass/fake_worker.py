@@ -8,6 +8,7 @@ from polytile.runtime.cuda_driver import CudaError
 from polytile.sass.worker import serve
 
 ORIGINAL = []
+TIMED: dict[bytes, int] = {}  # time requests per cubin, in this worker
 
 
 def changed_words(cubin: bytes) -> int:
@@ -24,6 +25,12 @@ def handle(message):
         ORIGINAL[:] = [message[1].cubin]
         return {"device": "fake GPU", "pid": os.getpid()}
     cubin = message[1]
+    flaky_above = int(os.environ.get("FAKE_FLAKY_ABOVE", "-1"))
+    if flaky_above >= 0 and kind == "time" and changed_words(cubin) > flaky_above:
+        # a variant that times (and verifies) once, then faults when re-timed in the same worker
+        TIMED[cubin] = TIMED.get(cubin, 0) + 1
+        if TIMED[cubin] > 1:
+            raise CudaError("cuModuleUnload failed: CUDA_ERROR_ILLEGAL_ADDRESS")
     reject_above = int(os.environ.get("FAKE_REJECT_ABOVE", "-1"))
     if reject_above >= 0:
         # Schedule mode: more moved words run faster; too many moved words compute wrong results.
