@@ -101,6 +101,16 @@ class KernelAnalysis:
                 self.block_of[i] = block.index
         self.movable = tuple(i for i, s in enumerate(self.semantics) if s.movable and i not in self.pinned)
         self._async_reads = self._find_async_reads()
+        # A global-memory access whose sources are read unguarded (no read barrier) reads them some
+        # time after issue, and how long the compiler counted on is not in the stall bits (waits and
+        # queued memory instructions in between add slack): on an H100, moving such a load, or an
+        # instruction out of the window between it and the overwrite of its sources, gave illegal
+        # addresses with the cycle distance kept (Triton's layernorm). So those accesses stay, and
+        # nothing leaves their windows. (Shared-memory and other unguarded reads keep the
+        # distance rule: no failure seen in the GPU audits.)
+        self._global_async = {i for i in self._async_reads if _global(self.semantics[i])}
+        self.movable = tuple(i for i in self.movable if i not in self._global_async)
+        self._async_overwriters = self._find_async_overwriters()
         self.guards = self._scoreboard_guards()
         self.latency_overrides = dict(latency_overrides or {})
         self.consumer_kinds = sorted({self.consumer_kind(i) for i in range(len(instructions))})
@@ -166,6 +176,16 @@ class KernelAnalysis:
                     break
         return out
 
+    def _find_async_overwriters(self) -> set[int]:
+        """Instructions of a block that overwrite a source of an earlier unguarded global access."""
+        out = set()
+        for m in self._global_async:
+            uses = self.semantics[m].uses
+            for j in range(m + 1, self.blocks[self.block_of[m]].end):
+                if self.semantics[j].defs & uses:
+                    out.add(j)
+        return out
+
     def _reachable(self) -> list[set[int]]:
         """Blocks reachable from each block through at least one edge (all, with indirect flow)."""
         if self.has_indirect_flow:
@@ -199,6 +219,10 @@ class KernelAnalysis:
         for x, y in ((first, second), (second, first)):
             if self.unguarded_result(x) and self.barriers(y):
                 return f"{self.instructions[x].opcode} completes unguarded; its wait is a later scoreboard's"
+        if first in self._global_async:
+            return f"{self.instructions[first].opcode} reads its sources unguarded: nothing may leave their window"
+        if second in self._async_overwriters:
+            return f"{self.instructions[second].opcode} overwrites an unguarded load's source: nothing may leave that window"
         guarded = self.guards.get(first)
         if guarded is not None and guarded & (b.defs | b.uses):
             return (
@@ -526,6 +550,12 @@ class KernelAnalysis:
                     best[(p, c)] = rule
             rules[block.index] = list(best.values())
         return rules
+
+
+def _global(s: Semantics) -> bool:
+    """A memory access that may touch global memory (global, or generic addresses)."""
+    m = s.memory
+    return m is not None and bool((m.reads | m.writes) - {"shared", "local"})
 
 
 def _register_file(unit: int) -> str:

@@ -125,7 +125,7 @@ def test_the_checker_passes_originals_and_catches_broken_schedules(nvdisasm):
 
 
 def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisasm):
-    """The GPU test's three schedules of fma3 (12 random legal moves, seeds 0-2), replayed.
+    """Random schedules of fma3 (12 random legal moves, seeds 0-11) like the GPU test's, replayed.
 
     Each moved `@!P1 LDG.E.128 R20, [R2.64+0x800]` (read barrier SB5) below `CS2R R26`, right
     before `LDC.64 R2, c[0x0][0x228]`, which waits on SB5 before overwriting R2: one cycle
@@ -136,7 +136,7 @@ def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisas
     ldg = next(i for i, ins in enumerate(a.instructions) if ins.offset == 0x1F0)
     ldc = next(i for i, ins in enumerate(a.instructions) if ins.offset == 0x210)
     schedules = []
-    for seed in range(3):  # polytile.sass.schedule.random_legal(analysis, 12, seed)
+    for seed in range(12):  # polytile.sass.schedule.random_legal(analysis, 12, seed)
         rng = np.random.default_rng(seed)
         schedule = Schedule.original(a)
         for _ in range(12):
@@ -147,7 +147,10 @@ def test_the_walk_that_failed_on_the_h100_now_keeps_its_scoreboard_setup(nvdisas
         p, q = int(schedule.position[ldg]), int(schedule.position[ldc])
         stalls = [Control.from_word(w).stall for w in schedule.words()]
         assert sum(stalls[p:q]) >= 2, (seed, [m.describe(a) for m in schedule.path])
-    assert any(s.position[ldc] - s.position[ldg] == 1 for s in schedules)  # the pattern is exercised
+    # the pattern itself is now out of reach: the CS2R between them overwrites the address of an
+    # earlier unguarded global load, so nothing may cross it (analysis._global_async)
+    moved, reason = Schedule.original(a).check(Move(ldg, DOWN))
+    assert moved is None and "unguarded" in reason
     original, *variants = lc.kernels([list(a.kernel.words), *(s.words() for s in schedules)], nvdisasm)
     checker = lc.Checker(original)
     for schedule, rows in zip(schedules, variants, strict=True):
