@@ -13,6 +13,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 OUT_DIR="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT_DIR"
+START_MARK="$(mktemp)"  # the JSON records written by this run are newer than this file
 skip="${GPU_CHECK_SKIP:-}"
 only="${GPU_CHECK_ONLY:-}"
 quick="${GPU_CHECK_QUICK:+--quick}"
@@ -41,7 +42,7 @@ if want sass && [[ -f scripts/sass-gpu.sh ]]; then
   echo "== SASS optimizer"
   bash scripts/sass-gpu.sh 2>&1 | tee "$OUT_DIR/sass.log" | tail -14
 fi
-cp benchmarks/results/*.json "$OUT_DIR"/ 2>/dev/null || true
+find benchmarks/results -name '*.json' -newer "$START_MARK" -exec cp {} "$OUT_DIR"/ \; 2>/dev/null || true
 echo "== summary"
 [[ -f "$OUT_DIR/pytest-gpu.log" ]] && grep -E "passed|failed" "$OUT_DIR/pytest-gpu.log" | tail -1
 [[ -f "$OUT_DIR/gpu_ops.log" ]] && tail -11 "$OUT_DIR/gpu_ops.log"

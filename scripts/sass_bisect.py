@@ -3,8 +3,9 @@
 Run on the GPU host from the repo root (wheels carried in .whl installed to /tmp/site):
     PYTHONPATH=$PWD:/tmp/site python3 scripts/sass_bisect.py
 Prints, per schedule seed, the verification result and for a failing schedule the first failing
-prefix of its moves (2026-11-22, H100: seeds 1 and 3 fail, both first at moving
-`0x04e0 @!P4 LDG.E.CONSTANT R27, [R16.64]` down)."""
+prefix of its moves (2026-11-22, H100: seeds 1 and 3 failed, both first at moving
+`0x04e0 @!P4 LDG.E.CONSTANT R27, [R16.64]` down, until latencies were keyed by the consumer's pipe;
+see docs/sass.md). scripts/sass_audit.py does the same for the benchmark's workloads."""
 import hashlib
 import subprocess
 import sys
