@@ -197,58 +197,11 @@ def _op_reference(op: ops.Op) -> Callable[[dict], dict]:
 
 
 def triton_workloads() -> list[Workload]:
-    from triton_kernels import layernorm_kernel, matmul_kernel, softmax_kernel
-
-    from polytile.sass.triton_kernel import triton_launch
+    from triton_kernels import tutorial_launches
 
     f64 = np.float64
-    m = n = k = 2048
-    a = np.zeros((m, k), np.float16)
-    b = np.zeros((k, n), np.float16)
-    c = np.zeros((m, n), np.float16)
-    matmul = triton_launch(
-        matmul_kernel,
-        [a, b, c, m, n, k, k, 1, n, 1, n, 1],
-        grid=((m // 128) * (n // 128),),
-        constexprs={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
-        outputs=["c_ptr"],
-        num_warps=8,
-        num_stages=3,
-        name="triton-matmul-fp16",
-    )
-    rows, cols = 2048, 4096
-    x = np.zeros((rows, cols), np.float32)
-    softmax = triton_launch(
-        softmax_kernel,
-        [np.zeros_like(x), x, cols, cols, rows, cols],
-        grid=(rows,),
-        constexprs={"BLOCK_SIZE": cols},
-        outputs=["out_ptr"],
-        num_warps=8,
-        num_stages=2,
-        name="triton-softmax",
-    )
-    xh = np.zeros((rows, cols), np.float16)
-    w = np.zeros(cols, np.float16)
-    layernorm = triton_launch(
-        layernorm_kernel,
-        [
-            xh,
-            np.zeros_like(xh),
-            w,
-            w.copy(),
-            np.zeros(rows, np.float32),
-            np.zeros(rows, np.float32),
-            cols,
-            cols,
-            1e-5,
-        ],
-        grid=(rows,),
-        constexprs={"BLOCK_SIZE": 1024},
-        outputs=["y_ptr", "mean_ptr", "rstd_ptr"],
-        num_warps=8,
-        name="triton-layernorm",
-    )
+    launches = tutorial_launches()
+    matmul, softmax, layernorm = (launches[n] for n in ("triton-matmul-fp16", "triton-softmax", "triton-layernorm"))
     return [
         Workload(
             "triton-matmul-fp16",

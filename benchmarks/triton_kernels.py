@@ -1,9 +1,15 @@
 """Triton's tutorial kernels (matmul fp16, fused softmax, layer-norm forward), written after the
-public tutorials for the SASS benchmark. Each is a plain `@triton.jit` function; the benchmark
-compiles them through `polytile.sass.triton_kernel.triton_launch`."""
+public tutorials for the SASS benchmark, and `fma3`, the small kernel of the SASS GPU tests. Each is a
+plain `@triton.jit` function; `tutorial_launches` and `fma3_launch` compile them through
+`polytile.sass.triton_kernel.triton_launch` with the launch options the benchmark, the GPU tests and
+tests/sass/kernels/triton/build.py share."""
 
+import numpy as np
 import triton
 import triton.language as tl
+
+from polytile.sass.launch import CubinLaunch
+from polytile.sass.triton_kernel import triton_launch
 
 
 @triton.jit
@@ -92,3 +98,45 @@ def layernorm_kernel(
         b = tl.load(b_ptr + cols, mask=mask)
         x = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + cols, ((x - mean) * rstd * w + b).to(tl.float16), mask=mask)
+
+
+@triton.jit
+def fma3(x_ptr, y_ptr, z_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    z = tl.load(z_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x * y + z * x - y, mask=mask)
+
+
+def fma3_launch(n: int = 1 << 20, **options) -> CubinLaunch:
+    """fma3 over n float32 elements, 1024 per program (`options` go to `triton_launch`)."""
+    arrays = [np.zeros(n, np.float32) for _ in range(4)]
+    return triton_launch(fma3, [*arrays, n], grid=(n // 1024,), constexprs={"BLOCK": 1024},
+                         outputs=["out_ptr"], **options)
+
+
+def tutorial_launches(**options) -> dict[str, CubinLaunch]:
+    """The SASS benchmark's Triton workloads by name: fp16 matmul 2048³ (128×128×64 tiles, 8 warps,
+    3 stages), softmax and layernorm of 2048×4096 rows (`options` go to `triton_launch`)."""
+    m = n = k = 2048
+    a, b, c = np.zeros((m, k), np.float16), np.zeros((k, n), np.float16), np.zeros((m, n), np.float16)
+    rows, cols = 2048, 4096
+    x = np.zeros((rows, cols), np.float32)
+    xh, w = np.zeros((rows, cols), np.float16), np.zeros(cols, np.float16)
+    stats = np.zeros(rows, np.float32)
+    return {
+        "triton-matmul-fp16": triton_launch(
+            matmul_kernel, [a, b, c, m, n, k, k, 1, n, 1, n, 1], grid=((m // 128) * (n // 128),),
+            constexprs={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, outputs=["c_ptr"],
+            num_warps=8, num_stages=3, name="triton-matmul-fp16", **options),
+        "triton-softmax": triton_launch(
+            softmax_kernel, [np.zeros_like(x), x, cols, cols, rows, cols], grid=(rows,),
+            constexprs={"BLOCK_SIZE": cols}, outputs=["out_ptr"], num_warps=8, num_stages=2,
+            name="triton-softmax", **options),
+        "triton-layernorm": triton_launch(
+            layernorm_kernel, [xh, np.zeros_like(xh), w, w.copy(), stats, stats.copy(), cols, cols, 1e-5],
+            grid=(rows,), constexprs={"BLOCK_SIZE": 1024}, outputs=["y_ptr", "mean_ptr", "rstd_ptr"],
+            num_warps=8, name="triton-layernorm", **options),
+    }

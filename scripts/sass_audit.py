@@ -1,57 +1,85 @@
-"""Audit the SASS legality rules on a GPU with the workloads of benchmarks/sass.py: verify every
-single legal move from the compiler's order and WALKS random 40-move legal schedules, then bisect
-each failing schedule to its first failing move and print the instructions around it.
+"""Audit the SASS legality rules on a GPU with the workloads of benchmarks/sass.py.
 
-Run on the GPU host from the repo root (wheels in .whl installed to /tmp/site, CUDA C cubins built):
-    PYTHONPATH=$PWD:/tmp/site python3 scripts/sass_audit.py triton-layernorm,polytile-matmul [WALKS=32]
-(2026-11-22, H100: found Triton's layernorm's unguarded-load moves; after the rule, 0 failures.)"""
-import sys, time
-sys.path.insert(0, "."); sys.path.insert(0, "benchmarks")
-from polytile.sass.api import analyse
-from polytile.sass.cubin import Cubin
-from polytile.sass.runner import Runner, RunnerSettings
-from polytile.sass.schedule import Schedule, Move, UP, DOWN, random_legal
-from polytile.sass.game import MeasurementFailed
-import sass as bench
-names = sys.argv[1].split(",")
-walks = int(sys.argv[2]) if len(sys.argv) > 2 else 32
-ws = {w.name: w for w in bench.triton_workloads() + (bench.polytile_workloads() or []) + bench.cuda_workloads() if w.name in names}
-for name, w in ws.items():
-    t0 = time.time()
-    launch = w.launch
-    a = analyse(launch); cub = Cubin(launch.cubin)
-    def check(runner, s):
-        try:
-            return runner.verify(cub.with_words(launch.kernel, s.words()), seeds=(1, 2))
-        except MeasurementFailed as e:
-            return "FAILED: " + str(e)[:200]
-    bad = []
-    with Runner(launch, RunnerSettings(reps=3, warmup=1)) as r:
-        orig = Schedule.original(a)
-        singles = 0
-        for i in a.movable:
-            for d in (UP, DOWN):
-                s, why = orig.check(Move(i, d))
-                if s is None: continue
-                singles += 1
-                res = check(r, s)
-                if res: bad.append(("single", s, res))
-        for seed in range(walks):
-            s = random_legal(a, 40, seed)
-            res = check(r, s)
-            if res: bad.append((f"walk{seed}", s, res))
-        print(f"AUDIT {name}: {len(a.movable)} movable, {singles} single moves, {walks} walks: {len(bad)} bad ({time.time()-t0:.0f}s)", flush=True)
-        for tag, s, res in bad[:3]:
-            print("  BAD", tag, res[:160], flush=True)
-            for m in range(1, len(s.path) + 1):
-                p = Schedule.original(a)
-                for mv in s.path[:m]: p = p.apply(mv)
-                rr = check(r, p)
-                if rr:
-                    mv = s.path[m - 1]
-                    print(f"   first failing prefix {m}: {mv.describe(a)} :: {rr[:120]}", flush=True)
-                    pos = p.position[mv.instruction]
-                    for q in range(max(0, pos - 6), min(len(p.order), pos + 7)):
-                        i = p.order[q]; ins = a.instructions[i]
-                        print(f"     {q*16:#06x} <- {ins.offset:#06x} st{p.stall(i):2d}(+{p.extra.get(i,0)}) {a.controls[i]} {ins.text}", flush=True)
-                    break
+For each named workload: verify every single legal move from the compiler's order and WALKS random
+40-move legal schedules (`polytile.sass.schedule.random_legal`), then bisect each failing schedule
+to its first failing move and print the instructions around it.
+
+Run on the GPU host from the repo root (wheels in .whl installed to /tmp/site, CUDA C cubins built
+with `python benchmarks/sass.py --build-only`):
+    PYTHONPATH=$PWD:/tmp/site python3 scripts/sass_audit.py triton-layernorm,polytile-matmul [WALKS]
+(2026-11-22, H100: it found the unguarded-load moves of Triton's layernorm; after the rule that keeps
+them in place, 0 failures on Triton's matmul, softmax, layernorm and polytile's matmul.)
+"""
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import sass as bench  # noqa: E402 - benchmarks/sass.py
+
+from polytile.sass.api import analyse  # noqa: E402
+from polytile.sass.cubin import Cubin  # noqa: E402
+from polytile.sass.game import MeasurementFailed  # noqa: E402
+from polytile.sass.runner import Runner, RunnerSettings  # noqa: E402
+from polytile.sass.schedule import DOWN, UP, Move, Schedule, random_legal  # noqa: E402
+
+WALK_MOVES = 40
+
+
+def failure(runner: Runner, launch, cubin: Cubin, schedule: Schedule) -> str | None:
+    """Why `schedule` of `launch` is wrong on the GPU (two fresh inputs), or None."""
+    try:
+        return runner.verify(cubin.with_words(launch.kernel, schedule.words()), seeds=(1, 2))
+    except MeasurementFailed as exc:
+        return f"failed: {exc}"
+
+
+def bisect(runner: Runner, launch, cubin: Cubin, schedule: Schedule) -> None:
+    """Print the first move of `schedule` whose prefix fails, with the instructions around it."""
+    a = schedule.analysis
+    prefix = Schedule.original(a)
+    for move in schedule.path:
+        prefix = prefix.apply(move)
+        why = failure(runner, launch, cubin, prefix)
+        if why is None:
+            continue
+        print(f"   first failing move: {move.describe(a)} :: {why[:120]}")
+        at = int(prefix.position[move.instruction])
+        for q in range(max(0, at - 6), min(len(prefix.order), at + 7)):
+            i = prefix.order[q]
+            print(f"     {q * 16:#06x} <- {a.instructions[i].offset:#06x} stall {prefix.stall(i):2d} "
+                  f"(+{prefix.extra.get(i, 0)}) {a.controls[i]} {a.instructions[i].text}")
+        return
+
+
+def audit(workload: bench.Workload, walks: int) -> None:
+    launch = workload.launch
+    a, cubin = analyse(launch), Cubin(launch.cubin)
+    start = time.monotonic()
+    with Runner(launch, RunnerSettings(reps=3, warmup=1)) as runner:
+        original = Schedule.original(a)
+        singles = [s for i in a.movable for d in (UP, DOWN) if (s := original.check(Move(i, d))[0])]
+        candidates = [("single", s) for s in singles]
+        candidates += [(f"walk {seed}", random_legal(a, WALK_MOVES, seed)) for seed in range(walks)]
+        bad = [(tag, s, why) for tag, s in candidates if (why := failure(runner, launch, cubin, s))]
+        print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, {walks} walks: "
+              f"{len(bad)} failing ({time.monotonic() - start:.0f} s)", flush=True)
+        for tag, schedule, why in bad[:3]:
+            print(f"  FAILING {tag}: {why[:160]}")
+            bisect(runner, launch, cubin, schedule)
+
+
+def main() -> None:
+    names = sys.argv[1].split(",")
+    walks = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+    workloads = bench.triton_workloads() + bench.polytile_workloads() + bench.cuda_workloads()
+    for workload in workloads:
+        if workload.name in names:
+            audit(workload, walks)
+
+
+if __name__ == "__main__":
+    main()

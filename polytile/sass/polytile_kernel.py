@@ -18,6 +18,7 @@ import numpy as np
 from polytile.codegen.cuda import KernelSource, kernels_of
 from polytile.errors import InputError
 from polytile.lowering import loopir as ir
+from polytile.lowering.passes.pair_stores import memory_accesses
 from polytile.runtime.args import bind_params, check_index_arrays, check_shapes, expected_shape, needs_zero_init
 from polytile.runtime.cuda import CUDAKernel, eval_expr
 from polytile.sass.launch import Buffer, CubinLaunch, LaunchError, Scalar, Scratch, storage_dtype
@@ -151,10 +152,8 @@ def _host_arrays(kernel: CUDAKernel, example_inputs: Sequence) -> list[np.ndarra
 
 def _accesses(body: ir.Stmt) -> tuple[set[str], set[str]]:
     """Names of the device-memory buffers (arguments, global temporaries) `body` writes and reads."""
-    memory = ("arg", "global")  # shared and register buffers are private to each kernel
-    written = {s.buffer.name for s in ir.walk_stmt(body) if isinstance(s, ir.Store) and s.buffer.scope in memory}
-    read = {e.buffer.name for e in ir.all_exprs(body) if isinstance(e, ir.Load) and e.buffer.scope in memory}
-    return written, read
+    written, read = memory_accesses(body)  # shared and register buffers are private to each kernel
+    return set(written), set(read)
 
 
 def _check_data_flow(kernel: CUDAKernel, source: KernelSource) -> set[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,24 +24,11 @@ SETTINGS = RunnerSettings(reps=5, warmup=1)
 
 @pytest.fixture(scope="module")
 def fma_launch():
-    triton = pytest.importorskip("triton")
-    tl = pytest.importorskip("triton.language")
-    from polytile.sass.triton_kernel import triton_launch
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    from triton_kernels import fma3_launch
 
-    @triton.jit
-    def fma3(x_ptr, y_ptr, z_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask)
-        y = tl.load(y_ptr + offs, mask=mask)
-        z = tl.load(z_ptr + offs, mask=mask)
-        tl.store(out_ptr + offs, x * y + z * x - y, mask=mask)
-
-    n = 1 << 20
-    arrays = [np.zeros(n, np.float32) for _ in range(4)]
-    return triton_launch(
-        fma3, [*arrays, n], grid=(n // 1024,), constexprs={"BLOCK": 1024}, outputs=["out_ptr"]
-    )
+    return fma3_launch()
 
 
 def test_patched_kernels_run_and_match(fma_launch):

@@ -14,15 +14,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import loopir as ir
-from .simplify import Simplifier, simplify_expr
+from .gpu_vectorize import _aligned
+from .simplify import simplify_expr
 
 PAIRABLE = ("float32", "int32", "float16", "bfloat16")
 MAX_EXTENT = 32
-
-
-def _aligned(e: ir.Expr, n: int) -> bool:
-    lin = Simplifier().linear(e)
-    return lin.const % n == 0 and all(coef % n == 0 for coef, _ in lin.terms.values())
 
 
 def _inline_lets(s: ir.Stmt) -> tuple[ir.Expr | None, ir.Store] | None:
@@ -95,3 +91,24 @@ class _PairStores(ir.Mutator):
 def pair_stores(s: ir.Stmt) -> ir.Stmt:
     """Pair the stores of short loops that write adjacent elements of a global buffer."""
     return _PairStores().stmt(s)
+
+
+def memory_accesses(body: ir.Stmt, scopes: tuple[str, ...] = ("arg", "global")) -> tuple[dict[str, ir.Buffer],
+                                                                                      dict[str, ir.Buffer]]:
+    """The buffers in `scopes` that `body` writes (stores and paired stores) and reads (loads other
+    than a paired store's destination), by name."""
+    written: dict[str, ir.Buffer] = {}
+    destinations: set[int] = set()
+    for st in ir.walk_stmt(body):
+        if isinstance(st, ir.Evaluate) and st.call.name == "pt_store_pair":
+            destinations.add(id(st.call.args[0]))
+            buf = st.call.args[0].buffer
+        elif isinstance(st, ir.Store):
+            buf = st.buffer
+        else:
+            continue
+        if buf.scope in scopes:
+            written.setdefault(buf.name, buf)
+    read = {e.buffer.name: e.buffer for e in ir.all_exprs(body)
+            if isinstance(e, ir.Load) and e.buffer.scope in scopes and id(e) not in destinations}
+    return written, read
