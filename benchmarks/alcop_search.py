@@ -9,6 +9,7 @@ budget, in turns of one batch each (so they meet the same machine conditions):
   analytical          the analytical model's ranking, measured from the top
   analytical+xgboost  XGBoost pre-trained on the analytical model, refined by measurements
   random              uniformly random configurations
+  grid                configurations in index order (with --exhaustive only, unless named)
 
 Reported per workload: best latency after each trial (the tuning curve) per tuner; the measured
 latency of the model's top-1 configuration and of the best of its top 10 against the best latency
@@ -27,6 +28,16 @@ early, for every tuner at the same trial count, when --budget-minutes runs out (
     python benchmarks/alcop_search.py --trials 64 --workloads bert_ffn2,mm4096,conv2d_r50 --plot
     python benchmarks/alcop_search.py --simulate --quick   # CPU-only check: the model plus noise
 
+Exhaustive search (ALCOP Fig. 12, and Fig. 13 against the true optimum): --exhaustive measures every valid
+configuration of the workload's space, then the tuners search that table (each proposal answered with its
+measured result, as ALCOP's artifact replays its logs), 50 trials by default. Reported: the best of the
+analytical model's top 1 / 10 / 50 and of each tuner after 10 and 50 trials, over the exhaustive best.
+Building thousands of configurations takes CPU hours; --prebuild builds them on a machine without a GPU
+(resumable, a file per chunk) and --prebuilt runs them on the GPU host without building:
+
+    python benchmarks/alcop_search.py --exhaustive --workloads bert_ffn2 --prebuild .exhaustive   # no GPU
+    python benchmarks/alcop_search.py --exhaustive --workloads bert_ffn2 --prebuilt .exhaustive   # GPU
+
 Writes benchmarks/results/alcop_search-<date>.json (device, date, command, curves, summaries) and,
 with --plot, one PNG of the curves per workload next to it.
 """
@@ -37,13 +48,16 @@ import argparse
 import datetime
 import inspect
 import json
+import lzma
 import math
+import pickle
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,13 +77,14 @@ from polytile.tune import (  # noqa: E402
     tune_task,
 )
 from polytile.tune.cli import plot_curve  # noqa: E402
+from polytile.tune.workers import Returned  # noqa: E402
 
 WORKLOADS = {
     "bert_ffn2": ("matmul", dict(M=512, N=768, K=3072, dtype="float16")),
     "mm4096": ("matmul", dict(M=4096, N=4096, K=4096, dtype="float16")),
     "conv2d_r50": ("conv2d_igemm", dict(N=32, H=14, W=14, C=256, K=256, R=3, S=3, stride=1, padding=1)),
 }
-TUNERS = ("xgb", "analytical", "analytical+xgboost", "random")
+TUNERS = ("xgb", "analytical", "analytical+xgboost", "random", "grid")
 STOP: list[str] = []  # set by SIGTERM (e.g. from `timeout`): finish the round, then report
 
 
@@ -174,10 +189,150 @@ def vendor_time(op_name: str, shape: dict) -> dict | None:
         return {"name": "cuBLAS (torch)", "error": f"{type(err).__name__}: {err}"}
 
 
+CHUNK = 32  # configurations per prebuilt file
+
+
+def config_key(values: dict) -> str:
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def valid_configs(task) -> list[dict]:  # noqa: ANN001
+    """Every configuration of the task's space that its constraints admit, in space order."""
+    space = task.space
+    configs = (space.config_at(i) for i in range(space.size))
+    return [c.values for c in configs if space.is_valid(c.digits)]
+
+
+def chunk_path(folder: Path, start: int) -> Path | None:
+    """The prebuilt file of the chunk starting at configuration ``start`` (xz-compressed or not), if any."""
+    for suffix in (".pkl.xz", ".pkl"):
+        path = folder / f"chunk-{start // CHUNK:04d}{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+def prebuild(name: str, task, measurer: Measurer, root: Path, deadline: float,  # noqa: ANN001
+             chunks: str | None = None) -> None:
+    """Build every valid configuration of workload ``name`` (no GPU needed) into ``root/name``, an
+    xz-compressed pickle of (values, build outcome) pairs per chunk (about 90 KB for 32 tensor-core
+    GEMM kernels); chunks already there are kept (resumable)."""
+    configs = valid_configs(task)
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    first, last = (int(x) for x in chunks.split(":")) if chunks else (0, len(configs))
+    for start in range(first * CHUNK, min(last * CHUNK, len(configs)), CHUNK):
+        path = chunk_path(folder, start)
+        if path is not None:
+            continue
+        path = folder / f"chunk-{start // CHUNK:04d}.pkl.xz"
+        if time.monotonic() > deadline or STOP:
+            print(f"{name}: stopped before configuration {start} of {len(configs)} (run again to go on)")
+            return
+        batch = configs[start:start + CHUNK]
+        built = measurer.build(task, batch)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(lzma.compress(pickle.dumps(list(zip(batch, built, strict=True)))))
+        tmp.replace(path)
+        failed = sum(1 for b in built if not isinstance(b, Returned))
+        print(f"{name}: built {min(start + CHUNK, len(configs))}/{len(configs)} ({failed} failed in this chunk)",
+              flush=True)
+
+
+def _chunks(name: str, task, inner, prebuilt: Path | None):  # noqa: ANN001, ANN202 - an iterator
+    """(configurations, build outcomes) per chunk of the valid configurations: from ``prebuilt`` where a
+    chunk file is there, else built here, the next chunk building while the caller runs this one."""
+    configs = valid_configs(task)
+    starts = list(range(0, len(configs), CHUNK))
+
+    def load_or_build(start: int) -> tuple[list[dict], list]:
+        path = chunk_path(prebuilt / name, start) if prebuilt is not None else None
+        if path is not None:
+            data = path.read_bytes()
+            pairs = pickle.loads(lzma.decompress(data) if path.suffix == ".xz" else data)
+            return [v for v, _ in pairs], [b for _, b in pairs]
+        batch = configs[start:start + CHUNK]
+        return batch, inner.build(task, batch)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(load_or_build, starts[0]) if starts else None
+        for k in range(len(starts)):
+            batch, built = future.result()
+            if k + 1 < len(starts):
+                future = pool.submit(load_or_build, starts[k + 1])
+            yield batch, built
+
+
+def exhaustive_table(name: str, task, inner, prebuilt: Path | None, saved: Path,  # noqa: ANN001
+                     deadline: float) -> tuple[dict[str, MeasureResult], int]:
+    """Every valid configuration measured: {config key: result} and the number of valid configurations
+    (more than the table holds when the time budget cut it short). Results are appended to ``saved``
+    as they come; those already there are not measured again (a run that was cut short resumes)."""
+    configs = valid_configs(task)
+    table: dict[str, MeasureResult] = {}
+    if saved.exists():
+        for line in saved.read_text().splitlines():
+            row = json.loads(line)
+            table[config_key(row["config"])] = MeasureResult(row["status"], row["costs"], row["error"])
+    t0 = time.monotonic()
+    if len(table) < len(configs):
+        simulated = isinstance(inner, SimulatedMeasurer)
+        chunks = ((b, None) for b in (configs[i:i + CHUNK] for i in range(0, len(configs), CHUNK))) \
+            if simulated else _chunks(name, task, inner, prebuilt)
+        with saved.open("a") as out:
+            for batch, built in chunks:
+                if time.monotonic() > deadline or STOP:
+                    break
+                todo = [k for k, v in enumerate(batch) if config_key(v) not in table]
+                if not todo:
+                    continue
+                results = inner.measure(task, [batch[k] for k in todo]) if simulated else \
+                    [inner.run_built(task, batch[k], built[k]) for k in todo]
+                for k, res in zip(todo, results, strict=True):
+                    table[config_key(batch[k])] = res
+                    out.write(json.dumps({"config": batch[k], "status": res.status, "costs": res.costs,
+                                          "error": res.error[:300]}) + "\n")
+                out.flush()
+                if len(table) % 256 < CHUNK:
+                    print(f"{name}: exhaustive {len(table)}/{len(configs)} ({time.monotonic() - t0:.0f} s)",
+                          flush=True)
+    return table, len(configs)
+
+
+def exhaustive_summary(task, ranked: list, table: dict[str, MeasureResult], valid: int) -> dict:  # noqa: ANN001
+    """ALCOP Fig. 12: the best measured time of the model's top 1 / 10 / 50 over the exhaustive best."""
+    costs = {k: r.cost for k, r in table.items()}
+    ok = {k: c for k, c in costs.items() if math.isfinite(c)}
+    best_key = min(ok, key=ok.get) if ok else None
+    best = ok[best_key] if best_key else math.inf
+    order = [config_key(task.space.config(d).values) for d in ranked]
+    out: dict = {"valid_configs": valid, "measured": len(table), "complete": len(table) == valid,
+                 "failed": len(table) - len(ok), "best_s": finite(best),
+                 "best_config": json.loads(best_key) if best_key else None,
+                 "statuses": {s: sum(1 for r in table.values() if r.status == s)
+                              for s in sorted({r.status for r in table.values()})}}
+    for k in (1, 10, 50):
+        top = [costs.get(key, math.inf) for key in order[:k]]
+        out[f"model_top{k}_over_best"] = ratio(best, min(top, default=math.inf))
+    if len(ok) > 1:
+        keys = list(ok)
+        predicted = task.predict([json.loads(k) for k in keys])
+        out["model_pairwise_accuracy"] = pairwise_accuracy(-np.asarray(predicted), np.array([ok[k] for k in keys]))
+        rank = sorted(ok.values())
+        out["best_rank_of_model_top1"] = rank.index(costs.get(order[0], math.inf)) + 1 \
+            if math.isfinite(costs.get(order[0], math.inf)) else None
+    return out
+
+
 def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target, measurer: SharedMeasurer,
                  records_dir: Path, deadline: float) -> dict:
     op_name, shape = WORKLOADS[name]
     task = make_task(op_name, target, **shape)
+    exhaustive = None
+    if args.exhaustive:
+        table, valid = exhaustive_table(name, task, measurer.inner, args.prebuilt and Path(args.prebuilt),
+                                        records_dir / f"{name}-exhaustive.jsonl", deadline)
+        measurer.results.update({(task.key, k): r for k, r in table.items()})  # the tuners search the table
     space = task.space
     t0 = time.perf_counter()
     ranking = AnalyticalTuner(space, predict=lambda ds: task.predict([space.config(d).values for d in ds]))
@@ -189,6 +344,13 @@ def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target,
                    "model_top10": [{"config": v, "predicted_s": float(p)}
                                    for v, p in zip(top, task.predict(top), strict=True)],
                    "tuners": {}}
+    if args.exhaustive:
+        exhaustive = exhaustive_summary(task, ranked, table, valid)
+        entry["exhaustive"] = exhaustive
+        if not exhaustive["complete"]:  # searching a partial table would measure the rest one by one
+            print(f"{name}: {len(table)} of {valid} configurations measured; the tuners did not run (run "
+                  "again with the same --records-dir to go on)", flush=True)
+            return entry
     paths = {t: records_dir / f"{name}-{t.replace('+', '_')}.jsonl" for t in tuners}
     seconds = dict.fromkeys(tuners, 0.0)
     done = 0
@@ -233,6 +395,10 @@ def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target,
                      "best_after": {str(k): finite(curve[k - 1]) for k in (1, 8, 10, 16, 32, 50, 64, 128)
                                     if k <= len(curve)},
                      "best_vs_found": ratio(best_found, curve[-1] if curve else math.inf)})
+        if exhaustive is not None:
+            best = exhaustive["best_s"] or math.inf
+            info["best_vs_exhaustive"] = {str(k): ratio(best, curve[k - 1]) for k in (10, 16, 32, 50, 64, 128)
+                                          if k <= len(curve)}
     analytical = records("analytical") if "analytical" in tuners else []
     if analytical:  # the model's ranking in measured order: its top-1 first
         top1 = analytical[0]
@@ -276,6 +442,17 @@ def print_summary(name: str, entry: dict, checkpoints: list[int]) -> None:
     if entry.get("model_pairwise_accuracy") is not None:
         print(f"  model's pairwise ranking accuracy on the measured configurations: "
               f"{entry['model_pairwise_accuracy']:.3f}")
+    if ex := entry.get("exhaustive"):
+        nan = math.nan
+        print(f"  exhaustive: {ex['measured']}/{ex['valid_configs']} valid configurations measured "
+              f"({ex['failed']} failed), best {(ex['best_s'] or nan) * 1e3:.4f} ms ({ex['best_config']})")
+        print("  exhaustive best / model's top-1, best of top-10, top-50: " + ", ".join(
+            f"{ex.get(f'model_top{k}_over_best') or nan:.3f}" for k in (1, 10, 50))
+            + f"; pairwise accuracy {ex.get('model_pairwise_accuracy') or nan:.3f}")
+        for t, info in entry["tuners"].items():
+            got = info.get("best_vs_exhaustive", {})
+            print(f"  {t:<19} exhaustive best / tuner's best: " + ", ".join(
+                f"@{k} {v or nan:.3f}" for k, v in got.items()))
     vendor = entry.get("vendor") or {}
     if "seconds" in vendor and found:
         print(f"  {vendor['name']}: {vendor['seconds'] * 1e3:.4f} ms (best found / cuBLAS time = "
@@ -285,8 +462,9 @@ def print_summary(name: str, entry: dict, checkpoints: list[int]) -> None:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="bert_ffn2,mm4096", help=f"subset of {', '.join(WORKLOADS)}")
-    p.add_argument("--tuners", default=",".join(TUNERS))
-    p.add_argument("--trials", type=int, default=32, help="trials per tuner and workload (default 32)")
+    p.add_argument("--tuners", help=f"subset of {', '.join(TUNERS)} (default: all but grid; all with "
+                   "--exhaustive)")
+    p.add_argument("--trials", type=int, help="trials per tuner and workload (default 32; 50 with --exhaustive)")
     p.add_argument("--batch", type=int, default=8, help="candidates built in parallel per turn")
     p.add_argument("--quick", action="store_true", help="bert_ffn2 only, 16 trials, no random search")
     p.add_argument("--simulate", action="store_true",
@@ -298,7 +476,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", action="store_true", help="write a PNG of the curves per workload")
     p.add_argument("--out", help="result JSON (default benchmarks/results/alcop_search-<date>.json)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exhaustive", action="store_true",
+                   help="measure every valid configuration first; the tuners then search that table")
+    p.add_argument("--prebuild", metavar="DIR", help="with --exhaustive: only build every configuration into "
+                   "DIR (no GPU; resumable)")
+    p.add_argument("--prebuilt", metavar="DIR", help="with --exhaustive: run the configurations --prebuild "
+                   "built into DIR instead of building them")
+    p.add_argument("--target", help="with --prebuild: the GPU to build for (default cuda:sm_90a, the H100)")
+    p.add_argument("--chunks", metavar="A:B", help="with --prebuild: only chunks A to B-1 (32 configurations "
+                   "each), e.g. to share the building between machines")
+    p.add_argument("--builders", type=int, default=0, help="parallel build processes (default: every core)")
     args = p.parse_args(argv)
+    if args.trials is None:
+        args.trials = 50 if args.exhaustive else 32
+    if args.tuners is None:
+        args.tuners = ",".join(t for t in TUNERS if args.exhaustive or t != "grid")
+    if (args.prebuild or args.prebuilt) and not args.exhaustive:
+        p.error("--prebuild and --prebuilt go with --exhaustive")
+    if args.prebuilt and args.simulate:
+        p.error("--prebuilt runs real kernels; leave out --simulate")
     if args.quick:
         args.workloads, args.trials = "bert_ffn2", min(args.trials, 16)
         args.tuners = ",".join(t for t in args.tuners.split(",") if t != "random")
@@ -307,6 +503,15 @@ def main(argv: list[str]) -> int:
     for w in workloads:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    if args.prebuild:
+        target = as_target("cuda:sm_90a") if args.target is None else as_target(args.target)
+        deadline = time.monotonic() + 60 * args.budget_minutes
+        with Measurer(MeasureOptions(builders=args.builders)) as builder:
+            for w in workloads:
+                op_name, shape = WORKLOADS[w]
+                prebuild(w, make_task(op_name, target, **shape), builder, Path(args.prebuild), deadline,
+                         args.chunks)
+        return 0
     if not args.simulate and (why := preflight()):
         print(f"alcop_search: {why}", file=sys.stderr)
         return 2
@@ -329,8 +534,8 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: STOP.append("SIGTERM"))
     # one input set per workload: the float64 reference of a 4096³ GEMM takes seconds on one core
-    inner = SimulatedMeasurer() if args.simulate else Measurer(MeasureOptions(repeat=10, min_time=0.05,
-                                                                              same_inputs=True))
+    inner = SimulatedMeasurer() if args.simulate else Measurer(MeasureOptions(
+        builders=args.builders, repeat=10, min_time=0.05, same_inputs=True))
     measurer = SharedMeasurer(inner, share=not args.no_share)
     try:
         for w in workloads:
@@ -348,7 +553,10 @@ def main(argv: list[str]) -> int:
     save(result, out, start, measurer)
     checkpoints = sorted({n for n in (1, 8, 16, 32, 64, args.trials) if n <= args.trials})
     for w, entry in result["workloads"].items():
-        if "error" not in entry:
+        if "error" not in entry and "measured_configs" not in entry:  # an exhaustive run cut short
+            ex = entry["exhaustive"]
+            print(f"\n{w}: exhaustive table incomplete, {ex['measured']}/{ex['valid_configs']} measured so far")
+        elif "error" not in entry:
             print_summary(w, entry, checkpoints)
             if args.plot:
                 curves = {t: [c if c is not None else math.inf for c in info.get("curve", [])]

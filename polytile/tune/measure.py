@@ -266,31 +266,39 @@ class Measurer:
     def measure(self, task: Task, batch: list[dict[str, object]],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Build every configuration of ``batch`` in parallel, then check and time each in turn."""
-        opts = self.options
-        builds = self.builders.map(build_candidate, [(task, v, opts.check_odd_shape) for v in batch],
-                                   opts.build_timeout)
+        builds = self.build(task, batch)
         results: list[MeasureResult] = []
         for k, (values, built) in enumerate(zip(batch, builds, strict=False)):
-            if isinstance(built, Returned):
-                art, feats, odd_art, build_s = built.value
-                t0 = time.perf_counter()
-                ran = self.runner.call(run_candidate, (task, values, art, odd_art, opts), opts.run_timeout)
-                run_s = time.perf_counter() - t0
-                if isinstance(ran, Returned):
-                    status, costs, error = ran.value
-                    res = MeasureResult(status, costs, error, build_s, run_s, feats)
-                else:
-                    status, error = _failure(ran, "")
-                    res = MeasureResult(status, [], error, build_s, run_s, feats)
-                    if status == "device_error":
-                        self.runner.restart()  # a CUDA error may leave the context unusable
-            else:
-                status, error = _failure(built, "build_")
-                res = MeasureResult(status, [], error)
+            res = self.run_built(task, values, built)
             results.append(res)
             if on_result is not None:
                 on_result(k, res)
         return results
+
+    def build(self, task: Task, batch: list[dict[str, object]]) -> list[Outcome]:
+        """Build every configuration of ``batch`` in parallel without running them: each outcome's
+        value (when it returned) goes to ``run_built`` later, possibly on another machine (it pickles)."""
+        opts = self.options
+        return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape) for v in batch],
+                                 opts.build_timeout)
+
+    def run_built(self, task: Task, values: dict[str, object], built: Outcome) -> MeasureResult:
+        """Check and time one configuration built by ``build`` (a build failure becomes its result)."""
+        opts = self.options
+        if not isinstance(built, Returned):
+            status, error = _failure(built, "build_")
+            return MeasureResult(status, [], error)
+        art, feats, odd_art, build_s = built.value
+        t0 = time.perf_counter()
+        ran = self.runner.call(run_candidate, (task, values, art, odd_art, opts), opts.run_timeout)
+        run_s = time.perf_counter() - t0
+        if isinstance(ran, Returned):
+            status, costs, error = ran.value
+            return MeasureResult(status, costs, error, build_s, run_s, feats)
+        status, error = _failure(ran, "")
+        if status == "device_error":
+            self.runner.restart()  # a CUDA error may leave the context unusable
+        return MeasureResult(status, [], error, build_s, run_s, feats)
 
     def features(self, task: Task, batch: list[dict[str, object]]) -> list[np.ndarray | None]:
         """Iter features of configurations (lowered in the builder processes); None where lowering fails."""
