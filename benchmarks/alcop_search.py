@@ -239,11 +239,13 @@ def prebuild(name: str, task, measurer: Measurer, root: Path, deadline: float,  
               flush=True)
 
 
-def _chunks(name: str, task, inner, prebuilt: Path | None):  # noqa: ANN001, ANN202 - an iterator
-    """(configurations, build outcomes) per chunk of the valid configurations: from ``prebuilt`` where a
-    chunk file is there, else built here, the next chunk building while the caller runs this one."""
+def _chunks(name: str, task, inner, prebuilt: Path | None, done: set[str]):  # noqa: ANN001, ANN202
+    """(configurations, build outcomes) per chunk of the valid configurations that has some not in
+    ``done``: from ``prebuilt`` where a chunk file is there, else built here, the next chunk building
+    while the caller runs this one."""
     configs = valid_configs(task)
-    starts = list(range(0, len(configs), CHUNK))
+    starts = [i for i in range(0, len(configs), CHUNK)
+              if any(config_key(v) not in done for v in configs[i:i + CHUNK])]
 
     def load_or_build(start: int) -> tuple[list[dict], list]:
         path = chunk_path(prebuilt / name, start) if prebuilt is not None else None
@@ -278,7 +280,7 @@ def exhaustive_table(name: str, task, inner, prebuilt: Path | None, saved: Path,
     if len(table) < len(configs):
         simulated = isinstance(inner, SimulatedMeasurer)
         chunks = ((b, None) for b in (configs[i:i + CHUNK] for i in range(0, len(configs), CHUNK))) \
-            if simulated else _chunks(name, task, inner, prebuilt)
+            if simulated else _chunks(name, task, inner, prebuilt, set(table))
         with saved.open("a") as out:
             for batch, built in chunks:
                 if time.monotonic() > deadline or STOP:

@@ -172,13 +172,15 @@ def cuda_workloads() -> list[Workload]:
 
 
 def polytile_workloads() -> list[Workload]:
-    """polytile's own fp32 matmul, softmax and layernorm (the sizes of `cuda_workloads`), built with
+    """polytile's own fp32 matmul, softmax and layernorm (the sizes of `cuda_workloads`) and its fp16
+    tensor-core matmul (2048³: HMMA, LDSM and LDGSTS, pipelined), built with
     each operator's default CUDA schedule for the GPU present (sm_90a without one), checked against
     the operator's float64 reference."""
     rng = np.random.default_rng(0)
     workloads = []
     for name, op in (
         ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32")),
+        ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16")),  # tensor cores (mma.sync, cp.async)
         ("polytile-softmax", ops.softmax(2048, 4096, "float32")),
         ("polytile-layernorm", ops.layernorm(2048, 4096, "float32")),
     ):

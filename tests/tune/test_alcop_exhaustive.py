@@ -80,10 +80,16 @@ def test_table_uses_prebuilt_chunks_builds_the_rest_and_resumes(tmp_path: Path, 
     assert table[bench.config_key({"x": 3})].status == "build_error"
     assert table[bench.config_key({"x": 5})].cost == 5.0
     assert len(saved.read_text().splitlines()) == 5
+    # a table cut short: the chunks done are neither built nor run again
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("".join(line + "\n" for line in saved.read_text().splitlines()[:2]))
+    third = _Inner()
+    bench.exhaustive_table("w", task, third, None, partial, math.inf)
+    assert sorted(third.built) == [2, 3, 5] and sorted(third.ran) == [2, 3, 5]
 
     again = _Inner()
     table2, _ = bench.exhaustive_table("w", task, again, tmp_path / "pre", saved, math.inf)
-    assert again.ran == [] and {k: r.cost for k, r in table2.items()} == {k: r.cost for k, r in table.items()}
+    assert again.ran == [] and again.built == [] and {k: r.cost for k, r in table2.items()} == {k: r.cost for k, r in table.items()}
 
     ranked = [(0,), (1,), (2,), (3,), (5,)]  # the model's order
     summary = bench.exhaustive_summary(task, ranked, table, valid)
