@@ -2,7 +2,7 @@
 # GPU run for the SASS schedule optimizer (issue 6): the GPU tests, then the benchmark, in
 # about 10 minutes at most. Run from anywhere on the GPU host:  bash scripts/sass-gpu.sh
 # Knobs (environment): SASS_MEASUREMENTS (GPU timings per method and kernel, default 32),
-# SASS_METHODS (default ppo,greedy), SASS_KERNELS (default all nine), SASS_REPS (default 15).
+# SASS_METHODS (default ppo,greedy), SASS_KERNELS (default all ten), SASS_REPS (default 15).
 # Needs: cuda-bindings, triton, numpy, pytest (on the host); pyelftools, gymnasium,
 # farama-notifications, stable-baselines3, sb3-contrib, cloudpickle as wheels in ./.whl (installed
 # to /tmp/site without an index); nvdisasm (CUDA toolkit); the CUDA C cubins from nvcc, or built
