@@ -128,7 +128,8 @@ def main() -> int:
     path = out_dir / f"gpu_ops-{stamp}.json"
     path.write_text(json.dumps(record, indent=2))
     print(f"\nGPU ops on {record['device']} ({record['date']}); copy bandwidth {bw / 1e9:.0f} GB/s; record {path.name}")
-    print(f"{'workload':14s} {'polytile':>11s} {'baseline':>11s} {'ratio':>7s} {'TFLOP/s':>8s} {'GB/s':>7s} {'%copy':>6s} {'error':>8s}")
+    print(f"{'workload':14s} {'polytile':>11s} {'baseline':>11s} {'ratio':>7s} {'TFLOP/s':>8s} {'GB/s':>7s} "
+          f"{'%copy':>6s} {'error':>8s}")
     for r in results:
         if "error" in r:
             print(f"{r['name']:14s} FAILED: {r['error'][:80]}")

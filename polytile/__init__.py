@@ -52,7 +52,8 @@ def minimum(x, y): return call("min", x, y)  # noqa: E704
 
 
 __all__ = [
-    "BuildError", "CPUTarget", "CUDATarget", "DeviceError", "Expr", "Func", "InputError", "LanguageError", "LoweringError",
+    "BuildError", "CPUTarget", "CUDATarget", "DeviceError", "Expr", "Func", "InputError", "LanguageError",
+    "LoweringError",
     "PolytileError", "Schedule", "ScheduleError", "Stage", "Tensor", "abs", "bfloat16", "bool_", "build", "call",
     "cast", "ceil", "compute", "cpu_target", "create_schedule", "dtypes", "erf", "exp", "float16", "float32", "float64",
     "floor", "int8", "int16", "int32", "int64", "log", "lower", "max", "maximum", "min", "minimum", "param",

@@ -130,12 +130,24 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_block_allredu
 }
 struct pt_op_sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct pt_op_prod { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
-struct pt_op_max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };
-struct pt_op_min { template <typename T> __device__ T operator()(T a, T b) const { return a < b ? a : b; } };
-template <typename T> __device__ __forceinline__ T pt_block_allreduce_sum(T v) { return pt_block_allreduce(v, (T)0, pt_op_sum()); }
-template <typename T> __device__ __forceinline__ T pt_block_allreduce_prod(T v) { return pt_block_allreduce(v, (T)1, pt_op_prod()); }
-template <typename T> __device__ __forceinline__ T pt_block_allreduce_max(T v) { return pt_block_allreduce(v, -pt_inf<T>(), pt_op_max()); }
-template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) { return pt_block_allreduce(v, pt_inf<T>(), pt_op_min()); }
+struct pt_op_max {
+  template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct pt_op_min {
+  template <typename T> __device__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_sum(T v) {
+  return pt_block_allreduce(v, (T)0, pt_op_sum());
+}
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_prod(T v) {
+  return pt_block_allreduce(v, (T)1, pt_op_prod());
+}
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_max(T v) {
+  return pt_block_allreduce(v, -pt_inf<T>(), pt_op_max());
+}
+template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) {
+  return pt_block_allreduce(v, pt_inf<T>(), pt_op_min());
+}
 """
 
 STATIC_SHARED_LIMIT = 48 * 1024

@@ -30,5 +30,5 @@ def get(name: str, **shape: int) -> Op:
         raise PolytileError(f"operator {name}: {err}") from None
 
 
-__all__ = ["OPS", "Op", "batch_matmul", "conv2d", "conv2d_igemm", "conv2d_nhwc", "conv3d_igemm", "dense", "get", "layernorm", "matmul",
-           "random_array", "rel_error", "segment_sum", "softmax", "spmm"]
+__all__ = ["OPS", "Op", "batch_matmul", "conv2d", "conv2d_igemm", "conv2d_nhwc", "conv3d_igemm", "dense", "get",
+           "layernorm", "matmul", "random_array", "rel_error", "segment_sum", "softmax", "spmm"]

@@ -153,9 +153,10 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     """The AST scanning ``items`` in schedule order.
 
     ``isolate``: sets over a prefix of the schedule dimensions (full tiles) generated apart from the
-    rest, so that the loops inside them have constant extents. ``dyn_owner``/``dyn_sources``: for each dynamic parameter, the statement it belongs to and that
-    statement's dimensions it reads. ``dyn_constraints``: isl constraints over each parameter that
-    hold for every value (declared value ranges and monotonicity).
+    rest, so that the loops inside them have constant extents. ``dyn_owner``/``dyn_sources``: for each
+    dynamic parameter, the statement it belongs to and that statement's dimensions it reads.
+    ``dyn_constraints``: isl constraints over each parameter that hold for every value (declared value
+    ranges and monotonicity).
     """
     by_name = {it.stmt.name: it for it in items}
     bindings: list[Binding] = []

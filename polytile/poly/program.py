@@ -84,7 +84,8 @@ class PolyProgram:
         for st in self.statements.values():
             conds = [c for p in st.dyn_params for c in self.dyn_constraints.get(p, [])]
             if conds:
-                names = [st.domain.get_dim_name(isl.dim_type.param, k) for k in range(st.domain.dim(isl.dim_type.param))]
+                params = range(st.domain.dim(isl.dim_type.param))
+                names = [st.domain.get_dim_name(isl.dim_type.param, k) for k in params]
                 extra = isl.Set(f"[{', '.join(names)}] -> {{ : {' and '.join(conds)} }}")
                 st.domain = st.domain.intersect_params(extra)
                 for acc in st.reads + st.writes:

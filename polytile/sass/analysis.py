@@ -222,7 +222,8 @@ class KernelAnalysis:
         if first in self._global_async:
             return f"{self.instructions[first].opcode} reads its sources unguarded: nothing may leave their window"
         if second in self._async_overwriters:
-            return f"{self.instructions[second].opcode} overwrites an unguarded load's source: nothing may leave that window"
+            return (f"{self.instructions[second].opcode} overwrites an unguarded load's source: nothing may leave "
+                    "that window")
         guarded = self.guards.get(first)
         if guarded is not None and guarded & (b.defs | b.uses):
             return (

@@ -59,7 +59,7 @@ def test_split():
                 C[(((7 * ii) + (28 * io)) + j)] = 0.0
                 for k in [0, 5):
                   C[(((7 * ii) + (28 * io)) + j)] = (C[(((7 * ii) + (28 * io)) + j)] + (A[(((5 * ii) + (20 * io)) + k)] * B[(j + (7 * k))]))
-    """)
+    """)  # noqa: E501 - golden IR
 
 def test_tile():
     s, A, B, C = matmul()
@@ -73,7 +73,7 @@ def test_tile():
                   C[((((7 * ii) + (28 * io)) + ji) + (3 * jo))] = 0.0
                   for k in [0, 5):
                     C[((((7 * ii) + (28 * io)) + ji) + (3 * jo))] = (C[((((7 * ii) + (28 * io)) + ji) + (3 * jo))] + (A[(((5 * ii) + (20 * io)) + k)] * B[((ji + (3 * jo)) + (7 * k))]))
-    """)
+    """)  # noqa: E501 - golden IR
 
 def test_reorder():
     s, A, B, C = matmul()
@@ -215,7 +215,8 @@ def test_cache_write():
 
 def test_fusion_after():
     s, X, T, Y = stencil()
-    s[T].shift("i", -2); s[Y].after(s[T], "i")
+    s[T].shift("i", -2)
+    s[Y].after(s[T], "i")
     check(s, """
         func st(X: float32[9], Y: float32[7]):
           allocate T[9] float32 in auto
@@ -263,7 +264,8 @@ def test_before():
 
 def test_store_at():
     s, X, T, Y = mirror()
-    s[Y].after(s[T], "i"); s[T].store_at("i")
+    s[Y].after(s[T], "i")
+    s[T].store_at("i")
     check(s, """
         func mirror(X: float32[4, 5], Y: float32[4, 5]):
           for i in [0, 4):

@@ -165,7 +165,8 @@ def test_implicit_gemm_convolutions_gather_with_zero_filling_copies(arch):
     """ResNet-50's 3×3 layer and a 3-D convolution: the gathered input is never stored, the shared
     copies read the input (zero-filled in the padding), tensor cores and pipelining as for GEMMs; the
     fused tap/channel loop leaves every operand index affine (no selects in the mma nest)."""
-    for op in (ops.conv2d_igemm(32, 14, 14, 256, 256, 3, 3, 1, 1), ops.conv3d_igemm(2, 8, 14, 14, 64, 64, 3, 3, 3, 1, 1)):
+    for op in (ops.conv2d_igemm(32, 14, 14, 256, 256, 3, 3, 1, 1),
+               ops.conv3d_igemm(2, 8, 14, 14, 64, 64, 3, 3, 3, 1, 1)):
         kern = op.build(f"cuda:{arch}")
         src = kern.source
         assert "col[" not in src and "pt_cp_async16_zfill(" in src and "pt_mma_m16n8k16_f16(" in src

@@ -11,7 +11,7 @@ def _aligned(base: ir.Expr, lanes: int) -> bool:
     lin = Simplifier().linear(base)
     if lin.const % lanes:
         return False
-    for _, (coef, atom) in lin.terms.items():
+    for coef, _atom in lin.terms.values():
         if coef % lanes:
             return False
     return True
