@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import inspect
 import json
 import lzma
@@ -65,6 +66,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from polytile.errors import PolytileError  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 from polytile.tune import (  # noqa: E402
     AnalyticalTuner,
@@ -77,6 +79,7 @@ from polytile.tune import (  # noqa: E402
     tune_task,
 )
 from polytile.tune.cli import plot_curve  # noqa: E402
+from polytile.tune.space import Config  # noqa: E402
 from polytile.tune.workers import Returned  # noqa: E402
 
 WORKLOADS = {
@@ -86,6 +89,12 @@ WORKLOADS = {
 }
 TUNERS = ("xgb", "analytical", "analytical+xgboost", "random", "grid")
 STOP: list[str] = []  # set by SIGTERM (e.g. from `timeout`): finish the round, then report
+CHUNK = 32  # configurations per prebuilt file
+
+
+def config_key(values: dict) -> str:
+    """The configuration's key as records compare it (``Config.key``)."""
+    return Config(values).key
 
 
 class SharedMeasurer:
@@ -98,7 +107,7 @@ class SharedMeasurer:
         self.measured = 0
 
     def measure(self, task, batch, on_result=None):  # noqa: ANN001, ANN201 - Measurer.measure
-        keys = [(task.key, json.dumps(v, sort_keys=True, default=str)) for v in batch]
+        keys = [(task.key, config_key(v)) for v in batch]
         todo = [k for k, key in enumerate(keys) if not (self.share and key in self.results)]
         fresh = self.inner.measure(task, [batch[k] for k in todo]) if todo else []
         self.measured += len(todo)
@@ -189,13 +198,6 @@ def vendor_time(op_name: str, shape: dict) -> dict | None:
         return {"name": "cuBLAS (torch)", "error": f"{type(err).__name__}: {err}"}
 
 
-CHUNK = 32  # configurations per prebuilt file
-
-
-def config_key(values: dict) -> str:
-    return json.dumps(values, sort_keys=True, default=str)
-
-
 def valid_configs(task) -> list[dict]:  # noqa: ANN001
     """Every configuration of the task's space that its constraints admit, in space order."""
     space = task.space
@@ -203,29 +205,48 @@ def valid_configs(task) -> list[dict]:  # noqa: ANN001
     return [c.values for c in configs if space.is_valid(c.digits)]
 
 
-def chunk_path(folder: Path, start: int) -> Path | None:
-    """The prebuilt file of the chunk starting at configuration ``start`` (xz-compressed or not), if any."""
-    for suffix in (".pkl.xz", ".pkl"):
-        path = folder / f"chunk-{start // CHUNK:04d}{suffix}"
-        if path.exists():
-            return path
-    return None
+def chunk_path(folder: Path, start: int) -> Path:
+    """The prebuilt file of the chunk starting at configuration ``start``."""
+    return folder / f"chunk-{start // CHUNK:04d}.pkl.xz"
+
+
+def sources_digest() -> str:
+    """A digest of polytile's Python sources: prebuilt kernels are used only by the code that built them."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "polytile").rglob("*.py")):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+STAMP = "polytile-sources.sha256"  # in each prebuilt folder: sources_digest() of the code that built it
+
+
+def check_prebuilt(folder: Path) -> None:
+    """Refuse chunks built by other polytile sources (a fixed compiler bug would come back through them)."""
+    if not any(folder.glob("chunk-*.pkl.xz")):
+        return
+    stamp = folder / STAMP
+    if not stamp.exists() or stamp.read_text().strip() != sources_digest():
+        raise ValueError(f"the prebuilt kernels in {folder} were built by other polytile sources than these "
+                         f"({STAMP} {'differs' if stamp.exists() else 'is missing'}); delete the folder or "
+                         "build it again with --prebuild")
 
 
 def prebuild(name: str, task, measurer: Measurer, root: Path, deadline: float,  # noqa: ANN001
-             chunks: str | None = None) -> None:
+             chunks: tuple[int, int] | None = None) -> None:
     """Build every valid configuration of workload ``name`` (no GPU needed) into ``root/name``, an
     xz-compressed pickle of (values, build outcome) pairs per chunk (about 90 KB for 32 tensor-core
-    GEMM kernels); chunks already there are kept (resumable)."""
+    GEMM kernels); chunks already there are kept (resumable). ``chunks``: only chunks A to B-1."""
     configs = valid_configs(task)
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    first, last = (int(x) for x in chunks.split(":")) if chunks else (0, len(configs))
+    check_prebuilt(folder)
+    (folder / STAMP).write_text(sources_digest() + "\n")
+    first, last = chunks or (0, len(configs))
     for start in range(first * CHUNK, min(last * CHUNK, len(configs)), CHUNK):
         path = chunk_path(folder, start)
-        if path is not None:
+        if path.exists():
             continue
-        path = folder / f"chunk-{start // CHUNK:04d}.pkl.xz"
         if time.monotonic() > deadline or STOP:
             print(f"{name}: stopped before configuration {start} of {len(configs)} (run again to go on)")
             return
@@ -239,19 +260,20 @@ def prebuild(name: str, task, measurer: Measurer, root: Path, deadline: float,  
               flush=True)
 
 
-def _chunks(name: str, task, inner, prebuilt: Path | None, done: set[str]):  # noqa: ANN001, ANN202
-    """(configurations, build outcomes) per chunk of the valid configurations that has some not in
-    ``done``: from ``prebuilt`` where a chunk file is there, else built here, the next chunk building
-    while the caller runs this one."""
-    configs = valid_configs(task)
+def _chunks(name: str, task, configs: list[dict], inner, prebuilt: Path | None,  # noqa: ANN001, ANN202
+            done: set[str]):
+    """(configurations, build outcomes) per chunk of ``configs`` (the valid configurations) that has
+    some not in ``done``: from ``prebuilt`` where a chunk file is there, else built here, the next
+    chunk building while the caller runs this one."""
+    if prebuilt is not None:
+        check_prebuilt(prebuilt / name)
     starts = [i for i in range(0, len(configs), CHUNK)
               if any(config_key(v) not in done for v in configs[i:i + CHUNK])]
 
     def load_or_build(start: int) -> tuple[list[dict], list]:
         path = chunk_path(prebuilt / name, start) if prebuilt is not None else None
-        if path is not None:
-            data = path.read_bytes()
-            pairs = pickle.loads(lzma.decompress(data) if path.suffix == ".xz" else data)
+        if path is not None and path.exists():
+            pairs = pickle.loads(lzma.decompress(path.read_bytes()))
             return [v for v, _ in pairs], [b for _, b in pairs]
         batch = configs[start:start + CHUNK]
         return batch, inner.build(task, batch)
@@ -280,7 +302,7 @@ def exhaustive_table(name: str, task, inner, prebuilt: Path | None, saved: Path,
     if len(table) < len(configs):
         simulated = isinstance(inner, SimulatedMeasurer)
         chunks = ((b, None) for b in (configs[i:i + CHUNK] for i in range(0, len(configs), CHUNK))) \
-            if simulated else _chunks(name, task, inner, prebuilt, set(table))
+            if simulated else _chunks(name, task, configs, inner, prebuilt, set(table))
         with saved.open("a") as out:
             for batch, built in chunks:
                 if time.monotonic() > deadline or STOP:
@@ -461,6 +483,17 @@ def print_summary(name: str, entry: dict, checkpoints: list[int]) -> None:
               f"{found / vendor['seconds']:.2f})")
 
 
+def chunk_range(text: str) -> tuple[int, int]:
+    """--chunks A:B, checked."""
+    try:
+        first, last = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B (two chunk numbers, e.g. 0:43)") from None
+    if not 0 <= first < last:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= A < B")
+    return first, last
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="bert_ffn2,mm4096", help=f"subset of {', '.join(WORKLOADS)}")
@@ -485,8 +518,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prebuilt", metavar="DIR", help="with --exhaustive: run the configurations --prebuild "
                    "built into DIR instead of building them")
     p.add_argument("--target", help="with --prebuild: the GPU to build for (default cuda:sm_90a, the H100)")
-    p.add_argument("--chunks", metavar="A:B", help="with --prebuild: only chunks A to B-1 (32 configurations "
-                   "each), e.g. to share the building between machines")
+    p.add_argument("--chunks", metavar="A:B", type=chunk_range, help="with --prebuild: only chunks A to B-1 "
+                   "(32 configurations each), e.g. to share the building between machines")
     p.add_argument("--builders", type=int, default=0, help="parallel build processes (default: every core)")
     args = p.parse_args(argv)
     if args.trials is None:
@@ -497,6 +530,10 @@ def main(argv: list[str]) -> int:
         p.error("--prebuild and --prebuilt go with --exhaustive")
     if args.prebuilt and args.simulate:
         p.error("--prebuilt runs real kernels; leave out --simulate")
+    if args.prebuilt and not Path(args.prebuilt).is_dir():
+        p.error(f"--prebuilt {args.prebuilt}: no such folder (make it with --prebuild)")
+    if args.chunks and not args.prebuild:
+        p.error("--chunks goes with --prebuild")
     if args.quick:
         args.workloads, args.trials = "bert_ffn2", min(args.trials, 16)
         args.tuners = ",".join(t for t in args.tuners.split(",") if t != "random")
@@ -506,13 +543,20 @@ def main(argv: list[str]) -> int:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     if args.prebuild:
-        target = as_target("cuda:sm_90a") if args.target is None else as_target(args.target)
+        try:
+            target = as_target(args.target or "cuda:sm_90a")
+        except PolytileError as err:
+            p.error(f"--target: {err}")
         deadline = time.monotonic() + 60 * args.budget_minutes
         with Measurer(MeasureOptions(builders=args.builders)) as builder:
             for w in workloads:
                 op_name, shape = WORKLOADS[w]
-                prebuild(w, make_task(op_name, target, **shape), builder, Path(args.prebuild), deadline,
-                         args.chunks)
+                try:
+                    prebuild(w, make_task(op_name, target, **shape), builder, Path(args.prebuild), deadline,
+                             args.chunks)
+                except ValueError as err:  # chunks of other sources
+                    print(f"alcop_search: {err}", file=sys.stderr)
+                    return 2
         return 0
     if not args.simulate and (why := preflight()):
         print(f"alcop_search: {why}", file=sys.stderr)

@@ -70,9 +70,10 @@ def test_table_uses_prebuilt_chunks_builds_the_rest_and_resumes(tmp_path: Path, 
     task, inner = _Task(), _Inner()
     assert bench.valid_configs(task) == [{"x": 0}, {"x": 1}, {"x": 2}, {"x": 3}, {"x": 5}]
     (tmp_path / "pre" / "w").mkdir(parents=True)
-    # the second chunk ({x: 2}, {x: 3}) was built elsewhere
+    # the second chunk ({x: 2}, {x: 3}) was built elsewhere, by these sources
     (tmp_path / "pre" / "w" / "chunk-0001.pkl.xz").write_bytes(lzma.compress(
         pickle.dumps([({"x": 2}, Returned(2)), ({"x": 3}, Raised("BuildError", "no", True))])))
+    (tmp_path / "pre" / "w" / bench.STAMP).write_text(bench.sources_digest())
     saved = tmp_path / "w-exhaustive.jsonl"
     table, valid = bench.exhaustive_table("w", task, inner, tmp_path / "pre", saved, math.inf)
     assert valid == 5 and len(table) == 5
@@ -100,6 +101,31 @@ def test_table_uses_prebuilt_chunks_builds_the_rest_and_resumes(tmp_path: Path, 
     assert summary["model_top10_over_best"] == 1.0
     assert summary["model_pairwise_accuracy"] == 0.0  # the model has every pair backwards
     assert summary["best_rank_of_model_top1"] == 4
+
+
+def test_prebuild_writes_the_chunks_asked_for_and_refuses_other_sources(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(bench, "CHUNK", 2)
+    task, inner = _Task(), _Inner()
+    bench.prebuild("w", task, inner, tmp_path, math.inf, chunks=(1, 3))
+    folder = tmp_path / "w"
+    assert sorted(p.name for p in folder.glob("chunk-*")) == ["chunk-0001.pkl.xz", "chunk-0002.pkl.xz"]
+    assert sorted(inner.built) == [2, 3, 5]
+    pairs = pickle.loads(lzma.decompress((folder / "chunk-0002.pkl.xz").read_bytes()))
+    assert [v for v, _ in pairs] == [{"x": 5}] and isinstance(pairs[0][1], Returned)
+
+    (folder / bench.STAMP).write_text("0" * 64)  # as if built before a change to polytile
+    with pytest.raises(ValueError, match="other polytile sources"):
+        bench.exhaustive_table("w", task, _Inner(), tmp_path, tmp_path / "t.jsonl", math.inf)
+    with pytest.raises(ValueError, match="other polytile sources"):
+        bench.prebuild("w", task, _Inner(), tmp_path, math.inf)
+
+
+@pytest.mark.parametrize("bad", ["3", "a:b", "5:2", "-1:4"])
+def test_bad_chunk_ranges_are_refused(bad: str) -> None:
+    import argparse
+    assert bench.chunk_range("0:43") == (0, 43)
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.chunk_range(bad)
 
 
 def test_simulated_exhaustive_run(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from .. import loopir as ir
 from .simplify import Simplifier
 
 
-def _aligned(base: ir.Expr, lanes: int) -> bool:
+def aligned(base: ir.Expr, lanes: int) -> bool:
+    """Whether index ``base`` is a multiple of ``lanes`` for every value of its variables (its constant
+    and every coefficient are); buffers start 16-byte aligned (runtime.cuda.ALIGNMENT)."""
     lin = Simplifier().linear(base)
     if lin.const % lanes:
         return False
@@ -24,9 +26,9 @@ class _Legalize(ir.Mutator):
         if idx.lanes == 1 and value.lanes == 1:
             return ir.Store(s.buffer, s.index, value)
         src = value.a if isinstance(value, ir.Select) else value
-        ok = (isinstance(idx, ir.Ramp) and ir.is_const(idx.stride, 1) and _aligned(idx.base, idx.lanes)
+        ok = (isinstance(idx, ir.Ramp) and ir.is_const(idx.stride, 1) and aligned(idx.base, idx.lanes)
               and isinstance(src, ir.Load) and isinstance(src.index[0], ir.Ramp)
-              and ir.is_const(src.index[0].stride, 1) and _aligned(src.index[0].base, idx.lanes))
+              and ir.is_const(src.index[0].stride, 1) and aligned(src.index[0].base, idx.lanes))
         if ok:
             return ir.Store(s.buffer, s.index, value)
         return ir.block([ir.Store(s.buffer, (lane(idx, k),), lane(value, k)) for k in range(idx.lanes)])
@@ -41,8 +43,8 @@ class _Legalize(ir.Mutator):
         (idx,) = dst.index
         (sidx,) = src.index
         n = idx.lanes
-        if n == 1 or (isinstance(idx, ir.Ramp) and _aligned(idx.base, n) and isinstance(sidx, ir.Ramp)
-                      and _aligned(sidx.base, n)):
+        if n == 1 or (isinstance(idx, ir.Ramp) and aligned(idx.base, n) and isinstance(sidx, ir.Ramp)
+                      and aligned(sidx.base, n)):
             return s
         # not provably aligned: element by element (asynchronous if 4 bytes, else a plain copy)
         out: list[ir.Stmt] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import loopir as ir
-from .gpu_vectorize import _aligned
+from .gpu_vectorize import aligned
 from .simplify import simplify_expr
 
 PAIRABLE = ("float32", "int32", "float16", "bfloat16")
@@ -64,7 +64,7 @@ def _pair(loop: ir.For) -> ir.Stmt | None:
                               for j in (k, k + 1))
         ia, ib = simplify_expr(sa.index[0]), simplify_expr(sb.index[0])
         step = simplify_expr(ir.BinOp("-", ib, ia))
-        if not (isinstance(step, ir.Const) and int(step.value) == 1) or not _aligned(ia, 2):
+        if not (isinstance(step, ir.Const) and int(step.value) == 1) or not aligned(ia, 2):
             return None
         if (ca is None) != (cb is None):
             return None

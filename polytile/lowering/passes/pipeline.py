@@ -236,7 +236,7 @@ class _Pipeline(ir.Mutator):
         if piped is None:
             return replace(s, body=body)
         inner = self.pieces.get(id(piped.consumers[0])) if len(piped.consumers) == 1 else None
-        if inner is not None and inner[0] is piped.consumers[0]:
+        if inner is not None:
             fused = _fused(piped, inner[1])
             if fused is not None:
                 return fused
