@@ -23,6 +23,7 @@ class Buffer:
     dtype: DType
     shape: tuple[Expr, ...]
     scope: str = "heap"
+    swizzle: int = 0  # shared memory: 16-byte chunks XOR-permuted within rows of this many bytes (128)
 
     def __repr__(self) -> str:
         return f"Buffer({self.name})"

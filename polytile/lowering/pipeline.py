@@ -32,6 +32,7 @@ from .passes.simplify import simplify
 from .passes.tensorize import tensorize_nests
 from .passes.unroll import unroll_loops
 from .passes.vectorize import vectorize_loops
+from .passes.wgmma import async_proxy_fences, swizzle_shared
 
 
 class _Log:
@@ -86,8 +87,10 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
             ("gpu-vectorize", lambda s: vectorize_copies(s)),
             ("registers", promote_registers),
             ("barriers", insert_barriers),
+            ("async-proxy", async_proxy_fences),
             ("simplify", simplify),
             ("pair-stores", pair_stores),
+            ("swizzle", swizzle_shared),
         ]
     else:
         passes = [
@@ -151,7 +154,8 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
         level = None if c.level is None else st.loops.index(c.level)
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
                             if tag.startswith("threadIdx"))
-        order = copy_order if c.loc == "shared" else "cache"  # register tiles: dense loops to unroll
+        # register tiles: dense loops to unroll; wgmma's operand tiles: contiguous shared-memory writes
+        order = c.copy_order or (copy_order if c.loc == "shared" else "cache")
         layout, fill = c.layout, None
         if c.loc == "fragment":
             layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
@@ -210,10 +214,11 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
             if isinstance(target, CUDATarget) and scope == "auto":
                 scope = "global"  # a GPU intermediate lives in device memory unless cached elsewhere
             out[c.name] = ir.Buffer(c.name, c.dtype, shape, scope)
+    swizzles = {c.name: c.swizzle for c in sched.caches}
     for cb in plan.caches:
         dtype = func.tensor(cb.tensor).dtype
         shape = tuple(aexpr(d, {}) for d in cb.shape)
-        out[cb.name] = ir.Buffer(cb.name, dtype, shape, _scope(cb.loc, target, cb.name))
+        out[cb.name] = ir.Buffer(cb.name, dtype, shape, _scope(cb.loc, target, cb.name), swizzles.get(cb.name, 0))
     return out
 
 

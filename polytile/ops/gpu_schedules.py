@@ -85,6 +85,34 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
         st.pipeline(f"{a}_shared_frag", reg_stages).pipeline(f"{b}_shared_frag", reg_stages)
 
 
+def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
+               stages: int = 3, batch: str | None = None) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
+    warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
+    ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
+    memory (core-matrix layouts), pipelined over ``stages`` K steps with asynchronous copies. Each
+    warp owns 16 rows of the block tile (bm/16 warps along threadIdx.z); the accumulator stays in
+    registers (bn/2 per thread)."""
+    if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
+        raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
+                            f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
+    st = sched[out]
+    st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
+    st.split("i1", 16, "wi", "i3").split("j1", 8, "nj", "j3")
+    st.split("k", bk, "ko", "k1").split("k1", 16, "kk", "k3")
+    lead = [batch] if batch else []
+    st.reorder(*lead, "bi", "bj", "wi", "ko", "kk", "nj", "i3", "j3", "k3")
+    if batch:
+        st.bind(batch, "blockIdx.z")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z")
+    st.cache(a, "ko", loc="shared", name=f"{a}_shared")
+    st.cache(b, "ko", loc="shared", name=f"{b}_shared")
+    st.cache_write("wi", loc="fragment")
+    st.tensorize("i3", "wgmma_m64nNk16")
+    if stages > 1:
+        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+
+
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
                      bn: int = 128, bk: int = 32, wm: int = 64, wn: int = 64, stages: int = 3,
                      reg_stages: int = 1) -> None:

@@ -18,9 +18,9 @@ from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[5:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[6:])
 
 
 @dataclass
@@ -46,6 +46,8 @@ class CacheSpec:
     also: tuple[str, ...] = ()  # further consumers sharing the cache
     pad: tuple[int, ...] = ()  # extra elements per buffer dimension
     whole: tuple[int, ...] = ()  # whole tiles rounded to these granules per dimension (tensor cores)
+    copy_order: str = ""  # "cache": the copy loops run over the buffer's layout (set by tensorize for wgmma)
+    swizzle: int = 0  # 128: the buffer's 16-byte chunks are XOR-swizzled in 128-byte rows (wgmma)
 
 
 @dataclass

@@ -1,10 +1,25 @@
 """``tensorize``: map the innermost (m, n, k) loops of a computation onto a tensor-core instruction.
 
-Supported: ``mma_m16n8k16`` — ``mma.sync.aligned.m16n8k16`` with float16 or bfloat16 operands and
-float32 accumulation. The three loops must be the innermost ones, of extents 16, 8 and 16, running
-over the row of the result, its column and the reduction; the operands must come from shared-memory
-caches (read with ``ldmatrix``) and the accumulator must be a ``cache_write(..., loc="fragment")``
-of the warp's tile (kept in registers, distributed over the warp's lanes as the instruction does).
+Supported, with float16 or bfloat16 operands and float32 accumulation:
+
+- ``mma_m16n8k16`` — ``mma.sync.aligned.m16n8k16`` (sm_80 and newer), operands read with ``ldmatrix``;
+- ``wgmma_m64nNk16`` — Hopper's warpgroup MMA, ``wgmma.mma_async.m64nNk16`` (sm_90a): four warps
+  (a warpgroup) compute a 64×N product whose operands the instruction reads from shared memory itself,
+  through matrix descriptors. The nest is still the one warp's share, 16×8×16; the loop around it over
+  the warp's 8-column tiles gives N, and the four warps of a warpgroup are four consecutive 16-row
+  tiles of the loop bound to ``threadIdx.z`` (lowering/passes/wgmma.py checks both).
+
+The three loops must be the innermost ones, of extents 16, 8 and 16, running over the row of the
+result, its column and the reduction; the operands must come from shared-memory caches and the
+accumulator must be a ``cache_write(..., loc="fragment")`` of the warp's tile (kept in registers,
+distributed over the warp's lanes as the instruction does: wgmma's accumulator is mma.m16n8's,
+repeated over N/8 columns). For wgmma the instruction also sets the operand caches' layouts, copied
+in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
+N-major; an operand whose contiguous extent (A's K tile, B's N tile) is a multiple of 64 is stored
+in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by the row number (the
+layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64]); other tiles in
+unswizzled 8×8 "core matrices" of 16 contiguous bytes per row ([r/8][c/8][r%8][c%8]), which wgmma
+reads at about a third of the speed (measured on an H100).
 """
 
 from __future__ import annotations
@@ -18,7 +33,22 @@ from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
 if TYPE_CHECKING:
     from .state import Stage
 
-INTRINSICS = {"mma_m16n8k16": (16, 8, 16)}
+INTRINSICS = {"mma_m16n8k16": (16, 8, 16), "wgmma_m64nNk16": (16, 8, 16)}
+
+
+def core_matrices(*e: object) -> tuple[object, ...]:
+    """wgmma's shared layout without swizzling (tiles whose contiguous extent is not a multiple of
+    64): the last two indices (r, c) in 8×8 core matrices, each 8 rows of 16 contiguous bytes,
+    ``[r // 8][c // 8][r % 8][c % 8]``."""
+    *lead, r, c = e
+    return (*lead, r // 8, c // 8, r % 8, c % 8)  # type: ignore[operator]
+
+
+def swizzled_rows(*e: object) -> tuple[object, ...]:
+    """wgmma's 128-byte swizzled layout (before the swizzle, which the buffer applies to its 16-byte
+    chunks): rows of 64 contiguous elements, ``[c // 64][r][c % 64]``."""
+    *lead, r, c = e
+    return (*lead, c // 64, r, c % 64)  # type: ignore[operator]
 
 
 def _operand(e: Expr) -> Load | None:
@@ -97,6 +127,9 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
                 n *= hi - lo + 1
         return max(16, n)
 
+    wgmma = intrinsic.startswith("wgmma")
+    if wgmma:
+        _check_wgmma_operands(self.name, a, b, data, stmt.reduce_dims)
     for op in (a, b):
         found = [k for k, c in enumerate(sched.caches) if c.kind == "read" and c.consumer == self.name
                  and c.tensor == op.tensor.name and c.loc == "shared"]
@@ -112,10 +145,42 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
             granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
                              for i in op.indices)
             sched.caches[k] = replace(sched.caches[k], whole=granules)
+            if wgmma:
+                c = sched.caches[k]
+                if c.layout is not None or any(c.pad):
+                    raise ScheduleError(f"tensorize of {self.name} with {intrinsic}: cache {c.name} has a layout or "
+                                        "padding of its own; wgmma sets the shared layout (core matrices), so "
+                                        "cache it without layout= and pad=")
+                # the contiguous extent (A's K tile, B's N tile) in 128-byte swizzled rows where it
+                # holds whole rows (the fast layout), in unswizzled core matrices otherwise
+                swizzled = granules[-1] % 64 == 0
+                sched.caches[k] = replace(c, layout=swizzled_rows if swizzled else core_matrices,
+                                          swizzle=128 if swizzled else 0, copy_order="cache")
     for k, c in enumerate(sched.caches):
         if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":
             sched.caches[k] = replace(c, whole=(1,) * (len(comp.shape) - 2) + (16, 8))
     new = sched.state_copy(self.name)
-    new.tags[loop] = "tensorize"
+    new.tags[loop] = "tensorize_wgmma" if wgmma else "tensorize"
     sched.commit(self.name, new)
     return self
+
+
+def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_dims: list[str]) -> None:
+    """wgmma reads A K-major ([..., i, k]) and B N-major ([..., k, j]): the last two indices of each
+    operand must be those axes, in that order."""
+    def last_two(op: Load) -> tuple[str | None, str | None]:
+        out = []
+        for e in op.indices[-2:]:
+            names = {v.name for v in walk(e) if isinstance(v, IterVar)}
+            out.append(names.pop() if len(names) == 1 else None)
+        return (out[0], out[1]) if len(out) == 2 else (None, None)
+
+    row, col = data[-2], data[-1]
+    ops = {last_two(a): a, last_two(b): b}
+    want_a = [(row, k) for k in reduce_dims]
+    want_b = [(k, col) for k in reduce_dims]
+    if not any(w in ops for w in want_a) or not any(w in ops for w in want_b):
+        raise ScheduleError(f"tensorize of {name} with wgmma: the operands must be read as A[..., {row}, k] "
+                            f"(k contiguous) and B[..., k, {col}] ({col} contiguous); got "
+                            f"{a.tensor.name}{list(map(str, a.indices))} and "
+                            f"{b.tensor.name}{list(map(str, b.indices))}")

@@ -20,6 +20,7 @@ from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
 from .simplify import Simplifier, simplify_expr
+from .wgmma import WGMMA_KIND, WgmmaNest, warpgroup_mma, wgmma_group
 
 U32 = dtypes.DType("uint32", "uint", 32)
 
@@ -145,13 +146,19 @@ def _uses(e: ir.Expr, name: str) -> bool:
 
 
 def _nests(s: ir.Stmt) -> list[ir.For]:
-    return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and x.kind == "tensorize"]
+    return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and x.kind in ("tensorize", WGMMA_KIND)]
+
+
+def _make_nest(loop: ir.For) -> _Nest | WgmmaNest:
+    return WgmmaNest(loop) if loop.kind == WGMMA_KIND else _Nest(loop)
 
 
 class _Tensorize(ir.Mutator):
     def __init__(self) -> None:
         self.shared: list[str] = []  # buffers whose scope we are in (the operands' whole tiles)
         self.bounds: dict[str, tuple[float, float]] = {}  # ranges of the enclosing loops
+        self.threads: dict[str, ir.For] = {}  # the enclosing thread-bound loops, by tag
+        self.grouped = False  # inside the loop whose wgmma instructions form one asynchronous group
 
     def visit_Allocate(self, s: ir.Allocate) -> ir.Stmt:
         self.shared.append(s.buffer.name)
@@ -161,9 +168,24 @@ class _Tensorize(ir.Mutator):
             self.shared.pop()
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
-        nests = [_Nest(n) for n in _nests(s)] if s.kind != "tensorize" else []
-        if nests and s.kind in ("serial", "unroll") and all(
-                n.accesses[1].buffer.name in self.shared and n.accesses[2].buffer.name in self.shared for n in nests):
+        nests = [_make_nest(n) for n in _nests(s)] if s.kind not in ("tensorize", WGMMA_KIND) else []
+        inside = bool(nests) and all(
+            n.accesses[1].buffer.name in self.shared and n.accesses[2].buffer.name in self.shared for n in nests)
+        # the outermost loop inside the operands' tiles holding wgmma nests: its instructions are
+        # one asynchronous group, waited for at its end
+        group = inside and not self.grouped and s.kind in ("serial", "unroll") and any(
+            isinstance(n, WgmmaNest) for n in nests)
+        if group:
+            self.grouped = True
+        try:
+            out = self._visit_for(s, nests, inside)
+        finally:
+            if group:
+                self.grouped = False
+        return wgmma_group(out) if group else out
+
+    def _visit_for(self, s: ir.For, nests: list[_Nest | WgmmaNest], inside: bool) -> ir.Stmt:
+        if nests and s.kind in ("serial", "unroll") and inside:
             # a loop between the operands' whole tiles and the nest (the K steps inside a tile): its
             # full range keeps its trip count constant, where the buffers hold it
             full = _full(s, self.bounds)
@@ -171,9 +193,15 @@ class _Tensorize(ir.Mutator):
                     full, self.bounds), **self._inner_spans(full)}):
                 s = full
         self.bounds[s.var.name] = _span(s, self.bounds)
+        if s.kind.startswith("threadIdx"):
+            self.threads[s.kind] = s
         try:
-            # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
             inner = _unguard(s.body)
+            if isinstance(inner, ir.For) and inner.kind == WGMMA_KIND:  # the warp's column tiles and the nest
+                return self.wgmma(WgmmaNest(inner), s)
+            if s.kind == WGMMA_KIND:
+                return self.wgmma(WgmmaNest(s), None)
+            # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
             if isinstance(inner, ir.For) and isinstance(_unguard(inner.body), ir.For) and \
                     _unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
                 nest = _Nest(_unguard(inner.body))  # type: ignore[arg-type]
@@ -185,6 +213,18 @@ class _Tensorize(ir.Mutator):
             return self.default_stmt(s)
         finally:
             del self.bounds[s.var.name]
+            if s.kind.startswith("threadIdx"):
+                del self.threads[s.kind]
+
+    def wgmma(self, nest: WgmmaNest, tiles: ir.For | None) -> ir.Stmt:
+        if tiles is not None:
+            full = _full(tiles, self.bounds)
+            if full is None:
+                raise LoweringError(f"loop {tiles.var.name} around a wgmma nest needs a bounded range")
+            tiles = full
+        others = [t for k, t in self.threads.items() if k != "threadIdx.z"]
+        call = warpgroup_mma(nest, tiles, self.threads.get("threadIdx.z"), others, self.bounds)
+        return call if self.grouped else wgmma_group(call)
 
     def _inner_spans(self, loop: ir.For) -> dict[str, tuple[float, float]]:
         """Ranges of the loops inside ``loop`` down to the nests, at their largest."""

@@ -1,0 +1,70 @@
+"""On a Hopper GPU: warpgroup-MMA GEMMs (float16, bfloat16) against a float64 reference on random
+inputs, with sizes that do not divide the tiles, for several tiles and 1 to 6 pipeline stages."""
+
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.ops.gpu_schedules import gemm_wgmma
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+
+
+def _inputs(seed, shapes, dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.rand(s, device="cuda", generator=g) * 2 - 1).to(TORCH_DTYPES[dtype]) for s in shapes]
+
+
+def _err(out, ref):
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+# swizzled A and B (K tile and N tile multiples of 64), either one, or neither (core matrices)
+CONFIGS = [
+    ((345, 567, 789), dict(bm=128, bn=256, bk=64, stages=3)),
+    ((260, 300, 700), dict(bm=128, bn=256, bk=128, stages=2)),
+    ((300, 264, 200), dict(bm=64, bn=128, bk=32, stages=4)),
+    ((200, 200, 1000), dict(bm=128, bn=64, bk=16, stages=2)),
+    ((64, 40, 48), dict(bm=64, bn=40, bk=32, stages=1)),
+    ((1000, 1000, 520), dict(bm=192, bn=96, bk=64, stages=5)),
+]
+
+
+@pytest.mark.parametrize("dims,cfg", CONFIGS, ids=[f"{d[0]}x{d[1]}x{d[2]}" for d, _ in CONFIGS])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_matmul(dims, cfg, dtype):
+    M, N, K = dims
+    s = pt.Schedule(ops.matmul(M, N, K, dtype).func)
+    gemm_wgmma(s, "C", "A", "B", **cfg)
+    kern = pt.build(s, "cuda")
+    a, b = _inputs(M + N + K, [(M, K), (K, N)], dtype)
+    out = kern(a, b)
+    assert out.dtype == torch.float32
+    assert _err(out, a.double() @ b.double()) < 1e-5
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5, 6])
+def test_wgmma_pipeline_stages(stages):
+    # K = 200 is not a multiple of the 32-wide K tile; M and N cut the block tiles too
+    M, N, K = 200, 264, 200
+    s = pt.Schedule(ops.matmul(M, N, K, "float16").func)
+    gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=32, stages=stages)
+    a, b = _inputs(11, [(M, K), (K, N)], "float16")
+    assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double()) < 1e-5
+
+
+def test_wgmma_batch_matmul():
+    bt, M, N, K = 6, 100, 72, 80
+    s = pt.Schedule(ops.batch_matmul(bt, M, N, K, "bfloat16").func)
+    gemm_wgmma(s, "C", "A", "B", bm=64, bn=72, bk=32, stages=3, batch="bb")
+    a, b = _inputs(5, [(bt, M, K), (bt, K, N)], "bfloat16")
+    assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double()) < 1e-5
