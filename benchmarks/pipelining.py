@@ -9,6 +9,9 @@ polytile's tensor-core kernel is built with the same tiles in four pipelining va
   shared2     double buffering in shared memory (2 stages)
   shared      multi-stage shared memory (the workload's stage count, 3 or 4)
   multilevel  multi-stage shared memory + double-buffered register fragments, fused (ALCOP)
+  wgmma       (GEMMs, sm_90a) Hopper's warpgroup MMA with its default configuration
+              (``wgmma_gemm_config``: swizzled shared tiles, 4 stages, one MMA group in flight) —
+              what ``ops.matmul``/``ops.batch_matmul`` build on an H100
 
 beside cuBLAS/cuDNN (torch; TF32 off) and Triton (a tutorial GEMM with float32 output, best of a
 few tile/stage configurations) on the same random inputs. Every kernel is checked against a float32
@@ -37,9 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import gemm_tensorcore, igemm_tensorcore  # noqa: E402
+from polytile.ops.gpu_schedules import gemm_tensorcore, gemm_wgmma, igemm_tensorcore, wgmma_gemm_config  # noqa: E402
 
-VARIANTS = ("none", "shared2", "shared", "multilevel")
+VARIANTS = ("none", "shared2", "shared", "multilevel", "wgmma")
+MMA_VARIANTS = VARIANTS[:4]  # the mma.sync pipelining variants (ALCOP's comparison)
 
 
 def workloads(quick: bool) -> dict[str, dict]:
@@ -71,6 +75,13 @@ def workloads(quick: bool) -> dict[str, dict]:
 
 
 def variant_cfg(spec: dict, variant: str) -> dict:
+    if variant == "wgmma":
+        d = spec["dims"]
+        rows, cols = (d[0] * d[1], d[2]) if spec["kind"] == "batch_matmul" else (d[0], d[1])
+        cfg = wgmma_gemm_config(rows, cols)
+        if spec["kind"] == "batch_matmul" and (cfg["bm"] > d[1] or cfg["bn"] > d[2]):
+            cfg.update(bm=64, bn=64)
+        return cfg
     stages = {"none": 1, "shared2": 2, "shared": spec["stages"], "multilevel": spec["stages"]}[variant]
     return dict(spec["tiles"], stages=stages, reg_stages=2 if variant == "multilevel" else 1)
 
@@ -96,7 +107,7 @@ def build_variant(job: tuple[str, dict, str, str]):  # noqa: ANN201 - (key, kern
         cfg = variant_cfg(spec, variant)
         if spec["kind"] in ("matmul", "batch_matmul"):
             batch = "bb" if spec["kind"] == "batch_matmul" else None
-            gemm_tensorcore(sched, "C", "A", "B", batch=batch, **cfg)
+            (gemm_wgmma if variant == "wgmma" else gemm_tensorcore)(sched, "C", "A", "B", batch=batch, **cfg)
         else:
             taps = ["r", "s"] if spec["kind"] == "conv2d_igemm" else ["t", "r", "s"]
             igemm_tensorcore(sched, "O", "col", "Wt", taps, **cfg)
@@ -203,10 +214,12 @@ def main() -> int:
     dtypes = [d for d in args.dtypes.split(",") if d]
     work = {k: v for k, v in workloads(args.quick).items() if not only or k in only}
     jobs = []
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     for name, spec in work.items():
         # bf16: the GEMMs (the convolutions' bf16 path is the same code as fp16)
         for dtype in dtypes if spec["kind"] in ("matmul", "batch_matmul") else dtypes[:1]:
-            jobs += [(name, spec, dtype, v) for v in VARIANTS]
+            gemm = spec["kind"] in ("matmul", "batch_matmul")
+            jobs += [(name, spec, dtype, v) for v in VARIANTS if v != "wgmma" or (gemm and hopper)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as ex:
         built = {key: (k, s) for key, k, s in ex.map(build_variant, jobs)}
@@ -225,6 +238,8 @@ def main() -> int:
                    "variants": {}}
             out = torch.empty(ref.shape, device="cuda", dtype=torch.float32)
             for v in VARIANTS:
+                if (name, dtype, v) not in built:
+                    continue
                 kern, build_s = built[(name, dtype, v)]
                 if isinstance(kern, str):
                     row["variants"][v] = {"error": kern}
@@ -251,8 +266,13 @@ def main() -> int:
                 row["speed_vs_library"] = row["library_s"] / ok[best]
                 if row.get("triton"):
                     row["speed_vs_triton"] = row["triton"]["s"] / ok[best]
-                if "none" in ok:
-                    row["pipelining_speedup"] = ok["none"] / ok[best]
+                mma = {v: t for v, t in ok.items() if v in MMA_VARIANTS}
+                if "none" in mma:
+                    row["pipelining_speedup"] = mma["none"] / min(mma.values())
+                if "multilevel" in ok and "none" in ok:
+                    row["multilevel_speedup"] = ok["none"] / ok["multilevel"]
+                if "wgmma" in ok:
+                    row["wgmma_vs_library"] = row["library_s"] / ok["wgmma"]
             results.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "variants"}), flush=True)
     record = {"benchmark": "pipelining", "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -271,8 +291,8 @@ def main() -> int:
     for r in results:
         cells = []
         for v in VARIANTS:
-            x = r["variants"].get(v, {})
-            cells.append(f"{x['s'] * 1e3:10.3f}" if "s" in x else f"{'FAIL':>10s}")
+            x = r["variants"].get(v)
+            cells.append(f"{'-':>10s}" if x is None else f"{x['s'] * 1e3:10.3f}" if "s" in x else f"{'FAIL':>10s}")
         tri = r.get("triton")
         best = r["variants"].get(r.get("best_variant", ""), {})
         print(f"{r['workload']:12s} {r['dtype']:8s} " + " ".join(cells)

@@ -114,9 +114,10 @@ __device__ __forceinline__ void pt_mma_m16n8k16_bf16(float* c, const unsigned* a
 }
 
 // Hopper's warpgroup MMA (sm_90a): shared-memory matrix descriptors (start address, byte strides
-// along the leading and the strided dimension, swizzle mode), the asynchronous group's fence / commit / wait, and the async-proxy fence that makes
-// shared-memory stores visible to wgmma. The instructions themselves (one per shape) follow the
-// header, generated for the shapes a kernel uses (lowering/passes/wgmma.py).
+// along the leading and the strided dimension, swizzle mode), the asynchronous group's fence,
+// commit and wait, and the async-proxy fence that makes shared-memory stores visible to wgmma. The
+// instructions themselves (one per shape) follow the header, generated for the shapes a kernel
+// uses (lowering/passes/wgmma.py).
 __device__ __forceinline__ unsigned long long pt_wgmma_desc(const void* p, int lbo, int sbo, int mode) {
   // mode (bits 62-63): 0 no swizzling, 1 128-byte swizzle (the tile's 8-row groups 1024-byte aligned)
   return (unsigned long long)((pt_smem(p) & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |

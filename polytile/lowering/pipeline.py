@@ -57,7 +57,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     name = name or func.name
     log = _Log(name)
     if isinstance(target, CUDATarget):
-        check_gpu_schedule(sched)
+        check_gpu_schedule(sched, target)
     plan = build_plan(sched, "source" if isinstance(target, CUDATarget) else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
@@ -79,7 +79,7 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
             ("fragments", distribute_fragments),
             ("allreduce", cross_thread_reductions),
             ("kernels", lambda s: outline_kernels(s, target, name)),
-            ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines))),
+            ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
             ("simplify", simplify),
             ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
             ("flatten", flatten_storage),
@@ -113,10 +113,14 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
     return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
 
 
-def check_gpu_schedule(sched: Schedule) -> None:
-    """Reject what a GPU cannot run as scheduled: a computation left on the host, and a per-thread
+def check_gpu_schedule(sched: Schedule, target: CUDATarget) -> None:
+    """Reject what a GPU cannot run as scheduled: a computation left on the host, a per-thread
     cache (registers) placed above thread-bound loops, which would hold the values of many threads
-    that no single thread has."""
+    that no single thread has, and instructions the target lacks (wgmma outside sm_90a)."""
+    for name, st in sched.states.items():
+        if "tensorize_wgmma" in st.tags.values() and target.arch != "sm_90a":
+            raise LoweringError(f"{name} is tensorized with wgmma, which only sm_90a (H100/H200) has; the target is "
+                                f"{target.arch}: use tensorize(..., 'mma_m16n8k16') (gemm_tensorcore) there")
     for c in sched.computations:
         st = sched.states[c.name]
         if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:

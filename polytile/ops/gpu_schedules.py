@@ -86,13 +86,14 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
-               stages: int = 3, batch: str | None = None) -> None:
+               stages: int = 3, inflight: int = 0, batch: str | None = None) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
     memory (core-matrix layouts), pipelined over ``stages`` K steps with asynchronous copies. Each
     warp owns 16 rows of the block tile (bm/16 warps along threadIdx.z); the accumulator stays in
-    registers (bn/2 per thread)."""
+    registers (bn/2 per thread); ``inflight`` MMA groups of earlier K tiles may run while the next
+    is issued (the copies then run stages − 1 − inflight tiles ahead)."""
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -110,7 +111,7 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     st.cache_write("wi", loc="fragment")
     st.tensorize("i3", "wgmma_m64nNk16")
     if stages > 1:
-        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+        st.pipeline(f"{a}_shared", stages, inflight=inflight).pipeline(f"{b}_shared", stages, inflight=inflight)
 
 
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
@@ -182,15 +183,40 @@ def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
     return dict(_gemm_tiles(M, N, wide=True), bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
 
 
+def wgmma_gemm_config(M: int, N: int) -> dict[str, int]:
+    """Tiles and pipelining of a warpgroup-MMA GEMM with M × N outputs (measured on an H100,
+    benchmarks/pipelining.py): 128×256 block tiles when they fill the GPU at least once, 128×128
+    when those give ~100 blocks, 64×64 otherwise; 64-wide K tiles (128-byte swizzled rows) in 4
+    shared-memory stages with one MMA group left in flight."""
+    if (M // 128) * (N // 256) >= 132:
+        tiles = dict(bm=128, bn=256)
+    elif (M // 128) * (N // 128) >= 96:
+        tiles = dict(bm=128, bn=128)
+    else:
+        tiles = dict(bm=64, bn=64)
+    return dict(tiles, bk=64, stages=4, inflight=1)
+
+
+def _wgmma(target: CUDATarget) -> bool:
+    return target.arch == "sm_90a"
+
+
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
-    if _tensor_cores(sched, "A", target):
+    if _tensor_cores(sched, "A", target) and _wgmma(target):
+        gemm_wgmma(sched, "C", "A", "B", **wgmma_gemm_config(M, N))
+    elif _tensor_cores(sched, "A", target):
         gemm_tensorcore(sched, "C", "A", "B", **_tensorcore_gemm_config(M, N, K))
     else:
         gemm_cuda(sched, "C", "A", "B")
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
-    if _tensor_cores(sched, "A", target):
+    if _tensor_cores(sched, "A", target) and _wgmma(target):
+        cfg = wgmma_gemm_config(batch * M, N)
+        if cfg["bm"] > M or cfg["bn"] > N:
+            cfg.update(bm=64, bn=64)
+        gemm_wgmma(sched, "C", "A", "B", batch="bb", **cfg)
+    elif _tensor_cores(sched, "A", target):
         # small matrices (attention heads): one warp tile per block when the matrix is small
         cfg = _tensorcore_gemm_config(batch * M, N, K)
         if cfg["bm"] > M or cfg["bn"] > N:

@@ -16,8 +16,13 @@ if TYPE_CHECKING:
     from .state import Stage
 
 
-def pipeline(self: Stage, cache: str, stages: int) -> Stage:
-    """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead."""
+def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stage:
+    """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead.
+
+    ``inflight``: for warpgroup MMA (``tensorize(..., "wgmma_m64nNk16")``), how many of the
+    asynchronous MMA groups of earlier iterations may still run while an iteration issues its own;
+    the copies then run ``stages - 1 - inflight`` iterations ahead (a slot is refilled only once
+    the group that read it has completed)."""
     sched = self.schedule
     spec = next((c for c in sched.caches if c.name == cache), None)
     if spec is None and cache.endswith("_frag"):
@@ -32,7 +37,14 @@ def pipeline(self: Stage, cache: str, stages: int) -> Stage:
     reason = rejection(self, spec)
     if reason:
         raise ScheduleError(f"pipeline of {cache}: {reason}")
+    if not isinstance(inflight, int) or inflight < 0 or (inflight and stages - 1 - inflight < 1):
+        raise ScheduleError(f"pipeline of {cache}: inflight={inflight!r} needs an integer ≥ 0 and at least "
+                            f"inflight + 2 stages (got {stages})")
+    if inflight and not any(t == "tensorize_wgmma" for t in self.state.tags.values()):
+        raise ScheduleError(f"pipeline of {cache}: inflight applies to asynchronous MMA groups; tensorize "
+                            f"{self.name} with 'wgmma_m64nNk16' first")
     sched.pipelines[cache] = stages
+    sched.pipeline_inflight[cache] = inflight
     return self
 
 

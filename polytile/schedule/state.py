@@ -72,6 +72,7 @@ class Schedule:
         self.virtual: list[str] = []  # inlined into the copies of their caches (computed while copying)
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
+        self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
         self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()

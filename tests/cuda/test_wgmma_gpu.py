@@ -52,12 +52,14 @@ def test_wgmma_matmul(dims, cfg, dtype):
     assert _err(out, a.double() @ b.double()) < 1e-5
 
 
-@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5, 6])
-def test_wgmma_pipeline_stages(stages):
-    # K = 200 is not a multiple of the 32-wide K tile; M and N cut the block tiles too
+@pytest.mark.parametrize("stages,inflight", [(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (3, 1), (4, 1),
+                                             (4, 2), (6, 2)])
+def test_wgmma_pipeline_stages(stages, inflight):
+    # K = 200 is not a multiple of the 32-wide K tile; M and N cut the block tiles too; with groups
+    # in flight the copies run fewer tiles ahead
     M, N, K = 200, 264, 200
     s = pt.Schedule(ops.matmul(M, N, K, "float16").func)
-    gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=32, stages=stages)
+    gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=32, stages=stages, inflight=inflight)
     a, b = _inputs(11, [(M, K), (K, N)], "float16")
     assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double()) < 1e-5
 

@@ -16,6 +16,12 @@ fused with it (ALCOP Fig. 3d): the last step of the inner loop waits for the nex
 loads its first fragments, so the inner prologue runs inside the outer loop, overlapped with the
 last products of the current tile; when that is not possible (an odd number of inner steps) the
 inner prologue stays right after the outer wait.
+
+Asynchronous consumers (wgmma groups) may be left running across iterations (``inflight`` groups,
+asked with ``pipeline(..., inflight=1)``): their ``wgmma.wait_group 0`` becomes ``wait_group
+inflight``, the copies run S−1−inflight iterations ahead — so that the slot refilled at iteration
+``ko`` is the one the group of ``ko − 1 − inflight`` read, already complete — and the groups still
+running after the loop are waited for before the accumulators are read.
 """
 
 from __future__ import annotations
@@ -104,6 +110,12 @@ class _Piped:
     allocs: list[ir.Buffer]
     enlarged: dict[str, ir.Buffer]
     async_copy: bool
+    inflight: int = 0  # asynchronous MMA groups left running across iterations
+
+    @property
+    def ahead(self) -> int:
+        """How many iterations ahead the copies run."""
+        return self.stages - 1 - self.inflight
 
     @property
     def rel(self) -> ir.Expr:
@@ -119,7 +131,7 @@ class _Piped:
 
     def prologue(self) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
-        for s in range(self.stages - 1):
+        for s in range(self.ahead):
             it = ir.BinOp("+", self.loop.lo, ir.const(s))
             out.append(ir.If(ir.Cmp("<", it, self.end), self.produce(it, ir.const(s))))
             if self.async_copy:
@@ -127,15 +139,19 @@ class _Piped:
         return out
 
     def issue(self) -> ir.Stmt:
-        """The copy of iteration ``i + S − 1`` into the slot iteration ``i − 1`` released."""
-        S = self.stages
-        ahead = ir.BinOp("+", self.loop.var, ir.const(S - 1))
-        slot = ir.BinOp("%", ir.BinOp("+", self.rel, ir.const(S - 1)), ir.const(S))
+        """The copy of iteration ``i + A`` (A = S − 1 − inflight) into the slot that iteration
+        ``i − 1 − inflight`` released."""
+        S, A = self.stages, self.ahead
+        ahead = ir.BinOp("+", self.loop.var, ir.const(A))
+        slot = ir.BinOp("%", ir.BinOp("+", self.rel, ir.const(A)), ir.const(S))
         return ir.If(ir.Cmp("<", ahead, self.end), self.produce(ahead, slot))
 
     def compute(self) -> ir.Stmt:
-        return _Reslot(self.enlarged, ir.BinOp("%", self.rel, ir.const(self.stages)), False).stmt(
+        body = _Reslot(self.enlarged, ir.BinOp("%", self.rel, ir.const(self.stages)), False).stmt(
             ir.block(self.consumers))
+        if self.inflight:
+            body = _in_flight(body, self.inflight)
+        return body
 
     def wrap(self, st: ir.Stmt, allocs: list[ir.Buffer] | None = None) -> ir.Stmt:
         for b in reversed(self.allocs if allocs is None else allocs):
@@ -143,16 +159,33 @@ class _Piped:
         return st
 
     def stmt(self) -> ir.Stmt:
-        S = self.stages
         if self.async_copy:
-            body = [_wait(S - 2), SYNC, self.issue(), COMMIT, self.compute()]
+            body = [_wait(self.ahead - 1), SYNC, self.issue(), COMMIT, self.compute()]
             after = [_wait(0)]
         else:
             body, after = [self.issue(), self.compute()], []
+        if self.inflight:
+            after.insert(0, _call("pt_wgmma_wait", ir.const(0, dtypes.int32)))
         return self.wrap(ir.block([*self.prologue(), replace(self.loop, body=ir.block(body)), *after]))
 
 
-def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int]) -> _Piped | None:
+def _in_flight(body: ir.Stmt, n: int) -> ir.Stmt:
+    """The consumers' ``wgmma.wait_group 0`` as ``wait_group n``."""
+    found = []
+
+    def visit(st: ir.Stmt) -> ir.Stmt | None:
+        if isinstance(st, ir.Evaluate) and st.call.name == "pt_wgmma_wait":
+            found.append(st)
+            return _call("pt_wgmma_wait", ir.const(n, dtypes.int32))
+        return None
+    out = ir.map_stmts(body, visit)
+    if not found:
+        raise LoweringError(f"pipeline with inflight={n}: the loop's consumers issue no asynchronous MMA groups "
+                            "(wgmma) that could be left running")
+    return out
+
+
+def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[str, int]) -> _Piped | None:
     allocs, inner = _peel_allocates(body)
     piped = [b for b in allocs if b.name in stages]
     if not piped:
@@ -183,7 +216,15 @@ def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int]) -> _Piped | None
         raise LoweringError(f"pipeline of {', '.join(sorted(names))}: loop {loop.var.name} writes the buffer "
                             "after its copy; producer and consumers do not match")
     enlarged = {b.name: replace(b, shape=(ir.const(S), *b.shape)) for b in piped}
-    return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy)
+    lag = {inflight.get(b.name, 0) for b in piped}
+    if len(lag) != 1:
+        raise LoweringError(f"buffers {', '.join(b.name for b in piped)} of loop {loop.var.name} ask for different "
+                            "numbers of groups in flight; give them the same")
+    n = lag.pop()
+    if n and S - 1 - n < 1:
+        raise LoweringError(f"loop {loop.var.name}: {S} stages leave no slot to load ahead with {n} MMA groups in "
+                            f"flight; use at least {n + 2} stages")
+    return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy, n)
 
 
 def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
@@ -193,7 +234,7 @@ def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
     loop. Needs an even number of inner steps (the last step's fragments are in the other slot)."""
     ext = simplify_expr(inner.loop.extent)
     if inner.async_copy or not outer.async_copy or inner.stages != 2 or not isinstance(ext, ir.Const) or \
-            int(ext.value) % 2:
+            int(ext.value) % 2 or outer.inflight or inner.inflight:
         return None
     S = outer.stages
     ko = outer.loop.var
@@ -221,8 +262,9 @@ def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
 
 
 class _Pipeline(ir.Mutator):
-    def __init__(self, stages: dict[str, int]):
+    def __init__(self, stages: dict[str, int], inflight: dict[str, int]):
         self.stages = stages
+        self.inflight = inflight
         # pipelined loops already transformed, by the id of their result; the result is kept with it, so
         # that its id cannot be reused by a later statement (ids of freed objects are, and a false match
         # fused the wrong loops: found by the exhaustive tuning run, 17 of 2706 convolutions)
@@ -232,7 +274,7 @@ class _Pipeline(ir.Mutator):
         body = self.stmt(s.body)
         if s.kind != "serial":
             return replace(s, body=body)
-        piped = _split(s, body, self.stages)
+        piped = _split(s, body, self.stages, self.inflight)
         if piped is None:
             return replace(s, body=body)
         inner = self.pieces.get(id(piped.consumers[0])) if len(piped.consumers) == 1 else None
@@ -245,8 +287,9 @@ class _Pipeline(ir.Mutator):
         return out
 
 
-def pipeline_buffers(s: ir.Stmt, stages: dict[str, int]) -> ir.Stmt:
-    """Multi-buffer the requested buffers across the iterations of their load–use loops."""
+def pipeline_buffers(s: ir.Stmt, stages: dict[str, int], inflight: dict[str, int] | None = None) -> ir.Stmt:
+    """Multi-buffer the requested buffers across the iterations of their load–use loops
+    (``inflight``: asynchronous MMA groups left running, per buffer)."""
     if not stages:
         return s
-    return _Pipeline(stages).stmt(s)
+    return _Pipeline(stages, inflight or {}).stmt(s)

@@ -1,0 +1,149 @@
+"""Warpgroup MMA (wgmma) without a GPU: the primitive's layouts and checks, the lowering's refusals,
+the golden loop IR of a small pipelined wgmma GEMM (one group in flight, swizzled tiles), and the
+generated CUDA compiled by nvcc for sm_90a (HGMMA instructions, asynchronous copies, no local memory).
+
+Regenerate the golden file after a reviewed change with POLYTILE_REGEN_GOLDEN=1.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.errors import LoweringError, ScheduleError
+from polytile.ops.gpu_schedules import gemm_wgmma
+from polytile.target import CUDATarget
+
+GOLDEN = Path(__file__).parent / "golden"
+HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+SM90A = CUDATarget(arch="sm_90a")
+
+
+def _sched(M=300, N=264, K=200, dtype="float16", **cfg):
+    s = pt.Schedule(ops.matmul(M, N, K, dtype).func)
+    gemm_wgmma(s, "C", "A", "B", **cfg)
+    return s
+
+
+def _manual(M=256, N=128, K=128, warp_tag="threadIdx.z", rows=16, bm=64, pad=(), b_transposed=False):
+    A = pt.placeholder((M, K), "float16", "A")
+    B = pt.placeholder((N, K) if b_transposed else (K, N), "float16", "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(
+        A[i, k].astype("float32") * (B[j, k] if b_transposed else B[k, j]).astype("float32"), axis=k), "C")
+    s = pt.Schedule(pt.Func([A, B], [C], name="hgemm"))
+    st = s["C"]
+    st.split("i", bm, "bi", "i1").split("j", 64, "bj", "j1")
+    st.split("i1", rows, "wi", "i2").split("i2", 16, "mi", "i3").split("j1", 8, "nj", "j3")
+    st.split("k", 64, "ko", "k1").split("k1", 16, "kk", "k3")
+    st.reorder("bi", "bj", "wi", "ko", "kk", "mi", "nj", "i3", "j3", "k3")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", warp_tag)
+    st.cache("A", "ko", loc="shared", name="A_shared", pad=pad).cache("B", "ko", loc="shared", name="B_shared")
+    st.cache_write("wi", loc="fragment")
+    return s
+
+
+# --- the primitive ---------------------------------------------------------------------------------
+
+def test_tensorize_sets_swizzled_layouts_where_rows_are_whole():
+    s = _sched(bm=128, bn=256, bk=64, stages=3)
+    caches = {c.name: c for c in s.caches}
+    assert caches["A_shared"].swizzle == 128 and caches["B_shared"].swizzle == 128
+    assert caches["A_shared"].copy_order == "cache"
+    # a 32-wide K tile holds no whole 128-byte rows: A falls back to unswizzled core matrices
+    s = _sched(bm=128, bn=256, bk=32, stages=3)
+    caches = {c.name: c for c in s.caches}
+    assert caches["A_shared"].swizzle == 0 and caches["B_shared"].swizzle == 128
+
+
+def test_wgmma_refuses_a_layout_of_the_users():
+    s = _manual(pad=(0, 8))
+    with pytest.raises(ScheduleError, match="wgmma sets the shared layout"):
+        s["C"].tensorize("i3", "wgmma_m64nNk16")
+
+
+def test_wgmma_needs_b_n_major():
+    s = _manual(b_transposed=True)
+    with pytest.raises(ScheduleError, match="B\\[..., k, j\\]"):
+        s["C"].tensorize("i3", "wgmma_m64nNk16")
+
+
+def test_inflight_needs_wgmma_and_stages():
+    s = _manual()
+    with pytest.raises(ScheduleError, match="tensorize"):
+        s["C"].pipeline("A_shared", 3, inflight=1)
+    s["C"].tensorize("i3", "wgmma_m64nNk16")
+    with pytest.raises(ScheduleError, match="inflight \\+ 2 stages"):
+        s["C"].pipeline("A_shared", 2, inflight=1)
+
+
+# --- the lowering's refusals -----------------------------------------------------------------------
+
+def test_wgmma_needs_sm90a():
+    with pytest.raises(LoweringError, match="only sm_90a"):
+        pt.lower(_sched(bm=128, bn=128, bk=64, stages=2), CUDATarget(arch="sm_80"))
+
+
+def test_wgmma_warps_along_z():
+    s = _manual(warp_tag="threadIdx.y")
+    s["C"].tensorize("i3", "wgmma_m64nNk16")
+    with pytest.raises(LoweringError, match="threadIdx.z"):
+        pt.lower(s, SM90A)
+
+
+def test_wgmma_each_warp_owns_16_rows():
+    s = _manual(rows=32, bm=128)
+    s["C"].tensorize("i3", "wgmma_m64nNk16")
+    with pytest.raises(LoweringError, match="16 rows"):
+        pt.lower(s, SM90A)
+
+
+def test_wgmma_descriptors_match_the_layouts():
+    src = pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source
+    # A: K-major, 128-byte swizzle, 8-row groups 1024 B apart; B: N-major, 64-column groups of
+    # 64 rows × 128 B (8192 B) apart, 8-row groups 1024 B apart
+    assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 8192, 1024, 1\);", src)
+    src = pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source
+    # unswizzled core matrices: A's k groups 128 B apart, row groups 4 × 128 B; B's k groups
+    # 5 × 128 B apart, column groups 128 B
+    assert re.search(r"pt_wgmma_m64n40k16_f16\(&C_local\[0\], .*, 128, 512, 0, 640, 128, 0\);", src)
+
+
+def test_golden_wgmma_ir():
+    s = _sched(M=128, N=128, K=192, bm=64, bn=64, bk=64, stages=3, inflight=1)
+    got = str(pt.lower(s, SM90A)) + "\n"
+    path = GOLDEN / "wgmma_gemm.txt"
+    if os.environ.get("POLYTILE_REGEN_GOLDEN"):
+        path.write_text(got)
+    assert got == path.read_text()
+
+
+# --- nvcc ------------------------------------------------------------------------------------------
+
+def _sass(cubin: bytes) -> str:
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+@pytest.mark.parametrize("dtype,cfg", [
+    ("float16", dict(bm=128, bn=256, bk=64, stages=4, inflight=1)),
+    ("bfloat16", dict(bm=64, bn=40, bk=32, stages=3)),
+])
+def test_wgmma_compiles_to_hgmma(dtype, cfg):
+    from polytile.runtime.cuda import compile_cuda
+    src = pt.build(_sched(dtype=dtype, **cfg), SM90A).source
+    cubin, resources = compile_cuda(src, "sm_90a")
+    text = _sass(cubin)
+    assert "HGMMA.64x" in text and "LDGSTS" in text
+    assert "WARPGROUP.ARRIVE" in text and "WARPGROUP.DEPBAR" in text
+    assert not re.search(r"\bHMMA\b|\bLDSM\b|\bLDL\b|\bSTL\b", text)
