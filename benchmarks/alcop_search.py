@@ -351,7 +351,7 @@ def exhaustive_summary(task, ranked: list, table: dict[str, MeasureResult], vali
 def run_workload(name: str, args: argparse.Namespace, tuners: list[str], target, measurer: SharedMeasurer,
                  records_dir: Path, deadline: float) -> dict:
     op_name, shape = WORKLOADS[name]
-    task = make_task(op_name, target, **shape)
+    task = make_task(op_name, target, template=f"{op_name}_tensorcore", **shape)
     exhaustive = None
     if args.exhaustive:
         table, valid = exhaustive_table(name, task, measurer.inner, args.prebuilt and Path(args.prebuilt),
@@ -552,8 +552,8 @@ def main(argv: list[str]) -> int:
             for w in workloads:
                 op_name, shape = WORKLOADS[w]
                 try:
-                    prebuild(w, make_task(op_name, target, **shape), builder, Path(args.prebuild), deadline,
-                             args.chunks)
+                    task = make_task(op_name, target, template=f"{op_name}_tensorcore", **shape)
+                    prebuild(w, task, builder, Path(args.prebuild), deadline, args.chunks)
                 except ValueError as err:  # chunks of other sources
                     print(f"alcop_search: {err}", file=sys.stderr)
                     return 2

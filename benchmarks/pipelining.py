@@ -77,8 +77,8 @@ def workloads(quick: bool) -> dict[str, dict]:
 def variant_cfg(spec: dict, variant: str) -> dict:
     if variant == "wgmma":
         d = spec["dims"]
-        rows, cols = (d[0] * d[1], d[2]) if spec["kind"] == "batch_matmul" else (d[0], d[1])
-        cfg = wgmma_gemm_config(rows, cols)
+        rows, cols, k = (d[0] * d[1], d[2], d[3]) if spec["kind"] == "batch_matmul" else d
+        cfg = wgmma_gemm_config(rows, cols, k)
         if spec["kind"] == "batch_matmul" and (cfg["bm"] > d[1] or cfg["bn"] > d[2]):
             cfg.update(bm=64, bn=64)
         return cfg

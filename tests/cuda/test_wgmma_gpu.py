@@ -36,6 +36,8 @@ CONFIGS = [
     ((200, 200, 1000), dict(bm=128, bn=64, bk=16, stages=2)),
     ((64, 40, 48), dict(bm=64, bn=40, bk=32, stages=1)),
     ((1000, 1000, 520), dict(bm=192, bn=96, bk=64, stages=5)),
+    ((70, 8, 20), dict(bm=64, bn=8, bk=16, stages=2)),  # one column tile per warp: N = 8
+    ((129, 136, 24), dict(bm=128, bn=136, bk=64, stages=3, inflight=1)),  # K: one and a half steps
 ]
 
 
@@ -70,3 +72,11 @@ def test_wgmma_batch_matmul():
     gemm_wgmma(s, "C", "A", "B", bm=64, bn=72, bk=32, stages=3, batch="bb")
     a, b = _inputs(5, [(bt, M, K), (bt, K, N)], "bfloat16")
     assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double()) < 1e-5
+
+
+def test_default_batch_matmul_is_wgmma():
+    op = ops.batch_matmul(3, 130, 70, 90, "float16")
+    kern = op.build("cuda")
+    assert "wgmma" in kern.source
+    a, b = _inputs(9, [(3, 130, 90), (3, 90, 70)], "float16")
+    assert _err(kern(a, b), a.double() @ b.double()) < 1e-5

@@ -45,7 +45,7 @@ def test_a_block_over_the_shared_memory_limit_is_rejected():
     assert big.shared_bytes() > H100.shared_per_block
     assert occupancy(big, Hardware.of(H100)).blocks == 0
     assert predict(GemmShape(4096, 4096, 4096), big, H100) == math.inf
-    task = make_task("matmul", H100, M=4096, N=4096, K=4096, dtype="float16")
+    task = make_task("matmul", H100, template="matmul_tensorcore", M=4096, N=4096, K=4096, dtype="float16")
     digits = task.space.from_values({"bm": 256, "bn": 256, "bk": 64, "wm": 64, "wn": 64, "stages": 6,
                                      "reg_stages": 2}).digits
     assert "shared_bytes" in task.space.reason_invalid(digits)
@@ -84,7 +84,7 @@ def test_bigger_problems_take_longer():
 
 
 def test_never_faster_than_the_tensor_cores():
-    task = make_task("matmul", H100, M=2048, N=2048, K=2048, dtype="float16")
+    task = make_task("matmul", H100, template="matmul_tensorcore", M=2048, N=2048, K=2048, dtype="float16")
     hw = Hardware.of(H100)
     peak = hw.sms * hw.mma_flops * hw.clock_hz
     rng = np.random.default_rng(0)
@@ -121,7 +121,8 @@ def _synthetic_time(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> fl
 
 @pytest.mark.parametrize("dims", [(4096, 4096, 4096), (512, 768, 3072), (512, 3072, 768)])
 def test_the_model_ranks_like_a_synthetic_measurement_far_better_than_chance(dims):
-    task = make_task("matmul", H100, **dict(zip("MNK", dims, strict=True)), dtype="float16")
+    task = make_task("matmul", H100, template="matmul_tensorcore", **dict(zip("MNK", dims, strict=True)),
+                     dtype="float16")
     shape = GemmShape(*dims)
     rng = np.random.default_rng(1)
     digits = task.space.sample_valid(rng, 300)
@@ -141,8 +142,8 @@ def test_templates_predict_every_tensor_core_operator():
                       ("conv2d_igemm", dict(N=32, H=14, W=14, C=256, K=256, R=3, S=3, stride=1, padding=1)),
                       ("conv3d_igemm", dict(N=2, D=8, H=14, W=14, C=64, K=64, T=3, R=3, S=3, stride=1,
                                             padding=1))]:
-        task = make_task(op, H100, **shape)
-        assert task.template.name == f"{op}_tensorcore" and task.has_model
+        task = make_task(op, H100, template=f"{op}_tensorcore", **shape)
+        assert task.has_model
         d = task.space.sample_valid(np.random.default_rng(0), 20)
         t = task.predict([task.space.config(x).values for x in d])
         assert np.all(np.isfinite(t)) and np.all(t > 0) and len(set(t.tolist())) > 5

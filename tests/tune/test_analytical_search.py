@@ -161,7 +161,7 @@ class _FakeMeasurer:
 
 @pytest.mark.parametrize("tuner", ["analytical", "analytical+xgboost"])
 def test_tune_task_records_and_resumes_with_the_analytical_tuners(tmp_path, tuner):
-    task = make_task("matmul", H100, M=512, N=768, K=3072, dtype="float16")
+    task = make_task("matmul", H100, template="matmul_tensorcore", M=512, N=768, K=3072, dtype="float16")
     assert task.template.name == "matmul_tensorcore"
     path = tmp_path / "r.jsonl"
     fake = _FakeMeasurer()
@@ -185,7 +185,9 @@ def test_tune_task_records_and_resumes_with_the_analytical_tuners(tmp_path, tune
 
 def test_tensor_core_templates_are_chosen_by_data_type():
     half = make_task("matmul", H100, M=256, N=256, K=256, dtype="float16")
-    assert half.template.name == "matmul_tensorcore"
+    assert half.template.name == "matmul_wgmma" and not half.has_model  # Hopper: warpgroup MMA first
+    ampere = CUDATarget(name="A100", arch="sm_80")
+    assert make_task("matmul", ampere, M=256, N=256, K=256, dtype="float16").template.name == "matmul_tensorcore"
     assert make_task("matmul", H100, M=256, N=256, K=256).template.name == "matmul_cuda"
     older = CUDATarget(arch="sm_75")
     assert make_task("matmul", older, M=256, N=256, K=256, dtype="float16").template.name == "matmul_cuda"
@@ -208,8 +210,20 @@ def test_cli_takes_the_new_tuners_and_a_dtype(capsys):
 @pytest.mark.parametrize("tuner", ["analytical", "analytical+xgboost"])
 def test_analytical_tuners_on_the_gpu(tmp_path, tuner):
     from polytile.tune import MeasureOptions
-    task = make_task("matmul", "cuda", M=512, N=768, K=768, dtype="float16")
+    task = make_task("matmul", "cuda", template="matmul_tensorcore", M=512, N=768, K=768, dtype="float16")
     result = tune_task(task, 8, tmp_path / "gpu.jsonl", tuner=tuner, batch_size=4, progress=False,
                        measure=MeasureOptions(repeat=10, min_time=0.02))
     assert result.best is not None and result.kernel is not None and result.verified
     assert {r.tuner for r in result.records} == {tuner}
+
+
+@pytest.mark.gpu
+def test_wgmma_template_tunes_on_hopper(tmp_path):
+    from polytile.tune import MeasureOptions
+    task = make_task("matmul", "cuda", M=512, N=768, K=768, dtype="float16")
+    if task.template.name != "matmul_wgmma":
+        pytest.skip("not an sm_90a GPU")
+    result = tune_task(task, 12, tmp_path / "wgmma.jsonl", tuner="xgb", batch_size=6, progress=False,
+                       measure=MeasureOptions(repeat=10, min_time=0.02))
+    assert result.best is not None and result.kernel is not None and result.verified
+    assert sum(r.ok for r in result.records) >= 6

@@ -7,7 +7,10 @@ With 16-bit operands (float16, bfloat16) on sm_80 and newer, matmul, batch_matmu
 implicit-GEMM convolutions (conv2d_igemm, conv3d_igemm) use tensor cores (``gemm_tensorcore``,
 ``igemm_tensorcore``): block tile bm × bn × bk, warp tile wm × wn, shared-memory stages 1–6 and
 register stages 1–2 (ALCOP's space); these templates carry ALCOP's analytical model
-(``tune.analytical``) for the analytical tuners.
+(``tune.analytical``) for the analytical tuners. On sm_90a, matmul and batch_matmul come first
+with the warpgroup-MMA templates (``matmul_wgmma``, ``batch_matmul_wgmma``: block tile, K tile,
+stages, MMA groups in flight; no analytical model: the XGBoost, random and grid tuners); name
+``matmul_tensorcore`` to tune the mma.sync space there.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, igemm_tensorcore
+from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, gemm_wgmma, igemm_tensorcore
 from ...target import CUDATarget
 from ..analytical import GemmShape, TileConfig, predict
 from ..space import TemplateConfig
@@ -114,6 +117,48 @@ def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
         pad.bind("cc", "blockIdx.y").bind("hwo", "blockIdx.x").bind("hwt", "threadIdx.x")
         if s["N"] > 1:
             pad.bind("n", "blockIdx.z")
+    return sched
+
+
+# --- warpgroup MMA (Hopper) ---------------------------------------------------------------------------
+
+def wgmma_op(op: Any, target: object) -> bool:
+    """16-bit operands on an sm_90a GPU: the warpgroup-MMA templates apply (and come first)."""
+    return tensor_core_op(op, target) and getattr(target, "arch", "") == "sm_90a"
+
+
+def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
+    """Block tile bm × bn (bm/64 warpgroups issuing wgmma.m64n{bn}k16), K tile bk, shared stages and
+    the MMA groups left in flight; the first choices are the library's default (wgmma_gemm_config)."""
+    t = {"bm": int(cfg.knob("bm", [128, 64, 256])), "bn": int(cfg.knob("bn", [256, 128, 64, 192])),  # type: ignore[call-overload]
+         "bk": int(cfg.knob("bk", [64, 128, 32]))}  # type: ignore[call-overload]
+    t["stages"] = cfg.integer("stages", 1, 6, default=4)
+    t["inflight"] = cfg.integer("inflight", 0, 2, default=1)
+    cfg.require(t["inflight"] == 0 or t["stages"] >= t["inflight"] + 2,
+                "groups in flight need stages ≥ inflight + 2 (a slot to load ahead)")
+    cfg.require(t["bm"] // 2 < shape.m or t["bm"] == 64, "the block tile is twice the matrix's rows")
+    cfg.require(t["bn"] // 2 < shape.n or t["bn"] == 64, "the block tile is twice the matrix's columns")
+    cfg.require(t["bk"] // 2 < shape.k or t["bk"] == 32, "the K tile is twice the reduction")
+    threads = t["bm"] // 16 * 32
+    regs = t["bn"] // 2 + 64  # the accumulator (bn/2 per thread), addresses and counters
+    cfg.resources(threads_per_block=threads, shared_bytes=t["stages"] * (t["bm"] + t["bn"]) * t["bk"] * shape.itemsize,
+                  registers_per_thread=regs, registers_per_block=regs * threads)
+    return t
+
+
+@template("matmul", "cuda", name="matmul_wgmma", applies=wgmma_op)
+def matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _wgmma_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    gemm_wgmma(sched, "C", "A", "B", **tiles)
+    return sched
+
+
+@template("batch_matmul", "cuda", name="batch_matmul_wgmma", applies=wgmma_op)
+def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _wgmma_space(cfg, gemm_shape(op))
+    sched = cfg.schedule(op.func)
+    gemm_wgmma(sched, "C", "A", "B", batch="bb", **tiles)
     return sched
 
 
