@@ -173,18 +173,33 @@ def cuda_workloads() -> list[Workload]:
 
 def polytile_workloads() -> list[Workload]:
     """polytile's own fp32 matmul, softmax and layernorm (the sizes of `cuda_workloads`) and its fp16
-    tensor-core matmul (2048³: HMMA, LDSM and LDGSTS, pipelined), built with
-    each operator's default CUDA schedule for the GPU present (sm_90a without one), checked against
-    the operator's float64 reference."""
+    tensor-core matmuls at 2048³ — ``mma.sync`` (HMMA, LDSM and LDGSTS, pipelined: `gemm_tensorcore`)
+    and, on sm_90a, the default warpgroup-MMA kernel (HGMMA, WARPGROUP fences and LDGSTS, pinned
+    but for the copies) — built for the GPU present (sm_90a without one), checked against the
+    operator's float64 reference."""
+    import polytile as pt
+    from polytile.ops.gpu_schedules import gemm_tensorcore
+    from polytile.target import as_target
+
+    def mma_sync(op: ops.Op):  # noqa: ANN202 - a CUDA kernel
+        s = pt.Schedule(op.func)
+        gemm_tensorcore(s, "C", "A", "B", bm=128, bn=256, wm=64, wn=64, bk=64, stages=3, reg_stages=2)
+        return pt.build(s, "cuda")
+
     rng = np.random.default_rng(0)
     workloads = []
-    for name, op in (
-        ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32")),
-        ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16")),  # tensor cores (mma.sync, cp.async)
-        ("polytile-softmax", ops.softmax(2048, 4096, "float32")),
-        ("polytile-layernorm", ops.layernorm(2048, 4096, "float32")),
+    hopper = getattr(as_target("cuda"), "arch", "") == "sm_90a"
+    for name, op, build in (
+        ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32"), None),
+        ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16"), mma_sync),
+        ("polytile-matmul-wgmma", ops.matmul(2048, 2048, 2048, "float16"), None if hopper else False),
+        ("polytile-softmax", ops.softmax(2048, 4096, "float32"), None),
+        ("polytile-layernorm", ops.layernorm(2048, 4096, "float32"), None),
     ):
-        launch = polytile_launch(op.build("cuda"), op.make_inputs(rng), name=name)
+        if build is False:
+            continue
+        kern = build(op) if build else op.build("cuda")
+        launch = polytile_launch(kern, op.make_inputs(rng), name=name)
         workloads.append(Workload(name, launch, _op_reference(op), op.tolerance))
     return workloads
 
