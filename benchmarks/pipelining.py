@@ -9,9 +9,9 @@ polytile's tensor-core kernel is built with the same tiles in four pipelining va
   shared2     double buffering in shared memory (2 stages)
   shared      multi-stage shared memory (the workload's stage count, 3 or 4)
   multilevel  multi-stage shared memory + double-buffered register fragments, fused (ALCOP)
-  wgmma       (GEMMs, sm_90a) Hopper's warpgroup MMA with its default configuration
-              (``wgmma_gemm_config``: swizzled shared tiles, 4 stages, one MMA group in flight) —
-              what ``ops.matmul``/``ops.batch_matmul`` build on an H100
+  wgmma       (sm_90a) Hopper's warpgroup MMA with its default configuration
+              (``wgmma_gemm_config`` / ``wgmma_igemm_config``: swizzled shared tiles, 4 stages,
+              one MMA group in flight) — what the operators build on an H100
 
 beside cuBLAS/cuDNN (torch; TF32 off) and Triton (a tutorial GEMM with float32 output, best of a
 few tile/stage configurations) on the same random inputs. Every kernel is checked against a float32
@@ -40,7 +40,14 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import gemm_tensorcore, gemm_wgmma, igemm_tensorcore, wgmma_gemm_config  # noqa: E402
+from polytile.ops.gpu_schedules import (  # noqa: E402
+    gemm_tensorcore,
+    gemm_wgmma,
+    igemm_tensorcore,
+    igemm_wgmma,
+    wgmma_gemm_config,
+    wgmma_igemm_config,
+)
 
 VARIANTS = ("none", "shared2", "shared", "multilevel", "wgmma")
 MMA_VARIANTS = VARIANTS[:4]  # the mma.sync pipelining variants (ALCOP's comparison)
@@ -75,6 +82,9 @@ def workloads(quick: bool) -> dict[str, dict]:
 
 
 def variant_cfg(spec: dict, variant: str) -> dict:
+    if variant == "wgmma" and spec["kind"].endswith("igemm"):
+        op = make_op(spec, "float16")
+        return wgmma_igemm_config(int(op.func.outputs[0].shape[0].value), op.shape["K"])
     if variant == "wgmma":
         d = spec["dims"]
         rows, cols, k = (d[0] * d[1], d[2], d[3]) if spec["kind"] == "batch_matmul" else d
@@ -110,7 +120,7 @@ def build_variant(job: tuple[str, dict, str, str]):  # noqa: ANN201 - (key, kern
             (gemm_wgmma if variant == "wgmma" else gemm_tensorcore)(sched, "C", "A", "B", batch=batch, **cfg)
         else:
             taps = ["r", "s"] if spec["kind"] == "conv2d_igemm" else ["t", "r", "s"]
-            igemm_tensorcore(sched, "O", "col", "Wt", taps, **cfg)
+            (igemm_wgmma if variant == "wgmma" else igemm_tensorcore)(sched, "O", "col", "Wt", taps, **cfg)
         kern = pt.build(sched, "cuda")
         return (name, dtype, variant), kern, time.perf_counter() - t0
     except Exception as err:  # noqa: BLE001 - a failed build is recorded, the run goes on
@@ -218,8 +228,7 @@ def main() -> int:
     for name, spec in work.items():
         # bf16: the GEMMs (the convolutions' bf16 path is the same code as fp16)
         for dtype in dtypes if spec["kind"] in ("matmul", "batch_matmul") else dtypes[:1]:
-            gemm = spec["kind"] in ("matmul", "batch_matmul")
-            jobs += [(name, spec, dtype, v) for v in VARIANTS if v != "wgmma" or (gemm and hopper)]
+            jobs += [(name, spec, dtype, v) for v in VARIANTS if v != "wgmma" or hopper]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as ex:
         built = {key: (k, s) for key, k, s in ex.map(build_variant, jobs)}

@@ -146,6 +146,33 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
         st.pipeline(f"{col}_shared_frag", reg_stages).pipeline(f"{w}_shared_frag", reg_stages)
 
 
+def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128, bn: int = 128,
+                bk: int = 64, stages: int = 4, inflight: int = 1) -> None:
+    """Schedule an implicit-GEMM convolution like ``igemm_tensorcore`` on Hopper's warpgroup MMA:
+    bm/64 warpgroups issue ``wgmma.m64n{bn}k16`` on the gathered [m][c] tile and the [c][k] filter
+    tile (both in 128-byte swizzled rows: ``bk`` and ``bn`` multiples of 64), the taps and channel
+    chunks one pipelined K loop with ``inflight`` MMA groups left running."""
+    if bm % 64 or bn % 64 or bk % 64:
+        raise ScheduleError(f"igemm_wgmma: bm, bn and bk must be multiples of 64 (got {bm}, {bn}, {bk})")
+    st = sched[out]
+    st.split("m", bm, "bi", "i1").split("k", bn, "bj", "j1")
+    st.split("i1", 16, "wi", "i3").split("j1", 8, "nj", "j3")
+    st.split("c", bk, "co", "c1").split("c1", 16, "kk", "k3")
+    st.reorder("bi", "bj", "wi", *taps, "co", "kk", "nj", "i3", "j3", "k3")
+    k_loop = taps[0]
+    for t in [*taps[1:], "co"]:  # one sequential loop over the taps and channel chunks
+        st.fuse(k_loop, t, f"{k_loop}_{t}")
+        k_loop = f"{k_loop}_{t}"
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z")
+    st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", name=f"{col}_shared")
+    st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", name=f"{w}_shared")
+    st.cache_write("wi", loc="fragment")
+    st.tensorize("i3", "wgmma_m64nNk16")
+    sched[col].compute_inline()  # after caching: the copies gather the input themselves
+    if stages > 1:
+        st.pipeline(f"{col}_shared", stages, inflight=inflight).pipeline(f"{w}_shared", stages, inflight=inflight)
+
+
 def _gemm_tiles(M: int, N: int, wide: bool = False) -> dict[str, int]:
     """Block and warp tiles for a tensor-core GEMM of M × N outputs: 128×256 (``wide``) or 128×128
     tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
@@ -156,9 +183,20 @@ def _gemm_tiles(M: int, N: int, wide: bool = False) -> dict[str, int]:
     return dict(bm=64, bn=64, wm=32, wn=32)
 
 
+def wgmma_igemm_config(M: int, K: int) -> dict[str, int]:
+    """Tiles of an implicit-GEMM convolution on warpgroup MMA (M output pixels, K output channels):
+    128×128 block tiles (128×64 when K is not a multiple of 128 or the 128×128 tiles leave the GPU
+    less than half full), 64-wide channel chunks, 4 stages, one MMA group in flight."""
+    bn = 128 if K % 128 == 0 and (M // 128) * (K // 128) >= 66 else 64
+    return dict(bm=128, bn=bn, bk=64, stages=4, inflight=1)
+
+
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
                  stride: int, padding: int) -> None:
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    if _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
+        igemm_wgmma(sched, "O", "col", "Wt", ["r", "s"], **wgmma_igemm_config(N * P * Q, K))
+        return
     igemm_tensorcore(sched, "O", "col", "Wt", ["r", "s"], bk=32, stages=3, reg_stages=2,
                      **_gemm_tiles(N * P * Q, K))
 
@@ -167,6 +205,9 @@ def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W:
                  R: int, S: int, stride: int, padding: int) -> None:
     Z = (D + 2 * padding - T) // stride + 1
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    if _wgmma(target) and min(C, K) >= 64:
+        igemm_wgmma(sched, "O", "col", "Wt", ["t", "r", "s"], **wgmma_igemm_config(N * Z * P * Q, K))
+        return
     igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], bk=32, stages=3, reg_stages=2,
                      **_gemm_tiles(N * Z * P * Q, K))
 

@@ -99,7 +99,9 @@ def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
     over = lmap.intersect_domain(isl.Set(f"{{ [{', '.join(r.name for r in rs)}] : {box} }}")) if box else lmap
     if not over.is_injective():
         raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
-    return lmap, rs, outs
+    # over the box only: a layout that drops dimensions of extent one (a projection) is then
+    # invertible, so that a copy can run over the buffer's layout
+    return over, rs, outs
 
 
 def _extreme(pa: isl.PwAff, maximize: bool) -> int | None:

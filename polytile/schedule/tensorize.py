@@ -31,7 +31,7 @@ from ..errors import ScheduleError
 from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
 
 if TYPE_CHECKING:
-    from .state import Stage
+    from .state import CacheSpec, Stage
 
 INTRINSICS = {"mma_m16n8k16": (16, 8, 16), "wgmma_m64nNk16": (16, 8, 16)}
 
@@ -142,20 +142,13 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
             inside = loops.index(level) + 1 if level is not None else 0
             grain = {data[-2]: span(data[-2], first), data[-1]: span(data[-1], first),
                      **{d: span(d, inside) for d in k_dims}}
+            if wgmma:  # whole warpgroups: the A tile holds 64 rows per warpgroup even past the matrix
+                grain[data[-2]] = -(-grain[data[-2]] // 64) * 64
             granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
                              for i in op.indices)
             sched.caches[k] = replace(sched.caches[k], whole=granules)
             if wgmma:
-                c = sched.caches[k]
-                if c.layout is not None or any(c.pad):
-                    raise ScheduleError(f"tensorize of {self.name} with {intrinsic}: cache {c.name} has a layout or "
-                                        "padding of its own; wgmma sets the shared layout (core matrices), so "
-                                        "cache it without layout= and pad=")
-                # the contiguous extent (A's K tile, B's N tile) in 128-byte swizzled rows where it
-                # holds whole rows (the fast layout), in unswizzled core matrices otherwise
-                swizzled = granules[-1] % 64 == 0
-                sched.caches[k] = replace(c, layout=swizzled_rows if swizzled else core_matrices,
-                                          swizzle=128 if swizzled else 0, copy_order="cache")
+                sched.caches[k] = _wgmma_cache(self.name, sched.caches[k], granules[-1])
     for k, c in enumerate(sched.caches):
         if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":
             sched.caches[k] = replace(c, whole=(1,) * (len(comp.shape) - 2) + (16, 8))
@@ -165,21 +158,45 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     return self
 
 
+def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:
+    """The operand cache ``c`` in wgmma's layout: its contiguous extent (A's K tile, B's N tile) in
+    128-byte swizzled rows where it holds whole rows (the fast layout), in unswizzled core matrices
+    otherwise, copied in the layout's order. A layout of the user's (the implicit GEMM's projection
+    of the taps) is kept and composed with the swizzled rows; its copy runs over the tensor's
+    indices (a quarter-warp still writes one whole swizzled row)."""
+    if any(c.pad):
+        raise ScheduleError(f"tensorize of {name} with wgmma: cache {c.name} is padded; wgmma sets the shared "
+                            "layout (swizzled rows or core matrices), so cache it without pad=")
+    swizzled = contiguous % 64 == 0
+    if c.layout is not None:
+        if not swizzled:
+            raise ScheduleError(f"tensorize of {name} with wgmma: cache {c.name} has a layout of its own, which wgmma "
+                                f"composes with its 128-byte swizzled rows: its contiguous tile ({contiguous}) must "
+                                "be a multiple of 64 elements")
+        user = c.layout
+        return replace(c, layout=lambda *e: swizzled_rows(*user(*e)), swizzle=128,  # type: ignore[operator]
+                       copy_order="cache")
+    return replace(c, layout=swizzled_rows if swizzled else core_matrices, swizzle=128 if swizzled else 0,
+                   copy_order="cache")
+
+
 def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_dims: list[str]) -> None:
-    """wgmma reads A K-major ([..., i, k]) and B N-major ([..., k, j]): the last two indices of each
-    operand must be those axes, in that order."""
-    def last_two(op: Load) -> tuple[str | None, str | None]:
-        out = []
-        for e in op.indices[-2:]:
-            names = {v.name for v in walk(e) if isinstance(v, IterVar)}
-            out.append(names.pop() if len(names) == 1 else None)
-        return (out[0], out[1]) if len(out) == 2 else (None, None)
+    """wgmma reads A K-major (the row axis i among its indices, a reduction axis last: [..., i, k] or
+    an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j])."""
+    def axes(e: Expr) -> set[str]:
+        return {v.name for v in walk(e) if isinstance(v, IterVar)}
 
     row, col = data[-2], data[-1]
-    ops = {last_two(a): a, last_two(b): b}
-    want_a = [(row, k) for k in reduce_dims]
-    want_b = [(k, col) for k in reduce_dims]
-    if not any(w in ops for w in want_a) or not any(w in ops for w in want_b):
+
+    def is_a(op: Load) -> bool:
+        return len(op.indices) >= 2 and axes(op.indices[-1]) <= set(reduce_dims) and bool(axes(op.indices[-1])) \
+            and any(axes(i) == {row} for i in op.indices[:-1])
+
+    def is_b(op: Load) -> bool:
+        return len(op.indices) >= 2 and axes(op.indices[-1]) == {col} and bool(axes(op.indices[-2])) \
+            and axes(op.indices[-2]) <= set(reduce_dims)
+
+    if not ((is_a(a) and is_b(b)) or (is_a(b) and is_b(a))):
         raise ScheduleError(f"tensorize of {name} with wgmma: the operands must be read as A[..., {row}, k] "
                             f"(k contiguous) and B[..., k, {col}] ({col} contiguous); got "
                             f"{a.tensor.name}{list(map(str, a.indices))} and "

@@ -33,7 +33,7 @@ def _sass_ops(cubin: bytes) -> dict[str, int]:
         f.flush()
         text = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
     counts: dict[str, int] = {}
-    for op in re.findall(r"\b(HMMA|LDGSTS|LDSM|LDL|STL)\b", text):
+    for op in re.findall(r"\b(HGMMA|HMMA|LDGSTS|LDSM|LDL|STL)\b", text):
         counts[op] = counts.get(op, 0) + 1
     return counts
 
@@ -153,10 +153,11 @@ def test_tensor_core_edges_zero_fill():
 
 @pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
 def test_operator_library_uses_tensor_cores_for_16_bit_inputs():
+    # (the header defines every instruction's wrapper: look for calls)
     kern = ops.matmul(256, 256, 256, "float16").build("cuda:sm_90a")
-    assert "pt_mma_m16n8k16_f16" in kern.source
+    assert "pt_wgmma_m64n" in kern.source.split("__global__")[1]  # Hopper: warpgroup MMA
     kern = ops.batch_matmul(4, 128, 128, 64, "bfloat16").build("cuda:sm_80")
-    assert "pt_mma_m16n8k16_bf16" in kern.source
+    assert "pt_mma_m16n8k16_bf16(&" in kern.source
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
@@ -168,9 +169,13 @@ def test_implicit_gemm_convolutions_gather_with_zero_filling_copies(arch):
     for op in (ops.conv2d_igemm(32, 14, 14, 256, 256, 3, 3, 1, 1),
                ops.conv3d_igemm(2, 8, 14, 14, 64, 64, 3, 3, 3, 1, 1)):
         kern = op.build(f"cuda:{arch}")
-        src = kern.source
-        assert "col[" not in src and "pt_cp_async16_zfill(" in src and "pt_mma_m16n8k16_f16(" in src
-        assert "pt_cp_async_wait<1>()" in src  # three stages
+        src = kern.source.split("__global__")[1]
+        assert "col[" not in src and "pt_cp_async16_zfill(" in src
+        assert "pt_cp_async_wait<1>()" in src  # mma.sync: three stages; wgmma: four, one group in flight
         sass = _sass_ops(kern.cubin)
-        assert sass.get("HMMA", 0) >= 16 and sass.get("LDGSTS", 0) > 0 and sass.get("LDSM", 0) > 0
+        if arch == "sm_90a":  # the default on Hopper: warpgroup MMA
+            assert "pt_wgmma_m64n" in src and sass.get("HGMMA", 0) >= 4 and sass.get("LDGSTS", 0) > 0
+        else:
+            assert "pt_mma_m16n8k16_f16(&" in src
+            assert sass.get("HMMA", 0) >= 16 and sass.get("LDGSTS", 0) > 0 and sass.get("LDSM", 0) > 0
         assert not sass.get("LDL") and not sass.get("STL")

@@ -147,3 +147,40 @@ def test_wgmma_compiles_to_hgmma(dtype, cfg):
     assert "HGMMA.64x" in text and "LDGSTS" in text
     assert "WARPGROUP.ARRIVE" in text and "WARPGROUP.DEPBAR" in text
     assert not re.search(r"\bHMMA\b|\bLDSM\b|\bLDL\b|\bSTL\b", text)
+
+
+def _guarded_wgmma(body) -> list[str]:
+    """Conditions on the threads that enclose a wgmma instruction (they would split a warpgroup)."""
+    from polytile.lowering import loopir as ir
+    found = []
+
+    def visit(st, conds):
+        if isinstance(st, ir.If):
+            names = {n.name for n in ir.walk_expr(st.cond) if isinstance(n, ir.Var)}
+            inner = conds + ([ir.expr_text(st.cond)] if names & {"wi", "threadIdx.z"} else [])
+            visit(st.then, inner)
+            if st.orelse is not None:
+                visit(st.orelse, conds)
+            return
+        if isinstance(st, ir.Evaluate) and st.call.name.startswith("pt_wgmma") and conds:
+            found.extend(conds)
+        for child in ir.stmt_children(st):
+            visit(child, conds)
+    visit(body, [])
+    return found
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _sched(M=1000, N=1000, K=520, bm=128, bn=128, bk=64, stages=3),
+    # 1568 output pixels: the last block tile holds 32 rows, two of its eight warps
+    lambda: _conv(32, 7, 512, 512),
+])
+def test_no_warp_guard_around_wgmma(make):
+    assert not _guarded_wgmma(pt.lower(make(), SM90A).body)
+
+
+def _conv(N, H, C, K):
+    from polytile.ops.gpu_schedules import igemm_wgmma
+    s = pt.Schedule(ops.conv2d_igemm(N, H, H, C, K, 3, 3, 1, 1).func)
+    igemm_wgmma(s, "O", "col", "Wt", ["r", "s"], bm=128, bn=64, bk=64, stages=4, inflight=1)
+    return s

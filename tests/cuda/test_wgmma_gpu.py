@@ -80,3 +80,35 @@ def test_default_batch_matmul_is_wgmma():
     assert "wgmma" in kern.source
     a, b = _inputs(9, [(3, 130, 90), (3, 90, 70)], "float16")
     assert _err(kern(a, b), a.double() @ b.double()) < 1e-5
+
+
+CONVS = [
+    # (N, H, W, C, K, stride, padding), tiles: channels and filters that cut the 64-wide tiles, stride 2
+    ((2, 9, 9, 96, 72, 1, 1), dict(bm=64, bn=64, bk=64, stages=3, inflight=1)),
+    ((3, 14, 14, 128, 256, 1, 1), dict(bm=128, bn=128, bk=64, stages=4, inflight=1)),
+    ((2, 15, 15, 64, 128, 2, 1), dict(bm=128, bn=64, bk=64, stages=2, inflight=0)),
+    # 98 output pixels: the last warp of the second warpgroup has no rows (it still joins the MMA)
+    ((2, 7, 7, 128, 64, 1, 1), dict(bm=128, bn=64, bk=64, stages=4, inflight=1)),
+]
+
+
+@pytest.mark.parametrize("dims,cfg", CONVS, ids=[f"conv{k}" for k in range(len(CONVS))])
+def test_wgmma_conv2d_igemm(dims, cfg):
+    from polytile.ops.gpu_schedules import igemm_wgmma
+    N, H, W, C, K, stride, padding = dims
+    op = ops.conv2d_igemm(N, H, W, C, K, 3, 3, stride, padding, dtype="float16")
+    s = pt.Schedule(op.func)
+    igemm_wgmma(s, "O", "col", "Wt", ["r", "s"], **cfg)
+    kern = pt.build(s, "cuda")
+    x, w = _inputs(N + C, [(N, H, W, C), (3, 3, C, K)], "float16")
+    ref = torch.from_numpy(op.reference(x.cpu().numpy(), w.cpu().numpy())).cuda()
+    assert _err(kern(x, w), ref) < 1e-5
+
+
+def test_default_conv3d_is_wgmma():
+    op = ops.conv3d_igemm(1, 6, 7, 7, 64, 64, 3, 3, 3, 1, 1, dtype="bfloat16")
+    kern = op.build("cuda")
+    assert "wgmma" in kern.source
+    x, w = _inputs(3, [(1, 6, 7, 7, 64), (3, 3, 3, 64, 64)], "bfloat16")
+    ref = torch.from_numpy(op.reference(x.float().cpu().numpy(), w.float().cpu().numpy())).cuda()
+    assert _err(kern(x, w), ref) < 1e-5

@@ -149,6 +149,11 @@ def _nests(s: ir.Stmt) -> list[ir.For]:
     return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and x.kind in ("tensorize", WGMMA_KIND)]
 
 
+def _inside_nest(st: ir.Stmt, root: ir.Stmt) -> bool:
+    """Whether statement ``st`` lies inside a tensorized nest of ``root``."""
+    return any(st is x for n in _nests(root) for x in ir.walk_stmt(n))
+
+
 def _make_nest(loop: ir.For) -> _Nest | WgmmaNest:
     return WgmmaNest(loop) if loop.kind == WGMMA_KIND else _Nest(loop)
 
@@ -166,6 +171,15 @@ class _Tensorize(ir.Mutator):
             return ir.Allocate(s.buffer, self.stmt(s.body))
         finally:
             self.shared.pop()
+
+    def visit_If(self, s: ir.If) -> ir.Stmt:
+        # a guard around wgmma nests only (the rows or columns of a partial tile: isl cuts the
+        # domain per warp) would leave part of a warpgroup out of its collective instruction; the
+        # instruction computes whole zero-filled tiles and the write-back has its own guard
+        if s.orelse is None and any(n.kind == WGMMA_KIND for n in _nests(s.then)) and all(
+                _inside_nest(st, s.then) for st in ir.walk_stmt(s.then) if isinstance(st, ir.Store)):
+            return self.stmt(s.then)
+        return self.default_stmt(s)
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
         nests = [_make_nest(n) for n in _nests(s)] if s.kind not in ("tensorize", WGMMA_KIND) else []
@@ -192,6 +206,20 @@ class _Tensorize(ir.Mutator):
             if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: _span(
                     full, self.bounds), **self._inner_spans(full)}):
                 s = full
+        if s.kind == "threadIdx.z" and isinstance(s.extent, ir.Const) and int(s.extent.value) % 4 and \
+                ir.is_const(simplify_expr(s.lo), 0) and any(isinstance(n, WgmmaNest) for n in nests):
+            # a block tile taller than the matrix has fewer warps than whole warpgroups: the missing
+            # warps join (their rows are past the end: zeros in, nothing written back)
+            ext = -(-int(s.extent.value) // 4) * 4
+            bounds = s.bounds
+            if bounds is not None:
+                hi = simplify_expr(bounds[1])
+                if not (ir.is_const(simplify_expr(bounds[0]), 0) and isinstance(hi, ir.Const)):
+                    raise LoweringError(f"loop {s.var.name} over the warps (threadIdx.z) has {s.extent} iterations "
+                                        "in some blocks; wgmma needs whole warpgroups: make the block tile a "
+                                        "multiple of 64 rows that the matrix fills")
+                bounds = (bounds[0], ir.const(max(int(hi.value), ext - 1)))
+            s = replace(s, extent=ir.const(ext), bounds=bounds)
         self.bounds[s.var.name] = _span(s, self.bounds)
         if s.kind.startswith("threadIdx"):
             self.threads[s.kind] = s
