@@ -29,10 +29,11 @@ from .passes.pair_stores import pair_stores
 from .passes.pipeline import pipeline_buffers
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
+from .passes.swizzle import swizzle_shared
 from .passes.tensorize import tensorize_nests
 from .passes.unroll import unroll_loops
 from .passes.vectorize import vectorize_loops
-from .passes.wgmma import async_proxy_fences, swizzle_shared
+from .passes.wgmma import async_proxy_fences
 
 
 class _Log:

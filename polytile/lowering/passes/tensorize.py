@@ -10,6 +10,11 @@ around (the register level of ALCOP's multi-level pipeline).
 Loops at the edges of the tensors are run over their full range: the operand tiles are whole tiles
 with zeros past the tensors' ends, so the extra products add zeros, and the write-back of the
 accumulator tests the bounds.
+
+Nests tagged for Hopper's warpgroup MMA (``tensorize_wgmma``) go through the same walk — full
+ranges, the loops around the nest — and become ``wgmma`` instructions (passes/wgmma.py); the walk
+also keeps whole warpgroups together (no guard on a warp's rows around such a nest, warp loops
+rounded up to four warps).
 """
 
 from __future__ import annotations
