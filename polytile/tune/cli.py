@@ -101,7 +101,7 @@ def _report(result: Any) -> float | None:
     from rich.console import Console
     from rich.table import Table
 
-    from .vendor import time_call, vendor_baseline
+    from .vendor import gpu_vendor_baseline, time_call, vendor_baseline
     task, op = result.task, result.task.op
     inputs = op.make_inputs(np.random.default_rng(0))
     rows: list[tuple[str, float]] = [("polytile tuned", result.kernel.benchmark(*inputs))]
@@ -111,10 +111,20 @@ def _report(result: Any) -> float | None:
         except Exception as err:  # noqa: BLE001 - the table still shows the rest
             print(f"(default schedule unavailable: {err})", file=sys.stderr)
     vendor_time = None
-    base = vendor_baseline(op) if task.target.kind == "cpu" else None
-    if base is not None:
-        vendor_time = time_call(base[1], inputs)
-        rows.append((base[0], vendor_time))
+    if task.target.kind == "cpu":
+        base = vendor_baseline(op)
+        if base is not None:
+            vendor_time = time_call(base[1], inputs)
+            rows.append((base[0], vendor_time))
+    else:
+        try:
+            from ..runtime.timing import time_gpu
+            gpu = gpu_vendor_baseline(op, inputs)
+            if gpu is not None:
+                vendor_time = time_gpu(gpu[1])
+                rows.append((gpu[0], vendor_time))
+        except Exception as err:  # noqa: BLE001 - the table still shows polytile's rows
+            print(f"(vendor baseline unavailable: {err})", file=sys.stderr)
     table = Table(title=f"{task.workload.key} on {task.target.key} — {len(result.records)} trials, "
                         f"{result.failures} failed, best of them {result.best.cost * 1e3:.3f} ms")
     for col in ("kernel", "time (ms)", "GFLOP/s", "× vendor time"):

@@ -49,6 +49,41 @@ def vendor_baseline(op: Any) -> Baseline | None:
     return None
 
 
+def gpu_vendor_baseline(op: Any, inputs: Sequence[np.ndarray], device: str = "cuda"
+                        ) -> tuple[str, Callable[[], Any]] | None:
+    """(library, zero-argument call on ``device`` tensors made from ``inputs``) for a GPU operator: the
+    torch call a user would make (cuBLAS, cuDNN, torch's kernels), or None without torch or a
+    counterpart. Its output is in the operator's layout (the implicit GEMMs' NHWC rows)."""
+    torch = _torch()
+    if torch is None:
+        return None
+    f = torch.nn.functional
+    name, s = op.name, op.shape
+    t = [torch.from_numpy(np.ascontiguousarray(x)).to(device) for x in inputs]
+    if name in ("matmul", "batch_matmul"):
+        a, b = t
+        return "cuBLAS (torch)", lambda: a @ b
+    if name == "conv2d":
+        x, w = t
+        return "cuDNN (torch)", lambda: f.conv2d(x, w, stride=s["stride"], padding=s["padding"],
+                                                  dilation=s["dilation"])
+    if name in ("conv2d_igemm", "conv3d_igemm"):
+        d3 = name == "conv3d_igemm"
+        fmt = torch.channels_last_3d if d3 else torch.channels_last
+        x = t[0].permute(0, 4, 1, 2, 3) if d3 else t[0].permute(0, 3, 1, 2)  # channels-last memory
+        w = (t[1].permute(4, 3, 0, 1, 2) if d3 else t[1].permute(3, 2, 0, 1)).contiguous(memory_format=fmt)
+        conv = f.conv3d if d3 else f.conv2d
+        rows = (0, 2, 3, 4, 1) if d3 else (0, 2, 3, 1)
+        return "cuDNN (torch)", lambda: conv(x, w, stride=s["stride"], padding=s["padding"]).permute(
+            *rows).reshape(-1, s["K"])
+    if name == "softmax":
+        return "torch", lambda: torch.softmax(t[0], dim=1)
+    if name == "layernorm":
+        x, g, b = t
+        return "torch", lambda: f.layer_norm(x, (s["N"],), g, b, eps=1e-5)
+    return None
+
+
 def _conv_im2col(i: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> np.ndarray:
     from numpy.lib.stride_tricks import sliding_window_view
     n, c, _, _ = i.shape
