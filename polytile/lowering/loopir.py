@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..dtypes import INDEX, DType, bool_
+from ..dtypes import INDEX, DType, bool_, int32
 
 # --- buffers ----------------------------------------------------------------------------------------
 
@@ -289,6 +289,28 @@ def block(stmts: Sequence[Stmt]) -> Stmt:
 
 def is_const(e: Expr, value: int | float | None = None) -> bool:
     return isinstance(e, Const) and e.lanes == 1 and (value is None or e.value == value)
+
+
+def call_stmt(name: str, *args: Expr) -> Stmt:
+    """An intrinsic called for its effect (``pt_cp_async_commit()``, an mma, a barrier)."""
+    return Evaluate(Call(name, tuple(args), int32))
+
+
+def strip_casts(e: Expr) -> Expr:
+    while isinstance(e, Cast):
+        e = e.a
+    return e
+
+
+def unguard(s: Stmt) -> Stmt:
+    """``s`` without the tests (with no else branch) around it."""
+    while isinstance(s, If) and s.orelse is None:
+        s = s.then
+    return s
+
+
+def uses_var(e: Expr, name: str) -> bool:
+    return any(isinstance(n, Var) and n.name == name for n in walk_expr(e))
 
 
 # --- traversal ---------------------------------------------------------------------------------------

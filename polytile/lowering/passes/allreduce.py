@@ -22,9 +22,6 @@ def _reduction_update(st: ir.Store) -> tuple[str, ir.Expr] | None:
     return None
 
 
-def _uses(e: ir.Expr, name: str) -> bool:
-    return any(isinstance(n, ir.Var) and n.name == name for n in ir.walk_expr(e))
-
 
 class _CrossThread(ir.Mutator):
     def visit_For(self, s: ir.For) -> ir.Stmt:
@@ -34,7 +31,7 @@ class _CrossThread(ir.Mutator):
         shared = [x for x in stores if x.buffer.scope in ("arg", "global", "shared", "heap")]
         # threads share the target (it is not a per-thread buffer) and write the same element
         carried = [x for x in shared if _reduction_update(x) is not None
-                   and not any(_uses(i, s.var.name) for i in x.index)]
+                   and not any(ir.uses_var(i, s.var.name) for i in x.index)]
         if not carried:
             return self.default_stmt(s)
         if len(carried) != len(shared):

@@ -34,16 +34,11 @@ from .. import loopir as ir
 from .barriers import SYNC
 from .simplify import simplify_expr
 
-
-def _call(name: str, *args: ir.Expr) -> ir.Stmt:
-    return ir.Evaluate(ir.Call(name, tuple(args), dtypes.int32))
-
-
-COMMIT = _call("pt_cp_async_commit")
+COMMIT = ir.call_stmt("pt_cp_async_commit")
 
 
 def _wait(n: int) -> ir.Stmt:
-    return _call("pt_cp_async_wait", ir.const(max(0, n), dtypes.int32))
+    return ir.call_stmt("pt_cp_async_wait", ir.const(max(0, n), dtypes.int32))
 
 
 def _peel_allocates(st: ir.Stmt) -> tuple[list[ir.Buffer], ir.Stmt]:
@@ -92,10 +87,10 @@ class _Reslot(ir.Mutator):
         nbytes = max(value.lanes, dst.index[0].lanes) * buf.dtype.itemsize
         if self.async_copy and nbytes in (4, 8, 16):
             if isinstance(value, ir.Load) and value.buffer.scope in ("arg", "global"):
-                return _call("pt_cp_async", dst, value)
+                return ir.call_stmt("pt_cp_async", dst, value)
             if isinstance(value, ir.Select) and isinstance(value.a, ir.Load) and value.a.buffer.scope in (
                     "arg", "global") and isinstance(value.b, ir.Const) and value.b.value == 0:
-                return _call("pt_cp_async_zfill", dst, value.a, value.cond)  # zeros past the tensor's end
+                return ir.call_stmt("pt_cp_async_zfill", dst, value.a, value.cond)  # zeros past the tensor's end
         return ir.Store(buf, (self.slot, *idx), value)
 
 
@@ -165,7 +160,7 @@ class _Piped:
         else:
             body, after = [self.issue(), self.compute()], []
         if self.inflight:
-            after.insert(0, _call("pt_wgmma_wait", ir.const(0, dtypes.int32)))
+            after.insert(0, ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32)))
         return self.wrap(ir.block([*self.prologue(), replace(self.loop, body=ir.block(body)), *after]))
 
 
@@ -176,7 +171,7 @@ def _in_flight(body: ir.Stmt, n: int) -> ir.Stmt:
     def visit(st: ir.Stmt) -> ir.Stmt | None:
         if isinstance(st, ir.Evaluate) and st.call.name == "pt_wgmma_wait":
             found.append(st)
-            return _call("pt_wgmma_wait", ir.const(n, dtypes.int32))
+            return ir.call_stmt("pt_wgmma_wait", ir.const(n, dtypes.int32))
         return None
     out = ir.map_stmts(body, visit)
     if not found:

@@ -30,16 +30,6 @@ from .wgmma import WGMMA_KIND, WgmmaNest, warpgroup_mma, wgmma_group
 U32 = dtypes.DType("uint32", "uint", 32)
 
 
-def _call(name: str, *args: ir.Expr) -> ir.Stmt:
-    return ir.Evaluate(ir.Call(name, tuple(args), dtypes.int32))
-
-
-def _strip_cast(e: ir.Expr) -> ir.Expr:
-    while isinstance(e, ir.Cast):
-        e = e.a
-    return e
-
-
 def _coefficient(e: ir.Expr, var: str) -> int | None:
     """The coefficient of ``var`` in the linear integer expression ``e`` (None if not linear)."""
     lin = Simplifier().linear(simplify_expr(e))
@@ -56,11 +46,6 @@ def _at_origin(e: ir.Expr, names: list[str]) -> ir.Expr:
     return simplify_expr(ir.substitute(e, {n: ir.const(0) for n in names}))  # type: ignore[arg-type]
 
 
-def _unguard(s: ir.Stmt) -> ir.Stmt:
-    while isinstance(s, ir.If) and s.orelse is None:
-        s = s.then
-    return s
-
 
 class _Nest:
     """One (16, 8, 16) nest: the accumulator tile, the operand tiles and their row strides."""
@@ -69,12 +54,12 @@ class _Nest:
         # tests inside the nest only cut it at the tensors' ends (the computation's domain is a box,
         # checked by the primitive): the instruction computes the whole nest on zero-filled operands
         i_loop = loop
-        j_loop = _unguard(loop.body)
-        if not isinstance(j_loop, ir.For) or not isinstance(_unguard(j_loop.body), ir.For):
+        j_loop = ir.unguard(loop.body)
+        if not isinstance(j_loop, ir.For) or not isinstance(ir.unguard(j_loop.body), ir.For):
             raise LoweringError(f"tensorized loop {loop.var.name} must hold exactly two loops")
-        k_loop = _unguard(j_loop.body)
+        k_loop = ir.unguard(j_loop.body)
         assert isinstance(k_loop, ir.For)
-        st = _unguard(k_loop.body)
+        st = ir.unguard(k_loop.body)
         if not isinstance(st, ir.Store):
             raise LoweringError(f"tensorized nest {loop.var.name} must hold one update")
         names = [i_loop.var.name, j_loop.var.name, k_loop.var.name]
@@ -82,7 +67,7 @@ class _Nest:
         if not (isinstance(v, ir.BinOp) and v.op == "+" and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer
                 and isinstance(v.b, ir.BinOp) and v.b.op == "*"):
             raise LoweringError(f"tensorized nest {loop.var.name} is not an accumulation of products")
-        a, b = _strip_cast(v.b.a), _strip_cast(v.b.b)
+        a, b = ir.strip_casts(v.b.a), ir.strip_casts(v.b.b)
         if not (isinstance(a, ir.Load) and isinstance(b, ir.Load)):
             raise LoweringError(f"tensorized nest {loop.var.name}: the factors must be buffer reads")
         if st.buffer.scope != "fragment":
@@ -145,9 +130,6 @@ def _fits(nests: list[_Nest], bounds: dict[str, tuple[float, float]]) -> bool:
                     return False
     return True
 
-
-def _uses(e: ir.Expr, name: str) -> bool:
-    return any(isinstance(n, ir.Var) and n.name == name for n in ir.walk_expr(e))
 
 
 def _nests(s: ir.Stmt) -> list[ir.For]:
@@ -229,17 +211,18 @@ class _Tensorize(ir.Mutator):
         if s.kind.startswith("threadIdx"):
             self.threads[s.kind] = s
         try:
-            inner = _unguard(s.body)
+            inner = ir.unguard(s.body)
             if isinstance(inner, ir.For) and inner.kind == WGMMA_KIND:  # the warp's column tiles and the nest
                 return self.wgmma(WgmmaNest(inner), s)
             if s.kind == WGMMA_KIND:
                 return self.wgmma(WgmmaNest(s), None)
             # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
-            if isinstance(inner, ir.For) and isinstance(_unguard(inner.body), ir.For) and \
-                    _unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
-                nest = _Nest(_unguard(inner.body))  # type: ignore[arg-type]
+            if isinstance(inner, ir.For) and isinstance(ir.unguard(inner.body), ir.For) and \
+                    ir.unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
+                nest = _Nest(ir.unguard(inner.body))  # type: ignore[arg-type]
                 mi, nj = s.var.name, inner.var.name
-                if not any(_uses(x, mi) for x in nest.b.index) and not any(_uses(x, nj) for x in nest.a.index):
+                if not any(ir.uses_var(x, mi) for x in nest.b.index) and \
+                        not any(ir.uses_var(x, nj) for x in nest.a.index):
                     return self.shared_fragments(s, inner, nest)
             if s.kind == "tensorize":
                 return self.single(_Nest(s))
@@ -280,9 +263,9 @@ class _Tensorize(ir.Mutator):
         afrag, bfrag = self._buffers(nest, ir.const(1), ir.const(1))
         zero = (ir.const(0), ir.const(0))
         body = ir.block([
-            _call("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
-            _call("pt_ldmatrix_b_trans", ir.Load(bfrag, zero), nest.b, nest.ldb),
-            _call(nest.intrinsic, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
+            ir.call_stmt("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
+            ir.call_stmt("pt_ldmatrix_b_trans", ir.Load(bfrag, zero), nest.b, nest.ldb),
+            ir.call_stmt(nest.intrinsic, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
         ])
         return ir.Allocate(afrag, ir.Allocate(bfrag, body))
 
@@ -303,20 +286,20 @@ class _Tensorize(ir.Mutator):
         afrag, bfrag = self._buffers(nest, *sizes)
         a_rel = ir.BinOp("-", mi, outer.lo)
         b_rel = ir.BinOp("-", nj, inner.lo)
-        load_a = replace(outer, body=_call("pt_ldmatrix_a", ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda),
-                         kind="unroll")
+        load_a = replace(outer, kind="unroll", body=ir.call_stmt(
+            "pt_ldmatrix_a", ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda))
         ext = int(inner.extent.value) if isinstance(inner.extent, ir.Const) else 1
         if ext % 2 == 0:  # two column tiles per ldmatrix (x4): half the shared-memory instructions
             pair = ir.Var(f"{nj.name}_pair")
             col = ir.BinOp("+", inner.lo, ir.BinOp("*", pair, ir.const(2)))
-            load_b = ir.For(pair, ir.const(0), ir.const(ext // 2), _call(
+            load_b = ir.For(pair, ir.const(0), ir.const(ext // 2), ir.call_stmt(
                 "pt_ldmatrix_b_trans_x4", ir.Load(bfrag, (ir.BinOp("*", pair, ir.const(2)), ir.const(0))),
                 ir.substitute(nest.b, {nj.name: col}), nest.ldb), "unroll")  # type: ignore[arg-type]
         else:
-            load_b = replace(inner, body=_call("pt_ldmatrix_b_trans", ir.Load(bfrag, (b_rel, ir.const(0))), nest.b,
-                                               nest.ldb), kind="unroll")
-        mma = _call(nest.intrinsic, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
-                    ir.Load(bfrag, (b_rel, ir.const(0))))
+            load_b = replace(inner, kind="unroll", body=ir.call_stmt(
+                "pt_ldmatrix_b_trans", ir.Load(bfrag, (b_rel, ir.const(0))), nest.b, nest.ldb))
+        mma = ir.call_stmt(nest.intrinsic, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
+                           ir.Load(bfrag, (b_rel, ir.const(0))))
         products = replace(outer, body=replace(inner, body=mma, kind="unroll"), kind="unroll")
         return ir.Allocate(afrag, ir.Allocate(bfrag, ir.block([load_a, load_b, products])))
 

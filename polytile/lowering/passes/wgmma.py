@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
 from .simplify import simplify_expr
@@ -39,24 +38,8 @@ WGMMA_KIND = "tensorize_wgmma"
 SHAPES_N = tuple(range(8, 257, 8))  # wgmma.m64nNk16: N = 8, 16, ..., 256
 
 
-def _call(name: str, *args: ir.Expr) -> ir.Stmt:
-    return ir.Evaluate(ir.Call(name, tuple(args), dtypes.int32))
 
 
-def _strip_cast(e: ir.Expr) -> ir.Expr:
-    while isinstance(e, ir.Cast):
-        e = e.a
-    return e
-
-
-def _unguard(s: ir.Stmt) -> ir.Stmt:
-    while isinstance(s, ir.If) and s.orelse is None:
-        s = s.then
-    return s
-
-
-def _uses(e: ir.Expr, name: str) -> bool:
-    return any(isinstance(n, ir.Var) and n.name == name for n in ir.walk_expr(e))
 
 
 def _eval(e: ir.Expr, env: dict[str, int]) -> int:
@@ -95,12 +78,12 @@ class WgmmaNest:
 
     def __init__(self, loop: ir.For):
         i_loop = loop
-        j_loop = _unguard(loop.body)
-        if not isinstance(j_loop, ir.For) or not isinstance(_unguard(j_loop.body), ir.For):
+        j_loop = ir.unguard(loop.body)
+        if not isinstance(j_loop, ir.For) or not isinstance(ir.unguard(j_loop.body), ir.For):
             raise LoweringError(f"tensorized loop {loop.var.name} must hold exactly two loops")
-        k_loop = _unguard(j_loop.body)
+        k_loop = ir.unguard(j_loop.body)
         assert isinstance(k_loop, ir.For)
-        st = _unguard(k_loop.body)
+        st = ir.unguard(k_loop.body)
         if not isinstance(st, ir.Store):
             raise LoweringError(f"tensorized nest {loop.var.name} must hold one update")
         self.names = [i_loop.var.name, j_loop.var.name, k_loop.var.name]
@@ -109,15 +92,15 @@ class WgmmaNest:
         if not (isinstance(v, ir.BinOp) and v.op == "+" and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer
                 and isinstance(v.b, ir.BinOp) and v.b.op == "*"):
             raise LoweringError(f"tensorized nest {loop.var.name} is not an accumulation of products")
-        a, b = _strip_cast(v.b.a), _strip_cast(v.b.b)
+        a, b = ir.strip_casts(v.b.a), ir.strip_casts(v.b.b)
         if not (isinstance(a, ir.Load) and isinstance(b, ir.Load)):
             raise LoweringError(f"tensorized nest {loop.var.name}: the factors must be buffer reads")
         if st.buffer.scope != "fragment":
             raise LoweringError(f"tensorized nest {loop.var.name} accumulates into {st.buffer.name}, which is not a "
                                 "fragment cache; use cache_write(..., loc='fragment')")
-        if any(_uses(x, jv) for x in a.index) or any(_uses(x, iv) for x in b.index):
+        if any(ir.uses_var(x, jv) for x in a.index) or any(ir.uses_var(x, iv) for x in b.index):
             a, b = b, a
-        if any(_uses(x, jv) for x in a.index) or any(_uses(x, iv) for x in b.index):
+        if any(ir.uses_var(x, jv) for x in a.index) or any(ir.uses_var(x, iv) for x in b.index):
             raise LoweringError(f"tensorized nest {loop.var.name}: one factor must not depend on the column, the "
                                 "other not on the row")
         for op in (a, b):
@@ -280,15 +263,15 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
     b0 = ir.Load(nest.b.buffer, tuple(simplify_expr(ir.substitute(x, origin)) for x in nest.b.index))  # type: ignore[misc]
     acc0 = ir.Load(acc.buffer, tuple(simplify_expr(ir.substitute(x, origin)) for x in acc.index))  # type: ignore[misc]
     mode = {0: 0, 128: 1}  # the descriptor's layout type: interleaved (none), 128-byte swizzle
-    return _call(f"pt_wgmma_m64n{n}k16_{nest.suffix}", acc0, a0, b0, ir.const(lbo_a), ir.const(sbo_a),
+    return ir.call_stmt(f"pt_wgmma_m64n{n}k16_{nest.suffix}", acc0, a0, b0, ir.const(lbo_a), ir.const(sbo_a),
                  ir.const(mode[nest.a.buffer.swizzle]), ir.const(lbo_b), ir.const(sbo_b),
                  ir.const(mode[nest.b.buffer.swizzle]))
 
 
 def wgmma_group(body: ir.Stmt) -> ir.Stmt:
     """``body`` (the K steps of one tile) issued as one asynchronous group and waited for."""
-    return ir.block([_call("pt_wgmma_fence"), body, _call("pt_wgmma_commit"),
-                     _call("pt_wgmma_wait", ir.const(0))])
+    return ir.block([ir.call_stmt("pt_wgmma_fence"), body, ir.call_stmt("pt_wgmma_commit"),
+                     ir.call_stmt("pt_wgmma_wait", ir.const(0))])
 
 
 def uses_wgmma(s: ir.Stmt) -> bool:
@@ -298,7 +281,7 @@ def uses_wgmma(s: ir.Stmt) -> bool:
 def async_proxy_fences(s: ir.Stmt) -> ir.Stmt:
     """In kernels that use wgmma, ``fence.proxy.async`` before every barrier: what the threads wrote
     to shared memory (``cp.async`` or stores) becomes visible to the instruction's async-proxy reads."""
-    fence = _call("pt_fence_proxy_async")
+    fence = ir.call_stmt("pt_fence_proxy_async")
 
     def barriers(st: ir.Stmt) -> ir.Stmt | None:
         if isinstance(st, ir.Evaluate) and st.call.name == "__syncthreads":
