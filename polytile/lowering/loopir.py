@@ -6,7 +6,7 @@ from the vectorizer; loads and stores with a vector index move ``lanes`` element
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..dtypes import INDEX, DType, bool_, int32
@@ -289,6 +289,35 @@ def block(stmts: Sequence[Stmt]) -> Stmt:
 
 def is_const(e: Expr, value: int | float | None = None) -> bool:
     return isinstance(e, Const) and e.lanes == 1 and (value is None or e.value == value)
+
+
+def eval_int(e: Expr, env: Mapping[str, int]) -> int:
+    """The value of integer expression ``e`` with the variables of ``env`` (KeyError for another
+    variable, ValueError for what is not integer arithmetic; a division by zero gives 0)."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return int(env[e.name])
+    if isinstance(e, Cast):
+        return eval_int(e.a, env)
+    if isinstance(e, BinOp) and e.op in _INT_OPS:
+        return _INT_OPS[e.op](eval_int(e.a, env), eval_int(e.b, env))
+    if isinstance(e, Select):
+        return eval_int(e.a, env) if eval_int(e.cond, env) else eval_int(e.b, env)
+    if isinstance(e, Cmp):
+        a, b = eval_int(e.a, env), eval_int(e.b, env)
+        return int({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[e.op])
+    if isinstance(e, Logic):
+        vals = [eval_int(x, env) for x in e.args]
+        return int(all(vals) if e.op == "&&" else any(vals) if e.op == "||" else not vals[0])
+    raise ValueError(f"cannot evaluate {expr_text(e)} as an integer")
+
+
+_INT_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "min": min, "max": max,
+    "//": lambda a, b: a // b if b else 0, "div": lambda a, b: a // b if b else 0,
+    "%": lambda a, b: a % b if b else 0, "mod": lambda a, b: a % b if b else 0,
+}
 
 
 def call_stmt(name: str, *args: Expr) -> Stmt:

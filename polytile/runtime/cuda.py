@@ -98,25 +98,10 @@ def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[byt
 
 def eval_expr(e: ir.Expr, env: Mapping[str, int]) -> int:
     """An integer IR expression on the host (grid sizes, temporary sizes)."""
-    if isinstance(e, ir.Const):
-        return int(e.value)
-    if isinstance(e, ir.Var):
-        return int(env[e.name])
-    if isinstance(e, ir.Cast):
-        return eval_expr(e.a, env)
-    if isinstance(e, ir.BinOp):
-        a, b = eval_expr(e.a, env), eval_expr(e.b, env)
-        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0,
-                "div": a // b if b else 0, "mod": a % b if b else 0, "min": min(a, b), "max": max(a, b)}[e.op]
-    if isinstance(e, ir.Select):
-        return eval_expr(e.a, env) if eval_expr(e.cond, env) else eval_expr(e.b, env)
-    if isinstance(e, ir.Cmp):
-        a, b = eval_expr(e.a, env), eval_expr(e.b, env)
-        return int({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[e.op])
-    if isinstance(e, ir.Logic):
-        vals = [eval_expr(x, env) for x in e.args]
-        return int(all(vals) if e.op == "&&" else any(vals) if e.op == "||" else not vals[0])
-    raise DeviceError(f"cannot evaluate {ir.expr_text(e)} on the host")
+    try:
+        return ir.eval_int(e, env)
+    except ValueError as err:
+        raise DeviceError(f"{err} on the host") from None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from dataclasses import replace
 from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
+from .nest import parse_nest
 from .simplify import Simplifier, simplify_expr
 from .wgmma import WGMMA_KIND, WgmmaNest, warpgroup_mma, wgmma_group
 
@@ -51,28 +52,8 @@ class _Nest:
     """One (16, 8, 16) nest: the accumulator tile, the operand tiles and their row strides."""
 
     def __init__(self, loop: ir.For):
-        # tests inside the nest only cut it at the tensors' ends (the computation's domain is a box,
-        # checked by the primitive): the instruction computes the whole nest on zero-filled operands
-        i_loop = loop
-        j_loop = ir.unguard(loop.body)
-        if not isinstance(j_loop, ir.For) or not isinstance(ir.unguard(j_loop.body), ir.For):
-            raise LoweringError(f"tensorized loop {loop.var.name} must hold exactly two loops")
-        k_loop = ir.unguard(j_loop.body)
-        assert isinstance(k_loop, ir.For)
-        st = ir.unguard(k_loop.body)
-        if not isinstance(st, ir.Store):
-            raise LoweringError(f"tensorized nest {loop.var.name} must hold one update")
-        names = [i_loop.var.name, j_loop.var.name, k_loop.var.name]
-        v = st.value
-        if not (isinstance(v, ir.BinOp) and v.op == "+" and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer
-                and isinstance(v.b, ir.BinOp) and v.b.op == "*"):
-            raise LoweringError(f"tensorized nest {loop.var.name} is not an accumulation of products")
-        a, b = ir.strip_casts(v.b.a), ir.strip_casts(v.b.b)
-        if not (isinstance(a, ir.Load) and isinstance(b, ir.Load)):
-            raise LoweringError(f"tensorized nest {loop.var.name}: the factors must be buffer reads")
-        if st.buffer.scope != "fragment":
-            raise LoweringError(f"tensorized nest {loop.var.name} accumulates into {st.buffer.name}, which is not a "
-                                "fragment cache; use cache_write(..., loc='fragment')")
+        parts = parse_nest(loop)
+        names, st, a, b = parts.names, parts.store, parts.a, parts.b
         for op in (a, b):
             if op.buffer.scope != "shared":
                 raise LoweringError(f"tensor-core operand {op.buffer.name} must be in shared memory (ldmatrix reads "

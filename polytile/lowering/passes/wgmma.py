@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from ...errors import LoweringError
 from .. import loopir as ir
+from .nest import parse_nest
 from .simplify import simplify_expr
 
 WGMMA_KIND = "tensorize_wgmma"
@@ -42,33 +43,13 @@ SHAPES_N = tuple(range(8, 257, 8))  # wgmma.m64nNk16: N = 8, 16, ..., 256
 
 
 
-def _eval(e: ir.Expr, env: dict[str, int]) -> int:
-    if isinstance(e, ir.Const):
-        return int(e.value)
-    if isinstance(e, ir.Var):
-        if e.name not in env:
-            raise KeyError(e.name)
-        return env[e.name]
-    if isinstance(e, ir.Cast):
-        return _eval(e.a, env)
-    if isinstance(e, ir.BinOp) and e.op in ("+", "-", "*", "//", "%", "div", "mod", "min", "max"):
-        a, b = _eval(e.a, env), _eval(e.b, env)
-        if e.op in ("//", "%", "div", "mod") and b == 0:
-            raise ZeroDivisionError(ir.expr_text(e))
-        ops: dict[str, Callable[[int, int], int]] = {
-            "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "//": lambda x, y: x // y,
-            "%": lambda x, y: x % y, "div": lambda x, y: x // y, "mod": lambda x, y: x % y, "min": min, "max": max}
-        return ops[e.op](a, b)
-    raise KeyError(ir.expr_text(e))
-
-
 def _flat(ld: ir.Load, env: dict[str, int]) -> int:
     """The element offset of ``ld`` in its (row-major, constant-shape) buffer."""
     off = 0
     for i, d in zip(ld.index, ld.buffer.shape):
         if not isinstance(d, ir.Const):
             raise LoweringError(f"wgmma operand {ld.buffer.name} needs a constant shape")
-        off = off * int(d.value) + _eval(i, env)
+        off = off * int(d.value) + ir.eval_int(i, env)
     return off
 
 
@@ -77,27 +58,10 @@ class WgmmaNest:
     B along (k, j)) and the nest's loop variables."""
 
     def __init__(self, loop: ir.For):
-        i_loop = loop
-        j_loop = ir.unguard(loop.body)
-        if not isinstance(j_loop, ir.For) or not isinstance(ir.unguard(j_loop.body), ir.For):
-            raise LoweringError(f"tensorized loop {loop.var.name} must hold exactly two loops")
-        k_loop = ir.unguard(j_loop.body)
-        assert isinstance(k_loop, ir.For)
-        st = ir.unguard(k_loop.body)
-        if not isinstance(st, ir.Store):
-            raise LoweringError(f"tensorized nest {loop.var.name} must hold one update")
-        self.names = [i_loop.var.name, j_loop.var.name, k_loop.var.name]
+        parts = parse_nest(loop)
+        self.names = parts.names
         iv, jv, kv = self.names
-        v = st.value
-        if not (isinstance(v, ir.BinOp) and v.op == "+" and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer
-                and isinstance(v.b, ir.BinOp) and v.b.op == "*"):
-            raise LoweringError(f"tensorized nest {loop.var.name} is not an accumulation of products")
-        a, b = ir.strip_casts(v.b.a), ir.strip_casts(v.b.b)
-        if not (isinstance(a, ir.Load) and isinstance(b, ir.Load)):
-            raise LoweringError(f"tensorized nest {loop.var.name}: the factors must be buffer reads")
-        if st.buffer.scope != "fragment":
-            raise LoweringError(f"tensorized nest {loop.var.name} accumulates into {st.buffer.name}, which is not a "
-                                "fragment cache; use cache_write(..., loc='fragment')")
+        st, a, b = parts.store, parts.a, parts.b
         if any(ir.uses_var(x, jv) for x in a.index) or any(ir.uses_var(x, iv) for x in b.index):
             a, b = b, a
         if any(ir.uses_var(x, jv) for x in a.index) or any(ir.uses_var(x, iv) for x in b.index):
@@ -245,6 +209,9 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
             if any(_flat(nest.b, {**env, **b_at(g + d)(0, 0)}) != base for d in range(1, 4)):
                 raise LoweringError(f"{where}: the four warps of a warpgroup must read the same tile of "
                                     f"{nest.b.buffer.name}")
+    if len(a_strides) > 1 or len(b_strides) > 1:
+        raise LoweringError(f"{where}: the operands' layouts differ between warpgroups; one descriptor layout "
+                            "must serve them all")
     (sbo_a, lbo_a), (sbo_b, lbo_b) = a_strides.pop(), b_strides.pop()
     # K-major A: SBO between 8-row groups, LBO between the two 8-column (k) groups (unused when
     # swizzled: 16); N-major B: unswizzled, LBO between the two 8-row (k) groups and SBO between
