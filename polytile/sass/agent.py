@@ -2,8 +2,11 @@
 
 `ppo` trains sb3-contrib's MaskablePPO (a small MLP on the CPU; the environment steps are the
 measurements) on the assembly game and keeps the best schedule any episode reached. `greedy` is
-first-improvement hill climbing over legal moves in random order. `random` measures the ends of
-random legal walks. All three spend the same budget through one `MeasurementLog`, so their results
+first-improvement hill climbing: from the current schedule it first tries the expert's moves —
+each load as early and each store as late as its dependences allow (a run of legal one-slot
+moves, measured once) — then every single legal move in random order, and takes the first that
+is faster by more than `min_gain` (timing noise otherwise leads it astray). `random` measures the
+ends of random legal walks. All three spend the same budget through one `MeasurementLog`, so their results
 compare directly; the best schedule found by any of them is whatever the log saw fastest.
 """
 
@@ -43,8 +46,11 @@ def search(
     method: str = "ppo",
     seed: int = 0,
     max_steps: int = 32,
+    min_gain: float = 0.002,
 ) -> SearchResult:
-    """Spend `budget` measurements of `measurer` looking for a faster schedule of `analysis`."""
+    """Spend `budget` measurements of `measurer` looking for a faster schedule of `analysis`.
+
+    `min_gain` is the relative gain greedy search needs to take a step (0.002: 0.2 %)."""
     if method not in METHODS:
         raise ValueError(f"unknown search method {method!r}; choose one of {', '.join(METHODS)}")
     if budget < 2:
@@ -52,7 +58,10 @@ def search(
     log = MeasurementLog(measurer, budget)
     baseline = log.measure(Schedule.original(analysis))
     if analysis.movable:
-        {"ppo": _ppo, "greedy": _greedy, "random": _random}[method](analysis, log, seed, max_steps)
+        if method == "greedy":
+            _greedy(analysis, log, seed, min_gain)
+        else:
+            {"ppo": _ppo, "random": _random}[method](analysis, log, seed, max_steps)
     timed = [(t, log.schedules[key]) for key, t in log.times.items()]
     return SearchResult(
         method, baseline, log.best, log.best_time, log.used, len(log.failed), log.history, timed
@@ -93,23 +102,49 @@ def _legal_moves(schedule: Schedule) -> list[Move]:
     return [Move(movable[k // 2], UP if k % 2 == 0 else DOWN) for k in np.nonzero(mask)[0]]
 
 
-def _greedy(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: int) -> None:
+def far_moves(schedule: Schedule, limit: int = 64) -> list[Schedule]:
+    """Each movable load taken as far up, and each store as far down, as single legal moves allow
+    (at most `limit` slots; an instruction that reads and writes memory goes both ways): the
+    schedules a CUDA assembly expert tries first. Only runs of two or more slots are returned."""
+    result = []
+    analysis = schedule.analysis
+    for instruction in analysis.movable:
+        memory = analysis.semantics[instruction].memory
+        directions = []
+        if memory is None or memory.reads:
+            directions.append(UP)
+        if memory is None or memory.writes:
+            directions.append(DOWN)
+        for direction in directions:
+            current, steps = schedule, 0
+            while steps < limit:
+                following, _ = current.check(Move(instruction, direction))
+                if following is None:
+                    break
+                current, steps = following, steps + 1
+            if steps >= 2:
+                result.append(current)
+    return result
+
+
+def _greedy(analysis: KernelAnalysis, log: MeasurementLog, seed: int, min_gain: float) -> None:
     rng = np.random.default_rng(seed)
     current = Schedule.original(analysis)
     current_time = log.measure(current)
     while not log.exhausted:
-        moves = _legal_moves(current)
-        rng.shuffle(moves)
+        far = far_moves(current)
+        rng.shuffle(far)
+        singles = [current.apply(move) for move in _legal_moves(current)]
+        rng.shuffle(singles)
         improved = False
-        for move in moves:
+        for candidate in far + singles:
             if log.exhausted:
                 return
-            candidate = current.apply(move)
             try:
                 t = log.measure(candidate)
             except MeasurementFailed:
                 continue
-            if t < current_time:
+            if t < current_time * (1.0 - min_gain):
                 current, current_time, improved = candidate, t, True
                 break
         if not improved:

@@ -112,6 +112,7 @@ class KernelAnalysis:
         self.movable = tuple(i for i in self.movable if i not in self._global_async)
         self._async_overwriters = self._find_async_overwriters()
         self.guards = self._scoreboard_guards()
+        self.counted_scoreboards = self._find_counted_scoreboards()
         self.latency_overrides = dict(latency_overrides or {})
         self.consumer_kinds = sorted({self.consumer_kind(i) for i in range(len(instructions))})
         self.latency = self._latency_table()
@@ -140,6 +141,18 @@ class KernelAnalysis:
         """Scoreboards instruction `i` sets (its write and read barriers)."""
         c = self.controls[i]
         return {b for b in (c.write_barrier, c.read_barrier) if b != NO_BARRIER}
+
+    def _find_counted_scoreboards(self) -> set[int]:
+        """Scoreboards some `DEPBAR.LE SBn, k` with k > 0 waits on: such a wait lets the last k
+        operations stay pending, which assumes they complete in issue order, so the setters of
+        these scoreboards keep their order."""
+        counted = set()
+        for ins in self.instructions:
+            if ins.base == "DEPBAR":
+                count = [op for op in ins.operands if re.fullmatch(r"0x[0-9a-f]+|\d+", op)]
+                if not count or int(count[-1], 0) > 0:
+                    counted |= {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
+        return counted
 
     def unguarded_result(self, i: int) -> bool:
         """A variable-latency result no scoreboard of its own tracks.
@@ -213,9 +226,15 @@ class KernelAnalysis:
             return f"register dependence on {unit_name(min(shared))}"
         if a.memory and b.memory and memory_conflict(a.memory, b.memory):
             return "memory accesses that may overlap"
+        # Two instructions that only set the same scoreboard commute: the counter sees both
+        # increments before any later wait, which waits for both (SCOREBOARD_SETUP rules cover
+        # every setter since the last wait). A wait on it, or a counted DEPBAR that assumes
+        # completion in issue order, keeps the order.
         common = self.barriers(first) & self.barriers(second)
-        if common:
-            return f"both use scoreboard SB{min(common)}"
+        waited = set(self.controls[first].waits) | set(self.controls[second].waits)
+        ordered = {sb for sb in common if sb in waited or sb in self.counted_scoreboards}
+        if ordered:
+            return f"both use scoreboard SB{min(ordered)}"
         for x, y in ((first, second), (second, first)):
             if self.unguarded_result(x) and self.barriers(y):
                 return f"{self.instructions[x].opcode} completes unguarded; its wait is a later scoreboard's"
@@ -384,13 +403,13 @@ class KernelAnalysis:
     def _pairs(self, block: Block):
         """(producer, consumer, kind, unit) in one block, in the compiler's order.
 
-        Register results (unit: the register) and unguarded source reads; besides, a
-        scoreboard's last setter is the producer of the next instruction that waits on that
-        scoreboard (SCOREBOARD_SETUP). Unit is None where no one register is concerned.
+        Register results (unit: the register) and unguarded source reads; besides, every
+        setter of a scoreboard since the last wait on it is a producer of the next instruction
+        that waits on that scoreboard (SCOREBOARD_SETUP: setters may swap, so any may end last). Unit is None where no one register is concerned.
         """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
-        last_set: dict[int, int] = {}
+        setters: dict[int, list[int]] = {}  # per scoreboard, its setters since the last wait on it
         pairs = []
         for c in range(block.start, block.end):
             s = self.semantics[c]
@@ -407,11 +426,11 @@ class KernelAnalysis:
                 for u in s.uses:
                     async_readers.setdefault(u, []).append(c)
             for b in self.scoreboard_waits(c):
-                p = last_set.pop(b, START)
-                pairs.append((p, c, "live-in" if p == START else "scoreboard set", None))
+                for p in setters.pop(b, [START]):
+                    pairs.append((p, c, "live-in" if p == START else "scoreboard set", None))
             for b in self.scoreboard_sets(c):
-                last_set[b] = c
-        pairs.extend((p, END, "scoreboard set, live-out", None) for p in last_set.values())
+                setters.setdefault(b, []).append(c)
+        pairs.extend((p, END, "scoreboard set, live-out", None) for ps in setters.values() for p in ps)
         for u, p in last_def.items():
             if self._timed_producer(p):
                 pairs.append((p, END, "live-out", u))

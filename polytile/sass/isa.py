@@ -289,6 +289,7 @@ class MemoryAccess:
     offset: int
     width: int  # bytes
     ordered: bool  # keeps its order with every other memory access
+    asynchronous: bool = False  # an asynchronous copy (LDGSTS, PTX cp.async)
 
 
 @dataclass(frozen=True)
@@ -379,7 +380,7 @@ def _memory_access(ins: SassInstruction) -> MemoryAccess | None:
     if ins.base == "LDGSTS":
         width = 16 if "128" in ins.modifiers else 8 if "64" in ins.modifiers else 4
     ordered = bool(set(ins.modifiers) & _ORDERED_MODIFIERS)
-    return MemoryAccess(expand(read), expand(written), address, offset, width, ordered)
+    return MemoryAccess(expand(read), expand(written), address, offset, width, ordered, ins.base == "LDGSTS")
 
 
 def semantics(ins: SassInstruction) -> Semantics:
@@ -459,9 +460,15 @@ def memory_conflict(a: MemoryAccess, b: MemoryAccess) -> bool:
     running the same instructions with other register values, may reach the other address, and
     lanes do communicate that way: after __syncwarp() (a NOP on sm_90) or in volatile
     warp-synchronous code (plain LDS/STS on sm_90). Only local memory is private to a thread.
+
+    Two asynchronous copies (LDGSTS) commute: the PTX ISA gives no ordering between two cp.async
+    operations not separated by cp.async.wait_group / wait_all or an mbarrier, and those waits
+    (DEPBAR, and the commit LDGDEPBAR) are pinned, so no move crosses them.
     """
     if a.ordered or b.ordered:
         return True
+    if a.asynchronous and b.asynchronous:
+        return False
     if not (a.writes & (b.reads | b.writes) or b.writes & a.reads):
         return False
     private = a.reads | a.writes == b.reads | b.writes == {"local"}

@@ -2,10 +2,13 @@
 
 The kernel is compiled with `triton.compile` for an explicit signature (pointer and scalar types
 from the example arguments, constexprs as given), so the parameter list is known exactly: the
-non-constexpr arguments in order (pointers and multiples of 16 marked 16-divisible, as Triton's
-JIT does; integers equal to 1 are not turned into constants), then the hidden pointers Triton
+non-constexpr arguments in order, specialized as Triton's JIT specializes them (pointers and
+multiples of 16 marked 16-divisible, integers equal to 1 turned into constants and dropped from the
+parameters, except for the kernel's `do_not_specialize` arguments), then the hidden pointers Triton
 appends (global scratch, and in newer versions profile scratch), which the cubin's parameter table
-counts. The optimizer then
+counts. Without the specialization on 1 a unit stride stays a runtime value and Triton cannot
+vectorize the accesses it governs: the tutorial matmul then loads A one element at a time and
+runs about 20 times slower than what `kernel[grid](...)` gives a user. The optimizer then
 loads the patched cubin through the CUDA driver; Triton's launcher is not involved, which keeps
 this independent of Triton's runtime internals. Only single-CTA programs (num_ctas=1) are supported.
 """
@@ -64,6 +67,18 @@ def _current_target(compute_capability: int | None):
     return GPUTarget("cuda", int(compute_capability), 32)
 
 
+def _do_not_specialize(fn) -> set[str]:
+    """Names of the arguments `@triton.jit(do_not_specialize=...)` exempts (given by name or index)."""
+    names = set()
+    for entry in getattr(fn, "do_not_specialize", ()) or ():
+        if isinstance(entry, int | np.integer):
+            if 0 <= int(entry) < len(fn.arg_names):
+                names.add(fn.arg_names[int(entry)])
+        else:
+            names.add(str(entry))
+    return names
+
+
 def triton_launch(
     fn,
     args: Sequence,
@@ -95,9 +110,11 @@ def triton_launch(
     if unknown:
         raise LaunchError(f"outputs {sorted(unknown)} are not arguments of {fn.__name__!r}")
     signature, launch_args, attrs = {}, [], {}
+    unspecialized = _do_not_specialize(fn)
     for arg_name, value in zip(names, args, strict=True):
         aligned = [["tt.divisibility", 16]]  # what Triton's JIT assumes for 16-aligned pointers and ints
         index = (fn.arg_names.index(arg_name),)
+        specialize = arg_name not in unspecialized
         host = as_host_array(value)
         if host is not None:
             array, dtype = host
@@ -107,11 +124,13 @@ def triton_launch(
             role = "out" if arg_name in outputs else "in"
             attrs[index] = aligned
             launch_args.append(Buffer(arg_name, dtype, tuple(array.shape), role=role))
+        elif isinstance(value, int | np.integer) and not isinstance(value, bool) and int(value) == 1 and specialize:
+            constexprs[arg_name] = 1  # Triton's JIT: an integer argument equal to 1 becomes a constant
         elif isinstance(value, bool | int | np.integer):
             kind = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
             signature[arg_name] = kind
             launch_args.append(Scalar(arg_name, "int32" if kind == "i32" else "int64", int(value)))
-            if int(value) % 16 == 0:
+            if int(value) % 16 == 0 and specialize:
                 attrs[index] = aligned
         elif isinstance(value, float | np.floating):
             signature[arg_name] = "fp32"
@@ -120,8 +139,7 @@ def triton_launch(
             raise LaunchError(
                 f"argument {arg_name!r} is a {type(value).__name__}; pass arrays, ints or floats"
             )
-    for const in constexprs:
-        signature[const] = "constexpr"
+    signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}  # in parameter order
     source = triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(
         source,

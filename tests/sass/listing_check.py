@@ -371,6 +371,8 @@ def _memory_conflict(a: Effects, b: Effects) -> bool:
         return False
     if a.ordered or b.ordered:
         return True
+    if a.space == b.space == "global+shared":  # two LDGSTS: cp.async has no order until a wait (PTX ISA)
+        return False
     if not (a.stores or b.stores):
         return False
     spaces_a = {"global", "shared", "local"} if a.space == "generic" else set(a.space.split("+"))

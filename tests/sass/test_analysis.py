@@ -57,6 +57,13 @@ def test_memory_conflicts():
     assert not memory_conflict(mem("STG.E desc[UR4][R2.64], R1"), mem("LDS R2, [R9]"))
     assert memory_conflict(mem("ST.E [R2.64], R1"), mem("LDS R4, [R9]"))
     assert memory_conflict(mem("LDSM.16.M88.4 R4, [R8]"), mem("STS [R8+0x100], R1"))
+    # two async copies have no order until a wait (PTX: cp.async), even to one address
+    copy = "LDGSTS.E.BYPASS.128 [R9], desc[UR4][R2.64]"
+    assert not memory_conflict(mem(copy), mem("LDGSTS.E.BYPASS.128 [R9+0x10], desc[UR4][R4.64]"))
+    assert not memory_conflict(mem(copy), mem(copy))
+    assert memory_conflict(mem(copy), mem("LDS R2, [R9+0x10]"))
+    assert memory_conflict(mem(copy), mem("STS [R10], R1"))
+    assert memory_conflict(mem(copy), mem("STG.E desc[UR4][R6.64], R1"))
 
 
 # A fixed-latency producer (IMAD, 4 cycles to its FADD consumer), a movable load, a filler.
@@ -221,6 +228,42 @@ def test_a_wait_stays_two_cycles_after_the_set_of_its_scoreboard(analysis_of):
     s = Schedule(a).apply(Move(0, DOWN))
     assert s.order[:3] == (1, 0, 2) and s.extra == {0: 1} and s.stall(0) == SCOREBOARD_SETUP
     assert Control.from_word(s.words()[1]).stall == 2
+
+
+# Two async copies under one read barrier (Triton's matmul loop), the commit and the wait.
+COPIES = [
+    ("LDGSTS.E.BYPASS.128 [R9], desc[UR4][R2.64]", {"read_barrier": 2}),
+    ("LDGSTS.E.BYPASS.128 [R9+0x1000], desc[UR4][R4.64]", {"read_barrier": 2, "stall": 1}),
+    ("LDGDEPBAR", {"write_barrier": 0}),
+    ("IADD3 R2, R2, 0x80, RZ", {"wait_mask": 1 << 2}),
+    ("DEPBAR.LE SB0, 0x0", {}),
+    ("EXIT", {}),
+]
+
+
+def test_setters_of_one_scoreboard_commute_and_every_setter_keeps_the_setup_distance(analysis_of):
+    a = analysis_of(COPIES)
+    assert 2 not in a.counted_scoreboards and a.order_conflict(0, 1) is None
+    assert Schedule(a).apply(Move(1, UP)).order[:2] == (1, 0)
+    # the first copy, once last, is one cycle from the wait on SB2: it gets the second cycle
+    rows = [
+        (COPIES[0][0], {"read_barrier": 2, "stall": 1}),
+        (COPIES[1][0], {"read_barrier": 2, "stall": 2}),
+        ("IADD3 R2, R2, 0x80, RZ", {"wait_mask": 1 << 2}),
+        ("EXIT", {}),
+    ]
+    s = Schedule(analysis_of(rows)).apply(Move(1, UP))
+    assert s.order[:3] == (1, 0, 2) and s.stall(0) == SCOREBOARD_SETUP
+
+
+def test_a_wait_or_a_counted_depbar_keeps_setters_of_a_scoreboard_in_order(analysis_of):
+    waits = [COPIES[0], (COPIES[1][0], {"read_barrier": 2, "wait_mask": 1 << 2}), *COPIES[2:]]
+    a = analysis_of(waits)
+    assert "scoreboard SB2" in a.order_conflict(0, 1)
+    # DEPBAR.LE SB2, 0x1 lets the last copy stay pending: that assumes completion in issue order
+    counted = [*COPIES[:4], ("DEPBAR.LE SB2, 0x1", {}), COPIES[5]]
+    a = analysis_of(counted)
+    assert a.counted_scoreboards == {2} and "scoreboard SB2" in a.order_conflict(0, 1)
 
 
 def test_scoreboard_set_and_wait_in_different_blocks_keep_their_distance(analysis_of):

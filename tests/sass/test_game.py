@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polytile.sass.agent import search
+from polytile.sass.agent import far_moves, search
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.costmodel import IssueModel
 from polytile.sass.cubin import Cubin
 from polytile.sass.disasm import disassemble
 from polytile.sass.game import AssemblyGame, MeasurementFailed, MeasurementLog
-from polytile.sass.schedule import Schedule
+from polytile.sass.schedule import DOWN, UP, Move, Schedule
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +85,24 @@ def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
 def test_unknown_method_is_named():
     with pytest.raises(ValueError, match="greedy"):
         search(None, IssueModel(), budget=4, method="anneal")
+
+
+def test_far_moves_take_loads_up_and_stores_down_as_far_as_legal(matmul):
+    original = Schedule.original(matmul)
+    far = far_moves(original)
+    assert far, "the sample matmul has loads that can rise several slots"
+    for schedule in far:
+        moved = {move.instruction for move in schedule.path}
+        directions = {move.direction for move in schedule.path}
+        assert len(moved) == 1 and len(directions) == 1 and len(schedule.path) >= 2
+        (instruction,), (direction,) = moved, directions
+        memory = matmul.semantics[instruction].memory
+        assert (direction == UP and memory.reads) or (direction == DOWN and memory.writes)
+        # as far as legal: one more slot in the same direction is refused (or the limit was hit)
+        following, reason = schedule.check(Move(instruction, direction))
+        assert following is None or len(schedule.path) == 64, reason
+        replay = original
+        for move in schedule.path:
+            replay = replay.apply(move)
+        assert replay.key == schedule.key
+    assert any(move.direction == UP for s in far for move in s.path[:1])

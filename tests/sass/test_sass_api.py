@@ -52,7 +52,7 @@ def test_rejected_candidates_are_skipped_and_the_returned_one_verifies(sample_cu
     assert report.rejected, "the fake should have rejected the most changed candidates"
     assert 0 < changed(launch.cubin, result.cubin) <= 6
     assert report.verified and report.speedup > 1.0
-    assert len(report.moves) == len(result.schedule.path) and "paid off" in report.moves[0]
+    assert len(report.moves) == len(result.schedule.path) and any("paid off" in m for m in report.moves)
     assert Cubin(result.cubin).kernel("matmul").words == tuple(result.schedule.words())
     assert "matmul" in report.format()
 
