@@ -405,7 +405,8 @@ class KernelAnalysis:
 
         Register results (unit: the register) and unguarded source reads; besides, every
         setter of a scoreboard since the last wait on it is a producer of the next instruction
-        that waits on that scoreboard (SCOREBOARD_SETUP: setters may swap, so any may end last). Unit is None where no one register is concerned.
+        that waits on that scoreboard (SCOREBOARD_SETUP: setters may swap, so any may end last).
+        Unit is None where no one register is concerned.
         """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
