@@ -252,7 +252,8 @@ def check_outputs(workload: Workload, cubin: bytes, runner: Runner, seed: int = 
     return max(relative_error(outputs[name], ref) for name, ref in expected.items())
 
 
-def run(args) -> dict:
+def run(args, save: Callable[[dict], None] = lambda record: None) -> dict:
+    """Run the workloads; `save(record)` after each one, so a run cut short keeps what it measured."""
     settings = RunnerSettings(reps=args.reps, timeout_s=args.timeout)
     workloads = []
     try:
@@ -288,6 +289,7 @@ def run(args) -> dict:
         except Exception as exc:  # one broken workload must not end the benchmark run
             entry["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{workload.name}: {entry['error']}", file=sys.stderr)
+        save(record)
     return record
 
 
@@ -377,15 +379,20 @@ def main() -> int:
             print(f"{name}: {path}")
         return 0
     sys.path.insert(0, str(HERE))
-    record = run(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = RESULTS / f"sass-{stamp}.json"
-    device = next((w["device"] for w in record["workloads"] if "device" in w), {})
-    record["device"] = device.get("device")
-    record["driver_version"] = device.get("driver_version")
-    record["cuda_version"] = _cuda_version()
-    path.write_text(json.dumps(record, indent=2, default=str))
+    cuda_version = _cuda_version()
+
+    def save(record: dict) -> None:
+        device = next((w["device"] for w in record["workloads"] if "device" in w), {})
+        record["device"] = device.get("device")
+        record["driver_version"] = device.get("driver_version")
+        record["cuda_version"] = cuda_version
+        path.write_text(json.dumps(record, indent=2, default=str))
+
+    record = run(args, save)
+    save(record)
     print(f"record: {path}")
     print(table(record, args.methods.split(",")))
     return 0
