@@ -1,6 +1,7 @@
 """Audit the SASS legality rules on a GPU with the workloads of benchmarks/sass.py.
 
-For each named workload: verify every single legal move from the compiler's order and WALKS random
+For each named workload: verify every single legal move from the compiler's order, every multi-slot
+run greedy search tries first (`polytile.sass.agent.far_moves`) and WALKS random
 40-move legal schedules (`polytile.sass.schedule.random_legal`), then bisect each failing schedule
 to its first failing move and print the instructions around it.
 
@@ -20,6 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import sass as bench  # noqa: E402 - benchmarks/sass.py
 
+from polytile.sass.agent import far_moves  # noqa: E402
 from polytile.sass.api import analyse  # noqa: E402
 from polytile.sass.cubin import Cubin  # noqa: E402
 from polytile.sass.game import MeasurementFailed  # noqa: E402
@@ -63,9 +65,12 @@ def audit(workload: bench.Workload, walks: int) -> None:
         original = Schedule.original(a)
         singles = [s for i in a.movable for d in (UP, DOWN) if (s := original.check(Move(i, d))[0])]
         candidates = [("single", s) for s in singles]
+        runs = far_moves(original)
+        candidates += [(f"run of {len(s.path)}", s) for s in runs]
         candidates += [(f"walk {seed}", random_legal(a, WALK_MOVES, seed)) for seed in range(walks)]
         bad = [(tag, s, why) for tag, s in candidates if (why := failure(runner, launch, cubin, s))]
-        print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, {walks} walks: "
+        print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, {len(runs)} runs, "
+              f"{walks} walks: "
               f"{len(bad)} failing ({time.monotonic() - start:.0f} s)", flush=True)
         for tag, schedule, why in bad[:3]:
             print(f"  FAILING {tag}: {why[:160]}")

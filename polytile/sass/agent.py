@@ -3,11 +3,13 @@
 `ppo` trains sb3-contrib's MaskablePPO (a small MLP on the CPU; the environment steps are the
 measurements) on the assembly game and keeps the best schedule any episode reached. `greedy` is
 first-improvement hill climbing: from the current schedule it first tries the expert's moves —
-each load as early and each store as late as its dependences allow (a run of legal one-slot
-moves, measured once) — then every single legal move in random order, and takes the first that
-is faster by more than `min_gain` (timing noise otherwise leads it astray). `random` measures the
-ends of random legal walks. All three spend the same budget through one `MeasurementLog`, so their results
-compare directly; the best schedule found by any of them is whatever the log saw fastest.
+each load 2, 4, 8, ... slots earlier and as early as its dependences allow, each store as late
+(runs of legal one-slot moves, measured once) — then the other runs and every single legal move,
+and takes the first that is faster by more than `min_gain` (timing noise otherwise leads it
+astray); on a plateau it steps to a random neighbour within the noise (iterated local search).
+`random` measures the ends of random legal walks. All three spend the same budget through one
+`MeasurementLog`, so their results compare directly; the best schedule found by any of them is
+whatever the log saw fastest.
 """
 
 from __future__ import annotations
@@ -103,41 +105,53 @@ def _legal_moves(schedule: Schedule) -> list[Move]:
 
 
 def far_moves(schedule: Schedule, limit: int = 64) -> list[Schedule]:
-    """Each movable load taken as far up, and each store as far down, as single legal moves allow
-    (at most `limit` slots; an instruction that reads and writes memory goes both ways): the
-    schedules a CUDA assembly expert tries first. Only runs of two or more slots are returned."""
-    result = []
+    """Each movable instruction taken 2, 4, 8, ... slots and as far as single legal moves allow,
+    up and down (at most `limit` slots): the schedules a CUDA assembly expert tries — a load
+    issued earlier hides more of its latency, a store issued later frees the pipe for loads.
+    Loads going up and stores going down come first, the farthest first; runs shorter than two
+    slots are left to the single moves."""
+    preferred, other = _far_groups(schedule, limit)
+    return preferred + other
+
+
+def _far_groups(schedule: Schedule, limit: int = 64) -> tuple[list[Schedule], list[Schedule]]:
+    """`far_moves` as (loads up and stores down, the rest)."""
+    preferred, other = [], []
     analysis = schedule.analysis
     for instruction in analysis.movable:
         memory = analysis.semantics[instruction].memory
-        directions = []
-        if memory is None or memory.reads:
-            directions.append(UP)
-        if memory is None or memory.writes:
-            directions.append(DOWN)
-        for direction in directions:
-            current, steps = schedule, 0
+        for direction in (UP, DOWN):
+            current, steps, stops = schedule, 0, []
             while steps < limit:
                 following, _ = current.check(Move(instruction, direction))
                 if following is None:
                     break
                 current, steps = following, steps + 1
-            if steps >= 2:
-                result.append(current)
-    return result
+                if steps >= 2 and steps & (steps - 1) == 0:  # 2, 4, 8, ...
+                    stops.append(current)
+            if steps >= 2 and stops[-1] is not current:
+                stops.append(current)
+            expert = memory is not None and bool(memory.reads if direction == UP else memory.writes)
+            (preferred if expert else other).extend(reversed(stops))
+    return preferred, other
 
 
 def _greedy(analysis: KernelAnalysis, log: MeasurementLog, seed: int, min_gain: float) -> None:
+    """First-improvement hill climbing over `far_moves` then single moves; on a plateau (no
+    candidate faster by `min_gain`) it takes a random candidate within the noise and goes on, as
+    iterated local search does, until the budget is spent or nothing new can be measured."""
     rng = np.random.default_rng(seed)
     current = Schedule.original(analysis)
     current_time = log.measure(current)
     while not log.exhausted:
-        far = far_moves(current)
-        rng.shuffle(far)
+        # the expert's runs, the other runs, then single moves, each kind in random order
+        preferred, others = _far_groups(current)
         singles = [current.apply(move) for move in _legal_moves(current)]
-        rng.shuffle(singles)
-        improved = False
-        for candidate in far + singles:
+        for group in (preferred, others, singles):
+            rng.shuffle(group)
+        plateau: list[tuple[float, Schedule]] = []
+        used, improved = log.used, False
+        for candidate in preferred + others + singles:
             if log.exhausted:
                 return
             try:
@@ -147,8 +161,14 @@ def _greedy(analysis: KernelAnalysis, log: MeasurementLog, seed: int, min_gain: 
             if t < current_time * (1.0 - min_gain):
                 current, current_time, improved = candidate, t, True
                 break
-        if not improved:
-            return
+            if t <= current_time * (1.0 + min_gain):
+                plateau.append((t, candidate))
+        if improved:
+            continue
+        if log.used == used or not plateau:
+            return  # every neighbour measured before and none better: nothing new to learn here
+        t, current = plateau[int(rng.integers(len(plateau)))]
+        current_time = t
 
 
 def _random(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: int) -> None:

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 from polytile.sass.cubin import NO_BARRIER, WORD_BYTES, Control, KernelText
 from polytile.sass.disasm import SassInstruction
-from polytile.sass.isa import CONTROL_FLOW, Semantics, fixed_pipe, memory_conflict, semantics, unit_name
+from polytile.sass.isa import (
+    CONTROL_FLOW,
+    SETTLING,
+    Semantics,
+    fixed_pipe,
+    memory_conflict,
+    semantics,
+    unit_name,
+)
 
 START, END = -1, -2  # pseudo producer at a block's entry, pseudo consumer at its exit
 DEFAULT_FIXED_LATENCY = 15  # cycles assumed for a fixed-latency opcode never seen inside a block
@@ -116,6 +124,7 @@ class KernelAnalysis:
         self.latency_overrides = dict(latency_overrides or {})
         self.consumer_kinds = sorted({self.consumer_kind(i) for i in range(len(instructions))})
         self.latency = self._latency_table()
+        self.settle = self._settle_table()
         self._live_in_need = self._live_in_needs()
         self.rules = self._distance_rules()
 
@@ -406,14 +415,21 @@ class KernelAnalysis:
         Register results (unit: the register) and unguarded source reads; besides, every
         setter of a scoreboard since the last wait on it is a producer of the next instruction
         that waits on that scoreboard (SCOREBOARD_SETUP: setters may swap, so any may end last).
-        Unit is None where no one register is concerned.
+        Every memory access after a settling instruction (`isa.SETTLING`: barriers, dependency
+        barriers) is paired with the last one before it ("barrier settle"), START standing for
+        one in a predecessor block. Unit is None where no one register is concerned.
         """
         last_def: dict[int, int] = {}
         async_readers: dict[int, list[int]] = {}
         setters: dict[int, list[int]] = {}  # per scoreboard, its setters since the last wait on it
+        barrier = START  # the last settling instruction (a barrier from a predecessor: START)
         pairs = []
         for c in range(block.start, block.end):
             s = self.semantics[c]
+            if self._settling(c):
+                barrier = c
+            elif s.memory is not None:
+                pairs.append((barrier, c, "barrier settle", None))
             for u in sorted(s.uses | s.defs):
                 p = last_def.get(u, START)
                 if p == START or self._timed_producer(p):
@@ -454,13 +470,46 @@ class KernelAnalysis:
                     table[key] = min(table.get(key, 1 << 30), self._distance(block, p, c))
         return table
 
+    def _settling(self, i: int) -> bool:
+        return self.instructions[i].base in SETTLING and i in self.pinned
+
+    def _settle_table(self) -> dict[str, int]:
+        """Per settling opcode, the fewest cycles the compiler left from one to a memory access
+        after it in the same block.
+
+        `BAR.SYNC.DEFER_BLOCKING` does not hold the warp at once: on an H100 an `LDSM` moved to 4
+        cycles after one (Triton's matmul epilogue; the compiler had 24) read shared memory before
+        the other warps' stores, while ptxas itself puts 6 cycles (the barrier's stall) between a
+        barrier and a shared load. So a memory access keeps min(its distance in the compiler's
+        order, this minimum) to the barrier before it; an opcode the compiler never placed a
+        memory access near keeps every distance.
+        """
+        table: dict[str, int] = {}
+        for block in self.blocks:
+            for p, c, kind, _ in self._pairs(block):
+                if kind == "barrier settle" and p != START:
+                    base = self.instructions[p].base
+                    table[base] = min(table.get(base, 1 << 30), self._distance(block, p, c))
+        return table
+
+    def _settle_need(self, barrier: int) -> int:
+        return self.settle.get(self.instructions[barrier].base, 1 << 30)
+
+    def _settle_requirement(self, block: Block) -> int:
+        """Cycles a memory access may need after the start of `block` for a barrier in a
+        predecessor block."""
+        if self.has_indirect_flow:
+            return ASYNC_WINDOW
+        return self._live_in_need[block.index].get(("bar", 0), 0)
+
     def _live_in_needs(self) -> list[dict]:
         """Per block, the cycles each live-in dependence may still need after the block starts.
 
         Keys are ("reg", unit, consumer kind, access) (a timed producer's result, for each kind
         of consumer `latency_key` distinguishes), ("war", unit) (a source read without a read
-        barrier, before its overwrite) and ("sb", b) (a set of scoreboard b, before a wait on
-        it). A producer near the end of a predecessor block leaves `required - distance to the
+        barrier, before its overwrite), ("sb", b) (a set of scoreboard b, before a wait on
+        it) and ("bar", 0) (a settling instruction before a memory access: `_settle_table`).
+        A producer near the end of a predecessor block leaves `required - distance to the
         block end` cycles for the successor to wait; values flow through blocks that neither
         write the unit nor touch the scoreboard, shrinking by their stall total. With indirect
         control flow every live-in dependence is assumed to need the full window
@@ -478,8 +527,12 @@ class KernelAnalysis:
             last_set: dict[int, int] = {}
             reads: dict[int, list[int]] = {}
             touched: set = set()
+            barrier = None
             for i in range(block.start, block.end):
                 s = self.semantics[i]
+                if self._settling(i):
+                    barrier = i
+                    touched.add(("bar", 0))
                 for b in self.scoreboard_waits(i):
                     last_set.pop(b, None)
                     touched.add(("sb", b))
@@ -508,6 +561,8 @@ class KernelAnalysis:
                     need(("war", u), m, ASYNC_WINDOW)
             for b, p in last_set.items():
                 need(("sb", b), p, SCOREBOARD_SETUP)
+            if barrier is not None:
+                need(("bar", 0), barrier, min(self._settle_need(barrier), ASYNC_WINDOW))
             own.append(needs)
             cut.append(touched)
             total.append(self._distance(block, START, END))
@@ -553,7 +608,9 @@ class KernelAnalysis:
         for block in self.blocks:
             best: dict[tuple[int, int], DistanceRule] = {}
             for p, c, kind, u in self._pairs(block):
-                if p == START:
+                if kind == "barrier settle":
+                    need = self._settle_requirement(block) if p == START else self._settle_need(p)
+                elif p == START:
                     need = self._live_in_requirement(block, c, u)
                 elif kind == "result":
                     need = self.required_latency(p, c, u)

@@ -83,6 +83,9 @@ _PINNED = {
     },
 }
 PINNED_OPCODES = {op: reason for reason, ops in _PINNED.items() for op in ops}
+# Instructions that hold the warp until other warps or pending operations catch up; memory
+# accesses keep a settling distance after them (analysis.KernelAnalysis.settle).
+SETTLING = frozenset(_PINNED["barrier or dependency barrier"] | {"NOP", "WARPSYNC", "WARPGROUP"})
 CONTROL_FLOW = _PINNED["branch or reads the PC"] - {"BMOV", "NANOSLEEP", "YIELD", "LEPC", "WARPSYNC"}
 
 # Results after a fixed number of cycles; the compiler relies on stall counts, not scoreboards.

@@ -15,7 +15,8 @@ checks on the patched order what the hardware needs:
   or overwrites a source a pending read barrier still protects (a dataflow over the control-flow
   graph, in the order of the listing);
 - timing: every wait on a scoreboard comes at least `SCOREBOARD_SETUP` cycles after the last
-  instruction that set it; every consumer of a fixed-latency result comes at least
+  instruction that set it; every memory access comes at least min(original distance, the
+  compiler's fewest cycles for that barrier opcode) after the barrier before it; every consumer of a fixed-latency result comes at least
   min(original distance, latency) cycles after its producer, the latency being the compiler's
   smallest distance for that opcode in the original; an overwrite of a source that a
   variable-latency instruction read without a read barrier keeps min(original, ASYNC_WINDOW).
@@ -54,6 +55,10 @@ ALU = set(
     UIADD3 UIMAD ULOP3 ULOP USHF USHL USHR UMOV USEL ULEA UISETP UPLOP3 UPRMT UIMNMX USGXT UBMSK ULDC
     UP2UR UR2UP UPSETP UVIADD""".split()
 )
+# A barrier does not hold the warp at once (BAR.SYNC.DEFER_BLOCKING): memory accesses keep the
+# compiler's fewest cycles after one (an LDSM 4 cycles after a BAR read stale shared memory on an H100)
+SETTLING = set("BAR BARRIER MEMBAR FENCE ERRBAR CGAERRBAR DEPBAR LDGDEPBAR ARRIVES CCTL CCTLL CCTLT NOP WARPSYNC "
+               "WARPGROUP UCGABAR_ARV UCGABAR_WAIT UCGABAR_GET ACQBULK".split())
 VARIABLE = set(
     """S2R S2UR R2UR MUFU SHFL F2F F2I I2F I2I FRND POPC FLO BREV DADD DMUL DFMA DSETP DMNMX DSET HMMA
     IMMA DMMA BMMA MATCH REDUX VOTE VOTEU FCHK UFLO UPOPC UBREV CREDUX ELECT""".split()
@@ -488,6 +493,8 @@ def _dataflow(spans, successors, transfer, join) -> dict:
             state = states[0]
             for other in states[1:]:
                 state = join(state, other)
+            if entry[k] is not None:  # entries only grow: a transfer that is not monotone (a
+                state = join(entry[k], state)  # wait clears what a set added) cannot oscillate
             if state == entry[k]:
                 continue
             entry[k] = state
@@ -590,6 +597,11 @@ def timing_facts(rows: list[Row], ids: list[int], spans, successors, fx: list[Ef
                 for unit in e.writes:
                     for q, t in stamps.get("#async " + unit, {}).items():
                         facts[("async read", ids[p], unit, q)] = clock - t
+                if row.base in SPACES:
+                    for q, t in stamps.get("#BAR", {}).items():
+                        facts[("barrier settle", ids[p], "memory", q)] = clock - t
+            if row.base in SETTLING:
+                stamps["#BAR"] = {ids[p]: clock}  # the last barrier is the one that counts
             for b in row.waits:
                 stamps.pop(f"#SB{b}", None)  # once waited for, a set is history
             for b in {row.write_barrier, row.read_barrier} - {None}:
@@ -659,6 +671,11 @@ class Checker:
             self.block_of[s:e] = [k] * (e - s)
         self.table = latency_table(original, self.fx)
         self.facts = timing_facts(original, list(range(len(original))), self.spans, self.successors, self.fx)
+        self.settle: dict[str, int] = {}  # per barrier opcode, the compiler's fewest cycles to a memory access
+        for fact, value in self.facts.items():
+            if fact[0] == "barrier settle":
+                base = original[fact[3]].base
+                self.settle[base] = min(self.settle.get(base, CAP), value)
 
     def name(self, i: int) -> str:
         return f"{self.original[i].offset:#06x} {self.original[i].text}"
@@ -739,6 +756,8 @@ class Checker:
             if kind == "latency":
                 key = latency_key(self.original[producer], self.fx[consumer], fact[2])
                 need = min(self.table.get(key, LATENCY_CAP), LATENCY_CAP)
+            elif kind == "barrier settle":
+                need = self.settle.get(self.original[producer].base, CAP)
             else:
                 need = SCOREBOARD_SETUP if kind == "scoreboard setup" else ASYNC_WINDOW
             if value < min(old, need):

@@ -266,6 +266,34 @@ def test_a_wait_or_a_counted_depbar_keeps_setters_of_a_scoreboard_in_order(analy
     assert a.counted_scoreboards == {2} and "scoreboard SB2" in a.order_conflict(0, 1)
 
 
+def test_memory_access_keeps_the_compilers_settling_distance_after_a_barrier(analysis_of):
+    """On an H100 an LDSM moved to 4 cycles after a BAR.SYNC.DEFER_BLOCKING read shared memory
+    before the other warps' stores (Triton's matmul epilogue); ptxas keeps 6 (its own BAR S06
+    before an LDS), so a shared load gets min(original distance, the compiler's fewest)."""
+    tail = [
+        ("BAR.SYNC.DEFER_BLOCKING 0x0", {"stall": 1}),
+        ("IADD3 R9, R10, 0x1, RZ", {"stall": 2}),
+        ("IADD3 R11, R10, 0x2, RZ", {"stall": 2}),
+        ("IADD3 R12, R10, 0x3, RZ", {"stall": 2}),
+        ("LDS R3, [R8+0x4]", {"write_barrier": 1}),
+        ("EXIT", {"wait_mask": 3}),
+    ]
+    observed = [("BAR.SYNC.DEFER_BLOCKING 0x0", {"stall": 6}), ("LDS R2, [R8]", {"write_barrier": 0})]
+    a = analysis_of(observed + tail)
+    assert a.settle == {"BAR": 6}
+    s = Schedule(a)
+    for _ in range(3):
+        s = s.apply(Move(6, UP))
+    assert s.order[2:4] == (2, 6) and s.stall(2) == 6  # the barrier's stall carries the 6 cycles
+    # the compiler put its nearest access 7 cycles after the barrier: the access keeps 7
+    a = analysis_of(tail)
+    assert a.settle == {"BAR": 7}
+    s = Schedule(a)
+    for _ in range(3):
+        s = s.apply(Move(4, UP))
+    assert s.order[:2] == (0, 4) and s.stall(0) == 7
+
+
 def test_scoreboard_set_and_wait_in_different_blocks_keep_their_distance(analysis_of):
     """The set at the end of one block, the wait in the next: the distance across the edge holds."""
     rows = [

@@ -11,7 +11,7 @@ from polytile.sass.costmodel import IssueModel
 from polytile.sass.cubin import Cubin
 from polytile.sass.disasm import disassemble
 from polytile.sass.game import AssemblyGame, MeasurementFailed, MeasurementLog
-from polytile.sass.schedule import DOWN, UP, Move, Schedule
+from polytile.sass.schedule import UP, Move, Schedule
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,11 @@ def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
     if method == "ppo":
         pytest.importorskip("sb3_contrib", reason="PPO needs sb3-contrib (and torch)")
     model = IssueModel()
-    result = search(matmul, model, budget=40, method=method, seed=0, max_steps=8)
-    assert result.measurements <= 40 and model.calls == result.measurements
+    # greedy tries the multi-slot runs first (53 here); the synthetic model's one gain is a
+    # single move of one cycle (0.08%), so it needs the budget to reach it and no noise margin
+    budget = 120 if method == "greedy" else 40
+    result = search(matmul, model, budget=budget, method=method, seed=0, max_steps=8, min_gain=0.0)
+    assert result.measurements <= budget and model.calls == result.measurements
     assert result.best_time <= result.baseline_time
     if method == "greedy":
         assert result.best_time < result.baseline_time
@@ -87,22 +90,33 @@ def test_unknown_method_is_named():
         search(None, IssueModel(), budget=4, method="anneal")
 
 
-def test_far_moves_take_loads_up_and_stores_down_as_far_as_legal(matmul):
+def test_far_moves_take_instructions_2_4_8_and_all_legal_slots_loads_up_first(matmul):
     original = Schedule.original(matmul)
     far = far_moves(original)
     assert far, "the sample matmul has loads that can rise several slots"
+    farthest: dict[tuple[int, int], int] = {}
     for schedule in far:
         moved = {move.instruction for move in schedule.path}
         directions = {move.direction for move in schedule.path}
         assert len(moved) == 1 and len(directions) == 1 and len(schedule.path) >= 2
         (instruction,), (direction,) = moved, directions
-        memory = matmul.semantics[instruction].memory
-        assert (direction == UP and memory.reads) or (direction == DOWN and memory.writes)
-        # as far as legal: one more slot in the same direction is refused (or the limit was hit)
-        following, reason = schedule.check(Move(instruction, direction))
-        assert following is None or len(schedule.path) == 64, reason
+        key = (instruction, direction)
+        farthest[key] = max(farthest.get(key, 0), len(schedule.path))
         replay = original
         for move in schedule.path:
             replay = replay.apply(move)
         assert replay.key == schedule.key
-    assert any(move.direction == UP for s in far for move in s.path[:1])
+    for (instruction, direction), steps in farthest.items():
+        stop = original
+        for _ in range(steps):
+            stop = stop.apply(Move(instruction, direction))
+        following, reason = stop.check(Move(instruction, direction))
+        assert following is None or steps == 64, reason  # as far as legal, or the limit
+    # loads going up and stores going down come before the other runs
+    expert = [
+        (lambda m: bool(m.reads) if s.path[0].direction == UP else bool(m.writes))(
+            matmul.semantics[s.path[0].instruction].memory
+        )
+        for s in far
+    ]
+    assert any(expert) and not any(expert[expert.index(False):]) if False in expert else all(expert)
