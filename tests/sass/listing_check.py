@@ -17,7 +17,8 @@ checks on the patched order what the hardware needs:
 - timing: every wait on a scoreboard comes at least `SCOREBOARD_SETUP` cycles after the last
   instruction that set it; every memory access comes at least min(original distance, the
   compiler's fewest cycles for that barrier opcode) after the barrier before it; every consumer
-  of a fixed-latency result comes at least min(original distance, latency) cycles after its producer, the latency being the compiler's
+  of a fixed-latency result comes at least min(original distance, latency) cycles after its
+  producer, the latency being the compiler's
   smallest distance for that opcode in the original; an overwrite of a source that a
   variable-latency instruction read without a read barrier keeps min(original, ASYNC_WINDOW).
 
