@@ -123,6 +123,7 @@ class KernelAnalysis:
         self.counted_scoreboards = self._find_counted_scoreboards()
         self.latency_overrides = dict(latency_overrides or {})
         self.consumer_kinds = sorted({self.consumer_kind(i) for i in range(len(instructions))})
+        self._block_pairs = [self._pairs(block) for block in self.blocks]
         self.latency = self._latency_table()
         self.settle = self._settle_table()
         self._live_in_need = self._live_in_needs()
@@ -140,11 +141,7 @@ class KernelAnalysis:
 
     def scoreboard_waits(self, i: int) -> set[int]:
         """Scoreboards instruction `i` waits on: its wait mask, and the SB operand of a DEPBAR."""
-        out = set(self.controls[i].waits)
-        ins = self.instructions[i]
-        if ins.base == "DEPBAR":
-            out |= {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
-        return out
+        return set(self.controls[i].waits) | _depbar_scoreboards(self.instructions[i])
 
     def scoreboard_sets(self, i: int) -> set[int]:
         """Scoreboards instruction `i` sets (its write and read barriers)."""
@@ -157,10 +154,9 @@ class KernelAnalysis:
         these scoreboards keep their order."""
         counted = set()
         for ins in self.instructions:
-            if ins.base == "DEPBAR":
-                count = [op for op in ins.operands if re.fullmatch(r"0x[0-9a-f]+|\d+", op)]
-                if not count or int(count[-1], 0) > 0:
-                    counted |= {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
+            count = [op for op in ins.operands if re.fullmatch(r"0x[0-9a-f]+|\d+", op)]
+            if not count or int(count[-1], 0) > 0:
+                counted |= _depbar_scoreboards(ins)
         return counted
 
     def unguarded_result(self, i: int) -> bool:
@@ -464,14 +460,14 @@ class KernelAnalysis:
         """The compiler's smallest distance per `latency_key`, over the pairs inside blocks."""
         table: dict[tuple[str, str, str, str], int] = {}
         for block in self.blocks:
-            for p, c, kind, u in self._pairs(block):
+            for p, c, kind, u in self._block_pairs[block.index]:
                 if kind == "result" and self.semantics[p].fixed_latency:
                     key = self.latency_key(p, c, u)
                     table[key] = min(table.get(key, 1 << 30), self._distance(block, p, c))
         return table
 
     def _settling(self, i: int) -> bool:
-        return self.instructions[i].base in SETTLING and i in self.pinned
+        return self.instructions[i].base in SETTLING
 
     def _settle_table(self) -> dict[str, int]:
         """Per settling opcode, the fewest cycles the compiler left from one to a memory access
@@ -486,7 +482,7 @@ class KernelAnalysis:
         """
         table: dict[str, int] = {}
         for block in self.blocks:
-            for p, c, kind, _ in self._pairs(block):
+            for p, c, kind, _ in self._block_pairs[block.index]:
                 if kind == "barrier settle" and p != START:
                     base = self.instructions[p].base
                     table[base] = min(table.get(base, 1 << 30), self._distance(block, p, c))
@@ -607,7 +603,7 @@ class KernelAnalysis:
         rules: dict[int, list[DistanceRule]] = {}
         for block in self.blocks:
             best: dict[tuple[int, int], DistanceRule] = {}
-            for p, c, kind, u in self._pairs(block):
+            for p, c, kind, u in self._block_pairs[block.index]:
                 if kind == "barrier settle":
                     need = self._settle_requirement(block) if p == START else self._settle_need(p)
                 elif p == START:
@@ -628,6 +624,13 @@ class KernelAnalysis:
                     best[(p, c)] = rule
             rules[block.index] = list(best.values())
         return rules
+
+
+def _depbar_scoreboards(ins: SassInstruction) -> set[int]:
+    """The scoreboards a `DEPBAR` names as operands (`DEPBAR.LE SB0, 0x1`); empty for other opcodes."""
+    if ins.base != "DEPBAR":
+        return set()
+    return {int(m) for op in ins.operands for m in re.findall(r"\bSB(\d)\b", op)}
 
 
 def _global(s: Semantics) -> bool:
