@@ -94,7 +94,8 @@ def main() -> None:
     names = sys.argv[1].split(",")
     walks = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     kinds = set((sys.argv[3] if len(sys.argv) > 3 else "singles,blocks,runs,walks").split(","))
-    workloads = bench.triton_workloads() + bench.polytile_workloads() + bench.cuda_workloads()
+    families = {"triton-": bench.triton_workloads, "polytile-": bench.polytile_workloads, "cuda-": bench.cuda_workloads}
+    workloads = [w for prefix, build in families.items() if any(n.startswith(prefix) for n in names) for w in build()]
     for workload in workloads:
         if workload.name in names:
             audit(workload, walks, kinds)
