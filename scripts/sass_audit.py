@@ -68,22 +68,28 @@ def audit(workload: bench.Workload, walks: int, kinds: set[str]) -> None:
     start = time.monotonic()
     with Runner(launch, RunnerSettings(reps=3, warmup=1)) as runner:
         original = Schedule.original(a)
-        singles = [s for i in a.movable for d in (UP, DOWN) if (s := original.check(Move(i, d))[0])]
-        singles = singles if "singles" in kinds else []
-        candidates = [("single", s) for s in singles]
+        singles, blocks, runs, walk_schedules = [], [], [], []
+        if "singles" in kinds:
+            singles = [s for i in a.movable for d in (UP, DOWN) if (s := original.check(Move(i, d))[0])]
         if "blocks" in kinds:
             everything = original
             for direction in (UP, DOWN):
                 for block in run_blocks(original):
                     everything = block_run(everything, block, direction)
-            candidates += [(f"block run of {len(s.path)}", s) for s in block_runs(original) + [everything]]
-        runs = far_moves(original) if "runs" in kinds else []
-        candidates += [(f"run of {len(s.path)}", s) for s in runs]
-        walks = walks if "walks" in kinds else 0
-        candidates += [(f"walk {seed}", random_legal(a, WALK_MOVES, seed)) for seed in range(walks)]
+            blocks = block_runs(original) + [everything]
+        if "runs" in kinds:
+            runs = far_moves(original)
+        if "walks" in kinds:
+            walk_schedules = [random_legal(a, WALK_MOVES, seed) for seed in range(walks)]
+        candidates = (
+            [("single", s) for s in singles]
+            + [(f"block run of {len(s.path)}", s) for s in blocks]
+            + [(f"run of {len(s.path)}", s) for s in runs]
+            + [(f"walk {seed}", s) for seed, s in enumerate(walk_schedules)]
+        )
         bad = [(tag, s, why) for tag, s in candidates if (why := failure(runner, launch, cubin, s))]
         print(f"AUDIT {workload.name}: {len(a.movable)} movable, {len(singles)} single moves, "
-              f"{len(candidates) - len(singles) - len(runs) - walks} block runs, {len(runs)} runs, {walks} walks: "
+              f"{len(blocks)} block runs, {len(runs)} runs, {len(walk_schedules)} walks: "
               f"{len(bad)} failing ({time.monotonic() - start:.0f} s)", flush=True)
         for tag, schedule, why in bad[:3]:
             print(f"  FAILING {tag}: {why[:160]}")
@@ -93,7 +99,10 @@ def audit(workload: bench.Workload, walks: int, kinds: set[str]) -> None:
 def main() -> None:
     names = sys.argv[1].split(",")
     walks = int(sys.argv[2]) if len(sys.argv) > 2 else 32
-    kinds = set((sys.argv[3] if len(sys.argv) > 3 else "singles,blocks,runs,walks").split(","))
+    known = {"singles", "blocks", "runs", "walks"}
+    kinds = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else known
+    if kinds - known:
+        sys.exit(f"unknown KINDS {', '.join(sorted(kinds - known))}; choose among {', '.join(sorted(known))}")
     families = {"triton-": bench.triton_workloads, "polytile-": bench.polytile_workloads, "cuda-": bench.cuda_workloads}
     workloads = [w for prefix, build in families.items() if any(n.startswith(prefix) for n in names) for w in build()]
     for workload in workloads:

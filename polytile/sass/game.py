@@ -9,7 +9,7 @@ its stores (`moves.block_run`). CuAsmRL's game is strides=(1,) without block act
 `action_masks()` gives the legal ones (sb3-contrib's MaskablePPO reads it): a walk is legal when
 its first move is, a block action when some load (store) of the block can move up (down).
 Reward: (T_prev - T_new) / T_0 * 100 with T from a `Measurer` (the GPU in real runs, a cost model
-in tests). An episode ends when no move is legal (terminated), after `max_steps` moves or when the
+in tests). An episode ends when no move is legal (terminated), after `max_steps` actions or when the
 measurement budget is spent (truncated). A measurement that fails (the variant faulted, hung or
 was rejected) gives `failure_reward` and ends the episode.
 """
@@ -170,25 +170,30 @@ class AssemblyGame(gym.Env):
         self.steps = 0
         self._static = _static_features(analysis)
 
-    def describe(self, action: int) -> str:
-        """What `action` does, in words."""
+    def _decode(self, action: int) -> tuple[int | None, int, int]:
+        """(block, direction, 0) for a block action; (None, direction, stride index) for a walk,
+        the movable instruction's index in place of the block."""
         action = int(action)
         direction = UP if action % 2 == 0 else DOWN
-        word = "up" if direction == UP else "down"
         if action >= self._walks:
-            block = self.blocks[(action - self._walks) // 2]
-            return f"block {block}: every {'load' if direction == UP else 'store'} as far {word} as legal"
+            return self.blocks[(action - self._walks) // 2], direction, -1
         stride, rest = divmod(action, 2 * len(self.analysis.movable))
-        return f"{Move(self.analysis.movable[rest // 2], direction).describe(self.analysis)} {self.strides[stride]}"
+        return self.analysis.movable[rest // 2], direction, stride
+
+    def describe(self, action: int) -> str:
+        """What `action` does, in words."""
+        target, direction, stride = self._decode(action)
+        word = "up" if direction == UP else "down"
+        if stride < 0:
+            return f"block {target}: every {'load' if direction == UP else 'store'} as far {word} as legal"
+        return f"{Move(target, direction).describe(self.analysis)} by up to {self.strides[stride]} slots"
 
     def play(self, action: int) -> Schedule:
         """The schedule `action` leads to from the current one (the current one when illegal)."""
-        action = int(action)
-        direction = UP if action % 2 == 0 else DOWN
-        if action >= self._walks:
-            return block_run(self.schedule, self.blocks[(action - self._walks) // 2], direction)
-        stride, rest = divmod(action, 2 * len(self.analysis.movable))
-        return walk(self.schedule, self.analysis.movable[rest // 2], direction, self.strides[stride])
+        target, direction, stride = self._decode(action)
+        if stride < 0:
+            return block_run(self.schedule, target, direction)
+        return walk(self.schedule, target, direction, self.strides[stride])
 
     def action_masks(self) -> np.ndarray:
         single = self.schedule.legal_mask()

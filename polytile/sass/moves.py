@@ -66,9 +66,8 @@ def far_groups(schedule: Schedule, limit: int = FAR_LIMIT) -> tuple[list[Schedul
 
 
 def block_run(schedule: Schedule, block: int, direction: int, limit: int = FAR_LIMIT) -> Schedule:
-    """Every load of basic block `block` as early as legal (direction UP; the topmost load first,
-    so the loads keep their relative order where they depend on each other), or every store as
-    late as legal (DOWN; the bottommost first), each at most `limit` slots."""
+    """Every load of basic block `block` as early as legal (direction UP; the topmost load first),
+    or every store as late as legal (DOWN; the bottommost first), each at most `limit` slots."""
     analysis = schedule.analysis
     b = analysis.blocks[block]
     members = [
