@@ -22,12 +22,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """``pt.sass``, ``pt.ops`` and ``pt.tune`` load on first use (they pull heavier dependencies)."""
+    """``pt.sass``, ``pt.ops`` and ``pt.tune`` load on first use (they pull heavier dependencies).
+    ``pt.tune`` is the package ``polytile.tune``, which is also callable as the function ``tune``."""
     import importlib
-    if name in ("sass", "ops"):
+    if name in ("sass", "ops", "tune"):
         return importlib.import_module(f"polytile.{name}")
-    if name == "tune":
-        return importlib.import_module("polytile.tune").tune
     raise AttributeError(f"module 'polytile' has no attribute {name!r}")
 
 

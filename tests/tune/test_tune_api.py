@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -61,3 +64,12 @@ def test_pt_tune_is_callable_and_the_package():
     import polytile.tune as package
     assert pt.tune is package and callable(pt.tune)
     assert pt.tune.MeasureOptions is MeasureOptions and pt.tune.template is package.template
+
+
+@pytest.mark.parametrize("attribute", ["apply_best", "MeasureOptions", "template", "TuneError"])
+def test_pt_tune_attributes_work_on_first_access_in_a_fresh_interpreter(attribute):
+    # as a user writes it: nothing imported polytile.tune before the first `pt.tune.<attribute>`
+    code = f"import polytile as pt; x = pt.tune.{attribute}; assert callable(pt.tune); print(x.__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == attribute
