@@ -8,40 +8,84 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from .dtypes import as_dtype
 from .errors import PolytileError
+from .target import as_target
 
 
-def parse_shape(op_name: str, text: str | None) -> dict[str, int]:
-    """``"M=512,N=256,K=128"`` or positional ``"512,256,128"`` in the operator's argument order."""
+class ArgumentParser(argparse.ArgumentParser):
+    """A usage error is one line: what is wrong (argparse lists the valid choices) and where to look,
+    not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_shape(op_name: str, text: str | None) -> dict[str, object]:
+    """``"M=512,N=256,K=128"`` or positional ``"512,256,128"`` in the operator's argument order; text
+    arguments go by name (``dtype=float16``). Every name, value and count is checked here, with the
+    operator's arguments listed in the error."""
     from . import ops
+    from .dtypes import as_dtype
     if op_name not in ops.OPS:
         raise PolytileError(f"unknown operator {op_name!r}; known: {', '.join(sorted(ops.OPS))}")
-    if not text:
-        return {}
-    params = [p for p in inspect.signature(ops.OPS[op_name]).parameters.values()
-              if p.annotation in (int, "int")]
-    out: dict[str, int] = {}
-    for k, part in enumerate(text.split(",")):
-        part = part.strip()
+    signature = inspect.signature(ops.OPS[op_name]).parameters
+    sizes = [p for p in signature.values() if p.annotation in (int, "int")]
+    known = ", ".join(signature)
+    out: dict[str, object] = {}
+    parts = [p.strip() for p in text.split(",")] if text else []
+    for k, part in enumerate(parts):
+        if not part:
+            raise PolytileError(f"--shape {text!r}: an empty entry; write sizes as 512,512,512 or "
+                                "M=512,N=512,K=512")
         if "=" in part:
-            key, val = (x.strip() for x in part.split("=", 1))
-            if key == "dtype":  # as `polytile tune` takes it
-                out[key] = val  # type: ignore[assignment]
-                continue
-            try:
-                out[key] = int(val)
-            except ValueError:
-                raise PolytileError(f"--shape {text!r}: {key} must be an integer, got {val!r}") from None
+            key, value = (x.strip() for x in part.split("=", 1))
+            if key not in signature:
+                raise PolytileError(f"--shape {text!r}: {op_name} has no argument {key!r}; its arguments: {known}")
         else:
-            if k >= len(params):
-                raise PolytileError(f"operator {op_name} takes {len(params)} sizes "
-                                    f"({', '.join(p.name for p in params)}); got more")
-            out[params[k].name] = int(part)
+            if k >= len(sizes):
+                raise PolytileError(f"--shape {text!r}: {op_name} takes {len(sizes)} sizes "
+                                    f"({', '.join(p.name for p in sizes)}); got more")
+            key, value = sizes[k].name, part
+        if key in out:
+            raise PolytileError(f"--shape {text!r}: {key} is given twice")
+        param = signature[key]
+        if param.annotation in (int, "int"):
+            out[key] = _size(text, key, value, smallest=0 if param.default == 0 else 1)
+        elif key == "dtype":
+            out[key] = as_dtype(value).name
+        else:
+            out[key] = value
+    missing = [p.name for p in sizes if p.default is inspect.Parameter.empty and p.name not in out]
+    if parts and missing:
+        raise PolytileError(f"--shape {text!r}: {op_name} also needs {', '.join(missing)} "
+                            f"(its sizes: {', '.join(p.name for p in sizes)})")
     return out
+
+
+def _size(text: str | None, key: str, value: str, smallest: int) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise PolytileError(f"--shape {text!r}: {key} must be an integer, got {value!r}") from None
+    if size < smallest:
+        raise PolytileError(f"--shape {text!r}: {key} must be at least {smallest}, got {size}")
+    return size
 
 
 DEFAULT_SHAPES: dict[str, dict[str, int]] = {
@@ -138,7 +182,7 @@ def compare_cuda(op: Any, kern: Any, repeat: int = 20) -> Comparison:
     return out
 
 
-def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, repeat: int,
+def run_op(name: str, shape: dict[str, int], target: object, show_source: bool, repeat: int,
            dtype: str | None = None) -> int:
     """Build ``name`` at ``shape`` for ``target`` ("cpu", "cuda", "cuda:sm_80"), check it on random
     inputs and time it beside the library a user would call instead; 1 when the result is wrong."""
@@ -181,8 +225,22 @@ def kernel_lines(kern: Any) -> list[str]:
     return out
 
 
+def interrupted(prog: str, saved: str) -> int:
+    """The end of a command stopped by Ctrl-C: one line saying what was saved; exit status 130 (as a
+    shell reports SIGINT)."""
+    print(f"\n{prog}: interrupted; {saved}", file=sys.stderr)
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polytile", description="The polytile tensor compiler")
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # the subcommands that save something say what themselves
+        return interrupted("polytile", "nothing was saved")
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = ArgumentParser(prog="polytile", description="The polytile tensor compiler")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="build, check and time an operator beside NumPy/torch")
     run.add_argument("op", help="operator name (see `polytile ops`)")
@@ -190,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--target", default="cpu", help="cpu (default), cuda, or cuda:sm_80")
     run.add_argument("--show-source", "--source", action="store_true", help="print the generated source")
     run.add_argument("--dtype", help="element type, where the operator takes one (float16: tensor cores)")
-    run.add_argument("--repeat", type=int, default=10, help="timed repetitions (median reported)")
+    run.add_argument("--repeat", type=positive_int, default=10, help="timed repetitions (median reported)")
     sub.add_parser("ops", help="list the operators and their default sizes")
     sub.add_parser("tune", help="tune an operator (see `polytile tune --help`)", add_help=False)
     sub.add_parser("sass-opt", help="optimize the SASS of a CUDA kernel (see `polytile sass-opt --help`)",
@@ -207,8 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             shape = parse_shape(args.op, args.shape)
-            dtype = shape.pop("dtype", None) or args.dtype
-            return run_op(args.op, shape, args.target, args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
+            dtype = shape.pop("dtype", None) or (as_dtype(args.dtype).name if args.dtype else None)
+            return run_op(args.op, shape, as_target(args.target), args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)

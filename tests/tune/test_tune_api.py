@@ -44,7 +44,7 @@ def test_errors_name_the_problem():
         tune("spmm", rows=8, cols=8, nnz=8, trials=1)
     with pytest.raises(TuneError, match="unknown tuner"):
         tune("softmax", M=8, N=8, trials=1, tuner="genetic")
-    with pytest.raises(TuneError, match="takes 3 sizes"):
+    with pytest.raises(pt.PolytileError, match="takes 3 sizes"):
         parse_shape("matmul", "1,2,3,4")
     assert parse_shape("matmul", "512,256,K=64") == {"M": 512, "N": 256, "K": 64}
 
