@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .. import lang
+from ..errors import PolytileError
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
@@ -120,6 +121,8 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> 
 
 def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "relu") -> Op:
     """Y[i, j] = act(sum_k X[i, k] * W[j, k] + bias[j]) — a fully connected layer (W is N×K)."""
+    if activation not in ("relu", "none"):
+        raise PolytileError(f"dense: unknown activation {activation!r}; use 'relu' or 'none'")
     X = placeholder((M, K), dtype, "X")
     W = placeholder((N, K), dtype, "W")
     bias = placeholder((N,), dtype, "bias")
@@ -127,11 +130,7 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
     mm = compute((M, N), lambda i, j: lang.tensor.sum(X[i, k] * W[j, k], axis=k), "XW")
 
     def act(v: lang.expr.Expr) -> lang.expr.Expr:
-        if activation == "relu":
-            return lang.expr.call("max", v, 0.0)
-        if activation == "none":
-            return v
-        raise ValueError(f"unknown activation {activation!r}; use 'relu' or 'none'")
+        return lang.expr.call("max", v, 0.0) if activation == "relu" else v
 
     Y = compute((M, N), lambda i, j: act(mm[i, j] + bias[j]), "Y")
     func = Func([X, W, bias], [Y], name="dense")
