@@ -127,6 +127,7 @@ class Comparison:
     baseline: str | None = None
     baseline_seconds: float | None = None
     baseline_error: float = 0.0  # the baseline's own error; above the tolerance it is not timed
+    baseline_missing: str = ""  # why there is no baseline for these data types
 
     @property
     def ok(self) -> bool:
@@ -134,10 +135,12 @@ class Comparison:
 
     def lines(self) -> list[str]:
         """The verdict and one line of speed per library."""
-        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'})",
+        tol = self.op.tolerance
+        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'}), "
+               + (f"tolerance {tol:.1e}" if tol else "exact result required (integers)"),
                _speed_row("polytile", self.seconds, self.op)]
         if self.baseline is None:
-            out.append("  (no baseline library for this operator here)")
+            out.append(f"  ({self.baseline_missing or 'no baseline library for this operator here'})")
         elif self.baseline_seconds is None:
             out.append(f"  {self.baseline}: its result differs from the reference (relative error "
                        f"{self.baseline_error:.1e}); not timed")
@@ -175,8 +178,14 @@ def compare_cuda(op: Any, kern: Any, repeat: int = 20) -> Comparison:
     out = Comparison(op, rel_error(kern(*inputs), ref), kern.benchmark(*inputs, repeat=repeat))
     base = torch_cuda_baseline(op) if inputs is not host else None
     if base is not None:
-        fn, out.baseline = base
-        out.baseline_error = rel_error(fn(*inputs).reshape(np.shape(ref)), ref)
+        fn, name = base
+        try:
+            result = fn(*inputs)
+        except RuntimeError as err:  # torch has no kernel for these types (e.g. int8 GEMMs)
+            out.baseline_missing = f"{name} does not take these types ({str(err).splitlines()[0]})"
+            return out
+        out.baseline = name
+        out.baseline_error = rel_error(result.reshape(np.shape(ref)), ref)
         if out.baseline_error <= max(op.tolerance, 1e-2):
             out.baseline_seconds = time_gpu(lambda: fn(*inputs), repeat=repeat)
     return out
