@@ -102,3 +102,12 @@ def test_bad_arguments_are_one_line_errors_listing_the_choices(capsys, argv):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("polytile") and "Traceback" not in err, err
     assert BAD_ARGUMENTS[argv] in lines[0]
+
+
+@pytest.mark.parametrize("op,dtype", [("layernorm", "bfloat16"), ("softmax", "float16"), ("matmul", "int8")])
+def test_run_judges_16_bit_and_integer_results_by_their_type(op, dtype):
+    proc = run("run", op, "--shape", "29,77" if op != "matmul" else "67,45,89", "--dtype", dtype, "--repeat", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "relative error" in ln)
+    assert "(ok)" in line
+    assert ("exact result required" in line) if dtype == "int8" else ("tolerance" in line)

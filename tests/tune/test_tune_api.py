@@ -73,3 +73,12 @@ def test_pt_tune_attributes_work_on_first_access_in_a_fresh_interpreter(attribut
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == attribute
+
+
+def test_tuning_a_16_bit_softmax_checks_it_with_the_16_bit_tolerance():
+    kern = tune("softmax", M=24, N=40, dtype="float16", trials=2, batch_size=2, measure=FAST, progress=False)
+    res = kern.tune_result
+    assert res.failures == 0 and res.verified
+    op = ops.get("softmax", M=24, N=40, dtype="float16")
+    x = op.make_inputs(np.random.default_rng(3))
+    assert kern(*x).dtype == np.float16 and ops.rel_error(kern(*x), op.reference(*x)) <= op.tolerance
