@@ -293,7 +293,8 @@ class WorkerPool:
                         self._workers[slot] = self._spawn()
                     if isinstance(outcome, Unloadable):
                         raise TuneError(f"a worker process could not load the call {fn.__name__}: "
-                                        f"{outcome.message}")
+                                        f"{outcome.message} (templates, operators and hooks must be importable "
+                                        "by name: defined at module level in a module or a script file)")
                 elif time.monotonic() >= deadline:
                     outcome = TimedOut(timeout)
                     self._replace(slot)

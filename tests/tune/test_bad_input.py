@@ -131,6 +131,13 @@ def test_bad_counts_in_the_python_api(keyword, value):
         tune("softmax", M=8, N=16, progress=False, **{"trials": 2, keyword: value})
 
 
+@pytest.mark.parametrize("field, value", [("builders", -1), ("repeat", 0), ("run_timeout", 0), ("build_timeout", -5),
+                                          ("min_time", -0.1), ("threads", -2)])
+def test_bad_measure_options_are_refused_when_made(field, value):
+    with pytest.raises(TuneError, match=f"MeasureOptions.{field} must be"):
+        MeasureOptions(**{field: value})
+
+
 def test_bad_plot_paths_are_refused_before_tuning(tmp_path, capsys):
     records = tmp_path / "r.jsonl"
     ro = tmp_path / "ro"
