@@ -266,8 +266,10 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
     ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
-    Raises ``TuneError`` when no trial succeeded. The kernel's ``tune_result`` attribute holds the
-    records and the curve.
+    Raises ``TuneError`` before anything runs on bad arguments (counts below 1, a records path that
+    is not a records file or cannot be written, a CUDA target without a GPU), and at the end when no
+    trial succeeded (the failures grouped by status). The kernel's ``tune_result`` attribute holds
+    the records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
     opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
