@@ -47,18 +47,15 @@ class Kernel(ABC):
     lowered: ir.LoweredFunc
     source: str
     target: Any  # CPUTarget or CUDATarget
+    # what the compiler reports: the library on the CPU, ptxas's registers, shared memory and spills
+    # per kernel on a GPU
+    resources: Mapping[str, object]
     _plans: dict[Hashable, Plan]
     _misses: int
 
     @property
     def ir(self) -> str:
         return str(self.lowered)
-
-    @property
-    @abstractmethod
-    def resources(self) -> Mapping[str, object]:
-        """What the compiler reports (the library path on the CPU; registers, shared memory and
-        spills per kernel from ptxas on a GPU)."""
 
     @abstractmethod
     def __call__(self, *arrays: object, **params: object) -> Any:
