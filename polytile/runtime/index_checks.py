@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -185,7 +184,37 @@ def promises(func: Func) -> list[tuple[str, str, str]]:
     return out
 
 
-_REPORTS: weakref.WeakSet[DeviceReports] = weakref.WeakSet()
+class _ReportWords:
+    """Pinned, device-mapped host memory handed out in int64 words and never freed: a captured CUDA
+    graph keeps writing its kernel's words after the kernel object is gone."""
+
+    PAGE_WORDS = 512
+
+    def __init__(self) -> None:
+        self.pages: list[int] = []  # host addresses
+        self.used = self.PAGE_WORDS  # words taken from the last page
+        self.device_pages: dict[tuple[int, int], int] = {}  # (page, GPU) -> device address
+
+    def take(self, device, n: int) -> tuple[int, int]:  # noqa: ANN001 - a cuda_driver.Device
+        """``n`` zeroed consecutive words: their host address and their address on ``device``."""
+        if n > self.PAGE_WORDS:
+            raise InputError(f"a function with {n} index-array promises; polytile checks at most {self.PAGE_WORDS}")
+        if self.used + n > self.PAGE_WORDS:
+            page = device.host_alloc_mapped(8 * self.PAGE_WORDS)
+            ctypes.memset(page, 0, 8 * self.PAGE_WORDS)
+            self.pages.append(page)
+            self.used = 0
+        page = self.pages[-1]
+        offset = 8 * self.used
+        self.used += n
+        key = (page, device.ordinal)
+        if key not in self.device_pages:
+            self.device_pages[key] = device.mapped_pointer(page)
+        return page + offset, self.device_pages[key] + offset
+
+
+_WORDS = _ReportWords()
+_REPORTS: list[DeviceReports] = []  # every kernel's, kept: graphs may outlive their kernels
 
 
 class DeviceReports:
@@ -196,12 +225,9 @@ class DeviceReports:
         self.func = func.name
         self.promises = promises(func)
         n = max(1, len(self.promises))
-        self._device = device
-        self._host = device.host_alloc_mapped(8 * n)
-        ctypes.memset(self._host, 0, 8 * n)
-        self.words = (ctypes.c_int64 * n).from_address(self._host)
-        self.address = device.mapped_pointer(self._host)
-        _REPORTS.add(self)
+        host, self.address = _WORDS.take(device, n)
+        self.words = (ctypes.c_int64 * n).from_address(host)
+        _REPORTS.append(self)
 
     def word(self, chk: IndexCheck) -> int:
         """The device address of the word that reports ``chk``."""
@@ -225,12 +251,6 @@ class DeviceReports:
             f"{word - 1} in a call on the GPU since the last check; that call's results are wrong (polytile "
             "checks index arrays on the device and reports at the next call of the kernel or at "
             "pt.synchronize())")
-
-    def __del__(self) -> None:
-        try:
-            self._device.host_free(self._host)
-        except Exception:  # interpreter shutdown or a dead context: the memory goes with the process
-            pass
 
 
 def raise_pending_reports() -> None:

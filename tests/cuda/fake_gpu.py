@@ -219,8 +219,11 @@ def _run_check(name: str, args: list[int]) -> None:
 
 def fake_devices(monkeypatch, count: int = 1) -> FakeDriver:  # noqa: ANN001 - pytest's monkeypatch
     """Fake GPUs 0..count-1 behind polytile's CUDA runtime; GPU 0's context is current."""
-    from polytile.runtime import cuda, cuda_device
+    from polytile.runtime import cuda, cuda_device, index_checks
     driver = FakeDriver()
+    # report words live in the fake's memory, which goes with it
+    monkeypatch.setattr(index_checks, "_WORDS", index_checks._ReportWords())
+    monkeypatch.setattr(index_checks, "_REPORTS", [])
     devices = {k: Device(k, driver) for k in range(count)}
     driver.cuCtxSetCurrent(0x1000)
     monkeypatch.setattr(cuda, "_DEVICES", devices)

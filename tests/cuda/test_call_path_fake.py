@@ -347,3 +347,22 @@ def test_parameter_named_stream_is_refused(needs_nvcc):
 def test_synchronize_without_a_gpu_does_nothing(monkeypatch):
     monkeypatch.setattr(rc, "_DEVICES", {})
     pt.synchronize()
+
+
+def test_reports_outlive_their_kernel(monkeypatch, fw, segsum, rng):
+    """A captured graph may replay a kernel's checks after the kernel object is gone: its report
+    words stay allocated and pt.synchronize() still raises what they say."""
+    import ctypes
+    import gc
+    driver = fake_devices(monkeypatch)
+    kern = fresh(segsum)
+    declare(driver, kern)
+    offsets, x = ops.segment_sum(rows=50, nnz=400).make_inputs(rng)
+    kern(FakeArray(offsets), FakeArray(x))
+    word = driver.launches[1].args[-1]  # where the monotonic check reports
+    del kern
+    gc.collect()
+    ctypes.c_int64.from_address(word).value = 5 + 1  # what a replayed check writes
+    with pytest.raises(pt.InputError, match=r"offsets of kernel segment_sum broke its promise monotonic=True at "
+                                            r"\(flat\) position 5"):
+        pt.synchronize()
