@@ -147,7 +147,10 @@ class Device:
         """Make this device's context current on the calling thread if it is not (a thread that never
         used CUDA, or one whose current device is another GPU); True when one was pushed, to be
         popped by ``leave``."""
-        current = self.current_context()
+        result = self.cu.cuCtxGetCurrent()  # every call of a kernel comes here: no _check unless it failed
+        if int(result[0]) != 0:
+            self._check(result, "cuCtxGetCurrent")
+        current = int(result[1])
         if current == int(self.context):
             return False
         if current == 0:
