@@ -30,6 +30,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'polytile' has no attribute {name!r}")
 
 
+def synchronize() -> None:
+    """Wait for the GPU work polytile queued (calls on GPU arrays return before it is done) and raise
+    what the device-side index-array checks of any kernel found; nothing to do without a GPU."""
+    from .runtime.cuda import synchronize as _synchronize
+    _synchronize()
+
+
 def create_schedule(func: Func) -> Schedule:
     """A fresh (default) schedule of ``func``: every computation in its own loop nest, in order."""
     return Schedule(func)
@@ -56,6 +63,6 @@ __all__ = [
     "PolytileError", "Schedule", "ScheduleError", "Stage", "Tensor", "abs", "bfloat16", "bool_", "build", "call",
     "cast", "ceil", "compute", "cpu_target", "create_schedule", "dtypes", "erf", "exp", "float16", "float32", "float64",
     "floor", "int8", "int16", "int32", "int64", "log", "lower", "max", "maximum", "min", "minimum", "param",
-    "placeholder", "pow", "prod", "reduce_axis", "rsqrt", "select", "sigmoid", "sqrt", "sum", "tanh",
+    "placeholder", "pow", "prod", "reduce_axis", "rsqrt", "select", "sigmoid", "sqrt", "sum", "synchronize", "tanh",
     "uint8",
 ]

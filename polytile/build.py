@@ -31,7 +31,7 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     if isinstance(tgt, CPUTarget):
         from .codegen.cpu import cpu_source
         from .runtime.cpu import CPUKernel
-        return CPUKernel(sched.func, lowered, cpu_source(lowered), extra_flags)
+        return CPUKernel(sched.func, lowered, cpu_source(lowered), extra_flags, tgt)
     from .runtime.cuda import build_cuda_kernel
     return build_cuda_kernel(sched, lowered, tgt)
 

@@ -203,7 +203,7 @@ def run_op(name: str, shape: dict[str, int], target: object, show_source: bool, 
     build_s = time.perf_counter() - t0
     if show_source:
         print(kern.source)
-    if kern.target == "cpu":
+    if kern.target.kind == "cpu":
         print(f"{op.key} on cpu: built in {build_s:.2f} s")
         result = compare_cpu(op, kern, repeat)
     else:

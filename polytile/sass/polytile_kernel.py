@@ -2,11 +2,11 @@
 
 polytile already compiles to a cubin and launches from it through the driver, so the launch is read
 off the built function without a GPU: shape parameters are bound from the example inputs' shapes
-(as a call binds them), and the arguments follow `CUDAKernel._launch_all` -- pointers for the
-kernel's buffers in its parameter order, then one index-typed integer per size parameter; the grid
-comes from its host expressions, block and dynamic shared memory are as built. The optimizer's
-worker runs one kernel alone, so a kernel that reads what an earlier kernel of the same function
-wrote cannot be taken: its inputs would not exist.
+(as a call binds them), and the arguments follow a call's launches (`CUDAKernel._launch`) --
+pointers for the kernel's buffers in its parameter order, then one index-typed integer per size
+parameter; the grid comes from its host expressions, block and dynamic shared memory are as built.
+The optimizer's worker runs one kernel alone, so a kernel that reads what an earlier kernel of the
+same function wrote cannot be taken: its inputs would not exist.
 """
 
 from __future__ import annotations
