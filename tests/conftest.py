@@ -1,5 +1,6 @@
-"""Test configuration: GPU tests are skipped where no NVIDIA GPU is present; each test gets its own
-random generator with a fixed seed printed on failure."""
+"""Test configuration: GPU tests are skipped where no NVIDIA GPU is present, tests marked
+``needs_nvcc`` where no CUDA toolkit is (``polytile.toolchain``, the package's own detection), and
+each test gets its own random generator."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 
 import numpy as np
 import pytest
+
+from polytile.toolchain import find_nvcc
 
 
 def _has_gpu() -> bool:
@@ -23,15 +26,25 @@ def _has_gpu() -> bool:
 
 
 HAS_GPU = _has_gpu()
+NVCC = find_nvcc()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    no_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA toolkit; set NVCC=/path/to/nvcc)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(no_gpu)
+        if "needs_nvcc" in item.keywords and NVCC is None:
+            item.add_marker(no_nvcc)
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    """The path of nvcc (the test is skipped without one)."""
+    if NVCC is None:
+        pytest.skip("needs nvcc (the CUDA toolkit; set NVCC=/path/to/nvcc)")
+    return NVCC
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -22,23 +21,9 @@ from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CUDATarget
+from ..toolchain import arch_flags, nvcc
 from .args import bind_params, check_index_arrays, check_shapes, expected_shape, needs_zero_init
 from .cpu import cache_dir
-
-
-def nvcc() -> str:
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), os.path.join(home, "bin", "nvcc"),
-                 "/usr/local/cuda/bin/nvcc"):
-        if cand and os.path.exists(cand):
-            return cand
-    raise BuildError("nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc")
-
-
-def arch_flags(arch: str) -> list[str]:
-    """``sm_90a`` needs the gencode form (the -arch shorthand also runs a plain sm_90 pass)."""
-    num = arch.removeprefix("sm_")
-    return [f"-gencode=arch=compute_{num},code=sm_{num}"]
 
 
 @dataclass

@@ -2,15 +2,12 @@
 sm_80, and the generated kernels have the structure we expect (launch bounds, barriers, guards,
 vector copies, registers)."""
 
-import shutil
-
 import pytest
 
 import polytile as pt
 from polytile import ops
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not __import__("os").path.exists(
-    "/usr/local/cuda/bin/nvcc"), reason="needs nvcc")
+pytestmark = pytest.mark.needs_nvcc
 
 CASES = [
     ("matmul", dict(M=300, N=200, K=100)),

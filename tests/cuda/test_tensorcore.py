@@ -2,9 +2,7 @@
 and sm_90a (compiled by nvcc) use ldmatrix, mma.sync (HMMA), cp.async (LDGSTS) with the registers
 indexed by constants only."""
 
-import os
 import re
-import shutil
 import subprocess
 import tempfile
 
@@ -14,8 +12,6 @@ import polytile as pt
 from polytile import ops
 from polytile.errors import ScheduleError
 from polytile.ops.gpu_schedules import gemm_tensorcore
-
-HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
 
 
 def _hgemm(M, N, K, dtype="float16", acc="float32"):
@@ -122,7 +118,7 @@ def test_unknown_intrinsic():
 
 # --- generated code -----------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+@pytest.mark.needs_nvcc
 @pytest.mark.parametrize("arch,dtype", [("sm_90a", "float16"), ("sm_80", "bfloat16")])
 def test_tensor_core_gemm_sass(arch, dtype):
     s = pt.Schedule(_hgemm(512, 512, 512, dtype))
@@ -139,7 +135,7 @@ def test_tensor_core_gemm_sass(arch, dtype):
     assert not sass.get("LDL") and not sass.get("STL")
 
 
-@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+@pytest.mark.needs_nvcc
 def test_tensor_core_edges_zero_fill():
     # K = 200: the last K tile is cut; rows are whole 16-byte vectors, so the copies stay
     # asynchronous and zero-fill what lies past the end
@@ -151,7 +147,7 @@ def test_tensor_core_edges_zero_fill():
     assert "< 300) && (" in kern.source or "< 300)" in kern.source  # the write-back tests the rows
 
 
-@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+@pytest.mark.needs_nvcc
 def test_operator_library_uses_tensor_cores_for_16_bit_inputs():
     # (the header defines every instruction's wrapper: look for calls)
     kern = ops.matmul(256, 256, 256, "float16").build("cuda:sm_90a")
@@ -160,7 +156,7 @@ def test_operator_library_uses_tensor_cores_for_16_bit_inputs():
     assert "pt_mma_m16n8k16_bf16(&" in kern.source
 
 
-@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+@pytest.mark.needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_implicit_gemm_convolutions_gather_with_zero_filling_copies(arch):
     """ResNet-50's 3×3 layer and a 3-D convolution: the gathered input is never stored, the shared

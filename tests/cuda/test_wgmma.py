@@ -7,7 +7,6 @@ Regenerate the golden file after a reviewed change with POLYTILE_REGEN_GOLDEN=1.
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -21,7 +20,6 @@ from polytile.ops.gpu_schedules import gemm_wgmma
 from polytile.target import CUDATarget
 
 GOLDEN = Path(__file__).parent / "golden"
-HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
 SM90A = CUDATarget(arch="sm_90a")
 
 
@@ -134,7 +132,7 @@ def _sass(cubin: bytes) -> str:
         return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+@pytest.mark.needs_nvcc
 @pytest.mark.parametrize("dtype,cfg", [
     ("float16", dict(bm=128, bn=256, bk=64, stages=4, inflight=1)),
     ("bfloat16", dict(bm=64, bn=40, bk=32, stages=3)),
