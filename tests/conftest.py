@@ -1,12 +1,13 @@
 """Test configuration: GPU tests are skipped where no NVIDIA GPU is present, tests marked
 ``needs_nvcc`` where no CUDA toolkit is (``polytile.toolchain``, the package's own detection), and
-each test gets its own random generator."""
+each test gets its own random generator with a fixed seed, printed in the report when it fails."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -47,7 +48,23 @@ def nvcc() -> str:
     return NVCC
 
 
+def seed_of(nodeid: str) -> int:
+    """The seed of a test's generator: a stable hash of its id, the same in every run and process
+    (Python's ``hash()`` of a string changes with PYTHONHASHSEED)."""
+    return zlib.crc32(nodeid.encode())
+
+
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = abs(hash(request.node.nodeid)) % (2**32)
+    seed = seed_of(request.node.nodeid)
+    request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 - a TestReport
+    report = yield
+    seed = dict(item.user_properties).get("seed")
+    if report.failed and seed is not None:
+        report.sections.append(("random seed", f"rng = np.random.default_rng({seed})  # {item.nodeid}"))
+    return report
