@@ -188,7 +188,7 @@ def polytile_workloads() -> list[Workload]:
 
     rng = np.random.default_rng(0)
     workloads = []
-    hopper = getattr(as_target("cuda"), "arch", "") == "sm_90a"
+    hopper = as_target("cuda").has("wgmma")
     for name, op, build in (
         ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32"), None),
         ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16"), mma_sync),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..dtypes import DType, float32
 from ..errors import LoweringError
+from ..intrinsics import WGMMA_M64NNK16, instruction
 from ..lowering import loopir as ir
 from ..lowering.passes.gpu_vectorize import lane
 from ..lowering.passes.pair_stores import memory_accesses
@@ -269,9 +270,10 @@ class CUDAPrinter(CLikePrinter):
             dst, a, b = e.args
             assert isinstance(dst, ir.Load)
             return f"pt_store_pair({self.address(dst)}, {self.expr(a)}, {self.expr(b)})"
-        if e.name in ("pt_cp_async_wait", "pt_wgmma_wait"):
+        ins = instruction(e.name)
+        if ins is not None and ins.constant_arg:
             return f"{e.name}<{self.expr(e.args[0])}>()"
-        if e.name.startswith(("pt_ldmatrix", "pt_mma", "pt_wgmma_m64")):  # buffer arguments are addresses
+        if ins is not None and ins.addresses:
             args = [self.address(a) if isinstance(a, ir.Load) else self.expr(a) for a in e.args]
             return f"{e.name}({', '.join(args)})"
         return super().e_Call(e)
@@ -443,8 +445,10 @@ def wgmma_header(source: str) -> str:
     """Definitions of the wgmma instructions ``source`` calls (one per N and operand type): the
     accumulator's N/2 registers as "+f" operands, the two descriptors, D = A·B + D."""
     out = []
-    for n, t in sorted({(int(m.group(1)), m.group(2)) for m in re.finditer(r"pt_wgmma_m64n(\d+)k16_(f16|bf16)\(",
-                                                                         source)}):
+    called = {instruction(name) for name in re.findall(r"\bpt_\w+", source)}
+    products = [ins for ins in WGMMA_M64NNK16.instructions if ins in called and ins.shape is not None]
+    for ins in sorted(products, key=lambda ins: (ins.shape[1], ins.name)):  # type: ignore[index]
+        n, t = ins.shape[1], ins.name.rsplit("_", 1)[1]  # type: ignore[index]
         regs = n // 2
         d = ", ".join(f"%{i}" for i in range(regs))
         outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

@@ -18,9 +18,9 @@ from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[6:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
 
 
 @dataclass

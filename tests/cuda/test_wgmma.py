@@ -84,7 +84,8 @@ def test_inflight_needs_wgmma_and_stages():
 # --- the lowering's refusals -----------------------------------------------------------------------
 
 def test_wgmma_needs_sm90a():
-    with pytest.raises(LoweringError, match="only sm_90a"):
+    with pytest.raises(LoweringError, match=r"wgmma_m64nNk16 at loop i3, which needs wgmma .*sm_90a only.*"
+                                            r"use tensorize\(\.\.\., 'mma_m16n8k16'\)"):
         pt.lower(_sched(bm=128, bn=128, bk=64, stages=2), CUDATarget(arch="sm_80"))
 
 
