@@ -46,20 +46,31 @@ class _Log:
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, stage: str, body: ir.Stmt) -> None:
+    def __call__(self, stage: str, body: ir.Stmt, before: ir.Stmt | None = None) -> None:
+        """Write ``body`` after ``stage``; "(unchanged)" when it prints as ``before`` did."""
         if self.dir is None:
             return
         self.count += 1
-        (self.dir / f"{self.name}.{self.count:02d}-{stage}.txt").write_text(ir.stmt_text(body) + "\n")
+        text = ir.stmt_text(body)
+        if before is not None and (before is body or ir.stmt_text(before) == text):
+            text = "(unchanged)"
+        (self.dir / f"{self.name}.{self.count:02d}-{stage}.txt").write_text(text + "\n")
+
+
+Pass = tuple[str, bool, Callable[[ir.Stmt], ir.Stmt]]
 
 
 def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.LoweredFunc:
-    """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer."""
+    """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer.
+
+    One list of passes for every target; a pass that only some targets need is guarded by a
+    feature of the target (``target.has``), and runs only where the guard holds."""
     func = sched.func
     name = name or func.name
     log = _Log(name)
     check_schedule(sched, target)
-    plan = build_plan(sched, "source" if target.has("gpu") else "cache")
+    gpu = target.has("gpu")
+    plan = build_plan(sched, "source" if gpu else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
@@ -71,43 +82,34 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
 
     intermediates = [buffers[c.name] for c in sched.computations
                      if c.name not in {o.name for o in func.outputs} and folded_name(c.name) not in buffers]
-    passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]]
-    if target.has("gpu"):
-        passes = [
-            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
-            ("simplify", simplify),
-            ("tensorize", tensorize_nests),
-            ("fragments", distribute_fragments),
-            ("allreduce", cross_thread_reductions),
-            ("kernels", lambda s: outline_kernels(s, target, name)),
-            ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
-            ("simplify", simplify),
-            ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
-            ("flatten", flatten_storage),
-            ("simplify", simplify),
-            ("gpu-vectorize", lambda s: vectorize_copies(s)),
-            ("registers", promote_registers),
-            ("barriers", insert_barriers),
-            ("async-proxy", async_proxy_fences),
-            ("simplify", simplify),
-            ("pair-stores", pair_stores),
-            ("swizzle", swizzle_shared),
-        ]
-    else:
-        passes = [
-            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
-            ("simplify", simplify),
-            ("unroll", unroll_loops),
-            ("flatten", flatten_storage),
-            ("simplify", simplify),
-            ("vectorize", lambda s: vectorize_loops(s, target)),
-            ("simplify", simplify),
-            ("registers", promote_registers),
-            ("simplify", simplify),
-        ]
-    for stage, fn in passes:
-        body = fn(body)
-        log(stage, body)
+    # without SIMD vectors (GPUs), a vectorized loop is unrolled: each thread keeps its elements in registers
+    unrolled = ("unroll",) if target.has("simd") else ("unroll", "vectorize")
+    passes: list[Pass] = [
+        ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
+        ("simplify", True, simplify),
+        ("tensorize", gpu, tensorize_nests),
+        ("fragments", gpu, distribute_fragments),
+        ("allreduce", gpu, cross_thread_reductions),
+        ("kernels", gpu, lambda s: outline_kernels(s, target, name)),
+        ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
+        ("simplify", gpu, simplify),
+        ("unroll", True, lambda s: unroll_loops(s, unrolled)),
+        ("flatten", True, flatten_storage),
+        ("simplify", True, simplify),
+        ("vectorize", target.has("simd"), lambda s: vectorize_loops(s, target)),
+        ("simplify", target.has("simd"), simplify),
+        ("gpu-vectorize", gpu, vectorize_copies),
+        ("registers", True, promote_registers),
+        ("barriers", gpu, insert_barriers),
+        ("async-proxy", target.has("wgmma"), async_proxy_fences),
+        ("simplify", True, simplify),
+        ("pair-stores", gpu, pair_stores),
+        ("swizzle", gpu, swizzle_shared),
+    ]
+    for stage, guard, fn in passes:
+        if guard:
+            before, body = body, fn(body)
+            log(stage, body, before)
 
     args = [buffers[t.name] for t in func.inputs] + [buffers[t.name] for t in func.outputs]
     params = [ir.Var(p.name) for p in func.params]
