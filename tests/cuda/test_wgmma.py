@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from source_text import body
 
 import polytile as pt
 from polytile import ops
@@ -104,11 +105,11 @@ def test_wgmma_each_warp_owns_16_rows():
 
 
 def test_wgmma_descriptors_match_the_layouts():
-    src = pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source
+    src = body(pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source)
     # A: K-major, 128-byte swizzle, 8-row groups 1024 B apart; B: N-major, 64-column groups of
     # 64 rows × 128 B (8192 B) apart, 8-row groups 1024 B apart
     assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 8192, 1024, 1\);", src)
-    src = pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source
+    src = body(pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source)
     # unswizzled core matrices: A's k groups 128 B apart, row groups 4 × 128 B; B's k groups
     # 5 × 128 B apart, column groups 128 B
     assert re.search(r"pt_wgmma_m64n40k16_f16\(&C_local\[0\], .*, 128, 512, 0, 640, 128, 0\);", src)
