@@ -73,7 +73,6 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
-        self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()

@@ -119,6 +119,16 @@ def test_set_loc_and_alloc_at(rng):
         pt.build(s2)
 
 
+def test_constant_memory_is_not_a_location():
+    """GPU constant memory is written only by the host, so a computed buffer cannot live there; the
+    location is refused where it is asked for (it used to be accepted and never emitted)."""
+    f, T, Y = producer_consumer(13, 29)
+    s = pt.create_schedule(f)
+    with pytest.raises(pt.ScheduleError, match="unknown memory location 'constant' for T; use one of .*shared"):
+        s[T].set_loc("constant")
+    assert s[T].state.loc == "auto"
+
+
 def test_triangular_reduction(rng):
     N = 37
     A = pt.placeholder((N, N), "float32", "A")
