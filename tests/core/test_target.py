@@ -122,3 +122,16 @@ def test_asynchronous_copies_need_cp_async():
     with pytest.raises(pt.LoweringError, match="pipeline of .* cp.async, which the target .*sm_75.* lacks"):
         pt.lower(s, CUDATarget(arch="sm_75"))
     assert "pt_cp_async" in str(pt.lower(s, CUDATarget(arch="sm_80")))
+
+
+@pytest.mark.gpu
+def test_the_gpu_present_is_read_from_the_driver():
+    import subprocess
+    name, cap, sms = subprocess.run(
+        ["nvidia-smi", "-i", "0", "--query-gpu=name,compute_cap,multiprocessor_count", "--format=csv,noheader"],
+        capture_output=True, text=True, check=True).stdout.strip().split(", ")
+    t = as_target("cuda")
+    assert t.name == name.replace(" ", "_") and t.sms == int(sms)
+    assert t.capability == int(cap.replace(".", "")) and t.has("gpu")
+    assert t.has("wgmma") == (cap == "9.0")  # Hopper: built for sm_90a
+    assert t.l2_bytes > 0 and t.dram_bandwidth > 1e11 and t.clock_hz > 1e8 and t.max_blocks_per_sm >= 16
