@@ -127,11 +127,12 @@ def test_asynchronous_copies_need_cp_async():
 @pytest.mark.gpu
 def test_the_gpu_present_is_read_from_the_driver():
     import subprocess
-    name, cap, sms = subprocess.run(
-        ["nvidia-smi", "-i", "0", "--query-gpu=name,compute_cap,multiprocessor_count", "--format=csv,noheader"],
-        capture_output=True, text=True, check=True).stdout.strip().split(", ")
+    name, cap = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                               capture_output=True, text=True, check=True).stdout.strip().split(", ")
     t = as_target("cuda")
-    assert t.name == name.replace(" ", "_") and t.sms == int(sms)
-    assert t.capability == int(cap.replace(".", "")) and t.has("gpu")
+    assert t.name == name.replace(" ", "_") and t.capability == int(cap.replace(".", "")) and t.has("gpu")
     assert t.has("wgmma") == (cap == "9.0")  # Hopper: built for sm_90a
     assert t.l2_bytes > 0 and t.dram_bandwidth > 1e11 and t.clock_hz > 1e8 and t.max_blocks_per_sm >= 16
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        assert t.sms == torch.cuda.get_device_properties(0).multi_processor_count
