@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -33,6 +32,7 @@ from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CUDATarget
+from ..toolchain import arch_flags, nvcc
 from .args import ArrayInfo, IndexCheck, Signature, bind
 from .cpu import cache_dir
 from .cuda_driver import CudaError, Device, KernelParams
@@ -47,21 +47,6 @@ from .index_checks import (
     run_host_scans,
 )
 from .kernel import Kernel, Plan
-
-
-def nvcc() -> str:
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), os.path.join(home, "bin", "nvcc"),
-                 "/usr/local/cuda/bin/nvcc"):
-        if cand and os.path.exists(cand):
-            return cand
-    raise BuildError("nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc")
-
-
-def arch_flags(arch: str) -> list[str]:
-    """``sm_90a`` needs the gencode form (the -arch shorthand also runs a plain sm_90 pass)."""
-    num = arch.removeprefix("sm_")
-    return [f"-gencode=arch=compute_{num},code=sm_{num}"]
 
 
 @dataclass

@@ -17,7 +17,7 @@ from ..lang.tensor import Tensor
 if TYPE_CHECKING:
     from .state import Stage
 
-LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "constant", "fragment")
+LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "fragment")
 
 
 def _check_loc(stage: Stage, loc: str) -> str:
@@ -136,7 +136,7 @@ def store_at(self: Stage, level: str) -> Stage:
 
 
 def set_loc(self: Stage, loc: str) -> Stage:
-    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local, constant."""
+    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local."""
     st = self.schedule.state_copy(self.name)
     st.loc = _check_loc(self, loc)
     self.schedule.commit(self.name, st)

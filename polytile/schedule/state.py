@@ -18,9 +18,9 @@ from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[6:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
 
 
 @dataclass
@@ -73,7 +73,6 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
-        self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()

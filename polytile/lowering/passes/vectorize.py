@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...target import CPUTarget, CUDATarget
+from ...target import CPUTarget
 from .. import loopir as ir
 from .simplify import simplify_expr
 
@@ -177,8 +177,6 @@ class _Vectorize(ir.Mutator):
         return ir.block(chunks)
 
 
-def vectorize_loops(s: ir.Stmt, target: CPUTarget | CUDATarget) -> ir.Stmt:
+def vectorize_loops(s: ir.Stmt, target: CPUTarget) -> ir.Stmt:
     """Turn vectorizable ``vectorize`` loops into vector statements (others keep a SIMD hint)."""
-    if isinstance(target, CUDATarget):
-        return s  # GPU vector accesses are made by the GPU passes
     return _Vectorize(target.vector_bits, MAX_LANES).stmt(s)
