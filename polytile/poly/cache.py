@@ -77,17 +77,34 @@ class CacheRewrite:
     layout_exprs: list[lx.Expr]
 
 
+def _layout_exprs(req: CacheRequest, ndim: int) -> tuple[list[lx.IterVar], list[lx.Expr]]:
+    """The layout applied to the indices r0, r1, … of an element relative to the box's origin."""
+    rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
+          for k in range(ndim)]
+    if req.layout is None:
+        return rs, list(rs)
+    try:
+        res = req.layout(*rs)
+        outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
+    except Exception as err:  # the user's function: any failure is theirs to fix
+        raise ScheduleError(f"cache {req.name}: its layout cannot be applied to the {ndim} indices of "
+                            f"{req.tensor} ({type(err).__name__}: {err})") from None
+    return rs, outs
+
+
+def copy_width(req: CacheRequest, ndim: int) -> int:
+    """The schedule width that the copies of ``req`` need: its prefix, a static position, then two
+    dimensions per loop of the copy (over the buffer's layout or the tensor's indices)."""
+    m = 0 if req.level is None else 2 * (req.level + 1)
+    loops = ndim if req.order == "source" else len(_layout_exprs(req, ndim)[1])
+    return m + 1 + 2 * max(ndim + 2, loops)
+
+
 def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
             ) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
     """The layout as a map from the element's offset in the footprint's box to the buffer index; it
     must be one-to-one over the box (dimensions of extent one may be dropped)."""
-    rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
-          for k in range(ndim)]
-    if req.layout is None:
-        outs: list[lx.Expr] = list(rs)
-    else:
-        res = req.layout(*rs)
-        outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
+    rs, outs = _layout_exprs(req, ndim)
     namer = Namer(f"the layout of cache {req.name}", rs)
     try:
         forms = [affine(o, namer) for o in outs]
@@ -245,8 +262,8 @@ class _Site:
     it: Scheduled
     m: int
     keep: list[str]  # dynamic parameters bound at most m deep (usable inside the cache's loop)
-    drop: list[str]
     prefix: isl.Map  # S[x] -> [P]
+    iterations: isl.Set  # the iterations P in which a statement it serves runs
     fp: isl.Map
     what: str
     boxes: list[_Box]
@@ -261,31 +278,63 @@ class _Site:
         return _names("p", self.m)
 
 
+@dataclass
+class CacheUse:
+    """A buffer as the legality check sees it (``poly.cache_check``): the statements whose accesses
+    of ``tensor`` it serves, with the side ("read", "write"), and its copies, each taken as one
+    instance per iteration P of the buffer's loop (the first ``m`` schedule dimensions)."""
+
+    name: str
+    kind: str  # "read", "write" or "fold" (store / store_at)
+    tensor: str
+    consumer: str
+    level: int | None
+    m: int
+    copies: dict[str, tuple[isl.Set, int]] = field(default_factory=dict)  # kind -> (iterations P, static)
+    users: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class CachePlan:
+    """What ``build_caches`` adds to a schedule: copy and scope statements with their plans, the
+    buffers, the accesses redirected to them, the statements they replace and the legality view."""
+
+    statements: list[tuple[Scheduled, object]]
+    buffers: list[CacheBuffer]
+    rewrites: dict[str, list[CacheRewrite]]
+    dropped: set[str]
+    uses: list[CacheUse]
+
+
 def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
-                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]
-                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]],
-                            set[str]]:
-    """The buffers of ``requests``, their copy and scope statements (with schedules and plans), the
-    accesses redirected to them, and the statements they make unnecessary."""
+                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]) -> CachePlan:
+    """The buffers of ``requests`` and everything that makes them work.
+
+    Folded buffers (store / store_at) come first at each depth, and caches of one computation and
+    tensor chain outward-in: a cache's copies read (or write back to) the next buffer further out —
+    the previous cache of the chain or the folded buffer — and only the outermost touches the tensor."""
+    _check_fold_depths(requests)
     by_name = {it.stmt.name: it for it in items}
-    dropped: set[str] = set()
-    extra: list[tuple[Scheduled, object]] = []
-    buffers: list[CacheBuffer] = []
-    rewrites: dict[str, list[CacheRewrite]] = {}
+    plan = CachePlan([], [], {}, set(), [])
     slot_used: dict[tuple[str, int], int] = {}
-    chains: dict[tuple[str, str], tuple[CacheBuffer, _Site]] = {}
-    for req in sorted(requests, key=lambda r: (-1 if r.level is None else r.level)):
-        site = _site(program, req, by_name, scheds, dyn_sources)
-        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, program.context),
-                          req.level, req.loc)
-        buffers.append(buf)
+    outer: dict[tuple[str, str, str], _Site] = {}  # (kind, consumer, tensor) -> the innermost buffer so far
+    folds: list[tuple[_Site, CacheUse]] = []
+    ctx = program.context
+    for req in sorted(requests, key=lambda r: (-1 if r.level is None else r.level, r.kind != "fold")):
+        redirected, fill = _redirected(program, req, by_name, scheds)
+        site = _site(program, req, redirected, by_name, scheds, dyn_sources)
+        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, ctx), req.level, req.loc)
+        plan.buffers.append(buf)
+        use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
+        plan.uses.append(use)
+        if fill:
+            plan.dropped.add(req.consumer + INIT_SUFFIX)
+        _redirect(site, redirected, by_name, plan.rewrites, ctx)
         if req.kind == "fold":
-            extra += _fold(program, site, by_name, scheds, width, rewrites)
+            folds.append((site, use))
+            outer[("read", "", req.tensor)] = outer[("write", "", req.tensor)] = site
             continue
-        redirected, fill = _redirected(site, by_name, scheds, dropped)
-        _redirect(site, redirected, by_name, rewrites, program.context)
-        # the source of the copy: the tensor, or the previous cache in a chain (multi-level)
-        prev = chains.get((req.consumer, req.tensor)) if req.kind == "read" else None
+        prev = outer.get((req.kind, req.consumer, req.tensor)) or outer.get((req.kind, "", req.tensor))
         pos = site.m // 2  # the static position of the consumer just inside the level
         statics = scheds[req.consumer].statics
         own = statics[pos] if pos < len(statics) else statics[-1]
@@ -294,43 +343,92 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
         # shared cache, every thread of the block (threads without work of their own still copy
         # their share, and the barriers around the copies must be reached by all)
-        prefixes = site.prefix.range()
-        scope_range = _all_threads(prefixes, req.thread_dims) if req.thread_dims else prefixes
+        scope_range = _all_threads(site.iterations, req.thread_dims) if req.thread_dims else site.iterations
         key = (req.consumer, pos)
         slot_used[key] = slot_used.get(key, 0) + 1
         if slot_used[key] > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{site.what}: too many caches at one loop of {req.consumer}")
-        extra += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
-                                   last_static + STATIC_SCALE // 2 - 1, width)
-        for kind, region, direction in _copy_regions(program, site, fill, redirected, scheds):
+        plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
+                                             last_static + STATIC_SCALE // 2 - 1, width)
+        for kind, region, direction in _copy_regions(program, site, fill, redirected):
             static = base_static - STATIC_SCALE // 2 + slot_used[key] if direction < 0 else last_static + slot_used[key]
-            scheduled, plan = _copy_statement(program, site, kind, region, static, scope_range, width)
-            if prev is not None and kind == "copy_in":
-                # the copy reads the previous cache: rewrite its read of the tensor like a consumer's
-                pbuf, psite = prev
-                plan.rewrites.append(CacheRewrite(plan.name, req.tensor, pbuf.name, psite.offsets,
-                                                  [AExpr("id", name=n) for n in plan.dims[:psite.m]],
-                                                  psite.lvars, psite.lexprs))
-            buf.copy_stmts.append(plan.name)
-            extra.append((scheduled, plan))
-        if req.kind == "read":
-            chains[(req.consumer, req.tensor)] = (buf, site)
+            scheduled, splan = _copy_statement(program, site, kind, region, static, scope_range, width)
+            if prev is not None and kind in ("copy_in", "copy_out"):
+                # the copy reads (writes back to) the next buffer out: rewritten like a consumer's access
+                splan.rewrites.append(CacheRewrite(splan.name, req.tensor, prev.req.name, prev.offsets,
+                                                   [AExpr("id", name=n) for n in splan.dims[:prev.m]],
+                                                   prev.lvars, prev.lexprs))
+            buf.copy_stmts.append(splan.name)
+            plan.statements.append((scheduled, splan))
+            use.copies[kind] = (_iterations(scheduled, site.m), static)
+        outer[(req.kind, req.consumer, req.tensor)] = site
+    _find_users(program, plan)
+    for site, use in folds:
+        plan.statements += _fold_scope(site, use, plan.uses, scheds, width)
     del items
-    return extra, buffers, rewrites, dropped
+    return plan
 
 
-def _site(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
+def _check_fold_depths(requests: list[CacheRequest]) -> None:
+    """A cache of a stored tensor copies from (or back to) the stored buffer, which exists only inside
+    the loop the tensor is stored at: the cache must be at that loop or inside it."""
+    for fold in requests:
+        if fold.kind != "fold" or fold.level is None:
+            continue
+        for req in requests:
+            if req.kind != "fold" and req.tensor == fold.tensor and (req.level is None or req.level < fold.level):
+                where = "at the top" if req.level is None else "at an outer loop"
+                raise ScheduleError(f"cache {req.name} of {req.tensor} for {req.consumer} is placed {where}, outside "
+                                    f"the loop where {req.tensor} is stored (store_at): its copies would reach "
+                                    "a buffer that exists only inside that loop; place the cache at or inside it")
+
+
+def _redirected(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
+                scheds: Mapping[str, StageSchedule]) -> tuple[list[str], bool]:
+    """The statements whose accesses of the tensor go to the buffer, and whether a write cache starts
+    filled with the reduction's identity (the initialization is then dropped).
+
+    A write cache serves the initialization too when it runs inside the cache's loop; a folded
+    buffer serves the computation's statements and every reader, which must all run inside the loop."""
+    if req.kind == "read":
+        return [req.consumer, *req.also], False
+    init_name = req.consumer + INIT_SUFFIX
+    if req.kind == "fold":
+        writers = [n for n in (init_name, req.consumer) if n in by_name]
+        readers = [n for n, it in by_name.items() if n not in writers and n in scheds
+                   and any(a.tensor == req.tensor for a in it.stmt.reads)]
+        m = 0 if req.level is None else 2 * (req.level + 1)
+        for name in writers + readers:
+            if scheds[name].statics[:m // 2] != scheds[req.consumer].statics[:m // 2]:
+                raise ScheduleError(f"store_at of {req.tensor}: {program.owner_of.get(name, name)} reads "
+                                    f"{req.tensor} outside the loop {req.tensor} is stored in; fuse it inside that "
+                                    "loop first (after/before)")
+        return writers + readers, False
+    if init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level):
+        return [req.consumer, init_name], req.fill is not None
+    return [req.consumer], False
+
+
+def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_name: dict[str, Scheduled],
           scheds: Mapping[str, StageSchedule], dyn_sources: dict[str, list[str]]) -> _Site:
     """The footprint of ``req`` in one iteration of its loop, and the box and layout of its buffer."""
     it = by_name[req.consumer]
     m = 0 if req.level is None else 2 * (req.level + 1)
     keep = _bound_params(program, it, m, dyn_sources)
-    drop = [p for p in it.stmt.dyn_params if p not in keep]
-    dom = project_out_params(it.stmt.domain, drop)
+    dom = project_out_params(it.stmt.domain, [p for p in it.stmt.dyn_params if p not in keep])
     prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
     what = (f"store_at of {req.tensor}" if req.kind == "fold" else
             f"cache {req.name} of {req.tensor} for {req.consumer}")
-    acc, fp = _footprint(req, by_name, scheds, m, keep, dom, prefix, what)
+    # a write cache and a folded buffer hold what their computation's statements write (the
+    # initialization too: where the reduction range is empty it is the only writer)
+    accessing = redirected if req.kind == "read" else [n for n in redirected if program.owner_of[n] == req.consumer]
+    acc, fp = _footprint(req, accessing, by_name, scheds, m, keep, what)
+    iterations = prefix.range()
+    for name in redirected:
+        if name != req.consumer:
+            iterations = iterations.union(_prefix_map(by_name[name], m, by_name[name].stmt.over_domain()).range())
+    if req.block_dims:
+        fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
     ndim = program.func.tensor(req.tensor).ndim
     origin = _once(lambda: _origin(it, m, dom, acc, req))
     boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
@@ -338,39 +436,31 @@ def _site(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled]
         boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]
     lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
     off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
-    return _Site(req, it, m, keep, drop, prefix, fp, what, boxes, off_map, lmap, lvars, lexprs,
+    return _Site(req, it, m, keep, prefix, iterations, fp, what, boxes, off_map, lmap, lvars, lexprs,
                  _offset_exprs(off_map, m, program.context))
 
 
-def _footprint(req: CacheRequest, by_name: dict[str, Scheduled], scheds: Mapping[str, StageSchedule], m: int,
-               keep: list[str], dom: isl.Set, prefix: isl.Map, what: str) -> tuple[isl.Map, isl.Map]:
+def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled],
+               scheds: Mapping[str, StageSchedule], m: int, keep: list[str], what: str) -> tuple[isl.Map, isl.Map]:
     """The consumer's accesses of the tensor (S[x] -> X[e]) and the footprint [P] -> X[e] of one
-    iteration P of the cache's loop, over every computation sharing the cache (and, for a shared
-    cache, every thread of the block)."""
-    stmt = by_name[req.consumer].stmt
-    if req.kind == "read":
-        accesses = [a.relation for a in stmt.reads if a.tensor == req.tensor]
-    else:  # a write cache, or a folded buffer (store_at): what the computation writes
-        accesses = [a.relation for a in stmt.writes if a.tensor == req.tensor]
-    if not accesses:
-        raise ScheduleError(f"{what}: {req.consumer} does not access {req.tensor}")
-    acc = _union_all(accesses)
-    acc = project_out_params(acc, [p for p in stmt.dyn_params if p not in keep]).intersect_domain(dom)
-    fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
-    for other in req.also:
-        o_it = by_name[other]
-        if scheds[other].statics[:m // 2] != scheds[req.consumer].statics[:m // 2]:
-            raise ScheduleError(f"{what}: {other} shares the cache but is not fused with {req.consumer} "
+    iteration P of the cache's loop: what the statements ``names`` read (read caches) or write."""
+    fp: isl.Map | None = None
+    acc: isl.Map | None = None
+    for name in names:
+        stmt = by_name[name].stmt
+        if name in req.also and scheds[name].statics[:m // 2] != scheds[req.consumer].statics[:m // 2]:
+            raise ScheduleError(f"{what}: {name} shares the cache but is not fused with {req.consumer} "
                                 "down to the cache's loop; fuse it there first (after/before)")
-        o_reads = [a.relation for a in o_it.stmt.reads if a.tensor == req.tensor]
-        if not o_reads:
-            raise ScheduleError(f"{what}: {other} does not read {req.tensor}")
-        o_drop = [p for p in o_it.stmt.dyn_params if p not in keep]
-        o_dom = project_out_params(o_it.stmt.domain, o_drop)
-        o_acc = project_out_params(_union_all(o_reads), o_drop).intersect_domain(o_dom)
-        fp = fp.union(_prefix_map(o_it, m, o_dom).reverse().apply_range(o_acc))
-    if req.block_dims:
-        fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
+        accesses = [a.relation for a in (stmt.reads if req.kind == "read" else stmt.writes) if a.tensor == req.tensor]
+        if not accesses:
+            raise ScheduleError(f"{what}: {name} does not access {req.tensor}")
+        drop = [p for p in stmt.dyn_params if p not in keep]
+        dom = project_out_params(stmt.domain, drop)
+        s_acc = project_out_params(_union_all(accesses), drop).intersect_domain(dom)
+        s_fp = _prefix_map(by_name[name], m, dom).reverse().apply_range(s_acc)
+        acc = s_acc if acc is None else acc
+        fp = s_fp if fp is None else fp.union(s_fp)
+    assert acc is not None and fp is not None
     return acc, fp
 
 
@@ -406,47 +496,22 @@ def _buffer_shape(site: _Site, ctx: isl.Set) -> list[AExpr]:
     return shape
 
 
-def _redirected(site: _Site, by_name: dict[str, Scheduled], scheds: Mapping[str, StageSchedule],
-                dropped: set[str]) -> tuple[list[str], bool]:
-    """The statements whose accesses of the tensor go to the buffer, and whether the buffer starts
-    filled with the reduction's identity (then the initialization is dropped)."""
-    req = site.req
-    redirected = [req.consumer, *req.also]
-    if req.kind != "write":
-        return redirected, False
-    init_name = req.consumer + INIT_SUFFIX
-    init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
-    if init_inside and req.fill is not None:
-        # the buffer starts as the identity and the initialization is not needed: every element
-        # it would write is written back from the buffer
-        init_fp = _prefix_map(by_name[init_name], site.m, by_name[init_name].stmt.over_domain()).reverse() \
-            .apply_range(project_out_params(by_name[init_name].stmt.writes[0].relation, site.drop))
-        if not init_fp.is_subset(site.fp):
-            raise ScheduleError(f"{site.what}: some elements get no reduction term; this cache must keep "
-                                "the initialization (an empty reduction range)")
-        dropped.add(init_name)
-        return redirected, True
-    if init_inside:
-        redirected.append(init_name)
-    return redirected, False
-
-
 def _redirect(site: _Site, redirected: list[str], by_name: dict[str, Scheduled],
               rewrites: dict[str, list[CacheRewrite]], ctx: isl.Set) -> None:
-    """Point the accesses of the tensor by ``redirected`` at the buffer."""
+    """Point the accesses of the tensor by ``redirected`` at the buffer (replacing a buffer further
+    out, which the copies reach instead)."""
     req = site.req
     for sname in redirected:
         s_it = by_name[sname]
         s_prefix = site.prefix if sname == req.consumer else _prefix_map(s_it, site.m, s_it.stmt.over_domain())
         pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx)
-        rewrites.setdefault(sname, [])
-        rewrites[sname] = [r for r in rewrites[sname] if r.tensor != req.tensor]
+        rewrites[sname] = [r for r in rewrites.get(sname, []) if r.tensor != req.tensor]
         rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, site.offsets, pvals, site.lvars,
                                             site.lexprs))
 
 
-def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: list[str],
-                  scheds: Mapping[str, StageSchedule]) -> list[tuple[str, isl.Map, int]]:
+def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: list[str]
+                  ) -> list[tuple[str, isl.Map, int]]:
     """The copies of a cache: (kind, the region [P] -> X[e] copied, -1 before the consumer or +1 after)."""
     req, boxes = site.req, site.boxes
     if req.kind == "read" and req.whole:
@@ -463,7 +528,7 @@ def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: lis
     if fill:
         # a fill touches only the buffer: the whole box (constant loops, registers)
         out.append(("fill", box if box is not None else written, -1))
-    elif not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
+    elif req.consumer + INIT_SUFFIX not in redirected:  # the buffer starts from the tensor's values
         out.append(("copy_in", written, -1))
     out.append(("copy_out", box if box is not None else written, +1))
     return out
@@ -501,7 +566,7 @@ def _copy_statement(program: PolyProgram, site: _Site, kind: str, region: isl.Ma
     if req.block_dims:  # a shared cache: all threads of the block take part in the copy
         rel = _whole_block(rel, m, req.block_dims).intersect_domain(scope_range)
     else:
-        rel = rel.intersect_domain(site.prefix.range())
+        rel = rel.intersect_domain(site.iterations)
     n_c = rel.dim(isl.dim_type.out)
     c_names = _names("q", n_c)
     cname = f"{req.name}__{kind}"
@@ -536,42 +601,43 @@ def _copy_statement(program: PolyProgram, site: _Site, kind: str, region: isl.Ma
     return Scheduled(cstmt, cmap), plan
 
 
-def _fold(program: PolyProgram, site: _Site, by_name: dict[str, Scheduled], scheds: Mapping[str, StageSchedule],
-          width: int, rewrites: dict[str, list[CacheRewrite]]) -> list[tuple[Scheduled, object]]:
-    """store_at: the computation and every reader use a buffer of one iteration's footprint."""
-    req, m, what, keep = site.req, site.m, site.what, site.keep
-    ctx = program.context
-    writers = [n for n in (req.consumer + INIT_SUFFIX, req.consumer) if n in by_name]
-    readers = [it for it in by_name.values() if it.stmt.name not in writers
-               and any(a.tensor == req.tensor for a in it.stmt.reads)]
-    own_statics = scheds[req.consumer].statics[:m // 2]
-    last_static = scheds[req.consumer].statics[m // 2]
-    for it in [by_name[n] for n in writers] + readers:
-        sname = it.stmt.name
-        if sname in scheds and scheds[sname].statics[:m // 2] != own_statics:
-            raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads {req.tensor} outside the "
-                                f"loop {req.tensor} is stored in; fuse it inside that loop first (after/before)")
-        s_prefix = _prefix_map(it, m, it.stmt.over_domain())
-        if it in readers:
-            reads = None
-            for a in it.stmt.reads:
-                if a.tensor == req.tensor:
-                    r = project_out_params(a.relation, [p for p in it.stmt.dyn_params if p not in keep])
-                    reads = r if reads is None else reads.union(r)
-            assert reads is not None
-            read_fp = s_prefix.reverse().apply_range(reads.intersect_domain(it.stmt.over_domain()))
-            outside = read_fp.subtract(site.fp.intersect_domain(read_fp.domain()))
-            if not outside.is_empty():
-                raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads elements of "
-                                    f"{req.tensor} written in other iterations; it cannot be stored at this loop")
-            if sname in scheds:
-                last_static = max(last_static, scheds[sname].statics[m // 2])
-        rewrites.setdefault(sname, []).append(
-            CacheRewrite(sname, req.tensor, req.name, site.offsets,
-                         _prefix_exprs(s_prefix, it.stmt.dims, ctx), site.lvars, site.lexprs))
-    first = scheds[req.consumer].statics[m // 2]
-    return _scope_statements(site, site.prefix.range(), first - STATIC_SCALE // 2,
-                             last_static + STATIC_SCALE // 2 - 1, width)
+def _iterations(copy: Scheduled, m: int) -> isl.Set:
+    """The iterations P of the cache's loop in which a copy statement [P, q] runs."""
+    dom = copy.stmt.domain
+    return dom.project_out(isl.dim_type.set, m, dom.dim(isl.dim_type.set) - m)
+
+
+def _find_users(program: PolyProgram, plan: CachePlan) -> None:
+    """Which statements' accesses of each buffer's tensor end in it: computations (whose accesses the
+    last rewrite of the tensor redirects) and copies of other buffers chained to it."""
+    uses = {u.name: u for u in plan.uses}
+    for stmt, rws in plan.rewrites.items():
+        st = program.statements[stmt]
+        for tensor, cache in {r.tensor: r.cache for r in rws}.items():
+            sides = {side for side, accs in (("read", st.reads), ("write", st.writes))
+                     if any(a.tensor == tensor for a in accs)}
+            uses[cache].users[stmt] = sides
+    for _, splan in plan.statements:
+        if splan.kind in ("copy_in", "copy_out"):  # type: ignore[attr-defined]
+            for r in splan.rewrites:  # type: ignore[attr-defined]
+                uses[r.cache].users[splan.name] = {"read" if splan.kind == "copy_in" else "write"}  # type: ignore[attr-defined]
+
+
+def _fold_scope(site: _Site, use: CacheUse, uses: list[CacheUse], scheds: Mapping[str, StageSchedule],
+                width: int) -> list[tuple[Scheduled, object]]:
+    """The scope of a folded buffer in each iteration of its loop: around every statement using it,
+    the copies of caches chained to it included."""
+    pos = site.m // 2
+    statics = []
+    for name in use.users:
+        if name in scheds:
+            statics.append(scheds[name].statics[pos])
+            continue
+        cache = next(u for u in uses if name.startswith(u.name + "__"))
+        kind = name[len(cache.name) + 2:]
+        statics.append(cache.copies[kind][1] if cache.m == site.m else scheds[cache.consumer].statics[pos])
+    return _scope_statements(site, site.iterations, min(statics) - STATIC_SCALE // 2,
+                             max(statics) + STATIC_SCALE // 2 - 1, width)
 
 
 def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:

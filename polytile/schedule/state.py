@@ -17,6 +17,7 @@ from ..lang.tensor import ComputeTensor, Tensor
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
+from .memory import check_memory
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -173,6 +174,7 @@ class Schedule:
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
+        check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
