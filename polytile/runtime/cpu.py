@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -23,6 +24,20 @@ from .args import bind_params, check_index_arrays, check_shapes, expected_shape,
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno",
              "-fno-trapping-math", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
+GCC_FLAGS = ["-fno-predictive-commoning", "-fno-tree-loop-if-convert"]
+"""Two GCC -O3 loop transformations that miscompile code polytile generates (GCC 12.2):
+
+- predictive commoning turns the stores of a loop whose iterations write overlapping rows (a
+  write cache's or an initialization's ``C[96 * im + 48 * jr + ...]``, im in {0, 1}) into loads
+  before and stores after the loop, of elements no iteration of that loop writes: in an OpenMP
+  parallel loop, each thread then writes back stale values over its neighbour's results (a data
+  race the C++ memory model forbids a compiler to introduce; tests/core/test_runtime.py);
+- loop if-conversion miscompiles a guarded read whose index leaves its buffer where the guard is
+  false, even with the index clamped into the buffer (FINDINGS E1).
+
+polytile schedules its own register reuse and vectorization, so neither transformation is needed
+(benchmarks/cpu_ops.py times the difference); other compilers do not get these GCC flags."""
+
 
 def cache_dir() -> Path:
     """Where built kernels are kept: ``$POLYTILE_CACHE_DIR`` or ``~/.cache/polytile``."""
@@ -39,10 +54,20 @@ def compiler() -> str:
     return cxx
 
 
+@functools.cache
+def is_gcc(cxx: str) -> bool:
+    """Whether the C++ compiler ``cxx`` is GCC (clang also answers to g++ on some systems)."""
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Free Software Foundation" in out and "clang" not in out.lower()
+
+
 def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` to a shared library, reusing an earlier build of the same text and flags."""
     cxx = compiler()
-    flags = [*CXX_FLAGS, *extra_flags]
+    flags = [*CXX_FLAGS, *(GCC_FLAGS if is_gcc(cxx) else []), *extra_flags]
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     out = cache_dir() / f"pt_{key}.so"
     if out.exists():

@@ -203,3 +203,52 @@ def test_write_cache_with_shifted_fusion_and_separate(separate_k, rng):
     b = rng.standard_normal((3, 4)).astype(np.float32)
     u = np.broadcast_to(b.astype(np.float64).sum(0), (3, 4))
     np.testing.assert_allclose(pt.build(s)(b), u[:, :3] + u[:, 1:], rtol=1e-5, atol=1e-5)
+
+
+# --- the C++ compiler: code that GCC 12 -O3 miscompiled ------------------------------------------------
+
+def test_cache_of_guarded_reads(rng):
+    """U reads T only where a select's condition holds, through a cache of the whole T: GCC 12's
+    loop if-conversion computed U[2] from the wrong elements (FINDINGS E1)."""
+    A = pt.placeholder((4,), "int32", "A")
+    T = pt.compute((2, 2, 13), lambda i, j, h: 1 + A[i + 2] * (h + 1), "T")
+    inside = lambda i: (i - 1 >= 0) & (i - 1 < 2)  # noqa: E731
+    U = pt.compute((12, 2, 1), lambda i, j, h: pt.select(inside(i), T[i - 1, j, h + 1], 0)
+                   + pt.select(inside(i), T[i - 1, j, h], 0), "U")
+    s = pt.create_schedule(pt.Func([A], [U]))
+    s[U].cache_identity(T, None)
+    a = rng.integers(-9, 9, 4).astype(np.int32)
+    t = 1 + a[2:4, None, None] * (np.arange(13) + 1)[None, None, :] + np.zeros((2, 2, 13), np.int64)
+    ref = np.zeros((12, 2, 1), np.int64)
+    ref[1:3, :, 0] = t[:, :, 1] + t[:, :, 0]
+    np.testing.assert_array_equal(pt.build(s)(a), ref)
+
+
+def test_parallel_loop_inside_a_write_cache_tile_computes_right_every_call():
+    """BLIS-style matmul, write cache at jr, jr parallel on 2 threads: GCC's predictive commoning
+    turned the stores of each thread's loop into loads before and stores after it of the other
+    thread's rows (a data race the compiler introduced; wrong in most calls)."""
+    import ctypes
+    M = N = K = 96
+    A = pt.placeholder((M, K), "float32", "A")
+    B = pt.placeholder((K, N), "float32", "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([A, B], [C], name="matmul"))
+    st = s[C]
+    st.split("j", 96, "jc", "j1").split("k", 32, "kc", "k1").split("i", 16, "ic", "i1")
+    st.split("j1", 48, "jr", "jn").split("i1", 2, "ir", "im").split("jn", 16, "jv", "jl")
+    st.reorder("ic", "kc", "jc", "ir", "jr", "k1", "im", "jv", "jl")
+    st.cache_write("jr").vectorize("jl").parallel("jr")
+    kern = pt.build(s)
+    gomp = ctypes.CDLL("libgomp.so.1")
+    threads = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(2)
+    try:
+        rng = np.random.default_rng(11)
+        for _ in range(20):
+            a = rng.standard_normal((M, K)).astype(np.float32)
+            b = rng.standard_normal((K, N)).astype(np.float32)
+            np.testing.assert_allclose(kern(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    finally:
+        gomp.omp_set_num_threads(threads)
