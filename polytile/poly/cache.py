@@ -6,7 +6,11 @@ X[e] }. The cache buffer holds a box [off(P), off(P) + size) around F(P) (sizes 
 possible, else parametric, e.g. a CSR row); the copy statement fills it over the rectangular hull of
 F(P) (never outside the array) just before S's part of the iteration, and S reads
 cache[layout(e - off(θ_m(x)))] instead of X[e]. A write cache accumulates in the buffer and copies
-the exact written footprint back after the iteration.
+the exact written footprint back after the iteration (the initialization's writes included: where
+a reduction range is empty it is the only writer). A stored buffer (store / store_at) replaces the
+tensor for its computation and every reader. Buffers of one tensor chain: a cache's copies read
+from (or write back to) the next buffer out, the previous cache of the chain or the stored buffer.
+``poly.cache_check`` checks the result against the dependences.
 """
 
 from __future__ import annotations
@@ -77,6 +81,13 @@ class CacheRewrite:
     layout_exprs: list[lx.Expr]
 
 
+def _buffer_what(req: CacheRequest) -> str:
+    """The buffer as the user asked for it, for messages."""
+    if req.kind == "fold":
+        return f"store of {req.tensor}" if req.level is None else f"store_at of {req.tensor}"
+    return f"cache {req.name} of {req.tensor}" if req.kind == "read" else f"write cache {req.name} of {req.tensor}"
+
+
 def _layout_exprs(req: CacheRequest, ndim: int) -> tuple[list[lx.IterVar], list[lx.Expr]]:
     """The layout applied to the indices r0, r1, … of an element relative to the box's origin."""
     rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
@@ -87,7 +98,7 @@ def _layout_exprs(req: CacheRequest, ndim: int) -> tuple[list[lx.IterVar], list[
         res = req.layout(*rs)
         outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
     except Exception as err:  # the user's function: any failure is theirs to fix
-        raise ScheduleError(f"cache {req.name}: its layout cannot be applied to the {ndim} indices of "
+        raise ScheduleError(f"{_buffer_what(req)}: its layout cannot be applied to the {ndim} indices of "
                             f"{req.tensor} ({type(err).__name__}: {err})") from None
     return rs, outs
 
@@ -105,17 +116,17 @@ def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
     """The layout as a map from the element's offset in the footprint's box to the buffer index; it
     must be one-to-one over the box (dimensions of extent one may be dropped)."""
     rs, outs = _layout_exprs(req, ndim)
-    namer = Namer(f"the layout of cache {req.name}", rs)
+    namer = Namer(f"the layout of {_buffer_what(req)}", rs)
     try:
         forms = [affine(o, namer) for o in outs]
     except NotAffine as err:
-        raise ScheduleError(f"cache {req.name}: its layout is not affine ({err})") from None
+        raise ScheduleError(f"{_buffer_what(req)}: its layout is not affine ({err})") from None
     text = (f"{{ [{', '.join(r.name for r in rs)}] -> [{', '.join(str(f) for f in forms)}] }}")
     lmap = isl.Map(text)
     box = " and ".join(f"0 <= r{k} < {n}" for k, n in enumerate(sizes or []) if n is not None)
     over = lmap.intersect_domain(isl.Set(f"{{ [{', '.join(r.name for r in rs)}] : {box} }}")) if box else lmap
     if not over.is_injective():
-        raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
+        raise ScheduleError(f"{_buffer_what(req)}: its layout maps two elements to the same place")
     # over the box only: a layout that drops dimensions of extent one (a projection) is then
     # invertible, so that a copy can run over the buffer's layout
     return over, rs, outs
@@ -417,8 +428,7 @@ def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_nam
     keep = _bound_params(program, it, m, dyn_sources)
     dom = project_out_params(it.stmt.domain, [p for p in it.stmt.dyn_params if p not in keep])
     prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
-    what = (f"store_at of {req.tensor}" if req.kind == "fold" else
-            f"cache {req.name} of {req.tensor} for {req.consumer}")
+    what = _buffer_what(req) + ("" if req.kind == "fold" else f" for {req.consumer}")
     # a write cache and a folded buffer hold what their computation's statements write (the
     # initialization too: where the reduction range is empty it is the only writer)
     accessing = redirected if req.kind == "read" else [n for n in redirected if program.owner_of[n] == req.consumer]

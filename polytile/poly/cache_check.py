@@ -22,15 +22,28 @@ from collections.abc import Mapping
 import islpy as isl
 
 from ..errors import ScheduleError
-from .cache import CachePlan, CacheUse
+from .cache import CachePlan, CacheRequest, CacheUse
 from .deps import Dependence, first_violation
-from .model import INIT_SUFFIX, header, maps_of, project_out_params, tensor_bounds
+from .materialize import plan_statements
+from .model import header, maps_of, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
 
 _SIDES = {"flow": ("write", "read"), "anti": ("read", "write"), "output": ("write", "write")}
 """For each kind of dependence, the access of its source and of its sink."""
 
 _COPY_OF_SIDE = {"read": "copy_in", "write": "copy_out"}
+
+
+def check_buffers(program: PolyProgram, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
+                  requests: list[CacheRequest], relaxed: frozenset[str] = frozenset()) -> None:
+    """Build the buffers of ``requests`` for the loops ``scheds`` and check them: ScheduleError if one
+    cannot be built or breaks a dependence (``original``: the program order)."""
+    try:
+        _, _, plan, width = plan_statements(program, scheds, requests)
+        check_caches(program, original, scheds, plan, width, relaxed)
+    except isl.Error as err:  # a footprint isl cannot bound or split: a limitation, said as such
+        names = ", ".join(r.name for r in requests)
+        raise ScheduleError(f"the buffers {names} cannot be built for this schedule (isl: {err})") from None
 
 
 def check_caches(program: PolyProgram, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],
@@ -187,49 +200,58 @@ class _View:
 
     def explain(self, kind: str, tensor: str, source: str, sink: str) -> str:
         """The message for a broken dependence from instance ``source`` to ``sink`` (as printed by
-        ``Violation``), in terms of the buffers whose copies it involves."""
+        ``Violation``): a copy runs too early (the sink) or too late (the source)."""
         a, b = source.split("[")[0], sink.split("[")[0]
-        if b in self.copies and self.copies[b][1] == "copy_in" and self.copies[b][0].kind == "read" \
-                and a not in self.copies:
-            use = self.copies[b][0]
-            return (f"cache {use.name} of {tensor} for {use.consumer} {self._at(use)}: its copy "
-                    f"({self._copy(sink)}) runs before {source} writes what it copies"
-                    + self._hint(use, a))
-        if a in self.copies and self.copies[a][1] == "copy_in" and self.copies[a][0].kind == "read" \
-                and b not in self.copies:
-            use = self.copies[a][0]
-            return (f"cache {use.name} of {tensor} for {use.consumer} {self._at(use)}: {sink} overwrites "
-                    f"{tensor} before the copy ({self._copy(source)}) reads the values {use.consumer} needs"
-                    + self._hint(use, b))
-        if a in self.copies and self.copies[a][1] == "copy_out" and b not in self.copies:
-            use = self.copies[a][0]
-            what = "reads" if kind == "flow" else "overwrites"
-            return (f"write cache {use.name} of {use.consumer} {self._at(use)}: {sink} {what} {tensor} before the "
-                    f"cache writes it back ({self._copy(source)})" + self._hint(use, b))
-        if b in self.copies and a not in self.copies:
-            use = self.copies[b][0]
-            first = "reads" if kind == "anti" else "writes"
-            return (f"cache {use.name} of {tensor} for {use.consumer} {self._at(use)}: {source} {first} {tensor} "
-                    f"and must run before {self._copy(sink)}" + self._hint(use, a))
-        return (f"caches of {tensor}: {self._copy(source) if a in self.copies else source} must run before "
-                f"{self._copy(sink) if b in self.copies else sink}, but the copies are placed the other way round; "
-                "place the caches at the loops where the computations that exchange these values are fused")
+        if b in self.copies:
+            use, copy_kind, _ = self.copies[b]
+            other, text = a, self._describe(source)
+            verb = "reads" if kind == "anti" else "writes"
+            what = "what it copies" if copy_kind == "copy_in" else tensor
+            msg = f"{self._copy(sink)} runs before {text} {verb} {what}"
+        else:
+            use, copy_kind, _ = self.copies[a]
+            other, text = b, self._describe(sink)
+            if copy_kind == "copy_out":
+                msg = f"{text} {'reads' if kind == 'flow' else 'overwrites'} {tensor} before {self._copy(source)}"
+            else:
+                msg = f"{text} overwrites {tensor} before {self._copy(source)} reads it"
+        return f"{self._head(use)}: {msg}" + self._hint(use, other)
+
+    def _head(self, use: CacheUse) -> str:
+        if use.kind == "write":
+            return f"write cache {use.name} of {use.consumer} {self._at(use)}"
+        return f"cache {use.name} of {use.tensor} for {use.consumer} {self._at(use)}"
+
+    def _describe(self, instance: str) -> str:
+        """An end of a dependence: a computation's instance, or a copy of another buffer."""
+        name = instance.split("[")[0]
+        if name not in self.copies:
+            return instance
+        use = self.copies[name][0]
+        owner = f"write cache of {use.consumer}" if use.kind == "write" else f"cache for {use.consumer}"
+        return f"{self._copy(instance)} ({owner})"
 
     def _copy(self, instance: str) -> str:
         name, _, rest = instance.partition("[")
         use, kind, _ = self.copies[name]
         what = {"copy_in": "the copy into", "copy_out": "the write-back of", "fill": "the fill of"}[kind]
-        return f"{what} {use.name} in iteration [{rest}" if use.m else f"{what} {use.name}"
+        if not use.m:
+            return f"{what} {use.name}"
+        values = rest.rstrip("]").split(", ")[1::2]  # the loops' values (the static positions between)
+        loops = self.scheds[use.consumer].loops.names
+        return f"{what} {use.name} at {', '.join(f'{n} = {v}' for n, v in zip(loops, values))}"
 
     def _hint(self, use: CacheUse, other: str) -> str:
-        """Where the cache would see the other computation's accesses in time: inside the loops it
-        shares with the cache's computation."""
+        """Where the caches would see the other end in time: at or inside the loops the two
+        computations share (the other end is a computation, or a copy of another buffer)."""
+        placed = [use]
+        if other in self.copies:
+            placed.append(self.copies[other][0])
+            other = self.copies[other][0].consumer
         comp = self.program.owner_of.get(other)
         if comp is None or comp not in self.scheds or comp == use.consumer:
             return ""
-        if other.endswith(INIT_SUFFIX):
-            other = comp
-        mine, theirs = self.scheds[use.consumer], self.scheds[other]
+        mine, theirs = self.scheds[use.consumer], self.scheds[comp]
         shared = 0
         while (shared < min(len(mine.statics), len(theirs.statics)) - 1
                and mine.statics[shared] == theirs.statics[shared]):
@@ -237,9 +259,11 @@ class _View:
         if shared == 0:
             return f"; {comp} runs in a separate loop nest: the cache cannot be placed between its writes and reads"
         loop = mine.loops.names[shared - 1]
-        if use.level is not None and use.level >= shared - 1:
+        above = [u.name for u in placed if u.level is None or u.level < shared - 1]
+        if not above:
             return ""
-        return f"; {comp} is fused with {use.consumer} inside loop {loop}: place the cache at or inside that loop"
+        return (f"; {comp} is fused with {use.consumer} inside loop {loop}: place {' and '.join(above)} "
+                "at or inside that loop")
 
 
 def _pair(dep: isl.Map) -> tuple[str, str]:

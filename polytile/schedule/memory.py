@@ -1,4 +1,4 @@
-"""Memory primitives: where results live (store, store_at, set_loc, alloc_at) and caches.
+"""Memory primitives: where results live (store, store_at, set_loc) and caches.
 
 ``cache_identity`` copies the elements of a tensor that a computation reads inside one iteration
 of a loop into a local buffer (its footprint, computed symbolically by isl at lowering); ``cache``
@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import ScheduleError
 from ..lang.tensor import Tensor
 from ..poly.cache import CacheRequest
-from ..poly.cache_check import check_caches
-from ..poly.materialize import plan_statements
+from ..poly.cache_check import check_buffers
 from ..poly.program import StageSchedule
 
 if TYPE_CHECKING:
@@ -137,7 +136,8 @@ def store(self: Stage, layout: Callable[..., object]) -> Stage:
 def store_at(self: Stage, level: str) -> Stage:
     """Keep only the elements written in one iteration of this computation's loop ``level``: the
     buffer is allocated inside that loop, sized to the iteration's footprint (storage folding).
-    Consumers fused inside that loop read from it; reads across iterations are rejected."""
+    Consumers fused inside that loop read from it; a value read in another iteration than the one
+    that wrote it is refused."""
     if any(o.name == self.name for o in self.schedule.func.outputs):
         raise ScheduleError(f"{self.name} is an output and is stored in the caller's array")
     st = self.schedule.state_copy(self.name)
@@ -150,14 +150,6 @@ def set_loc(self: Stage, loc: str) -> Stage:
     """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local, constant."""
     st = self.schedule.state_copy(self.name)
     st.loc = _check_loc(self, loc)
-    self.schedule.commit(self.name, st)
-    return self
-
-
-def alloc_at(self: Stage, level: str | None) -> Stage:
-    """Allocate this computation's buffer inside its loop ``level`` (None: at function entry)."""
-    st = self.schedule.state_copy(self.name)
-    st.alloc_level = _level(self, level)
     self.schedule.commit(self.name, st)
     return self
 
@@ -202,10 +194,8 @@ def check_memory(sched: Schedule, original: dict[str, StageSchedule], scheds: di
     """Raise ScheduleError if a cache or stored buffer of ``sched`` cannot be built or breaks a
     dependence, with the loops scheduled as ``scheds`` (``original``: the program order)."""
     requests = cache_requests(sched)
-    if not requests:
-        return
-    _, _, plan, width = plan_statements(sched.program, scheds, requests)
-    check_caches(sched.program, original, scheds, plan, width, relaxed)
+    if requests:
+        check_buffers(sched.program, original, scheds, requests, relaxed)
 
 
 def fragment_layout(*e: object) -> tuple[object, ...]:

@@ -60,7 +60,6 @@ class StageState:
     store_layout: object | None = None  # callable index -> storage index
     store_level: str | None = None
     loc: str = "auto"
-    alloc_level: str | None = None
     reassociate: bool = False  # the reduction's accumulation order may change
 
 
@@ -249,7 +248,6 @@ class Stage:
 
     from .loops import apply_sch, fuse, reorder, reverse, separate, shift, skew, split, tile  # noqa: E402
     from .memory import (  # noqa: E402
-        alloc_at,
         cache,
         cache_identity,
         cache_write,

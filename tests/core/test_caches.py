@@ -252,3 +252,45 @@ def test_parallel_loop_inside_a_write_cache_tile_computes_right_every_call():
             np.testing.assert_allclose(kern(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     finally:
         gomp.omp_set_num_threads(threads)
+
+
+# --- every memory primitive is transactional -----------------------------------------------------------
+
+def snapshot(s):
+    """Everything a primitive may change, in comparable form (isl maps as text)."""
+    states = {n: (str(st.loops.rel), tuple(st.loops.names), sorted(st.tags.items()), sorted(st.separate),
+                  st.anchor, st.store_layout, st.store_level, st.loc, st.reassociate)
+              for n, st in s.states.items()}
+    return states, list(s.caches), list(s.inlined), list(s.virtual), dict(s.pipelines)
+
+
+def fused_pc():
+    f, T, Y = producer_consumer(6, 9)
+    s = pt.create_schedule(f)
+    s[T].split("j", 4)
+    s[Y].after(s[T], "i")
+    s[Y].cache_identity(T, "j")  # state to keep: a cache and a fusion
+    return s, T, Y
+
+
+REFUSALS = {
+    "cache_identity": lambda s, T, Y: s[Y].cache_identity(T, None),
+    "cache": lambda s, T, Y: s[Y].cache(T, None, layout=lambda i, j: (j, i)),
+    "cache_layout_not_one_to_one": lambda s, T, Y: s[Y].cache(T, "i", layout=lambda i, j: (i,)),
+    "cache_layout_wrong_arity": lambda s, T, Y: s[Y].cache(T, "i", layout=lambda i: (i,)),
+    "cache_write": lambda s, T, Y: s[T].cache_write(None),
+    "store_not_one_to_one": lambda s, T, Y: s[T].store(lambda i, j: (i * 0, j)),
+    "store_of_output": lambda s, T, Y: s[Y].store(lambda i, j: (j, i)),
+    "store_at": lambda s, T, Y: s[T].store_at("jo"),
+    "set_loc": lambda s, T, Y: s[T].set_loc("registers"),
+}
+
+
+@pytest.mark.parametrize("primitive", sorted(REFUSALS))
+def test_a_refused_memory_primitive_leaves_the_schedule_as_it_was(primitive, rng):
+    s, T, Y = fused_pc()
+    before = snapshot(s)
+    with pytest.raises(pt.ScheduleError):
+        REFUSALS[primitive](s, T, Y)
+    assert snapshot(s) == before
+    run_pc(s, rng, 6, 9)  # and it still builds and computes right
