@@ -128,7 +128,7 @@ class IRBuilder:
         self.reserved = reserved
         self.cache_levels = {c.name: c for c in plan.caches}
         self.opened: set[str] = set()  # buffers whose scope encloses the nodes being built
-        self._marks: dict[tuple[int, str], set[str]] = {}
+        self._marks: dict[tuple[int, str, bool], set[str]] = {}
 
     def build(self) -> ir.Stmt:
         return self.node(self.plan.ast, {}, [])
@@ -181,10 +181,11 @@ class IRBuilder:
             k += 1
         return ir.block(out)
 
-    def _scope_marks(self, n: AstNode, kind: str) -> set[str]:
+    def _scope_marks(self, n: AstNode, kind: str, deep: bool = False) -> set[str]:
         """The buffers whose allocation (``kind`` "alloc") or release statement ``n`` holds outside any
-        loop: in one execution of a block they belong to one iteration of the buffers' loops."""
-        key = (id(n), kind)
+        loop (``deep``: inside loops too). In one execution of a block, the statements outside loops
+        belong to one iteration of the buffers' loops."""
+        key = (id(n), kind, deep)
         if key not in self._marks:
             out: set[str] = set()
             stack = [n]
@@ -198,23 +199,25 @@ class IRBuilder:
                     stack.extend(x.body)
                 elif isinstance(x, AstIf):
                     stack += [x.then] + ([x.orelse] if x.orelse is not None else [])
-                elif isinstance(x, AstMark):
+                elif isinstance(x, AstMark) or (deep and isinstance(x, AstFor)):
                     stack.append(x.body)
             self._marks[key] = out
         return self._marks[key]
 
     def _scope_end(self, nodes: list[AstNode], k: int, starts: set[str]) -> tuple[int, frozenset[str]]:
-        """The scope of the buffers allocated in ``nodes[k]``: up to the last release before the next
-        allocation of the same buffer (isl may guard the allocation and the release of one iteration
-        in different branches, e.g. a peeled first iteration), extended over the scopes of buffers
-        allocated inside that end further out (isl may order two releases of one slot either way; a
-        longer scope is harmless). Returns the index of the last node and the buffers scoped."""
+        """The scope of the buffers allocated in ``nodes[k]``: up to the last node holding a release
+        before the next allocation of the same buffer. isl may guard the allocation and the release
+        of one iteration in different branches (a peeled first iteration), or put the release in a
+        loop of an inner level that runs the buffer's users in one of its iterations only; the scope
+        then spans that loop. It is extended over the scopes of buffers allocated inside that end
+        further out (isl may order two releases of one slot either way; a longer scope is harmless).
+        Returns the index of the last node and the buffers scoped."""
         def last_release(owner: str, start: int) -> int:
             last = -1
             for j in range(start, len(nodes)):
-                if j > start and owner in self._scope_marks(nodes[j], "alloc"):
+                if j > start and owner in self._scope_marks(nodes[j], "alloc", deep=True):
                     break
-                if owner in self._scope_marks(nodes[j], "free"):
+                if owner in self._scope_marks(nodes[j], "free", deep=True):
                     last = j
             if last < 0:
                 raise LoweringError(f"the scope of cache {owner} is split by the AST generator")

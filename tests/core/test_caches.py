@@ -205,6 +205,25 @@ def test_write_cache_with_shifted_fusion_and_separate(separate_k, rng):
     np.testing.assert_allclose(pt.build(s)(b), u[:, :3] + u[:, 1:], rtol=1e-5, atol=1e-5)
 
 
+def test_cache_used_in_one_iteration_of_an_inner_loop(rng):
+    """Only T[:, 0] has a reduction term: isl allocates the cache of loop j before the loop over j
+    (the only iteration that uses it) and releases it inside; the scope spans that loop."""
+    X = pt.placeholder((4, 6), "float32", "X")
+    W = pt.placeholder((6, 1), "float32", "W")
+
+    def body(i, j):
+        k = pt.reduce_axis(1, "k")
+        return pt.sum(X[i, j] * W[j, k], axis=k, where=k >= j)
+    T = pt.compute((4, 6), body, "T")
+    s = pt.create_schedule(pt.Func([X, W], [T]))
+    s[T].cache_identity(X, "j")
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 1)).astype(np.float32)
+    ref = np.zeros((4, 6))
+    ref[:, 0] = x[:, 0] * w[0, 0]
+    np.testing.assert_allclose(pt.build(s)(x, w), ref, rtol=1e-6)
+
+
 # --- the C++ compiler: code that GCC 12 -O3 miscompiled ------------------------------------------------
 
 def test_cache_of_guarded_reads(rng):
