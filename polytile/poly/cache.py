@@ -283,6 +283,7 @@ class _Site:
     lvars: list[lx.IterVar]
     lexprs: list[lx.Expr]
     offsets: list[AExpr]
+    codegen: bool  # whether the plans need their index expressions (not for a legality check)
 
     @property
     def p_names(self) -> list[str]:
@@ -318,8 +319,10 @@ class CachePlan:
 
 
 def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
-                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]) -> CachePlan:
-    """The buffers of ``requests`` and everything that makes them work.
+                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]],
+                 codegen: bool = True) -> CachePlan:
+    """The buffers of ``requests`` and everything that makes them work (without the index
+    expressions of the rewrites and copies unless ``codegen``: a legality check needs none).
 
     Folded buffers (store / store_at) come first at each depth, and caches of one computation and
     tensor chain outward-in: a cache's copies read (or write back to) the next buffer further out —
@@ -333,7 +336,7 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
     ctx = program.context
     for req in sorted(requests, key=lambda r: (-1 if r.level is None else r.level, r.kind != "fold")):
         redirected, fill = _redirected(program, req, by_name, scheds)
-        site = _site(program, req, redirected, by_name, scheds, dyn_sources)
+        site = _site(program, req, redirected, by_name, scheds, dyn_sources, codegen)
         buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, ctx), req.level, req.loc)
         plan.buffers.append(buf)
         use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
@@ -421,7 +424,7 @@ def _redirected(program: PolyProgram, req: CacheRequest, by_name: dict[str, Sche
 
 
 def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_name: dict[str, Scheduled],
-          scheds: Mapping[str, StageSchedule], dyn_sources: dict[str, list[str]]) -> _Site:
+          scheds: Mapping[str, StageSchedule], dyn_sources: dict[str, list[str]], codegen: bool) -> _Site:
     """The footprint of ``req`` in one iteration of its loop, and the box and layout of its buffer."""
     it = by_name[req.consumer]
     m = 0 if req.level is None else 2 * (req.level + 1)
@@ -447,7 +450,7 @@ def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_nam
     lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
     off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
     return _Site(req, it, m, keep, prefix, iterations, fp, what, boxes, off_map, lmap, lvars, lexprs,
-                 _offset_exprs(off_map, m, program.context))
+                 _offset_exprs(off_map, m, program.context) if codegen else [], codegen)
 
 
 def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled],
@@ -514,7 +517,7 @@ def _redirect(site: _Site, redirected: list[str], by_name: dict[str, Scheduled],
     for sname in redirected:
         s_it = by_name[sname]
         s_prefix = site.prefix if sname == req.consumer else _prefix_map(s_it, site.m, s_it.stmt.over_domain())
-        pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx)
+        pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx) if site.codegen else []
         rewrites[sname] = [r for r in rewrites.get(sname, []) if r.tensor != req.tensor]
         rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, site.offsets, pvals, site.lvars,
                                             site.lexprs))
@@ -603,7 +606,7 @@ def _copy_statement(program: PolyProgram, site: _Site, kind: str, region: isl.Ma
         plan.elem_index = [AExpr("id", name=c) for c in c_names]
         plan.cache_rewrite = CacheRewrite(cname, req.tensor, req.name, site.offsets,
                                           [AExpr("id", name=n) for n in p_names], site.lvars, site.lexprs)
-    else:
+    elif site.codegen:
         src = _src_index(site.off_map, site.lmap.reverse(), m, n_c)
         src_pma = isl.PwMultiAff.from_map(src)
         plan.elem_index = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(len(site.boxes))]

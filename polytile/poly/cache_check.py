@@ -39,7 +39,7 @@ def check_buffers(program: PolyProgram, original: Mapping[str, StageSchedule], s
     """Build the buffers of ``requests`` for the loops ``scheds`` and check them: ScheduleError if one
     cannot be built or breaks a dependence (``original``: the program order)."""
     try:
-        _, _, plan, width = plan_statements(program, scheds, requests)
+        _, _, plan, width = plan_statements(program, scheds, requests, codegen=False)
         check_caches(program, original, scheds, plan, width, relaxed)
     except isl.Error as err:  # a footprint isl cannot bound or split: a limitation, said as such
         names = ", ".join(r.name for r in requests)

@@ -50,10 +50,11 @@ class Plan:
     context: object = None
 
 
-def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], caches: list[CacheRequest]
-                    ) -> tuple[list[Scheduled], dict[str, StmtPlan], CachePlan, int]:
+def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], caches: list[CacheRequest],
+                    codegen: bool = True) -> tuple[list[Scheduled], dict[str, StmtPlan], CachePlan, int]:
     """Every statement to generate (computations and the caches' copies and scopes) with its full
-    schedule and plan, the caches' plan, and the schedule width."""
+    schedule and plan, the caches' plan, and the schedule width (``codegen``: with the index
+    expressions the code generator needs)."""
     width = program.width(scheds)
     for req in caches:
         width = max(width, copy_width(req, program.func.tensor(req.tensor).ndim))
@@ -66,7 +67,7 @@ def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], c
         items.append(Scheduled(stmt, full_map(s.loops, s.statics, width)))
         plans[name] = StmtPlan(name, kind, owner, list(stmt.dims),
                                {2 * k + 1: n for k, n in enumerate(s.loops.names)})
-    cache_plan = build_caches(program, items, scheds, caches, width, program.dyn_sources())
+    cache_plan = build_caches(program, items, scheds, caches, width, program.dyn_sources(), codegen)
     items = [it for it in items if it.stmt.name not in cache_plan.dropped]
     for it, plan in cache_plan.statements:
         items.append(it)
