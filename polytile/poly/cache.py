@@ -392,9 +392,9 @@ def _check_fold_depths(requests: list[CacheRequest]) -> None:
         for req in requests:
             if req.kind != "fold" and req.tensor == fold.tensor and (req.level is None or req.level < fold.level):
                 where = "at the top" if req.level is None else "at an outer loop"
-                raise ScheduleError(f"cache {req.name} of {req.tensor} for {req.consumer} is placed {where}, outside "
-                                    f"the loop where {req.tensor} is stored (store_at): its copies would reach "
-                                    "a buffer that exists only inside that loop; place the cache at or inside it")
+                raise ScheduleError(f"{_buffer_what(req)} for {req.consumer} is placed {where}, outside the loop "
+                                    f"where {req.tensor} is stored (store_at): its copies would reach a buffer "
+                                    "that exists only inside that loop; place the cache at or inside it")
 
 
 def _redirected(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
@@ -412,11 +412,16 @@ def _redirected(program: PolyProgram, req: CacheRequest, by_name: dict[str, Sche
         readers = [n for n, it in by_name.items() if n not in writers and n in scheds
                    and any(a.tensor == req.tensor for a in it.stmt.reads)]
         m = 0 if req.level is None else 2 * (req.level + 1)
+        loop = "" if req.level is None else scheds[req.consumer].loops.names[req.level]
         for name in writers + readers:
-            if scheds[name].statics[:m // 2] != scheds[req.consumer].statics[:m // 2]:
-                raise ScheduleError(f"store_at of {req.tensor}: {program.owner_of.get(name, name)} reads "
-                                    f"{req.tensor} outside the loop {req.tensor} is stored in; fuse it inside that "
-                                    "loop first (after/before)")
+            if scheds[name].statics[:m // 2] == scheds[req.consumer].statics[:m // 2]:
+                continue
+            if name == init_name:
+                raise ScheduleError(f"store_at of {req.tensor} at loop {loop}: the initialization of {req.tensor} "
+                                    f"runs outside that loop (before its reduction loops); store it at a loop "
+                                    "that holds whole reductions")
+            raise ScheduleError(f"store_at of {req.tensor} at loop {loop}: {program.owner_of.get(name, name)} reads "
+                                f"{req.tensor} outside that loop; fuse it inside the loop first (after/before)")
         return writers + readers, False
     if init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level):
         return [req.consumer, init_name], req.fill is not None

@@ -167,8 +167,11 @@ def test_cache_outside_the_loop_a_tensor_is_stored_at_is_refused():
     s = pt.create_schedule(f)
     s[Y].after(s[T], "i")
     s[T].store_at("i")
-    with pytest.raises(pt.ScheduleError, match="outside the loop where T is stored"):
+    with pytest.raises(pt.ScheduleError, match="cache T_Y_local of T for Y is placed at the top, outside the "
+                                               "loop where T is stored"):
         s[Y].cache(T, None)
+    with pytest.raises(pt.ScheduleError, match="write cache T_local of T for T is placed at the top"):
+        s[T].cache_write(None)
     assert s.caches == []
 
 
@@ -182,6 +185,15 @@ def test_store_at_with_a_reader_across_iterations_is_refused():
     with pytest.raises(pt.ScheduleError, match=r"store_at of T at loop i of T: Y\[0, 0\] reads T as T\[0, 0\] "
                                                "left it in another iteration"):
         s[T].store_at("i")
+    assert s.states["T"].store_level is None
+
+
+def test_store_at_inside_a_reduction_loop_is_refused():
+    f, T = row_sum(4, 5)
+    Y = pt.compute((4,), lambda i: T[i] * 2.0, "Y")
+    s = pt.create_schedule(pt.Func([f.inputs[0]], [Y]))
+    with pytest.raises(pt.ScheduleError, match="store_at of T at loop k: the initialization of T runs outside"):
+        s[T].store_at("k")
     assert s.states["T"].store_level is None
 
 
