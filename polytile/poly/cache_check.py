@@ -17,6 +17,7 @@ last statement, so that a write-back that comes too late (or never) is a broken 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 
 import islpy as isl
@@ -77,8 +78,19 @@ def _final(tensor: str) -> str:
     return f"{tensor}__final"
 
 
+_FINAL_WRITERS: weakref.WeakKeyDictionary[PolyProgram, dict[str, isl.UnionMap]] = weakref.WeakKeyDictionary()
+
+
 def _final_writers(program: PolyProgram, original: Mapping[str, StageSchedule], tensor: str) -> isl.UnionMap:
-    """{ W[x] -> X__final[e] }: the writes of output X that leave its final values."""
+    """{ W[x] -> X__final[e] }: the writes of output X that leave its final values (computed once per
+    program: ``original`` is its program order)."""
+    known = _FINAL_WRITERS.setdefault(program, {})
+    if tensor not in known:
+        known[tensor] = _last_writes(program, original, tensor)
+    return known[tensor]
+
+
+def _last_writes(program: PolyProgram, original: Mapping[str, StageSchedule], tensor: str) -> isl.UnionMap:
     width = program.width(original)
     bounds = tensor_bounds(program.func.tensor(tensor), program.params)
     final = _final(tensor)
@@ -164,20 +176,24 @@ class _View:
         if a == b == use.consumer and use.consumer in relaxed:
             # a reassociated reduction accumulates in any order of the iterations, each starting
             # from the tensor's values: the buffer must be loaded
-            self._end(use, a, "read", across, kind)
+            self._end(use, a, "read", across)
             return out
         if a_in:
-            across = across.apply_domain(self._end(use, a, a_side, across, kind))
+            across = across.apply_domain(self._end(use, a, a_side, across))
         if b_in:
-            across = across.apply_range(self._end(use, b, b_side, across, kind))
+            across = across.apply_range(self._end(use, b, b_side, across))
         out.append(across)
         return out
 
-    def _end(self, use: CacheUse, stmt: str, side: str, dep: isl.Map, kind: str) -> isl.Map:
-        """{ T[x] -> copy[P] }: the copy that stands for statement T's access (``side``) of the tensor."""
+    def _end(self, use: CacheUse, stmt: str, side: str, dep: isl.Map) -> isl.Map:
+        """{ T[x] -> copy[P] }: the copy that stands for statement T's access (``side``) of the tensor;
+        ``dep`` (a dependence across iterations) is the example of a message if there is none."""
         copy = _COPY_OF_SIDE[side]
         if copy not in use.copies:
             src, dst = _pair(dep)
+            if copy == "copy_out":  # only a write cache's computation writes through a buffer
+                raise ScheduleError(f"cache {use.name} of {use.tensor}: {stmt} writes {use.tensor} through it, "
+                                    f"but it has no write-back ({src} -> {dst})")
             raise ScheduleError(f"write cache {use.name} of {use.consumer} {self._at(use)}: {dst} reads the value of "
                                 f"{use.tensor} that {src} leaves in another iteration of that loop, but the buffer "
                                 "starts every iteration from the initialization (it is not loaded); place the "
@@ -193,8 +209,7 @@ class _View:
 
     def _across_fold(self, use: CacheUse, dep: isl.Map) -> str:
         src, dst = _pair(dep)
-        where = "" if use.level is None else f" {self.scheds[use.consumer].loops.names[use.level]}"
-        return (f"store_at of {use.tensor} at loop{where} of {use.consumer}: {dst} reads {use.tensor} as {src} left "
+        return (f"store_at of {use.tensor} {self._at(use)}: {dst} reads {use.tensor} as {src} left "
                 f"it in another iteration of that loop, but the stored buffer holds one iteration's elements "
                 "only; store it at an outer loop, or fuse the reader into the iteration that writes what it reads")
 

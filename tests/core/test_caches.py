@@ -182,7 +182,7 @@ def test_store_at_with_a_reader_across_iterations_is_refused():
     s = pt.create_schedule(pt.Func([X], [Y]))
     s[T].shift("i", -1)
     s[Y].after(s[T], "i")
-    with pytest.raises(pt.ScheduleError, match=r"store_at of T at loop i of T: Y\[0, 0\] reads T as T\[0, 0\] "
+    with pytest.raises(pt.ScheduleError, match=r"store_at of T \(placed at loop i\): Y\[0, 0\] reads T as T\[0, 0\] "
                                                "left it in another iteration"):
         s[T].store_at("i")
     assert s.states["T"].store_level is None
