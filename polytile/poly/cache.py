@@ -328,27 +328,46 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
     tensor chain outward-in: a cache's copies read (or write back to) the next buffer further out —
     the previous cache of the chain or the folded buffer — and only the outermost touches the tensor."""
     _check_fold_depths(requests)
-    by_name = {it.stmt.name: it for it in items}
-    plan = CachePlan([], [], {}, set(), [])
-    slot_used: dict[tuple[str, int], int] = {}
-    outer: dict[tuple[str, str, str], _Site] = {}  # (kind, consumer, tensor) -> the innermost buffer so far
-    folds: list[tuple[_Site, CacheUse]] = []
-    ctx = program.context
+    builder = _Builder(program, {it.stmt.name: it for it in items}, scheds, width, dyn_sources, codegen)
     for req in sorted(requests, key=lambda r: (-1 if r.level is None else r.level, r.kind != "fold")):
-        redirected, fill = _redirected(program, req, by_name, scheds)
-        site = _site(program, req, redirected, by_name, scheds, dyn_sources, codegen)
+        builder.add(req)
+    return builder.finish()
+
+
+class _Builder:
+    """Builds the buffers one request at a time, innermost last (see ``build_caches``)."""
+
+    def __init__(self, program: PolyProgram, by_name: dict[str, Scheduled], scheds: Mapping[str, StageSchedule],
+                 width: int, dyn_sources: dict[str, list[str]], codegen: bool):
+        self.program, self.by_name, self.scheds, self.width = program, by_name, scheds, width
+        self.dyn_sources, self.codegen = dyn_sources, codegen
+        self.plan = CachePlan([], [], {}, set(), [])
+        self.slot_used: dict[tuple[str, int], int] = {}  # caches at one static position of a computation
+        self.outer: dict[tuple[str, str, str], _Site] = {}  # (kind, consumer, tensor) -> the innermost buffer
+        self.folds: list[tuple[_Site, CacheUse]] = []
+
+    def add(self, req: CacheRequest) -> None:
+        program, ctx = self.program, self.program.context
+        redirected, fill = _redirected(program, req, self.by_name, self.scheds)
+        site = _site(program, req, redirected, self.by_name, self.scheds, self.dyn_sources, self.codegen)
         buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, ctx), req.level, req.loc)
-        plan.buffers.append(buf)
+        self.plan.buffers.append(buf)
         use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
-        plan.uses.append(use)
+        self.plan.uses.append(use)
         if fill:
-            plan.dropped.add(req.consumer + INIT_SUFFIX)
-        _redirect(site, redirected, by_name, plan.rewrites, ctx)
-        if req.kind == "fold":
-            folds.append((site, use))
-            outer[("read", "", req.tensor)] = outer[("write", "", req.tensor)] = site
-            continue
-        prev = outer.get((req.kind, req.consumer, req.tensor)) or outer.get((req.kind, "", req.tensor))
+            self.plan.dropped.add(req.consumer + INIT_SUFFIX)
+        _redirect(site, redirected, self.by_name, self.plan.rewrites, ctx)
+        if req.kind == "fold":  # its scope spans the copies chained to it: made in finish
+            self.folds.append((site, use))
+            self.outer[("read", "", req.tensor)] = self.outer[("write", "", req.tensor)] = site
+            return
+        self._copies(site, buf, use, fill, redirected)
+        self.outer[(req.kind, req.consumer, req.tensor)] = site
+
+    def _copies(self, site: _Site, buf: CacheBuffer, use: CacheUse, fill: bool, redirected: list[str]) -> None:
+        """The scope and copy statements of a cache, at static positions around its computations'."""
+        req, scheds = site.req, self.scheds
+        prev = self.outer.get((req.kind, req.consumer, req.tensor)) or self.outer.get((req.kind, "", req.tensor))
         pos = site.m // 2  # the static position of the consumer just inside the level
         statics = scheds[req.consumer].statics
         own = statics[pos] if pos < len(statics) else statics[-1]
@@ -359,28 +378,28 @@ def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[s
         # their share, and the barriers around the copies must be reached by all)
         scope_range = _all_threads(site.iterations, req.thread_dims) if req.thread_dims else site.iterations
         key = (req.consumer, pos)
-        slot_used[key] = slot_used.get(key, 0) + 1
-        if slot_used[key] > STATIC_SCALE // 2 - 2:
+        slot = self.slot_used[key] = self.slot_used.get(key, 0) + 1
+        if slot > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{site.what}: too many caches at one loop of {req.consumer}")
-        plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
-                                             last_static + STATIC_SCALE // 2 - 1, width)
-        for kind, region, direction in _copy_regions(program, site, fill, redirected):
-            static = base_static - STATIC_SCALE // 2 + slot_used[key] if direction < 0 else last_static + slot_used[key]
-            scheduled, splan = _copy_statement(program, site, kind, region, static, scope_range, width)
+        self.plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
+                                                  last_static + STATIC_SCALE // 2 - 1, self.width)
+        for kind, region, direction in _copy_regions(self.program, site, fill, redirected):
+            static = base_static - STATIC_SCALE // 2 + slot if direction < 0 else last_static + slot
+            scheduled, splan = _copy_statement(self.program, site, kind, region, static, scope_range, self.width)
             if prev is not None and kind in ("copy_in", "copy_out"):
                 # the copy reads (writes back to) the next buffer out: rewritten like a consumer's access
                 splan.rewrites.append(CacheRewrite(splan.name, req.tensor, prev.req.name, prev.offsets,
                                                    [AExpr("id", name=n) for n in splan.dims[:prev.m]],
                                                    prev.lvars, prev.lexprs))
             buf.copy_stmts.append(splan.name)
-            plan.statements.append((scheduled, splan))
+            self.plan.statements.append((scheduled, splan))
             use.copies[kind] = (_iterations(scheduled, site.m), static)
-        outer[(req.kind, req.consumer, req.tensor)] = site
-    _find_users(program, plan)
-    for site, use in folds:
-        plan.statements += _fold_scope(site, use, plan.uses, scheds, width)
-    del items
-    return plan
+
+    def finish(self) -> CachePlan:
+        _find_users(self.program, self.plan)
+        for site, use in self.folds:
+            self.plan.statements += _fold_scope(site, use, self.plan.uses, self.scheds, self.width)
+        return self.plan
 
 
 def _check_fold_depths(requests: list[CacheRequest]) -> None:
