@@ -33,7 +33,8 @@ GCC_FLAGS = ["-fno-predictive-commoning", "-fno-tree-loop-if-convert"]
   parallel loop, each thread then writes back stale values over its neighbour's results (a data
   race the C++ memory model forbids a compiler to introduce; tests/core/test_runtime.py);
 - loop if-conversion miscompiles a guarded read whose index leaves its buffer where the guard is
-  false, even with the index clamped into the buffer (FINDINGS E1).
+  false (FINDINGS E1): the vectorized loop computes some rows from the wrong elements, whether the
+  buffer is a local cache or a kernel argument, and even with the index clamped into the buffer.
 
 polytile schedules its own register reuse and vectorization, so its kernels rarely need either:
 the default schedules of matmul, conv2d, softmax, layernorm and spmm time the same within noise.
