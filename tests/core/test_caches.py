@@ -325,3 +325,14 @@ def test_a_refused_memory_primitive_leaves_the_schedule_as_it_was(primitive, rng
         REFUSALS[primitive](s, T, Y)
     assert snapshot(s) == before
     run_pc(s, rng, 6, 9)  # and it still builds and computes right
+
+
+def test_a_loop_primitive_that_removes_a_cache_loop_is_refused(rng):
+    f, T = row_sum(5, 7)
+    s = pt.create_schedule(f)
+    s[T].split("k", 3).cache_write("ko")
+    with pytest.raises(pt.ScheduleError, match="cache T_local of T is placed at loop ko of T, which no longer exists"):
+        s[T].split("ko", 2)
+    assert s[T].loops == ["i", "ko", "ki"]
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
