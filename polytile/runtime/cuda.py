@@ -14,13 +14,15 @@ that signature (``kernel.Kernel``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import operator
 import os
 import re
 import subprocess
 import tempfile
 import threading
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,26 +156,38 @@ def _synchronize_device(dev: Device) -> None:
             dev.leave()
 
 
-@dataclass
 class _Launch:
-    """One kernel launch of a signature: its arguments packed once, the pointers set per call."""
+    """One kernel launch of a signature: its arguments packed once, the call's pointers written into
+    them per call with one ``struct.pack_into``, launched through the device's hot calls."""
 
-    name: str
-    function: object
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int
-    params: KernelParams
-    pointers: tuple[tuple[int, int], ...]  # (argument position, index of the call's array)
+    __slots__ = ("name", "device", "write", "pick", "start")
 
-    def run(self, dev: Device, pointers: Sequence[int], stream: int) -> None:
-        params = self.params
-        for slot, k in self.pointers:
-            params.set(slot, pointers[k])
-        try:
-            dev.launch(self.function, self.grid, self.block, self.shared_bytes, params, stream)
-        except DeviceError as err:
-            raise DeviceError(f"kernel {self.name} could not be launched: {err}") from None
+    def __init__(self, name: str, dev: Device, function: object, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], shared_bytes: int, values: list[tuple[str, int | float]],
+                 pointers: Sequence[tuple[int, int]]):
+        """``values``: the arguments as ``KernelParams`` takes them; ``pointers``: (argument position,
+        index of the call's array) of the arguments set per call."""
+        params = KernelParams(values, [slot for slot, _ in pointers])
+        self.name = name
+        self.device = dev
+        self.write = params.write
+        self.pick = _picker([k for _, k in pointers])
+        self.start = dev.launcher(function, grid, block, shared_bytes, params)
+
+    def run(self, pointers: Sequence[int], stream: int) -> None:
+        self.write(*self.pick(pointers))
+        status = self.start(stream)
+        if status:
+            raise DeviceError(f"kernel {self.name} could not be launched: {self.device.launch_error(status)}")
+
+
+def _picker(indices: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
+    """The items at ``indices`` of a sequence, as a tuple (``itemgetter`` alone returns a bare item
+    for one index)."""
+    if len(indices) == 1:
+        (k,) = indices
+        return lambda items: (items[k],)
+    return operator.itemgetter(*indices) if indices else lambda items: ()
 
 
 class _DeviceBuffer:
@@ -192,25 +206,34 @@ class _DeviceBuffer:
 
 
 class _CUDAPlan(Plan):
-    """One signature of a CUDA function: launches with packed arguments, index checks, sizes."""
+    """One signature of a CUDA function: launches with packed arguments, index checks, sizes, and
+    the framework's functions that a call needs, looked up once."""
 
     __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
-                 "zero_outputs", "single", "lock")
+                 "zero_outputs", "single", "lock", "ordinal", "pointer", "current_stream", "allocators",
+                 "all_launches")
 
     def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
                  checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
         self.signature = sig
         self.framework = fw
         self.device = dev
-        self.launches = launches
-        self.checks = checks  # device-side index checks (GPU arrays)
+        self.ordinal = dev.ordinal
+        self.launches = tuple(launches)
+        self.checks = tuple(checks)  # device-side index checks (GPU arrays)
+        self.all_launches = (*checks, *launches)
         self.scans = () if fw.on_gpu else host_scans(sig.index_checks)  # host-side ones (NumPy arrays)
         self.temp_bytes = temp_bytes
         self.reports = reports
         n_in = sig.n_inputs
-        self.zero_outputs = [(n_in + k, sig.nbytes[n_in + k]) for k, z in enumerate(sig.zero_init) if z]
+        self.zero_outputs = [(n_in + k, sig.nbytes[n_in + k]) for k, z in enumerate(sig.zero_init)
+                             if z and sig.nbytes[n_in + k]]
         self.single = len(sig.names) - n_in == 1
         self.lock = threading.Lock()  # the packed arguments are shared by the calls of this signature
+        self.pointer = fw.pointer
+        self.current_stream = fw.current_stream
+        self.allocators = () if sig.outputs_given or not fw.on_gpu or isinstance(fw, ArrayInterfaceFramework) else \
+            tuple(fw.allocator(shape, dt, self.ordinal) for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
 
     # --- GPU arrays: enqueue on the caller's stream ------------------------------------------------
 
@@ -226,21 +249,20 @@ class _CUDAPlan(Plan):
 
     def bind(self, arrays: Sequence[object], stream: int | None) -> tuple[list[int], list, list, int]:
         """Pointers of a call's arrays, its outputs (allocated when not given), its temporaries, its stream."""
-        sig, fw, ordinal = self.signature, self.framework, self.device.ordinal
-        pointer = fw.pointer
-        pointers = [pointer(a) for a in arrays]
-        alloc_stream = stream  # None: allocate for the framework's current stream, which the call uses
-        if stream is None:
-            stream = fw.current_stream(ordinal)
-        n_in = sig.n_inputs
+        sig, fw, ordinal = self.signature, self.framework, self.ordinal
+        pointer = self.pointer
+        pointers = list(map(pointer, arrays))
         if sig.outputs_given:
-            outputs = list(arrays[n_in:])
+            outputs = list(arrays[sig.n_inputs:])
             if sig.disjoint:
                 sig.check_disjoint(pointers)
+        elif stream is None:  # the framework's current stream, for which its allocator works
+            outputs = [allocate() for allocate in self.allocators]
+            pointers += map(pointer, outputs)
         else:
-            outputs = [fw.empty(shape, dt, ordinal, alloc_stream)
-                       for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:])]
-            pointers += [pointer(o) for o in outputs]
+            outputs = [fw.empty(shape, dt, ordinal, stream)
+                       for shape, dt in zip(sig.output_shapes, sig.dtypes[sig.n_inputs:])]
+            pointers += map(pointer, outputs)
         alive: list[object] = []
         for nbytes in self.temp_bytes:
             if isinstance(fw, ArrayInterfaceFramework):
@@ -248,12 +270,12 @@ class _CUDAPlan(Plan):
                 alive.append(buf)
                 pointers.append(buf.ptr)
             else:
-                tmp = fw.empty((nbytes,), uint8, ordinal, alloc_stream)
+                tmp = fw.empty((nbytes,), uint8, ordinal, stream)
                 alive.append(tmp)
                 pointers.append(pointer(tmp))
-        if any(p % ALIGNMENT for p in pointers[:len(sig.names)]):
+        if functools.reduce(operator.or_, pointers, 0) % ALIGNMENT:
             self._misaligned(pointers)
-        return pointers, outputs, alive, stream
+        return pointers, outputs, alive, self.current_stream(ordinal) if stream is None else stream
 
     def enqueue(self, pointers: Sequence[int], stream: int, zero_outputs: bool, checks: bool = True) -> None:
         dev = self.device
@@ -261,11 +283,10 @@ class _CUDAPlan(Plan):
         try:
             if zero_outputs:
                 for k, nbytes in self.zero_outputs:
-                    if nbytes:
-                        dev.memset_async(pointers[k], 0, nbytes, stream)
+                    dev.zero_async(pointers[k], nbytes, stream)
             with self.lock:
-                for launch in (*self.checks, *self.launches) if checks else self.launches:
-                    launch.run(dev, pointers, stream)
+                for launch in self.all_launches if checks else self.launches:
+                    launch.run(pointers, stream)
         finally:
             if pushed:
                 dev.leave()
@@ -463,9 +484,9 @@ class CUDAKernel(Kernel):
         index.update({b.name: len(sig.names) + n for n, b in enumerate(self.temporaries)})
         values: list[tuple[str, int | float]] = [("pointer", 0) for _ in k.args]
         values += [("int32" if self.index32 else "int64", sig.params[p.name]) for p in k.params]
-        pointers = tuple((slot, index[b.name]) for slot, b in enumerate(k.args))
+        pointers = [(slot, index[b.name]) for slot, b in enumerate(k.args)]
         function = self._function(dev, k.name, self.cubin, k.dynamic_shared)
-        return _Launch(k.name, function, grid, k.block, k.dynamic_shared, KernelParams(values), pointers)  # type: ignore[arg-type]
+        return _Launch(k.name, dev, function, grid, k.block, k.dynamic_shared, values, pointers)  # type: ignore[arg-type]
 
     def _check_launch(self, chk: IndexCheck, dev: Device, reports: DeviceReports) -> _Launch:
         if self.check_cubin is None:
@@ -474,7 +495,7 @@ class CUDAKernel(Kernel):
         grid, block, scalars = device_launch(chk)
         values: list[tuple[str, int | float]] = [("pointer", 0), *scalars, ("pointer", reports.word(chk))]
         function = self._function(dev, name, self.check_cubin, 0)
-        return _Launch(name, function, grid, block, 0, KernelParams(values), ((0, chk.arg),))
+        return _Launch(name, dev, function, grid, block, 0, values, [(0, chk.arg)])
 
     def _function(self, dev: Device, name: str, cubin: bytes, shared: int):  # noqa: ANN202 - a CUfunction
         key = (dev.ordinal, name)

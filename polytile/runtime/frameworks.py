@@ -15,6 +15,7 @@ A call takes its arrays from one framework. Frameworks are found by the array's 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -51,6 +52,11 @@ class Framework:
         framework's current one (so stream-ordered allocators order its reuse after that stream)."""
         raise NotImplementedError
 
+    def allocator(self, shape: tuple[int, ...], dtype: DType, device: int) -> Callable[[], Any]:
+        """``empty(shape, dtype, device, None)`` as a function of nothing, with whatever the framework
+        can prepare once (a signature keeps one per output)."""
+        return functools.partial(self.empty, shape, dtype, device, None)
+
 
 class NumPyFramework(Framework):
     name = "NumPy"
@@ -78,6 +84,7 @@ class TorchFramework(Framework):
             lambda device: torch.cuda.current_stream(device).cuda_stream)
         self._dtypes = {d.name: getattr(torch, d.name) for d in dtypes.ALL}
         self._devices: dict[int, Any] = {}
+        self.pointer = torch.Tensor.data_ptr  # type: ignore[method-assign]  # no Python frame per array
 
     def key(self, a: Any) -> Hashable:
         return TorchFramework, a.shape, a.dtype, a.stride(), a.get_device()
@@ -86,18 +93,24 @@ class TorchFramework(Framework):
         device = a.get_device() if a.is_cuda else None
         return ArrayInfo(tuple(a.shape), str(a.dtype).removeprefix("torch."), a.is_contiguous(), device, "torch")
 
-    def pointer(self, a: Any) -> int:
-        return a.data_ptr()
-
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int | None) -> Any:
         torch = self.torch
-        dev = self._devices.get(device)
-        if dev is None:
-            dev = self._devices[device] = torch.device("cuda", device)
         if stream is None:
-            return torch.empty(shape, dtype=self._dtypes[dtype.name], device=dev)
+            return self.allocator(shape, dtype, device)()
+        dev = self._device(device)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
             return torch.empty(shape, dtype=self._dtypes[dtype.name], device=dev)
+
+    def allocator(self, shape: tuple[int, ...], dtype: DType, device: int) -> Callable[[], Any]:
+        # torch.empty with a torch.Size, a torch.dtype and a torch.device parses fastest
+        return functools.partial(self.torch.empty, self.torch.Size(shape), dtype=self._dtypes[dtype.name],
+                                 device=self._device(device))
+
+    def _device(self, ordinal: int) -> Any:
+        dev = self._devices.get(ordinal)
+        if dev is None:
+            dev = self._devices[ordinal] = self.torch.device("cuda", ordinal)
+        return dev
 
 
 class CuPyFramework(Framework):

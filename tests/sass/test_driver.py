@@ -29,7 +29,7 @@ class FakeDriver:
             return {
                 "cuInit": 0,
                 "cuDeviceGet": (0, 0),
-                "cuDevicePrimaryCtxRetain": (0, "ctx"),
+                "cuDevicePrimaryCtxRetain": (0, 0x1000),
                 "cuCtxSetCurrent": (0,),
                 "cuDeviceGetName": (0, b"Fake H100\0\0"),
                 "cuDeviceGetAttribute": (0, {75: 9, 76: 0, 38: 50 << 20}.get(args[0] if args else None, 0)),
