@@ -14,6 +14,7 @@ kernel's whole call may take.
 from __future__ import annotations
 
 import ctypes
+import functools
 import statistics
 import struct
 from collections.abc import Callable, Sequence
@@ -380,12 +381,10 @@ class KernelParams:
         base = ctypes.addressof(self._buffer)
         self._array = (ctypes.c_void_p * max(1, len(values)))(*[base + 8 * slot[k] for k in range(len(values))])
         self.address = ctypes.addressof(self._array)
-        self._pack = struct.Struct(f"<{len(per_call)}Q").pack_into
         self.per_call = tuple(per_call)
-
-    def write(self, *pointers: int) -> None:
-        """Set the `per_call` arguments, in their order."""
-        self._pack(self._buffer, 0, *pointers)
+        # write(*pointers) sets the `per_call` arguments, in their order (no Python frame per call)
+        self.write: Callable[..., None] = functools.partial(
+            struct.Struct(f"<{len(per_call)}Q").pack_into, self._buffer, 0)
 
     def set(self, index: int, value: int) -> None:
         self._holders[index].value = value

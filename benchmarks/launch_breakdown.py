@@ -1,0 +1,102 @@
+"""Where the host time of one GPU kernel call goes (issue 15): each piece of polytile's call path on
+torch tensors timed alone (the signature key, the pointers, the current stream, the output's
+allocation, the context check, the launch through ctypes and, for comparison, through cuda-bindings),
+beside the whole call and torch's own op, then a cProfile of the whole call (the pieces' Python
+frames). Timings as ``launch_overhead.py``'s host time (median over loops of up to 200 calls, a
+synchronize after each loop so that the launch queue never fills).
+
+    python benchmarks/launch_breakdown.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from launch_overhead import add_func, per_call  # noqa: E402
+
+import polytile as pt  # noqa: E402
+from polytile.runtime.cuda import eval_expr  # noqa: E402
+from polytile.runtime.cuda_driver import KernelParams  # noqa: E402
+from polytile.runtime.frameworks import KEY_OF  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", help="also write the numbers and the profile as JSON here")
+    args = parser.parse_args()
+    import torch
+    sync = torch.cuda.synchronize
+    kern = pt.build(add_func(1024, gpu=True), "cuda")
+    rng = np.random.default_rng(0)
+    a, b = (torch.from_numpy(rng.standard_normal(1024).astype("float32")).cuda() for _ in range(2))
+    out = kern(a, b)
+    torch.testing.assert_close(out, a + b)
+    key = tuple(KEY_OF[type(x)](x) for x in (a, b)), ()
+    plan = kern._plans[key]
+    dev, launch, allocate = plan.device, plan.launches[0], plan.allocators[0]
+    pointers = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
+    stream = plan.current_stream(0)
+    source = kern.kernels[0]
+    grid = tuple(eval_expr(g, plan.signature.params) for g in source.grid)
+    function = kern._functions[(0, source.name)]
+    index = {name: n for n, name in enumerate(plan.signature.names)}
+    scalar = "int32" if kern.index32 else "int64"
+    params = KernelParams([("pointer", pointers[index[buf.name]]) for buf in source.args]
+                          + [(scalar, plan.signature.params[p.name]) for p in source.params])
+    cu = dev.cu
+
+    pieces = {
+        "torch.add (torch's op)": lambda: torch.add(a, b),
+        "kern(a, b) (whole call)": lambda: kern(a, b),
+        "kern(a, b, out) (outputs given)": lambda: kern(a, b, out),
+        "signature key and lookup": lambda: kern._plans[tuple([KEY_OF[type(x)](x) for x in (a, b)]), ()],
+        "3 x data_ptr()": lambda: (a.data_ptr(), b.data_ptr(), out.data_ptr()),
+        "current stream": lambda: plan.current_stream(0),
+        "output: the plan's torch.empty": allocate,
+        "output: torch.empty(tuple, dtype, device)": lambda: torch.empty((1024,), dtype=torch.float32, device="cuda"),
+        "output: a.new_empty(shape)": lambda: a.new_empty((1024,)),
+        "output: torch.empty_like(a)": lambda: torch.empty_like(a),
+        "context check (ctypes)": dev.enter,
+        "context check (cuda-bindings)": cu.cuCtxGetCurrent,
+        "launch (ctypes, pointers written)": lambda: launch.run(pointers, stream),
+        "launch (cuda-bindings)": lambda: cu.cuLaunchKernel(function, *grid, *source.block, 0, stream,
+                                                            params.address, 0),
+        "bind (pointers, output, stream)": lambda: plan.bind((a, b), None),
+    }
+    rows = {name: per_call(fn, 200, 101, sync) * 1e6 for name, fn in pieces.items()}
+    sync()
+    pt.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(20):
+        for _ in range(200):
+            kern(a, b)
+        sync()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+    width = max(map(len, rows))
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}: host µs per call")
+    for name, us in rows.items():
+        print(f"  {name:<{width}}  {us:7.2f}")
+    print(text.getvalue()[-3500:])
+    if args.out:
+        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                              "host_us": rows, "profile": text.getvalue()}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
