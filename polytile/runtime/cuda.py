@@ -160,7 +160,7 @@ class _Launch:
     """One kernel launch of a signature: its arguments packed once, the call's pointers written into
     them per call with one ``struct.pack_into``, launched through the device's hot calls."""
 
-    __slots__ = ("name", "device", "write", "pick", "start")
+    __slots__ = ("name", "device", "params", "write", "pick", "start")
 
     def __init__(self, name: str, dev: Device, function: object, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared_bytes: int, values: list[tuple[str, int | float]],
@@ -168,6 +168,7 @@ class _Launch:
         """``values``: the arguments as ``KernelParams`` takes them; ``pointers``: (argument position,
         index of the call's array) of the arguments set per call."""
         params = KernelParams(values, [slot for slot, _ in pointers])
+        self.params = params  # owns the array that the driver reads at every launch
         self.name = name
         self.device = dev
         self.write = params.write
