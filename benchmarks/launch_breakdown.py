@@ -2,8 +2,9 @@
 torch tensors timed alone (the signature key, the pointers, the current stream, the output's
 allocation, the context check, the launch through ctypes and, for comparison, through cuda-bindings),
 beside the whole call and torch's own op, then a cProfile of the whole call (the pieces' Python
-frames). Timings as ``launch_overhead.py``'s host time (median over loops of up to 200 calls, a
-synchronize after each loop so that the launch queue never fills).
+frames). Host time only: the median over 101 loops of 100 calls of the time until the loop's last
+call returns, each loop followed by a synchronize outside the timed part (100 launches stay under
+what the launch queue holds, so the host never waits for the GPU).
 
     python benchmarks/launch_breakdown.py [--out FILE]
 """
@@ -15,7 +16,10 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +28,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from launch_overhead import add_func, per_call  # noqa: E402
+from launch_overhead import add_func  # noqa: E402
 
 import polytile as pt  # noqa: E402
 from polytile.runtime.cuda import eval_expr  # noqa: E402
 from polytile.runtime.cuda_driver import KernelParams  # noqa: E402
 from polytile.runtime.frameworks import KEY_OF  # noqa: E402
+
+
+def host_time(fn: Callable[[], object], sync: Callable[[], None], calls: int = 100, rounds: int = 101) -> float:
+    """Median host seconds per call of ``fn`` (see the module docstring)."""
+    for _ in range(10):
+        fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        sync()
+    return statistics.median(times)
 
 
 def main() -> int:
@@ -45,7 +64,7 @@ def main() -> int:
     torch.testing.assert_close(out, a + b)
     key = tuple(KEY_OF[type(x)](x) for x in (a, b)), ()
     plan = kern._plans[key]
-    dev, launch, allocate = plan.device, plan.launches[0], plan.allocators[0]
+    launch, allocate = plan.launches[0], plan.allocators[0]
     pointers = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
     stream = plan.current_stream(0)
     source = kern.kernels[0]
@@ -55,7 +74,7 @@ def main() -> int:
     scalar = "int32" if kern.index32 else "int64"
     params = KernelParams([("pointer", pointers[index[buf.name]]) for buf in source.args]
                           + [(scalar, plan.signature.params[p.name]) for p in source.params])
-    cu = dev.cu
+    cu = plan.device.cu
 
     pieces = {
         "torch.add (torch's op)": lambda: torch.add(a, b),
@@ -64,18 +83,19 @@ def main() -> int:
         "signature key and lookup": lambda: kern._plans[tuple([KEY_OF[type(x)](x) for x in (a, b)]), ()],
         "3 x data_ptr()": lambda: (a.data_ptr(), b.data_ptr(), out.data_ptr()),
         "current stream": lambda: plan.current_stream(0),
-        "output: the plan's torch.empty": allocate,
+        "output: the plan's allocator (new_empty)": lambda: allocate((a, b)),
         "output: torch.empty(tuple, dtype, device)": lambda: torch.empty((1024,), dtype=torch.float32, device="cuda"),
         "output: a.new_empty(shape)": lambda: a.new_empty((1024,)),
         "output: torch.empty_like(a)": lambda: torch.empty_like(a),
-        "context check (ctypes)": dev.enter,
+        "context check (ctypes)": plan.context_now,
         "context check (cuda-bindings)": cu.cuCtxGetCurrent,
         "launch (ctypes, pointers written)": lambda: launch.run(pointers, stream),
+        "launch (ctypes alone)": lambda: launch.start(stream),
         "launch (cuda-bindings)": lambda: cu.cuLaunchKernel(function, *grid, *source.block, 0, stream,
                                                             params.address, 0),
         "bind (pointers, output, stream)": lambda: plan.bind((a, b), None),
     }
-    rows = {name: per_call(fn, 200, 101, sync) * 1e6 for name, fn in pieces.items()}
+    rows = {name: host_time(fn, sync) * 1e6 for name, fn in pieces.items()}
     sync()
     pt.synchronize()
     profile = cProfile.Profile()

@@ -212,7 +212,7 @@ class _CUDAPlan(Plan):
 
     __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
                  "zero_outputs", "single", "lock", "ordinal", "pointer", "current_stream", "allocators",
-                 "all_launches")
+                 "all_launches", "context_now", "context")
 
     def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
                  checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
@@ -234,7 +234,9 @@ class _CUDAPlan(Plan):
         self.pointer = fw.pointer
         self.current_stream = fw.current_stream
         self.allocators = () if sig.outputs_given or not fw.on_gpu or isinstance(fw, ArrayInterfaceFramework) else \
-            tuple(fw.allocator(shape, dt, self.ordinal) for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+            tuple(fw.allocator(shape, dt, self.ordinal, sig.dtypes[:n_in])
+                  for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+        self.context_now, self.context = dev.hot.current_context, dev._context
 
     # --- GPU arrays: enqueue on the caller's stream ------------------------------------------------
 
@@ -258,7 +260,7 @@ class _CUDAPlan(Plan):
             if sig.disjoint:
                 sig.check_disjoint(pointers)
         elif stream is None:  # the framework's current stream, for which its allocator works
-            outputs = [allocate() for allocate in self.allocators]
+            outputs = [allocate(arrays) for allocate in self.allocators]
             pointers += map(pointer, outputs)
         else:
             outputs = [fw.empty(shape, dt, ordinal, stream)
@@ -280,7 +282,7 @@ class _CUDAPlan(Plan):
 
     def enqueue(self, pointers: Sequence[int], stream: int, zero_outputs: bool, checks: bool = True) -> None:
         dev = self.device
-        pushed = dev.enter()
+        pushed = self.context_now() != self.context and dev.enter()  # enter() only when it has work
         try:
             if zero_outputs:
                 for k, nbytes in self.zero_outputs:

@@ -122,12 +122,18 @@ def test_device_checks_the_context_through_the_hot_calls(stand_in):
     ctypes.c_int.in_dll(stand_in, "next_status").value = 0
 
 
-def test_torch_pointers_and_allocators_need_no_python_frame_per_array():
+def test_torch_pointers_and_allocators_need_little_python_per_call():
     torch = pytest.importorskip("torch")
     from polytile import dtypes
     fw = frameworks.TorchFramework()
-    t = torch.from_numpy(np.arange(6, dtype="float32"))
-    assert fw.pointer is torch.Tensor.data_ptr and fw.pointer(t) == t.data_ptr()
-    alloc = fw.allocator((3, 4), dtypes.float16, 1)
-    assert alloc.func is torch.empty and alloc.args == (torch.Size([3, 4]),)
-    assert alloc.keywords == {"dtype": torch.float16, "device": torch.device("cuda", 1)}
+    x = torch.from_numpy(np.arange(6, dtype="float32"))
+    h = torch.from_numpy(np.arange(6, dtype="float16"))
+    assert fw.pointer is torch.Tensor.data_ptr and fw.pointer(x) == x.data_ptr()
+    # outputs come from new_empty on an input (its device; its dtype where one matches)
+    out = fw.allocator((3, 4), dtypes.float16, 0, [dtypes.float32, dtypes.float16])([x, h])
+    assert out.dtype == torch.float16 and out.shape == (3, 4) and out.is_contiguous()
+    assert out.data_ptr() not in (x.data_ptr(), h.data_ptr())
+    out = fw.allocator((5,), dtypes.int64, 0, [dtypes.float32])([x])
+    assert out.dtype == torch.int64 and out.shape == (5,) and out.device == x.device
+    x.requires_grad_(True)
+    assert not fw.allocator((2,), dtypes.float32, 0, [dtypes.float32])([x]).requires_grad
