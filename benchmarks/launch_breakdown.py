@@ -1,6 +1,7 @@
 """Where the host time of one GPU kernel call goes (issue 15): each piece of polytile's call path on
 torch tensors timed alone (the signature key, the pointers, the current stream, the output's
-allocation, the context check, the launch through ctypes and, for comparison, through cuda-bindings),
+allocation and its alternatives, the context check, the launch through cuda-bindings and, for
+comparison, through ctypes on libcuda),
 beside the whole call and torch's own op, then a cProfile of the whole call (the pieces' Python
 frames). Host time only: the median over 101 loops of 100 calls of the time until the loop's last
 call returns, each loop followed by a synchronize outside the timed part (100 launches stay under
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import io
 import json
 import pstats
@@ -51,6 +53,16 @@ def host_time(fn: Callable[[], object], sync: Callable[[], None], calls: int = 1
     return statistics.median(times)
 
 
+def ctypes_launcher(function: object, grid: tuple[int, ...], block: tuple[int, ...],
+                    params: KernelParams) -> Callable[[int], int]:
+    """cuLaunchKernel through ctypes on libcuda (the alternative to the bindings' wrapper)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    vp, u = ctypes.c_void_p, ctypes.c_uint
+    fn.argtypes, fn.restype = [vp, u, u, u, u, u, u, u, vp, vp, vp], ctypes.c_int
+    handle, address = int(function), params.address  # type: ignore[call-overload]
+    return lambda stream: fn(handle, *grid, *block, 0, stream, address, None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", help="also write the numbers and the profile as JSON here")
@@ -64,7 +76,7 @@ def main() -> int:
     torch.testing.assert_close(out, a + b)
     key = tuple(KEY_OF[type(x)](x) for x in (a, b)), ()
     plan = kern._plans[key]
-    launch, allocate = plan.launches[0], plan.allocators[0]
+    launch, (k, make) = plan.launches[0], plan.allocators[0]
     pointers = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
     stream = plan.current_stream(0)
     source = kern.kernels[0]
@@ -74,7 +86,6 @@ def main() -> int:
     scalar = "int32" if kern.index32 else "int64"
     params = KernelParams([("pointer", pointers[index[buf.name]]) for buf in source.args]
                           + [(scalar, plan.signature.params[p.name]) for p in source.params])
-    cu = plan.device.cu
 
     pieces = {
         "torch.add (torch's op)": lambda: torch.add(a, b),
@@ -83,16 +94,14 @@ def main() -> int:
         "signature key and lookup": lambda: kern._plans[tuple([KEY_OF[type(x)](x) for x in (a, b)]), ()],
         "3 x data_ptr()": lambda: (a.data_ptr(), b.data_ptr(), out.data_ptr()),
         "current stream": lambda: plan.current_stream(0),
-        "output: the plan's allocator (new_empty)": lambda: allocate((a, b)),
+        "output: the plan's allocation": lambda: make((a, b)[k]),
         "output: torch.empty(tuple, dtype, device)": lambda: torch.empty((1024,), dtype=torch.float32, device="cuda"),
         "output: a.new_empty(shape)": lambda: a.new_empty((1024,)),
         "output: torch.empty_like(a)": lambda: torch.empty_like(a),
-        "context check (ctypes)": plan.context_now,
-        "context check (cuda-bindings)": cu.cuCtxGetCurrent,
-        "launch (ctypes, pointers written)": lambda: launch.run(pointers, stream),
-        "launch (ctypes alone)": lambda: launch.start(stream),
-        "launch (cuda-bindings)": lambda: cu.cuLaunchKernel(function, *grid, *source.block, 0, stream,
-                                                            params.address, 0),
+        "context check (Device.enter)": plan.device.enter,
+        "launch (pointers written, bindings)": lambda: launch.run(pointers, stream),
+        "launch alone (bindings)": lambda: launch.start(stream),
+        "launch alone (ctypes on libcuda)": ctypes_launcher(function, grid, source.block, params),
         "bind (pointers, output, stream)": lambda: plan.bind((a, b), None),
     }
     rows = {name: host_time(fn, sync) * 1e6 for name, fn in pieces.items()}

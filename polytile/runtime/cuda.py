@@ -158,7 +158,7 @@ def _synchronize_device(dev: Device) -> None:
 
 class _Launch:
     """One kernel launch of a signature: its arguments packed once, the call's pointers written into
-    them per call with one ``struct.pack_into``, launched through the device's hot calls."""
+    them per call with one ``struct.pack_into``."""
 
     __slots__ = ("name", "device", "params", "write", "pick", "start")
 
@@ -179,7 +179,8 @@ class _Launch:
         self.write(*self.pick(pointers))
         status = self.start(stream)
         if status:
-            raise DeviceError(f"kernel {self.name} could not be launched: {self.device.launch_error(status)}")
+            raise DeviceError(f"kernel {self.name} could not be launched: cuLaunchKernel failed: "
+                              f"{self.device.error_name(status)}")
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
@@ -212,7 +213,7 @@ class _CUDAPlan(Plan):
 
     __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
                  "zero_outputs", "single", "lock", "ordinal", "pointer", "current_stream", "allocators",
-                 "all_launches", "context_now", "context")
+                 "all_launches")
 
     def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
                  checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
@@ -234,9 +235,8 @@ class _CUDAPlan(Plan):
         self.pointer = fw.pointer
         self.current_stream = fw.current_stream
         self.allocators = () if sig.outputs_given or not fw.on_gpu or isinstance(fw, ArrayInterfaceFramework) else \
-            tuple(fw.allocator(shape, dt, self.ordinal, sig.dtypes[:n_in])
+            tuple(fw.allocator(shape, dt, self.ordinal, list(zip(sig.shapes[:n_in], sig.dtypes[:n_in])))
                   for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
-        self.context_now, self.context = dev.hot.current_context, dev._context
 
     # --- GPU arrays: enqueue on the caller's stream ------------------------------------------------
 
@@ -260,7 +260,7 @@ class _CUDAPlan(Plan):
             if sig.disjoint:
                 sig.check_disjoint(pointers)
         elif stream is None:  # the framework's current stream, for which its allocator works
-            outputs = [allocate(arrays) for allocate in self.allocators]
+            outputs = [make() if k is None else make(arrays[k]) for k, make in self.allocators]
             pointers += map(pointer, outputs)
         else:
             outputs = [fw.empty(shape, dt, ordinal, stream)
@@ -282,11 +282,11 @@ class _CUDAPlan(Plan):
 
     def enqueue(self, pointers: Sequence[int], stream: int, zero_outputs: bool, checks: bool = True) -> None:
         dev = self.device
-        pushed = self.context_now() != self.context and dev.enter()  # enter() only when it has work
+        pushed = dev.enter()
         try:
             if zero_outputs:
                 for k, nbytes in self.zero_outputs:
-                    dev.zero_async(pointers[k], nbytes, stream)
+                    dev.memset_async(pointers[k], 0, nbytes, stream)
             with self.lock:
                 for launch in self.all_launches if checks else self.launches:
                     launch.run(pointers, stream)

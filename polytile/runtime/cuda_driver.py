@@ -4,11 +4,6 @@ launches and event timing, used by the CUDA runtime and the SASS optimizer's tim
 Every call's status is checked and turned into `CudaError` naming the call and the error. The
 module imports `cuda.bindings` lazily (falling back to the older `cuda.cuda` layout), so the rest
 of polytile.sass works without it; tests pass a fake driver object.
-
-The few calls that every kernel call makes (the current context, a launch, a memset) go through
-`HotCalls`: ctypes on libcuda itself when the bindings are the real ones, since the bindings' Python
-wrappers cost microseconds per call (argument objects, result tuples), several times what a tiny
-kernel's whole call may take.
 """
 
 from __future__ import annotations
@@ -51,12 +46,9 @@ class DeviceInfo:
 class Device:
     """The primary context of one GPU, with the few operations the worker needs."""
 
-    def __init__(self, ordinal: int = 0, driver=None, hot: HotCalls | None = None) -> None:
-        """``driver``: the bindings (default) or a test's fake; ``hot``: the calls of a kernel call's
-        hot path (default: ctypes on libcuda with the real bindings, the driver object otherwise)."""
+    def __init__(self, ordinal: int = 0, driver=None) -> None:
         self.ordinal = ordinal
         self.cu = driver if driver is not None else load_driver()
-        self.hot = hot if hot is not None else (LibCuda.open() if driver is None else None) or BindingsCalls(self.cu)
         try:
             self._check(self.cu.cuInit(0), "cuInit")
         except CudaError:
@@ -67,7 +59,7 @@ class Device:
         (self.context,) = self._check(
             self.cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain"
         )
-        self._context = int(self.context)  # what the hot path compares the current context with
+        self._context = int(self.context)  # what enter() compares the current context with
         self._check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         (raw_name,) = self._check(self.cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         attr = self.cu.CUdevice_attribute
@@ -82,8 +74,20 @@ class Device:
     def _check(self, result, what: str) -> tuple:
         status, values = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
         if int(status) != 0:
-            raise CudaError(f"{what} failed: {self.hot.error_name(status)}")
+            raise CudaError(f"{what} failed: {self.error_name(status)}")
         return values
+
+    def error_name(self, status) -> str:
+        """The name of a CUresult (CUDA_ERROR_...)."""
+        try:
+            if isinstance(status, int) and hasattr(self.cu, "CUresult"):  # a status the hot path read as int
+                status = self.cu.CUresult(status)
+            err, text = self.cu.cuGetErrorName(status)
+            if int(err) == 0 and text:
+                return text.decode() if isinstance(text, bytes) else str(text)
+        except Exception:  # naming is best effort; the status is reported either way
+            pass
+        return str(status)
 
     def _attribute(self, attribute) -> int:
         (value,) = self._check(self.cu.cuDeviceGetAttribute(attribute, self.device), "cuDeviceGetAttribute")
@@ -152,11 +156,12 @@ class Device:
         """Make this device's context current on the calling thread if it is not (a thread that never
         used CUDA, or one whose current device is another GPU); True when one was pushed, to be
         popped by ``leave``."""
-        current = self.hot.current_context()  # every call of a kernel comes here
+        result = self.cu.cuCtxGetCurrent()  # every call of a kernel comes here: no _check unless it failed
+        if int(result[0]) != 0:
+            self._check(result, "cuCtxGetCurrent")
+        current = int(result[1])
         if current == self._context:
             return False
-        if current < 0:
-            raise CudaError(f"cuCtxGetCurrent failed: {self.hot.error_name(-current)}")
         if current == 0:
             self._check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
             return False
@@ -192,17 +197,12 @@ class Device:
 
     def launcher(self, function, grid, block, shared_bytes: int, params: KernelParams) -> Callable[[int], int]:
         """A launch of ``function`` with ``params`` (whose values may change between launches) as a
-        function of the stream handle returning the driver's status (0: launched): the hot path."""
-        return self.hot.launcher(function, grid, block, shared_bytes, params.address)
-
-    def zero_async(self, ptr: int, nbytes: int, stream: int) -> None:
-        """Zero ``nbytes`` at ``ptr`` on ``stream`` through the hot path."""
-        status = self.hot.memset_d8_async(ptr, 0, nbytes, stream)
-        if status:
-            raise CudaError(f"cuMemsetD8Async failed: {self.hot.error_name(status)}")
-
-    def launch_error(self, status: int) -> CudaError:
-        return CudaError(f"cuLaunchKernel failed: {self.hot.error_name(status)}")
+        function of the stream returning the driver's status (0: launched): a kernel call's hot
+        path. It calls the bindings' cuLaunchKernel, whose argument conversion took 5.1 µs of host
+        time per launch on the H100 machine where ctypes on libcuda itself took 7.3 µs
+        (benchmarks/launch_breakdown.py)."""
+        launch, (gx, gy, gz), (bx, by, bz), address = self.cu.cuLaunchKernel, grid, block, params.address
+        return lambda stream: int(launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, address, 0)[0])
 
     def time(
         self,
@@ -240,108 +240,6 @@ class Device:
 
 MEMHOSTALLOC_PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context
 MEMHOSTALLOC_DEVICEMAP = 0x02  # CU_MEMHOSTALLOC_DEVICEMAP: mapped into the device address space
-
-
-class HotCalls:
-    """The driver calls of a kernel call's hot path; each returns the CUresult as an int (0: success)."""
-
-    def launcher(self, function, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
-                 params: int) -> Callable[[int], int]:
-        """``cuLaunchKernel`` of ``function`` (from ``Device.load``) with the kernel-parameter array at
-        address ``params``, as a function of the stream."""
-        raise NotImplementedError
-
-    def memset_d8_async(self, ptr: int, byte: int, nbytes: int, stream: int) -> int:
-        raise NotImplementedError
-
-    def current_context(self) -> int:
-        """The calling thread's current context handle (0: none; -status when the call failed)."""
-        raise NotImplementedError
-
-    def error_name(self, status) -> str:
-        """The CUresult's name (CUDA_ERROR_...)."""
-        raise NotImplementedError
-
-
-class LibCuda(HotCalls):
-    """The hot calls through ctypes on libcuda (what cuda-bindings loads too): about a microsecond
-    each, where the bindings' wrappers take several."""
-
-    NAMES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        vp, u = ctypes.c_void_p, ctypes.c_uint
-        self._launch = self._function(lib, "cuLaunchKernel", [vp, u, u, u, u, u, u, u, vp, vp, vp])
-        self._memset = self._function(lib, "cuMemsetD8Async", [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, vp])
-        self._get_current = self._function(lib, "cuCtxGetCurrent", [ctypes.POINTER(vp)])
-        self._error_name = self._function(lib, "cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
-
-    @staticmethod
-    def _function(lib: ctypes.CDLL, name: str, argtypes: list) -> Callable[..., int]:
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-        return fn
-
-    @classmethod
-    def open(cls) -> LibCuda | None:
-        """libcuda through ctypes, or None where it cannot be loaded (the bindings serve then)."""
-        for name in cls.NAMES:
-            try:
-                return cls(ctypes.CDLL(name))
-            except (OSError, AttributeError):
-                continue
-        return None
-
-    def launcher(self, function, grid, block, shared_bytes, params) -> Callable[[int], int]:
-        launch, handle = self._launch, int(function)  # a CUfunction of the bindings converts to its handle
-        (gx, gy, gz), (bx, by, bz) = grid, block
-        return lambda stream: launch(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, None)
-
-    def memset_d8_async(self, ptr: int, byte: int, nbytes: int, stream: int) -> int:
-        return self._memset(ptr, byte, nbytes, stream)
-
-    def current_context(self) -> int:
-        ctx = ctypes.c_void_p()  # one per call: threads call this concurrently
-        status = self._get_current(ctypes.byref(ctx))
-        return -status if status else (ctx.value or 0)
-
-    def error_name(self, status) -> str:
-        text = ctypes.c_char_p()
-        if self._error_name(int(status), ctypes.byref(text)) or not text.value:
-            return f"CUresult {int(status)}"
-        return text.value.decode()
-
-
-class BindingsCalls(HotCalls):
-    """The hot calls through a driver object (cuda-bindings where libcuda has no C name, a test's fake)."""
-
-    def __init__(self, cu) -> None:
-        self.cu = cu
-
-    def launcher(self, function, grid, block, shared_bytes, params) -> Callable[[int], int]:
-        cu = self.cu
-        return lambda stream: _status(cu.cuLaunchKernel(function, *grid, *block, shared_bytes, stream, params, 0))
-
-    def memset_d8_async(self, ptr: int, byte: int, nbytes: int, stream: int) -> int:
-        return _status(self.cu.cuMemsetD8Async(ptr, byte, nbytes, stream))
-
-    def current_context(self) -> int:
-        result = self.cu.cuCtxGetCurrent()
-        status = _status(result)
-        return -status if status else int(result[1])
-
-    def error_name(self, status) -> str:
-        try:
-            err, text = self.cu.cuGetErrorName(status)
-            if int(err) == 0 and text:
-                return text.decode() if isinstance(text, bytes) else str(text)
-        except Exception:  # naming is best effort; the status is reported either way
-            pass
-        return str(status)
-
-
-def _status(result) -> int:
-    return int(result[0] if isinstance(result, tuple) else result)
 
 
 class KernelParams:

@@ -15,6 +15,7 @@ A call takes its arrays from one framework. Frameworks are found by the array's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -53,11 +54,11 @@ class Framework:
         raise NotImplementedError
 
     def allocator(self, shape: tuple[int, ...], dtype: DType, device: int,
-                  inputs: Sequence[DType]) -> Callable[[Sequence[Any]], Any]:
-        """``empty(shape, dtype, device, None)`` as a function of a call's arrays (``inputs``: the
-        inputs' dtypes), with whatever the framework can prepare once (a signature keeps one per
-        output)."""
-        return lambda arrays: self.empty(shape, dtype, device, None)
+                  inputs: Sequence[tuple[tuple[int, ...], DType]]) -> tuple[int | None, Callable[..., Any]]:
+        """How a signature's calls allocate an output, worked out once: ``(k, make)``, where
+        ``make(arrays[k])`` returns a new array for the framework's current stream (k None:
+        ``make()`` does); ``inputs``: the inputs' shapes and dtypes."""
+        return None, functools.partial(self.empty, shape, dtype, device, None)
 
 
 class NumPyFramework(Framework):
@@ -104,15 +105,20 @@ class TorchFramework(Framework):
             return torch.empty(shape, dtype=self._dtypes[dtype.name], device=dev)
 
     def allocator(self, shape: tuple[int, ...], dtype: DType, device: int,
-                  inputs: Sequence[DType]) -> Callable[[Sequence[Any]], Any]:
-        if not inputs:
-            return lambda arrays: self.empty(shape, dtype, device, None)
-        # new_empty on an input (of the call's device) parses only the shape, and the dtype when it
-        # differs: about half the host time of torch.empty(shape, dtype=, device=) on an H100 host
-        k = next((k for k, d in enumerate(inputs) if d.name == dtype.name), 0)
-        new_empty = (operator.methodcaller("new_empty", shape) if inputs[k].name == dtype.name else
-                     operator.methodcaller("new_empty", shape, dtype=self._dtypes[dtype.name]))
-        return lambda arrays: new_empty(arrays[k])
+                  inputs: Sequence[tuple[tuple[int, ...], DType]]) -> tuple[int | None, Callable[..., Any]]:
+        # From an input (on the call's device, contiguous), the fewer arguments torch parses the
+        # better; host µs on the H100 machine: empty_like 2.0, new_empty(shape) 2.8,
+        # torch.empty(shape, dtype=, device=) 7.4 (benchmarks/launch_breakdown.py).
+        torch, name = self.torch, dtype.name
+        for k, (s, d) in enumerate(inputs):
+            if s == shape and d.name == name:
+                return k, torch.empty_like  # a contiguous input's strides: a contiguous output
+        same = next((k for k, (_, d) in enumerate(inputs) if d.name == name), None)
+        if same is not None:
+            return same, operator.methodcaller("new_empty", shape)
+        if inputs:
+            return 0, operator.methodcaller("new_empty", shape, dtype=self._dtypes[name])
+        return None, functools.partial(torch.empty, shape, dtype=self._dtypes[name], device=self._device(device))
 
     def _device(self, ordinal: int) -> Any:
         dev = self._devices.get(ordinal)
