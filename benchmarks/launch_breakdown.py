@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import ctypes
+import datetime
 import io
 import json
 import pstats
@@ -122,8 +123,10 @@ def main() -> int:
         print(f"  {name:<{width}}  {us:7.2f}")
     print(text.getvalue()[-3500:])
     if args.out:
-        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                              "host_us": rows, "profile": text.getvalue()}, indent=1) + "\n")
+        record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "command": " ".join([Path(sys.executable).name, *sys.argv]), "gpu": torch.cuda.get_device_name(),
+                  "torch": torch.__version__, "host_us": rows, "profile": text.getvalue()}
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
