@@ -279,7 +279,6 @@ class KernelParams:
         base = ctypes.addressof(self._buffer)
         self._array = (ctypes.c_void_p * max(1, len(values)))(*[base + 8 * slot[k] for k in range(len(values))])
         self.address = ctypes.addressof(self._array)
-        self.per_call = tuple(per_call)
         # write(*pointers) sets the `per_call` arguments, in their order (no Python frame per call)
         self.write: Callable[..., None] = functools.partial(
             struct.Struct(f"<{len(per_call)}Q").pack_into, self._buffer, 0)
