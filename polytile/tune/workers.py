@@ -4,8 +4,8 @@ Each worker is a fresh interpreter serving calls over a pipe. ``WorkerPool.submi
 idle workers and ``poll`` collects their outcomes with a deadline per call (``map`` does both); a
 worker that dies (segfault, abort) or overruns its deadline is killed with everything it started
 (compilers), its call reported as ``Crashed``/``TimedOut``, and a new worker takes its place.
-``pause``/``resume`` stop and continue a pool's workers (builders, while a CPU kernel is timed). Calls are module-level functions, pickled
-by name.
+``pause``/``resume`` stop and continue a pool's workers (builders, while a CPU kernel is timed).
+Calls are module-level functions, pickled by name.
 
 Workers are started as ``python -c BOOT``, not by ``multiprocessing``'s spawn, which runs the
 caller's ``__main__`` script again in every worker (so a plain script calling ``pt.tune`` without an
@@ -266,9 +266,11 @@ class WorkerPool:
         self.nice = nice
         self._workers: list[_Worker] = []
         self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], float]] = deque()
-        self._busy: dict[int, tuple[int, Callable[..., Any], float, float]] = {}  # slot -> (ticket, fn, timeout, deadline)
+        # worker slot -> (ticket, function, timeout, deadline) of the call it runs
+        self._busy: dict[int, tuple[int, Callable[..., Any], float, float]] = {}
         self._tickets = 0
         self._paused_at: float | None = None
+        self._unclaimed: list[tuple[int, Outcome]] = []  # outcomes ``map`` collected for other callers
 
     def _spawn(self) -> _Worker:
         return _Worker(self.env, self.nice)
@@ -276,7 +278,7 @@ class WorkerPool:
     @property
     def pending(self) -> int:
         """Calls submitted and not yet collected by ``poll``."""
-        return len(self._queue) + len(self._busy)
+        return len(self._queue) + len(self._busy) + len(self._unclaimed)
 
     @property
     def idle(self) -> bool:
@@ -292,14 +294,13 @@ class WorkerPool:
     def _dispatch(self) -> None:
         if self._paused_at is not None:
             return
-        while self._queue:
-            free = next((s for s in range(len(self._workers)) if s not in self._busy), None)
-            if free is None:
-                if len(self._workers) >= self.size:
-                    return
-                self._workers.append(self._spawn())
-                free = len(self._workers) - 1
-            w = self._workers[free]
+        while len(self._workers) < min(self.size, len(self._busy) + len(self._queue)):
+            self._workers.append(self._spawn())  # all start at once; each is waited for when first used
+        for slot, w in enumerate(self._workers):
+            if not self._queue:
+                return
+            if slot in self._busy:
+                continue
             if not w.wait_ready():
                 raise TuneError(f"a worker process failed to start (exit code {w.kill()}); "
                                 "run `python -c 'import polytile'` to see why")
@@ -307,26 +308,26 @@ class WorkerPool:
             try:
                 w.send(fn, args)
             except (BrokenPipeError, OSError):
-                self._replace(free)
+                self._replace(slot)
                 self._queue.appendleft((ticket, fn, args, timeout))
                 continue
-            self._busy[free] = (ticket, fn, timeout, time.monotonic() + timeout)
+            self._busy[slot] = (ticket, fn, timeout, time.monotonic() + timeout)
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, Outcome]]:
         """Wait up to ``timeout`` seconds (None: until one completes) and return the (ticket, outcome)
         of every call that completed, died or overran its deadline."""
         self._dispatch()
+        if self._unclaimed:
+            done, self._unclaimed = self._unclaimed, []
+            return done
         if not self._busy or self._paused_at is not None:
             if timeout:
                 time.sleep(timeout)
             return []
-        now = time.monotonic()
-        next_deadline = min(d for *_, d in self._busy.values())
-        wait_s = max(0.0, next_deadline - now)
+        wait_s = max(0.0, self.next_deadline() - time.monotonic())
         if timeout is not None:
             wait_s = min(wait_s, timeout)
-        # a worker's pipe closes when it dies (only the worker holds its end): one handle each
-        ready = wait([self._workers[s].conn for s in self._busy], timeout=wait_s)
+        ready = wait(self.connections(), timeout=wait_s)
         done: list[tuple[int, Outcome]] = []
         for slot in list(self._busy):
             w = self._workers[slot]
@@ -352,6 +353,17 @@ class WorkerPool:
         self._dispatch()
         return done
 
+    def connections(self) -> list[Connection]:
+        """The pipes of the busy workers: one becomes readable when its call completes or the worker
+        dies (only the worker holds the other end), for callers waiting on several pools at once."""
+        return [] if self._paused_at is not None else [self._workers[s].conn for s in self._busy]
+
+    def next_deadline(self) -> float:
+        """When the first running call overruns (``time.monotonic()``; inf when none runs)."""
+        if self._paused_at is not None or not self._busy:
+            return float("inf")
+        return min(d for *_, d in self._busy.values())
+
     def pause(self) -> None:
         """Stop every worker and its children where they are (their deadlines stop too)."""
         if self._paused_at is None:
@@ -376,15 +388,18 @@ class WorkerPool:
         index = {self.submit(fn, args, timeout): k for k, args in enumerate(calls)}
         results: list[Outcome | None] = [None] * len(calls)
         left = len(calls)
+        others, self._unclaimed = self._unclaimed, []
         while left:
             for ticket, outcome in self.poll():
                 k = index.pop(ticket, None)
                 if k is None:
-                    continue  # another caller's call: not expected while map runs
+                    others.append((ticket, outcome))  # submitted by someone else: theirs to poll
+                    continue
                 results[k] = outcome
                 left -= 1
                 if on_done is not None:
                     on_done(k, outcome)
+        self._unclaimed = others + self._unclaimed
         return results  # type: ignore[return-value]
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Outcome:

@@ -57,7 +57,9 @@ def test_faulty_candidates_are_survived_and_recorded(tmp_path):
     assert result.best is not None and result.best.config == {"mode": "ok"}
     assert result.kernel is not None  # built from the one good configuration
     lines = [json.loads(x) for x in records.read_text().splitlines()]
-    assert sorted(x["status"] for x in lines) == sorted(r.status for r in result.records)
+    trials = [x for x in lines if x["role"] == "trial"]
+    assert sorted(x["status"] for x in trials) == sorted(r.status for r in result.records)
+    assert [x["config"] for x in lines if x["role"] == "winner"] == [{"mode": "ok"}]
     assert len(RecordLog(records).select(task.key, task.target.key)) == 5
 
 
