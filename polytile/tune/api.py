@@ -167,7 +167,10 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
 def _measurer(measure: MeasureOptions | None, devices: Sequence[int] | None, cluster: object) -> Any:
     """The measurer of a run: worker processes on this machine, or a Dask cluster when ``cluster`` is given."""
     if cluster is not None:
-        from .cluster import ClusterMeasurer
+        try:
+            from .cluster import ClusterMeasurer
+        except ImportError:
+            raise TuneError("cluster= needs Dask distributed: pip install 'polytile[cluster]'") from None
         return ClusterMeasurer(measure, cluster)
     return Measurer(measure, devices)
 

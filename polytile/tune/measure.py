@@ -134,11 +134,12 @@ class KernelArtifact:
 
 
 def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtifact:
-    """CPU kernels travel as their lowered IR and source (the shared library is in the build cache);
-    other kernels as themselves when they pickle, else as the configuration to build again."""
+    """CPU kernels travel as their lowered IR, source and shared library (which goes into the build
+    cache of a runner on another host); other kernels as themselves when they pickle, else as the
+    configuration to build again."""
     from ..runtime.cpu import CPUKernel
     if isinstance(kern, CPUKernel):
-        return KernelArtifact("cpu", (kern.func, kern.lowered, kern.source))
+        return KernelArtifact("cpu", (kern.func, kern.lowered, kern.source, kern.path.name, kern.path.read_bytes()))
     try:
         pickle.dumps(kern)
     except Exception:  # noqa: BLE001 - any pickling failure means: rebuild in the runner
@@ -148,8 +149,13 @@ def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtif
 
 def load_kernel(art: KernelArtifact) -> Any:
     if art.kind == "cpu":
-        from ..runtime.cpu import CPUKernel
-        func, lowered, source = art.payload
+        from ..runtime.cpu import CPUKernel, cache_dir
+        func, lowered, source, name, library = art.payload
+        path = cache_dir() / name
+        if not path.exists():  # built on another host: the build cache's file name is its content key
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(library)
+            os.replace(tmp, path)
         return CPUKernel(func, lowered, source)
     if art.kind == "rebuild":
         from ..build import build
@@ -318,6 +324,27 @@ class _Trial:
     runner: int = -1
 
 
+def measure_streamed(measurer: Any, task: Task, batch: list[dict[str, object]],
+                     on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+    """A batch measured through a streaming measurer's ``submit`` and ``collect``, results in order
+    (trials the caller streamed meanwhile stay for its next ``collect``)."""
+    results: list[MeasureResult | None] = [None] * len(batch)
+    ids = {measurer.submit(task, v): k for k, v in enumerate(batch)}
+    left = len(batch)
+    others: list[tuple[int, MeasureResult]] = []
+    while left:
+        for trial, res in measurer.collect():
+            if trial not in ids:
+                others.append((trial, res))
+                continue
+            results[ids[trial]] = res
+            left -= 1
+            if on_result is not None:
+                on_result(ids[trial], res)
+    measurer._done[:0] = others
+    return results  # type: ignore[return-value]
+
+
 class Measurer:
     """Builds and runs configurations of tasks; owns the builder pool and one runner per device.
 
@@ -481,20 +508,7 @@ class Measurer:
                 if on_result is not None:
                     on_result(k, results[k])  # type: ignore[arg-type]
             return results  # type: ignore[return-value]
-        ids = {self.submit(task, v): k for k, v in enumerate(batch)}
-        left = len(batch)
-        others: list[tuple[int, MeasureResult]] = []
-        while left:
-            for trial, res in self.collect():
-                if trial not in ids:
-                    others.append((trial, res))  # a streamed trial of the caller's: collected later
-                    continue
-                results[ids[trial]] = res
-                left -= 1
-                if on_result is not None:
-                    on_result(ids[trial], res)
-        self._done[:0] = others
-        return results  # type: ignore[return-value]
+        return measure_streamed(self, task, batch, on_result)
 
     def build(self, task: Task, batch: list[dict[str, object]]) -> list[Outcome]:
         """Build every configuration of ``batch`` in parallel without running them: each outcome's
