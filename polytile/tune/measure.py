@@ -283,9 +283,9 @@ def _failure(outcome: Outcome, stage: str) -> tuple[str, str]:
         who = "builder" if stage else "runner"
         return ("build_crash" if stage else "crash"), f"the {who} process died ({what})"
     assert isinstance(outcome, Raised)
-    if outcome.kind == InvalidConfig.__name__:
+    if outcome.is_a(InvalidConfig.__name__):
         return "invalid", outcome.message
-    if outcome.kind == DeviceError.__name__:
+    if outcome.is_a(DeviceError.__name__):  # CudaError too: the driver's errors are DeviceErrors
         return "device_error", outcome.message
     if stage:
         return "build_error", f"{outcome.kind}: {outcome.message}"

@@ -42,11 +42,16 @@ class Returned:
 
 @dataclass
 class Raised:
-    """The call raised: ``kind`` is the exception's class name, ``message`` its text."""
+    """The call raised: ``kind`` is the exception's class name, ``message`` its text, ``lineage`` the
+    names of its classes (the exception's and its bases', so that a subclass is known by its family)."""
 
     kind: str
     message: str
     polytile: bool  # a PolytileError (an expected failure), not a bug
+    lineage: tuple[str, ...] = ()
+
+    def is_a(self, name: str) -> bool:
+        return name == self.kind or name in self.lineage
 
 
 @dataclass
@@ -169,7 +174,7 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
             except BaseException as err:  # noqa: BLE001 - reported to the caller, whatever it is
                 expected = isinstance(err, PolytileError)
                 text = str(err) if expected else "".join(traceback.format_exception(err))[-3000:]
-                result = Raised(type(err).__name__, text, expected)
+                result = Raised(type(err).__name__, text, expected, tuple(c.__name__ for c in type(err).__mro__))
         try:
             conn.send(result)
         except (BrokenPipeError, OSError):

@@ -75,3 +75,26 @@ def kill_dask_worker_once(task, values) -> None:  # noqa: ANN001 - the runner's 
         return
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)  # killed with its worker meanwhile
+
+
+TRAP_SOURCE = 'extern "C" __global__ void pt_test_trap() { asm volatile("trap;"); }\n'
+
+
+def trap_on_gpu(task, values) -> None:  # noqa: ANN001 - the runner's test hook (GPU tests)
+    """For the first valid configuration of ``task.space`` (the grid tuner's first), run a kernel that
+    traps on the runner's GPU: a real device fault, which leaves the runner's CUDA context unusable
+    (CUDA_ERROR_LAUNCH_FAILED)."""
+    if values != first_valid(task).values:
+        return
+    from polytile.runtime.cuda import compile_cuda
+    from polytile.runtime.cuda_device import cuda_target, device
+    from polytile.runtime.cuda_driver import KernelParams
+    dev = device()
+    cubin, _ = compile_cuda(TRAP_SOURCE, cuda_target().arch)
+    _, fn = dev.load(cubin, "pt_test_trap", 0)
+    dev.launch(fn, (1, 1, 1), (32, 1, 1), 0, KernelParams([]))
+    dev.synchronize()  # raises the fault as a DeviceError
+
+
+def first_valid(task):  # noqa: ANN001, ANN201 - a Config
+    return next(c for c in task.space if task.space.is_valid(c.digits))

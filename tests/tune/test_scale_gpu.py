@@ -1,0 +1,49 @@
+"""Measurement at scale on GPUs (gpu marker): the per-GPU runner survives a faulting candidate, and two
+GPUs measured at once pick the same winner as one."""
+
+from __future__ import annotations
+
+import faulty
+import pytest
+
+from polytile.tune import MeasureOptions, make_task, tune_task
+from polytile.tune.api import gpu_names
+
+pytestmark = pytest.mark.gpu
+
+FAST = MeasureOptions(repeat=20, min_time=0.05, result_cache=False)
+
+
+def test_the_gpu_runner_survives_a_faulting_candidate(tmp_path):
+    task = make_task("matmul", "cuda", M=256, N=256, K=256)
+    opts = MeasureOptions(repeat=5, min_time=0.0, result_cache=False, before_run=faulty.trap_on_gpu)
+    result = tune_task(task, 6, tmp_path / "r.jsonl", tuner="grid", batch_size=3, progress=False, measure=opts,
+                       verify=False)
+    (faulted,) = [r for r in result.records if r.config == faulty.first_valid(task).to_json()]
+    assert faulted.status == "device_error" and "LAUNCH_FAILED" in faulted.error.upper()
+    others = [r for r in result.records if r is not faulted]
+    assert len(others) == 5 and sum(r.ok for r in others) >= 4  # the runner was replaced and went on
+    assert all(r.conditions.get("sm_clock_mhz") and r.conditions.get("driver") for r in others if r.ok)
+    assert all(r.conditions["toolkit"].startswith("nvcc") for r in others if r.ok)
+
+
+def test_two_gpus_at_once_pick_the_winner_of_one(tmp_path):
+    names = gpu_names()
+    if len(names) < 2 or names[0] != names[1]:
+        pytest.skip("needs two GPUs of one model")
+    task = make_task("matmul", "cuda", M=1024, N=1024, K=1024)
+    one = tune_task(task, 12, tmp_path / "one.jsonl", tuner="grid", batch_size=4, progress=False, measure=FAST,
+                    devices=[0])
+    two = tune_task(task, 12, tmp_path / "two.jsonl", tuner="grid", batch_size=4, progress=False, measure=FAST,
+                    devices=[0, 1])
+    assert {r.config_key for r in one.records} == {r.config_key for r in two.records}  # the same 12 candidates
+    assert one.best.config == two.best.config
+    used = {r.conditions.get("sm_clock_mhz") is not None for r in two.records if r.ok}
+    assert used == {True}
+
+
+def test_devices_of_another_model_or_absent_are_refused(tmp_path):
+    from polytile.tune import TuneError
+    task = make_task("matmul", "cuda", M=256, N=256, K=256)
+    with pytest.raises(TuneError, match="there is no GPU"):
+        tune_task(task, 2, tmp_path / "r.jsonl", progress=False, devices=[len(gpu_names())])
