@@ -47,7 +47,7 @@ from .workers import Returned, WorkerPool
 
 BUILD = "polytile-build:"
 MEASURE = "polytile-measure:"
-CONNECT_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 30.0  # seconds to reach the scheduler, and for a worker with the tags a trial needs
 
 
 def build_tag(task: Task) -> str:
