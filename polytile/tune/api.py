@@ -114,8 +114,14 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
     history: list[Record] = list(prior)
     options = dict(tuner_options or {})
     owned = measurer is None
+    _check_devices(task, devices, cluster)
     try:
-        _check_devices(task, devices, cluster)
+        if cluster is not None and owned:
+            measurer = _measurer(measure, None, cluster)
+            task = measurer.resolve(task)  # a tuner without the GPU tunes for the workers' model
+            target_key = task.target.key
+            prior = log.select(task.key, target_key) if log is not None else []
+            history = list(prior)
         if options.get("feature") == "itervar":
             measurer = measurer or _measurer(measure, devices, cluster)
             space = task.space
@@ -156,7 +162,7 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
         if new == 0 and log is not None and result.best is not None:
             result.best = log.best(task.key, target_key)  # the winner declared when the records were made
         if build_best and result.best is not None:
-            _finish(result, measure, verify, new > 0, devices, log)
+            _finish(result, measure, verify, new > 0, devices, log, getattr(measurer, "retime", None))
     finally:
         if owned and measurer is not None:
             measurer.close()  # also after Ctrl-C: no worker outlives the run
@@ -323,19 +329,22 @@ def _best(history: list[Record]) -> Record | None:
 
 
 def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool, measured: bool,
-            devices: Sequence[int] | None, log: RecordLog | None) -> None:
+            devices: Sequence[int] | None, log: RecordLog | None, remote: Callable[..., Any] | None = None) -> None:
     """Declare the winner and build it. When this run measured something new, the best configurations
     (``MeasureOptions.retime`` of them, at least the three ``verify`` checks) are timed again in a fresh
     runner process, in interleaved rounds, after a check at sizes that divide no tile (``verify``: one
     that fails is set aside, with a warning); the winner is the fastest, a tie within the noise band
-    going to the configuration whose decisions come first. It is written to the records as such."""
+    going to the configuration whose decisions come first. It is written to the records as such.
+    ``remote``: the re-timing of a cluster's measurer (on a worker with the target's device)."""
     from ..build import build
     task = result.task
     opts = measure or MeasureOptions()
     count = max(opts.retime, 3 if verify else 1)
     if measured and (opts.retime or verify):
         ranked = _distinct(sorted((r for r in result.records if r.ok), key=lambda r: r.cost))[:count]
-        timed = retime(task, [r.config for r in ranked], opts, verify, devices[:1] if devices else None)
+        configs = [r.config for r in ranked]
+        timed = remote(task, configs, opts, verify) if remote is not None else retime(
+            task, configs, opts, verify, devices[:1] if devices else None)
         passed: list[tuple[Record, float]] = []
         for rec, (ok, cost, why) in zip(ranked, timed, strict=False):
             if ok:

@@ -63,20 +63,22 @@ def measure_tag(task: Task) -> str:
 
 def host_devices() -> dict[str, object]:
     """What this host can build and measure (run in a fresh process): its CPU target key, whether
-    nvcc is here, and the target key of each GPU by ordinal."""
+    nvcc is here, and the target of each GPU by ordinal (``gpus``: their keys; ``targets``: the
+    ``CUDATarget`` objects, facts as the driver reports them)."""
     from ..runtime.cuda_device import device_target
     from ..target import cpu_target
     from ..toolchain import find_nvcc
-    gpus: list[str] = []
+    targets = []
     try:
         from ..runtime.cuda_driver import Device, load_driver
         cu = load_driver()
         cu.cuInit(0)
         err, count = cu.cuDeviceGetCount()
-        gpus = [device_target(Device(k, cu)).key for k in range(int(count) if int(err) == 0 else 0)]
+        targets = [device_target(Device(k, cu)) for k in range(int(count) if int(err) == 0 else 0)]
     except Exception:  # noqa: BLE001 - no driver, no bindings, no GPU: a CPU host
-        gpus = []
-    return {"cpu": cpu_target().key, "nvcc": find_nvcc() is not None, "gpus": gpus}
+        targets = []
+    return {"cpu": cpu_target().key, "nvcc": find_nvcc() is not None, "gpus": [t.key for t in targets],
+            "targets": targets}
 
 
 def worker_resources(found: dict[str, Any], threads: int) -> dict[str, float]:
@@ -96,7 +98,8 @@ class _Local:
         self.lock = threading.Lock()
         self.builders: list[WorkerPool] = []
         self.runners: dict[str, list[tuple[WorkerPool, bool]]] = {}  # measure tag -> (runner, busy)
-        self.gpus: list[str] | None = None
+        self.gpus: list[str] | None = None  # target keys of this host's GPUs, by ordinal
+        self.targets: list[Any] = []
 
     def builder(self) -> WorkerPool:
         with self.lock:
@@ -108,25 +111,26 @@ class _Local:
         with self.lock:
             self.builders.append(pool)
 
+    def ordinals(self, task: Task) -> list[int | None]:
+        """The GPUs of this host of ``task``'s model (None: the CPU)."""
+        if task.target.kind != "cuda":
+            return [None]
+        if self.gpus is None:
+            found = _probe()
+            self.gpus = found["gpus"] if found is not None else []
+        return [k for k, key in enumerate(self.gpus) if key == task.target.key]
+
     def runner(self, task: Task, opts: MeasureOptions) -> tuple[int, WorkerPool]:
-        """A free runner for ``task``'s device (Dask's resources let no more measurements in than
-        there are devices)."""
+        """A free runner for ``task``'s device, reserved until ``release`` (Dask's resources let no more
+        measurements in than there are devices)."""
         tag = measure_tag(task)
         with self.lock:
             if tag not in self.runners:
                 env = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
                 if opts.threads:
                     env["OMP_NUM_THREADS"] = str(opts.threads)
-                if task.target.kind == "cuda":
-                    if self.gpus is None:
-                        probe = WorkerPool(1)
-                        found = probe.call(host_devices, (), 300.0)
-                        probe.close()
-                        self.gpus = found.value["gpus"] if isinstance(found, Returned) else []
-                    ordinals: list[int | None] = [k for k, key in enumerate(self.gpus) if key == task.target.key]
-                else:
-                    ordinals = [None]
-                self.runners[tag] = [(WorkerPool(1, {**env, **device_environment(d)}), False) for d in ordinals]
+                self.runners[tag] = [(WorkerPool(1, {**env, **device_environment(d)}), False)
+                                     for d in self.ordinals(task)]
             for k, (pool, busy) in enumerate(self.runners[tag]):
                 if not busy:
                     self.runners[tag][k] = (pool, True)
@@ -174,6 +178,19 @@ def measure_on_worker(task: Task, values: dict[str, object], built: Any, opts: M
         _LOCAL.release(task, k)
 
 
+def retime_on_worker(task: Task, configs: list[dict[str, object]], opts: MeasureOptions,
+                     check_odd: bool) -> list[tuple[bool, float, str]]:
+    """A Dask task: ``api.retime`` on a GPU of the target's model of this worker (reserved meanwhile),
+    in fresh processes."""
+    from .api import retime
+    k, _ = _LOCAL.runner(task, opts)
+    try:
+        device = _LOCAL.ordinals(task)[k]
+        return retime(task, configs, opts, check_odd, None if device is None else [device])
+    finally:
+        _LOCAL.release(task, k)
+
+
 def _lower_on_worker(task: Task, values: dict[str, object], timeout: float) -> np.ndarray | None:
     pool = _LOCAL.builder()
     try:
@@ -201,10 +218,26 @@ class DeviceTags(WorkerPlugin):
     async def setup(self, worker: Any) -> None:
         found = await asyncio.to_thread(_probe)
         if found is not None:
+            _LOCAL.gpus = found["gpus"]
+            _LOCAL.targets = found["targets"]
             await worker.set_resources(**worker_resources(found, worker.state.nthreads))
 
 
+def _gpu_targets_here(dask_worker: Any = None) -> list[Any]:
+    """The GPU targets of the worker this runs on (``Client.run``), as its tags were made."""
+    return list(_LOCAL.targets)
+
+
 # --- the tuner's side ----------------------------------------------------------------------------------
+
+
+def gpu_targets(client: Any) -> dict[str, Any]:
+    """The ``CUDATarget`` of every GPU model of a Dask cluster's workers, by target key (each as the
+    driver of its host reports it): pass one as ``target=`` to tune for it."""
+    found: dict[str, Any] = {}
+    for targets in client.run(_gpu_targets_here).values():
+        found.update({t.key: t for t in targets})
+    return found
 
 
 def connect(cluster: object) -> tuple[Any, Any]:
@@ -302,6 +335,29 @@ class ClusterMeasurer:
         self._builds[trial] = build
         self._runs[run] = (trial, key)
         return trial
+
+    def resolve(self, task: Task) -> Task:
+        """``task`` on the cluster's GPU model when its target names none the workers have: a tuner on a
+        host without that GPU (whose "cuda" target is a datasheet's) tunes for the GPU workers' model of
+        the same architecture; TuneError when there are several (pass one as ``target=``)."""
+        if task.target.kind != "cuda":
+            return task
+        found = gpu_targets(self.client)
+        if task.target.key in found or not found:
+            return task
+        same_arch = [t for t in found.values() if t.arch == task.target.arch]
+        if len(same_arch) != 1:
+            raise TuneError(f"the Dask cluster's GPU workers have {', '.join(sorted(found))}, and {task.target.key} "
+                            "is none of them; pass target= one of their CUDATargets "
+                            "(polytile.tune.cluster.gpu_targets(client))")
+        return Task(task.template, task.workload, same_arch[0])
+
+    def retime(self, task: Task, configs: list[dict[str, object]], opts: MeasureOptions,
+               check_odd: bool) -> list[tuple[bool, float, str]]:
+        """``api.retime`` on a worker with the target's device."""
+        fut = self.client.submit(retime_on_worker, task, configs, opts, check_odd,
+                                 resources={measure_tag(task): 1}, pure=False)
+        return fut.result()
 
     def collect(self, timeout: float | None = None) -> list[tuple[int, MeasureResult]]:
         from distributed import wait

@@ -75,3 +75,30 @@ def test_two_tuners_at_once_share_one_records_file(cluster, tmp_path):
         mine = log.select(task.key, task.target.key)
         assert len(mine) == 4 and all(r.ok for r in mine)
     assert len(path.read_text().splitlines()) == 8  # every line whole: no interleaved writes
+
+
+class _FakeClient:
+    """What ``ClusterMeasurer.resolve`` asks a client: each worker's GPU targets."""
+
+    def __init__(self, *targets):  # noqa: ANN002
+        self.targets = targets
+
+    def run(self, fn):  # noqa: ANN001, ANN201
+        return {f"tcp://w{k}": [t] for k, t in enumerate(self.targets)}
+
+
+def test_a_tuner_without_the_gpu_tunes_for_the_gpu_workers_model():
+    from polytile.target import CUDATarget
+    from polytile.tune import TuneError
+    from polytile.tune.cluster import ClusterMeasurer
+    h100 = CUDATarget(name="NVIDIA_H100_80GB_HBM3", arch="sm_90a", sms=132)
+    task = make_task("matmul", "cuda:sm_90a", M=256, N=256, K=256)  # a datasheet target: no GPU here
+    measurer = object.__new__(ClusterMeasurer)
+    measurer.client = _FakeClient(h100, CUDATarget(name="NVIDIA_A100", arch="sm_80"))
+    resolved = measurer.resolve(task)
+    assert resolved.target.key == h100.key and resolved.target.sms == 132
+    assert resolved.workload == task.workload and resolved.template == task.template
+    measurer.client = _FakeClient(h100, CUDATarget(name="NVIDIA_H200", arch="sm_90a"))
+    with pytest.raises(TuneError, match="pass target= one of"):
+        measurer.resolve(task)
+    assert measurer.resolve(make_task("softmax", "cpu", M=8, N=8)).target.kind == "cpu"
