@@ -8,10 +8,13 @@ the best configuration is built and returned at once (``apply_best`` does only t
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,11 +147,12 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
                 rec = Record(task.key, target_key, task.template.name, task.space.from_values(values).to_json(),
                              res.status, res.costs, res.error, search.name, len(history), time.time(), res.build_s,
                              res.run_s, task.flops, res.conditions, res.cached)
-                if log is not None:
-                    log.append(rec)
-                history.append(rec)
-                if on_trial is not None:
-                    on_trial(rec)
+                with _ctrl_c_after():  # a trial written is a trial counted, whenever Ctrl-C comes
+                    if log is not None:
+                        log.append(rec)
+                    history.append(rec)
+                    if on_trial is not None:
+                        on_trial(rec)
                 bar.update(min(r.cost for r in history), sum(1 for r in history if not r.ok))
 
             try:
@@ -168,6 +172,26 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
             measurer.close()  # also after Ctrl-C: no worker outlives the run
     result.seconds = time.perf_counter() - start
     return result
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes during the block until its end (in the main thread, where
+    Python delivers signals; elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[object, ...]] = []
+    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 def _measurer(measure: MeasureOptions | None, devices: Sequence[int] | None, cluster: object) -> Any:
@@ -201,13 +225,16 @@ def _in_batches(task: Task, search: Tuner, measurer: Measurer, wanted: int, batc
 
 def _stream(task: Task, search: Tuner, measurer: Any, wanted: int, batch_size: int, record: Recorder) -> int:
     """Keep the builders busy: whenever fewer candidates wait to be built than there are builders, ask
-    the tuner for up to ``batch_size`` more; record each result as it comes and tell the tuner."""
+    the tuner for up to ``batch_size`` more — unless ``batch_size`` built candidates already wait for a
+    runner (the measurements are behind: proposals would only grow staler); record each result as it
+    comes and tell the tuner."""
     flight: dict[int, tuple[int, ...]] = {}  # trial id -> digits
     new = 0
     exhausted = False
     while True:
         room = wanted - new - len(flight)
-        if room > 0 and not exhausted and measurer.unbuilt < measurer.build_slots:
+        slots = measurer.build_slots
+        if room > 0 and not exhausted and measurer.unbuilt < slots and len(flight) < slots + batch_size:
             batch = search.next_batch(min(batch_size, room))
             exhausted = not batch  # the space holds no unmeasured valid configuration
             for d in batch:

@@ -278,6 +278,7 @@ class ClusterMeasurer:
         self._done: list[tuple[int, MeasureResult]] = []
         self._next = 0
         self._tags_seen: set[str] = set()
+        self._slots = (1, -float("inf"))  # (worker threads, when asked)
 
     @property
     def in_flight(self) -> int:
@@ -291,7 +292,11 @@ class ClusterMeasurer:
 
     @property
     def build_slots(self) -> int:
-        return max(1, sum(self.client.nthreads().values()))
+        """The cluster's worker threads (asked of the scheduler at most every few seconds)."""
+        now = time.monotonic()
+        if now - self._slots[1] > 5.0:
+            self._slots = (max(1, sum(self.client.nthreads().values())), now)
+        return self._slots[0]
 
     def _wait_for_tag(self, tag: str, what: str) -> None:
         """Wait until some worker holds resource ``tag``; TuneError naming what the cluster has when none

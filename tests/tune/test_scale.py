@@ -73,3 +73,53 @@ def test_an_unreachable_scheduler_is_one_line(capsys, monkeypatch):
     rc = tune_main(["softmax", "--shape", "8,16", "--quiet", "--cluster", "tcp://127.0.0.1:9"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(err) == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err[0]
+
+
+def test_ctrl_c_while_a_record_is_written_counts_that_record(tmp_path, monkeypatch):
+    """A Ctrl-C that comes while a trial's record is written (during the fsync) stops the run after the
+    record is counted: the trials the run reports saved are the lines in the file."""
+    import os
+    import signal
+
+    from polytile.tune.records import RecordLog
+    write = RecordLog.append
+
+    def append_then_ctrl_c(self, rec):  # noqa: ANN001, ANN202
+        write(self, rec)
+        os.kill(os.getpid(), signal.SIGINT)  # delivered here, before the caller counts the record
+
+    monkeypatch.setattr(RecordLog, "append", append_then_ctrl_c)
+    counted: list[object] = []
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        tune_task(make_task("softmax", "cpu", M=16, N=24), 3, path, tuner="grid", batch_size=1, progress=False,
+                  measure=FAST, on_trial=counted.append)
+    assert len(path.read_text().splitlines()) == len(counted) == 1
+
+
+def test_one_runner_per_device_shares_the_measurements(tmp_path, monkeypatch, rng):
+    """Measurer(devices=[0, 1]) starts a runner per GPU (CUDA_VISIBLE_DEVICES set to it) and hands each
+    built candidate to a free one: both measure (on a CPU task here, the GPUs named but unused)."""
+    import faulty
+
+    from polytile.tune import Measurer
+    monkeypatch.setenv(faulty.RUNNERS_FILE, str(tmp_path / "runners"))
+    task = make_task("softmax", "cpu", M=16, N=24)
+    configs = [task.space.config(d).values for d in task.space.sample_valid(rng, 6)]
+    opts = MeasureOptions(repeat=3, min_time=0.0, builders=2, result_cache=False, pause_builds=False,
+                          before_run=faulty.note_runner)
+    with Measurer(opts, devices=[0, 1]) as measurer:
+        results = measurer.measure(task, configs)
+    assert [r.status for r in results] == ["ok"] * 6
+    used = (tmp_path / "runners").read_text().split()
+    assert len(used) == 6 and set(used) == {"0", "1"}
+
+
+def test_a_device_is_a_gpu_this_process_sees(monkeypatch):
+    from polytile.tune.measure import device_environment
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_environment(1) == {"CUDA_VISIBLE_DEVICES": "1"} and device_environment(None) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-5f3e")
+    assert device_environment(1) == {"CUDA_VISIBLE_DEVICES": "GPU-5f3e"}
+    with pytest.raises(TuneError, match="not one of the 2 GPU"):
+        device_environment(2)
