@@ -4,8 +4,9 @@ against the streaming path (builds feeding a measurement queue), on the same mac
 rounds of one process session (a shared machine drifts; interleaving meets both paths with it).
 
     python benchmarks/tuning_throughput.py                      # CPU matmul 512³ (the BLIS template)
-    python benchmarks/tuning_throughput.py --target cuda        # + the wgmma GEMM (fp16 512×768×3072)
+    python benchmarks/tuning_throughput.py --target cuda        # the wgmma GEMM (fp16 512×768×3072)
     python benchmarks/tuning_throughput.py --target cuda --devices 0,1   # + one GPU against two
+    python benchmarks/tuning_throughput.py --target all         # both templates
 
 Each run starts cold: a fresh build cache (``POLYTILE_CACHE_DIR``) and no result cache, the same tuner
 (XGBoost-guided annealing) and seed, no winner declaration (``build_best=False``): trials per minute is
@@ -96,7 +97,7 @@ def compare_devices(name: str, op: str, shape: dict, target: str, devices: list[
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda", "all"])
     p.add_argument("--trials", type=int, default=24, help="trials per run (default 24)")
     p.add_argument("--batch", type=int, default=8, help="batch size (the tuner's proposals per round)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both paths (default 2)")
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> int:
     result = {"benchmark": "tuning_throughput", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "command": " ".join(["tuning_throughput.py", *argv]), "host": platform.node(),
               "cores": len(os.sched_getaffinity(0)), "load_at_start": os.getloadavg(), "workloads": {}}
-    kinds = ["cpu"] if args.target == "cpu" else ["cpu", "cuda"]
+    kinds = ["cpu", "cuda"] if args.target == "all" else [args.target]
     for kind in kinds:
         for name, (op, shape) in WORKLOADS[kind].items():
             entry = compare_paths(name, op, shape, kind, args)
