@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from distributed import WorkerPlugin
 
+from .hygiene import toolkit_version
 from .measure import (
     MeasureOptions,
     MeasureResult,
@@ -78,7 +79,7 @@ def host_devices() -> dict[str, object]:
     except Exception:  # noqa: BLE001 - no driver, no bindings, no GPU: a CPU host
         targets = []
     return {"cpu": cpu_target().key, "nvcc": find_nvcc() is not None, "gpus": [t.key for t in targets],
-            "targets": targets}
+            "targets": targets, "toolkits": {kind: toolkit_version(kind) for kind in ("cpu", "cuda")}}
 
 
 def worker_resources(found: dict[str, Any], threads: int) -> dict[str, float]:
@@ -100,6 +101,7 @@ class _Local:
         self.runners: dict[str, list[tuple[WorkerPool, bool]]] = {}  # measure tag -> (runner, busy)
         self.gpus: list[str] | None = None  # target keys of this host's GPUs, by ordinal
         self.targets: list[Any] = []
+        self.toolkits: dict[str, str] = {}
 
     def builder(self) -> WorkerPool:
         with self.lock:
@@ -220,12 +222,17 @@ class DeviceTags(WorkerPlugin):
         if found is not None:
             _LOCAL.gpus = found["gpus"]
             _LOCAL.targets = found["targets"]
+            _LOCAL.toolkits = found["toolkits"]
             await worker.set_resources(**worker_resources(found, worker.state.nthreads))
 
 
 def _gpu_targets_here(dask_worker: Any = None) -> list[Any]:
     """The GPU targets of the worker this runs on (``Client.run``), as its tags were made."""
     return list(_LOCAL.targets)
+
+
+def _toolkits_here(dask_worker: Any = None) -> dict[str, str]:
+    return dict(_LOCAL.toolkits)
 
 
 # --- the tuner's side ----------------------------------------------------------------------------------
@@ -279,6 +286,7 @@ class ClusterMeasurer:
         self._next = 0
         self._tags_seen: set[str] = set()
         self._slots = (1, -float("inf"))  # (worker threads, when asked)
+        self._toolkits: dict[str, str] = {}
 
     @property
     def in_flight(self) -> int:
@@ -297,6 +305,14 @@ class ClusterMeasurer:
         if now - self._slots[1] > 5.0:
             self._slots = (max(1, sum(self.client.nthreads().values())), now)
         return self._slots[0]
+
+    def _toolkit(self, kind: str) -> str:
+        """The compilers of the cluster's workers for targets of ``kind`` (part of the result-cache key:
+        the workers build, not this host)."""
+        if kind not in self._toolkits:
+            found = {t.get(kind, "") for t in self.client.run(_toolkits_here).values()}
+            self._toolkits[kind] = " | ".join(sorted(found))
+        return self._toolkits[kind]
 
     def _wait_for_tag(self, tag: str, what: str) -> None:
         """Wait until some worker holds resource ``tag``; TuneError naming what the cluster has when none
@@ -321,8 +337,7 @@ class ClusterMeasurer:
         trial = self._next
         key = None
         if self.cache is not None:
-            from .hygiene import toolkit_version
-            key = ResultCache.key(task.key, task.target.key, toolkit_version(task.target.kind), values,
+            key = ResultCache.key(task.key, task.target.key, self._toolkit(task.target.kind), values,
                                   cache_options(self.options))
             found = self.cache.get(key)
             if found is not None:
