@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
-    p.add_argument("--batch", type=positive_int, default=8, help="candidates built in parallel per batch")
+    p.add_argument("--batch", type=positive_int, default=8,
+                   help="candidates the tuner proposes at a time (more as builders free up; default 8)")
     p.add_argument("--template", help="template name (default: the operator's first)")
     p.add_argument("--flush-cache", action="store_true", help="flush the CPU caches before every timed run")
     p.add_argument("--devices", type=device_list,
