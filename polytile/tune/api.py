@@ -361,7 +361,8 @@ def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool, me
     (``MeasureOptions.retime`` of them, at least the three ``verify`` checks) are timed again in a fresh
     runner process, in interleaved rounds, after a check at sizes that divide no tile (``verify``: one
     that fails is set aside, with a warning); the winner is the fastest, a tie within the noise band
-    going to the configuration whose decisions come first. It is written to the records as such.
+    going to the configuration whose decisions come first. It is written to the records as such. With
+    ``retime=0`` the winner is the fastest trial that passes the check, as first measured.
     ``remote``: the re-timing of a cluster's measurer (on a worker with the target's device)."""
     from ..build import build
     task = result.task
@@ -370,8 +371,9 @@ def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool, me
     if measured and (opts.retime or verify):
         ranked = _distinct(sorted((r for r in result.records if r.ok), key=lambda r: r.cost))[:count]
         configs = [r.config for r in ranked]
-        timed = remote(task, configs, opts, verify) if remote is not None else retime(
-            task, configs, opts, verify, devices[:1] if devices else None)
+        rounds = RETIME_ROUNDS if opts.retime else 1
+        timed = remote(task, configs, opts, verify, rounds) if remote is not None else retime(
+            task, configs, opts, verify, devices[:1] if devices else None, rounds)
         passed: list[tuple[Record, float]] = []
         for rec, (ok, cost, why) in zip(ranked, timed, strict=False):
             if ok:
@@ -383,11 +385,14 @@ def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool, me
             result.best = None
             return
         result.verified = verify
-        winner, cost = pick_winner(task, passed, opts.noise_band)
-        result.best = Record(**{**winner.__dict__, "costs": [cost], "role": "winner", "started": time.time(),
-                                "tuner": "retime"})
-        if log is not None:
-            log.append(result.best)
+        if opts.retime:
+            winner, cost = pick_winner(task, passed, opts.noise_band)
+            result.best = Record(**{**winner.__dict__, "costs": [cost], "role": "winner", "started": time.time(),
+                                    "tuner": "retime"})
+            if log is not None:
+                log.append(result.best)
+        else:
+            result.best = passed[0][0]
     result.kernel = build(task.schedule(result.best.config), task.target)
 
 
@@ -405,27 +410,27 @@ RETIME_ROUNDS = 3
 
 
 def retime(task: Task, configs: list[dict[str, object]], options: MeasureOptions, check_odd: bool,
-           devices: Sequence[int] | None = None) -> list[tuple[bool, float, str]]:
+           devices: Sequence[int] | None = None, rounds: int = RETIME_ROUNDS) -> list[tuple[bool, float, str]]:
     """Time ``configs`` again in a fresh runner process: each built once (checked at sizes that divide
-    no tile when ``check_odd``), then timed in ``RETIME_ROUNDS`` interleaved rounds so that all meet the
-    same machine; per configuration (passed, median of its rounds, why it failed)."""
+    no tile when ``check_odd``), then timed in ``rounds`` interleaved rounds so that all meet the same
+    machine; per configuration (passed, median of its rounds, why it failed)."""
     opts = MeasureOptions(**{**options.__dict__, "check_odd_shape": check_odd, "check": True,
                              "overlap": False, "result_cache": False})
     with Measurer(opts, devices) as fresh:
         builds = fresh.build(task, configs)
-        rounds: list[list[float]] = [[] for _ in configs]
+        costs: list[list[float]] = [[] for _ in configs]
         failed: list[str] = [""] * len(configs)
-        for _ in range(RETIME_ROUNDS):
+        for _ in range(rounds):
             for k, (values, built) in enumerate(zip(configs, builds, strict=False)):
                 if failed[k]:
                     continue
                 res = fresh.run_built(task, values, built)
                 if res.ok:
-                    rounds[k].append(res.cost)
+                    costs[k].append(res.cost)
                 else:
                     failed[k] = f"{res.status}: {res.error}"
             opts.check_odd_shape = False  # checked in the first round; the kernels are the same
-    return [(not why, float(np.median(r)) if r and not why else math.inf, why) for r, why in zip(rounds, failed)]
+    return [(not why, float(np.median(c)) if c and not why else math.inf, why) for c, why in zip(costs, failed)]
 
 
 def pick_winner(task: Task, timed: list[tuple[Record, float]], band: float) -> tuple[Record, float]:

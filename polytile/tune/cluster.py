@@ -180,15 +180,15 @@ def measure_on_worker(task: Task, values: dict[str, object], built: Any, opts: M
         _LOCAL.release(task, k)
 
 
-def retime_on_worker(task: Task, configs: list[dict[str, object]], opts: MeasureOptions,
-                     check_odd: bool) -> list[tuple[bool, float, str]]:
+def retime_on_worker(task: Task, configs: list[dict[str, object]], opts: MeasureOptions, check_odd: bool,
+                     rounds: int) -> list[tuple[bool, float, str]]:
     """A Dask task: ``api.retime`` on a GPU of the target's model of this worker (reserved meanwhile),
     in fresh processes."""
     from .api import retime
     k, _ = _LOCAL.runner(task, opts)
     try:
         device = _LOCAL.ordinals(task)[k]
-        return retime(task, configs, opts, check_odd, None if device is None else [device])
+        return retime(task, configs, opts, check_odd, None if device is None else [device], rounds)
     finally:
         _LOCAL.release(task, k)
 
@@ -372,10 +372,10 @@ class ClusterMeasurer:
                             "(polytile.tune.cluster.gpu_targets(client))")
         return Task(task.template, task.workload, same_arch[0])
 
-    def retime(self, task: Task, configs: list[dict[str, object]], opts: MeasureOptions,
-               check_odd: bool) -> list[tuple[bool, float, str]]:
+    def retime(self, task: Task, configs: list[dict[str, object]], opts: MeasureOptions, check_odd: bool,
+               rounds: int) -> list[tuple[bool, float, str]]:
         """``api.retime`` on a worker with the target's device."""
-        fut = self.client.submit(retime_on_worker, task, configs, opts, check_odd,
+        fut = self.client.submit(retime_on_worker, task, configs, opts, check_odd, rounds,
                                  resources={measure_tag(task): 1}, pure=False)
         return fut.result()
 

@@ -51,3 +51,13 @@ def test_the_declared_winner_is_the_records_best_until_a_later_trial(tmp_path):
     assert len(log.select(task.key, task.target.key)) == 2  # the declaration is not a trial
     log.append(_record(task, c, 0.5e-3)[0])  # a later run found a faster one and has not declared yet
     assert log.best(task.key, task.target.key).config == task.space.config(c).to_json()
+
+
+def test_without_retiming_the_fastest_checked_trial_wins_and_nothing_is_declared(tmp_path):
+    from polytile.tune import MeasureOptions, tune_task
+    path = tmp_path / "r.jsonl"
+    result = tune_task(make_task("softmax", "cpu", M=24, N=40), 3, path, tuner="grid", batch_size=3,
+                       progress=False, measure=MeasureOptions(repeat=3, min_time=0.0, retime=0, result_cache=False))
+    assert result.verified and result.best.role == "trial"
+    assert result.best.cost == min(r.cost for r in result.records)
+    assert "winner" not in path.read_text()
