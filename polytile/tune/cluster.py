@@ -102,6 +102,7 @@ class _Local:
         self.gpus: list[str] | None = None  # target keys of this host's GPUs, by ordinal
         self.targets: list[Any] = []
         self.toolkits: dict[str, str] = {}
+        self.found: dict[str, Any] | None = None  # host_devices() of this host, once probed
 
     def builder(self) -> WorkerPool:
         with self.lock:
@@ -218,8 +219,11 @@ class DeviceTags(WorkerPlugin):
     name = "polytile-device-tags"
 
     async def setup(self, worker: Any) -> None:
-        found = await asyncio.to_thread(_probe)
+        # every tuner that connects registers the plugin again: a worker probes its host once (a
+        # restarted worker is a new process, and probes again)
+        found = _LOCAL.found or await asyncio.to_thread(_probe)
         if found is not None:
+            _LOCAL.found = found
             _LOCAL.gpus = found["gpus"]
             _LOCAL.targets = found["targets"]
             _LOCAL.toolkits = found["toolkits"]

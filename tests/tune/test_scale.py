@@ -67,7 +67,6 @@ def test_bad_devices_on_the_command_line_are_one_line(capsys, args, words):
 
 
 def test_an_unreachable_scheduler_is_one_line(capsys, monkeypatch):
-    pytest.importorskip("distributed")
     from polytile.tune import cluster
     monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 2.0)
     rc = tune_main(["softmax", "--shape", "8,16", "--quiet", "--cluster", "tcp://127.0.0.1:9"])
@@ -123,3 +122,14 @@ def test_a_device_is_a_gpu_this_process_sees(monkeypatch):
     assert device_environment(1) == {"CUDA_VISIBLE_DEVICES": "GPU-5f3e"}
     with pytest.raises(TuneError, match="not one of the 2 GPU"):
         device_environment(2)
+
+
+def test_a_gpu_trial_names_the_gpu_that_measured_it(monkeypatch):
+    """Trials measured on several GPUs merge in one file: each says which GPU of the host timed it."""
+    from polytile.tune import hygiene
+    monkeypatch.setattr(hygiene, "_bus_id", lambda: "00000000:19:00.0")
+    monkeypatch.setattr(hygiene, "_nvml", lambda: None)  # no NVML: no clock or power, the GPU still named
+    found = hygiene.conditions(make_task("matmul", "cuda:sm_90a", M=64, N=64, K=64).target)
+    assert found["gpu_bus_id"] == "00000000:19:00.0" and "sm_clock_mhz" not in found
+    monkeypatch.setattr(hygiene, "_bus_id", lambda: None)  # no GPU readable: nothing guessed
+    assert "gpu_bus_id" not in hygiene.conditions(make_task("matmul", "cuda:sm_90a", M=64, N=64, K=64).target)
