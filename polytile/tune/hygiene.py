@@ -1,11 +1,11 @@
 """Measurement hygiene: the conditions each trial was timed under, recorded with it.
 
-On a GPU: the SM clock and the board's power draw sampled right after the timed runs (NVML, the
-driver's management library, found by the device's PCI bus id so that it names the GPU the runner
-uses whatever ``CUDA_VISIBLE_DEVICES`` says), the driver's version and the CUDA toolkit (``nvcc``)
-that built the kernel. On a CPU: the current clock of the cores (cpufreq or ``/proc/cpuinfo``), the
-load average and the C++ compiler's version. A fact that cannot be read here is left out, never
-guessed.
+On a GPU: which GPU of the host measured (its PCI bus id, ``gpu_bus_id``), the SM clock and the
+board's power draw sampled right after the timed runs (NVML, the driver's management library, found
+by that bus id so that it names the GPU the runner uses whatever ``CUDA_VISIBLE_DEVICES`` says), the
+driver's version and the CUDA toolkit (``nvcc``) that built the kernel. On a CPU: the current clock
+of the cores (cpufreq or ``/proc/cpuinfo``), the load average and the C++ compiler's version. A fact
+that cannot be read here is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -82,31 +82,37 @@ def _nvml() -> Any:
 
 
 @cache
-def _nvml_handle() -> Any:
-    """The NVML handle of the GPU this process's CUDA context is on (by PCI bus id)."""
-    lib = _nvml()
-    if lib is None:
-        return None
+def _bus_id() -> str | None:
+    """The PCI bus id of the GPU this process's CUDA context is on (which GPU of the host measured)."""
     try:
         from ..runtime.cuda_device import device
         dev = device()
         err, bus = dev.cu.cuDeviceGetPCIBusId(32, dev.device)
         if int(err) != 0:
             return None
-        bus_id = bus.split(b"\0", 1)[0] if isinstance(bus, bytes) else str(bus).encode()
+        return (bus.split(b"\0", 1)[0] if isinstance(bus, bytes) else str(bus).encode()).decode()
     except Exception:  # noqa: BLE001 - no GPU or no bindings: nothing to read
         return None
+
+
+@cache
+def _nvml_handle() -> Any:
+    """The NVML handle of the GPU this process's CUDA context is on (by PCI bus id)."""
+    lib, bus_id = _nvml(), _bus_id()
+    if lib is None or bus_id is None:
+        return None
     handle = ctypes.c_void_p()
-    if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus_id), ctypes.byref(handle)) != 0:
+    if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus_id.encode()), ctypes.byref(handle)) != 0:
         return None
     return handle
 
 
 def _gpu_now() -> dict[str, object]:
+    bus_id = _bus_id()
+    out: dict[str, object] = {"gpu_bus_id": bus_id} if bus_id else {}
     lib, handle = _nvml(), _nvml_handle()
     if lib is None or handle is None:
-        return {}
-    out: dict[str, object] = {}
+        return out
     clock, power = ctypes.c_uint(), ctypes.c_uint()
     if lib.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM, ctypes.byref(clock)) == 0:
         out["sm_clock_mhz"] = clock.value

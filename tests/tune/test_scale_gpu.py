@@ -23,7 +23,8 @@ def test_the_gpu_runner_survives_a_faulting_candidate(tmp_path):
     assert faulted.status == "device_error" and "LAUNCH_FAILED" in faulted.error.upper()
     others = [r for r in result.records if r is not faulted]
     assert len(others) == 5 and sum(r.ok for r in others) >= 4  # the runner was replaced and went on
-    assert all(r.conditions.get("sm_clock_mhz") and r.conditions.get("driver") for r in others if r.ok)
+    assert all(r.conditions.get("sm_clock_mhz") and r.conditions.get("driver") and r.conditions.get("gpu_bus_id")
+               for r in others if r.ok)
     assert all(r.conditions["toolkit"].startswith("nvcc") for r in others if r.ok)
 
 
@@ -38,8 +39,9 @@ def test_two_gpus_at_once_pick_the_winner_of_one(tmp_path):
                     devices=[0, 1])
     assert {r.config_key for r in one.records} == {r.config_key for r in two.records}  # the same 12 candidates
     assert one.best.config == two.best.config
-    used = {r.conditions.get("sm_clock_mhz") is not None for r in two.records if r.ok}
-    assert used == {True}
+    assert all(r.conditions.get("sm_clock_mhz") for r in two.records if r.ok)
+    assert len({r.conditions["gpu_bus_id"] for r in two.records if r.ok}) == 2  # both GPUs measured
+    assert len({r.conditions["gpu_bus_id"] for r in one.records if r.ok}) == 1
 
 
 def test_devices_of_another_model_or_absent_are_refused(tmp_path):
