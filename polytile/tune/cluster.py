@@ -48,6 +48,7 @@ from .workers import Returned, WorkerPool
 
 BUILD = "polytile-build:"
 MEASURE = "polytile-measure:"
+LOCAL_HTTP = "127.0.0.1:0"  # a LocalCluster's scheduler HTTP server (and dashboard): any free local port
 CONNECT_TIMEOUT = 30.0  # seconds to reach the scheduler, and for a worker with the tags a trial needs
 
 
@@ -260,8 +261,10 @@ def connect(cluster: object) -> tuple[Any, Any]:
         return cluster, None
     started = None
     if cluster == "local":
+        # the scheduler's HTTP server starts even without a dashboard, on port 8787 unless told: a port
+        # the system chooses, so that two tuners on one machine do not clash
         started = LocalCluster(n_workers=MeasureOptions().builder_count(), threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=None)
+                               host="127.0.0.1", dashboard_address=LOCAL_HTTP)
         cluster = started
     if not isinstance(cluster, str) and not hasattr(cluster, "scheduler_address"):
         raise TuneError(f"cluster must be a Dask scheduler address such as 'tcp://host:8786', 'local', a "

@@ -9,6 +9,7 @@ on one pytest worker: with pytest 9 it ignores xdist_group marks.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,7 +37,7 @@ def cluster(tmp_path_factory):  # noqa: ANN201 - a LocalCluster
     try:
         with dask.config.set(slow_machine), distributed.LocalCluster(
                 n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", scheduler_port=0,
-                dashboard_address=None) as lc:
+                dashboard_address=cluster_module.LOCAL_HTTP) as lc:
             lc.kill_marker = marker
             yield lc
     finally:
@@ -141,3 +142,28 @@ def test_a_tuner_without_the_gpu_tunes_for_the_gpu_workers_model():
     with pytest.raises(TuneError, match="pass target= one of"):
         measurer.resolve(task)
     assert measurer.resolve(make_task("softmax", "cpu", M=8, N=8)).target.kind == "cpu"
+
+
+def test_cluster_local_starts_workers_on_this_machine_without_fixed_ports():
+    """cluster="local": one single-threaded worker per builder on 127.0.0.1; the scheduler's HTTP server
+    takes a free port, not 8787 (taken here, as by another tuner's LocalCluster)."""
+    import socket
+    import warnings
+    taken = socket.socket()
+    with contextlib.suppress(OSError):  # already taken by something else: as good
+        taken.bind(("127.0.0.1", 8787))
+        taken.listen()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client, started = cluster_module.connect("local")
+        try:
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            assert len(workers) == MeasureOptions().builder_count()
+            assert all(w.startswith("tcp://127.0.0.1:") and info["nthreads"] == 1 for w, info in workers.items())
+        finally:
+            client.close()
+            started.close()
+    finally:
+        taken.close()
+    assert not [w for w in caught if "already in use" in str(w.message)]
