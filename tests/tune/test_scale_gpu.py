@@ -1,5 +1,5 @@
-"""Measurement at scale on GPUs (gpu marker): the per-GPU runner survives a faulting candidate, and two
-GPUs measured at once pick the same winner as one."""
+"""Measurement at scale on GPUs (gpu marker): the per-GPU runner survives a faulting candidate, two
+GPUs measured at once pick the same winner as one, and the Dask backend measures on a GPU worker."""
 
 from __future__ import annotations
 
@@ -49,3 +49,25 @@ def test_devices_of_another_model_or_absent_are_refused(tmp_path):
     task = make_task("matmul", "cuda", M=256, N=256, K=256)
     with pytest.raises(TuneError, match="there is no GPU"):
         tune_task(task, 2, tmp_path / "r.jsonl", progress=False, devices=[len(gpu_names())])
+
+
+def test_a_dask_cluster_measures_on_its_gpu_workers(tmp_path):
+    """The Dask backend on the GPU host: a LocalCluster worker tagged with this host's GPUs (one
+    measurement at a time per GPU) builds and measures; trials carry the GPU's conditions, the winner
+    is re-timed on the worker."""
+    import distributed
+
+    from polytile.tune.cluster import LOCAL_HTTP, MEASURE
+    task = make_task("matmul", "cuda", M=256, N=256, K=256)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=True, host="127.0.0.1",
+                                  dashboard_address=LOCAL_HTTP) as lc:
+        result = tune_task(task, 6, tmp_path / "r.jsonl", tuner="grid", batch_size=3, progress=False,
+                           measure=MeasureOptions(repeat=10, min_time=0.0, result_cache=False, retime=2),
+                           verify=False, cluster=lc)
+        with distributed.Client(lc) as client:
+            (held,) = [w["resources"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
+    assert held[MEASURE + task.target.key] == sum(name == task.target.name for name in gpu_names())
+    assert len(result.records) == 6 and sum(r.ok for r in result.records) >= 5
+    assert all(r.conditions.get("gpu_bus_id") and r.conditions["toolkit"].startswith("nvcc")
+               for r in result.records if r.ok)
+    assert result.best.role == "winner" and result.kernel is not None
