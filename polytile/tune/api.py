@@ -8,13 +8,18 @@ the best configuration is built and returned at once (``apply_best`` does only t
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .measure import MeasureOptions, Measurer, MeasureResult
 from .records import Record, RecordLog
@@ -94,7 +99,8 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
               progress: bool = True, verify: bool = True, build_best: bool = True,
               tuner_options: dict[str, object] | None = None,
               on_trial: Callable[[Record], None] | None = None,
-              measurer: Measurer | None = None) -> TuneResult:
+              measurer: Measurer | None = None, devices: Sequence[int] | None = None,
+              cluster: object = None) -> TuneResult:
     """Tune ``task`` until its records hold ``trials`` trials; see ``tune`` for the options.
     ``measurer``: an open ``Measurer`` to reuse (kept open), e.g. by callers that interleave tasks.
     Every argument, the records file and (for a GPU target) the GPU are checked before anything runs."""
@@ -111,9 +117,16 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
     history: list[Record] = list(prior)
     options = dict(tuner_options or {})
     owned = measurer is None
+    _check_devices(task, devices, cluster)
     try:
+        if cluster is not None and owned:
+            measurer = _measurer(measure, None, cluster)
+            task = measurer.resolve(task)  # a tuner without the GPU tunes for the workers' model
+            target_key = task.target.key
+            prior = log.select(task.key, target_key) if log is not None else []
+            history = list(prior)
         if options.get("feature") == "itervar":
-            measurer = measurer or Measurer(measure)
+            measurer = measurer or _measurer(measure, devices, cluster)
             space = task.space
             m = measurer
             options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
@@ -122,39 +135,38 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
             options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
             task.predict([])  # fails now, with the reason, when the template has no model
         search = make_tuner(tuner, task.space, seed, **options)
-        if len(history) < trials and owned:
-            _check_device(task)
+        if len(history) < trials and owned and cluster is None:
+            _check_device(task, devices)
         _replay(task, search, prior)
         new = 0
         if len(history) < trials:
-            measurer = measurer or Measurer(measure)
+            measurer = measurer or _measurer(measure, devices, cluster)
             bar = _Progress(progress, trials, len(history), task.workload.key, task.flops)
+
+            def record(values: dict[str, object], res: MeasureResult) -> None:
+                rec = Record(task.key, target_key, task.template.name, task.space.from_values(values).to_json(),
+                             res.status, res.costs, res.error, search.name, len(history), time.time(), res.build_s,
+                             res.run_s, task.flops, res.conditions, res.cached)
+                with _ctrl_c_after():  # a trial written is a trial counted, whenever Ctrl-C comes
+                    if log is not None:
+                        log.append(rec)
+                    history.append(rec)
+                    if on_trial is not None:
+                        on_trial(rec)
+                bar.update(min(r.cost for r in history), sum(1 for r in history if not r.ok))
+
             try:
-                while len(history) < trials:
-                    batch = search.next_batch(min(batch_size, trials - len(history)))
-                    if not batch:
-                        break  # the space holds no unmeasured valid configuration
-                    configs = [task.space.config(d) for d in batch]
-
-                    def record(k: int, res: MeasureResult, configs: list[Any] = configs) -> None:
-                        rec = Record(task.key, target_key, task.template.name, configs[k].to_json(), res.status,
-                                     res.costs, res.error, search.name, len(history), time.time(), res.build_s,
-                                     res.run_s, task.flops)
-                        if log is not None:
-                            log.append(rec)
-                        history.append(rec)
-                        if on_trial is not None:
-                            on_trial(rec)
-                        bar.update(min(r.cost for r in history), sum(1 for r in history if not r.ok))
-
-                    results = measurer.measure(task, [c.values for c in configs], record)
-                    search.update(batch, [r.cost for r in results], [r.features for r in results])
-                    new += len(batch)
+                # a measurer of the caller's may only measure batches (``measure``), not stream
+                streams = callable(getattr(measurer, "submit", None)) and measurer.options.overlap
+                run = _stream if streams else _in_batches
+                new = run(task, search, measurer, trials - len(history), batch_size, record)
             finally:
                 bar.close()
         result = TuneResult(task, history, _best(history), new_trials=new)
+        if new == 0 and log is not None and result.best is not None:
+            result.best = log.best(task.key, target_key)  # the winner declared when the records were made
         if build_best and result.best is not None:
-            _finish(result, measure, verify and new > 0)  # complete records: the winner was checked
+            _finish(result, measure, verify, new > 0, devices, log, getattr(measurer, "retime", None))
     finally:
         if owned and measurer is not None:
             measurer.close()  # also after Ctrl-C: no worker outlives the run
@@ -162,13 +174,104 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
     return result
 
 
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes during the block until its end (in the main thread, where
+    Python delivers signals; elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[object, ...]] = []
+    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
+def _measurer(measure: MeasureOptions | None, devices: Sequence[int] | None, cluster: object) -> Any:
+    """The measurer of a run: worker processes on this machine, or a Dask cluster when ``cluster`` is given."""
+    if cluster is not None:
+        try:
+            from .cluster import ClusterMeasurer
+        except ImportError:
+            raise TuneError("cluster= needs Dask distributed: pip install 'polytile[cluster]'") from None
+        return ClusterMeasurer(measure, cluster)
+    return Measurer(measure, devices)
+
+
+Recorder = Callable[[dict[str, object], MeasureResult], None]
+
+
+def _in_batches(task: Task, search: Tuner, measurer: Measurer, wanted: int, batch_size: int,
+                record: Recorder) -> int:
+    """Measure batch after batch (each built whole, then run): the path of ``overlap=False``."""
+    new = 0
+    while new < wanted:
+        batch = search.next_batch(min(batch_size, wanted - new))
+        if not batch:
+            break  # the space holds no unmeasured valid configuration
+        values = [task.space.config(d).values for d in batch]
+        results = measurer.measure(task, values, lambda k, res, values=values: record(values[k], res))
+        search.update(batch, [r.cost for r in results], [r.features for r in results])
+        new += len(batch)
+    return new
+
+
+def _stream(task: Task, search: Tuner, measurer: Any, wanted: int, batch_size: int, record: Recorder) -> int:
+    """Keep the builders busy: whenever fewer candidates wait to be built than there are builders, ask
+    the tuner for up to ``batch_size`` more — unless ``batch_size`` built candidates already wait for a
+    runner (the measurements are behind: proposals would only grow staler); record each result as it
+    comes and tell the tuner."""
+    flight: dict[int, tuple[int, ...]] = {}  # trial id -> digits
+    new = 0
+    exhausted = False
+    while True:
+        room = wanted - new - len(flight)
+        slots = measurer.build_slots
+        if room > 0 and not exhausted and measurer.unbuilt < slots and len(flight) < slots + batch_size:
+            batch = search.next_batch(min(batch_size, room))
+            exhausted = not batch  # the space holds no unmeasured valid configuration
+            for d in batch:
+                flight[measurer.submit(task, task.space.config(d).values)] = d
+            continue
+        if not flight:
+            return new
+        done = [(flight.pop(trial), res) for trial, res in measurer.collect() if trial in flight]
+        for d, res in done:
+            record(task.space.config(d).values, res)
+        new += len(done)
+        search.update([d for d, _ in done], [r.cost for _, r in done], [r.features for _, r in done])
+
+
 def _check_count(name: str, value: object, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TuneError(f"{name} must be a positive integer, got {value!r}" + (f"; {hint}" if hint else ""))
 
 
-def _check_device(task: Task) -> None:
-    """Measuring a GPU target needs a GPU here: say so before the first candidate is built."""
+def _check_devices(task: Task, devices: Sequence[int] | None, cluster: object) -> None:
+    """``devices`` is a list of distinct GPU ordinals, for a GPU target, and not given with ``cluster``."""
+    if devices is None:
+        return
+    if cluster is not None:
+        raise TuneError("give devices= or cluster=, not both: a cluster's GPU workers each measure on their own GPUs")
+    bad = any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in devices) if isinstance(
+        devices, Sequence) and not isinstance(devices, (str, bytes)) else True
+    if bad or not devices or len(set(devices)) < len(devices):
+        raise TuneError(f"devices must be a non-empty list of distinct GPU numbers (0, 1, ...), got {devices!r}")
+    if task.target.kind != "cuda":
+        raise TuneError(f"devices={list(devices)} names GPUs, but {task.workload.key} is tuned for {task.target.key}; "
+                        "leave devices out for a CPU target")
+
+
+def _check_device(task: Task, devices: Sequence[int] | None = None) -> None:
+    """Measuring a GPU target needs a GPU here, and every GPU of ``devices`` must be of the target's model
+    (records are per GPU model): say so before the first candidate is built."""
     if task.target.kind != "cuda":
         return
     from ..runtime.cuda_device import gpu_available
@@ -177,6 +280,31 @@ def _check_device(task: Task) -> None:
                         "candidate on the GPU; run it on a machine with an NVIDIA GPU, or tune for the CPU "
                         "(target='cpu', --target cpu). Without a GPU, `polytile run` compiles a kernel for "
                         "a CUDA target and reports its resources")
+    if devices:
+        names = gpu_names()
+        for d in devices:
+            if d >= len(names):
+                raise TuneError(f"devices={list(devices)}: there is no GPU {d}; this machine shows {len(names)} "
+                                f"({', '.join(names)})")
+            if names[d] != task.target.name:
+                raise TuneError(f"devices={list(devices)}: GPU {d} is a {names[d]}, not a {task.target.name} like "
+                                "the target: a workload is measured on one GPU model; give devices of one model")
+
+
+def gpu_names() -> list[str]:
+    """The model of every GPU this process sees, by ordinal, as ``CUDATarget.name`` spells it (read from
+    the driver without creating a context on any)."""
+    from ..runtime.cuda_driver import load_driver
+    cu = load_driver()
+    cu.cuInit(0)
+    err, count = cu.cuDeviceGetCount()
+    names = []
+    for k in range(int(count) if int(err) == 0 else 0):
+        _, dev = cu.cuDeviceGet(k)
+        _, raw = cu.cuDeviceGetName(256, dev)
+        name = raw.split(b"\0", 1)[0].decode() if isinstance(raw, bytes) else str(raw)
+        names.append(name.replace(" ", "_"))
+    return names
 
 
 def failure_summary(records: list[Record]) -> list[str]:
@@ -227,34 +355,104 @@ def _best(history: list[Record]) -> Record | None:
     return min(ok, key=lambda r: r.cost) if ok else None
 
 
-def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool) -> None:
-    """Build the best configuration; with ``verify``, first check it at sizes that divide no tile (in
-    the isolated runner), falling back to the next best when it fails."""
+def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool, measured: bool,
+            devices: Sequence[int] | None, log: RecordLog | None, remote: Callable[..., Any] | None = None) -> None:
+    """Declare the winner and build it. When this run measured something new, the best configurations
+    (``MeasureOptions.retime`` of them, at least the three ``verify`` checks) are timed again in a fresh
+    runner process, in interleaved rounds, after a check at sizes that divide no tile (``verify``: one
+    that fails is set aside, with a warning); the winner is the fastest, a tie within the noise band
+    going to the configuration whose decisions come first. It is written to the records as such. With
+    ``retime=0`` the winner is the fastest trial that passes the check, as first measured.
+    ``remote``: the re-timing of a cluster's measurer (on a worker with the target's device)."""
     from ..build import build
     task = result.task
-    ranked = sorted((r for r in result.records if r.ok), key=lambda r: r.cost)
-    if verify:
-        opts = MeasureOptions(**{**(measure or MeasureOptions()).__dict__, "check_odd_shape": True,
-                                 "repeat": 1, "min_time": 0.0})
-        with Measurer(opts) as checker:
-            for rec in ranked[:3]:
-                res = checker.measure(task, [rec.config])[0]
-                if res.ok:
-                    result.best, result.verified = rec, True
-                    break
-                result.notes.append(f"best configuration rejected at odd sizes ({res.status}: {res.error}): "
-                                    f"{rec.config}")
-                warnings.warn(result.notes[-1], stacklevel=3)
-            else:
-                result.best = None
-                return
+    opts = measure or MeasureOptions()
+    count = max(opts.retime, 3 if verify else 1)
+    if measured and (opts.retime or verify):
+        ranked = _distinct(sorted((r for r in result.records if r.ok), key=lambda r: r.cost))[:count]
+        configs = [r.config for r in ranked]
+        rounds = RETIME_ROUNDS if opts.retime else 1
+        timed = remote(task, configs, opts, verify, rounds) if remote is not None else retime(
+            task, configs, opts, verify, devices[:1] if devices else None, rounds)
+        passed: list[tuple[Record, float]] = []
+        for rec, (ok, cost, why) in zip(ranked, timed, strict=False):
+            if ok:
+                passed.append((rec, cost))
+                continue
+            result.notes.append(f"best configuration rejected at odd sizes ({why}): {rec.config}")
+            warnings.warn(result.notes[-1], stacklevel=3)
+        if not passed:
+            result.best = None
+            return
+        result.verified = verify
+        if opts.retime:
+            winner, cost = pick_winner(task, passed, opts.noise_band)
+            result.best = Record(**{**winner.__dict__, "costs": [cost], "role": "winner", "started": time.time(),
+                                    "tuner": "retime"})
+            if log is not None:
+                log.append(result.best)
+        else:
+            result.best = passed[0][0]
     result.kernel = build(task.schedule(result.best.config), task.target)
+
+
+def _distinct(records: list[Record]) -> list[Record]:
+    seen: set[str] = set()
+    out = []
+    for r in records:
+        if r.config_key not in seen:
+            seen.add(r.config_key)
+            out.append(r)
+    return out
+
+
+RETIME_ROUNDS = 3
+
+
+def retime(task: Task, configs: list[dict[str, object]], options: MeasureOptions, check_odd: bool,
+           devices: Sequence[int] | None = None, rounds: int = RETIME_ROUNDS) -> list[tuple[bool, float, str]]:
+    """Time ``configs`` again in a fresh runner process: each built once (checked at sizes that divide
+    no tile when ``check_odd``), then timed in ``rounds`` interleaved rounds so that all meet the same
+    machine; per configuration (passed, median of its rounds, why it failed)."""
+    opts = MeasureOptions(**{**options.__dict__, "check_odd_shape": check_odd, "check": True,
+                             "overlap": False, "result_cache": False})
+    with Measurer(opts, devices) as fresh:
+        builds = fresh.build(task, configs)
+        costs: list[list[float]] = [[] for _ in configs]
+        failed: list[str] = [""] * len(configs)
+        for _ in range(rounds):
+            for k, (values, built) in enumerate(zip(configs, builds, strict=False)):
+                if failed[k]:
+                    continue
+                res = fresh.run_built(task, values, built)
+                if res.ok:
+                    costs[k].append(res.cost)
+                else:
+                    failed[k] = f"{res.status}: {res.error}"
+            opts.check_odd_shape = False  # checked in the first round; the kernels are the same
+    return [(not why, float(np.median(c)) if c and not why else math.inf, why) for c, why in zip(costs, failed)]
+
+
+def pick_winner(task: Task, timed: list[tuple[Record, float]], band: float) -> tuple[Record, float]:
+    """The fastest of ``timed`` (record, re-timed cost); configurations within ``band`` (relative) of it
+    tie, and a tie goes to the one whose decisions come first in the template's order (its digits),
+    so two runs that find the same near-ties pick the same winner whatever the noise."""
+    fastest = min(cost for _, cost in timed)
+    tied = [(rec, cost) for rec, cost in timed if cost <= fastest * (1 + band)]
+
+    def order(item: tuple[Record, float]) -> tuple[object, ...]:
+        try:
+            return (0, task.space.from_values(item[0].config).digits)
+        except TuneError:
+            return (1, item[0].config_key)  # a configuration of an older space: after the others
+    return min(tied, key=order)
 
 
 def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, records: str | Path | None = None,
          tuner: str = "xgb", template: str | None = None, batch_size: int = 8,
          measure: MeasureOptions | None = None, seed: int = 0, progress: bool = True, verify: bool = True,
-         feature: str = "knob", objective: str = "rank", **shape: object) -> Any:
+         feature: str = "knob", objective: str = "rank", devices: Sequence[int] | None = None,
+         cluster: object = None, **shape: object) -> Any:
     """Tune an operator and return its fastest kernel.
 
     ``op_or_func``: an operator name with its sizes as keywords (``pt.tune("matmul", M=512, N=512,
@@ -266,6 +464,11 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
     ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
+    ``devices``: the GPUs to measure on at once, e.g. ``[0, 1]`` (one long-lived runner process each;
+    all of the target's model). ``cluster``: a Dask distributed scheduler's address
+    (``"tcp://host:8786"``), a ``distributed.Client``, or ``"local"`` for a ``LocalCluster`` on this
+    machine: candidates are built on its workers and measured on the workers whose device is the
+    target's, the records streamed back to ``records`` here.
     Raises ``TuneError`` before anything runs on bad arguments (counts below 1, a records path that
     is not a records file or cannot be written, a CUDA target without a GPU), and at the end when no
     trial succeeded (the failures grouped by status). The kernel's ``tune_result`` attribute holds
@@ -274,7 +477,7 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     task = make_task(op_or_func, target, template, **shape)
     opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
     result = tune_task(task, trials, records, tuner=tuner, batch_size=batch_size, measure=measure, seed=seed,
-                       progress=progress, verify=verify, tuner_options=opts)
+                       progress=progress, verify=verify, tuner_options=opts, devices=devices, cluster=cluster)
     if result.kernel is None:
         raise TuneError(no_kernel_report(result, records))
     result.kernel.tune_result = result

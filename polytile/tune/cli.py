@@ -30,13 +30,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
-    p.add_argument("--batch", type=positive_int, default=8, help="candidates built in parallel per batch")
+    p.add_argument("--batch", type=positive_int, default=8,
+                   help="candidates the tuner proposes at a time (more as builders free up; default 8)")
     p.add_argument("--template", help="template name (default: the operator's first)")
     p.add_argument("--flush-cache", action="store_true", help="flush the CPU caches before every timed run")
+    p.add_argument("--devices", type=device_list,
+                   help="GPUs to measure on at once, e.g. 0,1 (one long-lived runner each; one GPU model)")
+    p.add_argument("--cluster", help="a Dask scheduler address (tcp://host:8786) to build and measure on its "
+                                     "workers, or 'local' for a LocalCluster on this machine")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="build each batch whole, then run it (default: builds feed the measurements)")
+    p.add_argument("--no-result-cache", action="store_true",
+                   help="measure every configuration, even one this machine measured before")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best at odd sizes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def device_list(text: str) -> list[int]:
+    """An argparse type: GPU numbers separated by commas ("0,1")."""
+    try:
+        devices = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers separated by commas (0,1), got {text!r}") from None
+    if not devices or any(d < 0 for d in devices) or len(set(devices)) < len(devices):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU numbers separated by commas (0,1), got {text!r}")
+    return devices
 
 
 def tune_main(argv: list[str]) -> int:
@@ -70,10 +90,11 @@ def _tune(args: argparse.Namespace, on_trial: Any) -> int:
         opts = {"feature": args.feature, "objective": args.objective} if model_tuner else {}
         with warnings.catch_warnings(record=True) as caught:  # printed below, one line each
             warnings.simplefilter("always")
+            measure = MeasureOptions(flush_cache=args.flush_cache, overlap=not args.no_overlap,
+                                     result_cache=not args.no_result_cache)
             result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
-                               measure=MeasureOptions(flush_cache=args.flush_cache), seed=args.seed,
-                               progress=not args.quiet, verify=not args.no_verify, tuner_options=opts,
-                               on_trial=on_trial)
+                               measure=measure, seed=args.seed, progress=not args.quiet, verify=not args.no_verify,
+                               tuner_options=opts, on_trial=on_trial, devices=args.devices, cluster=args.cluster)
     except PolytileError as err:
         print(f"polytile tune: {err}", file=sys.stderr)
         return 2

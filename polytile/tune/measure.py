@@ -1,12 +1,19 @@
-"""Measurement: candidates built in parallel worker processes, run one at a time in a runner process.
+"""Measurement: candidates built in parallel worker processes, checked and timed in one long-lived
+runner process per device.
 
 Building (template → schedule → lowering → compilation) happens in ``MeasureOptions.builders``
-processes; the iter features of the lowered IR come back with the kernel. Running happens in one
-separate runner process, after the batch is built (so compilers do not disturb the timings): fresh
-random inputs (seeded per configuration), one call checked against the operator's reference, then
-timed (median of repeats, optional cache flush between runs). A crash (segfault, abort), a hang
-(deadline), a wrong result or a device error costs that candidate one failed trial, with its reason;
-the runner is replaced and tuning goes on.
+processes; the iter features of the lowered IR come back with the kernel. Builds feed a measurement
+queue (``submit``/``collect``): a runner takes each built candidate as soon as it is free, while the
+builders go on with the next ones — on a CPU target the builders are stopped while a kernel is timed
+(so compilers do not disturb the timings), on a GPU they run at a lower priority. A runner owns its
+GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run: fresh random inputs (seeded
+per configuration), one call checked against the operator's reference, then timed (median of
+repeats, optional cache flush between runs), with the conditions of the timing (clocks, power,
+versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result or a device
+error costs that candidate one failed trial, with its reason; that runner alone is replaced and
+tuning goes on. Outcomes that repeat are kept in the result cache (``result_cache``) and not measured
+again. ``MeasureOptions(overlap=False)`` gives the batch-synchronous path (a whole batch built, then
+run one by one).
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ import os
 import pickle
 import time
 import zlib
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
 
 from ..errors import DeviceError
 from .features import itervar_features
+from .hygiene import conditions, toolkit_version
+from .result_cache import ResultCache
 from .space import InvalidConfig, TuneError
 from .task import Task, Workload
 from .workers import Crashed, Outcome, Raised, Returned, TimedOut, WorkerPool
@@ -45,6 +56,13 @@ class MeasureOptions:
     reference computed once (for operators whose NumPy reference costs seconds, e.g. a 4096³ GEMM).
     ``before_run``: a module-level function ``f(task, values)`` called in the runner before the
     kernel runs — a test hook to simulate faulty kernels; leave it None.
+    ``overlap``: stream builds into the measurement queue (False: build a whole batch, then run it).
+    ``pause_builds``: stop the builders while a kernel is timed (None: on CPU targets only).
+    ``result_cache``: reuse the outcome of a configuration measured before on this target with this
+    toolkit and this polytile (``result_cache.ResultCache``).
+    ``retime``: how many of the best configurations are timed again in a fresh process before the
+    winner is declared; ``noise_band``: relative difference under which two re-timed configurations
+    tie (the tie goes to the one whose decisions come first in the template's order).
     """
 
     builders: int = 0
@@ -59,9 +77,15 @@ class MeasureOptions:
     threads: int = 0
     same_inputs: bool = False
     before_run: Callable[[Task, dict[str, object]], None] | None = None
+    overlap: bool = True
+    pause_builds: bool | None = None
+    result_cache: bool = True
+    retime: int = 3
+    noise_band: float = 0.02
 
     def __post_init__(self) -> None:
-        at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "min_time": 0.0}
+        at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "min_time": 0.0, "retime": 0,
+                    "noise_band": 0.0}
         for name, low in at_least.items():
             if not getattr(self, name) >= low:
                 raise TuneError(f"MeasureOptions.{name} must be at least {low}, got {getattr(self, name)!r}")
@@ -85,6 +109,8 @@ class MeasureResult:
     build_s: float = 0.0
     run_s: float = 0.0
     features: np.ndarray | None = None
+    conditions: dict[str, object] = field(default_factory=dict)
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
@@ -108,11 +134,12 @@ class KernelArtifact:
 
 
 def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtifact:
-    """CPU kernels travel as their lowered IR and source (the shared library is in the build cache);
-    other kernels as themselves when they pickle, else as the configuration to build again."""
+    """CPU kernels travel as their lowered IR, source and shared library (which goes into the build
+    cache of a runner on another host); other kernels as themselves when they pickle, else as the
+    configuration to build again."""
     from ..runtime.cpu import CPUKernel
     if isinstance(kern, CPUKernel):
-        return KernelArtifact("cpu", (kern.func, kern.lowered, kern.source))
+        return KernelArtifact("cpu", (kern.func, kern.lowered, kern.source, kern.path.name, kern.path.read_bytes()))
     try:
         pickle.dumps(kern)
     except Exception:  # noqa: BLE001 - any pickling failure means: rebuild in the runner
@@ -122,8 +149,13 @@ def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtif
 
 def load_kernel(art: KernelArtifact) -> Any:
     if art.kind == "cpu":
-        from ..runtime.cpu import CPUKernel
-        func, lowered, source = art.payload
+        from ..runtime.cpu import CPUKernel, cache_dir
+        func, lowered, source, name, library = art.payload
+        path = cache_dir() / name
+        if not path.exists():  # built on another host: the build cache's file name is its content key
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(library)
+            os.replace(tmp, path)
         return CPUKernel(func, lowered, source)
     if art.kind == "rebuild":
         from ..build import build
@@ -207,8 +239,9 @@ def _check(kern: Any, op: Any, seed: int, keep: str | None = None) -> tuple[list
 
 
 def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, odd_art: KernelArtifact | None,
-                  opts: MeasureOptions) -> tuple[str, list[float], str]:
-    """Check and time one built kernel (in the runner process): (status, costs, error)."""
+                  opts: MeasureOptions) -> tuple[str, list[float], str, dict[str, object]]:
+    """Check and time one built kernel (in the runner process): (status, costs, error, the conditions
+    of the timing)."""
     if opts.before_run is not None:
         opts.before_run(task, values)
     key = task.workload.key
@@ -221,12 +254,12 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     if odd_art is not None:
         _, err = _check(load_kernel(odd_art), odd_workload(task).instantiate(), seed)
         if err:
-            return "wrong_result", [], f"at odd sizes: {err}"
+            return "wrong_result", [], f"at odd sizes: {err}", {}
     t0 = time.perf_counter()
     if opts.check:
         inputs, err = _check(kern, op, seed, keep=key if opts.same_inputs else None)
         if err:
-            return "wrong_result", [], err
+            return "wrong_result", [], err, {}
     else:
         inputs = op.make_inputs(np.random.default_rng(seed))
         kern(*inputs)
@@ -236,7 +269,7 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     extra = {"flush_cache": True} if opts.flush_cache else {}
     costs = [kern.benchmark(*inputs, repeat=repeat, warmup=opts.warmup if first < 0.5 else 0,
                             min_time=min(opts.min_time, budget), **extra)]
-    return "ok", costs, ""
+    return "ok", costs, "", conditions(task.target)
 
 
 # --- the measurer ------------------------------------------------------------------------------------
@@ -250,19 +283,77 @@ def _failure(outcome: Outcome, stage: str) -> tuple[str, str]:
         who = "builder" if stage else "runner"
         return ("build_crash" if stage else "crash"), f"the {who} process died ({what})"
     assert isinstance(outcome, Raised)
-    if outcome.kind == InvalidConfig.__name__:
+    if outcome.is_a(InvalidConfig.__name__):
         return "invalid", outcome.message
-    if outcome.kind == DeviceError.__name__:
+    if outcome.is_a(DeviceError.__name__):  # CudaError too: the driver's errors are DeviceErrors
         return "device_error", outcome.message
     if stage:
         return "build_error", f"{outcome.kind}: {outcome.message}"
     return "runtime_error", f"{outcome.kind}: {outcome.message}"
 
 
-class Measurer:
-    """Builds and runs batches of configurations of tasks; owns the builder pool and the runner."""
+def device_environment(ordinal: int | None) -> dict[str, str]:
+    """The environment that gives a runner GPU ``ordinal`` of this process (an index into this process's
+    ``CUDA_VISIBLE_DEVICES`` when set) as its only device; nothing for None (the default GPU)."""
+    if ordinal is None:
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if not 0 <= ordinal < len(ids):
+            raise TuneError(f"device {ordinal} is not one of the {len(ids)} GPU(s) that CUDA_VISIBLE_DEVICES="
+                            f"{visible} leaves visible; give devices between 0 and {len(ids) - 1}")
+        return {"CUDA_VISIBLE_DEVICES": ids[ordinal]}
+    return {"CUDA_VISIBLE_DEVICES": str(ordinal)}
 
-    def __init__(self, options: MeasureOptions | None = None):
+
+def cache_options(opts: MeasureOptions) -> dict[str, object]:
+    """The measurement options that change a trial's outcome (part of its result-cache key)."""
+    hook = opts.before_run
+    return {"check": opts.check, "odd": opts.check_odd_shape, "threads": opts.threads,
+            "flush": opts.flush_cache, "same_inputs": opts.same_inputs,
+            "hook": None if hook is None else f"{hook.__module__}.{hook.__qualname__}"}
+
+
+@dataclass
+class _Trial:
+    task: Task
+    values: dict[str, object]
+    cache_key: str | None
+    built: Outcome | None = None
+    runner: int = -1
+
+
+def measure_streamed(measurer: Any, task: Task, batch: list[dict[str, object]],
+                     on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+    """A batch measured through a streaming measurer's ``submit`` and ``collect``, results in order
+    (trials the caller streamed meanwhile stay for its next ``collect``)."""
+    results: list[MeasureResult | None] = [None] * len(batch)
+    ids = {measurer.submit(task, v): k for k, v in enumerate(batch)}
+    left = len(batch)
+    others: list[tuple[int, MeasureResult]] = []
+    while left:
+        for trial, res in measurer.collect():
+            if trial not in ids:
+                others.append((trial, res))
+                continue
+            results[ids[trial]] = res
+            left -= 1
+            if on_result is not None:
+                on_result(ids[trial], res)
+    measurer._done[:0] = others
+    return results  # type: ignore[return-value]
+
+
+class Measurer:
+    """Builds and runs configurations of tasks; owns the builder pool and one runner per device.
+
+    ``devices``: the GPUs to measure on (ordinals; None: the default GPU, or the CPU). Two ways to use
+    it: ``measure(task, batch)`` measures a batch and returns its results in order; ``submit`` and
+    ``collect`` stream trials (a tuner keeps the builders busy and hears each result as it comes).
+    """
+
+    def __init__(self, options: MeasureOptions | None = None, devices: Sequence[int] | None = None):
         self.options = options or MeasureOptions()
         threads = self.options.threads
         # NumPy's BLAS computes references single-threaded: its idle threads spin after each call
@@ -270,20 +361,154 @@ class Measurer:
         env = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
+        self.devices: list[int | None] = list(devices) if devices else [None]
         self.builders = WorkerPool(self.options.builder_count(), {"OMP_NUM_THREADS": "1"})
-        self.runner = WorkerPool(1, env)
+        self.runners = [WorkerPool(1, {**env, **device_environment(d)}) for d in self.devices]
+        self.cache = ResultCache() if self.options.result_cache else None
+        self._trials: dict[int, _Trial] = {}
+        self._builds: dict[int, int] = {}  # builder ticket -> trial
+        self._lowered: dict[int, Outcome] = {}  # builder ticket -> outcome of a features call
+        self._queue: deque[int] = deque()  # built trials waiting for a runner
+        self._runs: dict[tuple[int, int], tuple[int, float]] = {}  # (runner, ticket) -> (trial, start)
+        self._done: list[tuple[int, MeasureResult]] = []
+        self._next = 0
+
+    @property
+    def runner(self) -> WorkerPool:
+        """The runner of the first device."""
+        return self.runners[0]
+
+    # --- streaming -------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Trials submitted and not yet collected."""
+        return len(self._trials)
+
+    @property
+    def unbuilt(self) -> int:
+        """Trials submitted and not yet built: fewer than ``build_slots`` leaves a builder idle."""
+        return len(self._builds)
+
+    @property
+    def build_slots(self) -> int:
+        return self.builders.size
+
+    def submit(self, task: Task, values: dict[str, object]) -> int:
+        """Queue one configuration for building and measuring; its id comes back from ``collect``."""
+        self._next += 1
+        trial = self._next
+        key = None
+        if self.cache is not None:
+            key = ResultCache.key(task.key, task.target.key, toolkit_version(task.target.kind), values,
+                                  cache_options(self.options))
+            found = self.cache.get(key)
+            if found is not None:
+                self._done.append((trial, MeasureResult(found["status"], found["costs"], found["error"],
+                                                        conditions=found.get("conditions", {}), cached=True)))
+                return trial
+        self._trials[trial] = _Trial(task, values, key)
+        ticket = self.builders.submit(build_candidate, (task, values, self.options.check_odd_shape),
+                                      self.options.build_timeout)
+        self._builds[ticket] = trial
+        return trial
+
+    def collect(self, timeout: float | None = None) -> list[tuple[int, MeasureResult]]:
+        """Results of submitted trials that finished, as (id, result); waits up to ``timeout`` seconds
+        (None: until at least one finishes) when none has."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done and self._trials:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._pump(left)
+        done, self._done = self._done, []
+        return done
+
+    def _pump(self, timeout: float | None) -> None:
+        """Wait for the first event of any pool (a build or a run done, a deadline) and handle it."""
+        pools = [self.builders, *self.runners]
+        handles = [c for p in pools for c in p.connections()]
+        until = min(p.next_deadline() for p in pools) - time.monotonic()
+        wait_s = max(0.0, until) if timeout is None else max(0.0, min(until, timeout))
+        if handles:
+            wait(handles, timeout=None if wait_s == float("inf") else wait_s)
+        for ticket, outcome in self.builders.poll(0):
+            if ticket in self._lowered:
+                self._lowered[ticket] = outcome
+            elif ticket in self._builds:
+                trial = self._builds.pop(ticket)
+                self._trials[trial].built = outcome
+                self._queue.append(trial)
+        for k, runner in enumerate(self.runners):
+            for ticket, outcome in runner.poll(0):
+                trial, start = self._runs.pop((k, ticket))
+                self._finish_run(trial, outcome, time.perf_counter() - start)
+        self._start_runs()
+
+    def _pausing(self, task: Task) -> bool:
+        pause = self.options.pause_builds
+        return task.target.kind != "cuda" if pause is None else pause
+
+    def _start_runs(self) -> None:
+        while self._queue:
+            busy = {k for k, _ in self._runs}
+            free = next((k for k in range(len(self.runners)) if k not in busy), None)
+            if free is None:
+                return
+            trial = self._queue.popleft()
+            t = self._trials[trial]
+            if not isinstance(t.built, Returned):
+                status, error = _failure(t.built, "build_")  # type: ignore[arg-type]
+                self._finish(trial, MeasureResult(status, [], error))
+                continue
+            art, _feats, odd_art, _build_s = t.built.value
+            if self._pausing(t.task):
+                self.builders.pause()
+            t.runner = free
+            ticket = self.runners[free].submit(run_candidate, (t.task, t.values, art, odd_art, self.options),
+                                               self.options.run_timeout)
+            self._runs[free, ticket] = (trial, time.perf_counter())
+        if not self._runs:
+            self.builders.resume()
+
+    def _finish_run(self, trial: int, ran: Outcome, run_s: float) -> None:
+        t = self._trials[trial]
+        _art, feats, _odd, build_s = t.built.value  # type: ignore[union-attr]
+        self._finish(trial, self._result(ran, build_s, run_s, feats, self.runners[t.runner]))
+
+    def _result(self, ran: Outcome, build_s: float, run_s: float, feats: np.ndarray | None,
+                runner: WorkerPool) -> MeasureResult:
+        if isinstance(ran, Returned):
+            status, costs, error, cond = ran.value
+            return MeasureResult(status, costs, error, build_s, run_s, feats, cond)
+        status, error = _failure(ran, "")
+        if status == "device_error":
+            runner.restart()  # a CUDA error may leave the context unusable
+        return MeasureResult(status, [], error, build_s, run_s, feats)
+
+    def _finish(self, trial: int, res: MeasureResult) -> None:
+        t = self._trials.pop(trial)
+        if self.cache is not None and t.cache_key is not None:
+            self.cache.put(t.cache_key, {"status": res.status, "costs": res.costs, "error": res.error,
+                                         "conditions": res.conditions})
+        self._done.append((trial, res))
+
+    # --- batches ---------------------------------------------------------------------------------
 
     def measure(self, task: Task, batch: list[dict[str, object]],
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
-        """Build every configuration of ``batch`` in parallel, then check and time each in turn."""
-        builds = self.build(task, batch)
-        results: list[MeasureResult] = []
-        for k, (values, built) in enumerate(zip(batch, builds, strict=False)):
-            res = self.run_built(task, values, built)
-            results.append(res)
-            if on_result is not None:
-                on_result(k, res)
-        return results
+        """Measure every configuration of ``batch``; results in its order (``on_result(k, result)``
+        hears each as it comes). With ``overlap=False``: build them all in parallel, then run each in turn."""
+        results: list[MeasureResult | None] = [None] * len(batch)
+        if not self.options.overlap:
+            builds = self.build(task, batch)
+            for k, (values, built) in enumerate(zip(batch, builds, strict=False)):
+                results[k] = self.run_built(task, values, built)
+                if on_result is not None:
+                    on_result(k, results[k])  # type: ignore[arg-type]
+            return results  # type: ignore[return-value]
+        return measure_streamed(self, task, batch, on_result)
 
     def build(self, task: Task, batch: list[dict[str, object]]) -> list[Outcome]:
         """Build every configuration of ``batch`` in parallel without running them: each outcome's
@@ -292,32 +517,36 @@ class Measurer:
         return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape) for v in batch],
                                  opts.build_timeout)
 
-    def run_built(self, task: Task, values: dict[str, object], built: Outcome) -> MeasureResult:
-        """Check and time one configuration built by ``build`` (a build failure becomes its result)."""
+    def run_built(self, task: Task, values: dict[str, object], built: Outcome, device: int = 0) -> MeasureResult:
+        """Check and time one configuration built by ``build`` (a build failure becomes its result) on
+        the runner of ``devices[device]``."""
         opts = self.options
         if not isinstance(built, Returned):
             status, error = _failure(built, "build_")
             return MeasureResult(status, [], error)
         art, feats, odd_art, build_s = built.value
         t0 = time.perf_counter()
-        ran = self.runner.call(run_candidate, (task, values, art, odd_art, opts), opts.run_timeout)
-        run_s = time.perf_counter() - t0
-        if isinstance(ran, Returned):
-            status, costs, error = ran.value
-            return MeasureResult(status, costs, error, build_s, run_s, feats)
-        status, error = _failure(ran, "")
-        if status == "device_error":
-            self.runner.restart()  # a CUDA error may leave the context unusable
-        return MeasureResult(status, [], error, build_s, run_s, feats)
+        runner = self.runners[device]
+        ran = runner.call(run_candidate, (task, values, art, odd_art, opts), opts.run_timeout)
+        return self._result(ran, build_s, time.perf_counter() - t0, feats, runner)
 
     def features(self, task: Task, batch: list[dict[str, object]]) -> list[np.ndarray | None]:
         """Iter features of configurations (lowered in the builder processes); None where lowering fails."""
-        outs = self.builders.map(lower_features, [(task, v) for v in batch], self.options.build_timeout)
+        tickets = [self.builders.submit(lower_features, (task, v), self.options.build_timeout) for v in batch]
+        self._lowered.update({t: None for t in tickets})  # type: ignore[misc]
+        while any(self._lowered[t] is None for t in tickets):
+            self._pump(None)  # streamed runs go on meanwhile (and resume the builders they stopped)
+        outs = [self._lowered.pop(t) for t in tickets]
         return [o.value if isinstance(o, Returned) else None for o in outs]
 
     def close(self) -> None:
         self.builders.close()
-        self.runner.close()
+        for runner in self.runners:
+            runner.close()
+        self._trials.clear()
+        self._builds.clear()
+        self._queue.clear()
+        self._runs.clear()
 
     def __enter__(self) -> Measurer:
         return self

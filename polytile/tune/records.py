@@ -1,9 +1,13 @@
 """Tuning records: an append-only JSON-lines log of every trial, safe against a killed process.
 
 One line per trial: workload key, target key, template, configuration, status, costs, error,
-timestamps and the tuner that proposed it. Lines are appended under an exclusive lock, flushed and
-fsynced before the next trial starts, so a killed run loses at most the trial in flight; a torn last
-line (the process died mid-write) is skipped when reading. The best configuration is looked up by
+timestamps, the tuner that proposed it and the conditions it was timed under (clocks, power, toolkit
+and driver versions). When a run declares its winner (the best configurations timed again in a fresh
+process), one more line with ``role`` "winner" holds the winner and its re-timed costs: it is not a
+trial, and ``best`` returns it until a later trial of the workload is written. Lines are appended
+under an exclusive lock, flushed and fsynced before the next trial starts, so a killed run loses at
+most the trial in flight, and several tuners may append to one file; a torn last line (the process
+died mid-write) is skipped when reading. The best configuration is looked up by
 workload *and* target: records of another machine are never applied. A file that is not a records
 file (any line neither a record nor the torn start of one), a directory or a path that cannot be
 written is refused before the first trial (``RecordLog.check``), and nothing is appended to it.
@@ -42,6 +46,9 @@ class Record:
     build_s: float = 0.0
     run_s: float = 0.0
     flops: float = 0.0
+    conditions: dict[str, object] = field(default_factory=dict)
+    cached: bool = False
+    role: str = "trial"
     version: int = FORMAT_VERSION
 
     @property
@@ -149,12 +156,25 @@ class RecordLog:
                                     f"{d['version']}); upgrade polytile to read it")
                 yield Record.from_dict(d)
 
-    def select(self, workload: str, target: str) -> list[Record]:
-        """The records of one workload on one target, in the order they were written."""
-        return [r for r in self if r.workload == workload and r.target == target]
+    def select(self, workload: str, target: str, role: str = "trial") -> list[Record]:
+        """The records of one workload on one target with ``role`` (the trials unless told), in the order
+        they were written."""
+        return [r for r in self if r.workload == workload and r.target == target and r.role == role]
 
     def best(self, workload: str, target: str) -> Record | None:
-        """The fastest successful record of ``workload`` on ``target`` (None if there is none)."""
+        """The winner of ``workload`` on ``target``: the last declared winner when no trial was written
+        after it, else the fastest successful trial (None if there is none)."""
+        latest: Record | None = None
+        trials: list[Record] = []
+        for r in self:
+            if r.workload != workload or r.target != target:
+                continue
+            if r.role == "winner":
+                latest, trials = r, []
+            elif r.role == "trial":
+                trials.append(r)
+        if latest is not None and not trials:
+            return latest
         ok = [r for r in self.select(workload, target) if r.ok]
         return min(ok, key=lambda r: r.cost) if ok else None
 

@@ -1,10 +1,11 @@
 """Isolated worker processes: a crash, a hang or a stuck call in one costs that call, never the caller.
 
-Each worker is a fresh interpreter serving calls over a pipe. ``WorkerPool.map`` hands calls to idle
-workers and waits with a deadline per call; a worker that dies (segfault, abort) or overruns its
-deadline is killed with everything it started (compilers), its call reported as
-``Crashed``/``TimedOut``, and a new worker takes its place. Calls are module-level functions, pickled
-by name.
+Each worker is a fresh interpreter serving calls over a pipe. ``WorkerPool.submit`` queues calls for
+idle workers and ``poll`` collects their outcomes with a deadline per call (``map`` does both); a
+worker that dies (segfault, abort) or overruns its deadline is killed with everything it started
+(compilers), its call reported as ``Crashed``/``TimedOut``, and a new worker takes its place.
+``pause``/``resume`` stop and continue a pool's workers (builders, while a CPU kernel is timed).
+Calls are module-level functions, pickled by name.
 
 Workers are started as ``python -c BOOT``, not by ``multiprocessing``'s spawn, which runs the
 caller's ``__main__`` script again in every worker (so a plain script calling ``pt.tune`` without an
@@ -25,6 +26,7 @@ import sys
 import time
 import traceback
 import types
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
@@ -40,11 +42,16 @@ class Returned:
 
 @dataclass
 class Raised:
-    """The call raised: ``kind`` is the exception's class name, ``message`` its text."""
+    """The call raised: ``kind`` is the exception's class name, ``message`` its text, ``lineage`` the
+    names of its classes (the exception's and its bases', so that a subclass is known by its family)."""
 
     kind: str
     message: str
     polytile: bool  # a PolytileError (an expected failure), not a bug
+    lineage: tuple[str, ...] = ()
+
+    def is_a(self, name: str) -> bool:
+        return name == self.kind or name in self.lineage
 
 
 @dataclass
@@ -144,6 +151,8 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
     """The worker's loop: read a call, run it, send its outcome; return when the caller closes the pipe."""
     os.set_inheritable(conn.fileno(), False)  # the pipe must close when this process dies
     _die_with_parent(setup["parent"])
+    if setup.get("nice"):
+        os.nice(setup["nice"])  # builders yield the cores to the process that times kernels
     sys.argv[:] = setup["argv"]
     if setup["main"] is not None:
         sys.modules["__main__"] = _CallerMain(*setup["main"])
@@ -165,7 +174,7 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
             except BaseException as err:  # noqa: BLE001 - reported to the caller, whatever it is
                 expected = isinstance(err, PolytileError)
                 text = str(err) if expected else "".join(traceback.format_exception(err))[-3000:]
-                result = Raised(type(err).__name__, text, expected)
+                result = Raised(type(err).__name__, text, expected, tuple(c.__name__ for c in type(err).__mro__))
         try:
             conn.send(result)
         except (BrokenPipeError, OSError):
@@ -191,14 +200,14 @@ STARTUP_TIMEOUT = 300.0
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], nice: int = 0):
         self.conn, child = Pipe()
         self.proc = subprocess.Popen([sys.executable, "-c", BOOT, str(child.fileno())],
                                      pass_fds=(child.fileno(),), env={**os.environ, **env},
                                      stdin=subprocess.DEVNULL, process_group=0)
         child.close()
         self.conn.send({"sys_path": list(sys.path), "argv": list(sys.argv), "main": _main_module(),
-                        "parent": os.getpid()})
+                        "parent": os.getpid(), "nice": nice})
         self.ready = False
 
     def wait_ready(self) -> bool:
@@ -217,6 +226,13 @@ class _Worker:
             raise TuneError(f"cannot send {getattr(fn, '__name__', fn)} to a worker process ({err}); templates, "
                             "operators and hooks must be defined at module level") from None
         self.conn.send_bytes(data)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the worker and everything it started."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def kill(self) -> int:
         """Kill the worker and whatever it started (compilers), reap it, and return its exit status
@@ -240,69 +256,155 @@ def _signal_name(code: int | None) -> str:
 
 
 class WorkerPool:
-    """``size`` worker processes started lazily with extra environment ``env``."""
+    """``size`` worker processes started lazily with extra environment ``env`` (at ``nice`` priority).
 
-    def __init__(self, size: int, env: dict[str, str] | None = None):
+    Calls are submitted (``submit``) and their outcomes collected as they complete (``poll``), so a
+    caller can keep the workers busy while it does other work; ``map`` does both for a list of calls.
+    ``pause`` stops every worker and what it started (SIGSTOP to their process groups) and
+    ``resume`` continues them, moving their deadlines by the time they were stopped.
+    """
+
+    def __init__(self, size: int, env: dict[str, str] | None = None, nice: int = 0):
         check_not_loading_main()
         self.size = max(1, size)
         self.env = dict(env or {})
+        self.nice = nice
         self._workers: list[_Worker] = []
+        self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], float]] = deque()
+        # worker slot -> (ticket, function, timeout, deadline) of the call it runs
+        self._busy: dict[int, tuple[int, Callable[..., Any], float, float]] = {}
+        self._tickets = 0
+        self._paused_at: float | None = None
+        self._unclaimed: list[tuple[int, Outcome]] = []  # outcomes ``map`` collected for other callers
 
     def _spawn(self) -> _Worker:
-        return _Worker(self.env)
+        return _Worker(self.env, self.nice)
+
+    @property
+    def pending(self) -> int:
+        """Calls submitted and not yet collected by ``poll``."""
+        return len(self._queue) + len(self._busy) + len(self._unclaimed)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and len(self._busy) < self.size
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> int:
+        """Queue ``fn(*args)`` to run within ``timeout`` seconds; returns its ticket for ``poll``."""
+        self._tickets += 1
+        self._queue.append((self._tickets, fn, args, timeout))
+        self._dispatch()
+        return self._tickets
+
+    def _dispatch(self) -> None:
+        if self._paused_at is not None:
+            return
+        while len(self._workers) < min(self.size, len(self._busy) + len(self._queue)):
+            self._workers.append(self._spawn())  # all start at once; each is waited for when first used
+        for slot, w in enumerate(self._workers):
+            if not self._queue:
+                return
+            if slot in self._busy:
+                continue
+            if not w.wait_ready():
+                raise TuneError(f"a worker process failed to start (exit code {w.kill()}); "
+                                "run `python -c 'import polytile'` to see why")
+            ticket, fn, args, timeout = self._queue.popleft()
+            try:
+                w.send(fn, args)
+            except (BrokenPipeError, OSError):
+                self._replace(slot)
+                self._queue.appendleft((ticket, fn, args, timeout))
+                continue
+            self._busy[slot] = (ticket, fn, timeout, time.monotonic() + timeout)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Outcome]]:
+        """Wait up to ``timeout`` seconds (None: until one completes) and return the (ticket, outcome)
+        of every call that completed, died or overran its deadline."""
+        self._dispatch()
+        if self._unclaimed:
+            done, self._unclaimed = self._unclaimed, []
+            return done
+        if not self._busy or self._paused_at is not None:
+            if timeout:
+                time.sleep(timeout)
+            return []
+        wait_s = max(0.0, self.next_deadline() - time.monotonic())
+        if timeout is not None:
+            wait_s = min(wait_s, timeout)
+        ready = wait(self.connections(), timeout=wait_s)
+        done: list[tuple[int, Outcome]] = []
+        for slot in list(self._busy):
+            w = self._workers[slot]
+            ticket, fn, timeout_s, deadline = self._busy[slot]
+            outcome: Outcome | Unloadable | None = None
+            if w.conn in ready:
+                try:
+                    outcome = w.conn.recv()
+                except (EOFError, OSError):
+                    code = w.kill()
+                    outcome = Crashed(code, _signal_name(code))
+                    self._workers[slot] = self._spawn()
+                if isinstance(outcome, Unloadable):
+                    raise TuneError(f"a worker process could not load the call {fn.__name__}: "
+                                    f"{outcome.message} (templates, operators and hooks must be importable "
+                                    "by name: defined at module level in a module or a script file)")
+            elif time.monotonic() >= deadline:
+                outcome = TimedOut(timeout_s)
+                self._replace(slot)
+            if outcome is not None:
+                del self._busy[slot]
+                done.append((ticket, outcome))
+        self._dispatch()
+        return done
+
+    def connections(self) -> list[Connection]:
+        """The pipes of the busy workers: one becomes readable when its call completes or the worker
+        dies (only the worker holds the other end), for callers waiting on several pools at once."""
+        return [] if self._paused_at is not None else [self._workers[s].conn for s in self._busy]
+
+    def next_deadline(self) -> float:
+        """When the first running call overruns (``time.monotonic()``; inf when none runs)."""
+        if self._paused_at is not None or not self._busy:
+            return float("inf")
+        return min(d for *_, d in self._busy.values())
+
+    def pause(self) -> None:
+        """Stop every worker and its children where they are (their deadlines stop too)."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+            for w in self._workers:
+                w.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._paused_at is None:
+            return
+        stopped = time.monotonic() - self._paused_at
+        self._paused_at = None
+        for w in self._workers:
+            w.signal(signal.SIGCONT)
+        self._busy = {s: (t, fn, to, d + stopped) for s, (t, fn, to, d) in self._busy.items()}
+        self._dispatch()
 
     def map(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float,
             on_done: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
         """Run ``fn(*args)`` for every args tuple, at most ``size`` at a time, each within ``timeout``
         seconds; outcomes in the order of ``calls`` (``on_done`` hears each as it completes)."""
-        while len(self._workers) < min(self.size, len(calls)):
-            self._workers.append(self._spawn())
+        index = {self.submit(fn, args, timeout): k for k, args in enumerate(calls)}
         results: list[Outcome | None] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (call index, deadline)
-        while pending or busy:
-            for slot, w in enumerate(self._workers):
-                if slot not in busy and pending:
-                    if not w.wait_ready():
-                        raise TuneError(f"a worker process failed to start (exit code {w.kill()}); "
-                                        "run `python -c 'import polytile'` to see why")
-                    k = pending.pop(0)
-                    try:
-                        w.send(fn, calls[k])
-                    except (BrokenPipeError, OSError):
-                        self._replace(slot)
-                        pending.insert(0, k)
-                        continue
-                    busy[slot] = (k, time.monotonic() + timeout)
-            if not busy:
-                continue
-            now = time.monotonic()
-            next_deadline = min(d for _, d in busy.values())
-            # a worker's pipe closes when it dies (only the worker holds its end): one handle each
-            ready = wait([self._workers[s].conn for s in busy], timeout=max(0.0, next_deadline - now))
-            for slot in list(busy):
-                w = self._workers[slot]
-                k, deadline = busy[slot]
-                outcome: Outcome | Unloadable | None = None
-                if w.conn in ready:
-                    try:
-                        outcome = w.conn.recv()
-                    except (EOFError, OSError):
-                        code = w.kill()
-                        outcome = Crashed(code, _signal_name(code))
-                        self._workers[slot] = self._spawn()
-                    if isinstance(outcome, Unloadable):
-                        raise TuneError(f"a worker process could not load the call {fn.__name__}: "
-                                        f"{outcome.message} (templates, operators and hooks must be importable "
-                                        "by name: defined at module level in a module or a script file)")
-                elif time.monotonic() >= deadline:
-                    outcome = TimedOut(timeout)
-                    self._replace(slot)
-                if outcome is not None:
-                    del busy[slot]
-                    results[k] = outcome
-                    if on_done is not None:
-                        on_done(k, outcome)
+        left = len(calls)
+        others, self._unclaimed = self._unclaimed, []
+        while left:
+            for ticket, outcome in self.poll():
+                k = index.pop(ticket, None)
+                if k is None:
+                    others.append((ticket, outcome))  # submitted by someone else: theirs to poll
+                    continue
+                results[k] = outcome
+                left -= 1
+                if on_done is not None:
+                    on_done(k, outcome)
+        self._unclaimed = others + self._unclaimed
         return results  # type: ignore[return-value]
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Outcome:
@@ -313,14 +415,18 @@ class WorkerPool:
         self._workers[slot] = self._spawn()
 
     def restart(self) -> None:
-        """Replace every worker (after a device error that may have poisoned their state)."""
+        """Replace every idle worker (after a device error that may have poisoned their state)."""
         for slot in range(len(self._workers)):
-            self._replace(slot)
+            if slot not in self._busy:
+                self._replace(slot)
 
     def close(self) -> None:
         for w in self._workers:
             w.kill()
         self._workers = []
+        self._queue.clear()
+        self._busy.clear()
+        self._paused_at = None
 
     def __enter__(self) -> WorkerPool:
         return self

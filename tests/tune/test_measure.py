@@ -27,6 +27,11 @@ def _fail() -> None:
     raise ValueError("boom")
 
 
+def _driver_fault() -> None:
+    from polytile.runtime.cuda_driver import CudaError
+    raise CudaError("cuCtxSynchronize failed: CUDA_ERROR_LAUNCH_FAILED")
+
+
 def test_worker_pool_reports_each_outcome_and_keeps_serving():
     with WorkerPool(2) as pool:
         outs = pool.map(_sleep, [(0.0,), (30.0,), (0.1,)], timeout=3.0)
@@ -38,6 +43,29 @@ def test_worker_pool_reports_each_outcome_and_keeps_serving():
         raised = pool.call(_fail, (), timeout=10.0)
         assert isinstance(raised, Raised) and raised.kind == "ValueError" and not raised.polytile
         assert isinstance(pool.call(_sleep, (0.0,), timeout=10.0), Returned)
+
+
+def test_a_driver_error_is_a_device_error_and_replaces_the_runner():
+    """CudaError (what the driver layer raises for a faulted kernel) is a DeviceError: the trial is a
+    device_error and the runner, whose context is unusable, is replaced."""
+    from polytile.tune.measure import _failure
+    with WorkerPool(1) as pool:
+        raised = pool.call(_driver_fault, (), timeout=30.0)
+    assert isinstance(raised, Raised) and raised.kind == "CudaError"
+    assert _failure(raised, "")[0] == "device_error"
+
+
+def test_a_paused_pool_stops_its_calls_and_their_deadlines():
+    import time
+    with WorkerPool(1) as pool:
+        pool.call(_sleep, (0.0,), timeout=30.0)  # started
+        pool.submit(_sleep, (1.0,), timeout=2.0)
+        pool.pause()
+        time.sleep(2.5)  # longer than the deadline: stopped, the call neither runs nor overruns
+        assert pool.poll(0) == []
+        pool.resume()
+        (ticket, outcome), = pool.poll()
+        assert isinstance(outcome, Returned) and outcome.value == 1.0
 
 
 def test_faulty_candidates_are_survived_and_recorded(tmp_path):
@@ -57,7 +85,9 @@ def test_faulty_candidates_are_survived_and_recorded(tmp_path):
     assert result.best is not None and result.best.config == {"mode": "ok"}
     assert result.kernel is not None  # built from the one good configuration
     lines = [json.loads(x) for x in records.read_text().splitlines()]
-    assert sorted(x["status"] for x in lines) == sorted(r.status for r in result.records)
+    trials = [x for x in lines if x["role"] == "trial"]
+    assert sorted(x["status"] for x in trials) == sorted(r.status for r in result.records)
+    assert [x["config"] for x in lines if x["role"] == "winner"] == [{"mode": "ok"}]
     assert len(RecordLog(records).select(task.key, task.target.key)) == 5
 
 

@@ -54,5 +54,5 @@ def test_same_inputs_still_catch_a_wrong_kernel():
     m._REFERENCES.clear()
     op, _ = _counting(task)
     wrong = dataclasses.replace(op, reference=lambda x: op.reference(x) * 1.5)
-    status, costs, error = _run(task, values, MeasureOptions(repeat=1, min_time=0.0, same_inputs=True), wrong)
+    status, costs, error, _ = _run(task, values, MeasureOptions(repeat=1, min_time=0.0, same_inputs=True), wrong)
     assert status == "wrong_result" and not costs and "relative error" in error
