@@ -302,6 +302,7 @@ def _wgmma(target: CUDATarget) -> bool:
 
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
+SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
 
 
 @dataclass(frozen=True)
@@ -406,6 +407,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     else:
         kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
     best: GemmChoice | None = None
+    unsplit: GemmChoice | None = None
     for params, plan in found:
         if plan.resident == 0:
             continue
@@ -419,8 +421,12 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             t = gemm_seconds(sized, target, M, N, K, batch, split)
             if best is None or t < best.seconds:
                 best = GemmChoice(kernel, params, split, t)
+            if split == 1 and (unsplit is None or t < unsplit.seconds):
+                unsplit = GemmChoice(kernel, params, 1, t)
     if best is None:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
+    if unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
+        return unsplit  # the second kernel's cost is an estimate: split only for a clear gain
     return best
 
 
