@@ -23,6 +23,7 @@ convolutions write float32 results; torch writes the input dtype.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
                                 [--workers N] [--out FILE.json]
+    python benchmarks/shapes.py --tune 32 [--records R.jsonl] ...  # after pt.tune, 32 trials per workload
     python benchmarks/shapes.py --cpu [--quick] [--only ...]        # CPU-sized variant vs NumPy/torch
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
@@ -268,6 +269,24 @@ def build_all(ws: list[Workload], target: str, workers: int) -> dict[str, tuple[
         return {n: (k, s) for n, k, s in ex.map(_build_job, [(w, target) for w in ws])}
 
 
+def tune_all(ws: list[Workload], args: argparse.Namespace) -> dict[str, tuple[object, float]]:
+    """``pt.tune`` each workload (``args.tune`` trials, XGBoost; records in ``args.records``, so a
+    stopped run resumes) and keep its best kernel; a workload whose tuning finds nothing keeps the
+    default schedule's kernel."""
+    import polytile as pt
+    out: dict[str, tuple[object, float]] = {}
+    for w in ws:
+        t0 = time.perf_counter()
+        try:
+            kern = pt.tune(w.kind, target="cuda", trials=args.tune, records=args.records, tuner="xgb",
+                           progress=False, dtype=w.dtype, **dict(w.dims))
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            kern = f"{type(err).__name__}: {err}"[:2000]
+        out[w.name] = (kern, time.perf_counter() - t0)
+        print(f"tuned {w.name} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
 def torch_case(w: Workload, op: ops.Op, seed: int):  # noqa: ANN201 - (inputs, torch call, reference)
     """Random GPU inputs of ``op``, the torch call a user would make, and a reference in polytile's
     output layout (float64 for float32 inputs, float32 for 16-bit ones)."""
@@ -363,8 +382,8 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     t0 = time.perf_counter()
-    built = build_all(ws, "cuda", args.workers)
-    print(f"built {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+    built = tune_all(ws, args) if args.tune else build_all(ws, "cuda", args.workers)
+    print(f"{'tuned' if args.tune else 'built'} {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
     results = []
     for n, w in enumerate(ws):
         kern, build_s = built[w.name]
@@ -499,6 +518,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel builds")
     parser.add_argument("--threads", type=int, default=0, help="CPU: threads for OpenMP, OpenBLAS and torch")
     parser.add_argument("--out", help="the JSON record (default benchmarks/results/shapes-<variant>-<date>.json)")
+    parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
+                        "this many trials (default: the default schedules)")
+    parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
@@ -526,7 +548,7 @@ def main() -> int:
     started = datetime.datetime.now(datetime.UTC)
     record = run_cpu(ws, args) if args.cpu else run_gpu(ws, args)
     record = {**record, "date": started.isoformat(timespec="seconds"), "command": " ".join(["python", *sys.argv]),
-              "polytile_commit": git_commit(), "quick": args.quick, "only": args.only}
+              "polytile_commit": git_commit(), "quick": args.quick, "only": args.only, "tune_trials": args.tune}
     record["summary"] = summary(record)
     path = Path(args.out) if args.out else (ROOT / "benchmarks" / "results" /
                                             f"shapes-{record['variant']}-{started:%Y%m%d-%H%M%S}.json")
