@@ -304,3 +304,30 @@ def test_wgmma_model_predicts_the_split():
     assert eight == pytest.approx(predict(GemmShape(127, 255, 512, batch=8), tiles, SM90A)
                                   + split_seconds(SM90A, 127, 255, 1, 8))
     assert one == pytest.approx(predict(GemmShape(127, 255, 4096), tiles, SM90A))
+
+
+@pytest.mark.parametrize("op,template,shape", [
+    ("matmul", "matmul_tensorcore", dict(M=64, N=128, K=512)),
+    ("batch_matmul", "batch_matmul_gemv", dict(batch=3, M=1, N=128, K=512)),
+])
+def test_templates_keep_the_operators_own_split(op, template, shape):
+    # an operator made with split_k= is tuned as it is (was: "'P' is not a computation of Func
+    # matmul" - the mma.sync space and the batched templates rebuilt an unsplit, unbatched matmul)
+    from polytile.tune import make_task
+    task = make_task(op, SM80, template=template, dtype="float16", split_k=4, **shape)
+    (digits,) = task.space.sample_valid(np.random.default_rng(0), 1)
+    sched = task.schedule(task.space.config(digits).values)
+    assert sched.func is task.op.func
+    assert [c.name for c in sched.computations] == ["P", "C"]
+    assert len(re.findall(r"^  kernel ", str(pt.lower(sched, SM80)), re.M)) == 2  # P, then the sum C
+
+
+@pytest.mark.parametrize("template,dtype", [("batch_matmul_tensorcore", "float16"),
+                                            ("batch_matmul_cuda", "float32")])
+def test_batched_split_is_refused_where_the_kernel_takes_one_batch_loop(template, dtype):
+    from polytile.tune import make_task
+    task = make_task("batch_matmul", SM80, template=template, batch=3, M=64, N=128, K=512, dtype=dtype, split_k=4)
+    assert not task.space.sample_valid(np.random.default_rng(0), 1)
+    reasons = {task.space.reason_invalid(task.space.config_at(i).digits) for i in range(0, task.space.size, 7)}
+    assert ("a batched product's reduction is split only on the GEMV kernel (at most 16 rows): this kernel takes "
+            "one batch loop; leave split_k unset") in reasons

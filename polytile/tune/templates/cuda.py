@@ -71,42 +71,46 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
 
 
 def _split_built(op: Any, chosen: int) -> int:
-    """The split of K a configuration builds for ``op``: 1 unless an unbatched matmul; the operator's
-    own ``split_k`` when it was given one; else the ``chosen`` split, or 1 where it does not divide K
-    (the configuration applied at other sizes: the tuner's check at prime sizes)."""
-    if op.name != "matmul":
-        return 1
+    """The split of K a configuration builds for ``op``: the operator's own ``split_k`` when it was
+    given one; else 1 unless an unbatched matmul; else the ``chosen`` split, or 1 where it does not
+    divide K (the configuration applied at other sizes: the tuner's check at prime sizes)."""
     if op.shape.get("split_k") is not None:
         return int(op.shape["split_k"])
+    if op.name != "matmul":
+        return 1
     return chosen if op.shape["K"] % chosen == 0 else 1
 
 
-def _split(cfg: TemplateConfig, op: Any, bk: int | None = None) -> int:
-    """The split of K (split-K): 1 or a divisor of K up to MAX_SPLIT (an unbatched matmul only);
-    with ``bk``, chunks of whole K tiles (the tensor cores compute whole tiles)."""
-    if op.name != "matmul" or op.shape.get("split_k") is not None:  # no decision: the operator's split
-        return _split_built(op, 1)
+def _split(cfg: TemplateConfig, op: Any, bk: int | None = None, decide: bool = True) -> int:
+    """The split of K (split-K): the operator's own, or with ``decide`` (an unbatched matmul only) 1 or
+    a divisor of K up to MAX_SPLIT, in chunks of at least two K tiles; with ``bk``, chunks of whole K
+    tiles (the tensor cores compute whole tiles)."""
     K = op.shape["K"]
-    split = _split_built(op, int(cfg.knob("split", [d for d in range(1, MAX_SPLIT + 1) if K % d == 0])))  # type: ignore[call-overload]
-    if split == 1:
-        return 1
-    cfg.require(K // split >= 2 * (bk or 16), "chunks of fewer than two K tiles")
-    cfg.require(bk is None or (K // split) % bk == 0, "chunks of K that are not whole K tiles")
+    if not decide or op.name != "matmul" or op.shape.get("split_k") is not None:  # the operator's split
+        split = _split_built(op, 1)
+    else:
+        split = _split_built(op, int(cfg.knob("split", [d for d in range(1, MAX_SPLIT + 1) if K % d == 0])))  # type: ignore[call-overload]
+        cfg.require(split == 1 or K // split >= 2 * (bk or 16), "chunks of fewer than two K tiles")
+    cfg.require(split == 1 or bk is None or (K // split) % bk == 0, "chunks of K that are not whole K tiles")
     return split
 
 
-def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int) -> tuple[Any, str, str | None]:
+def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int, batch_loops: int = 1) -> tuple[Any, Any, Any]:
     """A fresh schedule for the template: of the op's own function, or of its split restructuring
-    (``ops.matmul_func``) — the scheduled computation and its batch loop."""
+    (``ops.matmul_func``) — the scheduled computation and its batch loop(s). ``batch_loops``: how many
+    batch loops the kernel takes (a split batched product has two, its batch and its chunks)."""
+    batch = "bb" if op.name == "batch_matmul" else None
     own = op.shape.get("split_k") or 1
     if split == 1 and own == 1:
-        return cfg.schedule(op.func), "C", "bb" if op.name == "batch_matmul" else None
+        return cfg.schedule(op.func), "C", batch
+    cfg.require(not batch or batch_loops >= 2, f"a batched product's reduction is split only on the GEMV kernel (at "
+                f"most {GEMV_ROWS} rows): this kernel takes one batch loop; leave split_k unset")
     from ...ops.matmul import matmul_func
     s = op.shape
     func = op.func if split == own else matmul_func(s["M"], s["N"], s["K"], op.func.inputs[0].dtype.name, split)
     sched = cfg.schedule(func)
-    sum_partials(sched, "C")
-    return sched, "P", "s"
+    sum_partials(sched, "C", batch=batch)
+    return sched, "P", (batch, "s") if batch else "s"
 
 
 def _gemv_op(op: Any, target: Target) -> bool:
@@ -127,7 +131,7 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(threads == 32 or threads * vec // 2 < op.shape["N"], "the block is twice the matrix's columns")
     cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (threads * vec + M) * itemsize,
                   registers_per_thread=M * vec + vec + 32, registers_per_block=(M * vec + vec + 32) * threads)
-    sched, out, batch = _gemm_schedule(cfg, op, split)
+    sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
     align_operands(sched, out, granule=4)
     gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch)
     return sched
@@ -152,20 +156,21 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
     return not tensor_core_op(op, target)
 
 
-@template("matmul", "cuda", applies=_cuda_core_op)
-def matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
+def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
     sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op))
     gemm_cuda(sched, out, "A", "B", batch=batch, **tiles)
     return sched
 
 
+@template("matmul", "cuda", applies=_cuda_core_op)
+def matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    return _cuda_core_gemm(cfg, op)
+
+
 @template("batch_matmul", "cuda", applies=_cuda_core_op)
 def batch_matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    sched = cfg.schedule(op.func)
-    gemm_cuda(sched, "C", "A", "B", batch="bb", **tiles)
-    return sched
+    return _cuda_core_gemm(cfg, op)
 
 
 @template("dense", "cuda")
@@ -260,7 +265,7 @@ def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
 def _tensor_core_gemm(cfg: TemplateConfig, op: Any, tiles: dict[str, int], fn: Any, split: bool = True) -> Any:
     """A tensor-core GEMM of ``tiles``, K split (``split``: a decision) or not, its operands copied
     aligned where their rows are not 16-byte aligned (the library's default does the same)."""
-    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"]) if split else 1)
+    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"], decide=split))
     align_operands(sched, out, granule=4)
     fn(sched, out, "A", "B", batch=batch, **tiles)
     return sched
