@@ -90,7 +90,7 @@ def variant_cfg(spec: dict, variant: str) -> dict:
     if variant == "wgmma":
         d = spec["dims"]
         rows, cols, k = (d[0] * d[1], d[2], d[3]) if spec["kind"] == "batch_matmul" else d
-        cfg = wgmma_gemm_config(rows, cols, k, sms=as_target("cuda").sms)
+        cfg = wgmma_gemm_config(rows, cols, k, target=as_target("cuda"))
         if spec["kind"] == "batch_matmul" and (cfg["bm"] > d[1] or cfg["bn"] > d[2]):
             cfg.update(bm=64, bn=64)
         return cfg

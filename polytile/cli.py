@@ -67,6 +67,8 @@ def parse_shape(op_name: str, text: str | None) -> dict[str, object]:
         param = signature[key]
         if param.annotation in (int, "int"):
             out[key] = _size(text, key, value, smallest=0 if param.default == 0 else 1)
+        elif param.annotation in ("int | None", "None | int"):  # an optional count (split_k)
+            out[key] = _size(text, key, value, smallest=1)
         elif key == "dtype":
             out[key] = as_dtype(value).name
         else:

@@ -9,7 +9,7 @@ from ..errors import PolytileError
 from .base import Op, random_array, rel_error
 from .conv import conv2d, conv2d_nhwc
 from .igemm import conv2d_igemm, conv3d_igemm
-from .matmul import batch_matmul, dense, matmul
+from .matmul import batch_matmul, batch_matmul_func, dense, matmul, matmul_func
 from .norm import layernorm, softmax
 from .sparse import segment_sum, spmm
 
@@ -30,5 +30,6 @@ def get(name: str, **shape: int) -> Op:
         raise PolytileError(f"operator {name}: {err}") from None
 
 
-__all__ = ["OPS", "Op", "batch_matmul", "conv2d", "conv2d_igemm", "conv2d_nhwc", "conv3d_igemm", "dense", "get",
-           "layernorm", "matmul", "random_array", "rel_error", "segment_sum", "softmax", "spmm"]
+__all__ = ["OPS", "Op", "batch_matmul", "batch_matmul_func", "conv2d", "conv2d_igemm", "conv2d_nhwc", "conv3d_igemm",
+           "dense", "get", "layernorm", "matmul", "matmul_func", "random_array", "rel_error", "segment_sum", "softmax",
+           "spmm"]

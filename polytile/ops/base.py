@@ -29,21 +29,26 @@ class Op:
     reference: Callable[..., np.ndarray | tuple[np.ndarray, ...]]
     flops: float
     bytes_moved: float
-    schedules: dict[str, Callable[[Schedule, CPUTarget | CUDATarget], None]] = field(default_factory=dict)
+    schedules: dict[str, Callable[[Schedule, CPUTarget | CUDATarget], Schedule | None]] = field(default_factory=dict)
     params: dict[str, int] = field(default_factory=dict)
     tolerance: float = 1e-5
     baseline: Callable[..., object] | None = None  # the library a user would call instead (same dtypes)
     baseline_name: str = "numpy"
 
     def schedule(self, target: object = "cpu") -> Schedule:
-        """A schedule of ``func`` for ``target`` (the default one of this operator)."""
+        """A schedule of ``func`` for ``target`` (the default one of this operator). A schedule
+        function may restructure the algorithm for the target (split-K): it then returns a schedule of
+        an equivalent Func with the same inputs and outputs instead of scheduling the one it got."""
         tgt = as_target(target)
         sched = Schedule(self.func)
         fn = self.schedules.get(tgt.kind)
         if fn is None:
             raise PolytileError(f"operator {self.name} has no default schedule for {tgt.kind}")
-        fn(sched, tgt)
-        return sched
+        other = fn(sched, tgt)
+        if other is None:
+            return sched
+        _check_same_signature(self.name, self.func, other.func)
+        return other
 
     def build(self, target: object = "cpu"):  # noqa: ANN201 - a kernel
         from ..build import build
@@ -63,6 +68,14 @@ def reference_type(dtype: np.dtype) -> np.dtype:
     from ..dtypes import accumulator, as_dtype
     d = as_dtype(dtype)
     return accumulator(d).numpy if d.is_int else np.dtype(np.float64)
+
+
+def _check_same_signature(name: str, func: Func, other: Func) -> None:
+    def sig(f: Func) -> list[tuple[str, str, str]]:
+        return [(t.name, str(t.dtype), str(t.shape)) for t in (*f.inputs, *f.outputs)]
+    if sig(func) != sig(other):
+        raise PolytileError(f"operator {name}: the restructured algorithm {sig(other)} does not have the "
+                            f"signature of {sig(func)}")
 
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:

@@ -1,19 +1,37 @@
-"""Default CUDA schedules of the operators, by operator kind.
+"""Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-fp32 GEMM on CUDA cores: a 128×128 block tile with K chunks of 8 staged in shared memory (A
-transposed so that each thread reads its rows as 16-byte vectors), 256 threads each computing an
-8×8 register tile split in two 4-wide halves 64 apart (conflict-free shared reads, coalesced
-stores), operands of each k step held in registers.
-"""
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``);
+otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``), mma.sync where it has
+``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types
+(``gemm_cuda``: block tiles of 8×8 or 4×4 register tiles, K chunks of 8 in shared memory, A
+transposed so that each thread reads its rows as 16-byte vectors). Among each kernel's block tiles,
+and splits of K (split-K: partial products over chunks of K, then their sum), the analytical
+model's wave quantization (``tune.analytical.gemm_seconds``: SMs, resident blocks from shared
+memory and registers, DRAM bandwidth) picks the fastest for the shape. Tensor-core operands whose
+rows are not 16-byte aligned are copied aligned first (``align_operands``). Implicit-GEMM
+convolutions of fewer than 16 input channels run on the CUDA cores (``igemm_cuda``); softmax and
+layernorm take one block per row, its width in threads, the row in shared memory where it fits."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+from ..dtypes import DType, float16
 from ..errors import ScheduleError
-from ..intrinsics import MMA_M16N8K16
+from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
+from ..tune.analytical import (
+    WARP_FLOPS,
+    BlockPlan,
+    Hardware,
+    TileConfig,
+    WgmmaConfig,
+    block_occupancy,
+    gemm_seconds,
+    occupancy,
+)
 
 
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
@@ -51,6 +69,49 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
 
+def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: int = 2, bk: int = 32,
+              stages: int = 4, batch: str | tuple[str, ...] | None = None) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` for a few rows (M ≤ ``GEMV_ROWS``: decoding, a
+    matrix–vector product): memory-bound on B, which is streamed once through shared memory in
+    ``bk`` × ``bn`` tiles (16-byte asynchronous copies, ``stages`` deep); each of the bn/vec threads
+    of a block keeps all M rows × ``vec`` adjacent columns in registers and reads A's tile (M × bk,
+    in shared memory) as broadcasts. With ``batch`` (a batched product, or the chunks of a split
+    reduction) the blocks also run along blockIdx.y, with two (the chunks of a batched product)
+    along blockIdx.z and blockIdx.y."""
+    if bn % vec or (bn // vec) % 32 and bn // vec > 32:
+        raise ScheduleError(f"gemv_cuda: bn={bn} must be a multiple of vec={vec}, in whole warps (got "
+                            f"{bn // vec} threads)")
+    st = sched[out]
+    st.split("j", bn, "bj", "j1").split("j1", vec, "tx", "jv")
+    st.split("k", bk, "ko", "ki")
+    lead = [batch] if isinstance(batch, str) else list(batch or ())
+    st.reorder(*lead, "bj", "tx", "ko", "ki", "i", "jv")
+    for loop, axis in zip(lead, ("blockIdx.z", "blockIdx.y")[2 - len(lead):], strict=True):
+        st.bind(loop, axis)
+    st.bind("bj", "blockIdx.x").bind("tx", "threadIdx.x")
+    # whole tiles (zeros past the end): constant copy loops of 16-byte vectors at the matrix's edges
+    rows = int(sched.func.tensor(a).shape[-2].value)  # type: ignore[attr-defined]
+    lead_a = (1,) * (len(sched.func.tensor(a).shape) - 2)
+    lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
+    st.cache(a, "ko", loc="shared", name=f"{a}_shared", whole=(*lead_a, rows, bk))
+    st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
+    st.cache_identity(b, "ki", loc="local")
+    st.cache_write("tx", loc="local")
+    st.unroll("ki").unroll("i").unroll("jv")
+    if stages > 1:
+        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+
+
+def sum_partials(sched: Schedule, out: str, threads: int = 256, batch: str | None = None) -> None:
+    """Schedule the second half of a split reduction, ``out[i, j] = sum_s P[s, i, j]``: one thread per
+    output element (coalesced reads of each chunk's partial products), a batch along blockIdx.y."""
+    st = sched[out]
+    st.fuse("i", "j", "ij").split("ij", threads, "bx", "tx")
+    st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+    if batch:
+        st.bind(batch, "blockIdx.y")
+
+
 def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 32,
                     wm: int = 64, wn: int = 64, stages: int = 3, reg_stages: int = 1,
                     batch: str | None = None) -> None:
@@ -76,8 +137,8 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
-    st.cache(a, "ko", loc="shared", pad=(0,) * (1 + bool(batch)) + (8,), name=f"{a}_shared")
-    st.cache(b, "ko", loc="shared", pad=(0,) * (1 + bool(batch)) + (8,), name=f"{b}_shared")
+    for t in (a, b):  # rows padded by 8 elements (conflict-free ldmatrix)
+        st.cache(t, "ko", loc="shared", pad=(0,) * (len(sched.func.tensor(t).shape) - 1) + (8,), name=f"{t}_shared")
     st.cache_write("wj", loc="fragment")
     st.tensorize("i3", "mma_m16n8k16")
     if stages > 1:
@@ -174,11 +235,9 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
         st.pipeline(f"{col}_shared", stages, inflight=inflight).pipeline(f"{w}_shared", stages, inflight=inflight)
 
 
-def _gemm_tiles(M: int, N: int, wide: bool = False) -> dict[str, int]:
-    """Block and warp tiles for a tensor-core GEMM of M × N outputs: 128×256 (``wide``) or 128×128
-    tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
-    if wide and (M // 128) * (N // 256) >= 256:
-        return dict(bm=128, bn=256, wm=64, wn=64)
+def _gemm_tiles(M: int, N: int) -> dict[str, int]:
+    """Block and warp tiles for a tensor-core GEMM of M × N outputs (the implicit-GEMM convolutions'):
+    128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
     if (M // 128) * (N // 128) >= 96:
         return dict(bm=128, bn=128, wm=64, wn=64)
     return dict(bm=64, bn=64, wm=32, wn=32)
@@ -193,85 +252,256 @@ def wgmma_igemm_config(M: int, K: int, *, sms: int) -> dict[str, int]:
     return dict(bm=128, bn=bn, bk=64, stages=4, inflight=1)
 
 
+def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, pixels: int = 128,
+               channels: int = 16) -> None:
+    """Schedule an implicit-GEMM convolution on the CUDA cores, for inputs of too few channels to fill a
+    tensor-core K step (C < 16: an image's 3 colors): one output pixel per thread, ``channels``
+    output channels of it in registers, the block's filters (taps × C × channels) in shared memory
+    and the gather inlined into the products (each thread reads its pixel's input directly)."""
+    st = sched[out]
+    st.split("m", pixels, "bi", "mt").split("k", channels, "ko", "ki")
+    st.reorder("bi", "ko", "mt", *taps, "c", "ki")
+    # the taps and channels as one loop: a short body (the products of one input element) run
+    # taps × C times, rather than one unrolled body per tap (instruction-cache misses)
+    red = taps[0]
+    for t in [*taps[1:], "c"]:
+        st.fuse(red, t, f"{red}_{t}")
+        red = f"{red}_{t}"
+    st.bind("bi", "blockIdx.x").bind("ko", "blockIdx.y").bind("mt", "threadIdx.x")
+    sched[col].compute_inline()
+    st.cache(w, "mt", loc="shared", name=f"{w}_shared")
+    st.cache_write("mt", loc="local")
+    st.unroll("ki")
+
+
+MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)
+
+
+def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int) -> None:
+    if C < MMA_K:
+        igemm_cuda(sched, "O", "col", "Wt", taps, channels=min(16, K))
+    elif _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
+        igemm_wgmma(sched, "O", "col", "Wt", taps, **wgmma_igemm_config(M, K, sms=target.sms))
+    else:
+        igemm_tensorcore(sched, "O", "col", "Wt", taps, bk=32, stages=3, reg_stages=2, **_gemm_tiles(M, K))
+
+
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
                  stride: int, padding: int) -> None:
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-    if _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
-        igemm_wgmma(sched, "O", "col", "Wt", ["r", "s"], **wgmma_igemm_config(N * P * Q, K, sms=target.sms))
-        return
-    igemm_tensorcore(sched, "O", "col", "Wt", ["r", "s"], bk=32, stages=3, reg_stages=2,
-                     **_gemm_tiles(N * P * Q, K))
+    _igemm(sched, target, ["r", "s"], N * P * Q, C, K)
 
 
 def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,
                  R: int, S: int, stride: int, padding: int) -> None:
     Z = (D + 2 * padding - T) // stride + 1
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-    if _wgmma(target) and min(C, K) >= 64:
-        igemm_wgmma(sched, "O", "col", "Wt", ["t", "r", "s"], **wgmma_igemm_config(N * Z * P * Q, K, sms=target.sms))
-        return
-    igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], bk=32, stages=3, reg_stages=2,
-                     **_gemm_tiles(N * Z * P * Q, K))
-
-
-def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
-    """16-bit operands on a GPU with mma.sync (sm_80 and newer)."""
-    return sched.func.tensor(a).dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-
-
-def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
-    """Tiles and pipelining of a tensor-core GEMM (the best of the configurations measured on an H100,
-    benchmarks/pipelining.py): ``_gemm_tiles`` with 128×256 tiles allowed, 64-wide K tiles in 3
-    shared-memory stages with double-buffered register fragments (ALCOP's multi-level pipeline)."""
-    return dict(_gemm_tiles(M, N, wide=True), bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
-
-
-def wgmma_gemm_config(M: int, N: int, K: int = 0, *, sms: int) -> dict[str, int]:
-    """Tiles and pipelining of a warpgroup-MMA GEMM with M × N outputs and a K-long reduction on a GPU
-    of ``sms`` multiprocessors (measured on an H100, benchmarks/pipelining.py and `polytile tune`):
-    128×256 block tiles when they fill the GPU at least once, 128×128 when those give a block to about
-    three quarters of the multiprocessors (8/11: 96 of the H100's 132), 64×64 otherwise; 64-wide K
-    tiles (128-byte swizzled rows) in 4 shared-memory stages with one MMA group left in flight — for
-    the small tiles of a deep reduction (K ≥ 2048), 128-wide K tiles in 5 stages (tuned: BERT's
-    512×768×3072 in 0.014 ms instead of 0.023)."""
-    if (M // 128) * (N // 256) >= sms:
-        tiles = dict(bm=128, bn=256)
-    elif 11 * (M // 128) * (N // 128) >= 8 * sms:
-        tiles = dict(bm=128, bn=128)
-    else:
-        tiles = dict(bm=64, bn=64)
-        if K >= 2048:
-            return dict(tiles, bk=128, stages=5, inflight=1)
-    return dict(tiles, bk=64, stages=4, inflight=1)
+    _igemm(sched, target, ["t", "r", "s"], N * Z * P * Q, C, K)
 
 
 def _wgmma(target: CUDATarget) -> bool:
     return target.has("wgmma")
 
 
-def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
-    if _tensor_cores(sched, "A", target) and _wgmma(target):
-        gemm_wgmma(sched, "C", "A", "B", **wgmma_gemm_config(M, N, K, sms=target.sms))
-    elif _tensor_cores(sched, "A", target):
-        gemm_tensorcore(sched, "C", "A", "B", **_tensorcore_gemm_config(M, N, K))
-    else:
-        gemm_cuda(sched, "C", "A", "B")
+GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
+MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
+SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
 
 
-def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
-    if _tensor_cores(sched, "A", target) and _wgmma(target):
-        cfg = wgmma_gemm_config(batch * M, N, K, sms=target.sms)
-        if cfg["bm"] > M or cfg["bn"] > N:
-            cfg.update(bm=64, bn=64)
-        gemm_wgmma(sched, "C", "A", "B", batch="bb", **cfg)
-    elif _tensor_cores(sched, "A", target):
-        # small matrices (attention heads): one warp tile per block when the matrix is small
-        cfg = _tensorcore_gemm_config(batch * M, N, K)
-        if cfg["bm"] > M or cfg["bn"] > N:
-            cfg.update(bm=64, bn=64, wm=32, wn=32)
-        gemm_tensorcore(sched, "C", "A", "B", batch="bb", **cfg)
+@dataclass(frozen=True)
+class GemmChoice:
+    """A default GEMM schedule: the kernel ("wgmma", "mma", "cuda" or "gemv"), its parameters, the
+    number of chunks the reduction is split into (1: none) and the model's predicted seconds."""
+
+    kernel: str
+    params: dict[str, int]
+    split: int
+    seconds: float
+
+
+def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+    """Warpgroup-MMA tiles: bm/64 warpgroups issuing wgmma.m64n{bn}k16 (bn a multiple of 64: B's
+    128-byte swizzled rows, 192 included), 64-wide K tiles in 4 stages with one MMA group in flight —
+    128-wide in 5 stages for the small tiles of a deep reduction (tuned: BERT's 512×768×3072 in
+    0.014 ms instead of 0.023). Operands read in 4- or 8-byte pieces (rows not 16-byte aligned) take
+    4 to 2 times the copy instructions: tiles up to 128×128 (128×256 spills its accumulators)."""
+    pieces = (K * it) % 16 or (N * it) % 16
+    out = []
+    for bm in (128, 64):
+        for bn in (256, 192, 128, 64):
+            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn // 2 >= N) or (pieces and bm * bn > 128 * 128):
+                continue  # a tile twice the matrix only repeats a smaller one's work
+            bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
+            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=1)
+            resident = occupancy(WgmmaConfig(**params), hw, it).blocks
+            out.append((params, BlockPlan(bm, bn, bk, 0, 0, resident, hw.wgmma_flops, it, stages)))
+    return out
+
+
+def _mma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+    """mma.sync tiles (ALCOP's multi-level pipeline): 64×64 warp tiles in 128×256 or 128×128 blocks,
+    32×32 in 64×64; 64-wide K tiles (32 for short K) in 3 shared stages, fragments double-buffered."""
+    out = []
+    for bm, bn, wm, wn in ((128, 256, 64, 64), (128, 128, 64, 64), (64, 64, 32, 32)):
+        bk = 64 if K >= 128 else 32
+        tiles = TileConfig(bm, bn, bk, wm, wn, 3, 2)
+        resident = occupancy(tiles, hw, it).blocks
+        out.append((dict(bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=3, reg_stages=2),
+                    BlockPlan(bm, bn, bk, 0, 0, resident, hw.mma_flops, it, 3)))
+    return out
+
+
+def _cuda_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+    """CUDA-core tiles of ``gemm_cuda``: 128×128 blocks of 8×8 register tiles down to 32×64 blocks of
+    4×4 (more blocks for small outputs), K chunks of 8 in 3 stages."""
+    out = []
+    for bm, bn, tm, tn in ((128, 128, 8, 8), (128, 64, 8, 8), (64, 128, 8, 8), (64, 64, 8, 4), (64, 64, 4, 4),
+                           (32, 64, 4, 4)):
+        threads = (bm // tm) * (bn // tn)
+        resident = block_occupancy(hw, threads, 3 * 8 * (bm + bn) * it, tm * tn + tm + tn + 40).blocks
+        out.append((dict(bm=bm, bn=bn, bk=8, tm=tm, tn=tn, stages=3),
+                    BlockPlan(bm, bn, 8, 0, 0, resident, hw.fma_flops, it, 3, threads // 32)))
+    return out
+
+
+def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+    """``gemv_cuda`` blocks of 128, 64 or 32 threads, each thread 8 bytes of B's columns (4 16-bit
+    or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block)."""
+    vec = 8 // it
+    out = []
+    for threads in (128, 64, 32):
+        bn = threads * vec
+        if bn // 2 >= N and threads > 32:
+            continue
+        bk = max(8, min(64, 1 << (16384 // (bn * it)).bit_length() - 1))
+        resident = block_occupancy(hw, threads, 4 * bk * (bn + M) * it, M * vec + vec + 32).blocks
+        # each element of B costs a thread a shared-memory load (and a conversion from 16 bits)
+        # besides its M products: few rows leave the warps' issue slots mostly to those
+        warp_flops = WARP_FLOPS * M / (M + (2 if it == 2 else 1))
+        out.append((dict(bn=bn, vec=vec, bk=bk, stages=4),
+                    BlockPlan(M, bn, bk, 0, 0, resident, hw.fma_flops, it, 4, max(1, threads // 32), warp_flops)))
+    return out
+
+
+def _splits(K: int, bk: int, whole_tiles: bool) -> list[int]:
+    """Chunk counts of a split reduction: divisors of K (each chunk the same length) leaving every
+    chunk at least two K tiles — whole K tiles for the tensor cores, which compute whole tiles."""
+    return [s for s in range(1, MAX_SPLIT + 1)
+            if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
+
+
+def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
+                split_k: int | None = None) -> GemmChoice:
+    """The default GEMM schedule for ``target`` by the analytical model's wave quantization
+    (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
+    at most ``GEMV_ROWS`` rows, warpgroup MMA where the target has ``wgmma``, mma.sync where it has
+    ``mma.sync``, for their operand types; the CUDA cores otherwise), then the block tile and split
+    of K predicted fastest on this GPU's SMs, shared memory and bandwidth. ``split_k`` fixes the
+    split (1: none); batched products are not split."""
+    hw = Hardware.of(target)
+    it = dtype.itemsize
+    if M <= GEMV_ROWS:
+        kernel, found = "gemv", _gemv_candidates(M, N, K, it, hw)
+    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target):
+        kernel, found = "wgmma", _wgmma_candidates(M, N, K, it, hw)
+    elif dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync"):
+        kernel, found = "mma", _mma_candidates(M, N, K, it, hw)
     else:
-        gemm_cuda(sched, "C", "A", "B", batch="bb")
+        kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
+    best: GemmChoice | None = None
+    unsplit: GemmChoice | None = None
+    for params, plan in found:
+        if plan.resident == 0:
+            continue
+        # batched products split only on the GEMV kernel (decoding attention: few, long products)
+        splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
+                  else _splits(K, plan.bk, kernel in ("wgmma", "mma")) or [1])
+        for split in splits:
+            chunk = -(-K // split)
+            sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
+                            steps=-(-chunk // plan.bk))
+            t = gemm_seconds(sized, target, M, N, K, batch, split)
+            if best is None or t < best.seconds:
+                best = GemmChoice(kernel, params, split, t)
+            if split == 1 and (unsplit is None or t < unsplit.seconds):
+                unsplit = GemmChoice(kernel, params, 1, t)
+    if best is None:
+        raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
+    if unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
+        return unsplit  # the second kernel's cost is an estimate: split only for a clear gain
+    return best
+
+
+def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str, int]:
+    """The warpgroup-MMA tiles ``gemm_choice`` picks for an unsplit M × N × K 16-bit product on
+    ``target`` (its SMs, shared memory and bandwidth), for at least ``GEMV_ROWS`` + 1 rows (fewer
+    stream on the CUDA cores)."""
+    if not _wgmma(target):
+        raise ScheduleError(f"{target.name} ({target.arch}) has no warpgroup MMA (wgmma): its GEMMs take "
+                            "mma.sync or the CUDA cores (gemm_choice)")
+    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1), N, K, float16, split_k=1).params)
+
+
+def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", "B"), granule: int = 16) -> list[str]:
+    """Give each operand whose rows are not a multiple of ``granule`` bytes an aligned copy in global
+    memory (rows rounded up to 16 bytes, zeros past the end; one copy kernel each): the kernels then
+    load every tile with 16-byte asynchronous copies. Without it, rows of an odd number of 16-bit
+    columns are copied element by element, synchronously, and the unrolled copies spill the
+    accumulators (measured: 4095×4097×1023 fp16 in 3.8 ms, cuBLAS 0.24 ms). With ``granule`` = 4,
+    rows that allow 4- or 8-byte asynchronous copies are read in place. Returns the operands copied."""
+    done = []
+    for name in operands:
+        t = sched.func.tensor(name)
+        row = t.shape[-1]
+        vec = 16 // t.dtype.itemsize
+        if not hasattr(row, "value") or int(row.value) * t.dtype.itemsize % granule == 0:  # type: ignore[attr-defined]
+            continue
+        sched[out].cache(name, None, loc="global", name=f"{name}_aligned", whole=(1,) * (len(t.shape) - 1) + (vec,))
+        done.append(name)
+    return done
+
+
+def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None) -> None:
+    fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda}[choice.kernel]
+    if choice.kernel in ("wgmma", "mma", "gemv"):
+        # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
+        # 8-byte aligned rows are read in place in pieces of that width
+        align_operands(sched, out, granule=4)
+    fn(sched, out, "A", "B", batch=batch, **choice.params)  # type: ignore[operator]
+
+
+def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k: int | None = None
+           ) -> Schedule | None:
+    """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
+    products over the chunks of K and their sum (``ops.matmul_func``)."""
+    from .matmul import matmul_func
+    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k)
+    return _scheduled(choice, sched, split_k, None,
+                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s))
+
+
+def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
+                 split_k: int | None = None) -> Schedule | None:
+    from .matmul import batch_matmul_func
+    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k)
+    return _scheduled(choice, sched, split_k, "bb",
+                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s))
+
+
+def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,
+               split_func: Callable[[int], object]) -> Schedule | None:
+    """Apply ``choice`` to ``sched``, or to a schedule of the split algorithm ``split_func(chunks)``
+    when the choice splits an algorithm that is not split (returned: it replaces ``sched``)."""
+    if choice.split == 1:
+        _gemm_schedule(choice, sched, "C", batch)
+        return None
+    if batch and choice.kernel != "gemv":
+        raise ScheduleError(f"a batched product's reduction is split only on the GEMV kernel (at most {GEMV_ROWS} "
+                            f"rows); its {choice.kernel} kernel takes one batch loop: leave split_k unset")
+    split = sched if split_k else Schedule(split_func(choice.split))  # type: ignore[arg-type]
+    _gemm_schedule(choice, split, "P", (batch, "s") if batch else "s")  # type: ignore[arg-type]
+    sum_partials(split, "C", batch=batch)
+    return split if split is not sched else None
 
 
 def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
@@ -281,9 +511,15 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
 
 
 def _row_threads(n: int) -> int:
-    """Threads per row for row-wise kernels (measured on an H100: one warp up to 2K elements,
-    four warps beyond)."""
-    return 32 if n <= 2048 else 128
+    """Threads per row for row-wise kernels: one warp up to 2K elements and four warps up to 8K
+    (measured on an H100); wider rows (vocabulary rows, 30K–128K) take a whole block of 1024 threads,
+    so that a row's loads are in flight together."""
+    return 32 if n <= 2048 else 128 if n <= 8192 else 1024
+
+
+def _row_fits(target: CUDATarget, n: int, itemsize: int) -> bool:
+    """Whether a row (and the reductions' scratch) fits in one block's shared memory."""
+    return n * itemsize + 4096 <= target.shared_per_block
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
@@ -298,7 +534,8 @@ def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
 
 
 def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
-    """One block per row: the row is read once into shared memory, then max and sum are reduced
+    """One block per row: the row is read once into shared memory (when it fits; a wider row is read
+    from global memory by each pass, the later passes mostly from L2), then max and sum are reduced
     across the block's threads and the output written (exp recomputed rather than stored)."""
     nt = threads or _row_threads(N)
     sched["ex"].compute_inline()
@@ -308,14 +545,15 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
     sched["sm"].after(sched["mx"], "i")
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
-    sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
+    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
+        sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
     for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
         sched[stat].store_at("i").set_loc("shared")
 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
-    """One block per row, the row read once into shared memory; both moments reduced across the
-    block's threads, then the normalized row written."""
+    """One block per row, the row read once into shared memory (when it fits, as for softmax); both
+    moments reduced across the block's threads, then the normalized row written."""
     nt = threads or _row_threads(N)
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
@@ -323,7 +561,8 @@ def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int 
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
-    sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
+    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
+        sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
     for stat in ("s1", "s2"):
         sched[stat].store_at("i").set_loc("shared")
 

@@ -78,47 +78,103 @@ def _reference_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(wide), b.astype(wide))
 
 
-def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Op:
+def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1) -> Func:
+    """The algorithm of ``matmul``. With ``split_k`` = S > 1 (a divisor of K) the reduction is split
+    in S chunks of K/S: ``P[s, i, j]`` sums chunk s, and ``C[i, j] = sum_s P[s, i, j]`` — the same
+    function, with S times more independent work for small outputs over a long reduction (split-K).
+    The partial products, like the result, are of ``dtypes.accumulator(dtype)`` (16-bit floats in
+    float32, 8- and 16-bit integers in int32)."""
+    return _gemm_func("matmul", 0, M, N, K, dtype, split_k)
+
+
+def batch_matmul_func(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1) -> Func:
+    """The algorithm of ``batch_matmul``, its reduction split as in ``matmul_func``
+    (``P[bb, s, i, j]``, then ``C[bb, i, j] = sum_s P[bb, s, i, j]``)."""
+    return _gemm_func("batch_matmul", batch, M, N, K, dtype, split_k)
+
+
+def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_k: int) -> Func:
+    lead = (batch,) if batch else ()
+    A = placeholder((*lead, M, K), dtype, "A")
+    B = placeholder((*lead, K, N), dtype, "B")
+    if split_k < 1 or K % split_k:
+        raise PolytileError(f"{name}: split_k={split_k} must be a positive divisor of K={K} (chunks of one "
+                            "length; 1: no split)")
+    kc = K // max(1, split_k)
+    k = reduce_axis(kc if split_k > 1 else K, "k")
+
+    def chunk_sum(lead: tuple[object, ...], i: object, j: object, s: object = 0) -> lang.expr.Expr:
+        kk = s * kc + k if split_k > 1 else k  # type: ignore[operator]
+        return lang.tensor.sum(product(A[(*lead, i, kk)], B[(*lead, kk, j)], dtype), axis=k)
+
+    if split_k <= 1:
+        if batch:
+            C = compute((batch, M, N), lambda bb, i, j: chunk_sum((bb,), i, j), "C")
+        else:
+            C = compute((M, N), lambda i, j: chunk_sum((), i, j), "C")
+        return Func([A, B], [C], name=name)
+    ks = reduce_axis(split_k, "ks")
+    if batch:
+        P = compute((batch, split_k, M, N), lambda bb, s, i, j: chunk_sum((bb,), i, j, s), "P")
+        C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(P[bb, ks, i, j], axis=ks), "C")
+    else:
+        P = compute((split_k, M, N), lambda s, i, j: chunk_sum((), i, j, s), "P")
+        C = compute((M, N), lambda i, j: lang.tensor.sum(P[ks, i, j], axis=ks), "C")
+    return Func([A, B], [C], name=name)
+
+
+def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None) -> Op:
     """C[i, j] = sum_k A[i, k] * B[k, j], summed in and returned as ``dtypes.accumulator(dtype)``
-    (float16/bfloat16 inputs: float32; int8/uint8/int16: int32)."""
-    A = placeholder((M, K), dtype, "A")
-    B = placeholder((K, N), dtype, "B")
-    k = reduce_axis(K, "k")
-    C = compute((M, N), lambda i, j: lang.tensor.sum(product(A[i, k], B[k, j], dtype), axis=k), "C")
-    func = Func([A, B], [C], name="matmul")
+    (float16/bfloat16 inputs: float32; int8/uint8/int16: int32).
+
+    ``split_k``: None lets the target's default schedule decide (on a GPU it splits K when the output
+    tiles leave multiprocessors idle and K is long), 1 never splits, S > 1 sums K in S chunks first
+    (``matmul_func``)."""
+    func = matmul_func(M, N, K, dtype, 1 if split_k is None else split_k)
+    C = func.outputs[0]
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
-        schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize))
+        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
+        if not split_k or split_k <= 1:
+            schedule_gemm_cpu(sched, "C", "A", "B", tiles)
+            return
+        schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))), batch="s")
+        sched["C"].parallel("i")
 
     op = Op("matmul", {"M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)], _reference_matmul,
             2.0 * M * N * K, _nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N, {"cpu": cpu},
             baseline=lambda a, b: a @ b, tolerance=tolerance(C.dtype, K, dtype))
-    _add_cuda(op, "matmul", (M, N, K))
+    if split_k is not None:
+        op.shape["split_k"] = split_k
+    _add_cuda(op, "matmul", (M, N, K, split_k))
     return op
 
 
-def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> Op:
+def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None) -> Op:
     """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (summed in and returned as ``dtypes.accumulator(dtype)``,
-    as in ``matmul``)."""
-    A = placeholder((batch, M, K), dtype, "A")
-    B = placeholder((batch, K, N), dtype, "B")
-    k = reduce_axis(K, "k")
-    C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(product(A[bb, i, k], B[bb, k, j], dtype), axis=k),
-                "C")
-    func = Func([A, B], [C], name="batch_matmul")
+    as in ``matmul``); ``split_k`` as in ``matmul``."""
+    func = batch_matmul_func(batch, M, N, K, dtype, 1 if split_k is None else split_k)
+    C = func.outputs[0]
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         tiles["mc"] = _round_up(M, tiles["mr"]) if batch >= target.cores else tiles["mc"]
-        schedule_gemm_cpu(sched, "C", "A", "B", tiles, batch="bb" if batch >= target.cores else None)
+        split = bool(split_k and split_k > 1)
+        if split:
+            tiles["kc"] = min(tiles["kc"], K // split_k)  # type: ignore[operator]
+        schedule_gemm_cpu(sched, "P" if split else "C", "A", "B", tiles, batch="bb" if batch >= target.cores else None)
+        if split:
+            sched["C"].parallel("bb")
 
     op = Op("batch_matmul", {"batch": batch, "M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (batch, M, K), dtype), random_array(rng, (batch, K, N), dtype)],
             _reference_matmul,
             2.0 * batch * M * N * K, batch * (_nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N),
             {"cpu": cpu}, baseline=np.matmul, tolerance=tolerance(C.dtype, K, dtype))
-    _add_cuda(op, "batch_matmul", (batch, M, N, K))
+    if split_k is not None:
+        op.shape["split_k"] = split_k
+    _add_cuda(op, "batch_matmul", (batch, M, N, K, split_k))
     return op
 
 

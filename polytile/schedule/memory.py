@@ -50,7 +50,7 @@ def _inlined_reads(stage: Stage) -> set[str]:
 
 def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str | None,
                layout: Callable[..., object] | None, loc: str, also: tuple[str, ...] = (),
-               pad: tuple[int, ...] = ()) -> Stage:
+               pad: tuple[int, ...] = (), whole: tuple[int, ...] = ()) -> Stage:
     from .state import CacheSpec
     sched = stage.schedule
     taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
@@ -74,7 +74,7 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
                             "(cache_write); operands come from shared memory")
     if any(not isinstance(p, int) or p < 0 for p in pad):
         raise ScheduleError(f"cache {cname}: pad must be non-negative integers, got {pad!r}")
-    spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad))
+    spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad), whole)
     sched.caches.append(spec)
     try:
         relaxed = frozenset(n for n, st in sched.states.items() if st.reassociate)
@@ -100,15 +100,24 @@ def cache_identity(self: Stage, tensor: Tensor | str, at: str | None = None, *, 
 
 
 def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Callable[..., object] | None = None,
-          *, name: str | None = None, loc: str = "auto", pad: Sequence[int] = ()) -> Stage:
+          *, name: str | None = None, loc: str = "auto", pad: Sequence[int] = (), whole: Sequence[int] = ()) -> Stage:
     """Like ``cache_identity`` with a layout: ``layout(*rel)`` gives the buffer index of the element at
     ``rel`` (its index minus the footprint's origin), e.g. ``lambda k, j: (j // 16, k, j % 16)`` packs
     panels; ``pad`` adds elements to each buffer dimension (e.g. ``(0, 8)`` lengthens rows by 8 to
-    spread them over shared-memory banks)."""
+    spread them over shared-memory banks). ``whole`` (one granule per tensor dimension) rounds the
+    footprint's box up to multiples of the granules and copies it whole, zeros past the tensor's end:
+    on a GPU, ``cache(A, None, loc="global", whole=(1, 8))`` gives a 16-bit matrix whose rows are
+    not 16-byte aligned an aligned, zero-padded copy (one copy kernel) that the inner caches read with
+    16-byte asynchronous copies."""
     if layout is not None and not callable(layout):
         raise ScheduleError(f"cache of {tensor} for {self.name}: layout must be a function of the indices")
-    return _add_cache(self, "read", _tensor_name(self, tensor), _level(self, at), name, layout,
-                      _check_loc(self, loc), (), tuple(pad))
+    name_t = _tensor_name(self, tensor)
+    rank = len(self.schedule.func.tensor(name_t).shape)
+    if whole and (len(whole) != rank or any(not isinstance(g, int) or g < 1 for g in whole)):
+        raise ScheduleError(f"cache of {name_t} for {self.name}: whole must give a positive granule for each of "
+                            f"its {rank} dimensions, got {tuple(whole)!r}")
+    return _add_cache(self, "read", name_t, _level(self, at), name, layout, _check_loc(self, loc), (), tuple(pad),
+                      tuple(whole))
 
 
 def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto",

@@ -146,6 +146,7 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
                 grain[data[-2]] = -(-grain[data[-2]] // 64) * 64
             granules = tuple(max([grain.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
                              for i in op.indices)
+            _check_whole_k_tiles(self.name, op, granules, comp.reduce_axes, k_dims)
             sched.caches[k] = replace(sched.caches[k], whole=granules)
             if wgmma:
                 sched.caches[k] = _wgmma_cache(self.name, sched.caches[k], granules[-1])
@@ -156,6 +157,26 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     new.tags[loop] = intr.name  # the lowering looks the intrinsic up by the tag
     sched.commit(self.name, new)
     return self
+
+
+def _check_whole_k_tiles(name: str, op: Load, granules: tuple[int, ...], axes: tuple[IterVar, ...],
+                         k_dims: list[str]) -> None:
+    """The instruction computes whole K tiles: past the reduction's end they must read zeros, which the
+    whole-tile copies put only past the tensor's end. A reduction over part of an operand's dimension
+    (the chunks of a split reduction, ``A[i, s·Kc + k]``) therefore needs K tiles dividing its length."""
+    from ..lang.expr import Const
+    extents = {a.name: int(a.hi.value) - int(a.lo.value) for a in axes  # type: ignore[attr-defined]
+               if isinstance(a.lo, Const) and isinstance(a.hi, Const)}
+    for index, dim, grain in zip(op.indices, op.tensor.shape, granules, strict=True):
+        red = [v.name for v in walk(index) if isinstance(v, IterVar) and v.name in k_dims]
+        if not red or red[0] not in extents or extents[red[0]] % grain == 0:
+            continue
+        ends_with_tensor = isinstance(index, IterVar) and isinstance(dim, Const) and int(dim.value) == extents[red[0]]
+        if not ends_with_tensor:
+            raise ScheduleError(f"tensorize of {name}: the reduction over {red[0]} has {extents[red[0]]} iterations, "
+                                f"not a multiple of the {grain}-wide K tile, and {op.tensor.name} continues past it "
+                                f"({op.tensor.name}[{', '.join(map(str, op.indices))}]): the instruction's whole "
+                                "tiles would add the next elements; choose a K tile that divides the reduction")
 
 
 def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:
@@ -182,19 +203,22 @@ def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:
 
 def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_dims: list[str]) -> None:
     """wgmma reads A K-major (the row axis i among its indices, a reduction axis last: [..., i, k] or
-    an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j])."""
+    an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j]). The reduction index may be offset
+    by batch axes, which are fixed within a block (the chunks of a split reduction: [i, s·Kc + k])."""
     def axes(e: Expr) -> set[str]:
         return {v.name for v in walk(e) if isinstance(v, IterVar)}
 
     row, col = data[-2], data[-1]
+    outer = set(reduce_dims) | set(data[:-2])
+
+    def reduces(e: Expr) -> bool:
+        return bool(axes(e) & set(reduce_dims)) and axes(e) <= outer
 
     def is_a(op: Load) -> bool:
-        return len(op.indices) >= 2 and axes(op.indices[-1]) <= set(reduce_dims) and bool(axes(op.indices[-1])) \
-            and any(axes(i) == {row} for i in op.indices[:-1])
+        return len(op.indices) >= 2 and reduces(op.indices[-1]) and any(axes(i) == {row} for i in op.indices[:-1])
 
     def is_b(op: Load) -> bool:
-        return len(op.indices) >= 2 and axes(op.indices[-1]) == {col} and bool(axes(op.indices[-2])) \
-            and axes(op.indices[-2]) <= set(reduce_dims)
+        return len(op.indices) >= 2 and axes(op.indices[-1]) == {col} and reduces(op.indices[-2])
 
     if not ((is_a(a) and is_b(b)) or (is_a(b) and is_b(a))):
         raise ScheduleError(f"tensorize of {name} with wgmma: the operands must be read as A[..., {row}, k] "

@@ -77,26 +77,29 @@ from .space import TuneError
 
 # Per-architecture facts the target does not carry (approximate, from datasheets and published
 # microbenchmarks). mma_flops: dense fp16/bf16 mma.sync FLOP per cycle per SM with float32
-# accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096).
+# accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096); fma_flops:
+# float32 FLOP per cycle per SM on the CUDA cores (two per fused multiply-add); wgmma_flops: dense
+# fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at 1.83 GHz); wgmma_latency:
+# cycles from issuing a K tile's group to its completion (approximate: microbenchmarks of
+# wgmma.m64nNk16 report on the order of a hundred cycles). Archs without the wgmma facts have no
+# warpgroup MMA (``Hardware.wgmma_flops`` is 0).
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
-                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128),
+                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=128),
     "sm_86": dict(mma_flops=512, l2_bytes_per_cycle=2048, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_89": dict(mma_flops=512, l2_bytes_per_cycle=2560, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
-                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128,
+                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256,
                   wgmma_flops=4096, wgmma_latency=128),
 }
-# wgmma_flops: dense fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at
-# 1.83 GHz); wgmma_latency: cycles from issuing a K tile's group to its completion (approximate:
-# microbenchmarks of wgmma.m64nNk16 report on the order of a hundred cycles). Archs without them
-# have no warpgroup MMA.
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
 OVERLAP_LOSS = 0.1                # the share of the overlapped (non-maximal) terms that still shows
 LAUNCH_SECONDS = 3e-6
+LOADED_LATENCY = 3.0              # a load's latency with the memory system busy, in idle latencies
+WARP_FLOPS = 32.0                 # float32 FLOP per cycle one warp sustains (an FMA every other cycle)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Hardware:
     max_threads_per_block: int
     max_blocks_per_sm: int
     mma_flops: float
+    fma_flops: float
     shared_bytes_per_cycle: float
     l2_bytes_per_cycle: float
     sm_l2_bytes_per_cycle: float
@@ -142,6 +146,7 @@ class Hardware:
                 max_threads_per_sm=target.max_threads_per_sm,
                 max_threads_per_block=target.max_threads_per_block,
                 max_blocks_per_sm=target.max_blocks_per_sm, mma_flops=facts["mma_flops"],
+                fma_flops=facts["fma_flops"],
                 shared_bytes_per_cycle=facts["shared_bytes_per_cycle"],
                 l2_bytes_per_cycle=facts["l2_bytes_per_cycle"],
                 sm_l2_bytes_per_cycle=facts["sm_l2_bytes_per_cycle"],
@@ -331,14 +336,20 @@ class Occupancy:
 
 
 def occupancy(cfg: GemmSchedule, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
-    """N_mplx from shared memory, registers, threads and the block limit (0: the block does not fit)."""
-    shared = cfg.shared_bytes(itemsize)
-    regs = cfg.registers_per_thread(itemsize, gather)
-    fits = shared <= hw.shared_per_block and cfg.threads <= hw.max_threads_per_block and regs <= 256
+    """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers)."""
+    return block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
+
+
+def block_occupancy(hw: Hardware, threads: int, shared_bytes: int, registers_per_thread: int) -> Occupancy:
+    """Blocks of one kernel resident on an SM, from shared memory (each block also holds the driver's
+    reserve), registers (allocated in units of 8 per thread), threads and the block limit (0: one
+    block does not fit)."""
+    regs = -(-registers_per_thread // 8) * 8
+    fits = shared_bytes <= hw.shared_per_block and threads <= hw.max_threads_per_block and regs <= 256
     limits = {
-        "shared": hw.shared_per_sm // (shared + RESERVED_SHARED_PER_BLOCK) if fits else 0,
-        "registers": (hw.registers_per_sm // (regs * 32)) // cfg.warps if fits else 0,
-        "threads": hw.max_threads_per_sm // cfg.threads,
+        "shared": hw.shared_per_sm // (shared_bytes + RESERVED_SHARED_PER_BLOCK) if fits else 0,
+        "registers": hw.registers_per_sm // (regs * threads) if fits else 0,
+        "threads": hw.max_threads_per_sm // threads,
         "blocks": hw.max_blocks_per_sm,
     }
     return Occupancy(limits)
@@ -461,3 +472,71 @@ def check_tiles(cfg: TileConfig) -> None:
     if cfg.bm % cfg.wm or cfg.bn % cfg.wn or cfg.wm % 16 or cfg.wn % 8 or cfg.bk % 16:
         raise TuneError(f"tiles {cfg.bm}×{cfg.bn}×{cfg.bk} with warp tiles {cfg.wm}×{cfg.wn} do not fit "
                         "mma.m16n8k16 warps")
+
+
+# --- wave quantization: the default schedules' choice of block tile and split ------------------------------
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """A GEMM-like kernel as the default schedules see it: ``tiles`` output tiles of bm × bn, each a
+    loop of ``steps`` K steps of bk loaded ``stages`` deep; ``resident`` blocks fit on one SM
+    (``block_occupancy``); the unit computes ``flops_per_cycle`` per SM (tensor cores, CUDA
+    cores)."""
+
+    bm: int
+    bn: int
+    bk: int
+    tiles: int
+    steps: int
+    resident: int
+    flops_per_cycle: float
+    itemsize: int
+    stages: int = 2
+    warps: int = 0  # CUDA cores: the warps of a block, whose issue rate bounds its products (0: tensor cores)
+    warp_flops: float = 0.0  # the FLOP per cycle one warp sustains (default WARP_FLOPS)
+
+
+def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
+    """Cycles of the kernel by wave quantization: the tiles run in waves of SMs × resident blocks. A
+    K step takes the longest of the products of the blocks resident on an SM (on the CUDA cores
+    bounded by their warps' issue rate too), their operand loads through the SM's L2 port, and one
+    tile's loaded memory latency and transfer spread over the stages in flight (which the resident
+    blocks overlap); a last, partial wave holds fewer blocks per SM.
+    Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
+    tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
+    flops = 2.0 * plan.bm * plan.bn * plan.bk
+    latency = (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
+
+    def step(blocks: int) -> float:
+        """One K step of ``blocks`` blocks resident on one SM."""
+        rate = plan.flops_per_cycle
+        if plan.warps:  # CUDA cores: each warp issues at most one FMA per cycle, half of them in practice
+            rate = min(rate, (plan.warp_flops or WARP_FLOPS) * plan.warps * blocks)
+        return max(blocks * flops / rate, blocks * tile_bytes / hw.sm_l2_bytes_per_cycle, latency)
+
+    per_wave = hw.sms * plan.resident
+    full, rest = divmod(plan.tiles, per_wave)
+    cycles = full * plan.steps * step(plan.resident)
+    if rest:
+        cycles += plan.steps * step(-(-rest // hw.sms))
+    return cycles + hw.dram_latency * (full + (1 if rest else 0))
+
+
+def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, batch: int = 1,
+                 split: int = 1) -> float:
+    """Predicted seconds of a GEMM (``batch`` products of m × k by k × n, 16-bit or float32 operands,
+    float32 result) built as ``plan``: the waves, at least the compulsory DRAM traffic, and with
+    ``split`` > 1 the partial products' round trip and the second kernel that sums them."""
+    hw = Hardware.of(target)
+    dram = (batch * (m * k + k * n) * plan.itemsize + batch * m * n * 4) / hw.dram_bytes_per_cycle
+    return max(wave_cycles(plan, hw), dram) / hw.clock_hz + LAUNCH_SECONDS + split_seconds(target, m, n, batch, split)
+
+
+def split_seconds(target: CUDATarget, m: int, n: int, batch: int = 1, split: int = 1) -> float:
+    """What a reduction split in ``split`` chunks adds to ``batch`` m × n float32 results: the partial
+    products' round trip through DRAM (written, read back, the sum written) and the launch of the
+    second kernel that sums them (0 when not split)."""
+    if split <= 1:
+        return 0.0
+    return (2 * split + 1) * batch * m * n * 4 / target.dram_bandwidth + LAUNCH_SECONDS

@@ -42,6 +42,20 @@ def test_read_cache_at_the_fusion_level_computes_right(rng):
     run_pc(s, rng)
 
 
+def test_whole_tile_cache_is_checked_at_the_primitive(rng):
+    """cache(..., whole=) copies a box rounded up to the granules (zeros past the tensor's end): its
+    copy is checked against the dependences like any cache, at the primitive."""
+    f, T, Y = producer_consumer()
+    s = pt.create_schedule(f)
+    s[Y].after(s[T], "i")
+    with pytest.raises(pt.ScheduleError, match=r"cache T_Y_local of T for Y.*before T\[0, 0\] writes.*loop i"):
+        s[Y].cache(T, None, whole=(4, 8))
+    assert s.caches == []
+    s[Y].cache(T, "i", whole=(1, 4))  # one row of 5, copied as 8 (3 zeros)
+    assert "T_Y_local[(1) * (8)]" in pt.build(s).source
+    run_pc(s, rng)
+
+
 def test_fusion_under_a_cache_is_refused_at_the_loop_primitive(rng):
     """The other order: the cache first, then a fusion that would put the producer under it."""
     f, T, Y = producer_consumer()

@@ -90,14 +90,18 @@ def test_facts_are_read_from_the_device():
 
 
 def test_default_wgmma_tiles_follow_the_number_of_multiprocessors():
-    assert wgmma_gemm_config(2048, 2048, 512, sms=132)["bn"] == 128  # 128 tiles of 128×256 leave SMs idle
-    assert wgmma_gemm_config(2048, 2048, 512, sms=114)["bn"] == 256  # they fill a 114-SM GPU
+    # 128 tiles of 128×256 (one block per SM) are one wave on 132 SMs; on 114 they take two, and two
+    # waves of 176 128×192 tiles are shorter
+    assert wgmma_gemm_config(2048, 2048, 512, target=CUDATarget(arch="sm_90a", sms=132))["bn"] == 256
+    assert wgmma_gemm_config(2048, 2048, 512, target=CUDATarget(arch="sm_90a", sms=114))["bn"] == 192
     op = ops.matmul(2048, 2048, 512, "float16")
     grids = set()
     for sms in (132, 114):
         t = CUDATarget(arch="sm_90a", sms=sms)
         grids.add(re.search(r"grid=\(([^)]*)\)", str(pt.lower(op.schedule(t), t))).group(1))
-    assert grids == {"16, 16, 1", "8, 16, 1"}
+    assert grids == {"8, 16, 1", "11, 16, 1"}
+    with pytest.raises(PolytileError, match="has no warpgroup MMA"):
+        wgmma_gemm_config(2048, 2048, 512, target=CUDATarget(arch="sm_80"))
 
 
 def _tensor_core_schedule(stages=3):

@@ -46,7 +46,11 @@ class _Legalize(ir.Mutator):
         if n == 1 or (isinstance(idx, ir.Ramp) and aligned(idx.base, n) and isinstance(sidx, ir.Ramp)
                       and aligned(sidx.base, n)):
             return s
-        # not provably aligned: element by element (asynchronous if 4 bytes, else a plain copy)
+        width = _aligned_width(call, idx, sidx)
+        if width > 1:  # the widest asynchronous copies the proven alignment allows (8 or 4 bytes)
+            return ir.block([ir.Evaluate(ir.Call(call.name, tuple(_piece(a, k, width) for a in call.args), call.dtype))
+                             for k in range(0, n, width)])
+        # not even 4-byte aligned: element by element (asynchronous if 4 bytes, else a plain copy)
         out: list[ir.Stmt] = []
         for k in range(n):
             d, v = lane(dst, k), lane(src, k)
@@ -59,6 +63,42 @@ class _Legalize(ir.Mutator):
                 value = v if cond is None else ir.Select(cond, v, ir.Const(0.0 if v.dtype.is_float else 0, v.dtype))
                 out.append(ir.Store(d.buffer, d.index, value))
         return ir.block(out)
+
+
+def _aligned_width(call: ir.Call, idx: ir.Expr, sidx: ir.Expr) -> int:
+    """The most lanes of an asynchronous copy (at least 4 bytes) whose destination and source offsets
+    are multiples of it; for a zero-filling copy also dividing the source's rows (a piece is then
+    inside the tensor or past its end, never across). 1: none."""
+    dst, src = call.args[:2]
+    assert isinstance(dst, ir.Load) and isinstance(src, ir.Load)
+    size = dst.buffer.dtype.itemsize
+    if not (isinstance(idx, ir.Ramp) and isinstance(sidx, ir.Ramp)):
+        return 1
+    row = src.buffer.shape[-1]
+    width = idx.lanes // 2
+    while width * size >= 4:
+        fits_rows = call.name != "pt_cp_async_zfill" or (isinstance(row, ir.Const) and int(row.value) % width == 0)
+        if fits_rows and aligned(idx.base, width) and aligned(sidx.base, width):
+            return width
+        width //= 2
+    return 1
+
+
+def _piece(e: ir.Expr, start: int, width: int) -> ir.Expr:
+    """Lanes [start, start + width) of a vector expression (a load of a ramp, a comparison of ramps)."""
+    return _Piece(start, width).expr(e) if e.lanes > 1 else e
+
+
+class _Piece(ir.Mutator):
+    def __init__(self, start: int, width: int):
+        self.start, self.width = start, width
+
+    def visit_Ramp(self, e: ir.Ramp) -> ir.Expr:
+        base = ir.BinOp("+", self.expr(e.base), ir.BinOp("*", ir.const(self.start), self.expr(e.stride)))
+        return ir.Ramp(base, e.stride, self.width)
+
+    def visit_Broadcast(self, e: ir.Broadcast) -> ir.Expr:
+        return ir.Broadcast(self.expr(e.value), self.width)
 
 
 class _Lane(ir.Mutator):

@@ -67,11 +67,56 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
             return ir.Allocate(st.buffer, top(st.body))
         # a nest of block loops, or code whose block loops had one iteration and vanished (isl does
         # not generate loops of one value), with its shared or register buffers: both become a kernel
-        # (every computation is bound to blockIdx: lower() checks it)
+        # (every computation is bound to blockIdx: lower() checks it); the copy of a cache in global
+        # memory at the top (an aligned, zero-padded operand) becomes a kernel of its own
         counter[0] += 1
-        return make_kernel(st, f"{func_name}_kernel{counter[0] - 1}", target)
+        name = f"{func_name}_kernel{counter[0] - 1}"
+        if _is_global_copy(st):
+            return copy_kernel(st, name)
+        return make_kernel(st, name, target)
 
     return top(s)
+
+
+COPY_THREADS = 256
+
+
+def _is_global_copy(st: ir.Stmt) -> bool:
+    """A loop nest that only copies elements into a buffer in global memory (no thread bindings)."""
+    sequential = ("serial", "vectorize", "unroll")
+    if not isinstance(st, ir.For) or st.kind not in sequential:
+        return False
+    stores = [x for x in ir.walk_stmt(st) if isinstance(x, ir.Store)]
+    return bool(stores) and all(x.buffer.scope == "global" and _copy_source(x.value) is not None for x in stores) \
+        and all(isinstance(x, (ir.For, ir.Store, ir.Block, ir.If, ir.LetStmt)) for x in ir.walk_stmt(st)) \
+        and not any(isinstance(x, ir.For) and x.kind not in sequential for x in ir.walk_stmt(st))
+
+
+def copy_kernel(st: ir.For, name: str) -> ir.Kernel:
+    """A top-level copy nest as a kernel: one thread per element of its (rectangular) iteration
+    space, consecutive threads along the innermost loop (coalesced)."""
+    loops: list[ir.For] = []
+    inner: ir.Stmt = st
+    while isinstance(inner, ir.For):
+        loops.append(inner)
+        inner = inner.body
+    if any(_uses_any(lp.lo, loops) or _uses_any(lp.extent, loops) for lp in loops):
+        raise LoweringError(f"kernel {name}: the copy of a global cache must run over a box (its loops' bounds "
+                            "depend on each other); cache a rectangular region")
+    total: ir.Expr = ir.const(1)
+    for lp in loops:
+        total = ir.BinOp("*", total, lp.extent)
+    flat = ir.Var(f"{loops[-1].var.name}_flat")
+    mapping: dict[str, ir.Expr] = {}
+    rest: ir.Expr = flat
+    for lp in reversed(loops):
+        mapping[lp.var.name] = ir.BinOp("+", lp.lo, ir.BinOp("%", rest, lp.extent))
+        rest = ir.BinOp("//", rest, lp.extent)
+    tid = ir.BinOp("+", ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("blockIdx.x")), ir.const(COPY_THREADS)),
+                   ir.Cast(dtypes.INDEX, thread_var("threadIdx.x")))
+    body = ir.LetStmt(flat, tid, ir.If(ir.Cmp("<", flat, total), ir.substitute(inner, mapping)))  # type: ignore[arg-type]
+    grid = simplify_expr(ir.BinOp("//", ir.BinOp("+", total, ir.const(COPY_THREADS - 1)), ir.const(COPY_THREADS)))
+    return ir.Kernel(name, (grid, ir.const(1), ir.const(1)), (COPY_THREADS, 1, 1), body)
 
 
 def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
@@ -295,13 +340,15 @@ def cooperative(st: ir.Stmt, block: dict[str, int], nthreads: int) -> ir.Stmt:
 
 
 VECTOR_BYTES = 16
+MIN_ASYNC_BYTES = 4  # the narrowest asynchronous copy (cp.async of 4, 8 or 16 bytes)
 
 
 def _vector_groups(loops: list[ir.For], inner: ir.Stmt) -> tuple[list[ir.For], ir.Stmt]:
     """Copy 16 bytes per thread where the innermost loop runs along the last dimension of both
-    buffers with a constant extent divisible by the vector width (alignment is checked later). A
-    zero-filling copy (``select(inside, load, 0)``) is grouped when the source's rows are a whole
-    number of vectors: an aligned vector is then entirely inside the tensor or entirely past it."""
+    buffers with a constant extent divisible by the vector width (alignment is checked later, and
+    a vector split into the widest aligned pieces). A zero-filling copy (``select(inside, load, 0)``)
+    is grouped when the source's rows are a whole number of the narrowest asynchronous copies (4
+    bytes): its aligned pieces are then entirely inside the tensor or entirely past it."""
     lp = loops[-1]
     if not isinstance(inner, ir.Store):
         return loops, inner
@@ -316,7 +363,7 @@ def _vector_groups(loops: list[ir.For], inner: ir.Stmt) -> tuple[list[ir.For], i
         return loops, inner
     if isinstance(inner.value, ir.Select):
         row = src.buffer.shape[-1]
-        if not isinstance(row, ir.Const) or int(row.value) % width:
+        if not isinstance(row, ir.Const) or int(row.value) * size % MIN_ASYNC_BYTES:
             return loops, inner
     for idx in (inner.index, src.index):
         if not _unit_stride_last(idx, lp.var.name):

@@ -11,6 +11,13 @@ register stages 1–2 (ALCOP's space); these templates carry ALCOP's analytical 
 with the warpgroup-MMA templates (``matmul_wgmma``, ``batch_matmul_wgmma``: block tile, K tile,
 stages, MMA groups in flight), which carry the same model's warpgroup-MMA form (``WgmmaConfig``);
 name ``matmul_tensorcore`` to tune the mma.sync space there.
+Products of at most ``GEMV_ROWS`` rows (decoding: matrix–vector-like) come first with the GEMV
+templates (``matmul_gemv``, ``batch_matmul_gemv``: threads per block, K tile, stages). An unbatched
+matmul's GEMV, CUDA-core and warpgroup-MMA templates also choose the split of K (``split``: 1 or a
+divisor of K, split-K through ``ops.matmul_func``; the warpgroup-MMA model predicts the chunks as a
+batch of shorter products plus the partial sums' round trip; ALCOP's mma.sync space is kept as
+published); the tensor-core templates copy operands whose rows are not 16-byte aligned into aligned
+buffers first, as the default schedules do.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -19,12 +26,23 @@ and registers, so configurations over the target's limits are discarded before a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...intrinsics import MMA_M16N8K16
-from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, gemm_wgmma, igemm_tensorcore
+from ...ops.gpu_schedules import (
+    GEMV_ROWS,
+    MAX_SPLIT,
+    align_operands,
+    gemm_cuda,
+    gemm_tensorcore,
+    gemm_wgmma,
+    gemv_cuda,
+    igemm_tensorcore,
+    sum_partials,
+)
 from ...target import Target
-from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict
+from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, split_seconds
 from ..space import TemplateConfig
 from ..task import template
 
@@ -52,6 +70,83 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
+def _split_built(op: Any, chosen: int) -> int:
+    """The split of K a configuration builds for ``op``: the operator's own ``split_k`` when it was
+    given one; else 1 unless an unbatched matmul; else the ``chosen`` split, or 1 where it does not
+    divide K (the configuration applied at other sizes: the tuner's check at prime sizes)."""
+    if op.shape.get("split_k") is not None:
+        return int(op.shape["split_k"])
+    if op.name != "matmul":
+        return 1
+    return chosen if op.shape["K"] % chosen == 0 else 1
+
+
+def _split(cfg: TemplateConfig, op: Any, bk: int | None = None, decide: bool = True) -> int:
+    """The split of K (split-K): the operator's own, or with ``decide`` (an unbatched matmul only) 1 or
+    a divisor of K up to MAX_SPLIT, in chunks of at least two K tiles; with ``bk``, chunks of whole K
+    tiles (the tensor cores compute whole tiles)."""
+    K = op.shape["K"]
+    if not decide or op.name != "matmul" or op.shape.get("split_k") is not None:  # the operator's split
+        split = _split_built(op, 1)
+    else:
+        split = _split_built(op, int(cfg.knob("split", [d for d in range(1, MAX_SPLIT + 1) if K % d == 0])))  # type: ignore[call-overload]
+        cfg.require(split == 1 or K // split >= 2 * (bk or 16), "chunks of fewer than two K tiles")
+    cfg.require(split == 1 or bk is None or (K // split) % bk == 0, "chunks of K that are not whole K tiles")
+    return split
+
+
+def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int, batch_loops: int = 1) -> tuple[Any, Any, Any]:
+    """A fresh schedule for the template: of the op's own function, or of its split restructuring
+    (``ops.matmul_func``) — the scheduled computation and its batch loop(s). ``batch_loops``: how many
+    batch loops the kernel takes (a split batched product has two, its batch and its chunks)."""
+    batch = "bb" if op.name == "batch_matmul" else None
+    own = op.shape.get("split_k") or 1
+    if split == 1 and own == 1:
+        return cfg.schedule(op.func), "C", batch
+    cfg.require(not batch or batch_loops >= 2, f"a batched product's reduction is split only on the GEMV kernel (at "
+                f"most {GEMV_ROWS} rows): this kernel takes one batch loop; leave split_k unset")
+    from ...ops.matmul import matmul_func
+    s = op.shape
+    func = op.func if split == own else matmul_func(s["M"], s["N"], s["K"], op.func.inputs[0].dtype.name, split)
+    sched = cfg.schedule(func)
+    sum_partials(sched, "C", batch=batch)
+    return sched, "P", (batch, "s") if batch else "s"
+
+
+def _gemv_op(op: Any, target: Target) -> bool:
+    """A matrix–vector-like product (at most GEMV_ROWS rows) on a GPU: the GEMV template applies first."""
+    return target.has("gpu") and op.shape.get("M", GEMV_ROWS + 1) <= GEMV_ROWS
+
+
+def _gemv(cfg: TemplateConfig, op: Any) -> Any:
+    """``gemv_cuda``: threads per block (each 8 bytes of B's columns), the K tile, stages and the split
+    of K; the first choices are the library's usual ones."""
+    itemsize = op.func.inputs[0].dtype.itemsize
+    vec = 8 // itemsize
+    threads = int(cfg.knob("threads", [128, 64, 32, 256]))  # type: ignore[call-overload]
+    bk = int(cfg.knob("bk", [32, 16, 64, 8]))  # type: ignore[call-overload]
+    stages = cfg.integer("stages", 2, 6, default=4)
+    split = _split(cfg, op)
+    M = op.shape["M"]
+    cfg.require(threads == 32 or threads * vec // 2 < op.shape["N"], "the block is twice the matrix's columns")
+    cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (threads * vec + M) * itemsize,
+                  registers_per_thread=M * vec + vec + 32, registers_per_block=(M * vec + vec + 32) * threads)
+    sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
+    align_operands(sched, out, granule=4)
+    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch)
+    return sched
+
+
+@template("matmul", "cuda", name="matmul_gemv", applies=_gemv_op)
+def matmul_gemv(cfg: TemplateConfig, op: Any) -> Any:
+    return _gemv(cfg, op)
+
+
+@template("batch_matmul", "cuda", name="batch_matmul_gemv", applies=_gemv_op)
+def batch_matmul_gemv(cfg: TemplateConfig, op: Any) -> Any:
+    return _gemv(cfg, op)
+
+
 def tensor_core_op(op: Any, target: Target) -> bool:
     """16-bit operands on a GPU with mma.sync (sm_80 and newer): the tensor-core templates apply."""
     return target.has("mma.sync") and op.func.inputs[0].dtype.name in MMA_M16N8K16.operand_dtypes
@@ -61,20 +156,21 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
     return not tensor_core_op(op, target)
 
 
+def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
+    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
+    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op))
+    gemm_cuda(sched, out, "A", "B", batch=batch, **tiles)
+    return sched
+
+
 @template("matmul", "cuda", applies=_cuda_core_op)
 def matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    sched = cfg.schedule(op.func)
-    gemm_cuda(sched, "C", "A", "B", **tiles)
-    return sched
+    return _cuda_core_gemm(cfg, op)
 
 
 @template("batch_matmul", "cuda", applies=_cuda_core_op)
 def batch_matmul_cuda(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    sched = cfg.schedule(op.func)
-    gemm_cuda(sched, "C", "A", "B", batch="bb", **tiles)
-    return sched
+    return _cuda_core_gemm(cfg, op)
 
 
 @template("dense", "cuda")
@@ -139,6 +235,7 @@ def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
     cfg.require(t["bm"] // 2 < shape.m or t["bm"] == 64, "the block tile is twice the matrix's rows")
     cfg.require(t["bn"] // 2 < shape.n or t["bn"] == 64, "the block tile is twice the matrix's columns")
     cfg.require(t["bk"] // 2 < shape.k or t["bk"] == 32, "the K tile is twice the reduction")
+    cfg.require(shape.m >= 16, "fewer than 16 rows: the GEMV template (matmul_gemv) computes such products")
     tiles = WgmmaConfig(**t)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
@@ -147,23 +244,30 @@ def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
 
 
 def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
-    """The analytical prediction (seconds) of a warpgroup-MMA configuration."""
-    return predict(gemm_shape(op), WgmmaConfig.of(values), target)
+    """The analytical prediction (seconds) of a warpgroup-MMA configuration; a split of K is predicted
+    as its chunks, a batch of shorter products, plus the partial sums' round trip."""
+    shape = gemm_shape(op)
+    split = _split_built(op, int(values.get("split", 1)))  # type: ignore[call-overload]
+    chunks = replace(shape, k=shape.k // split, batch=shape.batch * split)
+    return predict(chunks, WgmmaConfig.of(values), target) + split_seconds(target, shape.m, shape.n, shape.batch, split)
 
 
 @template("matmul", "cuda", name="matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _wgmma_space(cfg, gemm_shape(op))
-    sched = cfg.schedule(op.func)
-    gemm_wgmma(sched, "C", "A", "B", **tiles)
-    return sched
+    return _tensor_core_gemm(cfg, op, _wgmma_space(cfg, gemm_shape(op)), gemm_wgmma)
 
 
 @template("batch_matmul", "cuda", name="batch_matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _wgmma_space(cfg, gemm_shape(op))
-    sched = cfg.schedule(op.func)
-    gemm_wgmma(sched, "C", "A", "B", batch="bb", **tiles)
+    return _tensor_core_gemm(cfg, op, _wgmma_space(cfg, gemm_shape(op)), gemm_wgmma)
+
+
+def _tensor_core_gemm(cfg: TemplateConfig, op: Any, tiles: dict[str, int], fn: Any, split: bool = True) -> Any:
+    """A tensor-core GEMM of ``tiles``, K split (``split``: a decision) or not, its operands copied
+    aligned where their rows are not 16-byte aligned (the library's default does the same)."""
+    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"], decide=split))
+    align_operands(sched, out, granule=4)
+    fn(sched, out, "A", "B", batch=batch, **tiles)
     return sched
 
 
@@ -211,6 +315,7 @@ def _tensorcore_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
     cfg.require(tiles.bm // 2 < shape.m or tiles.bm == 32, "the block tile is twice the matrix's rows")
     cfg.require(tiles.bn // 2 < shape.n or tiles.bn == 32, "the block tile is twice the matrix's columns")
     cfg.require(tiles.bk // 2 < shape.k or tiles.bk == 16, "the K tile is twice the reduction")
+    cfg.require(shape.m >= 16 and shape.k >= 16, "fewer than 16 rows or reduction steps than one instruction")
     regs = tiles.registers_per_thread(shape.itemsize, shape.gather)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
@@ -219,19 +324,14 @@ def _tensorcore_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
 
 @template("matmul", "cuda", name="matmul_tensorcore", model=tensorcore_model, applies=tensor_core_op)
 def matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _tensorcore_space(cfg, gemm_shape(op))
-    sched = cfg.schedule(op.func)
-    gemm_tensorcore(sched, "C", "A", "B", **tiles)
-    return sched
+    # ALCOP's space as published (its analytical model and exhaustive tables): no split of K
+    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)), gemm_tensorcore, split=False)
 
 
 @template("batch_matmul", "cuda", name="batch_matmul_tensorcore", model=tensorcore_model,
           applies=tensor_core_op)
 def batch_matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _tensorcore_space(cfg, gemm_shape(op))
-    sched = cfg.schedule(op.func)
-    gemm_tensorcore(sched, "C", "A", "B", batch="bb", **tiles)
-    return sched
+    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)), gemm_tensorcore, split=False)
 
 
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_tensorcore", model=tensorcore_model,

@@ -1,0 +1,565 @@
+"""The shape suite (issue 15): polytile's default schedules on the shapes users run, beside torch.
+
+Workloads are generated from model configurations, not listed by hand: the linear layers of
+LLaMA-3-8B, GPT-2, BERT-base and BERT-large at 1, 8, 128 and 2048 tokens (1 and 8 are the
+matrix–vector-like decode cases), their vocabulary projections, attention's batched GEMMs (heads ×
+seq × seq × head_dim, prefill and decode), ResNet-50 and MobileNet-v2 convolutions at batch 1 and
+32 (NHWC implicit GEMMs in fp16, and NCHW direct convolutions in fp32), softmax and layernorm rows
+768 to 128256 wide, and deliberately awkward sizes (primes, K or N not a multiple of 8, M = 1).
+Each model runs in its own dtype (LLaMA and BERT-base bf16, GPT-2 fp16, BERT-large fp32 with TF32
+off), so that the suite covers all three.
+
+Each workload is built with the operator's default schedule, checked against a float64 torch
+reference with the operator's tolerance (``polytile.dtypes.tolerance``), and timed two ways,
+interleaved with torch in the same process (BENCHMARKING.md):
+
+  kernel  CUDA-event medians of single launches, L2 flushed before each (``kern.benchmark`` and
+          ``time_gpu``), prepared arguments;
+  call    the user's call from Python in a loop (``kern(a, b)``, which allocates its output and
+          returns it; ``a @ b`` for torch), synchronized at the end, per call.
+
+Ratios are torch time / polytile time (above 1: polytile is faster). polytile's GEMMs and
+convolutions write float32 results; torch writes the input dtype.
+
+    python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
+                                [--workers N] [--out FILE.json]
+    python benchmarks/shapes.py --tune 32 [--records R.jsonl] ...  # after pt.tune, 32 trials per workload
+    python benchmarks/shapes.py --cpu [--quick] [--only ...]        # CPU-sized variant vs NumPy/torch
+    python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
+    python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
+    python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
+
+PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``, ``softmax``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import _threads  # noqa: E402, F401 - sets the thread variables before NumPy loads its BLAS
+
+# isort: split
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from polytile import PolytileError, ops  # noqa: E402
+
+# --- the workloads ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """The dimensions of a transformer that fix its GEMMs and row operators."""
+
+    name: str
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    seq: int            # the attention length of the batched-GEMM workloads
+    dtype: str
+    gated: bool = False  # SwiGLU: gate and up projections fused into one GEMM of 2·ffn outputs
+    fused_qkv: bool = True  # one GEMM for Q, K and V (else three of hidden × hidden)
+
+    def linears(self) -> list[tuple[str, int, int]]:
+        """(layer, in features, out features) of one block; equal shapes are listed once."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = ("qkv", self.hidden, q + 2 * kv) if self.fused_qkv else ("q", self.hidden, q)
+        layers = [qkv, ("attn_out", q, self.hidden), ("mlp_up", self.hidden, self.ffn * (2 if self.gated else 1)),
+                  ("mlp_down", self.ffn, self.hidden)]
+        seen, out = set(), []
+        for name, k, n in layers:
+            if (k, n) not in seen:
+                seen.add((k, n))
+                out.append((name, k, n))
+        return out
+
+
+MODELS = (
+    Transformer("llama3-8b", 4096, 14336, 32, 8, 128, 128256, 2048, "bfloat16", gated=True),
+    Transformer("gpt2", 768, 3072, 12, 12, 64, 50257, 1024, "float16"),
+    Transformer("bert-base", 768, 3072, 12, 12, 64, 30522, 512, "bfloat16", fused_qkv=False),
+    Transformer("bert-large", 1024, 4096, 16, 16, 64, 30522, 512, "float32", fused_qkv=False),
+)
+TOKENS = (1, 8, 128, 2048)
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """One convolution of a CNN: input channels, output channels, kernel, stride, input size."""
+
+    name: str
+    C: int
+    K: int
+    R: int
+    stride: int
+    H: int
+
+    def dims(self, batch: int) -> dict[str, int]:
+        return dict(N=batch, H=self.H, W=self.H, C=self.C, K=self.K, R=self.R, S=self.R, stride=self.stride,
+                    padding=self.R // 2)
+
+
+RESNET50 = (
+    ConvLayer("conv1", 3, 64, 7, 2, 224), ConvLayer("l1.3x3", 64, 64, 3, 1, 56),
+    ConvLayer("l1.expand", 64, 256, 1, 1, 56), ConvLayer("l2.3x3", 128, 128, 3, 1, 28),
+    ConvLayer("l3.reduce", 1024, 256, 1, 1, 14), ConvLayer("l4.3x3", 512, 512, 3, 1, 7),
+)
+# MobileNet-v2's dense convolutions (its depthwise 3×3 layers have no polytile operator)
+MOBILENET_V2 = (
+    ConvLayer("stem", 3, 32, 3, 2, 224), ConvLayer("b2.expand", 16, 96, 1, 1, 112),
+    ConvLayer("b3.project", 144, 24, 1, 1, 56), ConvLayer("head", 320, 1280, 1, 1, 7),
+)
+# fp32 NCHW direct convolutions of ResNet-50 at batch 1
+RESNET50_FP32 = ("l1.3x3", "l3.reduce", "l4.3x3")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One operator instance: ``ops.<kind>(**dims)`` in ``dtype``; ``family`` groups the table."""
+
+    name: str
+    kind: str
+    dims: tuple[tuple[str, int], ...]
+    dtype: str
+    family: str
+
+    def op(self) -> ops.Op:
+        return ops.get(self.kind, **dict(self.dims), dtype=self.dtype)
+
+    @property
+    def shape(self) -> str:
+        return "×".join(str(v) for _, v in self.dims)
+
+
+def _w(name: str, kind: str, dtype: str, family: str, **dims: int) -> Workload:
+    return Workload(name, kind, tuple(dims.items()), dtype, family)
+
+
+def gpu_suite(quick: bool = False) -> list[Workload]:
+    """The GPU suite: model GEMMs, attention, convolutions, row operators and awkward sizes."""
+    tokens = (8, 128) if quick else TOKENS
+    out: list[Workload] = []
+    for m in MODELS:
+        for layer, k, n in m.linears():
+            out += [_w(f"{m.name}.{layer}.t{t}", "matmul", m.dtype, "linear", M=t, N=n, K=k) for t in tokens]
+    for m in MODELS[:3]:  # vocabulary projections (BERT-large shares BERT-base's vocabulary)
+        out += [_w(f"{m.name}.vocab.t{t}", "matmul", m.dtype, "vocab", M=t, N=m.vocab, K=m.hidden)
+                for t in ((1, 128) if not quick else (128,))]
+    for m in MODELS[:3]:  # attention: scores Q·Kᵀ and context P·V per head, prefill and decode
+        h, s, d = m.heads, m.seq, m.head_dim
+        out += [_w(f"{m.name}.attn_scores.s{s}", "batch_matmul", m.dtype, "attention", batch=h, M=s, N=s, K=d),
+                _w(f"{m.name}.attn_context.s{s}", "batch_matmul", m.dtype, "attention", batch=h, M=s, N=d, K=s)]
+        if not quick:
+            out += [_w(f"{m.name}.decode_scores.s{s}", "batch_matmul", m.dtype, "attention", batch=h, M=1, N=s,
+                       K=d),
+                    _w(f"{m.name}.decode_context.s{s}", "batch_matmul", m.dtype, "attention", batch=h, M=1, N=d,
+                       K=s)]
+    for net, layers, dtype in (("resnet50", RESNET50, "float16"), ("mobilenetv2", MOBILENET_V2, "float16")):
+        for batch in (1,) if quick else (1, 32):
+            out += [_w(f"{net}.{c.name}.n{batch}", "conv2d_igemm", dtype, "conv", **c.dims(batch)) for c in layers]
+    for c in RESNET50:
+        if c.name in RESNET50_FP32:
+            d = c.dims(1)
+            out.append(_w(f"resnet50.{c.name}.n1.nchw", "conv2d", "float32", "conv", N=1, C=d["C"], H=d["H"],
+                          W=d["W"], K=d["K"], R=d["R"], S=d["S"], stride=d["stride"], padding=d["padding"]))
+    rows = [("attn_probs.gpt2", 12 * 1024, 1024), ("attn_probs.llama", 4 * 2048, 2048), ("awkward", 3000, 1000),
+            ("vocab.bert", 512, 30522), ("vocab.bert", 128, 30522), ("vocab.gpt2", 128, 50257),
+            ("vocab.gpt2", 8, 50257), ("vocab.llama", 32, 128256), ("vocab.llama", 1, 128256)]
+    out += [_w(f"softmax.{what}.{M}x{N}", "softmax", "float32", "rows", M=M, N=N) for what, M, N in rows]
+    norms = [("bert-base", 128, 768), ("gpt2", 2048, 768), ("bert-large", 2048, 1024), ("llama", 8, 4096),
+             ("llama", 2048, 4096), ("awkward", 3001, 5003), ("wide", 16, 128256)]
+    out += [_w(f"layernorm.{what}.{M}x{N}", "layernorm", "float32", "rows", M=M, N=N) for what, M, N in norms]
+    awkward = [("odd_kn", 4095, 4097, 1023, "float16"), ("small_mn_long_k", 127, 255, 4096, "bfloat16"),
+               ("square_4k_1k", 4096, 4096, 1024, "float16"), ("fp32_1536", 1536, 1536, 1536, "float32"),
+               ("primes", 997, 1009, 1013, "float16"), ("primes", 1009, 2003, 509, "float32"),
+               ("m1_odd", 1, 4097, 4093, "bfloat16"), ("k_not_8", 33, 1000, 999, "float16"),
+               ("n_not_8", 2048, 1002, 4096, "bfloat16")]
+    out += [_w(f"awkward.{what}.{M}x{N}x{K}", "matmul", dt, "awkward", M=M, N=N, K=K) for what, M, N, K, dt in awkward]
+    if quick:
+        out = out[::2]
+    return _unique(out)
+
+
+def cpu_suite(quick: bool = False) -> list[Workload]:
+    """The CPU-sized variant (float32, what NumPy and torch's CPU kernels compute): the smaller
+    models' linear layers at 1, 8 and 128 tokens, BERT's vocabulary projection, ResNet-50 and
+    MobileNet-v2 convolutions at batch 1 (NCHW), the row operators and awkward sizes."""
+    tokens = (1, 32) if quick else (1, 8, 128)
+    out: list[Workload] = []
+    for m in MODELS[1:]:
+        for layer, k, n in m.linears():
+            out += [_w(f"{m.name}.{layer}.t{t}", "matmul", "float32", "linear", M=t, N=n, K=k) for t in tokens]
+    out += [_w(f"bert-base.vocab.t{t}", "matmul", "float32", "vocab", M=t, N=30522, K=768) for t in (1, 8)]
+    out.append(_w("llama3-8b.attn_out.t1", "matmul", "float32", "linear", M=1, N=4096, K=4096))
+    out.append(_w("bert-base.attn_scores.s128", "batch_matmul", "float32", "attention", batch=12, M=128, N=128,
+                  K=64))
+    for net, layers in (("resnet50", RESNET50), ("mobilenetv2", MOBILENET_V2)):
+        for c in layers:
+            d = c.dims(1)
+            out.append(_w(f"{net}.{c.name}.n1", "conv2d", "float32", "conv", N=1, C=d["C"], H=d["H"], W=d["W"],
+                          K=d["K"], R=d["R"], S=d["S"], stride=d["stride"], padding=d["padding"]))
+    rows = [(512, 1024), (3000, 1000), (64, 30522), (8, 128256)]
+    out += [_w(f"softmax.{M}x{N}", "softmax", "float32", "rows", M=M, N=N) for M, N in rows]
+    out += [_w(f"layernorm.{M}x{N}", "layernorm", "float32", "rows", M=M, N=N) for M, N in
+            [(128, 768), (512, 1024), (1001, 4093)]]
+    awkward = [("odd_kn", 511, 513, 257), ("primes", 257, 509, 263), ("m1_odd", 1, 1025, 1023),
+               ("n_not_8", 256, 1002, 768)]
+    out += [_w(f"awkward.{what}.{M}x{N}x{K}", "matmul", "float32", "awkward", M=M, N=N, K=K)
+            for what, M, N, K in awkward]
+    if quick:
+        out = out[::2]
+    return _unique(out)
+
+
+def _unique(ws: list[Workload]) -> list[Workload]:
+    seen, out = set(), []
+    for w in ws:
+        key = (w.kind, w.dims, w.dtype)
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
+
+
+def select(ws: list[Workload], only: str) -> list[Workload]:
+    pats = [p for p in only.split(",") if p]
+    if not pats:
+        return ws
+    return [w for w in ws if any(fnmatch.fnmatchcase(w.name, p) or p in w.name for p in pats)]
+
+
+# --- GPU --------------------------------------------------------------------------------------------
+
+
+def build_one(w: Workload, target: str = "cuda"):  # noqa: ANN201 - (name, kernel or error, seconds)
+    """Build ``w``'s default schedule (in a worker process; kernels are pickled back)."""
+    t0 = time.perf_counter()
+    try:
+        return w.name, w.op().build(target), time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001 - a failed build is recorded, the run goes on
+        return w.name, f"{type(err).__name__}: {err}"[:2000], time.perf_counter() - t0
+
+
+def _build_job(job: tuple[Workload, str]):  # noqa: ANN202
+    return build_one(*job)
+
+
+def build_all(ws: list[Workload], target: str, workers: int) -> dict[str, tuple[object, float]]:
+    if workers <= 1:
+        return {n: (k, s) for n, k, s in (build_one(w, target) for w in ws)}
+    with ProcessPoolExecutor(workers) as ex:
+        return {n: (k, s) for n, k, s in ex.map(_build_job, [(w, target) for w in ws])}
+
+
+def tune_all(ws: list[Workload], args: argparse.Namespace) -> dict[str, tuple[object, float]]:
+    """``pt.tune`` each workload (``args.tune`` trials, XGBoost; records in ``args.records``, so a
+    stopped run resumes) and keep its best kernel; a workload whose tuning finds nothing keeps the
+    default schedule's kernel."""
+    import polytile as pt
+    out: dict[str, tuple[object, float]] = {}
+    for w in ws:
+        t0 = time.perf_counter()
+        try:
+            kern = pt.tune(w.kind, target="cuda", trials=args.tune, records=args.records, tuner="xgb",
+                           progress=False, dtype=w.dtype, **dict(w.dims))
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            kern = f"{type(err).__name__}: {err}"[:2000]
+        out[w.name] = (kern, time.perf_counter() - t0)
+        print(f"tuned {w.name} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def torch_case(w: Workload, op: ops.Op, seed: int):  # noqa: ANN201 - (inputs, torch call, reference)
+    """Random GPU inputs of ``op``, the torch call a user would make, and a float64 reference in
+    polytile's output layout."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tdt = getattr(torch, w.dtype)
+    lo, hi = (-4.0, 4.0) if w.kind == "softmax" else (-1.0, 1.0)
+    shapes = [tuple(int(d.value) for d in t.shape) for t in op.func.inputs]
+    inputs = [(torch.rand(s, device="cuda", generator=g) * (hi - lo) + lo).to(tdt) for s in shapes]
+    wide = torch.float64
+    d = dict(w.dims)
+    if w.kind in ("matmul", "batch_matmul"):
+        a, b = inputs
+        return inputs, (lambda a, b: a @ b), (lambda: a.to(wide) @ b.to(wide))
+    if w.kind == "conv2d_igemm":
+        st, pad, K = d["stride"], d["padding"], d["K"]
+        x = inputs[0].permute(0, 3, 1, 2)  # channels_last: the NHWC memory seen as NCHW
+        wt = inputs[1].permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+        rows = lambda y: y.permute(0, 2, 3, 1).reshape(-1, K)  # noqa: E731
+        return (inputs, lambda i, _w: F.conv2d(x, wt, stride=st, padding=pad),
+                lambda: rows(F.conv2d(x.to(wide), wt.to(wide), stride=st, padding=pad)))
+    if w.kind == "conv2d":
+        st, pad = d["stride"], d["padding"]
+        return (inputs, lambda i, k: F.conv2d(i, k, stride=st, padding=pad),
+                lambda: F.conv2d(inputs[0].to(wide), inputs[1].to(wide), stride=st, padding=pad))
+    if w.kind == "softmax":
+        return inputs, (lambda x: torch.softmax(x, dim=1)), (lambda: torch.softmax(inputs[0].to(wide), dim=1))
+    x, gm, bt = inputs
+    return (inputs, lambda x, g, b: F.layer_norm(x, (x.shape[1],), g, b, 1e-5),
+            lambda: F.layer_norm(x.to(wide), (x.shape[1],), gm.to(wide), bt.to(wide), 1e-5))
+
+
+def per_call(fn, args: list[object], seconds: float = 0.05, max_calls: int = 2000) -> float:  # noqa: ANN001
+    """Seconds per call of ``fn(*args)`` in a loop from Python, synchronized at the end (after a warm-up)."""
+    import torch
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    torch.cuda.synchronize()
+    once = max(time.perf_counter() - t0, 1e-6)
+    n = max(5, min(max_calls, int(seconds / once)))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def bench_gpu(w: Workload, kern, repeat: int, rounds: int, seed: int) -> dict:  # noqa: ANN001
+    """Check ``kern`` and time it beside torch, kernel-only and per call, in interleaved rounds."""
+    import torch
+
+    from polytile.runtime.timing import rel_error, time_gpu
+    op = w.op()
+    inputs, fn, ref_fn = torch_case(w, op, seed)
+    ref = ref_fn()
+    out = kern(*inputs)
+    err = rel_error(out.reshape(ref.shape), ref)
+    base_err = rel_error(fn(*inputs).reshape(ref.shape), ref)
+    res: dict = {"rel_error": err, "tolerance": op.tolerance, "correct": bool(err <= op.tolerance),
+                 "torch_rel_error": base_err}
+    del ref
+    outs = [torch.empty_like(out)]
+    ours, theirs, ours_call, theirs_call = [], [], [], []
+    for _ in range(rounds):
+        ours.append(kern.benchmark(*inputs, *outs, repeat=repeat))
+        theirs.append(time_gpu(lambda: fn(*inputs), repeat=repeat))
+        ours_call.append(per_call(kern, inputs))
+        theirs_call.append(per_call(fn, inputs))
+    t, tb = statistics.median(ours), statistics.median(theirs)
+    tc, tbc = statistics.median(ours_call), statistics.median(theirs_call)
+    res.update(polytile_s=t, torch_s=tb, speed=tb / t, polytile_call_s=tc, torch_call_s=tbc, speed_call=tbc / tc,
+               polytile_tflops=op.flops / t / 1e12, polytile_gbs=op.bytes_moved / t / 1e9,
+               launches=[{"kernel": k.name, "grid": [str(g) for g in k.grid], "block": list(k.block),
+                          "registers": kern.resources[k.name].registers if k.name in kern.resources else None}
+                         for k in kern.kernels])
+    return res
+
+
+def gpu_record() -> dict:
+    import torch
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,power.draw",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    return {"device": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    t0 = time.perf_counter()
+    built = tune_all(ws, args) if args.tune else build_all(ws, "cuda", args.workers)
+    print(f"{'tuned' if args.tune else 'built'} {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+    results = []
+    for n, w in enumerate(ws):
+        kern, build_s = built[w.name]
+        row = {**_describe(w), "build_s": build_s}
+        if isinstance(kern, str):
+            row["error"] = kern
+        else:
+            try:
+                row.update(bench_gpu(w, kern, args.repeat, args.rounds, seed=n + 1))
+            except (PolytileError, RuntimeError) as err:
+                row["error"] = f"{type(err).__name__}: {err}"[:2000]
+            torch.cuda.empty_cache()
+        results.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "launches"}), flush=True)
+    after = gpu_record()["nvidia_smi"]
+    return {"benchmark": "shapes", "variant": "gpu", **gpu_record(), "nvidia_smi_after": after,
+            "timing": "kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; "
+                      "call: the Python call in a loop (polytile allocates and returns its output), synchronized at "
+                      "the end; interleaved with torch in rounds, medians of the rounds. polytile's GEMMs and "
+                      "convolutions write float32, torch the input dtype.",
+            "results": results}
+
+
+def _describe(w: Workload) -> dict:
+    return {"name": w.name, "family": w.family, "kind": w.kind, "dims": dict(w.dims), "dtype": w.dtype}
+
+
+# --- CPU --------------------------------------------------------------------------------------------
+
+
+def run_cpu(ws: list[Workload], args: argparse.Namespace) -> dict:
+    from polytile.cli import time_call
+    results = []
+    for n, w in enumerate(ws):
+        row = _describe(w)
+        try:
+            op = w.op()
+            t0 = time.perf_counter()
+            kern = op.build("cpu")
+            row["build_s"] = time.perf_counter() - t0
+            inputs = op.make_inputs(np.random.default_rng(n + 1))
+            ref = op.reference(*inputs)
+            err = ops.rel_error(kern(*inputs), ref)
+            row.update(rel_error=err, tolerance=op.tolerance, correct=bool(err <= op.tolerance),
+                       baseline=op.baseline_name)
+            ours, theirs, ours_call = [], [], []
+            for _ in range(args.rounds):
+                ours.append(kern.benchmark(*inputs, repeat=5, min_time=args.min_time))
+                theirs.append(time_call(op.baseline, inputs, repeat=5, min_time=args.min_time))
+                ours_call.append(time_call(kern, inputs, repeat=5, min_time=args.min_time))
+            t, tb, tc = (statistics.median(x) for x in (ours, theirs, ours_call))
+            row.update(polytile_s=t, torch_s=tb, speed=tb / t, polytile_call_s=tc, torch_call_s=tb, speed_call=tb / tc,
+                       polytile_gflops=op.flops / t / 1e9)
+        except PolytileError as err:
+            row["error"] = f"{type(err).__name__}: {err}"[:2000]
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    from polytile.target import cpu_target
+    tgt = cpu_target()
+    return {"benchmark": "shapes", "variant": "cpu", "device": tgt.model.replace("_", " "), "cores": tgt.cores,
+            "threads": int(os.environ.get("OMP_NUM_THREADS", tgt.cores)), "numpy": np.__version__,
+            "python": platform.python_version(), "load_average": os.getloadavg(),
+            "timing": "medians of repeated runs after warm-up in interleaved rounds; kernel = the compiled function "
+                      "on prepared arguments, call = the Python call; baseline: NumPy (matmul, softmax, layernorm) "
+                      "or torch's CPU conv2d, called from Python",
+            "results": results}
+
+
+# --- summary and table ------------------------------------------------------------------------------
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summary(record: dict) -> dict:
+    ok = [r for r in record["results"] if "speed" in r and r.get("correct")]
+    bad = [r["name"] for r in record["results"] if "error" in r or not r.get("correct", False)]
+    s = {"workloads": len(record["results"]), "measured": len(ok), "failed_or_wrong": bad,
+         "geomean_kernel": geomean([r["speed"] for r in ok]),
+         "geomean_call": geomean([r["speed_call"] for r in ok]),
+         "below_0.5_kernel": sum(r["speed"] < 0.5 for r in ok),
+         "worst_kernel": [(r["name"], round(r["speed"], 3)) for r in sorted(ok, key=lambda r: r["speed"])[:8]]}
+    fams: dict[str, list[float]] = {}
+    for r in ok:
+        fams.setdefault(r["family"], []).append(r["speed"])
+    s["geomean_kernel_by_family"] = {f: round(geomean(v), 3) for f, v in fams.items()}
+    return s
+
+
+def table(record: dict) -> str:
+    """The markdown table of a record (README)."""
+    lines = ["| workload | shape | dtype | polytile µs | library µs | kernel ratio | call µs (polytile / library) "
+             "| call ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in record["results"]:
+        shape = "×".join(str(v) for v in r["dims"].values())
+        dt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[r["dtype"]]
+        if "speed" not in r:
+            lines.append(f"| {r['name']} | {shape} | {dt} | {'FAILED' if 'error' in r else '–'} | | | | |")
+            continue
+        flag = "" if r.get("correct") else " (WRONG)"
+        lines.append(f"| {r['name']} | {shape} | {dt} | {r['polytile_s'] * 1e6:.1f}{flag} | {r['torch_s'] * 1e6:.1f} | "
+                     f"{r['speed']:.2f}× | {r['polytile_call_s'] * 1e6:.1f} / {r['torch_call_s'] * 1e6:.1f} | "
+                     f"{r['speed_call']:.2f}× |")
+    s = summary(record)
+    lines.append("")
+    lines.append(f"Geometric mean over {s['measured']} workloads: kernel {s['geomean_kernel']:.2f}×, per call "
+                 f"{s['geomean_call']:.2f}×; {s['below_0.5_kernel']} below 0.5× (kernel); by family: "
+                 + ", ".join(f"{f} {g:.2f}×" for f, g in s["geomean_kernel_by_family"].items()) + ".")
+    return "\n".join(lines)
+
+
+def git_commit() -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="half the workloads, fewer token counts")
+    parser.add_argument("--only", default="", help="comma-separated name patterns (glob or substring)")
+    parser.add_argument("--cpu", action="store_true", help="the CPU-sized variant against NumPy/torch")
+    parser.add_argument("--list", action="store_true", help="print the workloads and stop")
+    parser.add_argument("--build-only", action="store_true", help="build every kernel (fills the cache) and stop")
+    parser.add_argument("--target", default="cuda", help="the target of --build-only (e.g. cuda:sm_90a)")
+    parser.add_argument("--table", help="print the markdown table of a JSON record and stop")
+    parser.add_argument("--repeat", type=int, default=20, help="GPU: timed launches per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--min-time", type=float, default=0.1, help="CPU: seconds timed per round at least")
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel builds")
+    parser.add_argument("--threads", type=int, default=0, help="CPU: threads for OpenMP, OpenBLAS and torch")
+    parser.add_argument("--out", help="the JSON record (default benchmarks/results/shapes-<variant>-<date>.json)")
+    parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
+                        "this many trials (default: the default schedules)")
+    parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
+    ws = select(cpu_suite(args.quick) if args.cpu else gpu_suite(args.quick), args.only)
+    if args.list:
+        for w in ws:
+            print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")
+        print(f"{len(ws)} workloads")
+        return 0
+    if args.build_only:
+        t0 = time.perf_counter()
+        built = build_all(ws, args.target, args.workers)
+        failed = {n: k for n, (k, _) in built.items() if isinstance(k, str)}
+        for n, e in failed.items():
+            print(f"{n}: {e[:300]}")
+        print(f"built {len(ws) - len(failed)} of {len(ws)} in {time.perf_counter() - t0:.0f} s")
+        return 1 if failed else 0
+    if args.cpu and args.threads:
+        try:
+            import torch
+            torch.set_num_threads(args.threads)
+        except ImportError:
+            pass
+    started = datetime.datetime.now(datetime.UTC)
+    record = run_cpu(ws, args) if args.cpu else run_gpu(ws, args)
+    record = {**record, "date": started.isoformat(timespec="seconds"), "command": " ".join(["python", *sys.argv]),
+              "polytile_commit": git_commit(), "quick": args.quick, "only": args.only, "tune_trials": args.tune}
+    record["summary"] = summary(record)
+    path = Path(args.out) if args.out else (ROOT / "benchmarks" / "results" /
+                                            f"shapes-{record['variant']}-{started:%Y%m%d-%H%M%S}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\nshape suite ({record['variant']}) on {record['device']}, {record['date']}; record {path}")
+    print(table(record))
+    s = record["summary"]
+    print(json.dumps({k: v for k, v in s.items() if k != "geomean_kernel_by_family"}))
+    return 0 if not s["failed_or_wrong"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

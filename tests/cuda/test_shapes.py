@@ -1,0 +1,333 @@
+"""The shape suite's default schedules without a GPU: what the defaults choose from the target's facts
+(wave quantization), the new kernels' structure (matrix–vector, split reduction, aligned operand
+copies, CUDA-core convolution of few channels, wide rows) and their machine code compiled by nvcc
+for sm_90a and sm_80 (16-byte asynchronous copies, HGMMA, no local memory)."""
+
+import dataclasses
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.dtypes import as_dtype
+from polytile.errors import ScheduleError
+from polytile.ops.gpu_schedules import GEMV_ROWS, gemm_choice
+from polytile.target import CUDATarget
+
+SM90A = CUDATarget(arch="sm_90a")  # the datasheets' H100 and A100
+SM80 = CUDATarget(arch="sm_80")
+needs_nvcc = pytest.mark.needs_nvcc
+
+
+def _sass(kern, name=None) -> str:
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.cubin)
+        f.flush()
+        text = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    if name is None:
+        return text
+    part = text.split(f".text.{name}:")[1]
+    return part.split(".section")[0]
+
+
+def _kernel_names(kern) -> list[str]:
+    return [k.name for k in kern.kernels]
+
+
+# --- the choice ------------------------------------------------------------------------------------
+
+def test_few_rows_stream_on_the_cuda_cores():
+    for M in (1, 8, GEMV_ROWS):
+        assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv"
+    assert gemm_choice(SM90A, GEMV_ROWS + 1, 4096, 4096, as_dtype("bfloat16")).kernel == "wgmma"
+    assert gemm_choice(SM80, 512, 512, 512, as_dtype("float16")).kernel == "mma"
+    assert gemm_choice(SM90A, 512, 512, 512, as_dtype("float32")).kernel == "cuda"
+
+
+def test_the_choice_reads_the_number_of_sms():
+    # 127×255 outputs are 8 tiles of 64×64: K is split until the SMs are busy; a GPU of 16 SMs is
+    # given fewer, larger blocks
+    small = dataclasses.replace(SM90A, sms=16)
+    few, many = (gemm_choice(t, 127, 255, 4096, as_dtype("bfloat16")) for t in (small, SM90A))
+
+    def blocks(c):
+        return c.split * -(-127 // c.params["bm"]) * -(-255 // c.params["bn"])
+    assert many.split > 1 and blocks(few) < blocks(many)
+    # a large product fills the GPU without a split
+    assert gemm_choice(SM90A, 4096, 4096, 4096, as_dtype("float16")).split == 1
+
+
+def test_split_only_for_a_clear_gain():
+    # 300×200×100 in float32: five chunks of K are predicted 10% faster, within the estimate's error
+    # of the second kernel: not split (one kernel, as the SASS optimizer's tests expect)
+    assert gemm_choice(SM90A, 300, 200, 100, as_dtype("float32")).split == 1
+    assert gemm_choice(SM90A, 8, 768, 3072, as_dtype("float16")).split > 1
+
+
+def test_wave_quantization_prefers_tiles_that_fill_the_last_wave():
+    from polytile.tune.analytical import BlockPlan, Hardware, wave_cycles
+    hw = Hardware.of(SM90A)
+    plan = BlockPlan(128, 128, 64, hw.sms, 16, 1, hw.wgmma_flops, 2, 4)
+    one = wave_cycles(plan, hw)
+    # one block more than the SMs: a second wave as long as the first
+    assert wave_cycles(dataclasses.replace(plan, tiles=hw.sms + 1), hw) > 1.9 * one
+
+
+def test_split_must_divide_k():
+    with pytest.raises(pt.PolytileError, match="split_k=3 must be a positive divisor of K=8"):
+        ops.matmul(4, 4, 8, split_k=3)
+    for bad in (0, -2):  # was: silently unsplit (0), or a negative split recorded in the op's shape
+        with pytest.raises(pt.PolytileError, match=f"split_k={bad} must be a positive divisor"):
+            ops.batch_matmul(2, 4, 4, 8, split_k=bad)
+
+
+def test_split_matmul_on_the_cpu(rng):
+    # the restructured algorithm is the same function (checked where it can run here)
+    for op in [ops.matmul(37, 53, 132, split_k=4), ops.matmul(5, 64, 100, split_k=5),
+               ops.batch_matmul(3, 5, 40, 96, split_k=4)]:
+        x = op.make_inputs(rng)
+        assert ops.rel_error(op.build("cpu")(*x), op.reference(*x)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype,acc", [("int8", "int32"), ("int16", "int32"), ("float64", "float64"),
+                                       ("float16", "float32")])
+def test_split_partial_products_are_summed_in_the_accumulator_type(rng, dtype, acc):
+    # the chunks' partial products and their sum are of dtypes.accumulator(dtype), as the unsplit
+    # product: full-range 8/16-bit integers exact in int32, float64 not rounded to float32
+    for func in (ops.matmul_func(4, 4, 8, dtype, 2), ops.batch_matmul_func(2, 4, 4, 8, dtype, 2)):
+        assert [(c.name, str(c.dtype)) for c in func.computations] == [("P", acc), ("C", acc)]
+    for op in (ops.matmul(19, 23, 96, dtype, split_k=3), ops.batch_matmul(2, 7, 9, 64, dtype, split_k=4)):
+        assert [str(c.dtype) for c in op.func.computations] == [acc, acc]
+        assert str(op.func.outputs[0].dtype) == str(ops.matmul(19, 23, 96, dtype).func.outputs[0].dtype)
+        if dtype.startswith("int"):
+            info = np.iinfo(dtype)
+            x = [rng.integers(info.min, info.max, size=[int(d.value) for d in t.shape], endpoint=True).astype(dtype)
+                 for t in op.func.inputs]
+        else:
+            x = op.make_inputs(rng)
+        if dtype == "float16":
+            continue  # no float16 arithmetic on every CPU; the GPU tests check it
+        out, ref = op.build("cpu")(*x), op.reference(*x)
+        assert out.dtype == ref.dtype == np.dtype(acc)
+        if dtype.startswith("int"):
+            assert np.array_equal(out, ref)
+        else:
+            assert ops.rel_error(out, ref) <= op.tolerance < 1e-9
+
+
+def test_decoding_attention_splits_its_batched_gemv():
+    # 32 heads × 1 query × 128 columns over K = 2048: 32 blocks unless K is split too (was 0.37×)
+    sched = ops.batch_matmul(32, 1, 128, 2048, "bfloat16").schedule(SM90A)
+    P = sched.func.computations[0]
+    assert P.name == "P" and int(P.shape[0].value) == 32 and int(P.shape[1].value) > 1
+    with pytest.raises(ScheduleError, match="split only on the GEMV kernel"):
+        ops.batch_matmul(4, 64, 64, 256, "float16", split_k=2).schedule(SM90A)
+
+
+def test_default_schedule_restructures_into_a_split():
+    op = ops.matmul(8, 768, 3072, "float16")
+    sched = op.schedule(SM90A)
+    assert [c.name for c in sched.computations] == ["P", "C"]
+    assert [t.name for t in sched.func.inputs] == ["A", "B"] and sched.func.outputs[0].name == "C"
+    # the user's own split is scheduled as given
+    op = ops.matmul(8, 768, 3072, "float16", split_k=2)
+    assert op.schedule(SM90A).func is op.func
+
+
+def test_tensor_cores_refuse_k_tiles_across_chunks():
+    # 2 chunks of 500: whole 64-wide K tiles would add the next chunk's products (was: wrong results)
+    with pytest.raises(ScheduleError, match="not a multiple of the 64-wide K tile, and A continues past it"):
+        ops.matmul(64, 200, 1000, "float16", split_k=2).schedule(SM90A)
+    # whole chunks of K tiles are fine, and so is a K tile past the end of the tensor itself
+    ops.matmul(64, 200, 1024, "float16", split_k=2).schedule(SM90A)
+    ops.matmul(64, 200, 1000, "float16").schedule(SM90A)
+
+
+def test_cache_whole_needs_one_granule_per_dimension():
+    s = pt.Schedule(ops.matmul(30, 30, 30, "float16").func)
+    with pytest.raises(ScheduleError, match="whole must give a positive granule for each of its 2 dimensions"):
+        s["C"].cache("A", None, loc="global", whole=(8,))
+
+
+def test_aligned_copy_is_one_kernel_of_one_thread_per_element():
+    s = pt.Schedule(ops.matmul(255, 257, 127, "float16").func)
+    from polytile.ops.gpu_schedules import align_operands, gemm_wgmma
+    assert align_operands(s, "C") == ["A", "B"]
+    gemm_wgmma(s, "C", "A", "B", bm=64, bn=64, bk=64, stages=3, inflight=1)
+    low = pt.lower(s, SM90A)
+    text = str(low)
+    assert "allocate A_aligned[255, 128] float16 in global" in text
+    assert "allocate B_aligned[127, 264] float16 in global" in text
+    assert "kernel matmul_kernel0 grid=(128, 1, 1) block=(256, 1, 1)" in text  # 255 × 128 elements
+    # the GEMM's tiles are read from the aligned copies with 16-byte asynchronous copies
+    assert re.search(r"pt_cp_async_zfill\(B_shared\[ramp\(.*\), 1, 8\)\], B_aligned\[ramp", text)
+
+
+# --- nvcc ------------------------------------------------------------------------------------------
+
+@needs_nvcc
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+@pytest.mark.parametrize("dims,dtype", [((1, 4096, 4093), "bfloat16"), ((8, 768, 3072), "float16"),
+                                        ((3, 1000, 1000), "float32"), ((1, 4097, 4093), "bfloat16")])
+def test_gemv_streams_with_async_copies(target, dims, dtype):
+    kern = ops.matmul(*dims, dtype).build(target)
+    gemv = next(k for k in kern.kernels if k.dynamic_shared)
+    sass = _sass(kern, gemv.name)
+    # B's tiles arrive by asynchronous copies; rows of an odd number of 16-bit columns (no 4-byte
+    # alignment at all) are first copied aligned, by a kernel of their own
+    assert "LDGSTS" in sass
+    odd = [t for t, n in (("A", dims[2]), ("B", dims[1])) if n * as_dtype(dtype).itemsize % 4]
+    assert [k.name for k in kern.kernels].index(gemv.name) == len(odd)
+    assert not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert "HMMA" not in sass and "HGMMA" not in sass
+    # one thread per 8 bytes of B's columns, the columns of a block along threadIdx.x only
+    assert gemv.block[1:] == (1, 1)
+
+
+@needs_nvcc
+def test_gemv_copies_4_byte_aligned_rows_in_4_byte_pieces():
+    # BERT's vocabulary (30522 16-bit columns: rows 4-byte but not 8-byte aligned); before: one
+    # element at a time, synchronously
+    kern = ops.matmul(1, 30522, 768, "bfloat16").build(SM90A)
+    assert "pt_cp_async4_zfill(&B_shared" in kern.source
+    assert "LDGSTS.E.LTC128B" in _sass(kern) or "LDGSTS.E" in _sass(kern)
+
+
+@needs_nvcc
+def test_split_wgmma_on_aligned_copies_does_not_spill():
+    # 127×255×4096: few tiles (split) and B's rows of 255 elements (510 bytes): copied aligned first.
+    # Before: element-wise copies, 255 registers and spills
+    kern = ops.matmul(127, 255, 4096, "bfloat16").build(SM90A)
+    names = _kernel_names(kern)
+    assert len(names) == 3  # B's aligned copy, the partial products, their sum
+    gemm = names[1]
+    sass = _sass(kern, gemm)
+    assert "HGMMA.64x64x16.F32.BF16" in sass
+    assert "LDGSTS.E.BYPASS.128" in sass
+    assert kern.resources[gemm].spill_stores == 0
+    assert not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
+@needs_nvcc
+def test_odd_k_and_n_use_16_byte_copies():
+    kern = ops.matmul(4095, 4097, 1023, "float16").build(SM90A)
+    gemm = _kernel_names(kern)[-1]
+    sass = _sass(kern, gemm)
+    assert "LDGSTS.E.BYPASS.128" in sass and "HGMMA" in sass
+    assert kern.resources[gemm].spill_stores <= 128  # was 5308 bytes
+
+
+@needs_nvcc
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+def test_three_channel_convolution_builds(target):
+    # ResNet-50's first layer: C = 3 is less than a tensor-core K step (was: a ScheduleError)
+    kern = ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(target)
+    sass = _sass(kern)
+    assert "HMMA" not in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("op", [ops.softmax(4, 128256), ops.layernorm(4, 128256)], ids=["softmax", "layernorm"])
+def test_rows_wider_than_shared_memory_build(op):
+    # a 128256-wide float32 row (513 KB) does not fit a block's shared memory (was: a BuildError)
+    kern = op.build(SM90A)
+    assert kern.kernels[0].block == (1024, 1, 1)
+    assert kern.kernels[0].dynamic_shared < SM90A.shared_per_block
+
+
+def test_rows_that_fit_stay_in_shared_memory():
+    kern_src = pt.lower(ops.softmax(64, 30522).schedule(SM90A), SM90A)
+    assert "in shared" in str(kern_src)
+
+
+
+# --- tuning spaces ---------------------------------------------------------------------------------
+
+def test_gemv_template_comes_first_for_few_rows():
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, M=8, N=768, K=3072, dtype="float16")
+    assert task.template.name == "matmul_gemv"
+    assert {"threads", "bk", "stages", "split"} <= {d.name for d in task.space.decisions}
+    assert make_task("matmul", SM90A, M=128, N=768, K=3072, dtype="float16").template.name == "matmul_wgmma"
+    assert make_task("batch_matmul", SM90A, batch=12, M=1, N=512, K=64, dtype="float16").template.name == \
+        "batch_matmul_gemv"
+
+
+def _split_config(task, split):
+    rng = np.random.default_rng(0)
+    for digits in task.space.sample_valid(rng, 200):
+        values = task.space.config(digits).values
+        if values.get("split") == split:
+            return values
+    raise AssertionError(f"no valid configuration with split={split}")
+
+
+@pytest.mark.parametrize("op,shape,split", [
+    ("matmul", dict(M=8, N=768, K=3072, dtype="float16"), 4),       # GEMV
+    ("matmul", dict(M=127, N=255, K=4096, dtype="bfloat16"), 8),    # wgmma
+    ("matmul", dict(M=128, N=1024, K=4096), 4),                     # CUDA cores
+])
+def test_templates_reach_split_reductions(op, shape, split):
+    from polytile.tune import make_task
+    task = make_task(op, SM90A, **shape)
+    sched = task.schedule(_split_config(task, split))
+    assert [c.name for c in sched.computations] == ["P", "C"]
+    assert int(sched.func.computations[0].shape[0].value) == split
+    # the tensor-core space copies unaligned rows (B: 255 columns) as the default does
+    if shape.get("N") == 255:
+        assert any(c.name == "B_aligned" for c in sched.caches)
+
+
+def test_tensor_core_spaces_leave_few_rows_to_gemv():
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, template="matmul_wgmma", M=8, N=768, K=3072, dtype="float16")
+    assert not task.space.sample_valid(np.random.default_rng(0), 8)
+
+
+def test_wgmma_model_predicts_the_split():
+    # 127×255 outputs are 8 tiles of 64×64 on 132 SMs: K = 4096 in 8 chunks is 64 blocks of 512-long
+    # products plus the partial sums' round trip; the analytical tuners rank by this (before: the
+    # model ignored the split, and every split of a tile tied)
+    from polytile.tune import make_task
+    from polytile.tune.analytical import GemmShape, WgmmaConfig, predict, split_seconds
+    task = make_task("matmul", SM90A, M=127, N=255, K=4096, dtype="bfloat16")
+    assert task.template.name == "matmul_wgmma"
+    base = dict(bm=64, bn=64, bk=64, stages=4, inflight=1)
+    one, eight = task.predict([dict(base, split=1), dict(base, split=8)])
+    assert eight < 0.7 * one
+    tiles = WgmmaConfig(**base)
+    assert eight == pytest.approx(predict(GemmShape(127, 255, 512, batch=8), tiles, SM90A)
+                                  + split_seconds(SM90A, 127, 255, 1, 8))
+    assert one == pytest.approx(predict(GemmShape(127, 255, 4096), tiles, SM90A))
+
+
+@pytest.mark.parametrize("op,template,shape", [
+    ("matmul", "matmul_tensorcore", dict(M=64, N=128, K=512)),
+    ("batch_matmul", "batch_matmul_gemv", dict(batch=3, M=1, N=128, K=512)),
+])
+def test_templates_keep_the_operators_own_split(op, template, shape):
+    # an operator made with split_k= is tuned as it is (was: "'P' is not a computation of Func
+    # matmul" - the mma.sync space and the batched templates rebuilt an unsplit, unbatched matmul)
+    from polytile.tune import make_task
+    task = make_task(op, SM80, template=template, dtype="float16", split_k=4, **shape)
+    (digits,) = task.space.sample_valid(np.random.default_rng(0), 1)
+    sched = task.schedule(task.space.config(digits).values)
+    assert sched.func is task.op.func
+    assert [c.name for c in sched.computations] == ["P", "C"]
+    assert len(re.findall(r"^  kernel ", str(pt.lower(sched, SM80)), re.M)) == 2  # P, then the sum C
+
+
+@pytest.mark.parametrize("template,dtype", [("batch_matmul_tensorcore", "float16"),
+                                            ("batch_matmul_cuda", "float32")])
+def test_batched_split_is_refused_where_the_kernel_takes_one_batch_loop(template, dtype):
+    from polytile.tune import make_task
+    task = make_task("batch_matmul", SM80, template=template, batch=3, M=64, N=128, K=512, dtype=dtype, split_k=4)
+    assert not task.space.sample_valid(np.random.default_rng(0), 1)
+    reasons = {task.space.reason_invalid(task.space.config_at(i).digits) for i in range(0, task.space.size, 7)}
+    assert ("a batched product's reduction is split only on the GEMV kernel (at most 16 rows): this kernel takes "
+            "one batch loop; leave split_k unset") in reasons

@@ -1,0 +1,95 @@
+"""On a GPU: the default schedules of the shape suite's new paths against a float64 torch reference, on
+fresh random inputs at sizes off the tiles — matrix–vector products (M = 1, 8), split reductions,
+rows that are not 16-byte aligned (odd K or N), primes, convolutions of 3 input channels and rows
+too wide for shared memory."""
+
+import pytest
+
+from polytile import ops
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def _inputs(op, seed, lo=-1.0, hi=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tdt = getattr(torch, op.func.inputs[0].dtype.name)
+    shapes = [tuple(int(d.value) for d in t.shape) for t in op.func.inputs]
+    return [(torch.rand(s, device="cuda", generator=g) * (hi - lo) + lo).to(tdt) for s in shapes]
+
+
+def _err(out, ref):
+    assert torch.isfinite(out).all()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+MATMULS = [
+    ((1, 4097, 4093), "bfloat16"),   # M = 1, odd N and a prime K: no split, element-wise rows
+    ((8, 768, 3072), "float16"),     # decoding: a split reduction over the GEMV kernel
+    ((1, 1025, 1023), "float32"),
+    ((16, 1000, 999), "float16"),    # the last GEMV size, odd K
+    ((127, 255, 4096), "bfloat16"),  # few output tiles, long K: split wgmma on aligned copies of B
+    ((33, 1000, 999), "float16"),    # K not a multiple of 8: aligned copy of A
+    ((997, 1009, 1013), "float16"),  # primes
+    ((128, 1024, 4096), "float32"),  # split on the CUDA cores
+    ((4095, 4097, 1023), "float16"),  # the issue's odd K and N
+]
+
+
+@pytest.mark.parametrize("dims,dtype", MATMULS, ids=[f"{d[0]}x{d[1]}x{d[2]}-{t}" for d, t in MATMULS])
+def test_default_matmul(dims, dtype):
+    M, N, K = dims
+    op = ops.matmul(M, N, K, dtype)
+    kern = op.build("cuda")
+    a, b = _inputs(op, M + N + K)
+    out = kern(a, b)
+    assert out.shape == (M, N) and out.dtype == torch.float32
+    assert _err(out, a.double() @ b.double()) <= op.tolerance
+
+
+@pytest.mark.parametrize("M,K,split", [(64, 1024, 2), (64, 1024, 4), (8, 1000, 5), (8, 1001, 7)])
+def test_explicit_split(M, K, split):
+    # tensor cores: whole chunks of K tiles; the GEMV kernel: chunks of 200 and 143, not whole tiles
+    op = ops.matmul(M, 200, K, "float16", split_k=split)
+    kern = op.build("cuda")
+    a, b = _inputs(op, split)
+    assert len(kern.kernels) >= 2
+    assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance
+
+
+@pytest.mark.parametrize("dims", [(12, 1, 1024, 64), (32, 1, 128, 2048), (3, 5, 77, 300)])
+def test_default_batch_gemv(dims):
+    batch, M, N, K = dims
+    op = ops.batch_matmul(batch, M, N, K, "float16")
+    kern = op.build("cuda")
+    a, b = _inputs(op, sum(dims))
+    assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance
+
+
+@pytest.mark.parametrize("dims", [(2, 29, 31, 3, 24, 7, 7, 2, 3), (1, 17, 17, 3, 32, 3, 3, 2, 1)])
+def test_conv_three_channels(dims):
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
+    kern = op.build("cuda")
+    x, w = _inputs(op, sum(dims))
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(3, 2, 0, 1), stride=stride,
+                                     padding=pad)
+    ref = ref.permute(0, 2, 3, 1).reshape(-1, K)
+    assert _err(kern(x, w), ref) <= op.tolerance
+
+
+@pytest.mark.parametrize("M,N", [(1, 128256), (8, 50257), (3, 30522), (5, 70001)])
+def test_wide_softmax(M, N):
+    op = ops.softmax(M, N)
+    kern = op.build("cuda")
+    (x,) = _inputs(op, N, -4.0, 4.0)
+    assert _err(kern(x), torch.softmax(x.double(), dim=1)) <= op.tolerance
+
+
+@pytest.mark.parametrize("M,N", [(16, 128256), (3, 70001)])
+def test_wide_layernorm(M, N):
+    op = ops.layernorm(M, N)
+    kern = op.build("cuda")
+    x, g, b = _inputs(op, N)
+    ref = torch.nn.functional.layer_norm(x.double(), (N,), g.double(), b.double(), 1e-5)
+    assert _err(kern(x, g, b), ref) <= op.tolerance
