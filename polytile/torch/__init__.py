@@ -11,8 +11,7 @@ Importing this package registers the backend with dynamo::
 
 from __future__ import annotations
 
-import torch
-
+from . import templates  # noqa: F401 - registers the tuning templates of imported groups
 from .compiler import Options, backend, polytile_backend
 from .customop import KernelCall, custom_op
 from .explain import Report, explain

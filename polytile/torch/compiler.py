@@ -257,8 +257,8 @@ def _candidate(g: Group, imp: Imported, target: Any, records: _Records) -> tuple
     except PolytileError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return None, f"polytile could not build the group: {first}"
-    shapes = [tuple(meta(n).shape) for n in imp.outputs]
-    return Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes), origin), ""
+    shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
+    return Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin), ""
 
 
 def build_group(func: Any, target: Any, records: _Records | None = None) -> tuple[Any, str]:
@@ -313,14 +313,15 @@ def _check_and_time(c: Candidate, opts: Options, target: Any) -> _Decision:
         ours = _as_list(c.call(*inputs))
     except PolytileError as err:
         return _Decision(False, f"the polytile kernel failed on example inputs: {err}", None, None)
-    ref = _as_list(sub(*inputs))
+    theirs = _as_list(sub(*inputs))
+    exact = _as_list(sub(*[x.double() if x.dtype.is_floating_point else x for x in inputs]))
     info = group_info(imp.func)
-    for k, (o, r) in enumerate(zip(ours, ref)):
-        err = _rel_error(o, r)
-        tol = _tolerance(r.dtype, info.reduction_length)
+    for k, (o, t, r) in enumerate(zip(ours, theirs, exact)):
+        err, torch_err = _rel_error(o, r), _rel_error(t, r)
+        tol = max(_tolerance(t.dtype, info.reduction_length), 4 * torch_err)
         if not err <= tol:
-            msg = (f"polytile's result {k} differs from torch's (relative error {err:.2e} > {tol:.1e}) on "
-                   f"{' + '.join(c.group.ops)}")
+            msg = (f"polytile's result {k} differs from the exact one (relative error {err:.2e} > {tol:.1e}; "
+                   f"torch's: {torch_err:.1e}) on {' + '.join(c.group.ops)}")
             warnings.warn(f"polytile backend: {msg}; the group runs in torch", stacklevel=4)
             return _Decision(False, msg, None, None)
     pt_s, torch_s = _time_pair(lambda: c.call(*inputs), lambda: sub(*inputs), target.kind == "cuda", opts)
@@ -362,24 +363,27 @@ def _random_like(t: torch.Tensor) -> torch.Tensor:
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if out.shape != ref.shape:
         return math.inf
+    if not out.dtype.is_floating_point:
+        return 0.0 if torch.equal(out.cpu(), ref.to(out.dtype).cpu()) else math.inf
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    finite = torch.isfinite(r)
-    if not torch.equal(torch.isfinite(o), finite) or not torch.equal(o[~finite].nan_to_num(), r[~finite].nan_to_num()):
-        return math.inf
+    finite = torch.isfinite(r)  # where torch's result is NaN or infinite (random inputs: sqrt of -1), any
     o, r = o[finite], r[finite]
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
     den = torch.linalg.vector_norm(r).item()
     num = torch.linalg.vector_norm(o - r).item()
     return num / den if den > 0 else num
 
 
 def _tolerance(dtype: torch.dtype, reduction: int) -> float:
-    """Both polytile and torch round: twice the error either may show against an exact reference, more
-    for 16-bit results (torch rounds every intermediate of an elementwise chain to the 16-bit type)."""
+    """The error a result may show against the float64 one: ``dtypes.tolerance`` with a margin (the
+    float64 reference rounds its inputs' products exactly; ill-conditioned random inputs — a root of a
+    mean near zero — also loosen the check through torch's own error, see ``_check_and_time``)."""
     from ..dtypes import tolerance
     name = str(dtype).removeprefix("torch.")
     if name == "bool" or not dtype.is_floating_point:
         return 0.0
-    return tolerance(name, reduction) * (8 if dtype.itemsize == 2 else 2)
+    return 2 * tolerance(name, reduction)
 
 
 def _time_pair(ours: Callable[[], Any], theirs: Callable[[], Any], cuda: bool, opts: Options) -> tuple[float, float]:

@@ -47,11 +47,13 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
 
 class KernelCall:
     """Calls ``kernel`` on torch tensors (see the module docstring). ``adapters`` turn each input into
-    the array the kernel takes (default: contiguous); ``out_shapes``, when the outputs' shapes are
-    fixed, saves working them out per call."""
+    the array the kernel takes (default: contiguous); ``out_shapes``, when the kernel's outputs have
+    fixed shapes, saves working them out per call; ``out_orders`` gives, per output, the dimensions in
+    the order the kernel stores them (the result is that array viewed in its natural order)."""
 
     def __init__(self, kernel: Any, adapters: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None,
-                 out_shapes: Sequence[tuple[int, ...]] | None = None):
+                 out_shapes: Sequence[tuple[int, ...]] | None = None,
+                 out_orders: Sequence[tuple[int, ...]] | None = None):
         self.kernel = kernel
         func: Func = kernel.func
         self.func = func
@@ -60,6 +62,9 @@ class KernelCall:
         self.out_shapes = list(out_shapes) if out_shapes is not None else None
         self.on_gpu = kernel.target.kind == "cuda"
         self.single = len(func.outputs) == 1
+        # outputs written in another order than their dimensions' are returned as permuted views
+        inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in out_orders or ()]
+        self.out_views = [inv if inv != tuple(range(len(inv))) else None for inv in inverse] or None
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
         if len(tensors) != len(self.adapters):
@@ -67,7 +72,14 @@ class KernelCall:
         xs = [ad(x) for ad, x in zip(self.adapters, tensors)]
         if self.on_gpu:
             out = self.kernel(*xs)
-            return out if self.single else tuple(out)
+            outs = [out] if self.single else list(out)
+        else:
+            outs = self._host_call(xs)
+        if self.out_views is not None:
+            outs = [o if v is None else o.permute(v) for o, v in zip(outs, self.out_views)]
+        return outs[0] if self.single else tuple(outs)
+
+    def _host_call(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         for x in xs:
             if x.device.type != "cpu":
                 raise InputError(f"{self.func.name} is a CPU kernel; its inputs must be CPU tensors, got {x.device}")
@@ -75,7 +87,7 @@ class KernelCall:
         shapes = self.out_shapes or self.kernel.signature(*arrays).shapes[len(arrays):]
         outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self.out_dtypes)]
         self.kernel(*arrays, *[_host_array(o) for o in outs])
-        return outs[0] if self.single else tuple(outs)
+        return outs
 
 
 def _contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -95,8 +95,11 @@ def node_kind(node: fx.Node) -> str:
 
 
 def meta(node: object) -> torch.Tensor:
-    """The fake tensor an FX node stands for (its shape, dtype, strides and device)."""
+    """The fake tensor an FX node stands for (its shape, dtype, strides and device; for an operation with
+    several results, its first)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if isinstance(val, (tuple, list)) and val:
+        val = val[0]
     if not isinstance(val, torch.Tensor):
         raise Unsupported(f"{_name(node)} has no tensor metadata")
     return val
@@ -231,6 +234,18 @@ class InputAdapter:
         return InputAdapter(shape, narrowed, perm)
 
 
+def storage_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of ``t`` from the largest stride to the smallest when its strides are those of a
+    permuted dense array (an output is then written in that order, so torch sees the strides it
+    expects: views of it stay views); the natural order otherwise."""
+    identity = tuple(range(t.ndim))
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    perm = tuple(sorted(identity, key=lambda d: (-strides[d] if shape[d] > 1 else 0, d)))
+    if perm == identity or not _dense(tuple(shape[d] for d in perm), tuple(strides[d] for d in perm), (), perm):
+        return identity
+    return perm
+
+
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...], narrowed: tuple[int, ...],
            perm: tuple[int, ...]) -> bool:
     expected = 1
@@ -265,6 +280,7 @@ class Imported:
     adapters: list[InputAdapter]
     outputs: list[fx.Node]
     out_dtypes: list[torch.dtype]
+    out_orders: list[tuple[int, ...]]  # each output's dimensions in storage order (``storage_order``)
 
 
 class Lowering:
@@ -659,20 +675,26 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
     low = Lowering(nodes, f"torch_{kind}")
     out_tensors: list[ComputeTensor] = []
     out_dtypes: list[torch.dtype] = []
+    out_perms: list[tuple[int, ...]] = []
     for k, node in enumerate(outputs):
         t = meta(node)
         d = pt_dtype(t.dtype, _name(node))
         shape = static_shape(t, _name(node))
         if not shape:
             raise Unsupported(f"{_name(node)} is a single value; left to torch")
+        perm = storage_order(t)
 
-        def body(*idx: Expr, node: fx.Node = node, d: DType = d) -> Expr:
-            return _cast(low.value(node, idx), d)
+        def body(*kidx: Expr, node: fx.Node = node, d: DType = d, perm: tuple[int, ...] = perm) -> Expr:
+            idx: list[Expr] = list(kidx)
+            for pos, dim in enumerate(perm):
+                idx[dim] = kidx[pos]
+            return _cast(low.value(node, tuple(idx)), d)
 
-        stage = compute(shape, body, f"out{k}")
+        stage = compute(tuple(shape[dim] for dim in perm), body, f"out{k}")
         reused = _reused_stage(stage, low.stage_list)
         out_tensors.append(reused if reused is not None and reused not in out_tensors else stage)
         out_dtypes.append(t.dtype)
+        out_perms.append(perm)
     ins = list(low.inputs)
     func = Func([low.inputs[n][0] for n in ins], out_tensors, name=low.name)
     longest = max([st.info.get("K", 1) if st.kind == "gemm" else
@@ -681,7 +703,7 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
     func.torch_group = GroupInfo(  # type: ignore[attr-defined]
         kind, tuple(StageInfo(st.kind, st.tensor.name, tuple(sorted(st.info.items()))) for st in low.stage_list),
         tuple(t.name for t in out_tensors), longest)
-    return Imported(func, kind, ins, [low.inputs[n][1] for n in ins], list(outputs), out_dtypes)
+    return Imported(func, kind, ins, [low.inputs[n][1] for n in ins], list(outputs), out_dtypes, out_perms)
 
 
 def _reused_stage(stage: ComputeTensor, stages: list[Stage]) -> ComputeTensor | None:
@@ -691,7 +713,7 @@ def _reused_stage(stage: ComputeTensor, stages: list[Stage]) -> ComputeTensor | 
         return None
     for st in stages:
         t = st.tensor
-        if body.tensor is t and t.dtype == stage.dtype and len(body.index) == len(stage.axes) and all(
-                a is b for a, b in zip(body.index, stage.axes)):
+        if body.tensor is t and t.dtype == stage.dtype and len(body.indices) == len(stage.axes) and all(
+                a is b for a, b in zip(body.indices, stage.axes)):
             return t
     return None

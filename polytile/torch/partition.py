@@ -91,27 +91,8 @@ def partition(gm: fx.GraphModule, target_kind: str) -> Partition:
         g.nodes.append(n)
         group_of[n] = g
 
-    for n in nodes:
-        if n.op != "call_function":
-            continue
-        kind = node_kind(n)
-        if kind == "other":
-            left[n] = f"{_packet(n.target)} is not an operation polytile imports"
-            continue
-        if kind == "getitem":
-            src = n.args[0]
-            g = group_of.get(src) if isinstance(src, fx.Node) else None
-            if g is not None and n.args[1] == 0:
-                join(n, g)
-            continue
-        try:
-            check_node(n, target_kind)
-            if _packet(n.target) in _TUPLE_FIRST and any(
-                    u.target is not operator.getitem or u.args[1] != 0 for u in n.users if u.users):
-                raise Unsupported(f"{n.name}: a result other than the first is used")
-        except Unsupported as err:
-            left[n] = str(err)
-            continue
+    def place(n: fx.Node, kind: str) -> None:
+        """Put ``n`` in the group of a producer it may join, or in a new group."""
         producers = [group_of[x] for x in n.all_input_nodes if x in group_of]
         if kind in ("gemm", "conv"):
             new_group(kind, n)
@@ -138,6 +119,28 @@ def partition(gm: fx.GraphModule, target_kind: str) -> Partition:
                     break
             else:
                 new_group("elementwise", n)
+
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        kind = node_kind(n)
+        if kind == "other":
+            left[n] = f"{_packet(n.target)} is not an operation polytile imports"
+            continue
+        if kind == "getitem":
+            src = n.args[0]
+            g = group_of.get(src) if isinstance(src, fx.Node) else None
+            if g is not None and n.args[1] == 0:
+                join(n, g)
+            continue
+        try:
+            check_node(n, target_kind)
+            if _packet(n.target) in _TUPLE_FIRST and any(
+                    u.target is not operator.getitem or u.args[1] != 0 for u in n.users if u.users):
+                raise Unsupported(f"{n.name}: a result other than the first is used")
+            place(n, kind)
+        except Unsupported as err:
+            left[n] = str(err)
     return Partition([g for g in groups if any(node_kind(m) not in ("view", "getitem") for m in g.nodes)], left)
 
 
