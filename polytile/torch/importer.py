@@ -57,8 +57,8 @@ _UNARY: dict[object, Callable[[Expr], Expr]] = {
     aten.erf: lambda x: call("erf", x), aten.abs: lambda x: call("abs", x), aten.sin: lambda x: call("sin", x),
     aten.cos: lambda x: call("cos", x), aten.reciprocal: lambda x: 1.0 / x,
     aten.relu: lambda x: call("max", x, 0), aten.silu: lambda x: x * call("sigmoid", x),
-    aten.clone: lambda x: x, aten.alias: lambda x: x, aten.detach: lambda x: x,
-    aten.logical_not: lambda x: ~x, aten.square: lambda x: x * x,
+    aten.clone: lambda x: x,
+    aten.logical_not: lambda x: ~x, aten.bitwise_not: lambda x: ~x, aten.square: lambda x: x * x,
 }
 
 _BINARY: dict[object, Callable[[Expr, Expr], Expr]] = {
@@ -66,13 +66,14 @@ _BINARY: dict[object, Callable[[Expr, Expr], Expr]] = {
     aten.minimum: lambda a, b: call("min", a, b), aten.eq: lambda a, b: a == b, aten.ne: lambda a, b: a != b,
     aten.lt: lambda a, b: a < b, aten.le: lambda a, b: a <= b, aten.gt: lambda a, b: a > b,
     aten.ge: lambda a, b: a >= b, aten.logical_and: lambda a, b: a & b, aten.logical_or: lambda a, b: a | b,
+    aten.bitwise_and: lambda a, b: a & b, aten.bitwise_or: lambda a, b: a | b,  # on booleans (else refused)
 }
 
 ELEMENTWISE = {*_UNARY, *_BINARY, aten.add, aten.sub, aten.rsub, aten.pow, aten.gelu, aten.clamp,
                aten.clamp_min, aten.clamp_max, aten.hardtanh, aten.where, aten._to_copy,
                torch.ops.prims.convert_element_type, aten.masked_fill, aten._native_batch_norm_legit_no_training}
 VIEWS = {aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute, aten.expand,
-         aten.unsqueeze, aten.squeeze, aten.slice, aten.select}
+         aten.unsqueeze, aten.squeeze, aten.slice, aten.select, aten.alias, aten.detach}
 GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 CONVS = {aten.convolution}
 REDUCTIONS = {aten.sum, aten.mean, aten.amax, aten.amin, aten._softmax, aten.native_layer_norm}
@@ -206,6 +207,8 @@ class InputAdapter:
     perm: tuple[int, ...]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.shape:  # a single value: an array of one element (polytile has no rank-0 arrays)
+            return x.reshape(1)
         if self.narrowed or self.perm != tuple(range(len(self.perm))):
             for d in self.narrowed:
                 x = x.narrow(d, 0, 1)
@@ -214,10 +217,12 @@ class InputAdapter:
 
     @property
     def kernel_shape(self) -> tuple[int, ...]:
-        return tuple(1 if d in self.narrowed else self.shape[d] for d in self.perm)
+        return tuple(1 if d in self.narrowed else self.shape[d] for d in self.perm) or (1,)
 
     def index(self, idx: Index) -> Index:
         """The kernel array's index of element ``idx`` of the tensor."""
+        if not self.shape:
+            return (lx.Const(0, dtypes.INDEX),)
         return tuple(lx.Const(0, dtypes.INDEX) if d in self.narrowed else idx[d] for d in self.perm)
 
     @staticmethod
@@ -227,11 +232,19 @@ class InputAdapter:
         identity = tuple(range(len(shape)))
         if not permute:
             return InputAdapter(shape, narrowed, identity)
-        perm = tuple(sorted(identity, key=lambda d: (-strides[d] if d not in narrowed and shape[d] > 1 else 0, d)))
+        perm = _stride_order(shape, strides, narrowed)
         if perm != identity and not _dense(tuple(shape[d] for d in perm), tuple(strides[d] for d in perm), narrowed,
                                            perm):
             perm = identity  # not a permuted dense array: copied in its own order
         return InputAdapter(shape, narrowed, perm)
+
+
+def _stride_order(shape: tuple[int, ...], strides: tuple[int, ...], fixed: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions by decreasing stride; dimensions of one element and those in ``fixed`` keep their
+    places (their strides mean nothing)."""
+    movable = [d for d in range(len(shape)) if d not in fixed and shape[d] > 1]
+    ranked = iter(sorted(movable, key=lambda d: (-strides[d], d)))
+    return tuple(next(ranked) if d in movable else d for d in range(len(shape)))
 
 
 def storage_order(t: torch.Tensor) -> tuple[int, ...]:
@@ -240,7 +253,7 @@ def storage_order(t: torch.Tensor) -> tuple[int, ...]:
     expects: views of it stay views); the natural order otherwise."""
     identity = tuple(range(t.ndim))
     shape, strides = tuple(t.shape), tuple(t.stride())
-    perm = tuple(sorted(identity, key=lambda d: (-strides[d] if shape[d] > 1 else 0, d)))
+    perm = _stride_order(shape, strides, ())
     if perm == identity or not _dense(tuple(shape[d] for d in perm), tuple(strides[d] for d in perm), (), perm):
         return identity
     return perm
@@ -345,6 +358,8 @@ class Lowering:
         # operands are computed in the result's type, except for comparisons and selections
         op_ct = self._operand_type(node) if p in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge,
                                                   aten.where, aten.masked_fill) else ct
+        if p in (aten.bitwise_and, aten.bitwise_or, aten.bitwise_not) and not ct.is_bool:
+            raise Unsupported(f"{_name(node)}: bitwise operations on integers are left to torch")
         x = lambda k, like=op_ct: self.operand(a[k], idx, like)  # noqa: E731
         if p in _UNARY:
             return _cast(_UNARY[p](x(0)), ct)
@@ -419,6 +434,8 @@ class Lowering:
         out_shape = tuple(meta(node).shape)
         if p in (aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze):
             return reshape_index(idx, out_shape, src_shape)
+        if p in (aten.alias, aten.detach):
+            return idx
         if p is aten.t:
             return idx[::-1]
         if p is aten.transpose:

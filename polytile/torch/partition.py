@@ -25,6 +25,8 @@ from .importer import Unsupported, _packet, check_node, meta, node_kind
 
 aten = torch.ops.aten
 
+_COPIES = {"clone", "_to_copy"}
+
 _TUPLE_FIRST = {aten.native_layer_norm, aten._native_batch_norm_legit_no_training}
 """Operations with several results of which a group computes only the first."""
 
@@ -141,7 +143,17 @@ def partition(gm: fx.GraphModule, target_kind: str) -> Partition:
             place(n, kind)
         except Unsupported as err:
             left[n] = str(err)
-    return Partition([g for g in groups if any(node_kind(m) not in ("view", "getitem") for m in g.nodes)], left)
+    kept = []
+    for g in groups:
+        if not g.ops:
+            continue
+        if set(g.ops) <= _COPIES:  # nothing to compute: torch's copy is as good as a kernel's
+            for m in g.nodes:
+                if node_kind(m) not in ("view", "getitem"):
+                    left[m] = "a copy on its own: nothing to compute"
+            continue
+        kept.append(g)
+    return Partition(kept, left)
 
 
 def _nred(n: fx.Node) -> int:
