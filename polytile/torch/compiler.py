@@ -98,13 +98,19 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], opts: Options) -> An
             note = f"polytile failed on this graph ({type(err).__name__}: {err}); the graph runs in torch"
             warnings.warn(f"polytile backend: {note}", stacklevel=2)
             report.notes.append(note)
-            return fgm.forward
+            return _boxed(fgm.forward)
 
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_torch_only)(gm, example_inputs)
 
 
 def _torch_only(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-    return gm.forward
+    return _boxed(gm.forward)
+
+
+def _boxed(fn: Callable[..., Any]) -> Any:
+    """``fn`` in AOT autograd's boxed calling convention (one list of arguments, freed as it goes)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    return make_boxed_func(fn)
 
 
 def _target_of(gm: fx.GraphModule, opts: Options) -> Any:
@@ -171,12 +177,15 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     imported, left = extract(gm, target)
     records = _Records.load(opts.records, target, report)
     chosen: list[Candidate] = []
-    for g, imp in imported:
-        cand, reason = _candidate(g, imp, target, records)
-        if cand is None:
+    built = build_groups([imp.func for _, imp in imported], target, records)
+    for (g, imp), (kernel, origin) in zip(imported, built):
+        if isinstance(kernel, PolytileError):
+            first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
             for n in _ops_of(g):
-                left[n] = reason
+                left[n] = f"polytile could not build the group: {first}"
             continue
+        shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
+        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin)
         decision = _decide(cand, opts, target, records)
         cand.polytile_s, cand.torch_s = decision.polytile_s, decision.torch_s
         if decision.keep:
@@ -191,12 +200,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     except _CycleError as err:  # a partition bug must not take the model down: run it in torch
         warnings.warn(f"polytile backend: {err}; the graph runs in torch", stacklevel=2)
         report.notes.append(str(err))
-        return gm.forward
+        return _boxed(gm.forward)
     for c in chosen:
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
                                        _us(c.polytile_s), _us(c.torch_s)))
     report.compile_s += time.perf_counter() - start
-    return new_gm.forward
+    return _boxed(new_gm.forward)
 
 
 def _us(s: float | None) -> float | None:
@@ -251,36 +260,97 @@ def template_name(target: Any) -> str:
     return f"torch_group_{target.kind}"
 
 
-def _candidate(g: Group, imp: Imported, target: Any, records: _Records) -> tuple[Candidate | None, str]:
-    try:
-        kernel, origin = build_group(imp.func, target, records)
-    except PolytileError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return None, f"polytile could not build the group: {first}"
-    shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
-    return Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin), ""
+def build_groups(funcs: list[Any], target: Any, records: _Records | None = None) -> list[tuple[Any, str]]:
+    """The kernel of each imported group's Func (or the ``PolytileError`` that stopped it) and its
+    schedule's origin: the best recorded configuration when the records have one for this workload and
+    target ("tuned"), else the default schedule ("default"). Kernels are kept per process; for the CPU
+    the new ones are compiled in parallel (the system compiler runs in threads)."""
+    plans: list[tuple[Any, str, tuple[str, str, str]] | PolytileError] = []
+    for func in funcs:
+        try:
+            plans.append(_schedule_of(func, target, records))
+        except PolytileError as err:
+            plans.append(err)
+    todo = {p[2]: p[0] for p in plans if not isinstance(p, PolytileError) and p[2] not in _KERNELS}
+    for key, kernel in zip(todo, _build_schedules(list(todo.values()), target)):
+        if not isinstance(kernel, PolytileError):
+            _KERNELS[key] = kernel
+        else:
+            todo[key] = kernel
+    out: list[tuple[Any, str]] = []
+    for p in plans:
+        if isinstance(p, PolytileError):
+            out.append((p, ""))
+        else:
+            out.append((_KERNELS.get(p[2], todo.get(p[2])), p[1]))
+    return out
 
 
-def build_group(func: Any, target: Any, records: _Records | None = None) -> tuple[Any, str]:
-    """The kernel of an imported group's Func: built with the best recorded schedule when the
-    records have one for this workload and target ("tuned"), else the default one ("default")."""
-    from ..build import build
+def _schedule_of(func: Any, target: Any, records: _Records | None) -> tuple[Any, str, tuple[str, str, str]]:
     key = _func_key(func)
-    config = None
     if records is not None and records.best:
         from ..tune import make_task
         task = make_task(func, target, template=template_name(target))
         rec = records.best.get(task.key)
         if rec is not None:
-            config = rec.config
-    cache_key = (key, target.key, repr(sorted(config.items())) if config else "default")
-    if cache_key not in _KERNELS:
-        if config is not None:
-            sched = task.schedule(config)
+            cache_key = (key, target.key, repr(sorted(rec.config.items())))
+            return (task.schedule(rec.config) if cache_key not in _KERNELS else None), "tuned", cache_key
+    cache_key = (key, target.key, "default")
+    return (schedule_group(func, target) if cache_key not in _KERNELS else None), "default", cache_key
+
+
+def _build_schedules(scheds: list[Any], target: Any) -> list[Any]:
+    """Build each schedule (a ``PolytileError`` in place of a kernel that failed)."""
+    from ..build import build
+    if target.kind != "cpu" or len(scheds) < 2:
+        out = []
+        for sched in scheds:
+            try:
+                out.append(build(sched, target))
+            except PolytileError as err:
+                out.append(err)
+        return out
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..codegen.cpu import cpu_source
+    from ..lowering.pipeline import lower
+    from ..runtime.cpu import CPUKernel
+    lowered: list[Any] = []
+    for sched in scheds:  # lowering holds the isl context: one at a time
+        try:
+            low = lower(sched, target)
+            lowered.append((low, cpu_source(low)))
+        except PolytileError as err:
+            lowered.append(err)
+    sources = [x[1] for x in lowered if not isinstance(x, PolytileError)]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        compiled = dict(zip(sources, pool.map(_try_compile, sources)))
+    out = []
+    for sched, x in zip(scheds, lowered):
+        if isinstance(x, PolytileError):
+            out.append(x)
+        elif isinstance(compiled[x[1]], PolytileError):
+            out.append(compiled[x[1]])
         else:
-            sched = schedule_group(func, target)
-        _KERNELS[cache_key] = build(sched, target)
-    return _KERNELS[cache_key], "tuned" if config is not None else "default"
+            out.append(CPUKernel(sched.func, x[0], x[1], (), target))  # the library is in the cache now
+    return out
+
+
+def _try_compile(source: str) -> Any:
+    from ..runtime.cpu import compile_shared
+    try:
+        return compile_shared(source)
+    except PolytileError as err:
+        return err
+
+
+def build_group(func: Any, target: Any, records: _Records | None = None) -> tuple[Any, str]:
+    """The kernel of one imported group's Func and its schedule's origin (see ``build_groups``)."""
+    kernel, origin = build_groups([func], target, records)[0]
+    if isinstance(kernel, PolytileError):
+        raise kernel
+    return kernel, origin
 
 
 def _func_key(func: Any) -> str:
@@ -324,8 +394,10 @@ def _check_and_time(c: Candidate, opts: Options, target: Any) -> _Decision:
                    f"torch's: {torch_err:.1e}) on {' + '.join(c.group.ops)}")
             warnings.warn(f"polytile backend: {msg}; the group runs in torch", stacklevel=4)
             return _Decision(False, msg, None, None)
+    if opts.choose == "always":
+        return _Decision(True, "", None, None)
     pt_s, torch_s = _time_pair(lambda: c.call(*inputs), lambda: sub(*inputs), target.kind == "cuda", opts)
-    if opts.choose == "always" or pt_s < torch_s:
+    if pt_s < torch_s:
         return _Decision(True, "", pt_s, torch_s)
     return _Decision(False, f"torch is faster ({torch_s * 1e6:.1f} µs vs polytile {pt_s * 1e6:.1f} µs, "
                             f"{c.schedule} schedule)", pt_s, torch_s)

@@ -102,7 +102,7 @@ def llama(batch: int = 1, seq: int = 128, size: str = "full", layers: int = 2) -
 
 
 def resnet50(batch: int = 1, size: str = "full", image: int = 224) -> tuple[torch.nn.Module, list[Any]]:
-    """ResNet-50 (torchvision's when it imports); tiny: one bottleneck per stage, 16 base channels, 32²."""
+    """ResNet-50 (torchvision's when it imports); tiny: two stages of one bottleneck, 16 base channels, 32²."""
     if size == "full":
         try:
             import torchvision
@@ -110,7 +110,7 @@ def resnet50(batch: int = 1, size: str = "full", image: int = 224) -> tuple[torc
         except ImportError:
             m = ResNet((3, 4, 6, 3), 64)
     else:
-        m = ResNet((1, 1, 1, 1), 16, classes=10)
+        m = ResNet((1, 1), 16, classes=10)
         image = min(image, 32)
     return m, [torch.randn(batch, 3, image, image)]
 
