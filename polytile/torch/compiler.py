@@ -151,9 +151,11 @@ repeated layers are measured once."""
 _KERNELS: dict[tuple[str, str, str], Any] = {}
 
 
-def extract(gm: fx.GraphModule, target: Any) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str]]:
-    """The groups of an aten graph that import, and the operations left with their reasons."""
-    part = partition(gm, target.kind)
+def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None
+            ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str]]:
+    """The groups of an aten graph that import, and the operations left with their reasons (those of
+    ``exclude`` with the reason given there)."""
+    part = partition(gm, target.kind, exclude)
     left = dict(part.left)
     graph_outputs = _graph_outputs(gm)
     imported = []
@@ -174,25 +176,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     start = time.perf_counter()
     target = _target_of(gm, opts)
     report.graphs += 1
-    imported, left = extract(gm, target)
     records = _Records.load(opts.records, target, report)
-    chosen: list[Candidate] = []
-    built = build_groups([imp.func for _, imp in imported], target, records)
-    for (g, imp), (kernel, origin) in zip(imported, built):
-        if isinstance(kernel, PolytileError):
-            first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
-            for n in _ops_of(g):
-                left[n] = f"polytile could not build the group: {first}"
-            continue
-        shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
-        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin)
-        decision = _decide(cand, opts, target, records)
-        cand.polytile_s, cand.torch_s = decision.polytile_s, decision.torch_s
-        if decision.keep:
-            chosen.append(cand)
-        else:
-            for n in _ops_of(g):
-                left[n] = decision.reason
+    excluded: dict[fx.Node, str] = {}
+    for _ in range(MAX_ROUNDS):
+        chosen, left, rejected = _choose(gm, target, opts, records, excluded)
+        if not rejected:
+            break
+        excluded.update(rejected)
     for n, reason in left.items():
         report.leave(str(getattr(n.target, "overloadpacket", n.target)).removeprefix("aten."), reason)
     try:
@@ -206,6 +196,41 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
                                        _us(c.polytile_s), _us(c.torch_s)))
     report.compile_s += time.perf_counter() - start
     return _boxed(new_gm.forward)
+
+
+MAX_ROUNDS = 3
+"""Partitions tried per graph: each round leaves the anchors torch runs faster to torch, so that their
+epilogues and prologues can still be fused into elementwise or reduction groups."""
+
+
+def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, excluded: dict[fx.Node, str]
+            ) -> tuple[list[Candidate], dict[fx.Node, str], dict[fx.Node, str]]:
+    """One round: partition (without ``excluded``), import, build, check and decide. Returns the chosen
+    groups, the operations left with their reasons, and the anchors of rejected groups that fused more
+    than their anchor (with the reason): without them, the next round may fuse the rest."""
+    imported, left = extract(gm, target, excluded)
+    chosen: list[Candidate] = []
+    rejected: dict[fx.Node, str] = {}
+    built = build_groups([imp.func for _, imp in imported], target, records)
+    for (g, imp), (kernel, origin) in zip(imported, built):
+        if isinstance(kernel, PolytileError):
+            first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
+            for n in _ops_of(g):
+                left[n] = f"polytile could not build the group: {first}"
+            continue
+        shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
+        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin)
+        decision = _decide(cand, opts, target, records)
+        cand.polytile_s, cand.torch_s = decision.polytile_s, decision.torch_s
+        if decision.keep:
+            chosen.append(cand)
+            continue
+        for n in _ops_of(g):
+            left[n] = decision.reason
+        anchor = g.anchor
+        if anchor is not None and len(_ops_of(g)) > 1:
+            rejected[anchor] = decision.reason
+    return chosen, left, rejected
 
 
 def _us(s: float | None) -> float | None:

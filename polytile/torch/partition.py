@@ -57,8 +57,9 @@ class Partition:
     left: dict[fx.Node, str]  # operations left to torch, with the reason
 
 
-def partition(gm: fx.GraphModule, target_kind: str) -> Partition:
-    """Group the nodes of ``gm`` (see the module docstring) for a ``target_kind`` ("cpu"/"cuda") target."""
+def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] | None = None) -> Partition:
+    """Group the nodes of ``gm`` (see the module docstring) for a ``target_kind`` ("cpu"/"cuda") target;
+    the nodes of ``exclude`` are left to torch with the reason given there."""
     nodes = list(gm.graph.nodes)
     order = {n: k for k, n in enumerate(nodes)}
     group_of: dict[fx.Node, Group] = {}
@@ -126,6 +127,9 @@ def partition(gm: fx.GraphModule, target_kind: str) -> Partition:
         if n.op != "call_function":
             continue
         kind = node_kind(n)
+        if exclude and n in exclude:
+            left[n] = exclude[n]
+            continue
         if kind == "other":
             left[n] = f"{_packet(n.target)} is not an operation polytile imports"
             continue

@@ -1,0 +1,60 @@
+"""The CUDA schedules of imported groups compile with nvcc (no GPU needed): matrix products on tensor
+cores (16-bit, row-major operands) and on CUDA cores (a transposed weight), row reductions, elementwise
+groups and convolutions, for an H100."""
+
+from __future__ import annotations
+
+import pytest
+
+import polytile as pt
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
+    """The imported groups of ``fn``'s aten graph (traced on the CPU)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from polytile.torch.compiler import extract
+    found: list[object] = []
+
+    def collect(gm: torch.fx.GraphModule, _: list[object]) -> object:
+        found.extend(imp for _, imp in extract(gm, pt.cpu_target())[0])
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=collect), dynamic=False)(*inputs)
+    return found
+
+
+def _sources(fn: object, *inputs: torch.Tensor) -> dict[str, list[str]]:
+    """The CUDA source of each imported group's default schedule, by group kind."""
+    from polytile.torch.schedules import schedule_group
+    target = pt.CUDATarget(arch="sm_90a")
+    out: dict[str, list[str]] = {}
+    for imp in _groups(fn, *inputs):
+        kern = pt.build(schedule_group(imp.func, target), target)  # type: ignore[attr-defined]
+        out.setdefault(imp.kind, []).append(kern.source)  # type: ignore[attr-defined]
+    return out
+
+
+@pytest.mark.needs_nvcc
+def test_cuda_schedules_of_products_reductions_and_elementwise_groups_compile(nvcc: str) -> None:
+    x, w, b = torch.randn(70, 64).half(), torch.randn(64, 48).half(), torch.randn(48).half()
+    wt = torch.randn(40, 64)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, wt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.gelu(x @ w + b)                                   # fp16: tensor cores (wgmma on sm_90a)
+        z = F.linear(x.float(), wt)                             # fp32, transposed weight: CUDA cores
+        return F.layer_norm(y, (48,)), torch.softmax(z, -1), torch.sigmoid(x) * 2
+    sources = _sources(fn, x, w, b, wt)
+    assert {"gemm", "reduce", "elementwise"} <= set(sources)
+    assert len(sources["gemm"]) == 2 and sum("wgmma" in s for s in sources["gemm"]) == 1
+
+
+@pytest.mark.needs_nvcc
+def test_cuda_schedule_of_a_convolution_with_its_epilogue_compiles(nvcc: str) -> None:
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).eval()
+    sources = _sources(lambda x, r: F.relu(conv(x) + r), torch.randn(1, 8, 10, 10), torch.randn(1, 16, 10, 10))
+    assert "conv" in sources and "__global__" in sources["conv"][0]
