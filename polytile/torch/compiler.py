@@ -39,6 +39,7 @@ from .partition import Group, group_outputs, partition
 from .schedules import group_info, schedule_group
 
 CHOICES = ("measure", "always")
+ATTENTION = ("torch", "pieces")
 
 
 @dataclass
@@ -49,19 +50,25 @@ class Options:
     ``records``: a tuning-records file (``polytile.torch.tune``); groups with records use their best
     schedule. ``choose``: "measure" keeps a group only when it is faster than torch on random inputs
     of its shapes; "always" keeps every group that builds and computes the right values.
-    ``report``: a ``Report`` to fill (``explain`` passes one).
+    ``report``: a ``Report`` to fill (``explain`` passes one). ``attention``: "torch" keeps torch's
+    fused scaled-dot-product attention kernels; "pieces" decomposes attention into its pieces (a batched
+    product of queries and keys with the scale and mask, a softmax, a batched product with the values),
+    which the backend then compiles or leaves one by one — giving up the fused kernel.
     """
 
     target: Any = None
     records: str | Path | None = None
     choose: str = "measure"
     report: Report | None = None
+    attention: str = "torch"
     min_time: float = 0.01  # seconds of calls per timing round
     rounds: int = 5
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
+        if self.attention not in ATTENTION:
+            raise PolytileError(f"backend option attention={self.attention!r}: use one of {', '.join(ATTENTION)}")
         if self.records is not None and not Path(self.records).exists():
             raise PolytileError(f"backend option records={str(self.records)!r}: no such file; tune the model "
                                 "first (polytile.torch.tune or `polytile tune-model`)")
@@ -100,7 +107,20 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], opts: Options) -> An
             report.notes.append(note)
             return _boxed(fgm.forward)
 
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_torch_only)(gm, example_inputs)
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_torch_only,
+                        decompositions=_decompositions(opts))(gm, example_inputs)
+
+
+def _decompositions(opts: Options) -> dict[Any, Any]:
+    """What AOT autograd decomposes before the backend sees the graph: with ``attention="pieces"``,
+    scaled-dot-product attention into torch's math formulation (products, softmax), on every device."""
+    if opts.attention != "pieces":
+        return {}
+    from torch._decomp import core_aten_decompositions
+    table = core_aten_decompositions()
+    aten = torch.ops.aten
+    ops = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default)
+    return {op: table[op] for op in ops if op in table}
 
 
 def _torch_only(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:

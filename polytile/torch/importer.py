@@ -76,7 +76,7 @@ VIEWS = {aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, ate
          aten.unsqueeze, aten.squeeze, aten.slice, aten.select, aten.alias, aten.detach}
 GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 CONVS = {aten.convolution}
-REDUCTIONS = {aten.sum, aten.mean, aten.amax, aten.amin, aten._softmax, aten.native_layer_norm}
+REDUCTIONS = {aten.sum, aten.mean, aten.amax, aten.amin, aten._softmax, aten._safe_softmax, aten.native_layer_norm}
 
 FLOAT_TYPES = {"float16", "bfloat16", "float32", "float64"}
 
@@ -163,7 +163,7 @@ def check_node(node: fx.Node, target_kind: str) -> None:
                 or len(set(dilation)) != 1:
             raise Unsupported(f"{_name(node)}: only 2-D, ungrouped, untransposed convolutions with equal "
                               "strides, paddings and dilations along H and W are imported")
-    if p is aten._softmax and _dim(args[1], meta(args[0]).ndim) != meta(args[0]).ndim - 1:
+    if p in (aten._softmax, aten._safe_softmax) and _dim(args[1], meta(args[0]).ndim) != meta(args[0]).ndim - 1:
         raise Unsupported(f"{_name(node)}: softmax over a dimension other than the last")
     if p in (aten.sum, aten.mean, aten.amax, aten.amin):
         x = meta(args[0])
@@ -533,10 +533,12 @@ class Lowering:
     def _reduce(self, node: fx.Node, idx: Index) -> Expr:
         p = _packet(node.target)
         x = node.args[0]
-        if p is aten._softmax:
+        if p in (aten._softmax, aten._safe_softmax):
             mx, sm = self._softmax_stats(node)
             rows = idx[:-1]
             e = call("exp", self.value(x, idx) - mx[rows]) / sm[rows]
+            if p is aten._safe_softmax:  # a row of -inf only (fully masked) gives zeros, not NaN
+                e = select(mx[rows] == lx.Const(-math.inf, mx.dtype), lx.Const(0.0, e.dtype), e)
             return _cast(e, compute_type(pt_dtype(meta(node).dtype, _name(node))))
         if p is aten.native_layer_norm:
             raise Unsupported(f"{_name(node)} is read through its first result only")

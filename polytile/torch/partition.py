@@ -162,7 +162,7 @@ def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] 
 
 def _nred(n: fx.Node) -> int:
     p = _packet(n.target)
-    if p is aten._softmax:
+    if p in (aten._softmax, aten._safe_softmax):
         return 1
     if p is aten.native_layer_norm:
         return len(n.args[1])

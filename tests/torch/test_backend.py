@@ -63,6 +63,8 @@ def test_records_of_another_target_warn_and_use_default_schedules(tmp_path: obje
 def test_bad_options_are_polytile_errors(tmp_path: object) -> None:
     with pytest.raises(PolytileError, match="choose='fastest'"):
         ptt.backend(choose="fastest")
+    with pytest.raises(PolytileError, match="attention='fused'"):
+        ptt.backend(attention="fused")
     with pytest.raises(PolytileError, match="no such file"):
         ptt.backend(records=str(tmp_path / "missing.jsonl"))  # type: ignore[operator]
 

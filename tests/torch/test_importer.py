@@ -120,3 +120,17 @@ def test_input_layouts_permuted_and_expanded() -> None:
     assert ad.narrowed == (1,) and ad(e).shape == (5, 1)
     report = compile_and_compare(lambda a, b: a * 2 + b.sum(-1)[:, None, None], t, e.t().contiguous().t())
     assert "mul" in _taken(report)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_attention_as_its_pieces() -> None:
+    q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
+    mask = torch.randn(2, 1, 10, 12)
+    report = compile_and_compare(attention, q, k, v, mask, attention="pieces")
+    assert {"bmm", "_safe_softmax"} <= _taken(report)
+    whole = compile_and_compare(attention, q, k, v, mask)  # the default keeps torch's fused kernels
+    assert "bmm" not in _taken(whole) and any("scaled_dot_product" in x.op for x in whole.left)
