@@ -181,7 +181,8 @@ def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None 
     imported = []
     for g in part.groups:
         try:
-            imp = import_group(g.nodes, group_outputs(g, graph_outputs), g.kind)
+            imp = import_group(g.nodes, group_outputs(g, graph_outputs), g.kind,
+                               target.vector_lanes(4) if target.kind == "cpu" else None)
         except PolytileError as err:
             for n in g.nodes:
                 if node_kind(n) not in ("view", "getitem"):

@@ -277,7 +277,7 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...], narrowed: tuple[int
 class Stage:
     """An anchor computation of the Func and what its schedule needs to know about it."""
 
-    kind: str  # "gemm", "conv" or "reduce"
+    kind: str  # "gemm", "conv", "reduce" or "partial" (a reduction's vector partial results)
     tensor: ComputeTensor
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -299,7 +299,8 @@ class Imported:
 class Lowering:
     """Writes the nodes of one group as expressions and stages (see the module docstring)."""
 
-    def __init__(self, nodes: Sequence[fx.Node], name: str):
+    def __init__(self, nodes: Sequence[fx.Node], name: str, lanes: int | None = None):
+        self.lanes = lanes  # CPU vector lanes: row reductions go through vector partial results
         self.nodes = list(nodes)
         self.members = set(self.nodes)
         self.name = name
@@ -567,14 +568,35 @@ class Lowering:
         rows_shape, red_shape = shape[:len(shape) - nred], shape[len(shape) - nred:]
         if not rows_shape:
             raise Unsupported(f"a reduction of {_name(x)} to a single value is left to torch")
-        axes = [reduce_axis(n, f"{name}_k{d}") for d, n in enumerate(red_shape)]
         reducer = {"sum": pt_sum, "max": pt_max, "min": pt_min}[op]
+        info: dict[str, Any] = {"rows": tuple(rows_shape), "cols": tuple(red_shape)}
+        lanes = self.lanes
+        if lanes and nred == 1 and red_shape[0] >= 2 * lanes:
+            # vector partial results first (lane l sums columns l, l + lanes, ...), then the lanes: a
+            # row reduces at vector speed instead of one dependent addition per column
+            n = red_shape[0]
+            c = reduce_axis(-(-n // lanes), f"{name}_c")
 
-        def fn(*rows: Expr) -> Expr:
-            return reducer(body(self.value(x, (*rows, *axes)), rows, tuple(axes)), axis=axes)
+            def part(*rl: Expr) -> Expr:
+                rows, col = rl[:-1], c * lanes + rl[-1]
+                v = body(self.value(x, (*rows, col)), rows, (col,))
+                if n % lanes:
+                    v = select(col < n, v, lx.reduce_identity(op, v.dtype))
+                return reducer(v, axis=c)
 
-        T = compute(rows_shape, fn, name)
-        self.stage_list.append(Stage("reduce", T, {"rows": tuple(rows_shape), "cols": tuple(red_shape)}))
+            P = compute((*rows_shape, lanes), part, f"{name}_part")
+            self.stage_list.append(Stage("partial", P, {"rows": tuple(rows_shape), "cols": tuple(red_shape)}))
+            lane = reduce_axis(lanes, f"{name}_l")
+            T = compute(rows_shape, lambda *rows: reducer(P[(*rows, lane)], axis=lane), name)
+            info["partial"] = P.name
+        else:
+            axes = [reduce_axis(n, f"{name}_k{d}") for d, n in enumerate(red_shape)]
+
+            def fn(*rows: Expr) -> Expr:
+                return reducer(body(self.value(x, (*rows, *axes)), rows, tuple(axes)), axis=axes)
+
+            T = compute(rows_shape, fn, name)
+        self.stage_list.append(Stage("reduce", T, info))
         return T
 
     def _softmax_stats(self, node: fx.Node) -> tuple[ComputeTensor, ComputeTensor]:
@@ -686,12 +708,14 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, lx.Const) and e.value == 0
 
 
-def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str) -> Imported:
+def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str, lanes: int | None = None
+                 ) -> Imported:
     """Write ``nodes`` (a group, in graph order) as a Func computing ``outputs``; the Func carries its
-    ``GroupInfo`` as ``func.torch_group``. Raises ``Unsupported`` (or another ``PolytileError``) when
-    the group cannot be written."""
+    ``GroupInfo`` as ``func.torch_group``. ``lanes``: the CPU's vector lanes (row reductions are then
+    written as vector partial results and their sum). Raises ``Unsupported`` (or another
+    ``PolytileError``) when the group cannot be written."""
     from .schedules import GroupInfo, StageInfo
-    low = Lowering(nodes, f"torch_{kind}")
+    low = Lowering(nodes, f"torch_{kind}", lanes)
     out_tensors: list[ComputeTensor] = []
     out_dtypes: list[torch.dtype] = []
     out_perms: list[tuple[int, ...]] = []
@@ -718,7 +742,7 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
     func = Func([low.inputs[n][0] for n in ins], out_tensors, name=low.name)
     longest = max([st.info.get("K", 1) if st.kind == "gemm" else
                    st.info.get("C", 1) * st.info.get("R", 1) * st.info.get("S", 1) if st.kind == "conv" else
-                   math.prod(st.info["cols"]) for st in low.stage_list] or [1])
+                   math.prod(st.info.get("cols", (1,))) for st in low.stage_list] or [1])
     func.torch_group = GroupInfo(  # type: ignore[attr-defined]
         kind, tuple(StageInfo(st.kind, st.tensor.name, tuple(sorted(st.info.items()))) for st in low.stage_list),
         tuple(t.name for t in out_tensors), longest)

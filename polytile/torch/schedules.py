@@ -28,7 +28,7 @@ from ..target import CPUTarget, CUDATarget
 
 @dataclass(frozen=True)
 class StageInfo:
-    kind: str  # "gemm", "conv" or "reduce"
+    kind: str  # "gemm", "conv", "reduce" or "partial" (vector partial results of a reduction)
     name: str  # the computation's name in the Func
     info: tuple[tuple[str, Any], ...] = ()
 
@@ -84,7 +84,7 @@ def schedule_group(func: Func, target: CPUTarget | CUDATarget, knobs: Knobs | No
             (_gemm_cuda if cuda else _gemm_cpu)(sched, st, target, k)
         elif st.kind == "conv":
             _conv(sched, st, target, k)
-        else:
+        elif st.kind == "reduce":  # vector partial results ("partial") keep their own loop order
             _elementwise(sched, _tensor(func, st.name), target, k)
     for name in g.outputs:
         if name not in anchors:
@@ -198,11 +198,16 @@ def _row_stages(func: Func, g: GroupInfo) -> tuple[list[ComputeTensor], list[Com
 def _rows_cpu(sched: Schedule, func: Func, g: GroupInfo, target: CPUTarget, k: Knobs) -> None:
     red, outs, nrows = _row_stages(func, g)
     width = target.vector_lanes(4) * k.lanes_factor
-    row = _fuse_all(sched, red[0], _names(red[0])[:nrows], "i")
-    for t in [*red[1:], *outs]:
+    stages = [_tensor(func, s.name) for s in g.stages if s.kind in ("reduce", "partial")]
+    row = _fuse_all(sched, stages[0], _names(stages[0])[:nrows], "i")
+    for t in [*stages[1:], *outs]:
         _fuse_all(sched, t, _names(t)[:nrows], "i")
-    first = prev = sched[red[0].name]
-    for t in [*red[1:], *outs]:
+    for s in g.of_kind("partial"):  # the lanes innermost: one vector of partial results per step
+        t = _tensor(func, s.name)
+        lane, chunk = _names(t)[-1], str(t.reduction.axes[0].name)  # type: ignore[union-attr]
+        sched[t.name].reorder(row, chunk, lane).vectorize(lane)
+    first = prev = sched[stages[0].name]
+    for t in [*stages[1:], *outs]:
         st = sched[t.name]
         st.after(prev, row)
         prev = st

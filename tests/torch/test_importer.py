@@ -134,3 +134,15 @@ def test_attention_as_its_pieces() -> None:
     assert {"bmm", "_safe_softmax"} <= _taken(report)
     whole = compile_and_compare(attention, q, k, v, mask)  # the default keeps torch's fused kernels
     assert "bmm" not in _taken(whole) and any("scaled_dot_product" in x.op for x in whole.left)
+
+
+def test_cpu_row_reductions_use_vector_partial_results() -> None:
+    """A row's sum is accumulated in one vector of partial sums (then summed), not one dependent
+    addition per column; 45 columns: a partial last vector."""
+    from polytile.torch import compiler
+    compiler._KERNELS.clear()
+    x = torch.randn(6, 45)
+    report = compile_and_compare(lambda x: torch.softmax(x, -1) + x.sum(-1, keepdim=True), x)
+    assert {"_softmax", "sum"} <= _taken(report)
+    sources = [k.source for k in compiler._KERNELS.values()]
+    assert any("_part" in s and "pt_vload" in s for s in sources)
