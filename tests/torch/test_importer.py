@@ -145,4 +145,4 @@ def test_cpu_row_reductions_use_vector_partial_results() -> None:
     report = compile_and_compare(lambda x: torch.softmax(x, -1) + x.sum(-1, keepdim=True), x)
     assert {"_softmax", "sum"} <= _taken(report)
     sources = [k.source for k in compiler._KERNELS.values()]
-    assert any("_part" in s and "pt_vload" in s for s in sources)
+    assert any("_part" in s and ("pt_vload" in s or "omp simd" in s) for s in sources)
