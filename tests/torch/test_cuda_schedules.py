@@ -13,14 +13,17 @@ F = torch.nn.functional
 
 
 def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
-    """The imported groups of ``fn``'s aten graph (traced on the CPU)."""
+    """The groups of ``fn``'s aten graph (traced on the CPU) imported as for a GPU."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from polytile.torch.compiler import extract
+    from polytile.torch.compiler import _graph_outputs
+    from polytile.torch.importer import import_group
+    from polytile.torch.partition import group_outputs, partition
     found: list[object] = []
 
     def collect(gm: torch.fx.GraphModule, _: list[object]) -> object:
-        found.extend(imp for _, imp in extract(gm, pt.cpu_target())[0])
+        outs = _graph_outputs(gm)
+        found.extend(import_group(g.nodes, group_outputs(g, outs), g.kind) for g in partition(gm, "cpu").groups)
         return gm.forward
 
     with torch.no_grad():
@@ -47,9 +50,10 @@ def test_cuda_schedules_of_products_reductions_and_elementwise_groups_compile(nv
     def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, wt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = F.gelu(x @ w + b)                                   # fp16: tensor cores (wgmma on sm_90a)
         z = F.linear(x.float(), wt)                             # fp32, transposed weight: CUDA cores
-        return F.layer_norm(y, (48,)), torch.softmax(z, -1), torch.sigmoid(x) * 2
+        rms = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).half()  # a prologue and epilogue
+        return F.layer_norm(y, (48,)), torch.softmax(z * 0.5 + wt[0, :40], -1), torch.sigmoid(x) * 2, rms
     sources = _sources(fn, x, w, b, wt)
-    assert {"gemm", "reduce", "elementwise"} <= set(sources)
+    assert {"gemm", "reduce", "elementwise"} <= set(sources) and len(sources["reduce"]) == 3
     assert len(sources["gemm"]) == 2 and sum("wgmma" in s for s in sources["gemm"]) == 1
 
 
