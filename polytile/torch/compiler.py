@@ -391,14 +391,6 @@ def _try_compile(source: str) -> Any:
         return err
 
 
-def build_group(func: Any, target: Any, records: _Records | None = None) -> tuple[Any, str]:
-    """The kernel of one imported group's Func and its schedule's origin (see ``build_groups``)."""
-    kernel, origin = build_groups([func], target, records)[0]
-    if isinstance(kernel, PolytileError):
-        raise kernel
-    return kernel, origin
-
-
 def _func_key(func: Any) -> str:
     from ..tune import Workload
     return Workload(func.name, (), func).key

@@ -392,7 +392,7 @@ class Lowering:
             return _cast(select(self.operand(a[1], idx, dtypes.bool_), self.operand(a[2], idx, ct), x(0)), ct)
         if p in (aten._to_copy, torch.ops.prims.convert_element_type):
             src = self.value(a[0], idx)
-            return _cast(_round_through(src, pt_dtype(meta(node).dtype, _name(node))), ct)
+            return _cast(_cast(src, pt_dtype(meta(node).dtype, _name(node))), ct)  # rounds to a 16-bit type
         if p is aten._native_batch_norm_legit_no_training:
             raise Unsupported(f"{_name(node)} is read through its first result only")
         raise Unsupported(f"{_name(node)} is not imported")
@@ -634,11 +634,6 @@ def _sq(v: Expr) -> Expr:
 
 def _cast(e: Expr, d: DType) -> Expr:
     return e if e.dtype == d else lx.cast(d, e)
-
-
-def _round_through(e: Expr, d: DType) -> Expr:
-    """``e`` rounded to ``d`` (a cast to a 16-bit float rounds; computing goes on in float32)."""
-    return lx.cast(d, e) if e.dtype != d else e
 
 
 def _pow(x: Expr, p: object) -> Expr:

@@ -17,7 +17,7 @@ row reduces the row across its threads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..lang.func import Func
@@ -66,7 +66,6 @@ class Knobs:
     lanes_factor: int = 1  # elementwise and row stages: vectors per inner step (CPU)
     parallel: bool = True
     threads: int | None = None  # CUDA: threads per block (elementwise) or per row (reductions)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def schedule_group(func: Func, target: CPUTarget | CUDATarget, knobs: Knobs | None = None) -> Schedule:
