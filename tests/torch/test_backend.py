@@ -120,3 +120,10 @@ def test_cuda_graph_replay_of_a_compiled_model() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out.float(), model(fresh).float(), 2e-2)
+
+
+def test_the_registered_backend_name_with_options() -> None:
+    x = torch.randn(4, 9)
+    compiled = torch.compile(lambda x: torch.tanh(x) * 3, backend="polytile", options={"choose": "always"})
+    with torch.no_grad():
+        assert_close(compiled(x), torch.tanh(x) * 3)
