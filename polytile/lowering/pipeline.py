@@ -13,8 +13,8 @@ from .. import dtypes
 from ..errors import LoweringError, ScheduleError
 from ..intrinsics import tensor_intrinsic
 from ..lang import expr as lx
-from ..poly.cache import CacheRequest
 from ..poly.materialize import Plan, materialize
+from ..schedule.memory import cache_requests, folded_name
 from ..schedule.state import Schedule
 from ..target import FEATURES, Target
 from . import loopir as ir
@@ -172,42 +172,11 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     ``copy_order``: shared-memory copies loop over the tensor's indices (GPU: coalesced global
     reads) when "source"; other copies loop over the cache's layout (dense loops, contiguous
     packed writes)."""
-    requests = []
-    for c in sched.caches:
-        st = sched.states[c.consumer]
-        level = None if c.level is None else st.loops.index(c.level)
-        threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
-                            if tag.startswith("threadIdx"))
-        # register tiles: dense loops to unroll; wgmma's operand tiles: contiguous shared-memory writes
-        order = c.copy_order or (copy_order if c.loc == "shared" else "cache")
-        layout, fill = c.layout, None
-        if c.loc == "fragment":
-            layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
-                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads,
-                                     c.pad, fill, c.whole))
-    for name, st in sched.states.items():
-        if st.store_level is not None or st.store_layout is not None:
-            level = None if st.store_level is None else st.loops.index(st.store_level)
-            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout,
-                                         st.loc))
+    requests = cache_requests(sched, copy_order)
     separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
     full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
             for n, st in sched.states.items() if st.separate}
     return materialize(sched.program, sched.stage_schedules(), separate, requests, full)
-
-
-def fragment_layout(*e: object) -> tuple[object, ...]:
-    """Where mma.m16n8 keeps accumulator element (row, col) of a warp tile: tile (row // 16,
-    col // 8), slot ((row % 16) // 8 * 2 + col % 2) of lane (row % 8, (col % 8) // 2) — the last two
-    dimensions are the lane (8 × 4 = 32), spread over the warp."""
-    *lead, r, c = e
-    return (*lead, r // 16, c // 8, (r % 16) // 8 * 2 + c % 2, r % 8, (c % 8) // 2)  # type: ignore[operator]
-
-
-def folded_name(comp: str) -> str:
-    """The buffer of a computation stored with a layout or inside a loop (store / store_at)."""
-    return f"{comp}_stored"
 
 
 def shape_expr(e: lx.Expr) -> ir.Expr:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -45,6 +46,24 @@ code generator keeps off small kernels by running their loops serially (``codege
 ``OMP_WAIT_POLICY=active`` (or ``GOMP_SPINCOUNT``) in the environment wins over this default.
 """
 
+GCC_FLAGS = ["-fno-predictive-commoning", "-fno-tree-loop-if-convert"]
+"""Two GCC -O3 loop transformations that miscompile code polytile generates (GCC 12.2):
+
+- predictive commoning turns the stores of a loop whose iterations write overlapping rows (a
+  write cache's or an initialization's ``C[96 * im + 48 * jr + ...]``, im in {0, 1}) into loads
+  before and stores after the loop, of elements no iteration of that loop writes: in an OpenMP
+  parallel loop, each thread then writes back stale values over its neighbour's results (a data
+  race the C++ memory model forbids a compiler to introduce; tests/core/test_runtime.py);
+- loop if-conversion miscompiles a guarded read whose index leaves its buffer where the guard is
+  false (FINDINGS E1): the vectorized loop computes some rows from the wrong elements, whether the
+  buffer is a local cache or a kernel argument, and even with the index clamped into the buffer.
+
+polytile schedules its own register reuse and vectorization, so its kernels rarely need either:
+the default schedules of matmul, conv2d, softmax, layernorm and spmm time the same within noise.
+A loop that polytile's vectorizer leaves scalar (a ``vectorize`` loop with a condition it cannot
+vectorize, e.g. a conv2d written with a padding select, ``pad_stage=False``) is no longer
+vectorized by GCC and runs up to 3x slower. Other compilers do not get these GCC flags."""
+
 
 def cache_dir() -> Path:
     """Where built kernels are kept: ``$POLYTILE_CACHE_DIR`` or ``~/.cache/polytile``."""
@@ -61,10 +80,20 @@ def compiler() -> str:
     return cxx
 
 
+@functools.cache
+def is_gcc(cxx: str) -> bool:
+    """Whether the C++ compiler ``cxx`` is GCC (clang also answers to g++ on some systems)."""
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Free Software Foundation" in out and "clang" not in out.lower()
+
+
 def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` to a shared library, reusing an earlier build of the same text and flags."""
     cxx = compiler()
-    flags = [*CXX_FLAGS, *extra_flags]
+    flags = [*CXX_FLAGS, *(GCC_FLAGS if is_gcc(cxx) else []), *extra_flags]
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     out = cache_dir() / f"pt_{key}.so"
     if out.exists():

@@ -107,7 +107,7 @@ def test_fusion_and_memory(how, rng):
     np.testing.assert_allclose(pt.build(s)(x), pc_reference(x), rtol=1e-5, atol=1e-5)
 
 
-def test_set_loc_and_alloc_at(rng):
+def test_set_loc(rng):
     f, T, Y = producer_consumer(13, 29)
     s = pt.create_schedule(f)
     s[T].set_loc("heap")

@@ -111,3 +111,37 @@ def test_vectorized_math_calls_glibc_vector_functions(tmp_path: object) -> None:
     assert "_ZGV" in symbols and "v_expf" in symbols
     x = np.random.default_rng(0).uniform(-3, 3, (64, 40)).astype("float32")
     np.testing.assert_allclose(kern(x), np.exp(x.astype("float64")) * 2, rtol=2e-6)
+
+
+GUARDED_GATHER = """
+import numpy as np, sys
+import polytile as pt
+A = pt.placeholder((11,), "float64", "A")
+C = pt.compute((11, 4), lambda i, j: pt.select(i + 3 * j < 11, A[i + 3 * j], -1.0), "C")
+s = pt.create_schedule(pt.Func([A], [C]))
+s[C].vectorize("j")
+kern = pt.build(s, extra_flags=["-fsanitize=address", "-fno-omit-frame-pointer"])
+a = np.random.default_rng(7).standard_normal(11)
+ref = np.array([[a[i + 3 * j] if i + 3 * j < 11 else -1.0 for j in range(4)] for i in range(11)])
+sys.exit(0 if np.array_equal(kern(a), ref) else 3)
+"""
+
+
+def test_vector_lanes_a_select_discards_read_inside_the_buffer(asan_run):
+    """Every lane of a vector select is evaluated: the loads of the lanes whose guard is false must
+    not read past the tensor (FINDINGS B6, caught by AddressSanitizer)."""
+    proc = asan_run(GUARDED_GATHER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_parallel_loop_inside_a_vectorize_loop_left_scalar(rng):
+    """A triangular inner loop keeps the vectorize loop scalar; it then carries no SIMD hint around
+    the parallel loop, which OpenMP forbids (FINDINGS B10: the C++ compiler rejected the code)."""
+    A = pt.placeholder((4, 5), "float32", "A")
+    C = pt.compute((4, 5), lambda i, j: A[i, j] * 2.0 + 1.0, "C", where=lambda i, j: j <= i)
+    s = pt.create_schedule(pt.Func([A], [C]))
+    s[C].vectorize("i").parallel("j")
+    a = rng.standard_normal((4, 5)).astype(np.float32)
+    out = pt.build(s)(a)
+    lower = np.arange(5)[None, :] <= np.arange(4)[:, None]
+    np.testing.assert_allclose(out[lower], (a * 2 + 1)[lower], rtol=1e-6)
