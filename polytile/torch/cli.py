@@ -11,6 +11,7 @@ from ..errors import PolytileError
 
 
 def tune_model_main(argv: Sequence[str]) -> int:
+    from ..tune.search import TUNERS
     from .zoo import MODELS
     parser = ArgumentParser(prog="polytile tune-model",
                             description="Tune a model's distinct workloads (Ansor's gradient task scheduler) "
@@ -24,8 +25,10 @@ def tune_model_main(argv: Sequence[str]) -> int:
     parser.add_argument("--batch", type=positive_int, default=1, help="batch size (default 1)")
     parser.add_argument("--size", choices=("full", "tiny"), default="full",
                         help="the published size (default) or a tiny one with the same structure")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the model runs and is tuned")
-    parser.add_argument("--tuner", default="xgb", help="xgb (default), random or grid (as `polytile tune`)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu (default) or cuda: where the model runs and is tuned")
+    parser.add_argument("--tuner", default="xgb", choices=list(TUNERS),
+                        help="the search (as `polytile tune`; default xgb)")
     parser.add_argument("--list", action="store_true", help="list the distinct workloads; tune nothing")
     args = parser.parse_args(argv)
     if not args.list and not args.records:

@@ -181,6 +181,13 @@ def model(name: str, *, batch: int = 1, size: str = "full", device: str = "cpu",
         raise PolytileError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     if size not in ("full", "tiny"):
         raise PolytileError(f"size must be 'full' or 'tiny', got {size!r}")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise PolytileError(f"device {device!r} is no torch device; use 'cpu' or 'cuda'") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise PolytileError(f"device {device!r}: torch finds no CUDA GPU here (torch {torch.__version__}); "
+                            "build the model on the CPU (device='cpu') or run on a machine with an NVIDIA GPU")
     _seeded(seed)
     dtype = dtype or (torch.float16 if device.startswith("cuda") else torch.float32)
     m, inputs = MODELS[name](batch=batch, size=size, **kwargs)

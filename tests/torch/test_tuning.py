@@ -80,3 +80,24 @@ def test_the_tune_model_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert stop.value.code == 2 and "--records is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune-model", "vgg", "--list"])
+    for bad in (["--tuner", "annealing"], ["--device", "tpu"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["tune-model", "resnet50", "--records", "r.jsonl", *bad])
+        assert stop.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_tune_model_tunes_into_records_and_resumes(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    records = str(tmp_path / "llama.jsonl")  # type: ignore[operator]
+    command = ["tune-model", "llama", "--size", "tiny", "--records", records, "--trials", "2", "--tuner", "random"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "2 trial(s) in" in out and "(2 new" in out and "best" in out
+    assert main(command) == 0
+    assert "(0 new" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_tune_model_on_cuda_without_a_gpu_is_a_clear_error(tmp_path: object,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune-model", "resnet50", "--size", "tiny", "--device", "cuda", "--list"]) == 2
+    assert "torch finds no CUDA GPU here" in capsys.readouterr().err
