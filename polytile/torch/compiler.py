@@ -309,8 +309,8 @@ def template_name(target: Any) -> str:
 def build_groups(funcs: list[Any], target: Any, records: _Records | None = None) -> list[tuple[Any, str]]:
     """The kernel of each imported group's Func (or the ``PolytileError`` that stopped it) and its
     schedule's origin: the best recorded configuration when the records have one for this workload and
-    target ("tuned"), else the default schedule ("default"). Kernels are kept per process; for the CPU
-    the new ones are compiled in parallel (the system compiler runs in threads)."""
+    target ("tuned"), else the default schedule ("default"). Kernels are kept per process; the new ones
+    are compiled in parallel (``_build_schedules``)."""
     plans: list[tuple[Any, str, tuple[str, str, str]] | PolytileError] = []
     for func in funcs:
         try:
@@ -346,49 +346,57 @@ def _schedule_of(func: Any, target: Any, records: _Records | None) -> tuple[Any,
 
 
 def _build_schedules(scheds: list[Any], target: Any) -> list[Any]:
-    """Build each schedule (a ``PolytileError`` in place of a kernel that failed)."""
-    from ..build import build
-    if target.kind != "cpu" or len(scheds) < 2:
-        out = []
-        for sched in scheds:
-            try:
-                out.append(build(sched, target))
-            except PolytileError as err:
-                out.append(err)
-        return out
+    """Build each schedule (a ``PolytileError`` in place of a kernel that failed). Lowering holds the isl
+    context: one schedule at a time; the compiler (the C++ compiler, or nvcc) then runs in threads, one
+    per core, into its cache, where making each kernel finds the compiled code. On a GPU machine nvcc
+    takes seconds per group: a model's dozens of groups would otherwise compile one by one."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..codegen.cpu import cpu_source
+    from ..build import build_lowered
     from ..lowering.pipeline import lower
-    from ..runtime.cpu import CPUKernel
     lowered: list[Any] = []
-    for sched in scheds:  # lowering holds the isl context: one at a time
+    for sched in scheds:  # lowering and code generation: one at a time
         try:
             low = lower(sched, target)
-            lowered.append((low, cpu_source(low)))
+            lowered.append((low, _source(low, target)))
         except PolytileError as err:
             lowered.append(err)
-    sources = [x[1] for x in lowered if not isinstance(x, PolytileError)]
+    sources = list(dict.fromkeys(x[1] for x in lowered if not isinstance(x, PolytileError)))
     with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
-        compiled = dict(zip(sources, pool.map(_try_compile, sources)))
+        failed = dict(zip(sources, pool.map(functools.partial(_try_compile, target=target), sources)))
     out = []
     for sched, x in zip(scheds, lowered):
-        if isinstance(x, PolytileError):
-            out.append(x)
-        elif isinstance(compiled[x[1]], PolytileError):
-            out.append(compiled[x[1]])
-        else:
-            out.append(CPUKernel(sched.func, x[0], x[1], (), target))  # the library is in the cache now
+        if isinstance(x, PolytileError) or failed[x[1]] is not None:
+            out.append(x if isinstance(x, PolytileError) else failed[x[1]])
+            continue
+        try:
+            out.append(build_lowered(sched, x[0], target))  # its code is in the compiler's cache now
+        except PolytileError as err:
+            out.append(err)
     return out
 
 
-def _try_compile(source: str) -> Any:
-    from ..runtime.cpu import compile_shared
+def _source(lowered: Any, target: Any) -> str:
+    if target.kind == "cpu":
+        from ..codegen.cpu import cpu_source
+        return cpu_source(lowered)
+    from ..codegen.cuda import cuda_source
+    from ..runtime.cuda import index32_ok
+    return cuda_source(lowered, index32_ok(lowered))[0]
+
+
+def _try_compile(source: str, target: Any) -> PolytileError | None:
+    """Compile ``source`` into the compiler's cache (what stopped it, else None)."""
+    from ..runtime import cpu, cuda
     try:
-        return compile_shared(source)
+        if target.kind == "cpu":
+            cpu.compile_shared(source)
+        else:
+            cuda.compile_cuda(source, target.arch)
     except PolytileError as err:
         return err
+    return None
 
 
 def _func_key(func: Any) -> str:

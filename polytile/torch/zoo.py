@@ -74,7 +74,7 @@ class _Decode(torch.nn.Module):
         cache = DynamicCache(config=self.model.config)
         for layer, (k, v) in enumerate(zip(keys, values)):
             cache.update(k, v, layer)
-        return self.model(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+        return self.model(input_ids=input_ids, cache=cache, use_cache=True).last_hidden_state
 
 
 def gpt2_decode(batch: int = 1, seq: int = 512, size: str = "full") -> tuple[torch.nn.Module, list[Any]]:

@@ -1,8 +1,10 @@
 """The CUDA schedules of imported groups compile with nvcc (no GPU needed): matrix products on tensor
 cores (16-bit, row-major operands) and on CUDA cores (a transposed weight), row reductions, elementwise
-groups and convolutions, for an H100."""
+groups and convolutions, for an H100; a graph's groups are compiled by nvcc in parallel."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -32,18 +34,30 @@ def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
 
 
 def _sources(fn: object, *inputs: torch.Tensor) -> dict[str, list[str]]:
-    """The CUDA source of each imported group's default schedule, by group kind."""
-    from polytile.torch.schedules import schedule_group
-    target = pt.CUDATarget(arch="sm_90a")
+    """The CUDA source of each imported group's default schedule, by group kind (built as the backend
+    builds a graph's groups)."""
+    from polytile.torch.compiler import build_groups
+    groups = _groups(fn, *inputs)
+    built = build_groups([imp.func for imp in groups], pt.CUDATarget(arch="sm_90a"))  # type: ignore[attr-defined]
     out: dict[str, list[str]] = {}
-    for imp in _groups(fn, *inputs):
-        kern = pt.build(schedule_group(imp.func, target), target)  # type: ignore[attr-defined]
+    for imp, (kern, origin) in zip(groups, built):
+        assert origin == "default", kern
         out.setdefault(imp.kind, []).append(kern.source)  # type: ignore[attr-defined]
     return out
 
 
 @pytest.mark.needs_nvcc
-def test_cuda_schedules_of_products_reductions_and_elementwise_groups_compile(nvcc: str) -> None:
+def test_cuda_schedules_of_products_reductions_and_elementwise_groups_compile(
+        nvcc: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.runtime import cuda
+    compile_cuda, calls, together = cuda.compile_cuda, [], threading.Barrier(2, timeout=60)
+
+    def compile_in_parallel(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        if len(calls) <= 2:  # the first two compilations must run at the same time
+            together.wait()
+        return compile_cuda(*args, **kwargs)
+    monkeypatch.setattr(cuda, "compile_cuda", compile_in_parallel)
     x, w, b = torch.randn(70, 64).half(), torch.randn(64, 48).half(), torch.randn(48).half()
     wt = torch.randn(40, 64)
 
