@@ -309,15 +309,19 @@ def template_name(target: Any) -> str:
 def build_groups(funcs: list[Any], target: Any, records: _Records | None = None) -> list[tuple[Any, str]]:
     """The kernel of each imported group's Func (or the ``PolytileError`` that stopped it) and its
     schedule's origin: the best recorded configuration when the records have one for this workload and
-    target ("tuned"), else the default schedule ("default"). Kernels are kept per process; the new ones
-    are compiled in parallel (``_build_schedules``)."""
+    target ("tuned"), else the default schedule ("default"). Kernels are kept per process, and the
+    groups of repeated layers are scheduled once; the new ones are compiled in parallel
+    (``_build_schedules``)."""
     plans: list[tuple[Any, str, tuple[str, str, str]] | PolytileError] = []
+    planned: set[tuple[str, str, str]] = set()
     for func in funcs:
         try:
-            plans.append(_schedule_of(func, target, records))
+            plans.append(_schedule_of(func, target, records, lambda key: key in _KERNELS or key in planned))
         except PolytileError as err:
             plans.append(err)
-    todo = {p[2]: p[0] for p in plans if not isinstance(p, PolytileError) and p[2] not in _KERNELS}
+            continue
+        planned.add(plans[-1][2])  # type: ignore[index]
+    todo = {p[2]: p[0] for p in plans if not isinstance(p, PolytileError) and p[0] is not None}
     for key, kernel in zip(todo, _build_schedules(list(todo.values()), target)):
         if not isinstance(kernel, PolytileError):
             _KERNELS[key] = kernel
@@ -332,7 +336,10 @@ def build_groups(funcs: list[Any], target: Any, records: _Records | None = None)
     return out
 
 
-def _schedule_of(func: Any, target: Any, records: _Records | None) -> tuple[Any, str, tuple[str, str, str]]:
+def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callable[[tuple[str, str, str]], bool]
+                 ) -> tuple[Any, str, tuple[str, str, str]]:
+    """The schedule of ``func`` (None when ``have`` says its kernel is built or scheduled already), its
+    origin and the kernel's cache key."""
     key = _func_key(func)
     if records is not None and records.best:
         from ..tune import make_task
@@ -340,9 +347,9 @@ def _schedule_of(func: Any, target: Any, records: _Records | None) -> tuple[Any,
         rec = records.best.get(task.key)
         if rec is not None:
             cache_key = (key, target.key, repr(sorted(rec.config.items())))
-            return (task.schedule(rec.config) if cache_key not in _KERNELS else None), "tuned", cache_key
+            return (None if have(cache_key) else task.schedule(rec.config)), "tuned", cache_key
     cache_key = (key, target.key, "default")
-    return (schedule_group(func, target) if cache_key not in _KERNELS else None), "default", cache_key
+    return (None if have(cache_key) else schedule_group(func, target)), "default", cache_key
 
 
 def _build_schedules(scheds: list[Any], target: Any) -> list[Any]:

@@ -31,6 +31,21 @@ def test_unsupported_operations_fall_back_and_explain_lists_both() -> None:
     assert "taken:" in text and "left to torch:" in text and "cumsum" in text and "mm + gelu" in text
 
 
+def test_the_groups_of_repeated_layers_are_scheduled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.torch import compiler
+    monkeypatch.setattr(compiler, "_KERNELS", {})
+    scheduled: list[str] = []
+
+    def schedule_group(func: object, target: object) -> object:
+        scheduled.append(func.name)  # type: ignore[attr-defined]
+        return original(func, target)
+    original = compiler.schedule_group
+    monkeypatch.setattr(compiler, "schedule_group", schedule_group)
+    layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(13, 13), torch.nn.Tanh()) for _ in range(3)])
+    report = compile_and_compare(layers.eval(), torch.randn(6, 13))
+    assert [g.ops for g in report.taken] == [["addmm", "tanh"]] * 3 and len(scheduled) == 1, scheduled
+
+
 def test_dynamic_shapes_fall_back_with_a_clear_warning() -> None:
     report = ptt.Report()
     compiled = torch.compile(lambda x: torch.softmax(x * 2, -1), backend=ptt.backend(report=report, choose="always"),
