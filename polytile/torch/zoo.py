@@ -10,6 +10,7 @@ tests); "full" is the published size. The transformers come from the ``transform
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -68,13 +69,18 @@ class _Decode(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        # the KV cache's argument as the installed transformers names it: "cache" in 5.24 (which warns on
+        # "past_key_values", to be removed in 5.40), "past_key_values" before the rename (the GPU machines
+        # have 5.17)
+        params = inspect.signature(model.forward).parameters
+        self.cache_keyword = "cache" if "cache" in params else "past_key_values"
 
     def forward(self, input_ids: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
         from transformers import DynamicCache
         cache = DynamicCache(config=self.model.config)
         for layer, (k, v) in enumerate(zip(keys, values)):
             cache.update(k, v, layer)
-        return self.model(input_ids=input_ids, cache=cache, use_cache=True).last_hidden_state
+        return self.model(input_ids=input_ids, use_cache=True, **{self.cache_keyword: cache}).last_hidden_state
 
 
 def gpt2_decode(batch: int = 1, seq: int = 512, size: str = "full") -> tuple[torch.nn.Module, list[Any]]:

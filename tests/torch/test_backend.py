@@ -121,6 +121,7 @@ def test_a_training_graph_runs_forward_kernels_and_torch_gradients() -> None:
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_of_a_compiled_model() -> None:
+    pytest.importorskip("transformers")
     from polytile.torch import zoo
     model, inputs = zoo.model("bert-base", size="tiny", batch=2, device="cuda")
     compiled = torch.compile(model, backend=ptt.backend(choose="always"), dynamic=False)

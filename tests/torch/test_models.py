@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 MODELS = ["bert-base", "gpt2-prefill", "gpt2-decode", "llama", "resnet50"]
 
 
+@pytest.mark.filterwarnings("error:.*deprecated:FutureWarning")  # the zoo calls transformers as it asks
 @pytest.mark.parametrize("name", MODELS)
 def test_a_tiny_model_compiled_matches_eager(name: str) -> None:
     model, inputs = zoo.model(name, size="tiny", batch=2, **({"seq": 16} if name != "resnet50" else {}))
