@@ -69,9 +69,12 @@ class Options:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
         if self.attention not in ATTENTION:
             raise PolytileError(f"backend option attention={self.attention!r}: use one of {', '.join(ATTENTION)}")
-        if self.records is not None and not Path(self.records).exists():
-            raise PolytileError(f"backend option records={str(self.records)!r}: no such file; tune the model "
-                                "first (polytile.torch.tune or `polytile tune-model`)")
+        if self.records is not None:
+            if not Path(self.records).exists():
+                raise PolytileError(f"backend option records={str(self.records)!r}: no such file; tune the model "
+                                    "first (polytile.torch.tune or `polytile tune-model`)")
+            from ..tune import RecordLog
+            RecordLog(self.records).check()  # another file, or a folder: a clear error now, not per graph
 
 
 def backend(**options: Any) -> Callable[..., Any]:

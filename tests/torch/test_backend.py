@@ -82,6 +82,12 @@ def test_bad_options_are_polytile_errors(tmp_path: object) -> None:
         ptt.backend(attention="fused")
     with pytest.raises(PolytileError, match="no such file"):
         ptt.backend(records=str(tmp_path / "missing.jsonl"))  # type: ignore[operator]
+    weights = tmp_path / "weights.txt"  # type: ignore[operator]
+    weights.write_text("0.25 0.5\n")
+    with pytest.raises(PolytileError, match="is not a polytile records file"):
+        ptt.backend(records=str(weights))
+    with pytest.raises(PolytileError, match="is a directory"):
+        ptt.backend(records=str(tmp_path))
 
 
 def test_a_group_whose_result_differs_is_left_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
