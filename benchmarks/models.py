@@ -14,10 +14,13 @@ the CPU. For each model, in one process:
    events around one call on a GPU, wall time on the CPU).
 
 Writes ``benchmarks/results/models-<date>-<device>.json`` (device, load, threads, command, per model the
-times, ratios, compile and tuning seconds, the groups taken and left) and prints a table last.
+times, ratios, compile and tuning seconds, the groups taken and left), rewritten after each model (a run
+stopped at a time limit keeps the models it finished; ``--out`` names another folder), and prints a
+table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
         [--peers eager,inductor,inductor-max] [--threads N] [--rounds 5] [--calls 10] [--records-dir DIR]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=10, help="calls per variant and round")
     p.add_argument("--records-dir", default="benchmarks/results/records")
     p.add_argument("--tuner", default="xgb")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,21 +85,22 @@ def main() -> int:
     for peer in peers:
         if peer not in PEERS:
             p.error(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+    kind = "gpu" if device != "cpu" else "cpu"
+    out = Path(args.out) / f"models-{time.strftime('%Y%m%d-%H%M%S')}-{kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for name in names:
         print(f"== {name}", flush=True)
         results.append(run_model(name, device, peers, args))
         print(json.dumps(results[-1], indent=1)[:2000], flush=True)
-    record = {"benchmark": "models", "date": datetime.datetime.now(datetime.UTC).isoformat(),
-              "command": " ".join(sys.argv), "device": _device_name(device), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "host": platform.node(),
-              "models": results}
-    kind = "gpu" if device != "cpu" else "cpu"
-    out = ROOT / "benchmarks" / "results" / f"models-{time.strftime('%Y%m%d-%H%M%S')}-{kind}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+        # rewritten after every model: a run stopped at a time limit keeps the models it finished
+        record = {"benchmark": "models", "date": datetime.datetime.now(datetime.UTC).isoformat(),
+                  "command": " ".join(sys.argv), "device": _device_name(device), "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "host": platform.node(),
+                  "models": results}
+        out.write_text(json.dumps(record, indent=1))
     print_table(results, peers)
-    print(f"record: {out.relative_to(ROOT)}")
+    print(f"record: {out}")
     return 0
 
 
