@@ -1,7 +1,9 @@
 """Tuning templates of imported groups ("torch_group_cpu", "torch_group_cuda"), registered with
 ``pt.tune.template`` for plain Funcs: the recipes of ``schedules`` with their parameters as
 decisions. The first choice of every decision is the default schedule's, so the default is always
-in the space. Worker processes import this module by name to find the templates.
+in the space. They apply only to Funcs the importer wrote (a user's own Func keeps the generic
+template, whichever was registered first). Worker processes import this module by name to find the
+templates.
 """
 
 from __future__ import annotations
@@ -9,7 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..tune import TemplateConfig, template
-from .schedules import Knobs, group_info, rowwise, schedule_group
+from .schedules import GroupInfo, Knobs, group_info, rowwise, schedule_group
+
+
+def imported_from_torch(op: Any, target: Any) -> bool:
+    """Whether the Func of ``op`` is an imported group (it carries the group's description)."""
+    return isinstance(getattr(op.func, "torch_group", None), GroupInfo)
 
 
 def _gemm_knobs(cfg: TemplateConfig, st: Any) -> dict[str, int]:
@@ -30,7 +37,7 @@ def _first(default: int, others: list[int]) -> list[int]:
     return [default] + [v for v in others if v != default]
 
 
-@template("func", "cpu", name="torch_group_cpu")
+@template("func", "cpu", name="torch_group_cpu", applies=imported_from_torch)
 def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
     func = op.func
     g = group_info(func)
@@ -48,7 +55,7 @@ def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
     return schedule_group(func, cfg.target, knobs)
 
 
-@template("func", "cuda", name="torch_group_cuda")
+@template("func", "cuda", name="torch_group_cuda", applies=imported_from_torch)
 def torch_group_cuda(cfg: TemplateConfig, op: Any) -> Any:
     func = op.func
     g = group_info(func)

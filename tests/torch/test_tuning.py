@@ -63,6 +63,21 @@ def test_tune_writes_one_records_file_the_backend_uses_and_resumes(tmp_path: obj
     assert [g.schedule for g in report.taken] == ["tuned"] * 3
 
 
+def test_a_plain_func_keeps_the_generic_template_after_importing_the_backend() -> None:
+    """The groups' templates apply to imported Funcs only, also when they are registered before the
+    built-in generic template (a fresh process importing polytile.torch first)."""
+    import subprocess
+    import sys
+    script = ("import polytile.torch, polytile as pt\n"
+              "from polytile.tune import make_task\n"
+              "A = pt.placeholder((40, 24), 'float32', 'A')\n"
+              "S = pt.compute((40,), lambda i: A[i, 3] * 2.0, 'S')\n"
+              "print(make_task(pt.Func([A], [S], name='twice'), 'cpu').template.name)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not proc.stdout.strip().startswith("torch_group"), proc.stdout
+
+
 def test_bad_budgets_are_refused(tmp_path: object) -> None:
     from polytile.tune import TuneError
     with pytest.raises(TuneError, match="one of trials="):
