@@ -31,6 +31,12 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     return _BACKENDS[tgt.kind](sched, lowered, tgt, extra_flags)
 
 
+def build_lowered(sched: Schedule, lowered, target: Target, extra_flags: Sequence[str] = ()):  # noqa: ANN001,ANN201
+    """The kernel of ``sched`` already lowered for ``target`` (``build`` after lowering: callers that
+    lower several schedules first, and compile their code in parallel)."""
+    return _BACKENDS[target.kind](sched, lowered, target, extra_flags)
+
+
 def _build_cpu(sched: Schedule, lowered, target: Target, extra_flags: Sequence[str]):  # noqa: ANN001,ANN202
     from .codegen.cpu import cpu_source
     from .runtime.cpu import CPUKernel

@@ -1,4 +1,4 @@
-"""The ``polytile`` command: run and time operators, list them, tune them, optimize SASS."""
+"""The ``polytile`` command: run and time operators, list them, tune them (and whole models), optimize SASS."""
 
 from __future__ import annotations
 
@@ -265,6 +265,8 @@ def _main(argv: Sequence[str] | None) -> int:
     sub.add_parser("tune", help="tune an operator (see `polytile tune --help`)", add_help=False)
     sub.add_parser("sass-opt", help="optimize the SASS of a CUDA kernel (see `polytile sass-opt --help`)",
                    add_help=False)
+    sub.add_parser("tune-model", help="tune a model's workloads for torch.compile (see `polytile tune-model --help`)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "ops":
@@ -285,6 +287,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "sass-opt":
             from .sass.cli import sass_opt_main
             return sass_opt_main(rest)
+        if args.command == "tune-model":
+            from .torch.cli import tune_model_main
+            return tune_model_main(rest)
     except PolytileError as err:
         print(f"polytile: {err}", file=sys.stderr)
         return 2

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import re
+
 from ..lowering import loopir as ir
 from .c_like import CLikePrinter, shared_helpers
 from .helpers import Helper, Helpers
@@ -58,6 +62,42 @@ template <typename V, typename T> static inline void pt_vstore(T* p, V v) { memc
 ])
 """The C++ helpers; a source defines those its function calls (``Helpers.header``)."""
 
+VECTOR_MATH = {"exp": 1, "log": 1, "sin": 1, "cos": 1, "tanh": 1, "erf": 1, "exp2": 1, "log2": 1, "pow": 2}
+"""Math functions (and their argument counts) that vectorized loops may call in vector form."""
+
+
+@functools.cache
+def _libmvec_functions() -> tuple[tuple[str, int], ...]:
+    """The (C name, arguments) of the math functions this machine's glibc vectorizes (libmvec): each
+    for every x86 vector width GCC may pick (SSE, AVX, AVX2, AVX-512). Empty elsewhere."""
+    try:
+        lib = ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return ()
+    found = []
+    for name, nargs in VECTOR_MATH.items():
+        for cname, lanes in ((f"{name}f", (4, 8, 8, 16)), (name, (2, 4, 4, 8))):
+            symbols = [f"_ZGV{isa}N{n}{'v' * nargs}_{cname}" for isa, n in zip("bcde", lanes)]
+            if all(hasattr(lib, sym) for sym in symbols):
+                found.append((cname, nargs))
+    return tuple(found)
+
+
+def vector_math(text: str) -> str:
+    """Declarations that let GCC call glibc's vector math functions (libmvec) from ``#pragma omp simd``
+    loops of ``text`` (without them, ``expf`` in a vectorized loop is a scalar call per element; glibc
+    declares them only under -ffast-math): one ``omp declare simd`` per function ``text`` calls that
+    libmvec provides here."""
+    used = [(c, n) for c, n in _libmvec_functions() if re.search(rf"\b{c}\(", text)]
+    if not used:
+        return ""
+    lines = ['extern "C" {']
+    for cname, nargs in used:
+        t = "float" if cname.endswith("f") and cname[:-1] in VECTOR_MATH else "double"
+        lines += ["#pragma omp declare simd notinbranch", f"{t} {cname}({', '.join([t] * nargs)});"]
+    return "\n".join([*lines, "}", "", ""])
+
+
 STACK_LIMIT = 64 * 1024
 """Constant-size buffers up to this many bytes live on the stack; larger ones on the heap."""
 
@@ -88,7 +128,9 @@ class CPUPrinter(CLikePrinter):
                     f"__attribute__((vector_size({lanes * _dtype(n).itemsize})));"
                     for n, lanes in sorted(self.vector_types)]
         body = "\n".join(self.lines) + "\n"
-        return PREAMBLE + HELPERS.header(body) + "\n".join(typedefs) + ("\n\n" if typedefs else "\n") + body
+        header = HELPERS.header(body)
+        return (PREAMBLE + vector_math(header + body) + header + "\n".join(typedefs) + ("\n\n" if typedefs else "\n")
+                + body)
 
     def pointer_type(self, b: ir.Buffer) -> str:
         return f"{self.scalar_type(b.dtype)}*"

@@ -93,6 +93,26 @@ def test_conv2d_tuner_style_schedule_with_padding_select(pad_stage, q_tile, orde
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
 
 
+def test_vectorized_math_calls_glibc_vector_functions(tmp_path: object) -> None:
+    """exp in a vectorized loop calls libmvec's vector expf (declared `omp declare simd`), not expf per
+    element; skipped where glibc has no libmvec."""
+    import subprocess
+
+    from polytile.codegen.cpu import _libmvec_functions
+    if ("expf", 1) not in _libmvec_functions():
+        pytest.skip("this C library has no vector expf (libmvec)")
+    X = pt.placeholder((64, 40), "float32", "X")
+    Y = pt.compute((64, 40), lambda i, j: pt.exp(X[i, j]) * 2.0, "Y")
+    s = pt.create_schedule(pt.Func([X], [Y], name="vexp"))
+    s["Y"].split("j", 8, "jo", "jv").vectorize("jv")
+    kern = pt.build(s, "cpu")
+    assert "#pragma omp declare simd notinbranch\nfloat expf(float);" in kern.source
+    symbols = subprocess.run(["nm", "-D", str(kern.path)], capture_output=True, text=True).stdout
+    assert "_ZGV" in symbols and "v_expf" in symbols
+    x = np.random.default_rng(0).uniform(-3, 3, (64, 40)).astype("float32")
+    np.testing.assert_allclose(kern(x), np.exp(x.astype("float64")) * 2, rtol=2e-6)
+
+
 GUARDED_GATHER = """
 import numpy as np, sys
 import polytile as pt

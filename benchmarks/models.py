@@ -1,0 +1,209 @@
+"""Whole models through torch.compile (issue 18): the "polytile" backend against eager torch and inductor.
+
+Models of ``polytile.torch.zoo`` at their published sizes with random weights: BERT-base (sequence 128,
+batch 1 and 32), GPT-2 small (prefill 512; one decoding step after a 512-token KV cache), a LLaMA-style
+stack (2 layers at LLaMA-3-8B widths, 128 tokens) and ResNet-50 (batch 1 and 32); fp16 on a GPU, fp32 on
+the CPU. For each model, in one process:
+
+1. optionally, model-level tuning (``polytile.torch.tune``) with ``--trials-per-task`` trials per distinct
+   workload into ``<records-dir>/<model>-<device>.jsonl`` (resumed when it exists), timed;
+2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
+   it beats torch on its own), timed, and its output checked against eager (relative error);
+3. the peers compiled: inductor (default) and inductor max-autotune (``--peers``);
+4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
+   events around one call on a GPU, wall time on the CPU).
+
+Writes ``benchmarks/results/models-<date>-<device>.json`` (device, load, threads, command, per model the
+times, ratios, compile and tuning seconds, the groups taken and left), rewritten after each model (a run
+stopped at a time limit keeps the models it finished; ``--out`` names another folder), and prints a
+table last.
+
+    python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
+        [--peers eager,inductor,inductor-max] [--threads N] [--rounds 5] [--calls 10] [--records-dir DIR]
+        [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _threads  # noqa: F401 - sets the thread variables before NumPy or torch load their libraries
+
+# isort: split
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import polytile.torch as ptt  # noqa: E402
+from polytile.torch import zoo  # noqa: E402
+
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bert-b1": ("bert-base", {"batch": 1, "seq": 128}),
+    "bert-b32": ("bert-base", {"batch": 32, "seq": 128}),
+    "gpt2-prefill": ("gpt2-prefill", {"batch": 1, "seq": 512}),
+    "gpt2-decode": ("gpt2-decode", {"batch": 1, "seq": 512}),
+    "llama": ("llama", {"batch": 1, "seq": 128, "layers": 2}),
+    "resnet50-b1": ("resnet50", {"batch": 1}),
+    "resnet50-b32": ("resnet50", {"batch": 32}),
+}
+DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
+PEERS = ("eager", "inductor", "inductor-max")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--trials-per-task", type=int, default=0, help="model-level tuning budget per workload (0: none)")
+    p.add_argument("--peers", default=None,
+                   help="eager,inductor,inductor-max (default: eager on the CPU, all on a GPU)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch and polytile (0: the default)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=10, help="calls per variant and round")
+    p.add_argument("--records-dir", default="benchmarks/results/records")
+    p.add_argument("--tuner", default="xgb")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    names = args.models.split(",") if args.models else DEFAULT_MODELS["cuda" if device.startswith("cuda") else "cpu"]
+    peers = (args.peers or ("eager" if device == "cpu" else ",".join(PEERS))).split(",")
+    for n in names:
+        if n not in MODELS:
+            p.error(f"unknown model {n!r}; known: {', '.join(MODELS)}")
+    for peer in peers:
+        if peer not in PEERS:
+            p.error(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+    kind = "gpu" if device != "cpu" else "cpu"
+    out = Path(args.out) / f"models-{time.strftime('%Y%m%d-%H%M%S')}-{kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in names:
+        print(f"== {name}", flush=True)
+        results.append(run_model(name, device, peers, args))
+        print(json.dumps(results[-1], indent=1)[:2000], flush=True)
+        # rewritten after every model: a run stopped at a time limit keeps the models it finished
+        record = {"benchmark": "models", "date": datetime.datetime.now(datetime.UTC).isoformat(),
+                  "command": " ".join(sys.argv), "device": _device_name(device), "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "host": platform.node(),
+                  "models": results}
+        out.write_text(json.dumps(record, indent=1))
+    print_table(results, peers)
+    print(f"record: {out}")
+    return 0
+
+
+def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    zoo_name, kwargs = MODELS[name]
+    model, inputs = zoo.model(zoo_name, device=device, **kwargs)
+    res: dict[str, Any] = {"model": name, "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    records = None
+    if args.trials_per_task > 0:
+        records = Path(args.records_dir) / f"{name}-{'gpu' if device != 'cpu' else 'cpu'}.jsonl"
+        records.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        rep = ptt.tune(model, inputs, trials_per_task=args.trials_per_task, records=str(records), tuner=args.tuner,
+                       progress=False)
+        res.update(tune_s=time.perf_counter() - t0, tasks=len(rep.tasks), trials=sum(t.trials for t in rep.tasks),
+                   new_trials=rep.new_trials, trials_per_task=args.trials_per_task)
+    variants: dict[str, Any] = {}
+    with torch.no_grad():
+        want = model(*inputs)
+        if "eager" in peers:
+            variants["eager"] = model
+        report = ptt.Report()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report),
+                                 dynamic=False)
+        t0 = time.perf_counter()
+        got = compiled(*inputs)
+        _sync(device)
+        res["compile_s"] = {"polytile": time.perf_counter() - t0}
+        res["rel_error"] = _rel(got, want)
+        res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" for g in report.taken]
+        res["left"] = {op: dict(r) for op, r in report.reasons().items()}
+        variants["polytile"] = compiled
+        for peer, mode in (("inductor", "default"), ("inductor-max", "max-autotune")):
+            if peer in peers:
+                c = torch.compile(model, mode=mode, dynamic=False)
+                t0 = time.perf_counter()
+                c(*inputs)
+                _sync(device)
+                res["compile_s"][peer] = time.perf_counter() - t0
+                variants[peer] = c
+        times = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for k, fn in variants.items():
+                times[k].append(_time(fn, inputs, device, args.calls))
+    res["ms"] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    res["speedup"] = {k: res["ms"][k] / res["ms"]["polytile"] for k in res["ms"] if k != "polytile"}
+    return res
+
+
+def _time(fn: Any, inputs: list[Any], device: str, calls: int) -> float:
+    fn(*inputs)
+    ts = []
+    for _ in range(calls):
+        if device == "cpu":
+            t0 = time.perf_counter()
+            fn(*inputs)
+            ts.append(time.perf_counter() - t0)
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*inputs)
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(ts)
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    g, w = got.double(), want.double()
+    return float(torch.linalg.vector_norm(g - w) / torch.linalg.vector_norm(w))
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+        except OSError:
+            pass
+        return platform.processor()
+    return torch.cuda.get_device_name()
+
+
+def print_table(results: list[dict[str, Any]], peers: list[str]) -> None:
+    head = ["model", "dtype", "polytile ms"] + [f"{p} ms" for p in peers] + [f"vs {p}" for p in peers] + [
+        "compile s", "tune s", "rel. error", "groups taken"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in results:
+        row = [r["model"], r["dtype"], f"{r['ms']['polytile']:.2f}"]
+        row += [f"{r['ms'][p]:.2f}" if p in r["ms"] else "-" for p in peers]
+        row += [f"{r['speedup'][p]:.2f}×" if p in r["speedup"] else "-" for p in peers]
+        row += [f"{r['compile_s']['polytile']:.0f}", f"{r['tune_s']:.0f}" if "tune_s" in r else "-",
+                f"{r['rel_error']:.1e}", str(len(r["taken"]))]
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Tuning templates of imported groups ("torch_group_cpu", "torch_group_cuda"), registered with
+``pt.tune.template`` for plain Funcs: the recipes of ``schedules`` with their parameters as
+decisions. The first choice of every decision is the default schedule's, so the default is always
+in the space. They apply only to Funcs the importer wrote (a user's own Func keeps the generic
+template, whichever was registered first). Worker processes import this module by name to find the
+templates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..tune import TemplateConfig, template
+from .schedules import GroupInfo, Knobs, group_info, rowwise, schedule_group
+
+
+def imported_from_torch(op: Any, target: Any) -> bool:
+    """Whether the Func of ``op`` is an imported group (it carries the group's description)."""
+    return isinstance(getattr(op.func, "torch_group", None), GroupInfo)
+
+
+def _gemm_knobs(cfg: TemplateConfig, st: Any) -> dict[str, int]:
+    from ..ops.matmul import cpu_gemm_tiles
+    d = cpu_gemm_tiles(st["M"], st["N"], st["K"], cfg.target, 4)
+    lanes = d["lanes"]
+    mr = cfg.knob("mr", _first(d["mr"], [2, 4, 6, 8]))
+    nr = lanes * cfg.knob("nr_vecs", _first(d["nr"] // lanes, [1, 2, 3, 4]))  # type: ignore[operator]
+    mc = cfg.knob("mc", _first(d["mc"], [mr * b for b in (4, 8, 16, 32)]))  # type: ignore[operator]
+    nc = cfg.knob("nc", _first(d["nc"], [nr * b for b in (4, 16, 64)]))
+    kc = cfg.knob("kc", _first(d["kc"], [64, 128, 256, 512]))
+    cfg.require(mc % mr == 0 and nc % nr == 0, "cache blocks are whole register tiles")  # type: ignore[operator]
+    cfg.resources(vector_registers=mr * (nr // lanes) + nr // lanes + 1)  # type: ignore[operator]
+    return {"mr": mr, "nr": nr, "mc": mc, "nc": nc, "kc": kc}  # type: ignore[dict-item]
+
+
+def _first(default: int, others: list[int]) -> list[int]:
+    return [default] + [v for v in others if v != default]
+
+
+@template("func", "cpu", name="torch_group_cpu", applies=imported_from_torch)
+def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
+    func = op.func
+    g = group_info(func)
+    knobs = Knobs()
+    gemms = g.of_kind("gemm")
+    convs = g.of_kind("conv")
+    if gemms:
+        knobs.gemm_tiles = _gemm_knobs(cfg, gemms[0])
+    if convs:
+        lanes = cfg.target.vector_lanes(4)
+        knobs.conv_tiles = (cfg.knob("k_tile", [8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes]))
+    knobs.lanes_factor = cfg.knob("vectors", [1, 2, 4])
+    knobs.parallel = cfg.knob("parallel", [True, False])
+    cfg.schedule(func)  # stops here while the space is defined or a configuration checked
+    return schedule_group(func, cfg.target, knobs)
+
+
+@template("func", "cuda", name="torch_group_cuda", applies=imported_from_torch)
+def torch_group_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    func = op.func
+    g = group_info(func)
+    knobs = Knobs()
+    gemms = g.of_kind("gemm")
+    if gemms:
+        tiles = cfg.knob("gemm_tiles", ["library", "128x128x8", "64x64x8", "64x128x16", "32x64x8"])
+        if tiles != "library":
+            bm, bn, bk = (int(v) for v in str(tiles).split("x"))
+            tm = tn = 8 if bm >= 64 else 4
+            knobs.gemm_cuda = {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
+    if g.kind == "reduce" and rowwise(func, g):
+        knobs.threads = cfg.knob("row_threads", [0, 32, 64, 128, 256]) or None
+    else:  # elementwise stages and epilogues
+        knobs.threads = cfg.knob("threads", [256, 128, 512, 1024])
+    cfg.schedule(func)  # stops here while the space is defined or a configuration checked
+    return schedule_group(func, cfg.target, knobs)

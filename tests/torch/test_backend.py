@@ -1,0 +1,151 @@
+"""The backend on graphs it cannot take whole: operations left to torch, dynamic shapes, dtypes it lacks,
+records of another machine, bad options, a kernel whose result differs, training graphs; the
+cost-based choice."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from torch_helpers import assert_close, compile_and_compare
+
+import polytile.torch as ptt
+from polytile.errors import PolytileError
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def mixed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = F.gelu(x @ w) + 1.0
+    return torch.cumsum(h, dim=-1) * torch.sigmoid(h)      # cumsum: not imported
+
+
+def test_unsupported_operations_fall_back_and_explain_lists_both() -> None:
+    x, w = torch.randn(9, 14), torch.randn(14, 11)
+    report = compile_and_compare(mixed, x, w)
+    assert {"mm", "gelu", "add", "sigmoid"} <= set(report.taken_ops)
+    reasons = report.reasons()
+    assert "cumsum" in reasons and "not an operation polytile imports" in next(iter(reasons["cumsum"]))
+    text = str(ptt.explain(mixed, x, w, choose="always"))
+    assert "taken:" in text and "left to torch:" in text and "cumsum" in text and "mm + gelu" in text
+
+
+def test_the_groups_of_repeated_layers_are_scheduled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.torch import compiler
+    monkeypatch.setattr(compiler, "_KERNELS", {})
+    scheduled: list[str] = []
+
+    def schedule_group(func: object, target: object) -> object:
+        scheduled.append(func.name)  # type: ignore[attr-defined]
+        return original(func, target)
+    original = compiler.schedule_group
+    monkeypatch.setattr(compiler, "schedule_group", schedule_group)
+    layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(13, 13), torch.nn.Tanh()) for _ in range(3)])
+    report = compile_and_compare(layers.eval(), torch.randn(6, 13))
+    assert [g.ops for g in report.taken] == [["addmm", "tanh"]] * 3 and len(scheduled) == 1, scheduled
+
+
+def test_dynamic_shapes_fall_back_with_a_clear_warning() -> None:
+    report = ptt.Report()
+    compiled = torch.compile(lambda x: torch.softmax(x * 2, -1), backend=ptt.backend(report=report, choose="always"),
+                             dynamic=True)
+    x = torch.randn(5, 7)
+    with pytest.warns(UserWarning, match="dynamic sizes"):
+        got = compiled(x)
+    assert_close(got, torch.softmax(x * 2, -1))
+    assert not report.taken and "dynamic=False" in report.left[0].reason
+
+
+def test_bfloat16_on_the_cpu_is_left_to_torch_with_the_reason() -> None:
+    x = torch.randn(6, 10).bfloat16()
+    report = compile_and_compare(lambda x: torch.softmax(x, -1) * 3, x)
+    assert not report.taken
+    assert all("bfloat16" in r.reason for r in report.left)
+
+
+def test_records_of_another_target_warn_and_use_default_schedules(tmp_path: object) -> None:
+    from polytile.tune import Record, RecordLog
+    path = tmp_path / "other.jsonl"  # type: ignore[operator]
+    RecordLog(path).append(Record("torch_group_cuda/func:torch_reduce:0/x", "cuda:NVIDIA A100:sm_80",
+                                  "torch_group_cuda", {"row_threads": 64}, "ok", [1e-5]))
+    x = torch.randn(8, 33)
+    with pytest.warns(UserWarning, match="records for cuda:NVIDIA A100:sm_80 only"):
+        report = compile_and_compare(lambda x: torch.softmax(x, -1), x, records=str(path))
+    assert [g.schedule for g in report.taken] == ["default"] and "default schedule" in report.notes[0]
+
+
+def test_bad_options_are_polytile_errors(tmp_path: object) -> None:
+    with pytest.raises(PolytileError, match="choose='fastest'"):
+        ptt.backend(choose="fastest")
+    with pytest.raises(PolytileError, match="attention='fused'"):
+        ptt.backend(attention="fused")
+    with pytest.raises(PolytileError, match="no such file"):
+        ptt.backend(records=str(tmp_path / "missing.jsonl"))  # type: ignore[operator]
+    weights = tmp_path / "weights.txt"  # type: ignore[operator]
+    weights.write_text("0.25 0.5\n")
+    with pytest.raises(PolytileError, match="is not a polytile records file"):
+        ptt.backend(records=str(weights))
+    with pytest.raises(PolytileError, match="is a directory"):
+        ptt.backend(records=str(tmp_path))
+
+
+def test_a_group_whose_result_differs_is_left_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.torch import importer
+    monkeypatch.setitem(importer._UNARY, torch.ops.aten.exp, lambda v: v)  # a wrong importer rule
+    x = torch.randn(6, 20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = compile_and_compare(lambda x: torch.exp(x) * 2, x)
+    assert not report.taken and "differs" in report.left[0].reason
+    assert any("differs" in str(w.message) for w in caught)
+
+
+def test_measure_keeps_only_what_is_faster() -> None:
+    x, w = torch.randn(16, 24), torch.randn(24)
+    report = compile_and_compare(lambda x, w: F.layer_norm(x * w + 1, (24,)) * torch.sigmoid(x), x, w,
+                                 choose="measure")
+    for g in report.taken:
+        assert g.polytile_us < g.torch_us
+    for x_ in report.left:
+        assert "torch is faster" in x_.reason or "not" in x_.reason
+
+
+def test_a_training_graph_runs_forward_kernels_and_torch_gradients() -> None:
+    lin = torch.nn.Linear(12, 7)
+    x = torch.randn(5, 12, requires_grad=True)
+    report = ptt.Report()
+    compiled = torch.compile(lambda x: F.relu(lin(x)).sum(-1), backend=ptt.backend(report=report, choose="always"))
+    got = compiled(x)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    want = F.relu(lin(x)).sum(-1)
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    assert_close(got.detach(), want.detach())
+    assert_close(gx, wx)
+    assert report.taken
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_of_a_compiled_model() -> None:
+    pytest.importorskip("transformers")
+    from polytile.torch import zoo
+    model, inputs = zoo.model("bert-base", size="tiny", batch=2, device="cuda")
+    compiled = torch.compile(model, backend=ptt.backend(choose="always"), dynamic=False)
+    static = [x.clone() for x in inputs]
+    with torch.no_grad():
+        compiled(*static)  # compiles and loads every kernel
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = compiled(*static)
+        fresh = torch.randint(0, 500, static[0].shape, device="cuda")
+        static[0].copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out.float(), model(fresh).float(), 2e-2)
+
+
+def test_the_registered_backend_name_with_options() -> None:
+    x = torch.randn(4, 9)
+    compiled = torch.compile(lambda x: torch.tanh(x) * 3, backend="polytile", options={"choose": "always"})
+    with torch.no_grad():
+        assert_close(compiled(x), torch.tanh(x) * 3)

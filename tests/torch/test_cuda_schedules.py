@@ -1,0 +1,78 @@
+"""The CUDA schedules of imported groups compile with nvcc (no GPU needed): matrix products on tensor
+cores (16-bit, row-major operands) and on CUDA cores (a transposed weight), row reductions, elementwise
+groups and convolutions, for an H100; a graph's groups are compiled by nvcc in parallel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import polytile as pt
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
+    """The groups of ``fn``'s aten graph (traced on the CPU) imported as for a GPU."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from polytile.torch.compiler import _graph_outputs
+    from polytile.torch.importer import import_group
+    from polytile.torch.partition import group_outputs, partition
+    found: list[object] = []
+
+    def collect(gm: torch.fx.GraphModule, _: list[object]) -> object:
+        outs = _graph_outputs(gm)
+        found.extend(import_group(g.nodes, group_outputs(g, outs), g.kind) for g in partition(gm, "cpu").groups)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=collect), dynamic=False)(*inputs)
+    return found
+
+
+def _sources(fn: object, *inputs: torch.Tensor) -> dict[str, list[str]]:
+    """The CUDA source of each imported group's default schedule, by group kind (built as the backend
+    builds a graph's groups)."""
+    from polytile.torch.compiler import build_groups
+    groups = _groups(fn, *inputs)
+    built = build_groups([imp.func for imp in groups], pt.CUDATarget(arch="sm_90a"))  # type: ignore[attr-defined]
+    out: dict[str, list[str]] = {}
+    for imp, (kern, origin) in zip(groups, built):
+        assert origin == "default", kern
+        out.setdefault(imp.kind, []).append(kern.source)  # type: ignore[attr-defined]
+    return out
+
+
+@pytest.mark.needs_nvcc
+def test_cuda_schedules_of_products_reductions_and_elementwise_groups_compile(
+        nvcc: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.runtime import cuda
+    compile_cuda, calls, together = cuda.compile_cuda, [], threading.Barrier(2, timeout=60)
+
+    def compile_in_parallel(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        if len(calls) <= 2:  # the first two compilations must run at the same time
+            together.wait()
+        return compile_cuda(*args, **kwargs)
+    monkeypatch.setattr(cuda, "compile_cuda", compile_in_parallel)
+    x, w, b = torch.randn(70, 64).half(), torch.randn(64, 48).half(), torch.randn(48).half()
+    wt = torch.randn(40, 64)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, wt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.gelu(x @ w + b)                                   # fp16: tensor cores (wgmma on sm_90a)
+        z = F.linear(x.float(), wt)                             # fp32, transposed weight: CUDA cores
+        rms = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).half()  # a prologue and epilogue
+        return F.layer_norm(y, (48,)), torch.softmax(z * 0.5 + wt[0, :40], -1), torch.sigmoid(x) * 2, rms
+    sources = _sources(fn, x, w, b, wt)
+    assert {"gemm", "reduce", "elementwise"} <= set(sources) and len(sources["reduce"]) == 3
+    assert len(sources["gemm"]) == 2 and sum("wgmma" in s for s in sources["gemm"]) == 1
+
+
+@pytest.mark.needs_nvcc
+def test_cuda_schedule_of_a_convolution_with_its_epilogue_compiles(nvcc: str) -> None:
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).eval()
+    sources = _sources(lambda x, r: F.relu(conv(x) + r), torch.randn(1, 8, 10, 10), torch.randn(1, 16, 10, 10))
+    assert "conv" in sources and "__global__" in sources["conv"][0]

@@ -1,0 +1,118 @@
+"""Model-level tuning: distinct workloads deduplicated and weighted, Ansor's gradient task scheduler, one
+records file that the backend then uses, resumed runs, and `polytile tune-model`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import polytile.torch as ptt
+from polytile.cli import main
+from polytile.torch.tuning import ModelTask, _next_task, gradient
+
+torch = pytest.importorskip("torch")
+
+
+def _task(weight: int, curve: list[float]) -> ModelTask:
+    return ModelTask(task=None, weight=weight, kind="gemm", ops=["mm"], curve=curve)
+
+
+def test_the_scheduler_tries_every_task_then_follows_the_gradient() -> None:
+    tasks = [_task(1, [1e-3] * 8), _task(5, []), _task(2, [])]
+    assert _next_task(tasks, set()) == 1  # untried, heaviest first
+    tasks[1].curve, tasks[2].curve = [2e-3] * 8, [1e-3] * 8
+    # all flat: the forward term (-g/t) weighted by occurrences decides: 5 × 2 ms dominates
+    assert _next_task(tasks, set()) == 1
+    tasks[0].curve = [4e-3, 3e-3, 2e-3, 1e-3]  # still improving fast: the backward difference pulls it up
+    assert gradient(tasks[0]) < gradient(_task(1, [1e-3] * 4))
+    assert _next_task(tasks, {0, 1, 2}) is None
+    assert gradient(_task(3, [math.inf] * 4)) == 0.0  # every trial failed: no gain expected
+
+
+class Layers(torch.nn.Module):
+    """Three identical linear + ReLU layers: one workload that occurs three times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_distinct_workloads_are_weighted_by_occurrences() -> None:
+    tasks = ptt.extract_tasks(Layers().eval(), [torch.randn(5, 16)])
+    assert [(t.weight, t.kind, t.ops) for t in tasks] == [(3, "gemm", ["addmm", "relu"])]
+
+
+def test_tune_writes_one_records_file_the_backend_uses_and_resumes(tmp_path: object) -> None:
+    model = Layers().eval()
+    x = torch.randn(5, 16)
+    records = str(tmp_path / "model.jsonl")  # type: ignore[operator]
+    rep = ptt.tune(model, [x], trials=2, records=records, tuner="random", progress=False, batch_size=2)
+    assert rep.new_trials == 2 and math.isfinite(rep.tasks[0].best) and rep.tasks[0].weight == 3
+    again = ptt.tune(model, [x], trials=2, records=records, tuner="random", progress=False)
+    assert again.new_trials == 0 and again.tasks[0].trials == 2
+    report = ptt.Report()
+    compiled = torch.compile(model, backend=ptt.backend(records=records, choose="always", report=report))
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), model(x), atol=1e-5)
+    assert [g.schedule for g in report.taken] == ["tuned"] * 3
+
+
+def test_a_plain_func_keeps_the_generic_template_after_importing_the_backend() -> None:
+    """The groups' templates apply to imported Funcs only, also when they are registered before the
+    built-in generic template (a fresh process importing polytile.torch first)."""
+    import subprocess
+    import sys
+    script = ("import polytile.torch, polytile as pt\n"
+              "from polytile.tune import make_task\n"
+              "A = pt.placeholder((40, 24), 'float32', 'A')\n"
+              "S = pt.compute((40,), lambda i: A[i, 3] * 2.0, 'S')\n"
+              "print(make_task(pt.Func([A], [S], name='twice'), 'cpu').template.name)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not proc.stdout.strip().startswith("torch_group"), proc.stdout
+
+
+def test_bad_budgets_are_refused(tmp_path: object) -> None:
+    from polytile.tune import TuneError
+    with pytest.raises(TuneError, match="one of trials="):
+        ptt.tune(Layers(), [torch.randn(2, 16)], records=str(tmp_path / "r.jsonl"))  # type: ignore[operator]
+    with pytest.raises(TuneError, match="trials_per_task must be a positive integer"):
+        ptt.tune(Layers(), [torch.randn(2, 16)], trials_per_task=0, records=str(tmp_path / "r.jsonl"))  # type: ignore[operator]
+
+
+def test_the_tune_model_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune-model", "resnet50", "--size", "tiny", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet50:" in out and "conv" in out and "×" in out
+    with pytest.raises(SystemExit) as stop:
+        main(["tune-model", "resnet50"])
+    assert stop.value.code == 2 and "--records is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune-model", "vgg", "--list"])
+    for bad in (["--tuner", "annealing"], ["--device", "tpu"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["tune-model", "resnet50", "--records", "r.jsonl", *bad])
+        assert stop.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_tune_model_tunes_into_records_and_resumes(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    records = str(tmp_path / "llama.jsonl")  # type: ignore[operator]
+    command = ["tune-model", "llama", "--size", "tiny", "--records", records, "--trials", "2", "--tuner", "random"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "2 trial(s) in" in out and "(2 new" in out and "best" in out
+    assert main(command) == 0
+    assert "(0 new" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_tune_model_on_cuda_without_a_gpu_is_a_clear_error(tmp_path: object,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune-model", "resnet50", "--size", "tiny", "--device", "cuda", "--list"]) == 2
+    assert "torch finds no CUDA GPU here" in capsys.readouterr().err
