@@ -117,6 +117,8 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
             space = task.space
             m = measurer
             options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
+        if tuner in TUNERS and TUNERS[tuner].needs_task:
+            options["task"] = task
         if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
             space = task.space
             options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
@@ -254,7 +256,8 @@ def _finish(result: TuneResult, measure: MeasureOptions | None, verify: bool) ->
 def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, records: str | Path | None = None,
          tuner: str = "xgb", template: str | None = None, batch_size: int = 8,
          measure: MeasureOptions | None = None, seed: int = 0, progress: bool = True, verify: bool = True,
-         feature: str = "knob", objective: str = "rank", **shape: object) -> Any:
+         feature: str = "knob", objective: str = "rank", model: object = None, temperature: float = 1.0,
+         top_k: int = 0, **shape: object) -> Any:
     """Tune an operator and return its fastest kernel.
 
     ``op_or_func``: an operator name with its sizes as keywords (``pt.tune("matmul", M=512, N=512,
@@ -264,7 +267,10 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     ``tuner``: "xgb" (cost-model-guided annealing), "random", "grid", "analytical" (measure in the
     order of the template's analytical model) or "analytical+xgboost" (XGBoost pre-trained on the
     analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
-    ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
+    ("rank" or "reg") configure the XGBoost cost model. ``tuner="tlm"`` has each batch written by a
+    tensor language model: ``model`` is its directory (``polytile tlm pretrain``/``finetune``) or
+    "default" (the model shipped for the CPU), sampled at ``temperature`` among the ``top_k``
+    likeliest words (0: all), fine-tuned on the best measurements between batches. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
     Raises ``TuneError`` before anything runs on bad arguments (counts below 1, a records path that
     is not a records file or cannot be written, a CUDA target without a GPU), and at the end when no
@@ -272,13 +278,24 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     the records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
-    opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
+    opts = tuner_options(tuner, feature=feature, objective=objective, model=model, temperature=temperature,
+                         top_k=top_k)
     result = tune_task(task, trials, records, tuner=tuner, batch_size=batch_size, measure=measure, seed=seed,
                        progress=progress, verify=verify, tuner_options=opts)
     if result.kernel is None:
         raise TuneError(no_kernel_report(result, records))
     result.kernel.tune_result = result
     return result.kernel
+
+
+def tuner_options(tuner: str, *, feature: str = "knob", objective: str = "rank", model: object = None,
+                  temperature: float = 1.0, top_k: int = 0) -> dict[str, object]:
+    """The options of ``tune`` that ``tuner`` takes; TuneError for the TLM's options given to another."""
+    if tuner == "tlm":
+        return {"model": model, "temperature": temperature, "top_k": top_k}
+    if model is not None or temperature != 1.0 or top_k != 0:
+        raise TuneError(f"model, temperature and top_k are options of tuner='tlm', not of {tuner!r}")
+    return {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
 
 
 def apply_best(op_or_func: object, records: str | Path, *, target: object = "cpu",

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
+    p.add_argument("--model", help="--tuner tlm: a model directory (polytile tlm pretrain), or 'default' (CPU)")
+    p.add_argument("--temperature", type=float, default=1.0, help="--tuner tlm: sampling temperature")
+    p.add_argument("--top-k", type=int, default=0, help="--tuner tlm: sample among the k likeliest words")
     p.add_argument("--batch", type=positive_int, default=8, help="candidates built in parallel per batch")
     p.add_argument("--template", help="template name (default: the operator's first)")
     p.add_argument("--flush-cache", action="store_true", help="flush the CPU caches before every timed run")
@@ -58,7 +61,7 @@ def tune_main(argv: list[str]) -> int:
 
 def _tune(args: argparse.Namespace, on_trial: Any) -> int:
     from ..errors import PolytileError
-    from .api import no_kernel_report, tune_task
+    from .api import no_kernel_report, tune_task, tuner_options
     from .measure import MeasureOptions
     from .task import make_task
     try:
@@ -66,8 +69,8 @@ def _tune(args: argparse.Namespace, on_trial: Any) -> int:
             check_plot_path(args.plot, args.records)
         shape = parse_shape(args.op, args.shape)
         task = make_task(args.op, args.target, args.template, **shape)
-        model_tuner = args.tuner in ("xgb", "analytical+xgboost")
-        opts = {"feature": args.feature, "objective": args.objective} if model_tuner else {}
+        opts = tuner_options(args.tuner, feature=args.feature, objective=args.objective, model=args.model,
+                             temperature=args.temperature, top_k=args.top_k)
         with warnings.catch_warnings(record=True) as caught:  # printed below, one line each
             warnings.simplefilter("always")
             result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
