@@ -46,6 +46,9 @@ def test_corpus_pretrain_finetune_evaluate(tmp_path, capsys):
     (["tlm", "evaluate", "nothing"], "give either an operator with --shape, or --network"),
     (["tlm", "evaluate", "nothing", "softmax", "--shape", "M=8,N=8"], "TLM model nothing does not exist"),
     (["tlm", "finetune", "nothing", "--records", "r.jsonl", "--out", "m"], "TLM model nothing does not exist"),
+    (["tune", "softmax", "--shape", "30,40", "--tuner", "tlm", "--trials", "1"], "needs a trained model"),
+    (["tune", "softmax", "--shape", "30,40", "--tuner", "tlm", "--model", "nothing"], "nothing does not exist"),
+    (["tune", "softmax", "--shape", "30,40", "--model", "m"], "options of tuner='tlm', not of 'xgb'"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
