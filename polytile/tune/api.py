@@ -125,7 +125,7 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
             task.predict([])  # fails now, with the reason, when the template has no model
         search = make_tuner(tuner, task.space, seed, **options)
         if len(history) < trials and owned:
-            _check_device(task)
+            check_device(task)
         _replay(task, search, prior)
         new = 0
         if len(history) < trials:
@@ -169,7 +169,7 @@ def _check_count(name: str, value: object, hint: str = "") -> None:
         raise TuneError(f"{name} must be a positive integer, got {value!r}" + (f"; {hint}" if hint else ""))
 
 
-def _check_device(task: Task) -> None:
+def check_device(task: Task) -> None:
     """Measuring a GPU target needs a GPU here: say so before the first candidate is built."""
     if task.target.kind != "cuda":
         return

@@ -303,3 +303,15 @@ def test_corpus_files_are_checked(tmp_path):
     (tmp_path / "c.txt").write_text(corpus.HEADER + "{}\nop=matmul mr=4\n")
     with pytest.raises(TuneError, match="c.txt:2: not a tensor sentence"):
         corpus.read_corpus(tmp_path / "c.txt")
+
+
+def test_the_shipped_cpu_model_writes_valid_schedules_for_a_held_out_network():
+    from polytile.tune.tlm.model import resolve
+    tlm = resolve("default", "cpu", device="cpu")
+    assert tlm.kind == "cpu" and 3_000_000 < tlm.parameters < 8_000_000
+    assert set(networks.HELD_OUT).isdisjoint(tlm.meta["corpus"]["networks"])
+    task = make_task("matmul", corpus.targets("cpu")[1], M=197, N=768, K=768)  # ViT-B/16's projection
+    rng = np.random.default_rng(0)
+    got = generate(tlm, task, 8, Completions(task.space, set(), rng), rng)
+    checker = make_task("matmul", corpus.targets("cpu")[1], M=197, N=768, K=768).space
+    assert len({s.digits for s in got}) == 8 and all(checker.is_valid(s.digits) for s in got)

@@ -49,9 +49,12 @@ def test_corpus_pretrain_finetune_evaluate(tmp_path, capsys):
     (["tune", "softmax", "--shape", "30,40", "--tuner", "tlm", "--trials", "1"], "needs a trained model"),
     (["tune", "softmax", "--shape", "30,40", "--tuner", "tlm", "--model", "nothing"], "nothing does not exist"),
     (["tune", "softmax", "--shape", "30,40", "--model", "m"], "options of tuner='tlm', not of 'xgb'"),
+    (["tlm", "evaluate", "default", "matmul", "--shape", "64,64,64,dtype=float16", "--target", "cuda:sm_90a",
+      "--tuners", "random"], "no GPU found"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POLYTILE_NO_GPU", "1")
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -89,7 +89,7 @@ def evaluate(model: object, workloads: Sequence[Case], target: object, tuners: S
              tlm_options: dict[str, object] | None = None) -> dict[str, Any]:
     """Tune every workload with every tuner (``"xgb@200"`` for another trial count than ``trials``)
     and report their curves; ``measurer``: a measurer to use (kept open) instead of a new one."""
-    from ..api import tune_task
+    from ..api import check_device, tune_task
     from ..search import TUNERS
     from .model import resolve
     specs = [parse_tuner(t, trials) for t in tuners]
@@ -97,6 +97,8 @@ def evaluate(model: object, workloads: Sequence[Case], target: object, tuners: S
         if name not in TUNERS:
             raise TuneError(f"unknown tuner {name!r}; use one of {', '.join(TUNERS)}")
     tasks = [(w, w.task(target)) for w in workloads]
+    if measurer is None and tasks:
+        check_device(tasks[0][1])  # measuring a GPU target needs a GPU: said before anything runs
     tlm = resolve(model, tasks[0][1].target.kind) if any(n == "tlm" for n, _ in specs) and tasks else None
     report: dict[str, Any] = {"target": tasks[0][1].target.key if tasks else None, "trials": trials,
                               "tuners": list(tuners), "workloads": {}}
