@@ -315,3 +315,18 @@ def test_the_shipped_cpu_model_writes_valid_schedules_for_a_held_out_network():
     got = generate(tlm, task, 8, Completions(task.space, set(), rng), rng)
     checker = make_task("matmul", corpus.targets("cpu")[1], M=197, N=768, K=768).space
     assert len({s.digits for s in got}) == 8 and all(checker.is_valid(s.digits) for s in got)
+
+
+@pytest.mark.gpu
+def test_training_and_decoding_on_the_gpu(tmp_path, training_tasks):
+    rng = np.random.default_rng(6)
+    texts = _sentences(training_tasks, 30, rng)
+    tlm = TLM.create(texts, "cpu", TINY, device="cuda", words=_words(training_tasks))
+    run = fit(tlm, texts, TrainOptions(epochs=3, batch_size=32, lr=3e-3), progress=False)
+    assert run["device"].startswith("cuda") and run["last_loss"] < run["first_loss"]
+    tlm.save(tmp_path / "m")
+    again = TLM.load(tmp_path / "m", device="cuda")
+    task = make_task("dense", corpus.targets("cpu")[0], M=20, N=90, K=45)
+    got = generate(again, task, 50, Completions(task.space, set(), rng), rng)
+    checker = make_task("dense", corpus.targets("cpu")[0], M=20, N=90, K=45).space
+    assert len(got) == 50 and all(checker.is_valid(s.digits) for s in got)
