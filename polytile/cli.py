@@ -197,19 +197,20 @@ def run_op(name: str, shape: dict[str, int], target: object, show_source: bool, 
     """Build ``name`` at ``shape`` for ``target`` ("cpu", "cuda", "cuda:sm_80"), check it on random
     inputs and time it beside the library a user would call instead; 1 when the result is wrong."""
     from . import ops
+    from .target import as_target
     sizes = dict(shape or DEFAULT_SHAPES.get(name, {}))
     op = ops.get(name, **sizes, **({"dtype": dtype} if dtype else {}))
+    tgt = as_target(target)
     t0 = time.perf_counter()
-    kern = op.build(target)
+    kern = op.build(tgt)
     build_s = time.perf_counter() - t0
     if show_source:
         print(kern.source)
-    if kern.target == "cpu":
+    if not tgt.has("gpu"):
         print(f"{op.key} on cpu: built in {build_s:.2f} s")
         result = compare_cpu(op, kern, repeat)
     else:
         from .runtime.cuda_device import gpu_available
-        tgt = kern.target
         print(f"{op.key} on {tgt.name} ({tgt.arch}): built in {build_s:.2f} s")
         print("\n".join(kernel_lines(kern)))
         if not gpu_available():

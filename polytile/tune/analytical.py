@@ -80,13 +80,13 @@ from .space import TuneError
 # accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096).
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
-                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32),
+                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_86": dict(mma_flops=512, l2_bytes_per_cycle=2048, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=16),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_89": dict(mma_flops=512, l2_bytes_per_cycle=2560, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=24),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
-                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32,
+                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128,
                   wgmma_flops=4096, wgmma_latency=128),
 }
 # wgmma_flops: dense fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at
@@ -129,7 +129,7 @@ class Hardware:
         ``target.extra`` (which overrides the table, e.g. ``extra={"mma_flops": 1024}``)."""
         key = (target.arch, target.sms, target.clock_hz, target.shared_per_sm, target.shared_per_block,
                target.registers_per_sm, target.max_threads_per_sm, target.max_threads_per_block,
-               target.dram_bandwidth, target.l2_bytes, tuple(sorted(target.extra.items())))
+               target.max_blocks_per_sm, target.dram_bandwidth, target.l2_bytes, tuple(sorted(target.extra.items())))
         hw = _HARDWARE.get(key)
         if hw is None:
             arch = target.arch.rstrip("af")
@@ -141,7 +141,7 @@ class Hardware:
                 shared_per_block=target.shared_per_block, registers_per_sm=target.registers_per_sm,
                 max_threads_per_sm=target.max_threads_per_sm,
                 max_threads_per_block=target.max_threads_per_block,
-                max_blocks_per_sm=int(facts["max_blocks_per_sm"]), mma_flops=facts["mma_flops"],
+                max_blocks_per_sm=target.max_blocks_per_sm, mma_flops=facts["mma_flops"],
                 shared_bytes_per_cycle=facts["shared_bytes_per_cycle"],
                 l2_bytes_per_cycle=facts["l2_bytes_per_cycle"],
                 sm_l2_bytes_per_cycle=facts["sm_l2_bytes_per_cycle"],

@@ -110,7 +110,7 @@ def _report(result: Any) -> float | None:
         except Exception as err:  # noqa: BLE001 - the table still shows the rest
             print(f"(default schedule unavailable: {err})", file=sys.stderr)
     vendor_time = None
-    if task.target.kind == "cpu":
+    if not task.target.has("gpu"):
         base = vendor_baseline(op)
         if base is not None:
             vendor_time = time_call(base[1], inputs)

@@ -1,14 +1,10 @@
 """The command line: `polytile run`, `polytile ops`, and clear errors."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-
-HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
-needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
 
 
 def run(*args, env=None):
@@ -41,7 +37,7 @@ def test_unknown_operator_is_a_clear_error():
     assert "Traceback" not in proc.stderr
 
 
-@needs_nvcc
+@pytest.mark.needs_nvcc
 def test_run_cuda_without_gpu_compiles_and_reports_resources():
     proc = run("run", "matmul", "--shape", "64,48,40", "--target", "cuda:sm_90a", "--source",
                env={"POLYTILE_NO_GPU": "1"})
@@ -52,7 +48,7 @@ def test_run_cuda_without_gpu_compiles_and_reports_resources():
     assert "no GPU found: the kernel was compiled for sm_90a but not run" in proc.stdout
 
 
-@needs_nvcc
+@pytest.mark.needs_nvcc
 def test_run_cuda_tensor_cores_with_dtype():
     proc = run("run", "matmul", "--shape", "M=64,N=64,K=64", "--dtype", "float16", "--target", "cuda:sm_80",
                "--source", env={"POLYTILE_NO_GPU": "1"})

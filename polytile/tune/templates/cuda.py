@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...intrinsics import MMA_M16N8K16
 from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, gemm_wgmma, igemm_tensorcore
-from ...target import CUDATarget
+from ...target import Target
 from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict
 from ..space import TemplateConfig
 from ..task import template
@@ -51,13 +52,12 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
-def tensor_core_op(op: Any, target: object) -> bool:
+def tensor_core_op(op: Any, target: Target) -> bool:
     """16-bit operands on a GPU with mma.sync (sm_80 and newer): the tensor-core templates apply."""
-    return (isinstance(target, CUDATarget) and target.capability >= 80
-            and op.func.inputs[0].dtype.name in ("float16", "bfloat16"))
+    return target.has("mma.sync") and op.func.inputs[0].dtype.name in MMA_M16N8K16.operand_dtypes
 
 
-def _cuda_core_op(op: Any, target: object) -> bool:
+def _cuda_core_op(op: Any, target: Target) -> bool:
     return not tensor_core_op(op, target)
 
 
@@ -122,9 +122,9 @@ def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
 
 # --- warpgroup MMA (Hopper) ---------------------------------------------------------------------------
 
-def wgmma_op(op: Any, target: object) -> bool:
+def wgmma_op(op: Any, target: Target) -> bool:
     """16-bit operands on an sm_90a GPU: the warpgroup-MMA templates apply (and come first)."""
-    return tensor_core_op(op, target) and getattr(target, "arch", "") == "sm_90a"
+    return tensor_core_op(op, target) and target.has("wgmma")
 
 
 def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
