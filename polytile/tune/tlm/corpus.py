@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import PolytileError
-from ...target import CPUTarget, CUDATarget
+from ...target import DATASHEETS, CPUTarget, CUDATarget
 from ..space import TuneError
 from ..task import Task, list_templates, make_task
 from .networks import TRAIN, layers
@@ -43,8 +43,7 @@ def targets(kind: str) -> list[CPUTarget | CUDATarget]:
     if kind == "cpu":
         return [CPUTarget(cores=c, vector_bits=b, model=f"corpus-{c}c-{b}b") for c, b in CPU_SHAPES]
     if kind == "cuda":
-        from ...runtime.cuda_device import KNOWN_ARCHS
-        return [CUDATarget(arch=a, **KNOWN_ARCHS[a]) for a in GPU_ARCHS]  # type: ignore[arg-type]
+        return [CUDATarget(arch=a, name=str(DATASHEETS[a]["name"])) for a in GPU_ARCHS]
     raise TuneError(f"unknown target kind {kind!r}; use 'cpu' or 'cuda'")
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ...errors import PolytileError
-from ...target import CPUTarget, CUDATarget, cpu_target
+from ...target import DATASHEETS, CPUTarget, CUDATarget, cpu_target
 from ..records import Record, RecordLog
 from ..space import TuneError
 from ..task import Task, Workload, find_template
@@ -46,11 +46,9 @@ def target_of(key: str) -> CPUTarget | CUDATarget:
                                                                                                     parts[-1]):
         return CPUTarget(cores=int(parts[-2][:-1]), vector_bits=int(parts[-1][:-1]), model=":".join(parts[1:-2]))
     if parts[0] == "cuda" and len(parts) >= 3:
-        from ...runtime.cuda_device import KNOWN_ARCHS
         arch = parts[-1]
-        if arch in KNOWN_ARCHS:
-            facts = {**KNOWN_ARCHS[arch], "name": ":".join(parts[1:-1])}
-            return CUDATarget(arch=arch, **facts)  # type: ignore[arg-type]
+        if arch in DATASHEETS:
+            return CUDATarget(arch=arch, name=":".join(parts[1:-1]))  # the other facts: the datasheet's
     raise TuneError(f"target key {key!r} names no target polytile knows")
 
 
