@@ -294,6 +294,15 @@ def test_bad_models_and_options_get_clear_errors(tiny_model, tmp_path):
         pt.tune("softmax", M=8, N=8, tuner="random", model=folder, trials=1, progress=False)
 
 
+def test_records_target_keys_name_the_targets_they_were_written_for():
+    from polytile.tune.tlm.finetune import target_of
+    for target in corpus.targets("cpu") + corpus.targets("cuda"):  # GPUs by their datasheet facts
+        assert target_of(target.key) == target
+    assert target_of("cuda:NVIDIA_H100_80GB_HBM3:sm_90a").sms == 132
+    with pytest.raises(TuneError, match="names no target polytile knows"):
+        target_of("cuda:x:sm_12")
+
+
 def test_corpus_files_are_checked(tmp_path):
     with pytest.raises(TuneError, match="does not exist"):
         corpus.read_corpus(tmp_path / "none.txt")
