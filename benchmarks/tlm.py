@@ -8,7 +8,8 @@ fine-tuning.
 
 Measured runs (``--target``), as TLM's loop (``gen/run.py``):
   1. the model: ``--model DIR``, else the one shipped (CPU), else a corpus of the training networks
-     and a pretraining run here (GPU), with the held-out workloads excluded;
+     and a pretraining run here (GPU), with the held-out workloads excluded (a run resumed in the same
+     --records-dir reuses them; the measurements resume from its records);
   2. fine-tuning data: the training workloads (layers of ``networks.TRAIN``) tuned by the tlm tuner,
      ``--train-trials`` each (records in ``--records-dir``; a killed run resumes);
   3. the model fine-tuned on the ``--best`` fastest configurations of every training workload;
@@ -163,6 +164,24 @@ def machine(kind: str) -> dict:
     return {"device": gpu, "host_cpu": platform.processor() or platform.machine()}
 
 
+def built_model(args: argparse.Namespace, records: Path, exclude: list[str], timings: dict[str, object]) -> str:
+    """The GPU model of this run: a corpus of the training networks without the ``exclude``d workloads,
+    pretrained here (on the GPU when present); a run resumed in the same records directory reuses both."""
+    from polytile.tune.tlm.train import pretrain
+    start = time.perf_counter()
+    if not (records / "corpus.txt").exists():
+        corpus.write_corpus(records / "corpus.txt", "cuda", args.corpus_size, TRAIN, exclude,
+                            progress=not args.quiet)
+        timings["corpus_s"] = round(time.perf_counter() - start, 1)
+    if not (records / "model" / "tlm.json").exists():
+        start = time.perf_counter()
+        pretrain(records / "corpus.txt", records / "model",
+                 TrainOptions(max_minutes=args.pretrain_minutes, threads=args.torch_threads),
+                 progress=not args.quiet)
+        timings["pretrain_s"] = round(time.perf_counter() - start, 1)
+    return str(records / "model")
+
+
 # --- measured runs ---------------------------------------------------------------------------------------
 
 
@@ -176,13 +195,7 @@ def measured(args: argparse.Namespace) -> dict:
     timings: dict[str, object] = {}
     base = args.model or ("default" if kind == "cpu" else None)
     if base is None:  # build the GPU model here, the held-out workloads excluded
-        start = time.perf_counter()
-        corpus.write_corpus(records / "corpus.txt", "cuda", args.corpus_size, TRAIN, [key_of(c) for c in held])
-        from polytile.tune.tlm.train import TrainOptions as Options
-        from polytile.tune.tlm.train import pretrain
-        pretrain(records / "corpus.txt", records / "model", Options(max_minutes=args.pretrain_minutes))
-        base = str(records / "model")
-        timings["corpus_and_pretrain_s"] = round(time.perf_counter() - start, 1)
+        base = built_model(args, records, [key_of(c) for c in held], timings)
     tlm = resolve(base, kind)
     seen = corpus_keys(kind, tlm.meta.get("corpus", {}).get("networks", list(TRAIN)))
     overlap = [c.name for c in held if key_of(c) in seen or key_of(c) in {key_of(t) for t in train}]
@@ -264,19 +277,7 @@ def tables(args: argparse.Namespace) -> dict:
     records = Path(args.records_dir)
     records.mkdir(parents=True, exist_ok=True)
     held_keys = [Workload.of(op, **shape).key for _, _, op, shape in TABLES.values()]
-    base = args.model
-    if base is None:
-        start = time.perf_counter()
-        if not (records / "model" / "tlm.json").exists():
-            if not (records / "corpus.txt").exists():
-                corpus.write_corpus(records / "corpus.txt", "cuda", args.corpus_size, TRAIN, held_keys,
-                                    progress=not args.quiet)
-            from polytile.tune.tlm.train import pretrain
-            pretrain(records / "corpus.txt", records / "model",
-                     TrainOptions(max_minutes=args.pretrain_minutes, threads=args.torch_threads),
-                     progress=not args.quiet)
-        base = str(records / "model")
-        timings["corpus_and_pretrain_s"] = round(time.perf_counter() - start, 1)
+    base = args.model or built_model(args, records, held_keys, timings)
     tlm = resolve(base, "cuda")
     excluded = set(tlm.meta.get("corpus", {}).get("excluded", []))
     if not set(held_keys) <= excluded:
