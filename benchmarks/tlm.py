@@ -12,7 +12,8 @@ Measured runs (``--target``), as TLM's loop (``gen/run.py``):
      --records-dir reuses them; the measurements resume from its records);
   2. fine-tuning data: the training workloads (layers of ``networks.TRAIN``) tuned by the tlm tuner,
      ``--train-trials`` each (records in ``--records-dir``; a killed run resumes);
-  3. the model fine-tuned on the ``--best`` fastest configurations of every training workload;
+  3. the model fine-tuned on the ``--best`` fastest configurations of every training workload
+     (``--finetune-epochs``, ``--finetune-lr``);
   4. each held-out workload (layers of ``networks.HELD_OUT``; checked absent from the corpus and the
      fine-tuning records) tuned by tlm@32, random@32, xgb@200 (whose first 32 trials are xgb@32) and,
      where the template has an analytical model, analytical@32; one shared measurer, so a
@@ -27,8 +28,10 @@ Tables (``--tables``): the exhaustively measured tables of ``benchmarks/results/
 "measurement" is its row (a configuration valid now but absent from the table is a failed trial).
 Each table workload is held out in turn: the GPU model (``--model``, or a corpus of the training
 networks without either table workload, pretrained here) is fine-tuned on the other table's best
-configurations, then the tuners search the held-out table. Reported as above, plus TLM's best after 10
-trials over the exhaustive best.
+configurations and, as no GPU measured the training networks' layers here, on the ``--analytical-top``
+configurations the analytical model predicts fastest for each of their tensor-core tasks
+(``finetune.analytical_sentences``; 0: the other table alone, TLM's protocol); then the tuners search
+the held-out table. Reported as above, plus TLM's best after 10 trials over the exhaustive best.
 
 Writes ``benchmarks/results/tlm-<target>-<date>.json`` (machine, date, command, per-workload curves,
 summary) and prints a table.
@@ -60,7 +63,7 @@ from polytile.tune.task import Workload  # noqa: E402
 from polytile.tune.tlm import corpus  # noqa: E402
 from polytile.tune.tlm.decode import Completions, generate  # noqa: E402
 from polytile.tune.tlm.evaluate import Case, evaluate, print_table  # noqa: E402
-from polytile.tune.tlm.finetune import best_sentences, finetune, target_of  # noqa: E402
+from polytile.tune.tlm.finetune import analytical_sentences, best_sentences, finetune, target_of  # noqa: E402
 from polytile.tune.tlm.model import TLM, resolve  # noqa: E402
 from polytile.tune.tlm.networks import HELD_OUT, TRAIN  # noqa: E402
 from polytile.tune.tlm.train import FINETUNE, TrainOptions, fit  # noqa: E402
@@ -210,7 +213,7 @@ def measured(args: argparse.Namespace) -> dict:
         timings["train_measure_s"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         tuned, report = finetune(tlm, [records / "train" / "tlm.jsonl"], records / "model-ft", best=args.best,
-                                 progress=not args.quiet)
+                                 options=finetune_options(args), progress=not args.quiet)
         timings["finetune_s"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         tuners = ["tlm", f"random@{args.trials}", f"xgb@{args.reference_trials}"]
@@ -271,6 +274,21 @@ def table_records(name: str, rows: dict[str, MeasureResult]) -> list[Record]:
             for key, r in rows.items()]
 
 
+def analytical_prior(args: argparse.Namespace, target: object, exclude: list[str]) -> list[str]:
+    """Fine-tuning sentences without measurements: the ``--analytical-top`` configurations the analytical
+    model predicts fastest for every tensor-core template of the training networks' layers on the
+    target's architecture (the held-out workloads excluded)."""
+    if args.analytical_top == 0:
+        return []
+    tasks = [task for _, task in corpus.tasks("cuda", TRAIN, frozenset(exclude))
+             if task.template.model is not None and task.target.arch == target.arch]
+    return analytical_sentences(tasks, args.analytical_top, seed=args.seed)
+
+
+def finetune_options(args: argparse.Namespace) -> TrainOptions:
+    return TrainOptions(**{**FINETUNE.__dict__, "epochs": args.finetune_epochs, "lr": args.finetune_lr})
+
+
 def tables(args: argparse.Namespace) -> dict:
     target = target_of(TABLE_TARGET)
     timings: dict[str, object] = {}
@@ -283,15 +301,19 @@ def tables(args: argparse.Namespace) -> dict:
     if not set(held_keys) <= excluded:
         raise SystemExit(f"the model's corpus does not exclude the table workloads {held_keys}")
     rows = {name: load_table(name) for name in TABLES}
+    start = time.perf_counter()
+    prior = analytical_prior(args, target, held_keys)
+    timings["analytical_sentences_s"] = round(time.perf_counter() - start, 1)
     report: dict = {"target": TABLE_TARGET, "trials": args.trials, "workloads": {}, "table_backed": True,
-                    "model": {"path": base, "parameters": tlm.parameters}}
+                    "model": {"path": base, "parameters": tlm.parameters}, "analytical_sentences": len(prior),
+                    "finetune_options": finetune_options(args).__dict__}
     exhaustive = {}
     for name, (_, template, op, shape) in TABLES.items():
         others = [r for other in TABLES if other != name for r in table_records(other, rows[other])]
         texts, fine = best_sentences(others, args.best)
         tuned = TLM(tlm.tokenizer, copy.deepcopy(tlm.model), copy.deepcopy(tlm.meta), tlm.path)
         start = time.perf_counter()
-        fit(tuned, texts, FINETUNE, stage="finetune", progress=False)
+        fit(tuned, texts + prior, finetune_options(args), stage="finetune", progress=False)
         timings[f"finetune_for_{name}_s"] = round(time.perf_counter() - start, 1)
         table = TableMeasurer(rows[name])
         tuners = ["tlm", f"random@{args.trials}", f"analytical@{args.trials}", f"xgb@{args.reference_trials}"]
@@ -324,6 +346,11 @@ def main() -> None:
     p.add_argument("--train-workloads", type=int, default=12, help="training workloads, at most (default 12)")
     p.add_argument("--train-trials", type=int, default=24, help="tlm trials per training workload (default 24)")
     p.add_argument("--best", type=int, default=4, help="best configurations per workload to fine-tune on")
+    p.add_argument("--analytical-top", type=int, default=4,
+                   help="tables: also fine-tune on the N configurations the analytical model ranks fastest for "
+                        "each tensor-core layer of the training networks (default 4; 0: measurements only)")
+    p.add_argument("--finetune-epochs", type=float, default=20.0, help="fine-tuning epochs (default 20)")
+    p.add_argument("--finetune-lr", type=float, default=1e-3, help="fine-tuning learning rate (default 1e-3)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--corpus-size", type=int, default=100_000, help="GPU corpus sentences (default 100000)")
     p.add_argument("--pretrain-minutes", type=float, default=30.0, help="GPU pretraining budget (default 30)")

@@ -294,6 +294,19 @@ def test_bad_models_and_options_get_clear_errors(tiny_model, tmp_path):
         pt.tune("softmax", M=8, N=8, tuner="random", model=folder, trials=1, progress=False)
 
 
+def test_analytical_sentences_are_the_configurations_the_model_ranks_fastest():
+    from polytile.tune.tlm.finetune import analytical_sentences
+    gpu = make_task("matmul", corpus.targets("cuda")[1], "matmul_tensorcore", M=200, N=300, K=520, dtype="float16")
+    cpu = make_task("matmul", corpus.targets("cpu")[0], M=100, N=300, K=200)  # no analytical model: passed over
+    texts = analytical_sentences([gpu, cpu], top=3, pool=40, seed=5)
+    assert len(texts) == 3
+    drawn = gpu.space.sample_valid(np.random.default_rng(5), 40)  # the pool the function drew
+    cost = dict(zip(drawn, gpu.predict([gpu.space.config(d).values for d in drawn]), strict=True))
+    chosen = [read_sentence(gpu, t).digits for t in texts]
+    assert max(cost[d] for d in chosen) <= min(c for d, c in cost.items() if d not in chosen)
+    assert len(set(chosen)) == 3
+
+
 def test_records_target_keys_name_the_targets_they_were_written_for():
     from polytile.tune.tlm.finetune import target_of
     for target in corpus.targets("cpu") + corpus.targets("cuda"):  # GPUs by their datasheet facts

@@ -6,6 +6,9 @@ workload and ``gen/run_train_clm_best_*.py`` trains the pretrained model on them
 rate). A record names its template, workload and target by key; the task is rebuilt from them (a
 plain Func's records cannot be: its algorithm is not in the file). Records of a configuration the
 template's current space no longer holds are skipped, as a resumed tuning run skips them.
+
+Without measurements, ``analytical_sentences`` gives the configurations a template's analytical model
+ranks fastest (the tensor-core templates), for a GPU model built where no GPU is.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ...errors import PolytileError
 from ...target import DATASHEETS, CPUTarget, CUDATarget, cpu_target
@@ -102,6 +107,23 @@ def best_sentences(records: Iterable[Record], best: int = 4) -> tuple[list[str],
         report.workloads += 1
     report.sentences = len(texts)
     return texts, report
+
+
+def analytical_sentences(tasks: Iterable[Task], top: int = 4, pool: int = 512, seed: int = 0) -> list[str]:
+    """The sentences of the ``top`` configurations a template's analytical model predicts fastest among
+    ``pool`` uniformly drawn valid ones, for each task whose template has a model (the tensor-core
+    templates; the others are passed over). Fine-tuning on them teaches a model what fast schedules
+    look like on a GPU without measuring one, as ALCOP pre-trains its XGBoost model on the analytical
+    model; TLM itself had only measurements."""
+    rng = np.random.default_rng(seed)
+    texts: list[str] = []
+    for task in tasks:
+        if task.template.model is None:
+            continue
+        drawn = task.space.sample_valid(rng, pool)
+        predicted = task.predict([task.space.config(d).values for d in drawn])
+        texts += [sentence(task, task.space.config(drawn[k])) for k in np.argsort(predicted, kind="stable")[:top]]
+    return texts
 
 
 def finetune(model: object, records: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str] | None,
