@@ -316,6 +316,15 @@ def test_records_target_keys_name_the_targets_they_were_written_for():
         target_of("cuda:x:sm_12")
 
 
+def test_a_gpu_corpus_reaches_its_size_when_small_spaces_fall_short(tmp_path):
+    # LLaMA's GPU layers: 25 tasks with 5,163 valid configurations in all, many below their share
+    header = corpus.write_corpus(tmp_path / "c.txt", "cuda", 3000, ["llama-7b"], progress=False)
+    _, texts = corpus.read_corpus(tmp_path / "c.txt")
+    assert len(texts) == header["sentences"] >= 3000 and len(set(texts)) == len(texts)
+    assert {"matmul_wgmma", "matmul_tensorcore", "batch_matmul_tensorcore"} <= set(header["templates"])
+    assert {t.split(":")[-1] for t in header["targets"]} == {"sm_80", "sm_90a"}
+
+
 def test_corpus_files_are_checked(tmp_path):
     with pytest.raises(TuneError, match="does not exist"):
         corpus.read_corpus(tmp_path / "none.txt")

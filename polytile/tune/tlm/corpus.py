@@ -124,12 +124,21 @@ def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 10
         drawn.append(set(task.space.sample_valid(rng, math.ceil(w * per_share))))
         if bar is not None:
             bar.update(1)
-    # small spaces hold fewer valid configurations than their share: the larger ones make up for them
+    # small spaces hold fewer valid configurations than their share: the larger ones make up for them,
+    # in rounds, until the size is reached or every space that could give more has given all it has
     large = [k for k, (_, t) in enumerate(spaces) if len(drawn[k]) >= weight[k] * per_share
              and t.template.op != "func"]
     deficit = size - sum(len(d) for d in drawn)
-    for k in large if deficit > 0 else []:
-        drawn[k].update(spaces[k][1].space.sample_valid(rng, math.ceil(deficit / len(large)), drawn[k]))
+    while deficit > 0 and large:
+        share = math.ceil(deficit / len(large))
+        full = []
+        for k in large:
+            more = spaces[k][1].space.sample_valid(rng, share, drawn[k])
+            drawn[k].update(more)
+            if len(more) == share:
+                full.append(k)
+        deficit = size - sum(len(d) for d in drawn)
+        large = full
     lines: list[str] = []
     words: set[str] = set()  # every choice of every decision, drawn or not: the vocabulary covers them
     for (_, task), configs in zip(spaces, drawn, strict=True):
