@@ -53,7 +53,7 @@ def example_task(template) -> Task:  # noqa: ANN001
 
 def test_every_template_round_trips_through_sentences():
     rng = np.random.default_rng(3)
-    templates = list_templates()
+    templates = [t for t in list_templates() if t.fn.__module__.startswith("polytile.")]  # not the tests' own
     assert {"matmul_cpu", "matmul_tensorcore", "matmul_wgmma", "generic_cpu", "conv2d_cuda"} <= \
         {t.name for t in templates}
     for template in templates:

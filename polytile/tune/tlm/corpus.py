@@ -5,9 +5,9 @@ Every layer of the chosen networks (``networks``) becomes a workload for each ta
 CPUs of several core counts and vector widths, GPUs of several architectures (their datasheet facts,
 no GPU needed); each workload is tuned by every registered template that applies to it (found from
 the template registry, so a new template joins the corpus by itself), and on the CPU also by the
-generic template of plain Funcs (the layer's algorithm as a Func). Each task contributes uniformly
-drawn valid configurations, as many as the corpus size allows per task (all of a small space; the
-generic template a quarter share).
+templates of plain Funcs (the layer's algorithm as a Func). Each task contributes uniformly
+drawn valid configurations, as many as the corpus size allows per task (all of a small space; a
+template of plain Funcs a quarter share).
 
 A corpus file is one sentence per line after a header line ``# polytile-tlm-corpus {json}`` (target
 kind, networks, targets, counts, seed, and the words of every choice of every decision of its tasks,
@@ -70,7 +70,7 @@ def tasks(kind: str, names: Sequence[str] = TRAIN, exclude: frozenset[str] = fro
     """(network, task) for every layer, target and applicable template; workloads whose key is in
     ``exclude`` (held out) are left out."""
     templates = [t for t in list_templates() if t.kind == kind]
-    generic = next((t for t in templates if t.op == "func"), None)
+    generic = [t for t in templates if t.op == "func"]  # the templates of plain Funcs
     for target in targets(kind):
         for network, op_name, args in workloads(kind, names):
             candidates = [t for t in templates if t.op == op_name]
@@ -86,8 +86,8 @@ def tasks(kind: str, names: Sequence[str] = TRAIN, exclude: frozenset[str] = fro
             for t in candidates:
                 if t.applies is None or t.applies(op, target):
                     yield network, Task(t, first.workload, target, op)
-            if generic is not None:
-                yield network, make_task(op.func, target, generic)
+            for t in generic:
+                yield network, make_task(op.func, target, t)
 
 
 def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 100_000,
@@ -111,7 +111,7 @@ def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 10
             spaces.append((network, task))
         except PolytileError as err:
             skipped.append(f"{task.template.name} on {task.workload.key}: {err}")
-    # the generic template of plain Funcs gets a quarter share: it is the fallback, not the usual case
+    # a template of plain Funcs gets a quarter share: it is the fallback, not the usual case
     weight = [0.25 if t.template.op == "func" else 1.0 for _, t in spaces]
     per_share = size / sum(weight)
     rng = np.random.default_rng(seed)
