@@ -1,4 +1,5 @@
-"""The ``polytile`` command: run and time operators, list them, tune them (and whole models), optimize SASS."""
+"""The ``polytile`` command: run and time operators, list them, tune them (and whole models), train the
+tensor language model, optimize SASS."""
 
 from __future__ import annotations
 
@@ -267,6 +268,8 @@ def _main(argv: Sequence[str] | None) -> int:
                    add_help=False)
     sub.add_parser("tune-model", help="tune a model's workloads for torch.compile (see `polytile tune-model --help`)",
                    add_help=False)
+    sub.add_parser("tlm", help="the tensor language model: corpus, pretrain, finetune, evaluate (see "
+                   "`polytile tlm --help`)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "ops":
@@ -284,6 +287,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)
+        if args.command == "tlm":
+            from .tune.tlm.cli import tlm_main
+            return tlm_main(rest)
         if args.command == "sass-opt":
             from .sass.cli import sass_opt_main
             return sass_opt_main(rest)

@@ -1,5 +1,6 @@
 """The auto-scheduler: search spaces from schedule templates, features, XGBoost cost models,
-simulated annealing, crash-proof measurement and resumable tuning records (``pt.tune``)."""
+simulated annealing, the tensor language model (``tlm``), crash-proof measurement and resumable
+tuning records (``pt.tune``)."""
 
 import sys
 import types
@@ -9,6 +10,7 @@ from .measure import MeasureOptions, Measurer, MeasureResult
 from .model import XGBModel, pairwise_accuracy
 from .records import Record, RecordLog
 from .search import (
+    TUNERS,
     AnalyticalTuner,
     AnalyticalXGBTuner,
     GridTuner,
@@ -20,10 +22,13 @@ from .search import (
 )
 from .space import Config, ConfigSpace, InvalidConfig, Knob, Reorder, Split, Tag, TemplateConfig, TuneError
 from .task import Task, Template, Workload, find_template, list_templates, make_task, template
+from .tlm.tuner import TLMTuner
+
+TUNERS["tlm"] = TLMTuner  # defined in its package, which imports torch only when a model is loaded
 
 __all__ = ["AnalyticalTuner", "AnalyticalXGBTuner", "Config", "ConfigSpace", "GridTuner", "InvalidConfig",
-           "Knob", "MeasureOptions", "MeasureResult",
-           "Measurer", "ModelTuner", "RandomTuner", "Record", "RecordLog", "Reorder", "Split", "Tag", "Task",
+           "Knob", "MeasureOptions", "MeasureResult", "Measurer", "ModelTuner", "RandomTuner", "Record",
+           "RecordLog", "Reorder", "Split", "TLMTuner", "Tag", "Task",
            "Template", "TemplateConfig", "TuneError", "TuneResult", "Tuner", "Workload", "XGBModel", "anneal",
            "apply_best", "find_template", "list_templates", "make_task", "make_tuner", "pairwise_accuracy",
            "template", "tune", "tune_task"]

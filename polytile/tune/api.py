@@ -130,13 +130,15 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
             space = task.space
             m = measurer
             options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
+        if tuner in TUNERS and TUNERS[tuner].needs_task:
+            options["task"] = task
         if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
             space = task.space
             options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
             task.predict([])  # fails now, with the reason, when the template has no model
         search = make_tuner(tuner, task.space, seed, **options)
         if len(history) < trials and owned and cluster is None:
-            _check_device(task, devices)
+            check_device(task, devices)
         _replay(task, search, prior)
         new = 0
         if len(history) < trials:
@@ -269,7 +271,7 @@ def _check_devices(task: Task, devices: Sequence[int] | None, cluster: object) -
                         "leave devices out for a CPU target")
 
 
-def _check_device(task: Task, devices: Sequence[int] | None = None) -> None:
+def check_device(task: Task, devices: Sequence[int] | None = None) -> None:
     """Measuring a GPU target needs a GPU here, and every GPU of ``devices`` must be of the target's model
     (records are per GPU model): say so before the first candidate is built."""
     if task.target.kind != "cuda":
@@ -451,8 +453,8 @@ def pick_winner(task: Task, timed: list[tuple[Record, float]], band: float) -> t
 def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, records: str | Path | None = None,
          tuner: str = "xgb", template: str | None = None, batch_size: int = 8,
          measure: MeasureOptions | None = None, seed: int = 0, progress: bool = True, verify: bool = True,
-         feature: str = "knob", objective: str = "rank", devices: Sequence[int] | None = None,
-         cluster: object = None, **shape: object) -> Any:
+         feature: str = "knob", objective: str = "rank", model: object = None, temperature: float = 1.0,
+         top_k: int = 0, devices: Sequence[int] | None = None, cluster: object = None, **shape: object) -> Any:
     """Tune an operator and return its fastest kernel.
 
     ``op_or_func``: an operator name with its sizes as keywords (``pt.tune("matmul", M=512, N=512,
@@ -462,7 +464,10 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     ``tuner``: "xgb" (cost-model-guided annealing), "random", "grid", "analytical" (measure in the
     order of the template's analytical model) or "analytical+xgboost" (XGBoost pre-trained on the
     analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
-    ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
+    ("rank" or "reg") configure the XGBoost cost model. ``tuner="tlm"`` has each batch written by a
+    tensor language model: ``model`` is its directory (``polytile tlm pretrain``/``finetune``) or
+    "default" (the model shipped for the CPU), sampled at ``temperature`` among the ``top_k``
+    likeliest words (0: all), fine-tuned on the best measurements between batches. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
     ``devices``: the GPUs to measure on at once, e.g. ``[0, 1]`` (one long-lived runner process each;
     all of the target's model). ``cluster``: a Dask distributed scheduler's address
@@ -475,13 +480,24 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     the records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
-    opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
+    opts = tuner_options(tuner, feature=feature, objective=objective, model=model, temperature=temperature,
+                         top_k=top_k)
     result = tune_task(task, trials, records, tuner=tuner, batch_size=batch_size, measure=measure, seed=seed,
                        progress=progress, verify=verify, tuner_options=opts, devices=devices, cluster=cluster)
     if result.kernel is None:
         raise TuneError(no_kernel_report(result, records))
     result.kernel.tune_result = result
     return result.kernel
+
+
+def tuner_options(tuner: str, *, feature: str = "knob", objective: str = "rank", model: object = None,
+                  temperature: float = 1.0, top_k: int = 0) -> dict[str, object]:
+    """The options of ``tune`` that ``tuner`` takes; TuneError for the TLM's options given to another."""
+    if tuner == "tlm":
+        return {"model": model, "temperature": temperature, "top_k": top_k}
+    if model is not None or temperature != 1.0 or top_k != 0:
+        raise TuneError(f"model, temperature and top_k are options of tuner='tlm', not of {tuner!r}")
+    return {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
 
 
 def apply_best(op_or_func: object, records: str | Path, *, target: object = "cpu",

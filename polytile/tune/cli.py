@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
+    p.add_argument("--model", help="--tuner tlm: a model directory (polytile tlm pretrain), or 'default' (CPU)")
+    p.add_argument("--temperature", type=float, default=1.0, help="--tuner tlm: sampling temperature")
+    p.add_argument("--top-k", type=int, default=0, help="--tuner tlm: sample among the k likeliest words")
     p.add_argument("--batch", type=positive_int, default=8,
                    help="candidates the tuner proposes at a time (more as builders free up; default 8)")
     p.add_argument("--template", help="template name (default: the operator's first)")
@@ -78,7 +81,7 @@ def tune_main(argv: list[str]) -> int:
 
 def _tune(args: argparse.Namespace, on_trial: Any) -> int:
     from ..errors import PolytileError
-    from .api import no_kernel_report, tune_task
+    from .api import no_kernel_report, tune_task, tuner_options
     from .measure import MeasureOptions
     from .task import make_task
     try:
@@ -86,8 +89,8 @@ def _tune(args: argparse.Namespace, on_trial: Any) -> int:
             check_plot_path(args.plot, args.records)
         shape = parse_shape(args.op, args.shape)
         task = make_task(args.op, args.target, args.template, **shape)
-        model_tuner = args.tuner in ("xgb", "analytical+xgboost")
-        opts = {"feature": args.feature, "objective": args.objective} if model_tuner else {}
+        opts = tuner_options(args.tuner, feature=args.feature, objective=args.objective, model=args.model,
+                             temperature=args.temperature, top_k=args.top_k)
         with warnings.catch_warnings(record=True) as caught:  # printed below, one line each
             warnings.simplefilter("always")
             measure = MeasureOptions(flush_cache=args.flush_cache, overlap=not args.no_overlap,

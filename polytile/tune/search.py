@@ -82,6 +82,7 @@ class Tuner:
 
     name = "tuner"
     needs_model = False  # whether it takes ``predict``, the template's analytical model
+    needs_task = False  # whether it takes ``task`` (the tensor language model writes the task's prompt)
 
     def __init__(self, space: ConfigSpace, seed: int = 0):
         self.space = space
@@ -363,8 +364,9 @@ TUNERS: dict[str, type[Tuner]] = {"xgb": ModelTuner, "random": RandomTuner, "gri
 
 def make_tuner(kind: str, space: ConfigSpace, seed: int = 0, **options: object) -> Tuner:
     """A tuner by name: "xgb" (model-guided annealing), "random", "grid", "analytical" (the analytical
-    model's ranking) or "analytical+xgboost" (XGBoost pre-trained on the analytical model); the last
-    two take ``predict`` (digit rows -> predicted seconds)."""
+    model's ranking), "analytical+xgboost" (XGBoost pre-trained on the analytical model) — these two
+    take ``predict`` (digit rows -> predicted seconds) — or "tlm" (the tensor language model, registered
+    by ``polytile.tune.tlm``; takes ``task`` and ``model``)."""
     if kind not in TUNERS:
         raise TuneError(f"unknown tuner {kind!r}; use one of {', '.join(TUNERS)}")
     if TUNERS[kind].needs_model and options.get("predict") is None:
