@@ -7,6 +7,7 @@ Reads redirected to caches are rewritten here, with the offsets isl computed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from .. import dtypes
@@ -31,7 +32,11 @@ def aexpr(e: AExpr, env: Mapping[str, ir.Expr]) -> ir.Expr:
     if e.op == "id":
         return env.get(e.name, ir.Var(e.name))
     args = [aexpr(a, env) for a in e.args]
+    if e.op in ("add", "mul", "min", "max"):  # isl's associative operations may have any number of operands
+        return functools.reduce(lambda x, y: ir.BinOp(_AOPS[e.op], x, y), args)
     if e.op in _AOPS:
+        if len(args) != 2:
+            raise LoweringError(f"unexpected {len(args)}-operand integer operation {e.op}")
         return ir.BinOp(_AOPS[e.op], args[0], args[1])
     if e.op == "neg":
         return ir.BinOp("-", ir.Const(0, dtypes.INDEX), args[0])
