@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from .. import dtypes
 from ..errors import LoweringError
 from ..lang import expr as lx
+from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
 from ..poly.astgen import Binding
 from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
@@ -271,9 +272,17 @@ class IRBuilder:
         names.discard(None)
         if len(names) == 1:
             name = names.pop().replace(".", "_")  # type: ignore[union-attr]
-            if name not in scope and name not in self.reserved and name.isidentifier():
+            if self.usable(name, scope):
                 return name
-        return n.iterator
+        name = n.iterator
+        while not self.usable(name, scope):
+            name += "_"
+        return name
+
+    def usable(self, name: str, scope: list[str]) -> bool:
+        """Whether a loop variable can be called ``name`` in generated code (not a C++ keyword or a
+        reserved name, not an enclosing loop's, a tensor's or a parameter's)."""
+        return name not in scope and name not in self.reserved and reserved_reason(name) is None
 
     def loop_kind(self, n: AstFor, users: set[str]) -> str:
         copies = [self.plan.statements[u] for u in users
