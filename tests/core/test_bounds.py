@@ -3,7 +3,6 @@ several pieces, data-dependent (CSR) reduction ranges under loop primitives, emp
 zero-size tensors."""
 
 import numpy as np
-import pytest
 
 import polytile as pt
 
