@@ -109,12 +109,12 @@ class CLikePrinter:
                 b = self.broadcast(b, self.compute_type(e.b.dtype), lanes)
         if e.op in ("min", "max"):
             return self.minmax(e.op, a, b, e)
-        if e.op == "//":
+        if e.op in ("//", "%"):
             if e.dtype.is_float:
-                raise LoweringError("floor division of floats")
-            return f"pt_floordiv({a}, {b})"
-        if e.op == "%":
-            return f"pt_floormod({a}, {b})"
+                raise LoweringError("floor division or modulo of floats")
+            # a constant divisor other than 0 and -1 needs none of the checks of the total forms
+            fast = "_nz" if _constant_value(e.b) not in (None, 0, -1) else ""
+            return f"pt_{'floordiv' if e.op == '//' else 'floormod'}{fast}({a}, {b})"
         if e.op == "div":  # proven non-negative operands: C's division is floor division
             return f"({a} / {b})"
         if e.op == "mod":
@@ -277,3 +277,10 @@ class CLikePrinter:
     # --- buffers --------------------------------------------------------------------------------
     def buffer_elems(self, buf: ir.Buffer) -> str:
         return " * ".join(f"({self.expr(d)})" for d in buf.shape) or "1"
+
+
+def _constant_value(e: ir.Expr) -> int | float | bool | None:
+    """The value of a constant (or of a broadcast constant), else None."""
+    if isinstance(e, ir.Broadcast):
+        e = e.value
+    return e.value if isinstance(e, ir.Const) else None

@@ -28,11 +28,24 @@ template <typename A, typename B> __device__ __forceinline__ auto pt_min(A a, B 
 template <typename A, typename B> __device__ __forceinline__ auto pt_max(A a, B b) -> decltype(a + b) {
   return a > b ? (decltype(a + b))a : (decltype(a + b))b;
 }
-template <typename A, typename B> __device__ __forceinline__ auto pt_floordiv(A a, B b) -> decltype(a + b) {
+// integer floor division and modulo by a divisor known to be a constant other than 0 and -1
+template <typename A, typename B> __device__ __forceinline__ auto pt_floordiv_nz(A a, B b) -> decltype(a + b) {
   decltype(a + b) q = a / b; return ((a % b) != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-template <typename A, typename B> __device__ __forceinline__ auto pt_floormod(A a, B b) -> decltype(a + b) {
+template <typename A, typename B> __device__ __forceinline__ auto pt_floormod_nz(A a, B b) -> decltype(a + b) {
   decltype(a + b) r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// any divisor, NumPy's rule: x // 0 == 0, x % 0 == 0, MIN // -1 == MIN (wraps), MIN % -1 == 0
+template <typename A, typename B> __device__ __forceinline__ auto pt_floordiv(A a, B b) -> decltype(a + b) {
+  typedef decltype(a + b) T;
+  if (b == 0) return 0;
+  if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ULL - (unsigned long long)a);
+  return pt_floordiv_nz(a, b);
+}
+template <typename A, typename B> __device__ __forceinline__ auto pt_floormod(A a, B b) -> decltype(a + b) {
+  typedef decltype(a + b) T;
+  if (b == 0 || ((T)-1 < (T)0 && b == (T)-1)) return 0;
+  return pt_floormod_nz(a, b);
 }
 template <typename T> __device__ __forceinline__ T pt_iabs(T a) { return a < 0 ? -a : a; }
 template <typename T> __device__ __forceinline__ T pt_inf() { return (T)INFINITY; }
