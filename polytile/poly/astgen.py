@@ -158,6 +158,8 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     ``dyn_constraints``: isl constraints over each parameter that hold for every value (declared value
     ranges and monotonicity).
     """
+    if not items:
+        return AstBlock(()), []
     by_name = {it.stmt.name: it for it in items}
     bindings: list[Binding] = []
     depth_of: dict[str, int] = {}

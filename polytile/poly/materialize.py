@@ -7,7 +7,7 @@ Returns a ``Plan`` made of plain data: the AST and, per statement, what the loop
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
@@ -54,7 +54,13 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
                 caches: list[CacheRequest], full_loops: Mapping[str, set[str]] | None = None) -> Plan:
     """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
     must be full there (those to unroll or vectorize; all inner loops when not given)."""
-    width = program.width(scheds)
+    # statements that never run get no code (isl cannot schedule or measure empty sets), nor do
+    # caches serving only them
+    live = {name for name in scheds if program.runs(name)}
+    scheds = {name: s for name, s in scheds.items() if name in live}
+    caches = [replace(r, also=tuple(o for o in r.also if o in live)) for r in caches if r.consumer in live]
+    separate = {name: loops for name, loops in separate.items() if name in live}
+    width = program.width(scheds) if scheds else 1
     for req in caches:  # copy statements: prefix, a static slot, then two dimensions per buffer dimension
         m = 0 if req.level is None else 2 * (req.level + 1)
         ndim = program.func.tensor(req.tensor).ndim

@@ -202,6 +202,11 @@ class PolyProgram:
                                 .set_tuple_id(dom.get_tuple_id()))
         return box.is_equal(dom)
 
+    def runs(self, stmt: str) -> bool:
+        """Whether some instance of ``stmt`` runs, for some parameter values (a where= that never
+        holds, a zero-size tensor or an empty reduction range leave a statement that never runs)."""
+        return not self.statements[stmt].domain.intersect_params(self.context).is_empty()
+
     def domain_of(self, stmt: str) -> isl.Set:
         return self.statements[stmt].domain
 

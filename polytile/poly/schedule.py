@@ -86,7 +86,7 @@ class LoopSchedule:
         p, q = self.index(outer), self.index(inner)
         if q != p + 1:
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must be directly inside {outer}")
-        lo, hi = self.loop_range(q, domain)
+        lo, hi = (0, 0) if domain.is_empty() else self.loop_range(q, domain)  # no iteration: any extent
         if lo != 0 or hi is None:
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must run over 0..E-1 with a constant E "
                                 f"for every value of {outer} (it runs from {lo} to {hi})")

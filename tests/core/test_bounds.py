@@ -3,6 +3,7 @@ several pieces, data-dependent (CSR) reduction ranges under loop primitives, emp
 zero-size tensors."""
 
 import numpy as np
+import pytest
 
 import polytile as pt
 
@@ -34,3 +35,63 @@ def test_skewed_tiled_matmul_bounds(rng):
     x = rng.integers(-50, 50, size=(M, K)).astype(np.int32)
     y = rng.integers(-50, 50, size=(K, N)).astype(np.int32)
     np.testing.assert_array_equal(pt.build(s)(x, y), x @ y)
+
+
+EMPTY_SCHEDULES = {
+    "default": lambda s, T: None,
+    "cache_write": lambda s, T: s[T].cache_write(None),
+    "split_parallel": lambda s, T: s[T].split("i", 2).parallel("io"),
+    "fuse": lambda s, T: s[T].fuse("i", "j"),
+    "tile_cache_write": lambda s, T: s[T].tile("i", "j", 2, 2).cache_write("io"),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(EMPTY_SCHEDULES))
+def test_where_that_never_holds_computes_nothing(schedule, rng):
+    A = pt.placeholder((3, 4), "float32", "A")
+    T = pt.compute((3, 4), lambda i, j: A[i, j] * 2.0, "T", where=lambda i, j: i + j > 9)
+    s = pt.create_schedule(pt.Func([A], [T]))
+    EMPTY_SCHEDULES[schedule](s, T)
+    kern = pt.build(s)
+    np.testing.assert_array_equal(kern(rng.standard_normal((3, 4)).astype("float32")), np.zeros((3, 4)))
+    out = rng.standard_normal((3, 4)).astype("float32")
+    before = out.copy()
+    kern(rng.standard_normal((3, 4)).astype("float32"), out)
+    np.testing.assert_array_equal(out, before)  # no point is written
+
+
+@pytest.mark.parametrize("schedule", sorted(EMPTY_SCHEDULES))
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0), (0, 0)])
+def test_zero_size_tensors(shape, schedule, rng):
+    A = pt.placeholder(shape, "float32", "A")
+    T = pt.compute(shape, lambda i, j: A[i, j] * 2.0 + 1.0, "T")
+    k = pt.reduce_axis(shape[1], "k")
+    U = pt.compute((shape[0],), lambda i: pt.sum(T[i, k], axis=k), "U")
+    V = pt.compute(shape, lambda i, j: T[i, j] - U[i], "V")
+    s = pt.create_schedule(pt.Func([A], [U, V]))
+    EMPTY_SCHEDULES[schedule](s, T)
+    a = rng.standard_normal(shape).astype("float32")
+    u, v = pt.build(s)(a)
+    t = a * 2 + 1
+    assert u.shape == (shape[0],) and v.shape == shape
+    np.testing.assert_allclose(u, t.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(v, t - t.sum(1)[:, None], rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,identity", [("sum", 0.0), ("prod", 1.0), ("max", -np.inf), ("min", np.inf)])
+def test_reductions_empty_everywhere_give_the_identity(op, identity, rng):
+    A = pt.placeholder((4, 6), "float32", "A")
+    B = pt.placeholder((4, 0), "float32", "B")
+
+    def triangle(i, j):
+        k = pt.reduce_axis((0, j), "k")  # k < j and k >= j: empty for every (i, j)
+        return getattr(pt, op)(A[i, k], axis=k, where=k >= j)
+
+    T = pt.compute((4, 6), triangle, "T")
+    kz = pt.reduce_axis(0, "kz")
+    Z = pt.compute((4,), lambda i: getattr(pt, op)(B[i, kz], axis=kz), "Z")
+    s = pt.create_schedule(pt.Func([A, B], [T, Z]))
+    s[T].split("j", 4)
+    t, z = pt.build(s)(rng.standard_normal((4, 6)).astype("float32"), np.zeros((4, 0), "float32"))
+    np.testing.assert_array_equal(t, np.full((4, 6), identity, "float32"))
+    np.testing.assert_array_equal(z, np.full(4, identity, "float32"))
