@@ -15,7 +15,6 @@ from ..errors import LoweringError
 from ..lang import expr as lx
 from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
-from ..poly.astgen import Binding
 from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
 from ..poly.cache import CacheRewrite
 from ..poly.materialize import Plan, StmtPlan
@@ -130,12 +129,12 @@ class IRBuilder:
         self.buffers = buffers
         self.tags = tags
         self.dyn_exprs = dyn_exprs
-        self.bindings = {b.name: b for b in plan.bindings}
+        self.bindings = plan.bindings
         self.reserved = reserved
         self.cache_levels = {c.name: c for c in plan.caches}
 
     def build(self) -> ir.Stmt:
-        return self.node(self.plan.ast, {}, [])
+        return self.bind(0, _users(self.plan.ast), {}, self.node(self.plan.ast, {}, []))
 
     # --- nodes ------------------------------------------------------------------------------------
     def node(self, n: AstNode, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
@@ -148,8 +147,6 @@ class IRBuilder:
             orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
             return ir.If(aexpr(n.cond, env), then, orelse)
         if isinstance(n, AstUser):
-            if n.stmt in self.bindings:
-                return ir.Block(())
             return self.user(n, env)
         if isinstance(n, AstMark):
             return self.node(n.body, env, scope)
@@ -158,16 +155,12 @@ class IRBuilder:
     def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str],
               opened: frozenset[str] = frozenset()) -> ir.Stmt:
         """``opened``: buffers whose scope an enclosing statement already opened."""
-        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
+        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning
         out: list[ir.Stmt] = []
         k = 0
         while k < len(nodes):
             n = nodes[k]
             plan = self.plan.statements.get(n.stmt) if isinstance(n, AstUser) else None
-            if isinstance(n, AstUser) and n.stmt in self.bindings:
-                rest = self.block(nodes[k + 1:], env, scope, opened)
-                out.append(self.bind(self.bindings[n.stmt], n, env, rest))
-                break
             if plan is not None and plan.kind == "alloc" and plan.owner not in opened:
                 end, owners = self._scope_end(nodes, k, plan.owner, opened)
                 inner = self.block(nodes[k + 1:end], env, scope, opened | owners)
@@ -212,18 +205,23 @@ class IRBuilder:
             j += 1
         return end, frozenset(owners)
 
-    def bind(self, b: Binding, n: AstUser, env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
-        comp = self.computations[b.owner]
-        args = [aexpr(a, env) for a in n.args]
-        src_vals = dict(zip(b.sources, args[b.prefix_len:]))
-        axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
-        conv = ExprConverter(self.buffers, [], {})
-        var_env = {id(axes[name]): v for name, v in src_vals.items()}
-        out = body
-        for p in reversed(b.params):
-            value = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
-            out = ir.LetStmt(ir.Var(p), value, out)
-        return out
+    def bind(self, depth: int, users: set[str], env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
+        """``body`` inside the loads of the data-dependent bounds bound at schedule depth ``depth``
+        (``body`` runs inside the loop completing that prefix) that its statements use."""
+        for b in self.bindings:
+            if b.prefix_len != depth or not b.users & users:
+                continue
+            comp = self.computations[b.owner]
+            axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
+            var_env = {id(axes[name]): aexpr(v, env) for name, v in zip(b.sources, b.values)}
+            conv = ExprConverter(self.buffers, [], {})
+            guard = aexpr(b.guard, env)
+            for p in reversed(b.params):
+                value: ir.Expr = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+                if not ir.is_const(guard, 1):  # only where the computation has instances: loads in bounds
+                    value = ir.Select(guard, value, ir.const(0))
+                body = ir.LetStmt(ir.Var(p), value, body)
+        return body
 
     def loop(self, n: AstFor, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
         lo = aexpr(n.init, env)
@@ -233,11 +231,11 @@ class IRBuilder:
         if n.degenerate and not kind.startswith(("blockIdx", "threadIdx")):
             env2 = dict(env)
             env2[n.iterator] = lo
-            return self.node(n.body, env2, scope)
+            return self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope))
         if n.degenerate:  # a bound loop of one iteration is still a grid or block dimension
             var = ir.Var(name)
             env2 = dict(env, **{n.iterator: var, f"@d{n.dim}": var})
-            body = self.node(n.body, env2, scope + [name])
+            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
             return ir.For(var, lo, ir.const(1), body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         cond = n.cond
         if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
@@ -249,11 +247,11 @@ class IRBuilder:
         if n.step == 1:
             env2[n.iterator] = var
             env2[f"@d{n.dim}"] = var
-            body = self.node(n.body, env2, scope + [name])
+            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
             loop = ir.For(var, lo, extent, body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         else:
             env2[n.iterator] = ir.BinOp("+", lo, ir.BinOp("*", var, ir.const(n.step)))
-            body = self.node(n.body, env2, scope + [name])
+            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
             trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
             if kind.startswith(("blockIdx", "threadIdx")):
                 raise LoweringError(f"loop {name} is bound to {kind} but steps by {n.step}; bind a loop of step 1")

@@ -2,9 +2,10 @@
 
 Data-dependent bounds are handled with schedule-tree *context* nodes (as PPCG does for thread
 identifiers): a dynamic parameter is introduced just below the loops that fix the iterators it
-reads, so loops outside never see it and nothing reads the bound arrays out of place. A *binding
-statement* ``_bindN`` placed first under that node gives the code generator the spot (and the
-iterator values) where the parameters are loaded.
+reads, so loops outside never see it. A ``Binding`` tells the code generator where the parameters
+are loaded (at the top of the body of the loop completing that prefix), the iterators' values as
+functions of the enclosing loops, and the condition under which the loads stay inside the arrays
+(the prefix values at which the computation has instances).
 """
 
 from __future__ import annotations
@@ -92,13 +93,18 @@ class Scheduled:
 
 @dataclass
 class Binding:
-    """``_bindN`` loads ``params`` of computation ``owner``; its domain is (prefix…, ``sources``…)."""
+    """``params`` of computation ``owner`` are loaded inside the loop of schedule dimension
+    ``prefix_len - 1`` (at the top of the function when 0) wherever it holds one of ``users``; the
+    iterators ``sources`` they read are ``values`` there (expressions of the loop iterators
+    ``c0``, ``c1``, …), and the loads are safe where ``guard`` holds."""
 
-    name: str
     owner: str
     params: list[str]
     prefix_len: int
     sources: list[str]
+    values: list[AExpr]
+    guard: AExpr
+    users: frozenset[str]
 
 
 def dim_range(context: isl.Set, items: list[Scheduled], d: int, constant: bool = False) -> tuple[AExpr, AExpr]:
@@ -167,25 +173,22 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
         it = by_name.get(owner)
         if it is None:
             continue
-        m = binding_depth(it, dyn_sources[pname])
-        depth_of[pname] = m
+        depth_of[pname] = binding_depth(it, dyn_sources[pname])
     groups: dict[tuple[str, int], list[str]] = {}
     for pname, m in depth_of.items():
         groups.setdefault((dyn_owner[pname], m), []).append(pname)
-    extra: list[Scheduled] = []
     for (owner, m), pnames in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         it = by_name[owner]
         sources = sorted({s for p in pnames for s in dyn_sources[p]}, key=it.stmt.dims.index)
-        bname = f"_bind{len(bindings)}"
-        bindings.append(Binding(bname, owner, sorted(pnames), m, sources))
-        extra.append(_binding_statement(bname, it, m, sources, width))
-    all_items = items + extra
+        users = frozenset(x.stmt.name for x in items
+                          if any(x.stmt.domain.find_dim_by_name(isl.dim_type.param, p) >= 0 for p in pnames))
+        values, guard = _binding_exprs(it, m, sources, context)
+        bindings.append(Binding(owner, sorted(pnames), m, sources, values, guard, users))
     dyn_all = sorted(depth_of)
 
-    domain = _union_set([project_out_params(it.stmt.domain, dyn_all) for it in items]
-                        + [b.stmt.domain for b in extra])
+    domain = _union_set([project_out_params(it.stmt.domain, dyn_all) for it in items])
     sched = None
-    for it in all_items:
+    for it in items:
         smap = project_out_params(it.schedule, dyn_all)
         u = isl.UnionMap.from_map(smap.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
         sched = u if sched is None else sched.union(u)
@@ -204,8 +207,7 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
         deeper = [p for p in dyn_all if depth_of[p] > m]
         node = node.insert_context(_context_set(context, params_here, dyn_constraints, m))
         node = node.child(0)
-        filt = _union_set([project_out_params(it.stmt.domain, deeper) for it in items]
-                          + [b.stmt.domain for b in extra])
+        filt = _union_set([project_out_params(it.stmt.domain, deeper) for it in items])
         node = node.insert_filter(filt)
         node = node.child(0)
         start = m
@@ -312,29 +314,33 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
     raise LoweringError(f"statement {stmt.name}: the schedule does not fix {', '.join(sources)}")
 
 
-def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
-    """The loads of the bounds happen wherever the loops fixing ``sources`` run, whether or not the
-    data-dependent range is empty there: constraints on the other dimensions are dropped, not
-    projected (a projection would add conditions such as "some element exists")."""
+def _binding_exprs(it: Scheduled, m: int, sources: list[str], context: isl.Set) -> tuple[list[AExpr], AExpr]:
+    """The iterators ``sources`` of ``it`` as functions of its loops in the schedule prefix of length
+    ``m`` (named c1, c3, …: the static dimensions are constants there), and the condition that the
+    prefix holds an instance of ``it`` (over every value of the data-dependent bounds)."""
     stmt = it.stmt
     dom = stmt.over_domain()
-    for k, d in enumerate(stmt.dims):
-        if d not in sources:
-            dom = dom.drop_constraints_involving_dims(isl.dim_type.set, k, 1)
-    sched = it.schedule.intersect_domain(dom)
-    n_out = sched.dim(isl.dim_type.out)
-    prefix = sched.project_out(isl.dim_type.out, m, n_out - m)  # instance -> prefix
-    # instance -> [prefix, sources]
-    src_idx = [stmt.dims.index(s) for s in sources]
-    n_dims = len(stmt.dims)
-    pick = isl.Map(f"{{ [{', '.join(f'x{k}' for k in range(n_dims))}] -> "
-                   f"[{', '.join(f'x{k}' for k in src_idx)}] }}")
-    pick = pick.set_tuple_name(isl.dim_type.in_, stmt.name)
-    both = prefix.range_product(pick.intersect_domain(dom))
-    bdom = both.range().flatten().set_tuple_name(name)
-    ps = [f"p{k}" for k in range(m)]
-    ss = [f"s{k}" for k in range(len(sources))]
-    outs = ps + ["-1"] + ["0"] * (width - m - 1)
-    bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
-    bstmt = Statement(name, ps + ss, bdom)
-    return Scheduled(bstmt, bs.intersect_domain(bdom))
+    n_out = it.schedule.dim(isl.dim_type.out)
+    prefix = it.schedule.intersect_domain(dom).project_out(isl.dim_type.out, m, n_out - m)
+    keep = [stmt.dims.index(s) for s in sources]
+    inv = prefix.reverse()  # prefix -> instance
+    for k in reversed(range(len(stmt.dims))):
+        if k not in keep:
+            inv = inv.project_out(isl.dim_type.out, k, 1)
+    for d in reversed(range(0, m, 2)):  # static dimensions: constants of this statement
+        inv = inv.project_out(isl.dim_type.in_, d, 1)
+    names = [f"c{d}" for d in range(1, m, 2)]
+    inv = inv.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+    pma = isl.PwMultiAff.from_map(inv.coalesce())
+    values = [pw_aff_expr(pma.get_pw_aff(k).coalesce(), names, context) for k in range(len(sources))]
+    return values, set_expr(inv.domain().coalesce(), names, context)
+
+
+def set_expr(s: isl.Set, in_names: list[str], context: isl.Set) -> AExpr:
+    """The condition that a point of named dimensions (and the parameters) lies in ``s``."""
+    n = s.dim(isl.dim_type.set)
+    for k, name in enumerate(in_names[:n]):
+        s = s.set_dim_id(isl.dim_type.set, k, isl.Id(name))
+    moved = s.move_dims(isl.dim_type.param, s.dim(isl.dim_type.param), isl.dim_type.set, 0, n)
+    build = isl.AstBuild.from_context(isl.Set.universe(moved.get_space()).intersect_params(context))
+    return convert_expr(build.expr_from_set(moved))

@@ -14,8 +14,10 @@ import islpy as isl
 from ..errors import LanguageError, ScheduleError
 from ..lang.expr import Expr, Load
 from ..lang.func import Func
+from ..lang.printer import expr_str
 from ..lang.tensor import ComputeTensor, Placeholder
 from .affine import DynParams, NotAffine, affine
+from .astgen import Scheduled, binding_depth
 from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
 from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
 from .schedule import LoopSchedule, full_map
@@ -185,6 +187,30 @@ class PolyProgram:
         inside = {n for n, sc in scheds.items() if sc.statics[:(dim + 1) // 2] == mine}
         return carried_violation(self.dependences(original), self.full_maps(scheds, w), dim, w, reduction_of,
                                  inside)
+
+    def unbounded_loop(self, scheds: Mapping[str, StageSchedule]) -> str | None:
+        """Why the AST cannot scan a statement under ``scheds`` (None when it can): a loop placed
+        outside the loops that fix the iterators a data-dependent bound reads runs over every value
+        of that bound, which needs a declared range (``value_range``) to be finite."""
+        maps = self.full_maps(scheds)
+        sources = self.dyn_sources()
+        for name, st in self.statements.items():
+            if not st.dyn_params or name not in maps:
+                continue
+            loops = scheds[name].loops
+            image = st.over_domain().apply(maps[name]).intersect_params(self.context)
+            for p in st.dyn_params:
+                m = binding_depth(Scheduled(st, maps[name]), sources[p])
+                for d in range(1, m, 2):
+                    dim = image.project_out(isl.dim_type.set, d + 1, image.dim(isl.dim_type.set) - d - 1) \
+                        .project_out(isl.dim_type.set, 0, d)
+                    if not dim.is_bounded():
+                        fixed = loops.names[(m - 1) // 2]
+                        return (f"loop {loops.names[(d - 1) // 2]} of {self.owner_of[name]} runs outside loop {fixed}, "
+                                f"which fixes the data-dependent bound {expr_str(self.dyn.exprs[p])}, and has no "
+                                "bounded range there: declare value_range on the index array, or keep the loop "
+                                f"inside {fixed}")
+        return None
 
     def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
         return loops.loop_range(pos, self.statements[stmt].over_domain())

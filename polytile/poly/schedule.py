@@ -88,8 +88,9 @@ class LoopSchedule:
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must be directly inside {outer}")
         lo, hi = (0, 0) if domain.is_empty() else self.loop_range(q, domain)  # no iteration: any extent
         if lo != 0 or hi is None:
+            runs = f"it runs from {lo} to {hi}" if lo is not None and hi is not None else "its bounds vary"
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must run over 0..E-1 with a constant E "
-                                f"for every value of {outer} (it runs from {lo} to {hi})")
+                                f"for every value of {outer} ({runs})")
         taken = set(self.names) - {outer, inner}
         f = self._fresh(name, f"{outer}{inner}", taken)
         xs = _xs(len(self.names))
@@ -153,9 +154,11 @@ class LoopSchedule:
     def loop_range(self, pos: int, domain: isl.Set) -> tuple[int | None, int | None]:
         """The constant bounds of loop ``pos`` over all iterations (None where not constant)."""
         image = domain.apply(self.rel)
-        lo = image.dim_min(pos)
-        hi = image.dim_max(pos)
-        return _const_of(lo), _const_of(hi)
+        n = image.dim(isl.dim_type.set)
+        if not image.project_out(isl.dim_type.set, pos + 1, n - pos - 1).project_out(
+                isl.dim_type.set, 0, pos).is_bounded():
+            return None, None  # a data-dependent range without declared bounds
+        return _const_of(image.dim_min(pos)), _const_of(image.dim_max(pos))
 
     def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
         """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""

@@ -173,6 +173,9 @@ class Schedule:
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
+        unbounded = self.program.unbounded_loop(scheds)
+        if unbounded is not None:
+            raise ScheduleError(unbounded)
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:

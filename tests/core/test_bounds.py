@@ -95,3 +95,97 @@ def test_reductions_empty_everywhere_give_the_identity(op, identity, rng):
     t, z = pt.build(s)(rng.standard_normal((4, 6)).astype("float32"), np.zeros((4, 0), "float32"))
     np.testing.assert_array_equal(t, np.full((4, 6), identity, "float32"))
     np.testing.assert_array_equal(z, np.full(4, identity, "float32"))
+
+
+def csr_program(rows, cols, nnz, where):
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    A = pt.placeholder((nnz, cols), "float32", "A")
+
+    def seg(i, j):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(A[k, j], axis=k, where=(k <= 3 * i) if where else None)
+
+    T = pt.compute((rows, cols), seg, "T")
+    return pt.create_schedule(pt.Func([offs, A], [T])), T
+
+
+def csr_reference(o, a, where):
+    out = np.zeros((len(o) - 1, a.shape[1]), np.float64)
+    for i in range(len(o) - 1):
+        for k in range(o[i], o[i + 1]):
+            if not where or k <= 3 * i:
+                out[i] += a[k]
+    return out
+
+
+CSR_SCHEDULES = {
+    "default": lambda s, T: None,
+    "reorder_ji": lambda s, T: s[T].reorder("j", "i"),
+    "fuse_ij": lambda s, T: s[T].fuse("i", "j"),
+    "tile": lambda s, T: s[T].tile("i", "j", 2, 2),
+    "hoist_k": lambda s, T: s[T].reorder("k", "i"),  # k runs over the declared value range, guarded
+    "fuse_ik": lambda s, T: s[T].reorder("i", "k", "j").fuse("i", "k"),
+    "split_k_separate": lambda s, T: s[T].split("k", 2).separate("ko"),
+    "skew_shift_reverse": lambda s, T: s[T].skew("i", "j", 1).shift("i", 2).reverse("j"),
+    "parallel_vectorize": lambda s, T: s[T].parallel("i").reorder("i", "k", "j").vectorize("j"),
+    "tile_cache": lambda s, T: s[T].tile("i", "j", 2, 2).cache_identity("A", "ji"),
+}
+
+
+@pytest.mark.parametrize("where", [False, True], ids=["plain", "where"])
+@pytest.mark.parametrize("schedule", sorted(CSR_SCHEDULES))
+def test_data_dependent_bounds_under_loop_primitives(schedule, where, rng):
+    rows, cols, nnz = 7, 5, 23
+    s, T = csr_program(rows, cols, nnz, where)
+    CSR_SCHEDULES[schedule](s, T)
+    lens = rng.integers(0, 7, size=rows)
+    lens[2] = 0
+    lens = np.minimum(lens, nnz - np.concatenate([[0], np.cumsum(lens)[:-1]]).clip(max=nnz))
+    o = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    a = rng.standard_normal((nnz, cols)).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(o, a), csr_reference(o, a, where), rtol=1e-5, atol=1e-5)
+
+
+def test_loop_outside_an_undeclared_data_dependent_bound_is_refused(rng):
+    offs = pt.placeholder((5,), "int32", "offs")  # no value_range: k is unbounded outside i
+    X = pt.placeholder((4,), "float32", "X")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(X[i], axis=k)
+
+    T = pt.compute((4,), seg, "T")
+    s = pt.create_schedule(pt.Func([offs, X], [T]))
+    with pytest.raises(pt.ScheduleError, match=r"loop k of T runs outside loop i, .* offs\[i\].* value_range"):
+        s[T].reorder("k", "i")
+    with pytest.raises(pt.ScheduleError, match=r"fuse of T: loop k .* \(its bounds vary\)"):
+        s[T].fuse("i", "k")
+    s[T].split("k", 2)
+    with pytest.raises(pt.ScheduleError, match="loop ko of T runs outside loop i"):
+        s[T].reorder("ko", "i")
+    assert s[T].loops == ["i", "ko", "ki"]
+    o = np.array([0, 3, 3, 4, 9], np.int32)
+    x = rng.standard_normal(4).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(o, x), x * np.diff(o), rtol=1e-5)
+
+
+def test_data_dependent_computation_fused_with_a_shifted_producer(rng):
+    # the bounds are loaded in the fused loop, where the producer runs one iteration ahead
+    offs = pt.placeholder((5,), "int32", "offs", value_range=(0, 6), monotonic=True)
+    C = pt.placeholder((6,), "float32", "C")
+    A = pt.placeholder((4,), "float32", "A")
+    T = pt.compute((4,), lambda i: A[i] * 2.0, "T")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(C[k] * T[i], axis=k)
+
+    U = pt.compute((4,), seg, "U")
+    s = pt.create_schedule(pt.Func([offs, C, A], [U]))
+    s[T].shift("i", -1)
+    s[U].after(s[T], "i")
+    o = np.array([0, 1, 3, 3, 6], np.int32)
+    c = rng.standard_normal(6).astype("float32")
+    a = rng.standard_normal(4).astype("float32")
+    want = np.array([c[o[i]:o[i + 1]].sum() * a[i] * 2 for i in range(4)])
+    np.testing.assert_allclose(pt.build(s)(o, c, a), want, rtol=1e-5, atol=1e-6)
