@@ -16,6 +16,7 @@ import islpy as isl
 
 from ..errors import LoweringError
 from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint
+from .limits import isl_budget
 from .model import Statement, header, project_out_params
 
 _OPS = {
@@ -166,6 +167,13 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     """
     if not items:
         return AstBlock(()), []
+    with isl_budget(LoweringError, "the schedule"):
+        return _generate(context, items, dyn_owner, dyn_sources, dyn_constraints, isolate, width)
+
+
+def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str],
+              dyn_sources: dict[str, list[str]], dyn_constraints: dict[str, list[str]],
+              isolate: list[isl.Set], width: int) -> tuple[AstNode, list[Binding]]:
     by_name = {it.stmt.name: it for it in items}
     bindings: list[Binding] = []
     depth_of: dict[str, int] = {}

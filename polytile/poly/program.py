@@ -126,7 +126,7 @@ class PolyProgram:
     # --- schedules ------------------------------------------------------------------------------
     def identity_loops(self, stmt: str) -> LoopSchedule:
         st = self.statements[stmt]
-        return LoopSchedule.identity(self.owner_of[stmt], stmt, st.dims)
+        return LoopSchedule.identity(self.owner_of[stmt], stmt, st.dims, st.over_domain())
 
     def init_schedule(self, comp: str, update: StageSchedule) -> StageSchedule:
         """The initialization of a reduction, placed just before the first loop that runs over a
@@ -141,19 +141,13 @@ class PolyProgram:
         for k in keep:
             if k > q and loops.depends_on(k, upd.reduce_dims):
                 raise ScheduleError(f"computation {comp}: loop {loops.names[k]} mixes reduction and data axes")
-        rel = loops.rel
-        drop_out = [k for k in range(n) if k not in keep]
-        for k in reversed(drop_out):
-            rel = rel.project_out(isl.dim_type.out, k, 1)
-        red_pos = [upd.dims.index(d) for d in upd.reduce_dims]
-        for k in sorted(red_pos, reverse=True):
-            rel = rel.project_out(isl.dim_type.in_, k, 1)
-        rel = rel.set_tuple_name(isl.dim_type.in_, init.name).intersect_domain(init.domain)
-        if not rel.is_single_valued():
+        rel = _init_loops(loops.rel, keep, [upd.dims.index(d) for d in upd.reduce_dims], upd.over_domain(),
+                          init.name, init.domain)
+        if rel is None:
             raise ScheduleError(f"computation {comp}: its initialization cannot follow the loops "
                                 f"{', '.join(loops.names)}; keep reduction loops apart from data loops")
         names = [loops.names[k] for k in keep]
-        init_loops = LoopSchedule(comp, init.dims, rel, names)
+        init_loops = LoopSchedule(comp, init.dims, rel, names, init.over_domain())
         statics = list(update.statics[:q + 1])
         statics[q] -= 1
         statics += [update.statics[-1]] * (len(names) + 1 - len(statics))
@@ -235,6 +229,32 @@ class PolyProgram:
 
     def domain_of(self, stmt: str) -> isl.Set:
         return self.statements[stmt].domain
+
+
+def _init_loops(rel: isl.Map, keep: list[int], reduce_pos: list[int], domain: isl.Set, init: str,
+                init_domain: isl.Set) -> isl.Map | None:
+    """The update's loops ``keep`` (those that do not vary with the reduction on its domain) as a
+    function of the data dimensions, over every instance of the initialization: projected from the
+    loops over every integer point where that is a function; else from the update's instances,
+    extended to the elements whose reduction range is empty (isl's gist drops the conditions that
+    only say "the range is not empty"). None when neither gives one placement per element."""
+    def project(r: isl.Map) -> isl.Map:
+        for k in reversed(range(r.dim(isl.dim_type.out))):
+            if k not in keep:
+                r = r.project_out(isl.dim_type.out, k, 1)
+        for k in sorted(reduce_pos, reverse=True):
+            r = r.project_out(isl.dim_type.in_, k, 1)
+        return r.set_tuple_name(isl.dim_type.in_, init)
+
+    def placement(r: isl.Map) -> isl.Map | None:
+        r = r.intersect_domain(init_domain)
+        return r if r.is_single_valued() and init_domain.is_subset(r.domain()) else None
+
+    found = placement(project(rel))
+    if found is None:
+        on_domain = project(rel.intersect_domain(domain))
+        found = placement(on_domain.gist_domain(on_domain.domain()))
+    return found
 
 
 def _const_difference(a: Expr, b: Expr) -> int | None:

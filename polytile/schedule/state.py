@@ -14,6 +14,7 @@ from ..errors import ScheduleError
 from ..lang.expr import Expr
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor, Tensor
+from ..poly.limits import isl_budget
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
@@ -167,6 +168,10 @@ class Schedule:
     # --- legality -------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise ScheduleError if the current schedule breaks a dependence or a parallel tag."""
+        with isl_budget(ScheduleError, "the schedule"):
+            self._check()
+
+    def _check(self) -> None:
         scheds = self.stage_schedules()
         relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
         v = self.program.violation(self._original, scheds, relaxed)
@@ -182,6 +187,10 @@ class Schedule:
                     self.check_parallel(name, loop, tag, scheds)
 
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
+        with isl_budget(ScheduleError, f"the schedule of {name}"):
+            self._check_parallel(name, loop, tag, scheds)
+
+    def _check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         st = self.states[name]
         pos = st.loops.index(loop)
         dim = 2 * pos + 1
