@@ -53,15 +53,8 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
     cached = [c for c in sched.caches if c.tensor == name]
     if cached:
         return _inline_into_caches(sched, name, cached)
-    old_inlined, old_states = list(sched.inlined), dict(sched.states)
-    sched.inlined.append(name)
-    try:
-        sched.rebuild()
-    except Exception:
-        sched.inlined = old_inlined
-        sched.states = old_states
-        sched.rebuild()
-        raise
+    sched.inlined.append(name)  # Stage.compute_inline puts everything back if the rebuild fails
+    sched.rebuild()
     return sched
 
 
@@ -77,15 +70,8 @@ def _inline_into_caches(sched: Schedule, name: str, cached: list) -> Schedule:  
     if missing:
         raise ScheduleError(f"computation {name} is read by {', '.join(missing)} without a cache; inline it "
                             f"before caching, or cache it for every reader")
-    old_states = dict(sched.states)
     sched.virtual.append(name)
-    try:
-        sched.rebuild()
-    except Exception:
-        sched.virtual.remove(name)
-        sched.states = old_states
-        sched.rebuild()
-        raise
+    sched.rebuild()
     return sched
 
 

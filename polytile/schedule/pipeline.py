@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
 
 
+@transactional
 def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stage:
     """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead.
 

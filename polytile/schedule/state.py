@@ -1,8 +1,9 @@
 """Schedule state: one ``Stage`` per computation, the polyhedral program, and legality checking.
 
 Primitives (in the sibling modules) compute a new state for a stage and call ``Schedule.commit``,
-which checks every dependence and either keeps the change or raises ``ScheduleError`` leaving the
-schedule as it was.
+which checks every dependence and either keeps the change or raises ``ScheduleError``. Each
+primitive is ``@transactional`` (``transaction.py``): when it raises, the whole schedule is put
+back as it was, whatever it had changed on the way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..poly.limits import isl_budget
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
+from .transaction import transactional
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -272,6 +274,7 @@ class Stage:
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
     from .tensorize import tensorize  # noqa: E402
 
+    @transactional
     def reassociate(self) -> Stage:
         """Let the order of this reduction's accumulation change (sums of floats may then differ in
         the last bits): reduction loops may be reordered, and bound to GPU threads as a tree."""
@@ -283,6 +286,7 @@ class Stage:
         self.schedule.commit(self.name, st)
         return self
 
+    @transactional
     def compute_inline(self) -> Schedule:
         """Substitute this computation into its consumers (it must not be a reduction or an output)."""
         from .inline import compute_inline

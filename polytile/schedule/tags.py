@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
 
 
+@transactional
 def tag(self: Stage, loop: str, kind: str) -> Stage:
     """Annotate ``loop``: "parallel" (OpenMP), "vectorize" (SIMD), "unroll", "serial", or a GPU
     binding "blockIdx.x/y/z", "threadIdx.x/y/z". Parallel kinds are checked against dependences."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import CacheSpec, Stage
@@ -57,6 +58,7 @@ def _operand(e: Expr) -> Load | None:
     return e if isinstance(e, Load) else None
 
 
+@transactional
 def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     """Compute the nest (``loop`` and the two loops inside it) with ``intrinsic``."""
     if intrinsic not in INTRINSICS:
