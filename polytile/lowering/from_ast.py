@@ -15,6 +15,7 @@ from ..errors import LoweringError
 from ..lang import expr as lx
 from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
+from ..poly.astgen import Binding
 from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
 from ..poly.cache import CacheRewrite
 from ..poly.materialize import Plan, StmtPlan
@@ -129,12 +130,12 @@ class IRBuilder:
         self.buffers = buffers
         self.tags = tags
         self.dyn_exprs = dyn_exprs
-        self.bindings = plan.bindings
+        self.bindings = {b.name: b for b in plan.bindings}
         self.reserved = reserved
         self.cache_levels = {c.name: c for c in plan.caches}
 
     def build(self) -> ir.Stmt:
-        return self.bind(0, _users(self.plan.ast), {}, self.node(self.plan.ast, {}, []))
+        return self.node(self.plan.ast, {}, [])
 
     # --- nodes ------------------------------------------------------------------------------------
     def node(self, n: AstNode, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
@@ -147,6 +148,8 @@ class IRBuilder:
             orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
             return ir.If(aexpr(n.cond, env), then, orelse)
         if isinstance(n, AstUser):
+            if n.stmt in self.bindings:  # no statement after it needs the bounds
+                return ir.Block(())
             return self.user(n, env)
         if isinstance(n, AstMark):
             return self.node(n.body, env, scope)
@@ -155,12 +158,18 @@ class IRBuilder:
     def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str],
               opened: frozenset[str] = frozenset()) -> ir.Stmt:
         """``opened``: buffers whose scope an enclosing statement already opened."""
-        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning
+        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
         out: list[ir.Stmt] = []
         k = 0
         while k < len(nodes):
             n = nodes[k]
             plan = self.plan.statements.get(n.stmt) if isinstance(n, AstUser) else None
+            binding = self.leading_binding(n)
+            if binding is not None:
+                user, conds, after = binding
+                rest = self.block(([after] if after is not None else []) + nodes[k + 1:], env, scope, opened)
+                out.append(self.bind(self.bindings[user.stmt], user, conds, env, rest))
+                break
             if plan is not None and plan.kind == "alloc" and plan.owner not in opened:
                 end, owners = self._scope_end(nodes, k, plan.owner, opened)
                 inner = self.block(nodes[k + 1:end], env, scope, opened | owners)
@@ -205,23 +214,40 @@ class IRBuilder:
             j += 1
         return end, frozenset(owners)
 
-    def bind(self, depth: int, users: set[str], env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
-        """``body`` inside the loads of the data-dependent bounds bound at schedule depth ``depth``
-        (``body`` runs inside the loop completing that prefix) that its statements use."""
-        for b in self.bindings:
-            if b.prefix_len != depth or not b.users & users:
-                continue
-            comp = self.computations[b.owner]
-            axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
-            var_env = {id(axes[name]): aexpr(v, env) for name, v in zip(b.sources, b.values)}
-            conv = ExprConverter(self.buffers, [], {})
-            guard = aexpr(b.guard, env)
-            for p in reversed(b.params):
-                value: ir.Expr = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
-                if not ir.is_const(guard, 1):  # only where the computation has instances: loads in bounds
-                    value = ir.Select(guard, value, ir.const(0))
-                body = ir.LetStmt(ir.Var(p), value, body)
-        return body
+    def leading_binding(self, n: AstNode) -> tuple[AstUser, list[AExpr], AstNode | None] | None:
+        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, the start of
+        the branch of an ``if`` without ``else``; with the conditions around it and what ``n`` runs
+        after it (under the same conditions). Its loads scope over all that follows."""
+        if isinstance(n, AstUser) and n.stmt in self.bindings:
+            return n, [], None
+        if not isinstance(n, AstIf) or n.orelse is not None:
+            return None
+        body = _flatten_blocks([n.then])
+        inner = self.leading_binding(body[0]) if body else None
+        if inner is None:
+            return None
+        user, conds, after = inner
+        rest = ([after] if after is not None else []) + body[1:]
+        return user, [n.cond, *conds], AstIf(n.cond, AstBlock(tuple(rest)), None) if rest else None
+
+    def bind(self, b: Binding, n: AstUser, conds: list[AExpr], env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
+        """``body`` inside the loads of ``b``'s bounds; where isl guards the binding by ``conds``, the
+        loads are guarded too (elsewhere the computation has no instance and nothing reads them)."""
+        comp = self.computations[b.owner]
+        args = [aexpr(a, env) for a in n.args]
+        src_vals = dict(zip(b.sources, args[b.prefix_len:]))
+        axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
+        conv = ExprConverter(self.buffers, [], {})
+        var_env = {id(axes[name]): v for name, v in src_vals.items()}
+        guards = [aexpr(c, env) for c in conds]
+        out = body
+        for p in reversed(b.params):
+            value: ir.Expr = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+            if guards:
+                value = ir.Select(guards[0] if len(guards) == 1 else ir.Logic("&&", tuple(guards)), value,
+                                  ir.const(0))
+            out = ir.LetStmt(ir.Var(p), value, out)
+        return out
 
     def loop(self, n: AstFor, env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
         lo = aexpr(n.init, env)
@@ -231,11 +257,11 @@ class IRBuilder:
         if n.degenerate and not kind.startswith(("blockIdx", "threadIdx")):
             env2 = dict(env)
             env2[n.iterator] = lo
-            return self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope))
+            return self.node(n.body, env2, scope)
         if n.degenerate:  # a bound loop of one iteration is still a grid or block dimension
             var = ir.Var(name)
             env2 = dict(env, **{n.iterator: var, f"@d{n.dim}": var})
-            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
+            body = self.node(n.body, env2, scope + [name])
             return ir.For(var, lo, ir.const(1), body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         cond = n.cond
         if cond.op not in ("le", "lt") or cond.args[0] != AExpr("id", name=n.iterator):
@@ -247,11 +273,11 @@ class IRBuilder:
         if n.step == 1:
             env2[n.iterator] = var
             env2[f"@d{n.dim}"] = var
-            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
+            body = self.node(n.body, env2, scope + [name])
             loop = ir.For(var, lo, extent, body, kind, n.dim, self.gpu_bounds(n, kind, users, env))
         else:
             env2[n.iterator] = ir.BinOp("+", lo, ir.BinOp("*", var, ir.const(n.step)))
-            body = self.bind(n.dim + 1, users, env2, self.node(n.body, env2, scope + [name]))
+            body = self.node(n.body, env2, scope + [name])
             trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
             if kind.startswith(("blockIdx", "threadIdx")):
                 raise LoweringError(f"loop {name} is bound to {kind} but steps by {n.step}; bind a loop of step 1")
@@ -417,14 +443,25 @@ def _flatten_blocks(nodes: list[AstNode]) -> list[AstNode]:
     must enclose its users, which isl may place in a sibling."""
     out: list[AstNode] = []
     for n in nodes:
+        scope = _guarded_scope_statement(n)
         if isinstance(n, AstBlock):
             out.extend(_flatten_blocks(list(n.body)))
-        elif (isinstance(n, AstIf) and n.orelse is None and isinstance(n.then, AstUser)
-              and n.then.stmt.endswith(("__alloc", "__free"))):
-            out.append(n.then)
+        elif scope is not None:
+            out.append(scope)
         else:
             out.append(n)
     return out
+
+
+def _guarded_scope_statement(n: AstNode) -> AstUser | None:
+    """The allocation or release that ``n`` is, alone under (nested) conditions without else."""
+    while isinstance(n, AstIf) and n.orelse is None:
+        n = n.then
+        while isinstance(n, AstBlock) and len(n.body) == 1:
+            n = n.body[0]
+    if isinstance(n, AstUser) and n.stmt.endswith(("__alloc", "__free")):
+        return n
+    return None
 
 
 def _users(n: AstNode) -> set[str]:

@@ -52,6 +52,7 @@ def tile(self: Stage, outer_loop: str, inner_loop: str, outer_factor: int, inner
     io, ii = loops.names[p + 2], loops.names[p + 3]
     st.loops = loops.reorder([oo, io, oi, ii])
     _untagged(st.tags, outer_loop, inner_loop)
+    st.separate -= {outer_loop, inner_loop}
     self.schedule.commit(self.name, st)
     return self
 
@@ -72,6 +73,7 @@ def fuse(self: Stage, outer: str, inner: str, name: str | None = None) -> Stage:
     st = self.schedule.state_copy(self.name)
     st.loops = st.loops.fuse(outer, inner, self.schedule.program.statements[self.name].over_domain(), name)
     _untagged(st.tags, outer, inner)
+    st.separate -= {outer, inner}
     self.schedule.commit(self.name, st)
     return self
 

@@ -174,12 +174,14 @@ class Schedule:
             self._check()
 
     def _check(self) -> None:
+        self._check_loop_references()
         scheds = self.stage_schedules()
         relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
         v = self.program.violation(self._original, scheds, relaxed)
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
+        self._check_shared_loop_tags(scheds)
         unbounded = self.program.unbounded_loop(scheds)
         if unbounded is not None:
             raise ScheduleError(unbounded)
@@ -187,6 +189,32 @@ class Schedule:
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
                     self.check_parallel(name, loop, tag, scheds)
+
+    def _check_shared_loop_tags(self, scheds: dict[str, StageSchedule]) -> None:
+        """Computations fused in a loop (after/before) give it compatible tags: one loop of the
+        generated code cannot be, e.g., both parallel and vectorized."""
+        tagged = [(name, pos, tag) for name, st in self.states.items() for loop, tag in st.tags.items()
+                  if tag != "serial" for pos in [st.loops.index(loop)]]
+        for k, (a, pos, tag) in enumerate(tagged):
+            for b, pos_b, tag_b in tagged[k + 1:]:
+                shared = pos == pos_b and scheds[a].statics[:pos + 1] == scheds[b].statics[:pos + 1]
+                if shared and tag != tag_b:
+                    raise ScheduleError(f"loop {self.states[a].loops.names[pos]} of {a} is {tag} and loop "
+                                        f"{self.states[b].loops.names[pos]} of {b}, fused with it, is {tag_b}; "
+                                        "tag the loops of fused computations alike")
+
+    def _check_loop_references(self) -> None:
+        """Every loop named by a cache, a storage level or a full-tile separation still exists (a
+        loop transformation renames the loops it replaces)."""
+        uses = [(c.consumer, c.level, f"cache {c.name} lives in it") for c in self.caches]
+        for name, st in self.states.items():
+            uses += [(name, st.store_level, "store_at keeps its elements"),
+                     (name, st.alloc_level, "alloc_at allocates there")]
+            uses += [(name, loop, "it is separated") for loop in st.separate]
+        for comp, loop, why in uses:
+            if loop is not None and comp in self.states and loop not in self.states[comp].loops.names:
+                raise ScheduleError(f"loop {loop} of {comp} would disappear, but {why}; transform loops "
+                                    "before placing caches and storage in them")
 
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         with isl_budget(ScheduleError, f"the schedule of {name}"):

@@ -21,8 +21,9 @@ def tag(self: Stage, loop: str, kind: str) -> Stage:
                             f"use one of {', '.join(LOOP_TAGS)}")
     st = self.schedule.state_copy(self.name)
     st.loops.index(loop)
-    if kind.startswith(("blockIdx", "threadIdx")) and kind in st.tags.values():
-        raise ScheduleError(f"{kind} is already bound to another loop of {self.name}")
+    if (kind.startswith(("blockIdx", "threadIdx")) or kind == "vectorize") and kind in st.tags.values():
+        other = next(lp for lp, t in st.tags.items() if t == kind)
+        raise ScheduleError(f"loop {other} of {self.name} is already {kind}; a computation has one such loop")
     st.tags[loop] = kind
     old = self.schedule.states[self.name]
     self.schedule.states[self.name] = st

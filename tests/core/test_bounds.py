@@ -189,3 +189,30 @@ def test_data_dependent_computation_fused_with_a_shifted_producer(rng):
     a = rng.standard_normal(4).astype("float32")
     want = np.array([c[o[i]:o[i + 1]].sum() * a[i] * 2 for i in range(4)])
     np.testing.assert_allclose(pt.build(s)(o, c, a), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["fuse", "split_fuse", "skew"])
+def test_modular_where_under_fused_or_skewed_loops(schedule, rng):
+    # isl's code generator scans one k per fused (i, j) for a domain with (i + k) % 3 == 0 under
+    # the loop 10 i + j: such statements are scanned without the modular condition, tested inside
+    M, N = 3, 10
+    X = pt.placeholder((M + 2, N), "float32", "X")
+    k = pt.reduce_axis(N, "k")
+    S = pt.compute((M, N), lambda i, j: pt.sum(X[i + 1, k] * X[i, j], axis=k, where=(k + i) % 3 != 1), "S")
+    U = pt.compute((M, N), lambda i, j: X[i, j] * 2.0, "U", where=lambda i, j: (i + 2 * j) % 3 == 0)
+    s = pt.create_schedule(pt.Func([X], [S, U]))
+    if schedule == "fuse":
+        s[S].fuse("i", "j")
+        s[U].fuse("i", "j")
+    elif schedule == "split_fuse":
+        s[S].split("i", 7).fuse("ii", "j")
+    else:
+        s[S].skew("j", "k", 2)
+        s[U].skew("i", "j", 3)
+    x = rng.standard_normal((M + 2, N)).astype("float32")
+    want_s = np.array([[sum(x[i + 1, kk] * x[i, j] for kk in range(N) if (kk + i) % 3 != 1) for j in range(N)]
+                       for i in range(M)])
+    want_u = np.array([[x[i, j] * 2 if (i + 2 * j) % 3 == 0 else 0.0 for j in range(N)] for i in range(M)])
+    got_s, got_u = pt.build(s)(x)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_u, want_u, rtol=1e-6)
