@@ -216,3 +216,27 @@ def test_modular_where_under_fused_or_skewed_loops(schedule, rng):
     got_s, got_u = pt.build(s)(x)
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_u, want_u, rtol=1e-6)
+
+
+def test_data_dependent_bounds_when_isl_eliminates_a_loop_of_their_prefix(rng):
+    # split by more than the rows: the outer loop has one iteration, which isl does not generate
+    rows, cols, nnz = 3, 4, 16
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    A = pt.placeholder((nnz, cols), "float32", "A")
+    X = pt.placeholder((rows,), "float32", "X")
+    P = pt.compute((rows,), lambda i: X[i] * 3.0, "P")
+
+    def seg(i, j):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(A[k, j] * P[i], axis=k, where=k >= i)
+
+    T = pt.compute((rows, cols), seg, "T")
+    s = pt.create_schedule(pt.Func([offs, A, X], [T]))
+    s[P].reverse("i")
+    s[T].split("i", 7)
+    o = np.array([0, 5, 5, 16], np.int32)
+    a = rng.standard_normal((nnz, cols)).astype("float32")
+    x = rng.standard_normal(rows).astype("float32")
+    want = np.stack([sum((a[k] * x[i] * 3 for k in range(o[i], o[i + 1]) if k >= i), np.zeros(cols))
+                     for i in range(rows)])
+    np.testing.assert_allclose(pt.build(s)(o, a, x), want, rtol=1e-5, atol=1e-5)

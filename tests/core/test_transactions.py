@@ -160,3 +160,30 @@ def test_refused_pipeline_leaves_the_schedule_unchanged():
     refused(s, lambda: s[C].pipeline("C_local", 2), "write cache")
     refused(s, lambda: s[C].pipeline("B_shared", 3, inflight=1), "inflight applies to asynchronous MMA")
     assert s.pipelines == {"A_shared": 3}
+
+
+def test_transformations_that_would_strand_a_cache_or_a_separation_are_refused(rng):
+    func, P, T, Y, R = chain()
+    s = pt.create_schedule(func)
+    s[Y].cache_identity(T, "i")
+    refused(s, lambda: s[Y].split("i", 2), "loop i of Y would disappear, but cache T_Y_local lives in it")
+    refused(s, lambda: s[Y].fuse("i", "j"), "cache T_Y_local lives in it")
+    s[T].separate("i")
+    s[T].tile("i", "j", 4, 4)  # the separation of a tiled loop goes with it
+    assert s.states["T"].separate == set()
+    check_chain(s, rng)
+
+
+def test_one_vectorized_loop_per_computation_and_alike_tags_in_fused_loops(rng):
+    X = pt.placeholder((9, 7), "float32", "X")
+    T = pt.compute((9, 7), lambda i, j: X[i, j] * 2.0, "T")
+    Y = pt.compute((9, 7), lambda i, j: T[i, j] + 1.0, "Y")
+    s = pt.create_schedule(pt.Func([X], [Y]))
+    s[T].vectorize("j")
+    refused(s, lambda: s[T].vectorize("i"), "loop j of T is already vectorize")
+    s[Y].after(s[T], "i")
+    s[Y].parallel("i")
+    refused(s, lambda: s[T].unroll("i"), "loop i of T is unroll and loop i of Y, fused with it, is parallel")
+    s[T].parallel("i")
+    x = rng.standard_normal((9, 7)).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(x), x * 2 + 1, rtol=1e-6)
