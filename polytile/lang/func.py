@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..errors import LanguageError
@@ -65,11 +66,18 @@ class Func:
             seen[t.name] = t
 
     def _check_param_names(self) -> None:
-        """Tensors and parameters are arguments of one generated function: their names must differ."""
+        """Tensors and parameters are arguments of one generated function, and axes share the
+        polyhedral model's name space with parameters: their names must differ."""
         tensors = {t.name for t in self.tensors}
+        params = {p.name for p in self.params}
         for p in self.params:
             if p.name in tensors:
                 raise LanguageError(f"Func {self.name}: parameter {p.name} has the name of a tensor; rename one")
+        for comp in self.computations:
+            for ax in (*comp.axes, *comp.reduce_axes):
+                if ax.name in params or re.fullmatch(r"_d\d+", ax.name):
+                    raise LanguageError(f"computation {comp.name}: axis {ax.name} has the name of a parameter"
+                                        + ("" if ax.name in params else " of data-dependent bounds") + "; rename it")
 
     def _check_constraint(self, c: object) -> Expr:
         e = as_expr(c)  # type: ignore[arg-type]

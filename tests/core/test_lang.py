@@ -199,3 +199,15 @@ def test_loops_named_like_cpp_keywords_or_tensors_build(rng):
     s[c1].split("int", 2, outer="delete", inner="c0")
     a = rng.standard_normal((5, 7)).astype("float32")
     np.testing.assert_allclose(pt.build(s)(a), a.sum(1), rtol=1e-5)
+
+
+def test_axis_named_like_a_parameter_refused():
+    N = pt.param("N")
+    A = pt.placeholder((N,), "float32", "A")
+    C = pt.compute((N,), lambda N: A[N] * 2.0, "C")  # the lambda's N is the axis, the shape's the parameter
+    with pytest.raises(pt.LanguageError, match="axis N has the name of a parameter"):
+        pt.Func([A], [C])
+    k = pt.reduce_axis((0, N), "_d0")
+    D = pt.compute((1,), lambda _: pt.sum(A[k], axis=k), "D")  # "_" is a fine axis name
+    with pytest.raises(pt.LanguageError, match="axis _d0 has the name of a parameter of data-dependent bounds"):
+        pt.Func([A], [D])
