@@ -19,11 +19,12 @@ from ..poly.limits import isl_budget
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
+from .memory import check_memory
 from .transaction import transactional
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[6:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
 
 
 @dataclass
@@ -62,7 +63,6 @@ class StageState:
     store_layout: object | None = None  # callable index -> storage index
     store_level: str | None = None
     loc: str = "auto"
-    alloc_level: str | None = None
     reassociate: bool = False  # the reduction's accumulation order may change
 
 
@@ -76,7 +76,6 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
-        self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()
@@ -174,7 +173,6 @@ class Schedule:
             self._check()
 
     def _check(self) -> None:
-        self._check_loop_references()
         scheds = self.stage_schedules()
         relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
         v = self.program.violation(self._original, scheds, relaxed)
@@ -185,6 +183,7 @@ class Schedule:
         unbounded = self.program.unbounded_loop(scheds)
         if unbounded is not None:
             raise ScheduleError(unbounded)
+        check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
@@ -202,19 +201,6 @@ class Schedule:
                     raise ScheduleError(f"loop {self.states[a].loops.names[pos]} of {a} is {tag} and loop "
                                         f"{self.states[b].loops.names[pos]} of {b}, fused with it, is {tag_b}; "
                                         "tag the loops of fused computations alike")
-
-    def _check_loop_references(self) -> None:
-        """Every loop named by a cache, a storage level or a full-tile separation still exists (a
-        loop transformation renames the loops it replaces)."""
-        uses = [(c.consumer, c.level, f"cache {c.name} lives in it") for c in self.caches]
-        for name, st in self.states.items():
-            uses += [(name, st.store_level, "store_at keeps its elements"),
-                     (name, st.alloc_level, "alloc_at allocates there")]
-            uses += [(name, loop, "it is separated") for loop in st.separate]
-        for comp, loop, why in uses:
-            if loop is not None and comp in self.states and loop not in self.states[comp].loops.names:
-                raise ScheduleError(f"loop {loop} of {comp} would disappear, but {why}; transform loops "
-                                    "before placing caches and storage in them")
 
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         with isl_budget(ScheduleError, f"the schedule of {name}"):
@@ -289,7 +275,6 @@ class Stage:
 
     from .loops import apply_sch, fuse, reorder, reverse, separate, shift, skew, split, tile  # noqa: E402
     from .memory import (  # noqa: E402
-        alloc_at,
         cache,
         cache_identity,
         cache_write,

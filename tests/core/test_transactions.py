@@ -149,7 +149,7 @@ def test_refused_tensorize_leaves_the_caches_unchanged():
     s[C].pipeline("A_shared", 2)
     refused(s, lambda: s[C].tensorize("i3", "wgmma_m64nNk16"), "is padded")
     s[C].tensorize("i3")  # mma.sync accepts the padded caches
-    assert s.states["C"].tags["i3"] == "tensorize"
+    assert s.states["C"].tags["i3"] == "mma_m16n8k16"
 
 
 def test_refused_pipeline_leaves_the_schedule_unchanged():
@@ -166,8 +166,8 @@ def test_transformations_that_would_strand_a_cache_or_a_separation_are_refused(r
     func, P, T, Y, R = chain()
     s = pt.create_schedule(func)
     s[Y].cache_identity(T, "i")
-    refused(s, lambda: s[Y].split("i", 2), "loop i of Y would disappear, but cache T_Y_local lives in it")
-    refused(s, lambda: s[Y].fuse("i", "j"), "cache T_Y_local lives in it")
+    refused(s, lambda: s[Y].split("i", 2), "cache T_Y_local of T is placed at loop i of Y, which no longer exists")
+    refused(s, lambda: s[Y].fuse("i", "j"), "cache T_Y_local of T is placed at loop i of Y")
     s[T].separate("i")
     s[T].tile("i", "j", 4, 4)  # the separation of a tiled loop goes with it
     assert s.states["T"].separate == set()
