@@ -126,6 +126,8 @@ CSR_SCHEDULES = {
     "hoist_k": lambda s, T: s[T].reorder("k", "i"),  # k runs over the declared value range, guarded
     "fuse_ik": lambda s, T: s[T].reorder("i", "k", "j").fuse("i", "k"),
     "split_k_separate": lambda s, T: s[T].split("k", 2).separate("ko"),
+    "split_k": lambda s, T: s[T].split("k", 4),
+    "split_i_parallel": lambda s, T: s[T].split("i", 3).parallel("io"),  # (from branch domains2)
     "skew_shift_reverse": lambda s, T: s[T].skew("i", "j", 1).shift("i", 2).reverse("j"),
     "parallel_vectorize": lambda s, T: s[T].parallel("i").reorder("i", "k", "j").vectorize("j"),
     "tile_cache": lambda s, T: s[T].tile("i", "j", 2, 2).cache_identity("A", "ji"),

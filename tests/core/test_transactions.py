@@ -162,7 +162,7 @@ def test_refused_pipeline_leaves_the_schedule_unchanged():
     assert s.pipelines == {"A_shared": 3}
 
 
-def test_transformations_that_would_strand_a_cache_or_a_separation_are_refused(rng):
+def test_a_cache_loop_cannot_be_transformed_away_and_a_separation_follows_its_loop(rng):
     func, P, T, Y, R = chain()
     s = pt.create_schedule(func)
     s[Y].cache_identity(T, "i")
