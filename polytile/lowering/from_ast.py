@@ -387,9 +387,10 @@ class IRBuilder:
         buf, idx = conv.index_of(comp.name, data_idx)
         red = comp.reduction
         guard: lx.Expr | None = None
-        if plan.kind == "init":
+        if plan.kind == "init":  # where= holds for the initialization too: elsewhere nothing is written
             assert red is not None
             value = ir.Const(red.identity().value, comp.dtype)
+            guard = comp.where
         else:
             body = self.bodies[comp.name]
             if red is not None:

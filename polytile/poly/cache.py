@@ -565,7 +565,8 @@ def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: lis
     if fill:
         # a fill touches only the buffer: the whole box (constant loops, registers)
         out.append(("fill", box if box is not None else written, -1))
-    elif req.consumer + INIT_SUFFIX not in redirected:  # the buffer starts from the tensor's values
+    elif req.consumer + INIT_SUFFIX not in redirected or program.statements[req.consumer + INIT_SUFFIX].guarded:
+        # the buffer starts from the tensor's values (those a guarded initialization leaves)
         out.append(("copy_in", written, -1))
     out.append(("copy_out", box if box is not None else written, +1))
     return out

@@ -242,3 +242,39 @@ def test_data_dependent_bounds_when_isl_eliminates_a_loop_of_their_prefix(rng):
     want = np.stack([sum((a[k] * x[i] * 3 for k in range(o[i], o[i + 1]) if k >= i), np.zeros(cols))
                      for i in range(rows)])
     np.testing.assert_allclose(pt.build(s)(o, a, x), want, rtol=1e-5, atol=1e-5)
+
+
+DATA_WHERE_SCHEDULES = {
+    "default": lambda s, T, P: None,
+    "cache_write": lambda s, T, P: s[T].split("i", 4).cache_write("io"),
+    "reorder_parallel": lambda s, T, P: s[T].reorder("j", "i").parallel("j"),
+    "fused_after_producer": lambda s, T, P: s[T].after(s[P], "i"),
+}
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("schedule", sorted(DATA_WHERE_SCHEDULES))
+def test_reduction_with_a_data_dependent_where_writes_only_its_domain(schedule, op, rng):
+    # the initialization is guarded like the update: points where the condition fails keep their
+    # values (fuzz finding N1: they got the identity); the condition reads a computed tensor P
+    n, m, r = 7, 3, 5
+    A = pt.placeholder((n, r), "float32", "A")
+    X = pt.placeholder((n,), "float32", "X")
+    P = pt.compute((n,), lambda i: X[i] * 2.0, "P")
+
+    def body(i, j):
+        k = pt.reduce_axis(r, "k")
+        return getattr(pt, op)(A[i, k] * (j + 1.0), axis=k)
+
+    T = pt.compute((n, m), body, "T", where=lambda i, j: P[i] > 0.0)
+    s = pt.create_schedule(pt.Func([A, X], [T]))
+    DATA_WHERE_SCHEDULES[schedule](s, T, P)
+    a = rng.standard_normal((n, r)).astype("float32")
+    x = rng.standard_normal(n).astype("float32")
+    x[:2] = [1.5, -1.5]  # both cases present
+    out = rng.standard_normal((n, m)).astype("float32")
+    want = out.copy()
+    full = getattr(np, op)(a[:, None, :] * (np.arange(m)[None, :, None] + 1.0), axis=2)
+    want[x > 0] = full[x > 0]
+    pt.build(s)(a, x, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
