@@ -2,7 +2,6 @@
 (x // 0 == 0, x % 0 == 0, MIN // -1 == MIN): the kernel never dies of SIGFPE. Scalar and
 vectorized code, divisors read from a tensor and constant ones, against NumPy."""
 
-import shutil
 import warnings
 
 import numpy as np
@@ -78,7 +77,7 @@ def test_constant_nonzero_divisors_use_the_unchecked_helpers():
     assert body.count("pt_floordiv(") == 2  # the divisor Z[i] and the constant -1 are checked
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.needs_nvcc
 def test_cuda_division_helpers_compile():
     f, Q, R = division_func("int32", 300)
     s = pt.create_schedule(f)
