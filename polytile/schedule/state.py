@@ -138,6 +138,10 @@ class Schedule:
                 a = st.anchor
                 base = resolve(a.other)
                 other = states[a.other].loops
+                if a.level is not None and a.level not in other.names:
+                    raise ScheduleError(f"computation {name} is placed {'after' if a.after else 'before'} {a.other} "
+                                        f"at loop {a.level}, which no longer exists (the loops of {a.other} are "
+                                        f"{', '.join(other.names)}); transform the loops before fusing at them")
                 p = -1 if a.level is None else other.index(a.level)
                 if p + 1 > n:
                     raise ScheduleError(f"computation {name} has {n} loop(s); it cannot share loop {a.level} "

@@ -162,8 +162,13 @@ def test_refused_pipeline_leaves_the_schedule_unchanged():
     assert s.pipelines == {"A_shared": 3}
 
 
-def test_a_cache_loop_cannot_be_transformed_away_and_a_separation_follows_its_loop(rng):
+def test_a_loop_named_by_a_cache_or_a_fusion_cannot_be_transformed_away(rng):
     func, P, T, Y, R = chain()
+    s = pt.create_schedule(func)
+    s[T].after(s[P], "j")
+    refused(s, lambda: s[P].tile("i", "j", 2, 2), "T is placed after P at loop j, which no longer exists")
+    refused(s, lambda: s[P].apply_sch("{ [i, j] -> [j, i] }"), "T is placed after P at loop j")
+    check_chain(s, rng)
     s = pt.create_schedule(func)
     s[Y].cache_identity(T, "i")
     refused(s, lambda: s[Y].split("i", 2), "cache T_Y_local of T is placed at loop i of Y, which no longer exists")
