@@ -399,7 +399,7 @@ class IRBuilder:
                 old = ir.Load(buf, idx)
                 op = _REDUCE_COMBINE[red.op]
                 value = ir.BinOp(op, old, term)
-                guard = red.where
+                guard = body.where  # (with the inlined producers, unlike red.where)
             else:
                 value = conv.convert(body, var_env)
             if comp.where is not None:

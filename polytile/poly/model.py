@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from ..errors import LanguageError
-from ..lang.expr import Call, Cmp, Expr, IterVar, Load, Logic, Not, Param, Select, Var, walk
+from ..lang.expr import Call, Cmp, Expr, IterVar, Load, Logic, Not, Param, Reduce, Select, Var, walk
 from ..lang.printer import expr_str
 from ..lang.tensor import ComputeTensor, Placeholder, Tensor
 from .affine import Affine, DynParams, NotAffine, affine, condition, minmax_bounds
@@ -173,7 +173,7 @@ def tensor_bounds(t: Tensor, params: list[str]) -> isl.Set:
 def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
                            dyn: DynParams) -> list[Statement]:
     """Statements of a computation whose (inlined) expression is ``body``."""
-    red = comp.reduction
+    red = body if isinstance(body, Reduce) else None  # its where= has the inlined producers too
     data = list(comp.axes)
     raxes = list(comp.reduce_axes)
     names = [a.name for a in data + raxes]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
-from ..lang.expr import Expr, Load, rebuild, substitute
+from ..lang.expr import Expr, Load, rebuild, substitute, walk
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor
 
@@ -45,6 +45,10 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
         raise ScheduleError(f"computation {name} is an output of Func {sched.func.name} and cannot be inlined")
     if comp.where is not None:
         raise ScheduleError(f"computation {name} has a where= domain and cannot be inlined")
+    for other in sched.computations:
+        if other.where is not None and any(isinstance(n, Load) and n.tensor is comp for n in walk(other.where)):
+            raise ScheduleError(f"computation {name} is read by the where= of {other.name}; a where= condition "
+                                f"reads computed tensors, not inlined ones: keep {name} a computation")
     for other, st in sched.states.items():
         if st.anchor is not None and st.anchor.other == name:
             raise ScheduleError(f"computation {other} is placed relative to {name}; inline {name} first")

@@ -278,3 +278,24 @@ def test_reduction_with_a_data_dependent_where_writes_only_its_domain(schedule, 
     want[x > 0] = full[x > 0]
     pt.build(s)(a, x, out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_producer_inlined_into_a_reductions_where(rng):
+    # fuzz finding N6: the reduction's condition kept reading the inlined U (KeyError at build)
+    X = pt.placeholder((6,), "float32", "X")
+    U = pt.compute((6,), lambda i: X[i] * 2.0, "U")
+
+    def body(i):
+        k = pt.reduce_axis(6, "k")
+        return pt.sum(X[k] + i, axis=k, where=U[k] <= 1.0)
+
+    V = pt.compute((4,), body, "V")
+    W = pt.compute((4,), lambda i: X[i] + 1.0, "W", where=lambda i: U[i] > 0.0)
+    s = pt.create_schedule(pt.Func([X], [V, W]))
+    with pytest.raises(pt.ScheduleError, match="U is read by the where= of W"):
+        s[U].compute_inline()
+    s = pt.create_schedule(pt.Func([X], [V]))
+    s[U].compute_inline()
+    x = rng.standard_normal(6).astype("float32")
+    want = [sum(x[k] + i for k in range(6) if x[k] * 2 <= 1) for i in range(4)]
+    np.testing.assert_allclose(pt.build(s)(x), want, rtol=1e-5, atol=1e-6)
