@@ -183,8 +183,10 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
             at = origin()
             if at is not None:
                 pa = isl.PwMultiAff.from_map(at).get_pw_aff(d).coalesce()
-                consider(pa.intersect_domain(lo.domain()) if pa.n_piece() > 1 else
-                         isl.PwAff.from_aff(pa.get_pieces()[0][1]))
+                if pa.n_piece() > 1:
+                    consider(pa.intersect_domain(lo.domain()))
+                elif pa.n_piece() == 1:  # (none: the first inner iteration accesses nothing of this kind)
+                    consider(isl.PwAff.from_aff(pa.get_pieces()[0][1]))
     if best is not None:
         return _Box(best[1], best[0], None, lo, hi)
     ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(

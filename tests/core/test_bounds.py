@@ -299,3 +299,25 @@ def test_a_producer_inlined_into_a_reductions_where(rng):
     x = rng.standard_normal(6).astype("float32")
     want = [sum(x[k] + i for k in range(6) if x[k] * 2 <= 1) for i in range(4)]
     np.testing.assert_allclose(pt.build(s)(x), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", [None, lambda e: (e,)], ids=["identity", "layout"])
+def test_cache_whose_first_iteration_reads_no_element_of_one_access(layout, rng):
+    # fuzz finding N5: where the loop inside the cache's starts, one of the accesses (A[i - 1])
+    # reads nothing for some iterations j: its origin was taken from a function with no piece
+    N = pt.param("N")
+    A = pt.placeholder((N,), "int32", "A")
+    T = pt.compute((11, 11), lambda i, j: pt.select(i + j < 11, pt.select((i >= 1) & (i - 1 < N), A[i - 1], 0),
+                                                   pt.select(j < N, A[j], 1)), "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+    s[T].reorder("j", "i")
+    if layout is None:
+        s[T].cache("A", "j")
+    else:
+        s[T].cache("A", "j", layout=layout)
+    kern = pt.build(s)
+    for n in (1, 5, 13):
+        a = rng.integers(-100, 100, n).astype(np.int32)
+        want = [[(a[i - 1] if 1 <= i <= n else 0) if i + j < 11 else (a[j] if j < n else 1) for j in range(11)]
+                for i in range(11)]
+        np.testing.assert_array_equal(kern(a), want)
