@@ -205,12 +205,16 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     all_items = items + extra
     dyn_all = sorted(depth_of)
 
-    domain = _union_set([project_out_params(it.stmt.domain, dyn_all) for it in items]
-                        + [b.stmt.domain for b in extra])
+    # existentially quantified variables made explicit integer divisions (or eliminated): isl's AST
+    # generation can take seconds to minutes on a quantified copy domain (e.g. the elements of an
+    # A[j % 2] footprint when N >= 2) that it scans at once with the divisions explicit
+    domains = {it.stmt.name: project_out_params(it.stmt.domain, dyn_all).compute_divs() for it in items}
+    domains.update({b.stmt.name: b.stmt.domain for b in extra})
+    domain = _union_set(list(domains.values()))
     sched = None
     for it in all_items:
         smap = project_out_params(it.schedule, dyn_all)
-        u = isl.UnionMap.from_map(smap.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
+        u = isl.UnionMap.from_map(smap.intersect_domain(domains[it.stmt.name]))
         sched = u if sched is None else sched.union(u)
     assert sched is not None
     schedule = isl.Schedule.from_domain(domain)
