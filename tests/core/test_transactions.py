@@ -76,7 +76,7 @@ def check_chain(s, rng):
 
 CHAIN_REFUSALS = {
     "split": (lambda s, T, Y, R: s[Y].split("ji", 2), "tagged unroll"),
-    "tile": (lambda s, T, Y, R: s[T].tile("i", "j", 4, 4), "no loop named 'i'"),
+    "tile": (lambda s, T, Y, R: s[T].tile("i", "j", 4, 4), "Y is placed after T at loop i, which no longer exists"),
     "reorder": (lambda s, T, Y, R: s[T].reorder("j", "j"), "named twice"),
     "fuse": (lambda s, T, Y, R: s[Y].fuse("jo", "ji"), "tagged unroll"),
     "skew": (lambda s, T, Y, R: s[T].skew("j", "i", 1), "must be outside"),
