@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from .errors import PolytileError
 from .lang.func import Func
+from .lang.names import check_function_name
 from .schedule.state import Schedule
 from .target import Target, as_target
 
@@ -27,7 +28,7 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     from .lowering.pipeline import lower as _lower
     sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
     tgt = as_target(target)
-    lowered = _lower(sched, tgt, name=name)
+    lowered = _lower(sched, tgt, name=check_function_name(name) if name is not None else None)
     return _BACKENDS[tgt.kind](sched, lowered, tgt, extra_flags)
 
 

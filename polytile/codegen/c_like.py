@@ -30,12 +30,25 @@ _SHARED_HELPERS = {
   return a > b ? (decltype(a + b))a : (decltype(a + b))b;
 }
 """,
-    "pt_floordiv": """template <typename A, typename B> INLINE auto pt_floordiv(A a, B b) -> decltype(a + b) {
+    # integer floor division and modulo by a divisor known to be a constant other than 0 and -1
+    "pt_floordiv_nz": """template <typename A, typename B> INLINE auto pt_floordiv_nz(A a, B b) -> decltype(a + b) {
   decltype(a + b) q = a / b; return ((a % b) != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 """,
-    "pt_floormod": """template <typename A, typename B> INLINE auto pt_floormod(A a, B b) -> decltype(a + b) {
+    "pt_floormod_nz": """template <typename A, typename B> INLINE auto pt_floormod_nz(A a, B b) -> decltype(a + b) {
   decltype(a + b) r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+""",
+    # any divisor, NumPy's rule: x // 0 == 0, x % 0 == 0, MIN // -1 == MIN (wraps), MIN % -1 == 0
+    "pt_floordiv1": """template <typename T> INLINE T pt_floordiv1(T a, T b) {
+  if (b == 0) return 0;
+  if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ULL - (unsigned long long)a);
+  return pt_floordiv_nz(a, b);
+}
+""",
+    "pt_floormod1": """template <typename T> INLINE T pt_floormod1(T a, T b) {
+  if (b == 0 || ((T)-1 < (T)0 && b == (T)-1)) return 0;
+  return pt_floormod_nz(a, b);
 }
 """,
     "pt_iabs": """template <typename T> INLINE T pt_iabs(T a) { return a < 0 ? -a : a; }
@@ -44,8 +57,9 @@ _SHARED_HELPERS = {
 
 
 def shared_helpers(inline: str) -> list[Helper]:
-    """The helpers both backends define alike (integer min/max, floor division and modulo, integer
-    abs); ``inline`` is how a backend declares an inline function."""
+    """The helpers both backends define alike (integer min/max, scalar floor division and modulo,
+    integer abs); ``inline`` is how a backend declares an inline function. Each backend defines
+    ``pt_floordiv``/``pt_floormod`` for the operands it computes on over ``pt_floordiv1``/``pt_floormod1``."""
     return [Helper(name, text.replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
 
 
@@ -138,12 +152,12 @@ class CLikePrinter:
                 b = self.broadcast(b, self.compute_type(e.b.dtype), lanes)
         if e.op in ("min", "max"):
             return self.minmax(e.op, a, b, e)
-        if e.op == "//":
+        if e.op in ("//", "%"):
             if e.dtype.is_float:
-                raise LoweringError("floor division of floats")
-            return f"pt_floordiv({a}, {b})"
-        if e.op == "%":
-            return f"pt_floormod({a}, {b})"
+                raise LoweringError("floor division or modulo of floats")
+            # a constant divisor other than 0 and -1 needs none of the checks of the total forms
+            fast = "_nz" if _constant_value(e.b) not in (None, 0, -1) else ""
+            return f"pt_{'floordiv' if e.op == '//' else 'floormod'}{fast}({a}, {b})"
         if e.op == "div":  # proven non-negative operands: C's division is floor division
             return f"({a} / {b})"
         if e.op == "mod":
@@ -306,3 +320,10 @@ class CLikePrinter:
     # --- buffers --------------------------------------------------------------------------------
     def buffer_elems(self, buf: ir.Buffer) -> str:
         return " * ".join(f"({self.expr(d)})" for d in buf.shape) or "1"
+
+
+def _constant_value(e: ir.Expr) -> int | float | bool | None:
+    """The value of a constant (or of a broadcast constant), else None."""
+    if isinstance(e, ir.Broadcast):
+        e = e.value
+    return e.value if isinstance(e, ir.Const) else None

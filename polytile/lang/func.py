@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..errors import LanguageError
 from .expr import Expr, IterVar, Load, Param, Reduce, Var, as_expr, walk
+from .names import check_function_name
 from .tensor import ComputeTensor, Placeholder, Tensor
 
 
@@ -19,17 +21,19 @@ class Func:
 
     def __init__(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor] | Tensor,
                  constraints: Sequence[Expr] = (), name: str = "func"):
-        if not name.isidentifier():
-            raise LanguageError(f"Func name {name!r} is not an identifier")
-        self.name = name
+        self.name = check_function_name(name)
         outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
         self.inputs: list[Placeholder] = []
         for t in inputs:
             if not isinstance(t, Placeholder):
                 raise LanguageError(f"Func {name}: input {getattr(t, 'name', t)!r} is not a placeholder; "
                                     "inputs are made with pt.placeholder")
+            if any(t is x for x in self.inputs):
+                raise LanguageError(f"Func {name}: input {t.name} is listed twice; list each input once")
             self.inputs.append(t)
-        for t in outs:
+        for k, t in enumerate(outs):
+            if any(t is x for x in outs[:k]):
+                raise LanguageError(f"Func {name}: output {t.name} is listed twice; list each output once")
             if not isinstance(t, ComputeTensor):
                 raise LanguageError(f"Func {name}: output {getattr(t, 'name', t)!r} is not a computed tensor")
         if not outs:
@@ -40,6 +44,7 @@ class Func:
         self._check_names()
         self.constraints = [self._check_constraint(c) for c in constraints]
         self.params = self._collect_params()
+        self._check_param_names()
 
     # --- analysis -------------------------------------------------------------------------------
     def _check_inputs(self) -> None:
@@ -59,6 +64,20 @@ class Func:
             if t.name in seen and seen[t.name] is not t:
                 raise LanguageError(f"Func {self.name}: two tensors are named {t.name}; give them distinct names")
             seen[t.name] = t
+
+    def _check_param_names(self) -> None:
+        """Tensors and parameters are arguments of one generated function, and axes share the
+        polyhedral model's name space with parameters: their names must differ."""
+        tensors = {t.name for t in self.tensors}
+        params = {p.name for p in self.params}
+        for p in self.params:
+            if p.name in tensors:
+                raise LanguageError(f"Func {self.name}: parameter {p.name} has the name of a tensor; rename one")
+        for comp in self.computations:
+            for ax in (*comp.axes, *comp.reduce_axes):
+                if ax.name in params or re.fullmatch(r"_d\d+", ax.name):
+                    raise LanguageError(f"computation {comp.name}: axis {ax.name} has the name of a parameter"
+                                        + ("" if ax.name in params else " of data-dependent bounds") + "; rename it")
 
     def _check_constraint(self, c: object) -> Expr:
         e = as_expr(c)  # type: ignore[arg-type]

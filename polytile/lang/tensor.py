@@ -22,6 +22,7 @@ from .expr import (
     rebuild,
     walk,
 )
+from .names import check_name
 
 _names = itertools.count()
 
@@ -140,9 +141,7 @@ def _shape(shape: object, what: str) -> tuple[Expr, ...]:
 
 def param(name: str) -> Param:
     """A symbolic size, e.g. ``N = pt.param("N")``; bound at call time from array shapes or keywords."""
-    if not name.isidentifier():
-        raise LanguageError(f"parameter name {name!r} is not an identifier")
-    return Param(name)
+    return Param(check_name(name, "parameter"))
 
 
 def placeholder(shape: object, dtype: object = "float32", name: str | None = None, *,
@@ -152,7 +151,7 @@ def placeholder(shape: object, dtype: object = "float32", name: str | None = Non
     ``value_range=(lo, hi)`` promises lo <= every element <= hi (for index arrays), ``monotonic=True``
     that elements never decrease (CSR row offsets); both are verified when the kernel is called.
     """
-    name = name or _fresh("input")
+    name = check_name(name, "tensor") if name is not None else _fresh("input")
     d = dtypes.as_dtype(dtype)
     vr = None
     if value_range is not None:
@@ -240,7 +239,7 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
     triangle); points outside it are not written (allocated outputs start as zeros).
     A reduction nested inside an expression is computed as its own tensor ``<name>_red`` first.
     """
-    name = name or _fresh("compute")
+    name = check_name(name, "tensor") if name is not None else _fresh("compute")
     dims = _shape(shape, f"compute {name}")
     names = _lambda_names(fn, len(dims), name)
     axes = tuple(IterVar(n, Const(0, dtypes.INDEX), d, "data") for n, d in zip(names, dims))

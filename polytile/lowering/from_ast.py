@@ -7,11 +7,13 @@ Reads redirected to caches are rewritten here, with the offsets isl computed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from .. import dtypes
 from ..errors import LoweringError
 from ..lang import expr as lx
+from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
 from ..poly.astgen import Binding
 from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
@@ -31,7 +33,11 @@ def aexpr(e: AExpr, env: Mapping[str, ir.Expr]) -> ir.Expr:
     if e.op == "id":
         return env.get(e.name, ir.Var(e.name))
     args = [aexpr(a, env) for a in e.args]
+    if e.op in ("add", "mul", "min", "max"):  # isl's associative operations may have any number of operands
+        return functools.reduce(lambda x, y: ir.BinOp(_AOPS[e.op], x, y), args)
     if e.op in _AOPS:
+        if len(args) != 2:
+            raise LoweringError(f"unexpected {len(args)}-operand integer operation {e.op}")
         return ir.BinOp(_AOPS[e.op], args[0], args[1])
     if e.op == "neg":
         return ir.BinOp("-", ir.Const(0, dtypes.INDEX), args[0])
@@ -128,7 +134,9 @@ class IRBuilder:
         self.reserved = reserved
         self.cache_levels = {c.name: c for c in plan.caches}
         self.opened: set[str] = set()  # buffers whose scope encloses the nodes being built
-        self._marks: dict[tuple[int, str, bool], set[str]] = {}
+        # by node id; each entry keeps its node alive, so that the id of a node built while lowering
+        # (leading_binding's) is not reused by another
+        self._marks: dict[tuple[int, str, bool], tuple[AstNode, set[str]]] = {}
 
     def build(self) -> ir.Stmt:
         return self.node(self.plan.ast, {}, [])
@@ -144,7 +152,7 @@ class IRBuilder:
             orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
             return ir.If(aexpr(n.cond, env), then, orelse)
         if isinstance(n, AstUser):
-            if n.stmt in self.bindings:
+            if n.stmt in self.bindings:  # no statement after it needs the bounds
                 return ir.Block(())
             plan = self.plan.statements[n.stmt]
             if plan.kind in ("alloc", "free"):  # the scope is opened around its statements (block)
@@ -162,9 +170,11 @@ class IRBuilder:
         k = 0
         while k < len(nodes):
             n = nodes[k]
-            if isinstance(n, AstUser) and n.stmt in self.bindings:
-                rest = self.block(nodes[k + 1:], env, scope)
-                out.append(self.bind(self.bindings[n.stmt], n, env, rest))
+            binding = self.leading_binding(n)
+            if binding is not None:
+                user, conds, after = binding
+                rest = self.block(([after] if after is not None else []) + nodes[k + 1:], env, scope)
+                out.append(self.bind(self.bindings[user.stmt], user, conds, env, rest))
                 break
             starts = self._scope_marks(n, "alloc") - self.opened
             if starts:
@@ -201,8 +211,8 @@ class IRBuilder:
                     stack += [x.then] + ([x.orelse] if x.orelse is not None else [])
                 elif isinstance(x, AstMark) or (deep and isinstance(x, AstFor)):
                     stack.append(x.body)
-            self._marks[key] = out
-        return self._marks[key]
+            self._marks[key] = (n, out)
+        return self._marks[key][1]
 
     def _scope_end(self, nodes: list[AstNode], k: int, starts: set[str]) -> tuple[int, frozenset[str]]:
         """The scope of the buffers allocated in ``nodes[k]``: up to the last node holding a release
@@ -235,16 +245,38 @@ class IRBuilder:
             j += 1
         return end, frozenset(owners)
 
-    def bind(self, b: Binding, n: AstUser, env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
+    def leading_binding(self, n: AstNode) -> tuple[AstUser, list[AExpr], AstNode | None] | None:
+        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, the start of
+        the branch of an ``if`` without ``else``; with the conditions around it and what ``n`` runs
+        after it (under the same conditions). Its loads scope over all that follows."""
+        if isinstance(n, AstUser) and n.stmt in self.bindings:
+            return n, [], None
+        if not isinstance(n, AstIf) or n.orelse is not None:
+            return None
+        body = _flatten_blocks([n.then])
+        inner = self.leading_binding(body[0]) if body else None
+        if inner is None:
+            return None
+        user, conds, after = inner
+        rest = ([after] if after is not None else []) + body[1:]
+        return user, [n.cond, *conds], AstIf(n.cond, AstBlock(tuple(rest)), None) if rest else None
+
+    def bind(self, b: Binding, n: AstUser, conds: list[AExpr], env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
+        """``body`` inside the loads of ``b``'s bounds; where isl guards the binding by ``conds``, the
+        loads are guarded too (elsewhere the computation has no instance and nothing reads them)."""
         comp = self.computations[b.owner]
         args = [aexpr(a, env) for a in n.args]
         src_vals = dict(zip(b.sources, args[b.prefix_len:]))
         axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
         conv = ExprConverter(self.buffers, [], {})
         var_env = {id(axes[name]): v for name, v in src_vals.items()}
+        guards = [aexpr(c, env) for c in conds]
         out = body
         for p in reversed(b.params):
-            value = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+            value: ir.Expr = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+            if guards:
+                value = ir.Select(guards[0] if len(guards) == 1 else ir.Logic("&&", tuple(guards)), value,
+                                  ir.const(0))
             out = ir.LetStmt(ir.Var(p), value, out)
         return out
 
@@ -295,9 +327,17 @@ class IRBuilder:
         names.discard(None)
         if len(names) == 1:
             name = names.pop().replace(".", "_")  # type: ignore[union-attr]
-            if name not in scope and name not in self.reserved and name.isidentifier():
+            if self.usable(name, scope):
                 return name
-        return n.iterator
+        name = n.iterator
+        while not self.usable(name, scope):
+            name += "_"
+        return name
+
+    def usable(self, name: str, scope: list[str]) -> bool:
+        """Whether a loop variable can be called ``name`` in generated code (not a C++ keyword or a
+        reserved name, not an enclosing loop's, a tensor's or a parameter's)."""
+        return name not in scope and name not in self.reserved and reserved_reason(name) is None
 
     def loop_kind(self, n: AstFor, users: set[str]) -> str:
         copies = [self.plan.statements[u] for u in users
@@ -347,9 +387,10 @@ class IRBuilder:
         buf, idx = conv.index_of(comp.name, data_idx)
         red = comp.reduction
         guard: lx.Expr | None = None
-        if plan.kind == "init":
+        if plan.kind == "init":  # where= holds for the initialization too: elsewhere nothing is written
             assert red is not None
             value = ir.Const(red.identity().value, comp.dtype)
+            guard = comp.where
         else:
             body = self.bodies[comp.name]
             if red is not None:
@@ -358,7 +399,7 @@ class IRBuilder:
                 old = ir.Load(buf, idx)
                 op = _REDUCE_COMBINE[red.op]
                 value = ir.BinOp(op, old, term)
-                guard = red.where
+                guard = body.where  # (with the inlined producers, unlike red.where)
             else:
                 value = conv.convert(body, var_env)
             if comp.where is not None:
@@ -435,14 +476,25 @@ def _flatten_blocks(nodes: list[AstNode]) -> list[AstNode]:
     must enclose its users, which isl may place in a sibling."""
     out: list[AstNode] = []
     for n in nodes:
+        scope = _guarded_scope_statement(n)
         if isinstance(n, AstBlock):
             out.extend(_flatten_blocks(list(n.body)))
-        elif (isinstance(n, AstIf) and n.orelse is None and isinstance(n.then, AstUser)
-              and n.then.stmt.endswith(("__alloc", "__free"))):
-            out.append(n.then)
+        elif scope is not None:
+            out.append(scope)
         else:
             out.append(n)
     return out
+
+
+def _guarded_scope_statement(n: AstNode) -> AstUser | None:
+    """The allocation or release that ``n`` is, alone under (nested) conditions without else."""
+    while isinstance(n, AstIf) and n.orelse is None:
+        n = n.then
+        while isinstance(n, AstBlock) and len(n.body) == 1:
+            n = n.body[0]
+    if isinstance(n, AstUser) and n.stmt.endswith(("__alloc", "__free")):
+        return n
+    return None
 
 
 def _users(n: AstNode) -> set[str]:

@@ -150,7 +150,7 @@ class Load(Expr):
 
     @property
     def lanes(self) -> int:  # type: ignore[override]
-        return max(i.lanes for i in self.index)
+        return max((i.lanes for i in self.index), default=1)  # a scalar (0-d) buffer has no index
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -143,6 +143,8 @@ def check_schedule(sched: Schedule, target: Target) -> None:
 def _check_gpu_schedule(sched: Schedule) -> None:
     for c in sched.computations:
         st = sched.states[c.name]
+        if not c.axes:  # a scalar: a kernel of one block (its reduction loops may be bound to threads)
+            continue
         if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:
             raise LoweringError(f"computation {c.name} runs on the host: on a GPU every computation needs "
                                 f"its outermost loop bound to blockIdx "

@@ -4,17 +4,19 @@ Data-dependent bounds are handled with schedule-tree *context* nodes (as PPCG do
 identifiers): a dynamic parameter is introduced just below the loops that fix the iterators it
 reads, so loops outside never see it and nothing reads the bound arrays out of place. A *binding
 statement* ``_bindN`` placed first under that node gives the code generator the spot (and the
-iterator values) where the parameters are loaded.
+iterator values) where the parameters are loaded: it runs at every prefix where the computation
+may have instances (isl guards it with the condition, which keeps the loads inside the arrays).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
 from ..errors import LoweringError
 from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint
+from .limits import isl_budget
 from .model import Statement, header, project_out_params
 
 _OPS = {
@@ -158,6 +160,30 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     ``dyn_constraints``: isl constraints over each parameter that hold for every value (declared value
     ranges and monotonicity).
     """
+    if not items:
+        return AstBlock(()), []
+    with isl_budget(LoweringError, "the schedule"):
+        ast, bindings = _generate(context, items, dyn_owner, dyn_sources, dyn_constraints, isolate, width)
+        missed = missed_instances(ast, items, context)
+        if not missed:
+            return ast, bindings
+        # isl drops instances of statements whose domains have modular constraints under a fused or
+        # skewed loop: scan those statements over their domains without the modular constraints and
+        # test the constraints in the loop body instead
+        relaxed = [_without_divs(it) if it.stmt.name in missed else it for it in items]
+        ast, bindings = _generate(context, relaxed, dyn_owner, dyn_sources, dyn_constraints, isolate, width)
+        if missed_instances(ast, relaxed, context):
+            raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
+                                f"{', '.join(sorted(missed))}; keep the loops of its modular conditions (a % in a "
+                                "where=) apart: no fuse, skew or apply_sch mixing them")
+        guards = {it.stmt.name: set_expr(it.stmt.domain, [f"x{k}" for k in range(len(it.stmt.dims))], context)
+                  for it in items if it.stmt.name in missed}
+        return _guard_users(ast, guards), bindings
+
+
+def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str],
+              dyn_sources: dict[str, list[str]], dyn_constraints: dict[str, list[str]],
+              isolate: list[isl.Set], width: int) -> tuple[AstNode, list[Binding]]:
     by_name = {it.stmt.name: it for it in items}
     bindings: list[Binding] = []
     depth_of: dict[str, int] = {}
@@ -165,8 +191,7 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
         it = by_name.get(owner)
         if it is None:
             continue
-        m = binding_depth(it, dyn_sources[pname])
-        depth_of[pname] = m
+        depth_of[pname] = binding_depth(it, dyn_sources[pname])
     groups: dict[tuple[str, int], list[str]] = {}
     for pname, m in depth_of.items():
         groups.setdefault((dyn_owner[pname], m), []).append(pname)
@@ -180,12 +205,16 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     all_items = items + extra
     dyn_all = sorted(depth_of)
 
-    domain = _union_set([project_out_params(it.stmt.domain, dyn_all) for it in items]
-                        + [b.stmt.domain for b in extra])
+    # existentially quantified variables made explicit integer divisions (or eliminated): isl's AST
+    # generation can take seconds to minutes on a quantified copy domain (e.g. the elements of an
+    # A[j % 2] footprint when N >= 2) that it scans at once with the divisions explicit
+    domains = {it.stmt.name: project_out_params(it.stmt.domain, dyn_all).compute_divs() for it in items}
+    domains.update({b.stmt.name: b.stmt.domain for b in extra})
+    domain = _union_set(list(domains.values()))
     sched = None
     for it in all_items:
         smap = project_out_params(it.schedule, dyn_all)
-        u = isl.UnionMap.from_map(smap.intersect_domain(project_out_params(it.stmt.domain, dyn_all)))
+        u = isl.UnionMap.from_map(smap.intersect_domain(domains[it.stmt.name]))
         sched = u if sched is None else sched.union(u)
     assert sched is not None
     schedule = isl.Schedule.from_domain(domain)
@@ -212,8 +241,7 @@ def generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str]
     build = isl.AstBuild.from_context(context).set_at_each_domain(_statement_call)
     if isinstance(build, tuple):  # islpy returns the build with a handle keeping the callback alive
         build, _keep = build
-    ast = build.node_from_schedule(node.get_schedule())
-    return convert_node(ast), bindings
+    return convert_node(build.node_from_schedule(node.get_schedule())), bindings
 
 
 def _statement_call(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
@@ -311,14 +339,10 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
 
 
 def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
-    """The loads of the bounds happen wherever the loops fixing ``sources`` run, whether or not the
-    data-dependent range is empty there: constraints on the other dimensions are dropped, not
-    projected (a projection would add conditions such as "some element exists")."""
+    """The loads of the bounds happen at every prefix where ``it`` may have instances (over every
+    value of the data-dependent bounds): the instances' image under the prefix and ``sources``."""
     stmt = it.stmt
     dom = stmt.over_domain()
-    for k, d in enumerate(stmt.dims):
-        if d not in sources:
-            dom = dom.drop_constraints_involving_dims(isl.dim_type.set, k, 1)
     sched = it.schedule.intersect_domain(dom)
     n_out = sched.dim(isl.dim_type.out)
     prefix = sched.project_out(isl.dim_type.out, m, n_out - m)  # instance -> prefix
@@ -329,10 +353,154 @@ def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], wid
                    f"[{', '.join(f'x{k}' for k in src_idx)}] }}")
     pick = pick.set_tuple_name(isl.dim_type.in_, stmt.name)
     both = prefix.range_product(pick.intersect_domain(dom))
-    bdom = both.range().flatten().set_tuple_name(name)
+    bdom = both.range().flatten().set_tuple_name(name).coalesce()
     ps = [f"p{k}" for k in range(m)]
     ss = [f"s{k}" for k in range(len(sources))]
     outs = ps + ["-1"] + ["0"] * (width - m - 1)
     bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
     bstmt = Statement(name, ps + ss, bdom)
     return Scheduled(bstmt, bs.intersect_domain(bdom))
+
+
+class _Unverifiable(Exception):
+    """An AST expression that the check below does not translate back into isl."""
+
+
+def missed_instances(ast: AstNode, items: list[Scheduled], context: isl.Set) -> set[str]:
+    """The statements whose domain has modular constraints (a ``%`` in a where=) and which ``ast``
+    does not run exactly: isl's code generator drops instances of such statements under a fused or
+    skewed loop (``{ S[i, j, k] -> [10i + j, k] : (i + k) mod 3 = 0 }`` runs one k per outer
+    iteration). The loops and conditions of the AST are read back into isl sets."""
+    check = {it.stmt.name: it.stmt for it in items
+             if not it.stmt.dyn_params and any(b.dim(isl.dim_type.div) for b in it.stmt.domain.get_basic_sets())}
+    if not check:
+        return set()
+    runs: dict[str, list[tuple[list[str], list[str]]]] = {}
+    try:
+        _collect_runs(ast, [], [], check, runs)
+    except _Unverifiable:
+        return set()
+    names = [context.get_dim_name(isl.dim_type.param, k) for k in range(context.dim(isl.dim_type.param))]
+    missed = set()
+    for name, stmt in check.items():
+        domain = stmt.domain.intersect_params(context)
+        executed = isl.Set.empty(domain.get_space())
+        xs = [f"x{k}" for k in range(len(stmt.dims))]
+        for iters, conds in runs.get(name, []):
+            try:
+                executed = executed.union(isl.Set(
+                    f"{header(names)}{{ {name}[{', '.join(xs)}] : exists ({', '.join(iters) or 'e'} : "
+                    f"{' and '.join(conds) or '1 = 1'}) }}"))
+            except isl.Error:  # a name the context does not declare (a data-dependent bound)
+                return set()
+        if not executed.intersect_params(context).is_equal(domain):
+            missed.add(name)
+    return missed
+
+
+def _without_divs(it: Scheduled) -> Scheduled:
+    """``it`` over its domain without the modular constraints (a superset), its schedule's function
+    extended to the added points."""
+    relaxed = it.stmt.domain.remove_divs()
+    pma = isl.PwMultiAff.from_map(it.schedule)
+    schedule: isl.Map | None = None
+    for d in range(pma.dim(isl.dim_type.out)):
+        pa = _one_piece(pma.get_pw_aff(d).coalesce())
+        pieces = pa.get_pieces()
+        if len(pieces) != 1:
+            schedule = None
+            break
+        dim = isl.Map.from_pw_aff(isl.PwAff.from_aff(pieces[0][1]))
+        schedule = dim if schedule is None else schedule.flat_range_product(dim)
+    if schedule is None or not schedule.intersect_domain(it.stmt.domain).is_equal(it.schedule):
+        raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
+                            f"{it.stmt.name}; keep the loops of its modular conditions (a % in a where=) apart: "
+                            "no fuse, skew or apply_sch mixing them")
+    return Scheduled(replace(it.stmt, domain=relaxed), schedule.intersect_domain(relaxed))
+
+
+def _guard_users(n: AstNode, guards: dict[str, AExpr]) -> AstNode:
+    """``n`` with each call of a statement of ``guards`` under its guard (over the statement's
+    dimensions, which become the call's arguments)."""
+    if isinstance(n, AstUser):
+        guard = guards.get(n.stmt)
+        return n if guard is None else AstIf(_substitute(guard, {f"x{k}": a for k, a in enumerate(n.args)}), n, None)
+    if isinstance(n, AstFor):
+        return replace(n, body=_guard_users(n.body, guards))
+    if isinstance(n, AstIf):
+        return AstIf(n.cond, _guard_users(n.then, guards),
+                     _guard_users(n.orelse, guards) if n.orelse is not None else None)
+    if isinstance(n, AstBlock):
+        return AstBlock(tuple(_guard_users(k, guards) for k in n.body))
+    if isinstance(n, AstMark):
+        return AstMark(n.name, _guard_users(n.body, guards))
+    return n
+
+
+def _substitute(e: AExpr, values: dict[str, AExpr]) -> AExpr:
+    if e.op == "id":
+        return values.get(e.name, e)
+    return replace(e, args=tuple(_substitute(a, values) for a in e.args)) if e.args else e
+
+
+def set_expr(s: isl.Set, in_names: list[str], context: isl.Set) -> AExpr:
+    """The condition that a point of ``s``'s dimensions, named ``in_names``, lies in ``s``."""
+    n = s.dim(isl.dim_type.set)
+    s = s.reset_tuple_id()
+    for k, name in enumerate(in_names[:n]):
+        s = s.set_dim_id(isl.dim_type.set, k, isl.Id(name))
+    moved = s.move_dims(isl.dim_type.param, s.dim(isl.dim_type.param), isl.dim_type.set, 0, n)
+    build = isl.AstBuild.from_context(isl.Set.universe(moved.get_space()).intersect_params(context))
+    return convert_expr(build.expr_from_set(moved))
+
+
+def _collect_runs(n: AstNode, iters: list[str], conds: list[str], stmts: dict[str, Statement],
+                  runs: dict[str, list[tuple[list[str], list[str]]]]) -> None:
+    """For every user node of ``stmts``: the loop iterators around it and the conditions under
+    which it runs, with ``xK = argument K``, as isl text."""
+    if isinstance(n, AstFor):
+        init = _isl_text(n.init)
+        if n.degenerate:
+            here = [f"{n.iterator} = {init}"]
+        else:
+            here = [f"{n.iterator} >= {init}", _isl_text(n.cond)]
+            if n.step != 1:
+                here.append(f"({n.iterator} - {init}) mod {n.step} = 0")
+        _collect_runs(n.body, iters + [n.iterator], conds + here, stmts, runs)
+    elif isinstance(n, AstIf):
+        cond = _isl_text(n.cond)
+        _collect_runs(n.then, iters, conds + [cond], stmts, runs)
+        if n.orelse is not None:
+            _collect_runs(n.orelse, iters, conds + [f"not ({cond})"], stmts, runs)
+    elif isinstance(n, AstBlock):
+        for kid in n.body:
+            _collect_runs(kid, iters, conds, stmts, runs)
+    elif isinstance(n, AstMark):
+        _collect_runs(n.body, iters, conds, stmts, runs)
+    elif isinstance(n, AstUser) and n.stmt in stmts:
+        args = [f"x{k} = {_isl_text(a)}" for k, a in enumerate(n.args)]
+        runs.setdefault(n.stmt, []).append((iters, conds + args))
+
+
+_ISL_BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "=", "le": "<=", "lt": "<", "ge": ">=", "gt": ">",
+               "and": "and", "or": "or"}
+
+
+def _isl_text(e: AExpr) -> str:
+    if e.op == "int":
+        return str(e.value)
+    if e.op == "id":
+        return e.name
+    args = [_isl_text(a) for a in e.args]
+    if e.op in _ISL_BINARY:
+        return "(" + f" {_ISL_BINARY[e.op]} ".join(args) + ")"
+    if e.op == "neg":
+        return f"(-{args[0]})"
+    if e.op in ("min", "max"):
+        out = args[0]
+        for a in args[1:]:
+            out = f"{e.op}({out}, {a})"
+        return out
+    if e.op in ("fdiv_q", "pdiv_q", "pdiv_r", "zdiv_r") and e.args[1].op == "int":
+        return f"floor({args[0]}/{args[1]})" if e.op.endswith("_q") else f"({args[0]} mod {args[1]})"
+    raise _Unverifiable(e.op)

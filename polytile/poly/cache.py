@@ -183,8 +183,10 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
             at = origin()
             if at is not None:
                 pa = isl.PwMultiAff.from_map(at).get_pw_aff(d).coalesce()
-                consider(pa.intersect_domain(lo.domain()) if pa.n_piece() > 1 else
-                         isl.PwAff.from_aff(pa.get_pieces()[0][1]))
+                if pa.n_piece() > 1:
+                    consider(pa.intersect_domain(lo.domain()))
+                elif pa.n_piece() == 1:  # (none: the first inner iteration accesses nothing of this kind)
+                    consider(isl.PwAff.from_aff(pa.get_pieces()[0][1]))
     if best is not None:
         return _Box(best[1], best[0], None, lo, hi)
     ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
@@ -565,7 +567,8 @@ def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: lis
     if fill:
         # a fill touches only the buffer: the whole box (constant loops, registers)
         out.append(("fill", box if box is not None else written, -1))
-    elif req.consumer + INIT_SUFFIX not in redirected:  # the buffer starts from the tensor's values
+    elif req.consumer + INIT_SUFFIX not in redirected or program.statements[req.consumer + INIT_SUFFIX].guarded:
+        # the buffer starts from the tensor's values (those a guarded initialization leaves)
         out.append(("copy_in", written, -1))
     out.append(("copy_out", box if box is not None else written, +1))
     return out

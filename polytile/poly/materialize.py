@@ -7,7 +7,7 @@ Returns a ``Plan`` made of plain data: the AST and, per statement, what the loop
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
@@ -54,8 +54,12 @@ def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], c
                     codegen: bool = True) -> tuple[list[Scheduled], dict[str, StmtPlan], CachePlan, int]:
     """Every statement to generate (computations and the caches' copies and scopes) with its full
     schedule and plan, the caches' plan, and the schedule width (``codegen``: with the index
-    expressions the code generator needs)."""
-    width = program.width(scheds)
+    expressions the code generator needs). Statements that never run get no code (isl cannot
+    schedule or measure empty sets), nor do caches serving only them."""
+    live = {name for name in scheds if program.runs(name)}
+    scheds = {name: s for name, s in scheds.items() if name in live}
+    caches = [replace(r, also=tuple(o for o in r.also if o in live)) for r in caches if r.consumer in live]
+    width = program.width(scheds) if scheds else 1
     for req in caches:
         width = max(width, copy_width(req, program.func.tensor(req.tensor).ndim))
     items: list[Scheduled] = []
@@ -82,6 +86,7 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
     """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
     must be full there (those to unroll or vectorize; all inner loops when not given)."""
     items, plans, cache_plan, width = plan_statements(program, scheds, caches)
+    separate = {name: loops for name, loops in separate.items() if name in plans}
     isolate = []
     by_name = {it.stmt.name: it for it in items}
     for name, loops in separate.items():

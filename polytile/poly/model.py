@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from ..errors import LanguageError
-from ..lang.expr import Call, Cmp, Expr, IterVar, Load, Logic, Not, Param, Select, Var, walk
+from ..lang.expr import Call, Cmp, Expr, IterVar, Load, Logic, Not, Param, Reduce, Select, Var, walk
 from ..lang.printer import expr_str
 from ..lang.tensor import ComputeTensor, Placeholder, Tensor
 from .affine import Affine, DynParams, NotAffine, affine, condition, minmax_bounds
@@ -44,6 +44,7 @@ class Statement:
     writes: list[Access] = field(default_factory=list)
     dyn_params: list[str] = field(default_factory=list)
     reduce_dims: list[str] = field(default_factory=list)
+    guarded: bool = False  # its body tests a data-dependent condition: it may not write every instance's element
 
     def over_domain(self) -> isl.Set:
         """The domain with dynamic parameters projected out: what loops outside their binding see."""
@@ -172,7 +173,7 @@ def tensor_bounds(t: Tensor, params: list[str]) -> isl.Set:
 def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
                            dyn: DynParams) -> list[Statement]:
     """Statements of a computation whose (inlined) expression is ``body``."""
-    red = comp.reduction
+    red = body if isinstance(body, Reduce) else None  # its where= has the inlined producers too
     data = list(comp.axes)
     raxes = list(comp.reduce_axes)
     names = [a.name for a in data + raxes]
@@ -183,11 +184,12 @@ def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
     data_names = [a.name for a in data]
     conds = _shape_bounds(comp, data_names, namer)
     used_dyn: list[str] = []
+    data_guard = False  # comp.where tests data: it stays a guard in the bodies of the statements
     if comp.where is not None:
         try:
             conds.append(condition(comp.where, namer))
         except NotAffine:
-            pass  # a data-dependent condition stays a guard in the statement body
+            data_guard = True
     rconds: list[str] = []
     for ax in raxes:
         for bound, rel in ((ax.lo, ">="), (ax.hi, "<")):
@@ -217,15 +219,19 @@ def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
     stmts: list[Statement] = []
     if red is not None:
         init_name = comp.name + INIT_SUFFIX
-        init = Statement(init_name, data_names, data_dom)
+        init = Statement(init_name, data_names, data_dom, guarded=data_guard)
         init.writes.append(Access(comp.name, isl.Map(f"{hdr}{{ {init_name}[{out_rel_dims}] -> "
                                                      f"{comp.name}[{out_rel_dims}] }}").intersect_domain(data_dom),
                                   True))
+        if comp.where is not None:  # the initialization reads what the where= condition reads
+            for load, guard in _guards(comp.where, namer):
+                init.reads.append(access(init_name, data_names, data_dom, load.tensor, load.indices, guard, namer,
+                                         all_params))
         stmts.append(init)
     dom = isl.Set(f"{hdr}{{ {comp.name}[{', '.join(names)}] : "
                   f"{' and '.join(conds + rconds) or '1 = 1'} }}")
     upd = Statement(comp.name, names, dom, dyn_params=sorted(set(used_dyn)),
-                    reduce_dims=[a.name for a in raxes])
+                    reduce_dims=[a.name for a in raxes], guarded=data_guard)
     write = isl.Map(f"{hdr}{{ {comp.name}[{', '.join(names)}] -> {comp.name}[{out_rel_dims}] }}")
     upd.writes.append(Access(comp.name, write.intersect_domain(dom), True))
     if red is not None:

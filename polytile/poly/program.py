@@ -14,8 +14,10 @@ import islpy as isl
 from ..errors import LanguageError, ScheduleError
 from ..lang.expr import Expr, Load
 from ..lang.func import Func
+from ..lang.printer import expr_str
 from ..lang.tensor import ComputeTensor, Placeholder
 from .affine import DynParams, NotAffine, affine
+from .astgen import Scheduled, binding_depth
 from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
 from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
 from .schedule import LoopSchedule, full_map
@@ -124,7 +126,7 @@ class PolyProgram:
     # --- schedules ------------------------------------------------------------------------------
     def identity_loops(self, stmt: str) -> LoopSchedule:
         st = self.statements[stmt]
-        return LoopSchedule.identity(self.owner_of[stmt], stmt, st.dims)
+        return LoopSchedule.identity(self.owner_of[stmt], stmt, st.dims, st.over_domain())
 
     def init_schedule(self, comp: str, update: StageSchedule) -> StageSchedule:
         """The initialization of a reduction, placed just before the first loop that runs over a
@@ -139,19 +141,13 @@ class PolyProgram:
         for k in keep:
             if k > q and loops.depends_on(k, upd.reduce_dims):
                 raise ScheduleError(f"computation {comp}: loop {loops.names[k]} mixes reduction and data axes")
-        rel = loops.rel
-        drop_out = [k for k in range(n) if k not in keep]
-        for k in reversed(drop_out):
-            rel = rel.project_out(isl.dim_type.out, k, 1)
-        red_pos = [upd.dims.index(d) for d in upd.reduce_dims]
-        for k in sorted(red_pos, reverse=True):
-            rel = rel.project_out(isl.dim_type.in_, k, 1)
-        rel = rel.set_tuple_name(isl.dim_type.in_, init.name).intersect_domain(init.domain)
-        if not rel.is_single_valued():
+        rel = _init_loops(loops.rel, keep, [upd.dims.index(d) for d in upd.reduce_dims], upd.over_domain(),
+                          init.name, init.domain)
+        if rel is None:
             raise ScheduleError(f"computation {comp}: its initialization cannot follow the loops "
                                 f"{', '.join(loops.names)}; keep reduction loops apart from data loops")
         names = [loops.names[k] for k in keep]
-        init_loops = LoopSchedule(comp, init.dims, rel, names)
+        init_loops = LoopSchedule(comp, init.dims, rel, names, init.over_domain())
         statics = list(update.statics[:q + 1])
         statics[q] -= 1
         statics += [update.statics[-1]] * (len(names) + 1 - len(statics))
@@ -186,6 +182,30 @@ class PolyProgram:
         return carried_violation(self.dependences(original), self.full_maps(scheds, w), dim, w, reduction_of,
                                  inside)
 
+    def unbounded_loop(self, scheds: Mapping[str, StageSchedule]) -> str | None:
+        """Why the AST cannot scan a statement under ``scheds`` (None when it can): a loop placed
+        outside the loops that fix the iterators a data-dependent bound reads runs over every value
+        of that bound, which needs a declared range (``value_range``) to be finite."""
+        maps = self.full_maps(scheds)
+        sources = self.dyn_sources()
+        for name, st in self.statements.items():
+            if not st.dyn_params or name not in maps:
+                continue
+            loops = scheds[name].loops
+            image = st.over_domain().apply(maps[name]).intersect_params(self.context)
+            for p in st.dyn_params:
+                m = binding_depth(Scheduled(st, maps[name]), sources[p])
+                for d in range(1, m, 2):
+                    dim = image.project_out(isl.dim_type.set, d + 1, image.dim(isl.dim_type.set) - d - 1) \
+                        .project_out(isl.dim_type.set, 0, d)
+                    if not dim.is_bounded():
+                        fixed = loops.names[(m - 1) // 2]
+                        return (f"loop {loops.names[(d - 1) // 2]} of {self.owner_of[name]} runs outside loop {fixed}, "
+                                f"which fixes the data-dependent bound {expr_str(self.dyn.exprs[p])}, and has no "
+                                "bounded range there: declare value_range on the index array, or keep the loop "
+                                f"inside {fixed}")
+        return None
+
     def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
         return loops.loop_range(pos, self.statements[stmt].over_domain())
 
@@ -202,8 +222,39 @@ class PolyProgram:
                                 .set_tuple_id(dom.get_tuple_id()))
         return box.is_equal(dom)
 
+    def runs(self, stmt: str) -> bool:
+        """Whether some instance of ``stmt`` runs, for some parameter values (a where= that never
+        holds, a zero-size tensor or an empty reduction range leave a statement that never runs)."""
+        return not self.statements[stmt].domain.intersect_params(self.context).is_empty()
+
     def domain_of(self, stmt: str) -> isl.Set:
         return self.statements[stmt].domain
+
+
+def _init_loops(rel: isl.Map, keep: list[int], reduce_pos: list[int], domain: isl.Set, init: str,
+                init_domain: isl.Set) -> isl.Map | None:
+    """The update's loops ``keep`` (those that do not vary with the reduction on its domain) as a
+    function of the data dimensions, over every instance of the initialization: projected from the
+    loops over every integer point where that is a function; else from the update's instances,
+    extended to the elements whose reduction range is empty (isl's gist drops the conditions that
+    only say "the range is not empty"). None when neither gives one placement per element."""
+    def project(r: isl.Map) -> isl.Map:
+        for k in reversed(range(r.dim(isl.dim_type.out))):
+            if k not in keep:
+                r = r.project_out(isl.dim_type.out, k, 1)
+        for k in sorted(reduce_pos, reverse=True):
+            r = r.project_out(isl.dim_type.in_, k, 1)
+        return r.set_tuple_name(isl.dim_type.in_, init)
+
+    def placement(r: isl.Map) -> isl.Map | None:
+        r = r.intersect_domain(init_domain)
+        return r if r.is_single_valued() and init_domain.is_subset(r.domain()) else None
+
+    found = placement(project(rel))
+    if found is None:
+        on_domain = project(rel.intersect_domain(domain))
+        found = placement(on_domain.gist_domain(on_domain.domain()))
+    return found
 
 
 def _const_difference(a: Expr, b: Expr) -> int | None:

@@ -22,16 +22,17 @@ def _xs(n: int, prefix: str = "x") -> list[str]:
 class LoopSchedule:
     """``stmt[dims] -> [l0, …]`` with loop names; immutable, every primitive returns a new one."""
 
-    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str]):
+    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str], domain: isl.Set):
         self.owner = owner  # the computation, for messages
         self.dims = list(dims)
-        self.rel = rel
+        self.rel = rel  # over every integer point (an initialization's loops are projected from it)
         self.names = list(names)
+        self.domain = domain  # the statement's instances: analyses look at the loops there only
 
     @staticmethod
-    def identity(owner: str, stmt: str, dims: Sequence[str]) -> LoopSchedule:
+    def identity(owner: str, stmt: str, dims: Sequence[str], domain: isl.Set) -> LoopSchedule:
         d = ", ".join(dims)
-        return LoopSchedule(owner, dims, isl.Map(f"{{ {stmt}[{d}] -> [{d}] }}"), dims)
+        return LoopSchedule(owner, dims, isl.Map(f"{{ {stmt}[{d}] -> [{d}] }}"), dims, domain)
 
     # --- helpers --------------------------------------------------------------------------------
     def index(self, name: str) -> int:
@@ -56,7 +57,7 @@ class LoopSchedule:
         xs = _xs(len(self.names))
         text = f"{{ [{', '.join(xs)}] -> [{', '.join(out_exprs)}] {(': ' + extra) if extra else ''}}}"
         t = isl.Map(text)
-        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names)
+        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names, self.domain)
 
     # --- primitives -----------------------------------------------------------------------------
     def split(self, name: str, factor: int, outer: str | None = None, inner: str | None = None) -> LoopSchedule:
@@ -86,10 +87,11 @@ class LoopSchedule:
         p, q = self.index(outer), self.index(inner)
         if q != p + 1:
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must be directly inside {outer}")
-        lo, hi = self.loop_range(q, domain)
+        lo, hi = (0, 0) if domain.is_empty() else self.loop_range(q, domain)  # no iteration: any extent
         if lo != 0 or hi is None:
+            runs = f"it runs from {lo} to {hi}" if lo is not None and hi is not None else "its bounds vary"
             raise ScheduleError(f"fuse of {self.owner}: loop {inner} must run over 0..E-1 with a constant E "
-                                f"for every value of {outer} (it runs from {lo} to {hi})")
+                                f"for every value of {outer} ({runs})")
         taken = set(self.names) - {outer, inner}
         f = self._fresh(name, f"{outer}{inner}", taken)
         xs = _xs(len(self.names))
@@ -147,15 +149,17 @@ class LoopSchedule:
         rel = self.rel.apply_range(t)
         if rel.is_empty() and not self.rel.is_empty():
             raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} drops every iteration")
-        return LoopSchedule(self.owner, self.dims, rel, out_names)
+        return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain)
 
     # --- queries --------------------------------------------------------------------------------
     def loop_range(self, pos: int, domain: isl.Set) -> tuple[int | None, int | None]:
         """The constant bounds of loop ``pos`` over all iterations (None where not constant)."""
         image = domain.apply(self.rel)
-        lo = image.dim_min(pos)
-        hi = image.dim_max(pos)
-        return _const_of(lo), _const_of(hi)
+        n = image.dim(isl.dim_type.set)
+        if not image.project_out(isl.dim_type.set, pos + 1, n - pos - 1).project_out(
+                isl.dim_type.set, 0, pos).is_bounded():
+            return None, None  # a data-dependent range without declared bounds
+        return _const_of(image.dim_min(pos)), _const_of(image.dim_max(pos))
 
     def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
         """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""
@@ -163,16 +167,18 @@ class LoopSchedule:
 
     @cached_property
     def _involved(self) -> list[set[str]]:
-        """For each loop, the domain dimensions it is a function of (computed once: schedules are
-        immutable, and extracting the functions from isl is costly)."""
-        pma = isl.PwMultiAff.from_map(self.rel)
+        """For each loop, the domain dimensions it varies with: those whose removal leaves the loop's
+        value undetermined (computed once: schedules are immutable). Over the statement's instances
+        only, where compositions of floors and fusions are simple, unlike over every integer point
+        (where extracting the functions can take isl minutes)."""
+        rel = self.rel.intersect_domain(self.domain).detect_equalities()
+        if rel.is_empty():  # no instance: what the loops vary with over every point
+            rel = self.rel
+        n = len(self.names)
         out = []
-        for pos in range(len(self.names)):
-            pa = pma.get_pw_aff(pos)
-            graph = isl.Map.from_pw_aff(pa)
-            # a dimension that only cuts the function into pieces (fused loops come back from isl as
-            # several pieces) does not make it vary: the function stays single-valued without it
-            out.append({d for k, d in enumerate(self.dims) if pa.involves_dims(isl.dim_type.in_, k, 1)
+        for pos in range(n):
+            graph = rel.project_out(isl.dim_type.out, pos + 1, n - pos - 1).project_out(isl.dim_type.out, 0, pos)
+            out.append({d for k, d in enumerate(self.dims) if graph.involves_dims(isl.dim_type.in_, k, 1)
                         and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()})
         return out
 
@@ -200,4 +206,7 @@ def full_map(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map
     outs.append(str(int(statics[n])))
     outs += ["0"] * (width - len(outs))
     t = isl.Map(f"{{ [{', '.join(xs)}] -> [{', '.join(outs)}] }}")
-    return loops.rel.apply_range(t)
+    # over the statement's instances, with the equalities isl finds there made explicit: composed
+    # splits and fusions otherwise reach the AST generator as large floor expressions it explores
+    # for minutes (a split of a fused loop: o5 = i - 7 * o3 instead of three floor constraints)
+    return loops.rel.intersect_domain(loops.domain).apply_range(t).detect_equalities().coalesce()

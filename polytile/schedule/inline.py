@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
-from ..lang.expr import Expr, Load, rebuild, substitute
+from ..lang.expr import Expr, Load, rebuild, substitute, walk
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor
 
@@ -45,6 +45,10 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
         raise ScheduleError(f"computation {name} is an output of Func {sched.func.name} and cannot be inlined")
     if comp.where is not None:
         raise ScheduleError(f"computation {name} has a where= domain and cannot be inlined")
+    for other in sched.computations:
+        if other.where is not None and any(isinstance(n, Load) and n.tensor is comp for n in walk(other.where)):
+            raise ScheduleError(f"computation {name} is read by the where= of {other.name}; a where= condition "
+                                f"reads computed tensors, not inlined ones: keep {name} a computation")
     for other, st in sched.states.items():
         if st.anchor is not None and st.anchor.other == name:
             raise ScheduleError(f"computation {other} is placed relative to {name}; inline {name} first")
@@ -53,15 +57,8 @@ def compute_inline(sched: Schedule, name: str) -> Schedule:
     cached = [c for c in sched.caches if c.tensor == name]
     if cached:
         return _inline_into_caches(sched, name, cached)
-    old_inlined, old_states = list(sched.inlined), dict(sched.states)
-    sched.inlined.append(name)
-    try:
-        sched.rebuild()
-    except Exception:
-        sched.inlined = old_inlined
-        sched.states = old_states
-        sched.rebuild()
-        raise
+    sched.inlined.append(name)  # Stage.compute_inline puts everything back if the rebuild fails
+    sched.rebuild()
     return sched
 
 
@@ -77,15 +74,8 @@ def _inline_into_caches(sched: Schedule, name: str, cached: list) -> Schedule:  
     if missing:
         raise ScheduleError(f"computation {name} is read by {', '.join(missing)} without a cache; inline it "
                             f"before caching, or cache it for every reader")
-    old_states = dict(sched.states)
     sched.virtual.append(name)
-    try:
-        sched.rebuild()
-    except Exception:
-        sched.virtual.remove(name)
-        sched.states = old_states
-        sched.rebuild()
-        raise
+    sched.rebuild()
     return sched
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
@@ -18,6 +19,7 @@ def _untagged(tags: dict[str, str], *loops: str) -> dict[str, str]:
     return tags
 
 
+@transactional
 def split(self: Stage, loop: str, factor: int, outer: str | None = None, inner: str | None = None) -> Stage:
     """Split ``loop`` into ``outer`` (iterations / factor) and ``inner`` (0..factor-1).
 
@@ -31,6 +33,7 @@ def split(self: Stage, loop: str, factor: int, outer: str | None = None, inner: 
     return self
 
 
+@transactional
 def tile(self: Stage, outer_loop: str, inner_loop: str, outer_factor: int, inner_factor: int,
          names: Sequence[str] | None = None) -> Stage:
     """Tile two nested loops: split both and move the two tile loops outside the point loops."""
@@ -49,10 +52,12 @@ def tile(self: Stage, outer_loop: str, inner_loop: str, outer_factor: int, inner
     io, ii = loops.names[p + 2], loops.names[p + 3]
     st.loops = loops.reorder([oo, io, oi, ii])
     _untagged(st.tags, outer_loop, inner_loop)
+    st.separate -= {outer_loop, inner_loop}
     self.schedule.commit(self.name, st)
     return self
 
 
+@transactional
 def reorder(self: Stage, *loops: str) -> Stage:
     """Put the named loops in the given order (the positions they occupy are reused)."""
     order = list(loops[0]) if len(loops) == 1 and isinstance(loops[0], (list, tuple)) else list(loops)
@@ -62,15 +67,18 @@ def reorder(self: Stage, *loops: str) -> Stage:
     return self
 
 
+@transactional
 def fuse(self: Stage, outer: str, inner: str, name: str | None = None) -> Stage:
     """Merge two directly nested loops into one (the inner one needs a constant extent)."""
     st = self.schedule.state_copy(self.name)
     st.loops = st.loops.fuse(outer, inner, self.schedule.program.statements[self.name].over_domain(), name)
     _untagged(st.tags, outer, inner)
+    st.separate -= {outer, inner}
     self.schedule.commit(self.name, st)
     return self
 
 
+@transactional
 def skew(self: Stage, outer: str, inner: str, factor: int = 1) -> Stage:
     """Replace loop ``inner`` by ``inner + factor * outer`` (wavefronts for stencils)."""
     st = self.schedule.state_copy(self.name)
@@ -79,6 +87,7 @@ def skew(self: Stage, outer: str, inner: str, factor: int = 1) -> Stage:
     return self
 
 
+@transactional
 def shift(self: Stage, loop: str, offset: int) -> Stage:
     """Run iteration x of ``loop`` at position x + offset (aligns producers before fusion)."""
     st = self.schedule.state_copy(self.name)
@@ -87,6 +96,7 @@ def shift(self: Stage, loop: str, offset: int) -> Stage:
     return self
 
 
+@transactional
 def reverse(self: Stage, loop: str) -> Stage:
     """Run ``loop`` backwards."""
     st = self.schedule.state_copy(self.name)
@@ -95,6 +105,7 @@ def reverse(self: Stage, loop: str) -> Stage:
     return self
 
 
+@transactional
 def apply_sch(self: Stage, isl_map: str, names: Sequence[str] | None = None) -> Stage:
     """Apply any affine map to the loops, e.g. ``"{ [i, j] -> [j, i + j] }"`` (dimensions by position).
 
@@ -110,6 +121,7 @@ def apply_sch(self: Stage, isl_map: str, names: Sequence[str] | None = None) -> 
     return self
 
 
+@transactional
 def separate(self: Stage, loop: str) -> Stage:
     """Generate full tiles of ``loop`` apart from the partial ones at the edges (constant extents
     in the full tiles let unrolling and vectorization apply)."""

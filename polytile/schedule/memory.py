@@ -177,6 +177,7 @@ def cache_requests(sched: Schedule, copy_order: str = "cache") -> list[CacheRequ
             raise ScheduleError(f"cache {c.name} of {c.tensor} is placed at loop {c.level} of {c.consumer}, which no "
                                 f"longer exists (its loops are {', '.join(st.loops.names)}); transform the loops "
                                 "before adding caches at them")
+        _not_scalar(sched, c.tensor, f"cache {c.name} of {c.tensor}")
         level = None if c.level is None else st.loops.index(c.level)
         threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
                             if tag.startswith("threadIdx"))
@@ -193,9 +194,16 @@ def cache_requests(sched: Schedule, copy_order: str = "cache") -> list[CacheRequ
             if st.store_level is not None and st.store_level not in st.loops.names:
                 raise ScheduleError(f"{name} is stored at loop {st.store_level} (store_at), which no longer exists "
                                     f"(its loops are {', '.join(st.loops.names)}); transform the loops first")
+            _not_scalar(sched, name, f"store of {name}")
             level = None if st.store_level is None else st.loops.index(st.store_level)
             requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout, st.loc))
     return requests
+
+
+def _not_scalar(sched: Schedule, tensor: str, what: str) -> None:
+    if sched.func.tensor(tensor).ndim == 0:
+        raise ScheduleError(f"{what}: {tensor} is a scalar (0-d), one element that the compiler keeps in a "
+                            "register; it takes no buffer or layout of its own")
 
 
 def check_memory(sched: Schedule, original: dict[str, StageSchedule], scheds: dict[str, StageSchedule],

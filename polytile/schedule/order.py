@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
@@ -26,12 +27,14 @@ def _place(self: Stage, other: Stage | object, level: str | None, after: bool) -
     return self
 
 
+@transactional
 def after(self: Stage, other: Stage | object, level: str | None = None) -> Stage:
     """Run this computation after ``other``, sharing ``other``'s loops down to ``level`` (fusion);
     ``level=None`` places it after ``other`` at the top (fission)."""
     return _place(self, other, level, True)
 
 
+@transactional
 def before(self: Stage, other: Stage | object, level: str | None = None) -> Stage:
     """Run this computation before ``other``, sharing ``other``'s loops down to ``level``."""
     return _place(self, other, level, False)

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..intrinsics import tensor_intrinsic
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
 
 
+@transactional
 def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stage:
     """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead.
 

@@ -1,8 +1,9 @@
 """Schedule state: one ``Stage`` per computation, the polyhedral program, and legality checking.
 
 Primitives (in the sibling modules) compute a new state for a stage and call ``Schedule.commit``,
-which checks every dependence and either keeps the change or raises ``ScheduleError`` leaving the
-schedule as it was.
+which checks every dependence and either keeps the change or raises ``ScheduleError``. Each
+primitive is ``@transactional`` (``transaction.py``): when it raises, the whole schedule is put
+back as it was, whatever it had changed on the way.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from ..errors import ScheduleError
 from ..lang.expr import Expr
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor, Tensor
+from ..poly.limits import isl_budget
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 from .memory import check_memory
+from .transaction import transactional
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -135,6 +138,10 @@ class Schedule:
                 a = st.anchor
                 base = resolve(a.other)
                 other = states[a.other].loops
+                if a.level is not None and a.level not in other.names:
+                    raise ScheduleError(f"computation {name} is placed {'after' if a.after else 'before'} {a.other} "
+                                        f"at loop {a.level}, which no longer exists (the loops of {a.other} are "
+                                        f"{', '.join(other.names)}); transform the loops before fusing at them")
                 p = -1 if a.level is None else other.index(a.level)
                 if p + 1 > n:
                     raise ScheduleError(f"computation {name} has {n} loop(s); it cannot share loop {a.level} "
@@ -166,19 +173,44 @@ class Schedule:
     # --- legality -------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise ScheduleError if the current schedule breaks a dependence or a parallel tag."""
+        with isl_budget(ScheduleError, "the schedule"):
+            self._check()
+
+    def _check(self) -> None:
         scheds = self.stage_schedules()
         relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
         v = self.program.violation(self._original, scheds, relaxed)
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
+        self._check_shared_loop_tags(scheds)
+        unbounded = self.program.unbounded_loop(scheds)
+        if unbounded is not None:
+            raise ScheduleError(unbounded)
         check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
                     self.check_parallel(name, loop, tag, scheds)
 
+    def _check_shared_loop_tags(self, scheds: dict[str, StageSchedule]) -> None:
+        """Computations fused in a loop (after/before) give it compatible tags: one loop of the
+        generated code cannot be, e.g., both parallel and vectorized."""
+        tagged = [(name, pos, tag) for name, st in self.states.items() for loop, tag in st.tags.items()
+                  if tag != "serial" for pos in [st.loops.index(loop)]]
+        for k, (a, pos, tag) in enumerate(tagged):
+            for b, pos_b, tag_b in tagged[k + 1:]:
+                shared = pos == pos_b and scheds[a].statics[:pos + 1] == scheds[b].statics[:pos + 1]
+                if shared and tag != tag_b:
+                    raise ScheduleError(f"loop {self.states[a].loops.names[pos]} of {a} is {tag} and loop "
+                                        f"{self.states[b].loops.names[pos]} of {b}, fused with it, is {tag_b}; "
+                                        "tag the loops of fused computations alike")
+
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
+        with isl_budget(ScheduleError, f"the schedule of {name}"):
+            self._check_parallel(name, loop, tag, scheds)
+
+    def _check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         st = self.states[name]
         pos = st.loops.index(loop)
         dim = 2 * pos + 1
@@ -259,6 +291,7 @@ class Stage:
     from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
     from .tensorize import tensorize  # noqa: E402
 
+    @transactional
     def reassociate(self) -> Stage:
         """Let the order of this reduction's accumulation change (sums of floats may then differ in
         the last bits): reduction loops may be reordered, and bound to GPU threads as a tree."""
@@ -270,6 +303,7 @@ class Stage:
         self.schedule.commit(self.name, st)
         return self
 
+    @transactional
     def compute_inline(self) -> Schedule:
         """Substitute this computation into its consumers (it must not be a reduction or an output)."""
         from .inline import compute_inline

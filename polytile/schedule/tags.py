@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import Stage
 
 
+@transactional
 def tag(self: Stage, loop: str, kind: str) -> Stage:
     """Annotate ``loop``: "parallel" (OpenMP), "vectorize" (SIMD), "unroll", "serial", or a GPU
     binding "blockIdx.x/y/z", "threadIdx.x/y/z". Parallel kinds are checked against dependences."""
@@ -19,8 +21,9 @@ def tag(self: Stage, loop: str, kind: str) -> Stage:
                             f"use one of {', '.join(LOOP_TAGS)}")
     st = self.schedule.state_copy(self.name)
     st.loops.index(loop)
-    if kind.startswith(("blockIdx", "threadIdx")) and kind in st.tags.values():
-        raise ScheduleError(f"{kind} is already bound to another loop of {self.name}")
+    if (kind.startswith(("blockIdx", "threadIdx")) or kind == "vectorize") and kind in st.tags.values():
+        other = next(lp for lp, t in st.tags.items() if t == kind)
+        raise ScheduleError(f"loop {other} of {self.name} is already {kind}; a computation has one such loop")
     st.tags[loop] = kind
     old = self.schedule.states[self.name]
     self.schedule.states[self.name] = st

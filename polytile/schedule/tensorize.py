@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from ..errors import ScheduleError
 from ..intrinsics import tensor_intrinsic, tensor_intrinsics
 from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
+from .transaction import transactional
 
 if TYPE_CHECKING:
     from .state import CacheSpec, Stage
@@ -55,6 +56,7 @@ def _operand(e: Expr) -> Load | None:
     return e if isinstance(e, Load) else None
 
 
+@transactional
 def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     """Compute the nest (``loop`` and the two loops inside it) with ``intrinsic`` (a tensor intrinsic
     of ``polytile.intrinsics``; the target's features are checked when it is lowered)."""

@@ -63,7 +63,7 @@ def test_every_helper_a_body_calls_is_defined(op, target):
     source = cpu.cpu_source(lowered) if target == "cpu" else cuda_source(lowered)[0]
     table = cpu.HELPERS if target == "cpu" else cuda.HELPERS
     called = {n for n in mentioned(body(source)) if table.definition(n) is not None}
-    assert called and called <= _defined(source)
+    assert called <= _defined(source)  # (the GPU conv2d's body calls none: then its header is empty)
     assert _defined(source) == set(table.needed(body(source)))  # nothing else
 
 

@@ -145,3 +145,69 @@ def test_bool_and_cast(rng):
     m, c = pt.build(pt.Func([A], [M, C]))(a)
     np.testing.assert_array_equal(m, (a > 0.5) & ~(a > 0.9))
     np.testing.assert_array_equal(c, (a * np.float32(10)).astype(np.int32))
+
+
+def test_duplicated_input_or_output_refused():
+    X = pt.placeholder((4,), "float32", "X")
+    Y = pt.compute((4,), lambda i: X[i] * 2.0, "Y")
+    with pytest.raises(pt.LanguageError, match="input X is listed twice"):
+        pt.Func([X, X], [Y])
+    with pytest.raises(pt.LanguageError, match="output Y is listed twice"):
+        pt.Func([X], [Y, Y])
+
+
+def test_parameter_named_like_a_tensor_refused():
+    N = pt.param("X")
+    X = pt.placeholder((N,), "float32", "X")
+    Y = pt.compute((N,), lambda i: X[i] * 2.0, "Y")
+    with pytest.raises(pt.LanguageError, match="parameter X has the name of a tensor"):
+        pt.Func([X], [Y])
+
+
+@pytest.mark.parametrize("name", ["int", "new", "delete", "float", "and", "NULL", "INFINITY", "linux", "stdout",
+                                  "INT32_MAX", "M_PI", "threadIdx", "int64_t", "expf", "_x", "_X", "__y", "pt_min",
+                                  "a-b", "é", ""])
+def test_names_generated_code_cannot_use_are_refused(name):
+    with pytest.raises(pt.LanguageError, match=f"name {name!r} cannot be used"):
+        pt.placeholder((4,), "float32", name)
+    with pytest.raises(pt.LanguageError, match=f"name {name!r} cannot be used"):
+        pt.param(name)
+    X = pt.placeholder((4,), "float32", "X")
+    with pytest.raises(pt.LanguageError, match=f"name {name!r} cannot be used"):
+        pt.compute((4,), lambda i: X[i], name)
+    Y = pt.compute((4,), lambda i: X[i], "Y")
+    with pytest.raises(pt.LanguageError, match=f"name {name!r} cannot be used"):
+        pt.Func([X], [Y], name=name)
+
+
+def test_func_named_like_a_c_library_function_refused():
+    X = pt.placeholder((4,), "float32", "X")
+    Y = pt.compute((4,), lambda i: X[i], "Y")
+    for name in ("y1", "random", "qsort"):
+        with pytest.raises(pt.LanguageError, match="C library"):
+            pt.Func([X], [Y], name=name)
+        with pytest.raises(pt.LanguageError, match="C library"):
+            pt.build(pt.Func([X], [Y]), name=name)
+
+
+def test_loops_named_like_cpp_keywords_or_tensors_build(rng):
+    # loop names are the user's where generated code can use them, and fresh names elsewhere
+    c0 = pt.placeholder((5, 7), "float32", "c0")
+    new = pt.reduce_axis(7, "new")
+    c1 = pt.compute((5,), lambda int: pt.sum(c0[int, new], axis=new), "c1")
+    s = pt.create_schedule(pt.Func([c0], [c1]))
+    s[c1].split("int", 2, outer="delete", inner="c0")
+    a = rng.standard_normal((5, 7)).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(a), a.sum(1), rtol=1e-5)
+
+
+def test_axis_named_like_a_parameter_refused():
+    N = pt.param("N")
+    A = pt.placeholder((N,), "float32", "A")
+    C = pt.compute((N,), lambda N: A[N] * 2.0, "C")  # the lambda's N is the axis, the shape's the parameter
+    with pytest.raises(pt.LanguageError, match="axis N has the name of a parameter"):
+        pt.Func([A], [C])
+    k = pt.reduce_axis((0, N), "_d0")
+    D = pt.compute((1,), lambda _: pt.sum(A[k], axis=k), "D")  # "_" is a fine axis name
+    with pytest.raises(pt.LanguageError, match="axis _d0 has the name of a parameter of data-dependent bounds"):
+        pt.Func([A], [D])

@@ -8,6 +8,8 @@ from .. import loopir as ir
 def flat_index(buf: ir.Buffer, index: tuple[ir.Expr, ...]) -> ir.Expr:
     if len(index) == 1:
         return index[0]
+    if not index and not buf.shape:  # a scalar: its one element
+        return ir.const(0)
     if len(index) != len(buf.shape):
         raise AssertionError(f"{buf.name}: {len(index)} indices for {len(buf.shape)} dimensions")
     out = index[0]

@@ -148,6 +148,10 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
             return ir.LetStmt(st.var, value, body)
         if isinstance(st, ir.LetStmt):  # a bound loaded between block loops (data-dependent bounds)
             return ir.LetStmt(st.var, st.value, blocks(st.body))
+        if isinstance(st, ir.If) and st.orelse is None and _has_block_loop(st.then):
+            # a condition isl hoisted out of block loops (e.g. where a computation has instances at
+            # all): every block tests it
+            return ir.If(st.cond, blocks(st.then))
         return threads(st, info, nthreads)
 
     body = _spread_shared_copies(blocks(root), info.block, nthreads)
@@ -161,6 +165,10 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
     g = tuple(grid.get(a, ir.const(1)) for a in AXES)
     b = tuple(info.block.get(a, 1) for a in AXES)
     return ir.Kernel(name, g, b, body)  # type: ignore[arg-type]
+
+
+def _has_block_loop(st: ir.Stmt) -> bool:
+    return any(isinstance(x, ir.For) and x.kind.startswith("blockIdx") for x in ir.walk_stmt(st))
 
 
 def _is_loop_var(name: str, root: ir.Stmt) -> bool:

@@ -1,0 +1,323 @@
+"""Loop bounds and iteration domains against NumPy on random data: bounds that are a min or max of
+several pieces, data-dependent (CSR) reduction ranges under loop primitives, empty domains and
+zero-size tensors."""
+
+import numpy as np
+import pytest
+
+import polytile as pt
+
+
+def test_min_bound_of_three_pieces_default_schedule(rng):
+    # k < min(h + 1, 3) and k <= j: isl bounds k by min(2, j, h), three operands
+    A = pt.placeholder((3,), "int32", "A")
+
+    def body(j, h):
+        k = pt.reduce_axis((0, pt.minimum(h + 1, 3)), "k")
+        return pt.sum(A[k], axis=k, where=k <= j)
+
+    T = pt.compute((4, 5), body, "T")
+    a = rng.integers(1, 1000, size=3).astype(np.int32)
+    ref = np.array([[a[:min(h + 1, 3, j + 1)].sum() for h in range(5)] for j in range(4)])
+    np.testing.assert_array_equal(pt.build(pt.Func([A], [T]))(a), ref)
+
+
+def test_skewed_tiled_matmul_bounds(rng):
+    # tiling a skewed domain gives bounds with min(min(1, -2 * c3), -2 * c1 - 2 * c3 - c5 + 3)
+    M, N, K = 5, 4, 1
+    X = pt.placeholder((M, K), "int32", "X")
+    Y = pt.placeholder((K, N), "int32", "Y")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(X[i, k] * Y[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([X, Y], [C]))
+    s[C].apply_sch("{ [i, j, k] -> [i + j, -i, k] }", ["a", "b", "c"])
+    s[C].tile("a", "b", 2, 2)
+    x = rng.integers(-50, 50, size=(M, K)).astype(np.int32)
+    y = rng.integers(-50, 50, size=(K, N)).astype(np.int32)
+    np.testing.assert_array_equal(pt.build(s)(x, y), x @ y)
+
+
+EMPTY_SCHEDULES = {
+    "default": lambda s, T: None,
+    "cache_write": lambda s, T: s[T].cache_write(None),
+    "split_parallel": lambda s, T: s[T].split("i", 2).parallel("io"),
+    "fuse": lambda s, T: s[T].fuse("i", "j"),
+    "tile_cache_write": lambda s, T: s[T].tile("i", "j", 2, 2).cache_write("io"),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(EMPTY_SCHEDULES))
+def test_where_that_never_holds_computes_nothing(schedule, rng):
+    A = pt.placeholder((3, 4), "float32", "A")
+    T = pt.compute((3, 4), lambda i, j: A[i, j] * 2.0, "T", where=lambda i, j: i + j > 9)
+    s = pt.create_schedule(pt.Func([A], [T]))
+    EMPTY_SCHEDULES[schedule](s, T)
+    kern = pt.build(s)
+    np.testing.assert_array_equal(kern(rng.standard_normal((3, 4)).astype("float32")), np.zeros((3, 4)))
+    out = rng.standard_normal((3, 4)).astype("float32")
+    before = out.copy()
+    kern(rng.standard_normal((3, 4)).astype("float32"), out)
+    np.testing.assert_array_equal(out, before)  # no point is written
+
+
+@pytest.mark.parametrize("schedule", sorted(EMPTY_SCHEDULES))
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0), (0, 0)])
+def test_zero_size_tensors(shape, schedule, rng):
+    A = pt.placeholder(shape, "float32", "A")
+    T = pt.compute(shape, lambda i, j: A[i, j] * 2.0 + 1.0, "T")
+    k = pt.reduce_axis(shape[1], "k")
+    U = pt.compute((shape[0],), lambda i: pt.sum(T[i, k], axis=k), "U")
+    V = pt.compute(shape, lambda i, j: T[i, j] - U[i], "V")
+    s = pt.create_schedule(pt.Func([A], [U, V]))
+    EMPTY_SCHEDULES[schedule](s, T)
+    a = rng.standard_normal(shape).astype("float32")
+    u, v = pt.build(s)(a)
+    t = a * 2 + 1
+    assert u.shape == (shape[0],) and v.shape == shape
+    np.testing.assert_allclose(u, t.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(v, t - t.sum(1)[:, None], rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,identity", [("sum", 0.0), ("prod", 1.0), ("max", -np.inf), ("min", np.inf)])
+def test_reductions_empty_everywhere_give_the_identity(op, identity, rng):
+    A = pt.placeholder((4, 6), "float32", "A")
+    B = pt.placeholder((4, 0), "float32", "B")
+
+    def triangle(i, j):
+        k = pt.reduce_axis((0, j), "k")  # k < j and k >= j: empty for every (i, j)
+        return getattr(pt, op)(A[i, k], axis=k, where=k >= j)
+
+    T = pt.compute((4, 6), triangle, "T")
+    kz = pt.reduce_axis(0, "kz")
+    Z = pt.compute((4,), lambda i: getattr(pt, op)(B[i, kz], axis=kz), "Z")
+    s = pt.create_schedule(pt.Func([A, B], [T, Z]))
+    s[T].split("j", 4)
+    t, z = pt.build(s)(rng.standard_normal((4, 6)).astype("float32"), np.zeros((4, 0), "float32"))
+    np.testing.assert_array_equal(t, np.full((4, 6), identity, "float32"))
+    np.testing.assert_array_equal(z, np.full(4, identity, "float32"))
+
+
+def csr_program(rows, cols, nnz, where):
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    A = pt.placeholder((nnz, cols), "float32", "A")
+
+    def seg(i, j):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(A[k, j], axis=k, where=(k <= 3 * i) if where else None)
+
+    T = pt.compute((rows, cols), seg, "T")
+    return pt.create_schedule(pt.Func([offs, A], [T])), T
+
+
+def csr_reference(o, a, where):
+    out = np.zeros((len(o) - 1, a.shape[1]), np.float64)
+    for i in range(len(o) - 1):
+        for k in range(o[i], o[i + 1]):
+            if not where or k <= 3 * i:
+                out[i] += a[k]
+    return out
+
+
+CSR_SCHEDULES = {
+    "default": lambda s, T: None,
+    "reorder_ji": lambda s, T: s[T].reorder("j", "i"),
+    "fuse_ij": lambda s, T: s[T].fuse("i", "j"),
+    "tile": lambda s, T: s[T].tile("i", "j", 2, 2),
+    "hoist_k": lambda s, T: s[T].reorder("k", "i"),  # k runs over the declared value range, guarded
+    "fuse_ik": lambda s, T: s[T].reorder("i", "k", "j").fuse("i", "k"),
+    "split_k_separate": lambda s, T: s[T].split("k", 2).separate("ko"),
+    "split_k": lambda s, T: s[T].split("k", 4),
+    "split_i_parallel": lambda s, T: s[T].split("i", 3).parallel("io"),  # (from branch domains2)
+    "skew_shift_reverse": lambda s, T: s[T].skew("i", "j", 1).shift("i", 2).reverse("j"),
+    "parallel_vectorize": lambda s, T: s[T].parallel("i").reorder("i", "k", "j").vectorize("j"),
+    "tile_cache": lambda s, T: s[T].tile("i", "j", 2, 2).cache_identity("A", "ji"),
+}
+
+
+@pytest.mark.parametrize("where", [False, True], ids=["plain", "where"])
+@pytest.mark.parametrize("schedule", sorted(CSR_SCHEDULES))
+def test_data_dependent_bounds_under_loop_primitives(schedule, where, rng):
+    rows, cols, nnz = 7, 5, 23
+    s, T = csr_program(rows, cols, nnz, where)
+    CSR_SCHEDULES[schedule](s, T)
+    lens = rng.integers(0, 7, size=rows)
+    lens[2] = 0
+    lens = np.minimum(lens, nnz - np.concatenate([[0], np.cumsum(lens)[:-1]]).clip(max=nnz))
+    o = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    a = rng.standard_normal((nnz, cols)).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(o, a), csr_reference(o, a, where), rtol=1e-5, atol=1e-5)
+
+
+def test_loop_outside_an_undeclared_data_dependent_bound_is_refused(rng):
+    offs = pt.placeholder((5,), "int32", "offs")  # no value_range: k is unbounded outside i
+    X = pt.placeholder((4,), "float32", "X")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(X[i], axis=k)
+
+    T = pt.compute((4,), seg, "T")
+    s = pt.create_schedule(pt.Func([offs, X], [T]))
+    with pytest.raises(pt.ScheduleError, match=r"loop k of T runs outside loop i, .* offs\[i\].* value_range"):
+        s[T].reorder("k", "i")
+    with pytest.raises(pt.ScheduleError, match=r"fuse of T: loop k .* \(its bounds vary\)"):
+        s[T].fuse("i", "k")
+    s[T].split("k", 2)
+    with pytest.raises(pt.ScheduleError, match="loop ko of T runs outside loop i"):
+        s[T].reorder("ko", "i")
+    assert s[T].loops == ["i", "ko", "ki"]
+    o = np.array([0, 3, 3, 4, 9], np.int32)
+    x = rng.standard_normal(4).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(o, x), x * np.diff(o), rtol=1e-5)
+
+
+def test_data_dependent_computation_fused_with_a_shifted_producer(rng):
+    # the bounds are loaded in the fused loop, where the producer runs one iteration ahead
+    offs = pt.placeholder((5,), "int32", "offs", value_range=(0, 6), monotonic=True)
+    C = pt.placeholder((6,), "float32", "C")
+    A = pt.placeholder((4,), "float32", "A")
+    T = pt.compute((4,), lambda i: A[i] * 2.0, "T")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(C[k] * T[i], axis=k)
+
+    U = pt.compute((4,), seg, "U")
+    s = pt.create_schedule(pt.Func([offs, C, A], [U]))
+    s[T].shift("i", -1)
+    s[U].after(s[T], "i")
+    o = np.array([0, 1, 3, 3, 6], np.int32)
+    c = rng.standard_normal(6).astype("float32")
+    a = rng.standard_normal(4).astype("float32")
+    want = np.array([c[o[i]:o[i + 1]].sum() * a[i] * 2 for i in range(4)])
+    np.testing.assert_allclose(pt.build(s)(o, c, a), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["fuse", "split_fuse", "skew"])
+def test_modular_where_under_fused_or_skewed_loops(schedule, rng):
+    # isl's code generator scans one k per fused (i, j) for a domain with (i + k) % 3 == 0 under
+    # the loop 10 i + j: such statements are scanned without the modular condition, tested inside
+    M, N = 3, 10
+    X = pt.placeholder((M + 2, N), "float32", "X")
+    k = pt.reduce_axis(N, "k")
+    S = pt.compute((M, N), lambda i, j: pt.sum(X[i + 1, k] * X[i, j], axis=k, where=(k + i) % 3 != 1), "S")
+    U = pt.compute((M, N), lambda i, j: X[i, j] * 2.0, "U", where=lambda i, j: (i + 2 * j) % 3 == 0)
+    s = pt.create_schedule(pt.Func([X], [S, U]))
+    if schedule == "fuse":
+        s[S].fuse("i", "j")
+        s[U].fuse("i", "j")
+    elif schedule == "split_fuse":
+        s[S].split("i", 7).fuse("ii", "j")
+    else:
+        s[S].skew("j", "k", 2)
+        s[U].skew("i", "j", 3)
+    x = rng.standard_normal((M + 2, N)).astype("float32")
+    want_s = np.array([[sum(x[i + 1, kk] * x[i, j] for kk in range(N) if (kk + i) % 3 != 1) for j in range(N)]
+                       for i in range(M)])
+    want_u = np.array([[x[i, j] * 2 if (i + 2 * j) % 3 == 0 else 0.0 for j in range(N)] for i in range(M)])
+    got_s, got_u = pt.build(s)(x)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_u, want_u, rtol=1e-6)
+
+
+def test_data_dependent_bounds_when_isl_eliminates_a_loop_of_their_prefix(rng):
+    # split by more than the rows: the outer loop has one iteration, which isl does not generate
+    rows, cols, nnz = 3, 4, 16
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    A = pt.placeholder((nnz, cols), "float32", "A")
+    X = pt.placeholder((rows,), "float32", "X")
+    P = pt.compute((rows,), lambda i: X[i] * 3.0, "P")
+
+    def seg(i, j):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(A[k, j] * P[i], axis=k, where=k >= i)
+
+    T = pt.compute((rows, cols), seg, "T")
+    s = pt.create_schedule(pt.Func([offs, A, X], [T]))
+    s[P].reverse("i")
+    s[T].split("i", 7)
+    o = np.array([0, 5, 5, 16], np.int32)
+    a = rng.standard_normal((nnz, cols)).astype("float32")
+    x = rng.standard_normal(rows).astype("float32")
+    want = np.stack([sum((a[k] * x[i] * 3 for k in range(o[i], o[i + 1]) if k >= i), np.zeros(cols))
+                     for i in range(rows)])
+    np.testing.assert_allclose(pt.build(s)(o, a, x), want, rtol=1e-5, atol=1e-5)
+
+
+DATA_WHERE_SCHEDULES = {
+    "default": lambda s, T, P: None,
+    "cache_write": lambda s, T, P: s[T].split("i", 4).cache_write("io"),
+    "reorder_parallel": lambda s, T, P: s[T].reorder("j", "i").parallel("j"),
+    "fused_after_producer": lambda s, T, P: s[T].after(s[P], "i"),
+}
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("schedule", sorted(DATA_WHERE_SCHEDULES))
+def test_reduction_with_a_data_dependent_where_writes_only_its_domain(schedule, op, rng):
+    # the initialization is guarded like the update: points where the condition fails keep their
+    # values (fuzz finding N1: they got the identity); the condition reads a computed tensor P
+    n, m, r = 7, 3, 5
+    A = pt.placeholder((n, r), "float32", "A")
+    X = pt.placeholder((n,), "float32", "X")
+    P = pt.compute((n,), lambda i: X[i] * 2.0, "P")
+
+    def body(i, j):
+        k = pt.reduce_axis(r, "k")
+        return getattr(pt, op)(A[i, k] * (j + 1.0), axis=k)
+
+    T = pt.compute((n, m), body, "T", where=lambda i, j: P[i] > 0.0)
+    s = pt.create_schedule(pt.Func([A, X], [T]))
+    DATA_WHERE_SCHEDULES[schedule](s, T, P)
+    a = rng.standard_normal((n, r)).astype("float32")
+    x = rng.standard_normal(n).astype("float32")
+    x[:2] = [1.5, -1.5]  # both cases present
+    out = rng.standard_normal((n, m)).astype("float32")
+    want = out.copy()
+    full = getattr(np, op)(a[:, None, :] * (np.arange(m)[None, :, None] + 1.0), axis=2)
+    want[x > 0] = full[x > 0]
+    pt.build(s)(a, x, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_producer_inlined_into_a_reductions_where(rng):
+    # fuzz finding N6: the reduction's condition kept reading the inlined U (KeyError at build)
+    X = pt.placeholder((6,), "float32", "X")
+    U = pt.compute((6,), lambda i: X[i] * 2.0, "U")
+
+    def body(i):
+        k = pt.reduce_axis(6, "k")
+        return pt.sum(X[k] + i, axis=k, where=U[k] <= 1.0)
+
+    V = pt.compute((4,), body, "V")
+    W = pt.compute((4,), lambda i: X[i] + 1.0, "W", where=lambda i: U[i] > 0.0)
+    s = pt.create_schedule(pt.Func([X], [V, W]))
+    with pytest.raises(pt.ScheduleError, match="U is read by the where= of W"):
+        s[U].compute_inline()
+    s = pt.create_schedule(pt.Func([X], [V]))
+    s[U].compute_inline()
+    x = rng.standard_normal(6).astype("float32")
+    want = [sum(x[k] + i for k in range(6) if x[k] * 2 <= 1) for i in range(4)]
+    np.testing.assert_allclose(pt.build(s)(x), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", [None, lambda e: (e,)], ids=["identity", "layout"])
+def test_cache_whose_first_iteration_reads_no_element_of_one_access(layout, rng):
+    # fuzz finding N5: where the loop inside the cache's starts, one of the accesses (A[i - 1])
+    # reads nothing for some iterations j: its origin was taken from a function with no piece
+    N = pt.param("N")
+    A = pt.placeholder((N,), "int32", "A")
+    T = pt.compute((11, 11), lambda i, j: pt.select(i + j < 11, pt.select((i >= 1) & (i - 1 < N), A[i - 1], 0),
+                                                   pt.select(j < N, A[j], 1)), "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+    s[T].reorder("j", "i")
+    if layout is None:
+        s[T].cache("A", "j")
+    else:
+        s[T].cache("A", "j", layout=layout)
+    kern = pt.build(s)
+    for n in (1, 5, 13):
+        a = rng.integers(-100, 100, n).astype(np.int32)
+        want = [[(a[i - 1] if 1 <= i <= n else 0) if i + j < 11 else (a[j] if j < n else 1) for j in range(11)]
+                for i in range(11)]
+        np.testing.assert_array_equal(kern(a), want)

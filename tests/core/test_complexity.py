@@ -1,0 +1,86 @@
+"""Schedules that once drove isl into minutes of work answer at once, and a schedule too complex
+for isl's operation budget is a clear ScheduleError or LoweringError, never a hang."""
+
+import time
+
+import numpy as np
+import pytest
+
+import polytile as pt
+import polytile.poly.limits as limits
+
+
+def triangle():
+    A = pt.placeholder((5, 5), "float32", "A")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((0, j), "k")
+        return pt.sum(A[k + 1, -j + 4], axis=k)
+
+    T = pt.compute((7, 4), f_T, "T")
+    return pt.create_schedule(pt.Func([A], [T])), A, T
+
+
+def test_legality_of_a_user_map_over_nested_splits_is_cheap(monkeypatch, rng):
+    # the loops' dependence on the reduction was extracted over every integer point: isl ran > 300 s
+    monkeypatch.setattr(limits, "ISL_OPERATIONS", 300_000)
+    s, A, T = triangle()
+    s[T].split("k", 64).split("ko", 16).skew("koi", "ki", 1)
+    with pytest.raises(pt.ScheduleError, match="breaks a dependence"):
+        s[T].apply_sch("{ [x0, x1, x2, x3, x4] -> [x0, x1, x2 + 2*x3 - x4, x3, x4] }", list("abcde"))
+    s[T].apply_sch("{ [x0, x1, x2, x3, x4] -> [x1, x0, x2, x3, x4] }", list("abcde"))
+    a = rng.standard_normal((5, 5)).astype("float32")
+    ref = np.array([[a[1:j + 1, 4 - j].sum() for j in range(4)] for _ in range(7)])
+    np.testing.assert_allclose(pt.build(s)(a), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("last", ["split", "tile"])
+def test_splits_of_a_fused_split_build_at_once(last, rng):
+    # isl's AST generator took 66 s (split) and over 300 s (tile) on the floors of the composed splits
+    A = pt.placeholder((8, 8), "float32", "A")
+    T = pt.compute((8,), lambda i: -A[i, i], "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].split("i", 37).split("ii", 7).fuse("io", "iio")
+    if last == "split":
+        s[T].split("ioiio", 64).cache(A, "ioiioo")
+    else:
+        s[T].tile("ioiio", "iii", 64, 64).cache(A, "ioiioo")
+    start = time.perf_counter()
+    kern = pt.build(s)
+    assert time.perf_counter() - start < 30
+    a = rng.standard_normal((8, 8)).astype("float32")
+    np.testing.assert_allclose(kern(a), -np.diag(a))
+
+
+def test_too_complex_for_the_budget_is_a_schedule_error_and_changes_nothing(monkeypatch):
+    s, A, T = triangle()
+    s[T].split("k", 3)
+    monkeypatch.setattr(limits, "ISL_OPERATIONS", 50)
+    with pytest.raises(pt.ScheduleError, match="the schedule is too complex for the polyhedral analysis"):
+        s[T].split("j", 2)
+    assert s[T].loops == ["i", "j", "ko", "ki"]
+    with pytest.raises(pt.LoweringError, match="the schedule is too complex for the polyhedral analysis"):
+        pt.lower(s)
+    monkeypatch.setattr(limits, "ISL_OPERATIONS", 20_000_000)
+    s[T].split("j", 2)  # the budget is restored after a refusal
+    assert "for jo in" in str(pt.lower(s))
+
+
+def test_a_cache_of_a_periodic_footprint_under_a_parametric_extent_builds_at_once(rng):
+    # fuzz finding N7: the copy of A[j % 2] (A[1] only when N >= 2) is an existentially quantified
+    # domain; isl's AST generation spent 34 s on it (uncounted by its operation budget), the
+    # divisions made explicit take it 1 s
+    N = pt.param("N")
+    A = pt.placeholder((3,), "float32", "A")
+    T = pt.compute((3, N), lambda i, j: A[j % 2], "T")
+    U = pt.compute((N,), lambda i: T[i % 3, i], "U")
+    s = pt.create_schedule(pt.Func([A], [U], constraints=[N >= 1]))
+    s[T].cache("A", "i")
+    start = time.perf_counter()
+    kern = pt.build(s)
+    assert time.perf_counter() - start < 10
+    a = rng.standard_normal(3).astype("float32")
+    for n in (1, 2, 7):
+        out = np.empty(n, np.float32)
+        kern(a, out)
+        np.testing.assert_array_equal(out, a[np.arange(n) % 2])

@@ -1,0 +1,100 @@
+"""Integer floor division and modulo follow NumPy everywhere, zero divisors and MIN // -1 included
+(x // 0 == 0, x % 0 == 0, MIN // -1 == MIN): the kernel never dies of SIGFPE. Scalar and
+vectorized code, divisors read from a tensor and constant ones, against NumPy."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import polytile as pt
+
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8"]
+
+
+def numpy_floor(x, z):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPy warns about the zero divisors
+        return x // z, x % z
+
+
+def operands(dtype, n, rng):
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, size=n, endpoint=True).astype(dtype)
+    z = rng.integers(max(info.min, -9), 10, size=n, endpoint=True).astype(dtype)
+    x[:4] = [info.min, info.min, info.max, info.max]
+    z[:4] = [0, -1 if info.min < 0 else 1, 0, -1 if info.min < 0 else 7]
+    z[4::5] = 0
+    return x, z
+
+
+def division_func(dtype, n):
+    X = pt.placeholder((n,), dtype, "X")
+    Z = pt.placeholder((n,), dtype, "Z")
+    Q = pt.compute((n,), lambda i: X[i] // Z[i], "Q")
+    R = pt.compute((n,), lambda i: X[i] % Z[i], "R")
+    return pt.Func([X, Z], [Q, R]), Q, R
+
+
+@pytest.mark.parametrize("vectorize", [False, True], ids=["scalar", "vector"])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_division_by_tensor_values_matches_numpy(dtype, vectorize, rng):
+    n = 64
+    f, Q, R = division_func(dtype, n)
+    s = pt.create_schedule(f)
+    if vectorize:
+        s[Q].split("i", 16).vectorize("ii")
+        s[R].split("i", 16).vectorize("ii")
+    x, z = operands(dtype, n, rng)
+    q, r = pt.build(s)(x, z)
+    want_q, want_r = numpy_floor(x, z)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(r, want_r)
+
+
+@pytest.mark.parametrize("divisor", [0, -1, 7, -7, 1])
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+def test_division_by_constants_matches_numpy(dtype, divisor, rng):
+    n = 37
+    X = pt.placeholder((n,), dtype, "X")
+    Y = pt.compute((n,), lambda i: X[i] // divisor * 3 + X[i] % divisor, "Y")
+    x, _ = operands(dtype, n, rng)
+    q, r = numpy_floor(x, np.array(divisor, dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = (q * np.array(3, dtype) + r).astype(dtype)
+    np.testing.assert_array_equal(pt.build(pt.Func([X], [Y]))(x), want)
+
+
+def test_constant_nonzero_divisors_use_the_unchecked_helpers():
+    X = pt.placeholder((16,), "int32", "X")
+    Z = pt.placeholder((16,), "int32", "Z")
+    Y = pt.compute((16,), lambda i: X[i] // 5 + X[i] % -3 + X[i] // Z[i] + X[i] // -1, "Y")
+    s = pt.create_schedule(pt.Func([X, Z], [Y]))
+    s[Y].vectorize("i")
+    body = pt.build(s).source.split("func_impl(")[1]
+    assert "pt_floordiv_nz" in body and "pt_floormod_nz" in body
+    assert body.count("pt_floordiv(") == 2  # the divisor Z[i] and the constant -1 are checked
+
+
+@pytest.mark.needs_nvcc
+def test_cuda_division_helpers_compile():
+    f, Q, R = division_func("int32", 300)
+    s = pt.create_schedule(f)
+    for C in (Q, R):
+        s[C].split("i", 128).bind("io", "blockIdx.x").bind("ii", "threadIdx.x")
+    kern = pt.build(s, "cuda:sm_80")
+    assert kern.cubin[:4] == b"\x7fELF" and "pt_floordiv(" in kern.source
+
+
+@pytest.mark.gpu
+def test_cuda_division_matches_numpy(rng):
+    f, Q, R = division_func("int32", 300)
+    s = pt.create_schedule(f)
+    for C in (Q, R):
+        s[C].split("i", 128).bind("io", "blockIdx.x").bind("ii", "threadIdx.x")
+    x, z = operands("int32", 300, rng)
+    q, r = pt.build(s, "cuda")(x, z)
+    want_q, want_r = numpy_floor(x, z)
+    np.testing.assert_array_equal(np.asarray(q), want_q)
+    np.testing.assert_array_equal(np.asarray(r), want_r)
