@@ -195,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("tune", help="tune an operator (see `polytile tune --help`)", add_help=False)
     sub.add_parser("sass-opt", help="optimize the SASS of a CUDA kernel (see `polytile sass-opt --help`)",
                    add_help=False)
+    sub.add_parser("fuzz", help="differential fuzzing of the compiler (see `polytile fuzz --help`)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "ops":
@@ -215,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sass-opt":
             from .sass.cli import sass_opt_main
             return sass_opt_main(rest)
+        if args.command == "fuzz":
+            from .fuzz.cli import fuzz_main
+            return fuzz_main(rest)
     except PolytileError as err:
         print(f"polytile: {err}", file=sys.stderr)
         return 2

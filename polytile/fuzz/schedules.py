@@ -1,0 +1,321 @@
+"""Random schedule primitives with random arguments drawn from the schedule's current state, and the
+snapshot that checks that a refused primitive left the schedule as it was (primitives are
+transactional).
+
+A primitive is produced as the text of its call (``s["T"].split("i", 3)``) and executed from
+that text, so the calls a case records are exactly what ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import PolytileError
+from ..schedule.state import Schedule
+
+FACTORS = (1, 2, 3, 4, 5, 7, 8, 16, 64)
+FACTOR_WEIGHTS = (1, 6, 4, 5, 2, 2, 3, 2, 1)
+
+PRIMITIVES = {
+    "split": 8, "tile": 5, "reorder": 5, "fuse": 3, "skew": 2, "shift": 3, "reverse": 1.5, "apply_sch": 2,
+    "separate": 2, "after": 6, "before": 2, "parallel": 4, "vectorize": 4, "unroll": 2, "serial": 0.3,
+    "compute_inline": 2.5, "reassociate": 1.5, "cache": 3, "cache_identity": 3, "cache_write": 4, "store": 2,
+    "store_at": 2, "set_loc": 1, "alloc_at": 1,
+}
+CALL_COUNTS = tuple(range(11))
+CALL_COUNT_WEIGHTS = (2, 4, 5, 5, 4, 3, 3, 2, 1.5, 1, 1)
+
+
+def snapshot(s: Schedule) -> tuple:
+    """Everything a primitive may change, as comparable values (functions by identity)."""
+    return (_freeze(s.states), _freeze(s.caches), tuple(s.inlined), tuple(s.virtual), _freeze(s.pipelines),
+            _freeze(s.pipeline_inflight), s.auto_transfer, tuple(s.stage_names()))
+
+
+def _freeze(x: object) -> object:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return (type(x).__name__,) + tuple(_freeze(getattr(x, f.name)) for f in dataclasses.fields(x))
+    if isinstance(x, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (set, frozenset)):
+        return tuple(sorted(str(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if callable(x):
+        return ("function", id(x))
+    if hasattr(x, "rel") and hasattr(x, "names"):  # a LoopSchedule: its loops and its map
+        return ("loops", tuple(x.names), str(x.rel))
+    return (type(x).__name__, str(x))
+
+
+@dataclasses.dataclass
+class Applied:
+    """How one call went: "accepted", "refused" (a PolytileError), "internal" (any other exception)
+    or "non-transactional" (refused, but the schedule changed)."""
+
+    outcome: str
+    detail: str = ""
+
+
+def apply(s: Schedule, text: str, namespace: dict) -> Applied:
+    """Run the call ``text`` on schedule ``s`` (bound as ``s`` in ``namespace``)."""
+    before = snapshot(s)
+    try:
+        exec(text, namespace)  # noqa: S102 - the fuzzer's own generated call
+    except PolytileError as err:
+        if snapshot(s) != before:
+            return Applied("non-transactional", f"{type(err).__name__}: {err}"[:400])
+        return Applied("refused", f"{type(err).__name__}: {str(err)[:300]}")
+    except Exception as err:  # noqa: BLE001 - anything else escaping polytile is a finding
+        return Applied("internal", describe(err))
+    return Applied("accepted")
+
+
+def describe(err: BaseException) -> str:
+    """``Type: message (at the innermost polytile frame)``, for exceptions that escaped polytile."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = next((f"{f.filename.split('polytile/')[-1]}:{f.lineno} {f.name}" for f in reversed(frames)
+                  if "polytile/" in f.filename and "/fuzz/" not in f.filename), "")
+    return f"{type(err).__name__}: {str(err)[:400]}" + (f" (at {where})" if where else "")
+
+
+class ScheduleGenerator:
+    """Draws primitive calls for a schedule from ``rng``, each from the schedule's current state."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.applies = 0
+
+    def pick(self, items, weights=None):  # noqa: ANN001, ANN201
+        items = list(items)
+        if weights is None:
+            return items[int(self.rng.integers(len(items)))]
+        w = np.asarray(weights, dtype=float)
+        return items[int(self.rng.choice(len(items), p=w / w.sum()))]
+
+    def count(self) -> int:
+        return int(self.pick(CALL_COUNTS, CALL_COUNT_WEIGHTS))
+
+    def call(self, s: Schedule) -> str:
+        """The text of one primitive call on ``s`` (draws again where a primitive does not apply to
+        the stage drawn, e.g. ``tile`` of a single loop)."""
+        while True:
+            stage = self.pick(s.stage_names())
+            prim = self.pick(list(PRIMITIVES), list(PRIMITIVES.values()))
+            text = getattr(self, f"p_{prim}")(s, stage)
+            if text is not None:
+                return f's["{stage}"].{text}'
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def loop(self, s: Schedule, stage: str) -> str | None:
+        loops = s[stage].loops
+        return self.pick(loops) if loops else None
+
+    def adjacent(self, s: Schedule, stage: str) -> tuple[str, str] | None:
+        loops = s[stage].loops
+        if len(loops) < 2:
+            return None
+        p = int(self.rng.integers(len(loops) - 1))
+        return loops[p], loops[p + 1]
+
+    def factor(self) -> int:
+        return int(self.pick(FACTORS, FACTOR_WEIGHTS))
+
+    def level(self, s: Schedule, stage: str, none_weight: float = 0.25) -> str:
+        loops = s[stage].loops
+        if not loops or self.rng.random() < none_weight:
+            return "None"
+        return f'"{self.pick(loops)}"'
+
+    def layout(self, n: int) -> str | None:
+        """A storage layout over ``n`` indices: a permutation, or one index split into panels."""
+        if n == 0:
+            return None
+        names = list("abcd")[:n]
+        perm = list(self.rng.permutation(n))
+        out = [names[p] for p in perm]
+        if self.rng.random() < 0.35:
+            k = int(self.rng.integers(n))
+            f = int(self.pick([2, 4]))
+            v = out[k]
+            out = out[:k] + [f"{v} // {f}"] + out[k + 1:] + [f"{v} % {f}"]
+        body = ", ".join(out) + ("," if len(out) == 1 else "")
+        return f"lambda {', '.join(names)}: ({body})"
+
+    def reads(self, s: Schedule, stage: str) -> list[str]:
+        from ..lang.expr import Load, walk
+        names = {t.name for t in s.computation(stage).inputs()}
+        names |= {n.tensor.name for n in walk(s.bodies[stage]) if isinstance(n, Load)}
+        return sorted(names)
+
+    def ndim_of(self, s: Schedule, name: str) -> int:
+        return s.func.tensor(name).ndim
+
+    # --- loop primitives ----------------------------------------------------------------------------
+    def p_split(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'split("{loop}", {self.factor()})'
+
+    def p_tile(self, s: Schedule, stage: str) -> str | None:
+        pair = self.adjacent(s, stage)
+        return None if pair is None else f'tile("{pair[0]}", "{pair[1]}", {self.factor()}, {self.factor()})'
+
+    def p_reorder(self, s: Schedule, stage: str) -> str | None:
+        loops = s[stage].loops
+        if len(loops) < 2:
+            return None
+        k = int(self.rng.integers(2, min(len(loops), 4) + 1))
+        chosen = [loops[i] for i in self.rng.choice(len(loops), size=k, replace=False)]
+        quoted = ", ".join(f'"{x}"' for x in chosen)
+        return f"reorder({quoted})"
+
+    def p_fuse(self, s: Schedule, stage: str) -> str | None:
+        pair = self.adjacent(s, stage)
+        return None if pair is None else f'fuse("{pair[0]}", "{pair[1]}")'
+
+    def p_skew(self, s: Schedule, stage: str) -> str | None:
+        loops = s[stage].loops
+        if len(loops) < 2:
+            return None
+        p, q = sorted(int(x) for x in self.rng.choice(len(loops), size=2, replace=False))
+        return f'skew("{loops[p]}", "{loops[q]}", {int(self.pick([1, 1, 2, -1]))})'
+
+    def p_shift(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'shift("{loop}", {int(self.pick([-3, -2, -1, 1, 2, 3]))})'
+
+    def p_reverse(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'reverse("{loop}")'
+
+    def p_apply_sch(self, s: Schedule, stage: str) -> str | None:
+        n = len(s[stage].loops)
+        if n == 0 or n > 6:
+            return None
+        m = np.eye(n, dtype=int)
+        for _ in range(int(self.rng.integers(1, 4))):
+            move = self.pick(["swap", "add", "negate", "scale"], [3, 4, 1, 0.5])
+            i, j = (int(x) for x in self.rng.choice(n, size=2, replace=n < 2))
+            if move == "swap":
+                m[[i, j]] = m[[j, i]]
+            elif move == "add" and i != j:
+                m[i] += int(self.pick([1, -1, 2])) * m[j]
+            elif move == "negate":
+                m[i] = -m[i]
+            elif move == "scale":
+                m[i] *= 2
+        xs = [f"x{k}" for k in range(n)]
+        outs = [_affine_text(row, xs) for row in m]
+        self.applies += 1
+        names = ", ".join(f'"t{self.applies}_{k}"' for k in range(n))
+        return f'apply_sch("{{ [{", ".join(xs)}] -> [{", ".join(outs)}] }}", [{names}])'
+
+    def p_separate(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'separate("{loop}")'
+
+    # --- ordering -----------------------------------------------------------------------------------
+    def _place(self, s: Schedule, stage: str, how: str) -> str | None:
+        others = [n for n in s.stage_names() if n != stage]
+        if not others:
+            return None
+        other = self.pick(others)
+        return f'{how}(s["{other}"], {self.level(s, other, 0.15)})'
+
+    def p_after(self, s: Schedule, stage: str) -> str | None:
+        return self._place(s, stage, "after")
+
+    def p_before(self, s: Schedule, stage: str) -> str | None:
+        return self._place(s, stage, "before")
+
+    # --- tags ---------------------------------------------------------------------------------------
+    def _tag(self, s: Schedule, stage: str, how: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'{how}("{loop}")'
+
+    def p_parallel(self, s: Schedule, stage: str) -> str | None:
+        return self._tag(s, stage, "parallel")
+
+    def p_vectorize(self, s: Schedule, stage: str) -> str | None:
+        return self._tag(s, stage, "vectorize")
+
+    def p_unroll(self, s: Schedule, stage: str) -> str | None:
+        return self._tag(s, stage, "unroll")
+
+    def p_serial(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'tag("{loop}", "serial")'
+
+    # --- whole computations -------------------------------------------------------------------------
+    def p_compute_inline(self, s: Schedule, stage: str) -> str | None:
+        return "compute_inline()"
+
+    def p_reassociate(self, s: Schedule, stage: str) -> str | None:
+        return "reassociate()" if s.computation(stage).reduction is not None else None
+
+    # --- memory -------------------------------------------------------------------------------------
+    def p_cache(self, s: Schedule, stage: str) -> str | None:
+        reads = self.reads(s, stage)
+        if not reads:
+            return None
+        t = self.pick(reads)
+        layout = self.layout(self.ndim_of(s, t))
+        extra = f", layout={layout}" if layout else ""
+        return f'cache("{t}", {self.level(s, stage)}{extra})'
+
+    def p_cache_identity(self, s: Schedule, stage: str) -> str | None:
+        reads = self.reads(s, stage)
+        if not reads:
+            return None
+        loc = self.pick(["", ', loc="stack"', ', loc="heap"'], [6, 1, 1])
+        return f'cache_identity("{self.pick(reads)}", {self.level(s, stage)}{loc})'
+
+    def p_cache_write(self, s: Schedule, stage: str) -> str | None:
+        extra = ""
+        if self.rng.random() < 0.2:
+            layout = self.layout(self.ndim_of(s, stage))
+            extra = f", layout={layout}" if layout else ""
+        return f"cache_write({self.level(s, stage)}{extra})"
+
+    def p_store(self, s: Schedule, stage: str) -> str | None:
+        layout = self.layout(self.ndim_of(s, stage))
+        return None if layout is None else f"store({layout})"
+
+    def p_store_at(self, s: Schedule, stage: str) -> str | None:
+        loop = self.loop(s, stage)
+        return None if loop is None else f'store_at("{loop}")'
+
+    def p_set_loc(self, s: Schedule, stage: str) -> str | None:
+        return f'set_loc("{self.pick(["heap", "stack", "auto"])}")'
+
+    def p_alloc_at(self, s: Schedule, stage: str) -> str | None:
+        return f"alloc_at({self.level(s, stage, 0.3)})"
+
+
+def _affine_text(row: np.ndarray, xs: list[str]) -> str:
+    parts = []
+    for c, x in zip(row, xs):
+        c = int(c)
+        if c == 0:
+            continue
+        term = x if abs(c) == 1 else f"{abs(c)}*{x}"
+        parts.append(("- " if c < 0 else "+ ") + term)
+    text = " ".join(parts) or "0"
+    return text[2:] if text.startswith("+ ") else "-" + text[2:] if text.startswith("- ") else text
+
+
+def generate_calls(rng: np.random.Generator, s: Schedule, namespace: dict,
+                   on_call: Callable[[str, Applied], bool]) -> None:
+    """Draw and apply a random number of calls to ``s``; ``on_call`` sees each and returns False
+    to stop (after an internal error)."""
+    gen = ScheduleGenerator(rng)
+    for _ in range(gen.count()):
+        text = gen.call(s)
+        if not on_call(text, apply(s, text, namespace)):
+            return
