@@ -65,6 +65,8 @@ def run_case(case: Case, report: Report, draw_schedule: bool) -> Outcome:
     goes, so that a process watching it knows where it died."""
     import polytile as pt
     ns: dict = {"pt": pt, "np": np, "inputs": inputs}
+    if case.program.malformed:
+        return run_malformed(case, report, ns)
     report({"phase": "program"})
     try:
         exec(program_source(case.program), ns)  # noqa: S102 - the fuzzer's own program
@@ -129,6 +131,35 @@ def run_case(case: Case, report: Report, draw_schedule: bool) -> Outcome:
     if problems:
         return Outcome("miscompile", "check", "; ".join(problems)[:1500])
     return Outcome("ok", "check")
+
+
+def run_malformed(case: Case, report: Report, ns: dict) -> Outcome:
+    """A program polytile must refuse: a PolytileError (other than BuildError) anywhere up to the
+    build is right; building it, or failing otherwise, is a finding."""
+    import polytile as pt
+    what = case.program.malformed
+    phase = "program"
+    try:
+        report({"phase": phase})
+        exec(program_source(case.program), ns)  # noqa: S102
+        phase = "build"
+        report({"phase": phase})
+        kern = pt.build(ns["func"])
+    except BuildError as err:
+        return Outcome("internal", phase, f"{what}: generated code does not compile: {_compiler_error(str(err))}")
+    except PolytileError as err:
+        return Outcome("ok", phase, f"{what} refused: {type(err).__name__}: {str(err)[:200]}")
+    except Exception as err:  # noqa: BLE001
+        return Outcome("internal", phase, f"{what}: {schedules.describe(err)}")
+    kern.path.unlink(missing_ok=True)
+    if what == "out-of-bounds":
+        exec(inputs_source(case.program, case.input_seed), ns)  # noqa: S102
+        try:
+            reference.evaluate(ns["func"], ns["args"], ns["params"])
+            return Outcome("ok", phase, "out-of-bounds: the read is never reached (an empty domain)")
+        except reference.InvalidProgram:
+            pass
+    return Outcome("internal", phase, f"a malformed program ({what}) was accepted and built")
 
 
 def _internal(phase: str, err: BaseException) -> Outcome:

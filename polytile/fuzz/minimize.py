@@ -172,7 +172,7 @@ def _simpler(n: Node) -> Iterator[Node]:
     for child in n.args:
         if child.dtype == n.dtype and child.op != "reduce":
             yield child
-    if n.op != "load" and n.dtype != "bool":
+    if n.dtype != "bool":
         yield Node("const", (), 1.0 if n.dtype in FLOAT_DTYPES else 1, n.dtype)
 
 

@@ -27,6 +27,9 @@ INDEX = "index"
 """The generator's type of index arithmetic (polytile's int64): the minimizer leaves it alone, since
 simplifying an index may take a read out of its tensor."""
 
+MALFORMED = 0.03
+"""How often a program is made one that polytile must refuse (``Program.malformed``)."""
+
 MAY_DIVIDE_BY_ZERO = 0.03
 """How often an integer ``//`` or ``%`` gets a divisor that may be zero (what polytile does then is
 the rule ``reference.int_divide`` states)."""
@@ -201,7 +204,23 @@ class ProgramGenerator:
         outputs = [c.name for c in comps if c.name not in read or (c is not comps[-1] and self.chance(0.1))]
         if comps[-1].name not in outputs:
             outputs.append(comps[-1].name)
-        return Program(tuple(self.extents.values()), tuple(self.inputs), tuple(comps), tuple(outputs))
+        malformed = ""
+        if self.chance(MALFORMED):
+            malformed = self.pick(["duplicate-input", "missing-input", "out-of-bounds"])
+            if malformed == "out-of-bounds":
+                comps[-1] = self.read_past_end(comps[-1])
+        return Program(tuple(self.extents.values()), tuple(self.inputs), tuple(comps), tuple(outputs), malformed)
+
+    def read_past_end(self, c: CompSpec) -> CompSpec:
+        """``c`` also reading one element past the end of an input in every point of its domain."""
+        src = next(s for s in self.sources if s.name == self.inputs[0].name)
+        past = node("load", *[dim_node(d) if k == 0 else const(0, INDEX) for k, d in enumerate(src.dims)],
+                    attr=src.name, dtype=src.dtype)
+        dtype = c.dtype or c.body.dtype
+        value, _ = self.convert(past, src.ival, src.dtype, dtype)
+        return replace(c, body=node("bin", c.body, value, attr="max", dtype=dtype) if dtype != "bool" else
+                       node("logic", c.body, node("cmp", value, value, attr="==", dtype="bool"), attr="&",
+                            dtype="bool"), where=None)
 
     def dtype(self) -> str:
         return self.theme if self.chance(0.75) else self.pick(DTYPES, DTYPE_WEIGHTS)
@@ -408,7 +427,10 @@ class ProgramGenerator:
                    ) -> tuple[Node, Ival]:
         depth = scope.depth if depth is None else depth
         for _ in range(4):
-            got = self.try_value(dtype, scope, prefer, depth)
+            try:
+                got = self.try_value(dtype, scope, prefer, depth)
+            except OverflowError:  # an interval too wide to compute is too wide to use
+                continue
             if got is not None and fits(got[1], dtype):
                 return got
         return self.leaf(dtype, scope, prefer)
@@ -746,7 +768,8 @@ def _reduce_ival(op: str, iv: Ival, length: int, may_be_empty: bool, dtype: str)
     if op == "sum":
         return Ival(length * min(iv.lo, 0), length * max(iv.hi, 0))
     if op == "prod":
-        m = iv.mag ** length if iv.mag > 1 else 1.0
+        with np.errstate(over="ignore"):
+            m = float(np.power(np.float64(iv.mag), length)) if iv.mag > 1 else 1.0
         lo = 0.0 if iv.lo >= 0 else -m
         return Ival(min(lo, 1.0), max(m, 1.0))
     if not may_be_empty:

@@ -523,11 +523,12 @@ def _item(x: object) -> str:
 
 def _wrong(r: TensorValue, got: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which elements of ``got`` are wrong, what was expected and how far off it may be."""
-    expected = np.where(r.written, r.value, SENTINEL)
+    as_compared = np.float64 if r.dtype.is_float else np.int64 if r.dtype.is_int else bool
+    sentinel = np.asarray(SENTINEL).astype(r.dtype.numpy).astype(as_compared)
+    expected = np.where(r.written, r.value, sentinel).astype(as_compared)
     err = np.where(r.written, r.err, 0.0)
     if not r.dtype.is_float:
-        g = got.astype(np.int64) if r.dtype.is_int else got.astype(bool)
-        return ~np.isinf(err) & (g != expected), expected, np.zeros(err.shape)
+        return ~np.isinf(err) & (got.astype(as_compared) != expected), expected, np.zeros(err.shape)
     g = got.astype(np.float64)
     tol = np.where(err > 0, 4.0 * err + 4.0 * _TINY[r.dtype.name], 0.0)
     with np.errstate(invalid="ignore"):

@@ -10,6 +10,7 @@ core dumps, with a memory limit, two OpenMP threads that do not spin, and a priv
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import resource
@@ -162,6 +163,7 @@ def _child(job: Job, fd: int, log_fd: int) -> None:
     """The body of a case's process: never returns."""
     code = 0
     try:
+        faulthandler.disable()  # a crash is the parent's to report, not a traceback on its terminal
         os.setpgid(0, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)

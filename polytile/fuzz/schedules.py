@@ -222,11 +222,19 @@ class ScheduleGenerator:
 
     # --- ordering -----------------------------------------------------------------------------------
     def _place(self, s: Schedule, stage: str, how: str) -> str | None:
+        """``after``/``before`` another stage, mostly the producer (consumer) it could fuse with, at
+        mostly an outer loop of it."""
         others = [n for n in s.stage_names() if n != stage]
         if not others:
             return None
-        other = self.pick(others)
-        return f'{how}(s["{other}"], {self.level(s, other, 0.15)})'
+        related = [n for n in others if (n in self.reads(s, stage)) == (how == "after")
+                   and (how == "after" or stage in self.reads(s, n))]
+        other = self.pick(related) if related and self.rng.random() < 0.75 else self.pick(others)
+        loops = s[other].loops
+        if not loops or self.rng.random() < 0.15:
+            return f'{how}(s["{other}"], None)'
+        depth = min(len(loops) - 1, int(self.pick([0, 0, 1, 1, 2, 3])))
+        return f'{how}(s["{other}"], "{loops[depth]}")'
 
     def p_after(self, s: Schedule, stage: str) -> str | None:
         return self._place(s, stage, "after")
@@ -260,21 +268,28 @@ class ScheduleGenerator:
         return "reassociate()" if s.computation(stage).reduction is not None else None
 
     # --- memory -------------------------------------------------------------------------------------
-    def p_cache(self, s: Schedule, stage: str) -> str | None:
+    def read_tensor(self, s: Schedule, stage: str) -> str | None:
+        """A tensor the stage reads, mostly one computed by another stage (where fusion matters)."""
         reads = self.reads(s, stage)
-        if not reads:
+        computed = [t for t in reads if t in s.stage_names()]
+        if computed and self.rng.random() < 0.5:
+            return self.pick(computed)
+        return self.pick(reads) if reads else None
+
+    def p_cache(self, s: Schedule, stage: str) -> str | None:
+        t = self.read_tensor(s, stage)
+        if t is None:
             return None
-        t = self.pick(reads)
         layout = self.layout(self.ndim_of(s, t))
         extra = f", layout={layout}" if layout else ""
         return f'cache("{t}", {self.level(s, stage)}{extra})'
 
     def p_cache_identity(self, s: Schedule, stage: str) -> str | None:
-        reads = self.reads(s, stage)
-        if not reads:
+        t = self.read_tensor(s, stage)
+        if t is None:
             return None
         loc = self.pick(["", ', loc="stack"', ', loc="heap"'], [6, 1, 1])
-        return f'cache_identity("{self.pick(reads)}", {self.level(s, stage)}{loc})'
+        return f'cache_identity("{t}", {self.level(s, stage)}{loc})'
 
     def p_cache_write(self, s: Schedule, stage: str) -> str | None:
         extra = ""

@@ -85,10 +85,15 @@ class CompSpec:
 
 @dataclass(frozen=True)
 class Program:
+    """A program; ``malformed`` names what makes it one polytile must refuse with a PolytileError
+    ("duplicate-input": an input listed twice in ``pt.Func``, "missing-input": an input it reads
+    left out, "out-of-bounds": a read past a tensor's end), or is empty for a valid program."""
+
     extents: tuple[Extent, ...]
     inputs: tuple[InputSpec, ...]
     comps: tuple[CompSpec, ...]
     outputs: tuple[str, ...]
+    malformed: str = ""
 
     def extent(self, name: str) -> Extent:
         return next(e for e in self.extents if e.name == name)
@@ -327,7 +332,12 @@ def program_source(p: Program) -> str:
     for c in p.reachable():
         lines.extend(r.comp(c))
     constraints = ", ".join(f"{e.param} >= {e.minimum}" for e in params)
-    ins = ", ".join(t.name for t in p.used_inputs())
+    names = [t.name for t in p.used_inputs()]
+    if p.malformed == "duplicate-input" and names:
+        names.append(names[0])
+    if p.malformed == "missing-input" and names:
+        names.pop()
+    ins = ", ".join(names)
     outs = ", ".join(p.outputs)
     cons = f", constraints=[{constraints}]" if constraints else ""
     lines.append(f'func = pt.Func([{ins}], [{outs}]{cons}, name="fuzz")')
@@ -372,7 +382,7 @@ def program_from_json(text: str) -> Program:
                         Dim(**x["range_dim"]) if x["range_dim"] else None) for x in d["inputs"]),
         tuple(CompSpec(c["name"], tuple(c["axes"]), dims(c["dims"]), node(c["body"]),
                        node(c["where"]) if c["where"] else None, c["dtype"]) for c in d["comps"]),
-        tuple(d["outputs"]))
+        tuple(d["outputs"]), d.get("malformed", ""))
 
 
 def case_source(case: Case, title: str = "") -> str:

@@ -8,7 +8,7 @@ import pytest
 
 import polytile as pt
 from polytile.fuzz import inputs, programs, reference, schedules
-from polytile.fuzz.execute import SCHEDULE, case_rng, generate_case
+from polytile.fuzz.execute import SCHEDULE, case_rng, generate_case, run_case
 from polytile.fuzz.spec import inputs_source, program_from_json, program_source, walk
 
 
@@ -39,6 +39,8 @@ def test_every_generated_program_is_accepted_and_defined():
     seen: Counter = Counter()
     for k in range(120):
         case = generate_case(5, k)
+        if case.program.malformed:
+            continue
         ns = _build(case)
         s = pt.create_schedule(ns["func"])
         assert s.stage_names()
@@ -117,3 +119,16 @@ def test_intervals_keep_values_inside_their_type(dtype):
         scope = programs.Scope([programs.Axis("i", programs.Dim(pool[0]), True)], list(gen.sources), 3)
         _, iv = gen.value_expr(dtype, scope)
         assert programs.fits(iv, dtype), iv
+
+
+def test_malformed_programs_are_refused():
+    """Some programs are malformed on purpose; the ones polytile refuses today end as "ok"."""
+    kinds: dict[str, int] = {}
+    for k in range(600):
+        case = generate_case(3, k)
+        what = case.program.malformed
+        if what in ("missing-input", "out-of-bounds") and what not in kinds:
+            outcome = run_case(case, lambda event: None, draw_schedule=True)
+            assert (outcome.kind, outcome.detail.split(":")[0]) == ("ok", f"{what} refused"), outcome
+            kinds[what] = k
+    assert set(kinds) == {"missing-input", "out-of-bounds"}

@@ -111,3 +111,14 @@ def test_invalid_programs_are_reported():
     U = pt.compute((2,), lambda i: B[idx[i]], "U")
     with pytest.raises(reference.InvalidProgram, match="index 0 is 5"):
         reference.evaluate(pt.Func([B, idx], [U]), [np.ones(3, np.float32), np.array([0, 5], np.int32)])
+
+
+def test_unwritten_boolean_outputs_keep_the_sentinel():
+    A = pt.placeholder((3,), "float32", "A")
+    T = pt.compute((3,), lambda i: A[i] > 0.0, "T", where=lambda i: i >= 1)
+    a = np.array([1.0, -1.0, 2.0], np.float32)
+    out = np.full(3, inputs.SENTINEL, bool)  # True
+    out[1:] = [False, True]
+    assert reference.differences(pt.Func([A], [T]), [a], [out]) == []
+    out[0] = False
+    assert reference.differences(pt.Func([A], [T]), [a], [out]) != []
