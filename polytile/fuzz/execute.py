@@ -169,7 +169,7 @@ def _internal(phase: str, err: BaseException) -> Outcome:
 def _compiler_error(text: str) -> str:
     """The first error line of a compiler's output."""
     for line in text.splitlines():
-        if "error:" in line:
+        if "error:" in line.lower():
             return line.strip().split("/")[-1][:400]  # without the temporary directory
     return text[-400:]
 

@@ -27,6 +27,8 @@ def signature(r: Result) -> tuple[str, ...]:
     if r.kind == "crash":
         return (r.kind, r.detail.split(":")[0])
     if r.kind == "internal":
+        if "does not compile" in r.detail:  # the compiler's message, without line numbers
+            return (r.kind, r.phase, re.sub(r"\d+", "", r.detail.split("error:", 1)[-1].strip().lower()))
         return (r.kind, r.phase, re.split(r"[:(]", r.detail)[0].strip())
     if r.kind == "hang":
         return (r.kind, r.phase)

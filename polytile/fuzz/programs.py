@@ -169,7 +169,7 @@ class ProgramGenerator:
     def new_extent(self, value: int | None = None, allow_param: bool = True) -> str:
         name = f"e{len(self.extents)}"
         v = value if value is not None else int(self.pick(SIZES, SIZE_WEIGHTS))
-        if value is None and self.chance(0.03):
+        if value is None and self.chance(0.015):
             v = 0
         param = None
         minimum = v
@@ -261,7 +261,7 @@ class ProgramGenerator:
     # --- computations -------------------------------------------------------------------------------
     def computation(self, name: str, pool: list[str], before: list[CompSpec]) -> CompSpec:
         dtype = self.dtype()
-        rank = int(self.pick([0, 1, 2, 3], [0.15, 4, 5, 2]))
+        rank = int(self.pick([0, 1, 2, 3], [0.06, 4, 5, 2]))
         dims = self.dims(rank, pool)
         if self.csr is not None and rank and self.chance(0.6):
             dims = (self.csr[1],) + dims[1:]

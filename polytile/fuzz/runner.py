@@ -240,6 +240,7 @@ class Summary:
     seconds: float = 0.0
     findings: list[Result] = field(default_factory=list)
     others: list[Result] = field(default_factory=list)  # refused late, or invalid (the fuzzer's fault)
+    by_primitive: Counter = field(default_factory=Counter)  # (primitive, outcome) -> calls
 
     @property
     def cases(self) -> int:
@@ -249,6 +250,8 @@ class Summary:
         self.counts[r.kind] += 1
         self.primitives += len(r.calls)
         self.refused += sum(1 for c in r.calls if c.outcome == "refused")
+        for c in r.calls:
+            self.by_primitive[(c.text.split("].")[-1].split("(")[0], c.outcome)] += 1
         if r.is_finding:
             self.findings.append(r)
         elif r.kind != "ok":
@@ -266,6 +269,7 @@ class Summary:
     def to_json(self) -> dict:
         return {"cases": self.cases, "counts": dict(self.counts), "primitives": self.primitives,
                 "refused_primitives": self.refused, "seconds": round(self.seconds, 1),
+                "by_primitive": {f"{p} {o}": n for (p, o), n in sorted(self.by_primitive.items())},
                 "findings": [asdict(f) for f in self.findings], "others": [asdict(f) for f in self.others]}
 
 

@@ -9,6 +9,7 @@ that text, so the calls a case records are exactly what ran.
 from __future__ import annotations
 
 import dataclasses
+import re
 import traceback
 from collections.abc import Callable
 
@@ -22,10 +23,14 @@ FACTOR_WEIGHTS = (1, 6, 4, 5, 2, 2, 3, 2, 1)
 
 PRIMITIVES = {
     "split": 8, "tile": 5, "reorder": 5, "fuse": 3, "skew": 2, "shift": 3, "reverse": 1.5, "apply_sch": 2,
-    "separate": 2, "after": 6, "before": 2, "parallel": 4, "vectorize": 4, "unroll": 2, "serial": 0.3,
+    "separate": 2, "after": 9, "before": 3, "parallel": 4, "vectorize": 4, "unroll": 2, "serial": 0.3,
     "compute_inline": 2.5, "reassociate": 1.5, "cache": 3, "cache_identity": 3, "cache_write": 4, "store": 2,
     "store_at": 2, "set_loc": 1, "alloc_at": 1,
 }
+MEMORY = ("cache", "cache_identity", "cache_write", "store", "store_at")
+FUSED_MEMORY_BOOST = 3.0
+"""Once computations share loops, memory primitives on them are drawn this much more often: caches
+and storage meeting fusion is where schedules go wrong most."""
 CALL_COUNTS = tuple(range(11))
 CALL_COUNT_WEIGHTS = (2, 4, 5, 5, 4, 3, 3, 2, 1.5, 1, 1)
 
@@ -91,6 +96,7 @@ class ScheduleGenerator:
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
         self.applies = 0
+        self.fused: list[str] = []  # stages an accepted after/before put in a shared loop
 
     def pick(self, items, weights=None):  # noqa: ANN001, ANN201
         items = list(items)
@@ -105,9 +111,11 @@ class ScheduleGenerator:
     def call(self, s: Schedule) -> str:
         """The text of one primitive call on ``s`` (draws again where a primitive does not apply to
         the stage drawn, e.g. ``tile`` of a single loop)."""
+        fused = [n for n in self.fused if n in s.stage_names()]
+        weights = {p: w * (FUSED_MEMORY_BOOST if fused and p in MEMORY else 1) for p, w in PRIMITIVES.items()}
         while True:
-            stage = self.pick(s.stage_names())
-            prim = self.pick(list(PRIMITIVES), list(PRIMITIVES.values()))
+            stage = self.pick(fused) if fused and self.rng.random() < 0.6 else self.pick(s.stage_names())
+            prim = self.pick(list(weights), list(weights.values()))
             text = getattr(self, f"p_{prim}")(s, stage)
             if text is not None:
                 return f's["{stage}"].{text}'
@@ -332,5 +340,8 @@ def generate_calls(rng: np.random.Generator, s: Schedule, namespace: dict,
     gen = ScheduleGenerator(rng)
     for _ in range(gen.count()):
         text = gen.call(s)
-        if not on_call(text, apply(s, text, namespace)):
+        applied = apply(s, text, namespace)
+        if not on_call(text, applied):
             return
+        if applied.outcome == "accepted" and (".after(" in text or ".before(" in text):
+            gen.fused += [name for name in re.findall(r's\["(\w+)"\]', text) if name not in gen.fused]

@@ -57,3 +57,11 @@ def test_pytest_file_runs_the_case(tmp_path):
     exec(compile(text, "test_x.py", "exec"), ns)
     assert "test_fuzz_seed0_case0" in ns and 'kern = pt.build(s)' in ns["CASE"]
     np.testing.assert_equal(ns["CASE"].count("reference.check("), 1)
+
+
+def test_compile_errors_keep_their_message():
+    r = lambda detail: Result(0, 0, "internal", "build", detail)  # noqa: E731
+    a = r("generated code does not compile: kernel.cpp:43:22: error: ‘INFINITYf’ was not declared in this scope")
+    b = r("generated code does not compile: kernel.cpp:50:9: error: ‘INFINITYf’ was not declared in this scope")
+    c = r("generated code does not compile: cc.s:85: Error: unsupported masking for `vmovsh'")
+    assert minimize.signature(a) == minimize.signature(b) != minimize.signature(c)
