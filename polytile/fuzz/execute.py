@@ -65,7 +65,7 @@ def run_case(case: Case, report: Report, draw_schedule: bool) -> Outcome:
     goes, so that a process watching it knows where it died."""
     import polytile as pt
     ns: dict = {"pt": pt, "np": np, "inputs": inputs}
-    if case.program.malformed:
+    if case.program.malformation:
         return run_malformed(case, report, ns)
     report({"phase": "program"})
     try:
@@ -137,7 +137,7 @@ def run_malformed(case: Case, report: Report, ns: dict) -> Outcome:
     """A program polytile must refuse: a PolytileError (other than BuildError) anywhere up to the
     build is right; building it, or failing otherwise, is a finding."""
     import polytile as pt
-    what = case.program.malformed
+    what = case.program.malformation
     phase = "program"
     try:
         report({"phase": phase})

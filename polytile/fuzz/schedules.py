@@ -270,7 +270,9 @@ class ScheduleGenerator:
 
     # --- whole computations -------------------------------------------------------------------------
     def p_compute_inline(self, s: Schedule, stage: str) -> str | None:
-        return "compute_inline()"
+        comp = s.computation(stage)
+        inlinable = comp.reduction is None and comp.where is None and all(o is not comp for o in s.func.outputs)
+        return "compute_inline()" if inlinable or self.rng.random() < 0.2 else None
 
     def p_reassociate(self, s: Schedule, stage: str) -> str | None:
         return "reassociate()" if s.computation(stage).reduction is not None else None

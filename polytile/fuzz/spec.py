@@ -95,6 +95,13 @@ class Program:
     outputs: tuple[str, ...]
     malformed: str = ""
 
+    @property
+    def malformation(self) -> str:
+        """``malformed`` where it applies (an input to list twice or leave out needs an input)."""
+        if self.malformed in ("duplicate-input", "missing-input") and not self.used_inputs():
+            return ""
+        return self.malformed
+
     def extent(self, name: str) -> Extent:
         return next(e for e in self.extents if e.name == name)
 
@@ -333,9 +340,9 @@ def program_source(p: Program) -> str:
         lines.extend(r.comp(c))
     constraints = ", ".join(f"{e.param} >= {e.minimum}" for e in params)
     names = [t.name for t in p.used_inputs()]
-    if p.malformed == "duplicate-input" and names:
+    if p.malformation == "duplicate-input":
         names.append(names[0])
-    if p.malformed == "missing-input" and names:
+    if p.malformation == "missing-input":
         names.pop()
     ins = ", ".join(names)
     outs = ", ".join(p.outputs)
