@@ -31,6 +31,10 @@ MEMORY = ("cache", "cache_identity", "cache_write", "store", "store_at")
 FUSED_MEMORY_BOOST = 3.0
 """Once computations share loops, memory primitives on them are drawn this much more often: caches
 and storage meeting fusion is where schedules go wrong most."""
+FOLLOW_UP = 0.6
+"""How often an accepted fusion is followed at once by a memory primitive of the fused pair."""
+FUSION_FIRST = 0.2
+"""How often a schedule starts by fusing a consumer into its producer's outer loop."""
 CALL_COUNTS = tuple(range(11))
 CALL_COUNT_WEIGHTS = (2, 4, 5, 5, 4, 3, 3, 2, 1.5, 1, 1)
 
@@ -97,6 +101,7 @@ class ScheduleGenerator:
         self.rng = rng
         self.applies = 0
         self.fused: list[str] = []  # stages an accepted after/before put in a shared loop
+        self.follow_up: list[str] = []  # calls to make next
 
     def pick(self, items, weights=None):  # noqa: ANN001, ANN201
         items = list(items)
@@ -111,6 +116,8 @@ class ScheduleGenerator:
     def call(self, s: Schedule) -> str:
         """The text of one primitive call on ``s`` (draws again where a primitive does not apply to
         the stage drawn, e.g. ``tile`` of a single loop)."""
+        if self.follow_up:
+            return self.follow_up.pop()
         fused = [n for n in self.fused if n in s.stage_names()]
         weights = {p: w * (FUSED_MEMORY_BOOST if fused and p in MEMORY else 1) for p, w in PRIMITIVES.items()}
         while True:
@@ -119,6 +126,32 @@ class ScheduleGenerator:
             text = getattr(self, f"p_{prim}")(s, stage)
             if text is not None:
                 return f's["{stage}"].{text}'
+
+    def fusion(self, s: Schedule) -> str | None:
+        """A consumer placed after one of its producers inside the producer's outer loop, if any."""
+        pairs = [(c, p) for c in s.stage_names() for p in self.reads(s, c) if p in s.stage_names() and s[p].loops]
+        if not pairs:
+            return None
+        consumer, producer = self.pick(pairs)
+        return f's["{consumer}"].after(s["{producer}"], "{s[producer].loops[0]}")'
+
+    def fused_with(self, s: Schedule, text: str) -> None:
+        """After an accepted ``s["A"].after(s["B"], level)``: remember both, and now and then follow
+        with a memory primitive of the pair at some level (inside, at or outside the shared loops):
+        the consumer caching the producer, or either one writing through a cache or folded storage."""
+        a, b = re.findall(r's\["(\w+)"\]', text)[:2]
+        self.fused += [n for n in (a, b) if n not in self.fused]
+        related = b in self.reads(s, a) or a in self.reads(s, b)
+        if text.endswith(", None)") or not related or self.rng.random() >= FOLLOW_UP:
+            return
+        consumer, producer = (a, b) if b in self.reads(s, a) else (b, a)
+        choices = [(consumer, f'cache_identity("{producer}", {self.level(s, consumer, 0.4)})'),
+                   (consumer, f'cache("{producer}", {self.level(s, consumer, 0.4)})'),
+                   (producer, f"cache_write({self.level(s, producer, 0.4)})"),
+                   (consumer, f"cache_write({self.level(s, consumer, 0.4)})"),
+                   (producer, f'store_at("{self.pick(s[producer].loops)}")' if s[producer].loops else None)]
+        stage, call = self.pick([c for c in choices if c[1] is not None])
+        self.follow_up.append(f's["{stage}"].{call}')
 
     # --- helpers ------------------------------------------------------------------------------------
     def loop(self, s: Schedule, stage: str) -> str | None:
@@ -340,10 +373,15 @@ def generate_calls(rng: np.random.Generator, s: Schedule, namespace: dict,
     """Draw and apply a random number of calls to ``s``; ``on_call`` sees each and returns False
     to stop (after an internal error)."""
     gen = ScheduleGenerator(rng)
-    for _ in range(gen.count()):
+    left = gen.count()
+    first = gen.fusion(s) if left and rng.random() < FUSION_FIRST else None
+    if first is not None:
+        gen.follow_up.append(first)
+    while left > 0 or gen.follow_up:
+        left -= not gen.follow_up  # a follow-up does not use up a draw
         text = gen.call(s)
         applied = apply(s, text, namespace)
         if not on_call(text, applied):
             return
         if applied.outcome == "accepted" and (".after(" in text or ".before(" in text):
-            gen.fused += [name for name in re.findall(r's\["(\w+)"\]', text) if name not in gen.fused]
+            gen.fused_with(s, text)
