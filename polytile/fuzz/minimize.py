@@ -18,7 +18,18 @@ from dataclasses import replace
 
 from .programs import INDEX
 from .runner import Result, fixed_job, run_one
-from .spec import FLOAT_DTYPES, Case, CompSpec, Node, Program, case_source, paths, replace_node, substitute
+from .spec import (
+    FLOAT_DTYPES,
+    Case,
+    CompSpec,
+    Node,
+    Program,
+    case_source,
+    paths,
+    replace_node,
+    substitute,
+    tensors_read,
+)
 from .spec import walk as walk_nodes
 
 
@@ -107,7 +118,7 @@ def _output_candidates(case: Case) -> Iterator[Case]:
     p = case.program
     by_name = {c.name: c for c in p.comps}
     for out in p.outputs:
-        producers = [t for t in _reads(by_name[out]) if t in by_name and t not in p.outputs]
+        producers = [t for t in tensors_read(by_name[out]) if t in by_name and t not in p.outputs]
         for outputs in ([o for o in p.outputs if o != out] + producers, [o for o in p.outputs if o != out]):
             if outputs and outputs != list(p.outputs):
                 yield case.with_program(replace(p, outputs=tuple(dict.fromkeys(outputs))))
@@ -182,11 +193,6 @@ def _with_comp(p: Program, k: int, c: CompSpec) -> Program:
     comps = list(p.comps)
     comps[k] = c
     return replace(p, comps=tuple(comps))
-
-
-def _reads(c: CompSpec) -> list[str]:
-    from .spec import tensors_read
-    return tensors_read(c)
 
 
 # --- the test file ----------------------------------------------------------------------------------

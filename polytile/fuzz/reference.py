@@ -134,7 +134,7 @@ class Evaluator:
 
     # --- a computation ---------------------------------------------------------------------------
     def computation(self, comp: ComputeTensor) -> TensorValue:
-        shape = tuple(self.scalar(s, f"dimension of {comp.name}") for s in comp.shape)
+        shape = tuple(self.scalar(s) for s in comp.shape)
         red_axes = comp.reduce_axes
         ndim = len(shape) + len(red_axes)
         env: dict[int, Val] = {}
@@ -161,7 +161,7 @@ class Evaluator:
         e = np.where(unknown.reshape(shape), np.inf, e)
         return TensorValue(np.where(written, v, 0), np.where(written, e, 0.0), written, d)
 
-    def scalar(self, e: lx.Expr, what: str) -> int:
+    def scalar(self, e: lx.Expr) -> int:
         val = self.eval(e, {}, np.ones((), bool))
         return int(val.v)
 

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import IO
 
 from .execute import FINDINGS, Outcome, Report, generate_case, run_case
 from .spec import Call, Case
@@ -59,7 +60,7 @@ class _Child:
     pid: int
     fd: int
     started: float
-    log: object
+    log: IO[bytes]  # the child's stdout and stderr
     data: bytearray = field(default_factory=bytearray)
 
 
@@ -115,14 +116,14 @@ class Pool:
             child.data += rest
         os.close(child.fd)
         seconds = time.monotonic() - child.started
-        events = [json.loads(line) for line in child.data.decode(errors="replace").splitlines() if line.strip()]
+        events = _events(child.data)
         calls = [Call(e["call"], e["outcome"], e.get("detail", "")) for e in events if "call" in e]
         phase = next((e["phase"] for e in reversed(events) if "phase" in e), "start")
-        ended = next((e["outcome"] for e in events if "outcome" in e and isinstance(e["outcome"], dict)), None)
-        child.log.seek(0, os.SEEK_END)  # type: ignore[attr-defined]
-        child.log.seek(max(0, child.log.tell() - 600))  # type: ignore[attr-defined]
-        tail = child.log.read().decode(errors="replace").strip()  # type: ignore[attr-defined]
-        child.log.close()  # type: ignore[attr-defined]
+        ended = next((e["result"] for e in events if "result" in e), None)
+        child.log.seek(0, os.SEEK_END)
+        child.log.seek(max(0, child.log.tell() - 600))
+        tail = child.log.read().decode(errors="replace").strip()
+        child.log.close()
         seed, index = child.key
         if hung:
             out = Outcome("hang", phase, f"no result after {self.timeout:g} s")
@@ -142,6 +143,17 @@ class Pool:
             _kill(child.pid)
             self._finish(child, hung=True)
         self.selector.close()
+
+
+def _events(data: bytearray) -> list[dict]:
+    """The child's events; a line cut short by its death is dropped."""
+    out = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def _read(fd: int) -> bytes | None:
@@ -182,7 +194,7 @@ def _child(job: Job, fd: int, log_fd: int) -> None:
         except Exception as err:  # noqa: BLE001 - the fuzzer's own failure, reported as such
             from .schedules import describe
             outcome = Outcome("invalid", "fuzzer", f"the fuzzer failed: {describe(err)}")
-        report({"outcome": asdict(outcome)})
+        report({"result": asdict(outcome)})
     except BaseException:  # noqa: BLE001 - the process must end here whatever happened
         code = 3
     finally:

@@ -9,8 +9,7 @@ extents, simpler expressions, fewer computations) and render it again.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -136,9 +135,6 @@ class Program:
             need.add(n)
             stack.extend(tensors_read(by_name[n]))
         return [c for c in self.comps if c.name in need]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -367,29 +363,6 @@ def input_call(p: Program, t: InputSpec) -> str:
     if t.dist == "uniform":
         return f'inputs.uniform(rng, {shape!r}, "{t.dtype}", {float(t.lo)!r}, {float(hi)!r})'
     return f'inputs.{t.dist}(rng, {shape!r}, "{t.dtype}", {int(t.lo)}, {int(hi)})'
-
-
-def program_from_json(text: str) -> Program:
-    """The inverse of ``Program.to_json``."""
-    d = json.loads(text)
-
-    def node(x: dict) -> Node:
-        return Node(x["op"], tuple(node(a) for a in x["args"]), _attr(x["attr"]), x["dtype"],
-                    tuple((a, node(lo), node(hi)) for a, lo, hi in x["axes"]))
-
-    def _attr(a: object) -> object:
-        return Dim(**a) if isinstance(a, dict) else a
-
-    def dims(xs: list) -> tuple[Dim, ...]:
-        return tuple(Dim(**x) for x in xs)
-
-    return Program(
-        tuple(Extent(**e) for e in d["extents"]),
-        tuple(InputSpec(x["name"], dims(x["dims"]), x["dtype"], x["dist"], x["lo"], x["hi"],
-                        Dim(**x["range_dim"]) if x["range_dim"] else None) for x in d["inputs"]),
-        tuple(CompSpec(c["name"], tuple(c["axes"]), dims(c["dims"]), node(c["body"]),
-                       node(c["where"]) if c["where"] else None, c["dtype"]) for c in d["comps"]),
-        tuple(d["outputs"]), d.get("malformed", ""))
 
 
 def case_source(case: Case, title: str = "") -> str:

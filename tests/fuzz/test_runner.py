@@ -2,6 +2,7 @@
 runnable scripts."""
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,25 @@ def test_replay_prints_a_script_that_reproduces_the_outcome(tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1].startswith("ok" if "ok" in outcome else "refused")
+
+
+def test_cli_help_and_argument_errors():
+    help_ = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--help"], capture_output=True, text=True,
+                           timeout=120)
+    assert help_.returncode == 0
+    for option in ("--seed", "--cases", "--budget", "--case", "--minimize", "--jobs", "--target", "--json"):
+        assert option in help_.stdout
+    bad = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--minimize"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--minimize needs --case" in bad.stderr
+
+
+def test_campaign_summary_counts_every_case(tmp_path):
+    out = tmp_path / "fuzz.json"
+    proc = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--seed", "4", "--cases", "3", "--json",
+                           str(out), "--no-progress"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "POLYTILE_CACHE_DIR": str(tmp_path)})
+    assert proc.stdout.startswith("cases 3, accepted ")
+    data = json.loads(out.read_text())
+    assert data["cases"] == 3 and sum(data["counts"].values()) == 3
+    assert proc.returncode == (1 if data["findings"] else 0)
