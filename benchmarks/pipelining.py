@@ -48,6 +48,7 @@ from polytile.ops.gpu_schedules import (  # noqa: E402
     wgmma_gemm_config,
     wgmma_igemm_config,
 )
+from polytile.target import as_target  # noqa: E402
 
 VARIANTS = ("none", "shared2", "shared", "multilevel", "wgmma")
 MMA_VARIANTS = VARIANTS[:4]  # the mma.sync pipelining variants (ALCOP's comparison)
@@ -84,11 +85,12 @@ def workloads(quick: bool) -> dict[str, dict]:
 def variant_cfg(spec: dict, variant: str) -> dict:
     if variant == "wgmma" and spec["kind"].endswith("igemm"):
         op = make_op(spec, "float16")
-        return wgmma_igemm_config(int(op.func.outputs[0].shape[0].value), op.shape["K"])
+        rows = int(op.func.outputs[0].shape[0].value)
+        return wgmma_igemm_config(rows, op.shape["K"], sms=as_target("cuda").sms)
     if variant == "wgmma":
         d = spec["dims"]
         rows, cols, k = (d[0] * d[1], d[2], d[3]) if spec["kind"] == "batch_matmul" else d
-        cfg = wgmma_gemm_config(rows, cols, k)
+        cfg = wgmma_gemm_config(rows, cols, k, sms=as_target("cuda").sms)
         if spec["kind"] == "batch_matmul" and (cfg["bm"] > d[1] or cfg["bn"] > d[2]):
             cfg.update(bm=64, bn=64)
         return cfg
@@ -224,7 +226,7 @@ def main() -> int:
     dtypes = [d for d in args.dtypes.split(",") if d]
     work = {k: v for k, v in workloads(args.quick).items() if not only or k in only}
     jobs = []
-    hopper = torch.cuda.get_device_capability() == (9, 0)
+    hopper = as_target("cuda").has("wgmma")
     for name, spec in work.items():
         # bf16: the GEMMs (the convolutions' bf16 path is the same code as fp16)
         for dtype in dtypes if spec["kind"] in ("matmul", "batch_matmul") else dtypes[:1]:

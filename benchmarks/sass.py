@@ -26,7 +26,6 @@ import datetime
 import json
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 from polytile.sass.polytile_kernel import polytile_launch
 from polytile.sass.runner import Runner, RunnerSettings
 from polytile.sass.verify import host_inputs
+from polytile.toolchain import arch_flags, find_nvcc
 
 HERE = Path(__file__).parent
 KERNELS = HERE / "kernels"
@@ -66,15 +66,15 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 # ---- CUDA C workloads ---------------------------------------------------------------------------
 
 
-def build_cuda(nvcc: str | None = None) -> dict[str, Path]:
-    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+def build_cuda() -> dict[str, Path]:
+    nvcc = find_nvcc()
     BUILD.mkdir(parents=True, exist_ok=True)
     out = {}
     for name in ("matmul", "softmax", "layernorm"):
         target = BUILD / f"{name}.cubin"
         source = KERNELS / f"{name}.cu"
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-            if not Path(nvcc).exists():
+            if nvcc is None:
                 raise SystemExit(
                     f"{target} is missing and nvcc is not here: run with --build-only where nvcc is"
                 )
@@ -83,7 +83,7 @@ def build_cuda(nvcc: str | None = None) -> dict[str, Path]:
                     nvcc,
                     "-cubin",
                     "-O3",
-                    "-gencode=arch=compute_90a,code=sm_90a",
+                    *arch_flags("sm_90a"),
                     "-o",
                     str(target),
                     str(source),
@@ -188,7 +188,7 @@ def polytile_workloads() -> list[Workload]:
 
     rng = np.random.default_rng(0)
     workloads = []
-    hopper = getattr(as_target("cuda"), "arch", "") == "sm_90a"
+    hopper = as_target("cuda").has("wgmma")
     for name, op, build in (
         ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32"), None),
         ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16"), mma_sync),
@@ -399,7 +399,7 @@ def main() -> int:
 
 
 def _cuda_version() -> str:
-    nvcc = shutil.which("nvcc")
+    nvcc = find_nvcc()
     if nvcc:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
         return out.strip().splitlines()[-1] if out.strip() else "unknown"

@@ -80,7 +80,7 @@ def retime(kernels: dict[str, object], vendor, inputs, rounds: int = 5) -> dict[
 
 
 def device_info(target) -> str:  # noqa: ANN001
-    if target.kind == "cuda":
+    if target.has("gpu"):
         try:
             return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                   capture_output=True, text=True, timeout=20).stdout.strip()
@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
             if res.best is not None:
                 kernels[tuner] = build(task.schedule(res.best.config), target)
         inputs = op.make_inputs(np.random.default_rng(args.seed))
-        vendor = vendor_baseline(op) if target.kind == "cpu" else None
+        vendor = None if target.has("gpu") else vendor_baseline(op)
         final = retime(kernels, vendor, inputs)
         entry["retimed_seconds"] = final
         entry["vendor"] = vendor[0] if vendor else None

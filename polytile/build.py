@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from .errors import PolytileError
 from .lang.func import Func
 from .schedule.state import Schedule
-from .target import CPUTarget, as_target
+from .target import Target, as_target
 
 
 def lower(obj: Func | Schedule, target: object = "cpu"):  # noqa: ANN201 - returns LoweredFunc
@@ -28,12 +28,21 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
     tgt = as_target(target)
     lowered = _lower(sched, tgt, name=name)
-    if isinstance(tgt, CPUTarget):
-        from .codegen.cpu import cpu_source
-        from .runtime.cpu import CPUKernel
-        return CPUKernel(sched.func, lowered, cpu_source(lowered), extra_flags)
+    return _BACKENDS[tgt.kind](sched, lowered, tgt, extra_flags)
+
+
+def _build_cpu(sched: Schedule, lowered, target: Target, extra_flags: Sequence[str]):  # noqa: ANN001,ANN202
+    from .codegen.cpu import cpu_source
+    from .runtime.cpu import CPUKernel
+    return CPUKernel(sched.func, lowered, cpu_source(lowered), extra_flags, target)
+
+
+def _build_cuda(sched: Schedule, lowered, target: Target, extra_flags: Sequence[str]):  # noqa: ANN001,ANN202
     from .runtime.cuda import build_cuda_kernel
-    return build_cuda_kernel(sched, lowered, tgt)
+    return build_cuda_kernel(sched, lowered, target)  # type: ignore[arg-type]
+
+
+_BACKENDS = {"cpu": _build_cpu, "cuda": _build_cuda}  # by Target.kind: the code generator and runtime
 
 
 def _func(obj: object) -> Func:

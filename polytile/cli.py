@@ -8,40 +8,84 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from .dtypes import as_dtype
 from .errors import PolytileError
+from .target import as_target
 
 
-def parse_shape(op_name: str, text: str | None) -> dict[str, int]:
-    """``"M=512,N=256,K=128"`` or positional ``"512,256,128"`` in the operator's argument order."""
+class ArgumentParser(argparse.ArgumentParser):
+    """A usage error is one line: what is wrong (argparse lists the valid choices) and where to look,
+    not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_shape(op_name: str, text: str | None) -> dict[str, object]:
+    """``"M=512,N=256,K=128"`` or positional ``"512,256,128"`` in the operator's argument order; text
+    arguments go by name (``dtype=float16``). Every name, value and count is checked here, with the
+    operator's arguments listed in the error."""
     from . import ops
+    from .dtypes import as_dtype
     if op_name not in ops.OPS:
         raise PolytileError(f"unknown operator {op_name!r}; known: {', '.join(sorted(ops.OPS))}")
-    if not text:
-        return {}
-    params = [p for p in inspect.signature(ops.OPS[op_name]).parameters.values()
-              if p.annotation in (int, "int")]
-    out: dict[str, int] = {}
-    for k, part in enumerate(text.split(",")):
-        part = part.strip()
+    signature = inspect.signature(ops.OPS[op_name]).parameters
+    sizes = [p for p in signature.values() if p.annotation in (int, "int")]
+    known = ", ".join(signature)
+    out: dict[str, object] = {}
+    parts = [p.strip() for p in text.split(",")] if text else []
+    for k, part in enumerate(parts):
+        if not part:
+            raise PolytileError(f"--shape {text!r}: an empty entry; write sizes as 512,512,512 or "
+                                "M=512,N=512,K=512")
         if "=" in part:
-            key, val = (x.strip() for x in part.split("=", 1))
-            if key == "dtype":  # as `polytile tune` takes it
-                out[key] = val  # type: ignore[assignment]
-                continue
-            try:
-                out[key] = int(val)
-            except ValueError:
-                raise PolytileError(f"--shape {text!r}: {key} must be an integer, got {val!r}") from None
+            key, value = (x.strip() for x in part.split("=", 1))
+            if key not in signature:
+                raise PolytileError(f"--shape {text!r}: {op_name} has no argument {key!r}; its arguments: {known}")
         else:
-            if k >= len(params):
-                raise PolytileError(f"operator {op_name} takes {len(params)} sizes "
-                                    f"({', '.join(p.name for p in params)}); got more")
-            out[params[k].name] = int(part)
+            if k >= len(sizes):
+                raise PolytileError(f"--shape {text!r}: {op_name} takes {len(sizes)} sizes "
+                                    f"({', '.join(p.name for p in sizes)}); got more")
+            key, value = sizes[k].name, part
+        if key in out:
+            raise PolytileError(f"--shape {text!r}: {key} is given twice")
+        param = signature[key]
+        if param.annotation in (int, "int"):
+            out[key] = _size(text, key, value, smallest=0 if param.default == 0 else 1)
+        elif key == "dtype":
+            out[key] = as_dtype(value).name
+        else:
+            out[key] = value
+    missing = [p.name for p in sizes if p.default is inspect.Parameter.empty and p.name not in out]
+    if parts and missing:
+        raise PolytileError(f"--shape {text!r}: {op_name} also needs {', '.join(missing)} "
+                            f"(its sizes: {', '.join(p.name for p in sizes)})")
     return out
+
+
+def _size(text: str | None, key: str, value: str, smallest: int) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise PolytileError(f"--shape {text!r}: {key} must be an integer, got {value!r}") from None
+    if size < smallest:
+        raise PolytileError(f"--shape {text!r}: {key} must be at least {smallest}, got {size}")
+    return size
 
 
 DEFAULT_SHAPES: dict[str, dict[str, int]] = {
@@ -83,6 +127,7 @@ class Comparison:
     baseline: str | None = None
     baseline_seconds: float | None = None
     baseline_error: float = 0.0  # the baseline's own error; above the tolerance it is not timed
+    baseline_missing: str = ""  # why there is no baseline for these data types
 
     @property
     def ok(self) -> bool:
@@ -90,10 +135,12 @@ class Comparison:
 
     def lines(self) -> list[str]:
         """The verdict and one line of speed per library."""
-        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'})",
+        tol = self.op.tolerance
+        out = [f"  relative error {self.error:.1e} ({'ok' if self.ok else 'WRONG'}), "
+               + (f"tolerance {tol:.1e}" if tol else "exact result required (integers)"),
                _speed_row("polytile", self.seconds, self.op)]
         if self.baseline is None:
-            out.append("  (no baseline library for this operator here)")
+            out.append(f"  ({self.baseline_missing or 'no baseline library for this operator here'})")
         elif self.baseline_seconds is None:
             out.append(f"  {self.baseline}: its result differs from the reference (relative error "
                        f"{self.baseline_error:.1e}); not timed")
@@ -131,31 +178,38 @@ def compare_cuda(op: Any, kern: Any, repeat: int = 20) -> Comparison:
     out = Comparison(op, rel_error(kern(*inputs), ref), kern.benchmark(*inputs, repeat=repeat))
     base = torch_cuda_baseline(op) if inputs is not host else None
     if base is not None:
-        fn, out.baseline = base
-        out.baseline_error = rel_error(fn(*inputs).reshape(np.shape(ref)), ref)
+        fn, name = base
+        try:
+            result = fn(*inputs)
+        except RuntimeError as err:  # torch has no kernel for these types (e.g. int8 GEMMs)
+            out.baseline_missing = f"{name} does not take these types ({str(err).splitlines()[0]})"
+            return out
+        out.baseline = name
+        out.baseline_error = rel_error(result.reshape(np.shape(ref)), ref)
         if out.baseline_error <= max(op.tolerance, 1e-2):
             out.baseline_seconds = time_gpu(lambda: fn(*inputs), repeat=repeat)
     return out
 
 
-def run_op(name: str, shape: dict[str, int], target: str, show_source: bool, repeat: int,
+def run_op(name: str, shape: dict[str, int], target: object, show_source: bool, repeat: int,
            dtype: str | None = None) -> int:
     """Build ``name`` at ``shape`` for ``target`` ("cpu", "cuda", "cuda:sm_80"), check it on random
     inputs and time it beside the library a user would call instead; 1 when the result is wrong."""
     from . import ops
+    from .target import as_target
     sizes = dict(shape or DEFAULT_SHAPES.get(name, {}))
     op = ops.get(name, **sizes, **({"dtype": dtype} if dtype else {}))
+    tgt = as_target(target)
     t0 = time.perf_counter()
-    kern = op.build(target)
+    kern = op.build(tgt)
     build_s = time.perf_counter() - t0
     if show_source:
         print(kern.source)
-    if kern.target == "cpu":
+    if not tgt.has("gpu"):
         print(f"{op.key} on cpu: built in {build_s:.2f} s")
         result = compare_cpu(op, kern, repeat)
     else:
         from .runtime.cuda_device import gpu_available
-        tgt = kern.target
         print(f"{op.key} on {tgt.name} ({tgt.arch}): built in {build_s:.2f} s")
         print("\n".join(kernel_lines(kern)))
         if not gpu_available():
@@ -181,8 +235,22 @@ def kernel_lines(kern: Any) -> list[str]:
     return out
 
 
+def interrupted(prog: str, saved: str) -> int:
+    """The end of a command stopped by Ctrl-C: one line saying what was saved; exit status 130 (as a
+    shell reports SIGINT)."""
+    print(f"\n{prog}: interrupted; {saved}", file=sys.stderr)
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polytile", description="The polytile tensor compiler")
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # the subcommands that save something say what themselves
+        return interrupted("polytile", "nothing was saved")
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = ArgumentParser(prog="polytile", description="The polytile tensor compiler")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="build, check and time an operator beside NumPy/torch")
     run.add_argument("op", help="operator name (see `polytile ops`)")
@@ -190,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--target", default="cpu", help="cpu (default), cuda, or cuda:sm_80")
     run.add_argument("--show-source", "--source", action="store_true", help="print the generated source")
     run.add_argument("--dtype", help="element type, where the operator takes one (float16: tensor cores)")
-    run.add_argument("--repeat", type=int, default=10, help="timed repetitions (median reported)")
+    run.add_argument("--repeat", type=positive_int, default=10, help="timed repetitions (median reported)")
     sub.add_parser("ops", help="list the operators and their default sizes")
     sub.add_parser("tune", help="tune an operator (see `polytile tune --help`)", add_help=False)
     sub.add_parser("sass-opt", help="optimize the SASS of a CUDA kernel (see `polytile sass-opt --help`)",
@@ -208,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             shape = parse_shape(args.op, args.shape)
-            dtype = shape.pop("dtype", None) or args.dtype
-            return run_op(args.op, shape, args.target, args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
+            dtype = shape.pop("dtype", None) or (as_dtype(args.dtype).name if args.dtype else None)
+            return run_op(args.op, shape, as_target(args.target), args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)

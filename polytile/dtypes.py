@@ -1,7 +1,10 @@
-"""Scalar types of polytile: names, sizes, C spellings and NumPy equivalents."""
+"""Scalar types of polytile: names, sizes, C spellings and NumPy equivalents; the type an operator
+accumulates each type in, and the tolerance a result of each type is checked with (the one place
+``polytile run``, the operator library's references and the tuner's checks take it from)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,3 +113,50 @@ def promote(a: DType, b: DType) -> DType:
     if a.kind == b.kind:
         return a if a.bits >= b.bits else b
     return _BY_NAME[f"int{max(bits * 2 if bits < 64 else 64, 16)}"] if bits < 64 else int64
+
+
+def accumulator(dtype: object) -> DType:
+    """The type products of ``dtype`` operands are summed in, and the result type of the operator
+    library's products and convolutions: float32 for 16-bit floats (as tensor cores and torch do),
+    int32 for 8- and 16-bit integers (as cuBLAS's and torch's int8 GEMMs; NumPy's ``np.matmul``
+    would keep int8 and wrap around), the type itself otherwise."""
+    d = as_dtype(dtype)
+    if d.is_float and d.bits == 16:
+        return float32
+    if d.is_int and d.bits <= 16:
+        return int32
+    return d
+
+
+def epsilon(dtype: object) -> float:
+    """The machine epsilon of a floating-point type (the gap between 1 and the next value)."""
+    d = as_dtype(dtype)
+    if not d.is_float:
+        raise LanguageError(f"{d} is not a floating-point type; it has no epsilon")
+    return 2.0 ** -_FRACTION_BITS[d.name]
+
+
+_FRACTION_BITS = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+
+
+# The error a result of each floating-point type may show against a float64 reference, without
+# reductions: a few roundings to the type (16-bit: storing the float32 result rounds by up to half
+# an epsilon, 4.9e-4 for float16 and 3.9e-3 for bfloat16) and the math functions' last bits.
+ROUNDING_TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+TENSOR_CORE_TOLERANCE = 1e-4  # 16-bit operands: the hardware sums in float32 in an order of its own
+
+
+def tolerance(result: object, reduction: int = 1, operands: object = None) -> float:
+    """The relative error (‖out − ref‖ / ‖ref‖) a correct result of type ``result`` may show against a
+    float64 reference: 0 for integer and boolean results (exact); for floats the rounding of the type
+    plus float32 (float64 for float64 results) summation error growing as the square root of the
+    ``reduction`` length (terms summed per result element), and at least 1e-4 when the
+    ``operands`` are 16-bit floats."""
+    d = as_dtype(result)
+    if not d.is_float:
+        return 0.0
+    summed_in = float64 if d == float64 else float32
+    tol = ROUNDING_TOLERANCE[d.name] + 4 * epsilon(summed_in) * math.sqrt(max(1, reduction))
+    if operands is not None and as_dtype(operands).is_float and as_dtype(operands).bits == 16:
+        tol = max(tol, TENSOR_CORE_TOLERANCE)
+    return tol

@@ -27,8 +27,8 @@ fi
 python3 -c "from polytile.sass.disasm import find_nvdisasm; print('nvdisasm:', find_nvdisasm())"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-if command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  PATH="$PATH:/usr/local/cuda/bin" python3 benchmarks/sass.py --build-only
+if python3 -c "from polytile.toolchain import find_nvcc; import sys; sys.exit(find_nvcc() is None)"; then
+  python3 benchmarks/sass.py --build-only
 fi
 
 echo "== GPU tests"

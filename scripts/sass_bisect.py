@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 sys.path.insert(0, ".")
 from polytile.sass.api import analyse
 from polytile.sass.cubin import Cubin
@@ -20,11 +19,11 @@ from polytile.sass.disasm import find_nvdisasm
 from polytile.sass.launch import Buffer, CubinLaunch, Scalar
 from polytile.sass.runner import Runner, RunnerSettings
 from polytile.sass.schedule import Schedule, random_legal
+from polytile.toolchain import arch_flags, nvcc
 
 print("nvdisasm", find_nvdisasm())
 out = Path(tempfile.mkdtemp()) / "sample.cubin"
-nvcc = "/usr/local/cuda/bin/nvcc"
-subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(out), "tests/sass/kernels/sample.cu"], check=True)
+subprocess.run([nvcc(), "-cubin", *arch_flags("sm_90a"), "-o", str(out), "tests/sass/kernels/sample.cu"], check=True)
 n = 256
 launch = CubinLaunch(out.read_bytes(), "matmul", (n // 32, n // 32, 1), (256, 1, 1),
                      (Buffer("a", "float32", (n, n)), Buffer("b", "float32", (n, n)), Buffer("c", "float32", (n, n), "out"),

@@ -21,6 +21,7 @@ from polytile import ops
 from polytile.sass import polytile_launch
 from polytile.sass.api import analyse
 from polytile.sass.launch import CubinLaunch
+from polytile.toolchain import arch_flags, nvcc
 
 COPY = re.compile(
     r"( *)#pragma unroll\n *for \(int (\w+) = 0; \2 < 8; \+\+\2\) \{\n *\{\n *(const int \w+ = [^\n]*;)\n"
@@ -42,9 +43,9 @@ def split_copy(source: str) -> str:
 def nvcc_cubin(source: str) -> bytes:
     out = Path(tempfile.mkdtemp())
     (out / "k.cu").write_text(source)
-    arch = "-gencode=arch=compute_90a,code=sm_90a"
-    subprocess.run(["nvcc", "-cubin", "-O3", arch, "-o", str(out / "k.cubin"), str(out / "k.cu")], check=True)
-    return (out / "k.cubin").read_bytes()
+    cubin, cu = out / "k.cubin", out / "k.cu"
+    subprocess.run([nvcc(), "-cubin", "-O3", *arch_flags("sm_90a"), "-o", str(cubin), str(cu)], check=True)
+    return cubin.read_bytes()
 
 
 def copy_order(launch: CubinLaunch) -> str:

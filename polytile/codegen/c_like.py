@@ -11,6 +11,7 @@ import math
 from ..dtypes import DType
 from ..errors import LoweringError
 from ..lowering import loopir as ir
+from .helpers import Helper
 
 _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
           "bool": "bool"}
@@ -18,6 +19,34 @@ _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "in
 _FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
              "cos": "cos", "floor": "floor", "ceil": "ceil", "exp2": "exp2", "log2": "log2", "pow": "pow",
              "fma": "fma", "abs": "fabs"}
+
+
+_SHARED_HELPERS = {
+    "pt_min": """template <typename A, typename B> INLINE auto pt_min(A a, B b) -> decltype(a + b) {
+  return a < b ? (decltype(a + b))a : (decltype(a + b))b;
+}
+""",
+    "pt_max": """template <typename A, typename B> INLINE auto pt_max(A a, B b) -> decltype(a + b) {
+  return a > b ? (decltype(a + b))a : (decltype(a + b))b;
+}
+""",
+    "pt_floordiv": """template <typename A, typename B> INLINE auto pt_floordiv(A a, B b) -> decltype(a + b) {
+  decltype(a + b) q = a / b; return ((a % b) != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+""",
+    "pt_floormod": """template <typename A, typename B> INLINE auto pt_floormod(A a, B b) -> decltype(a + b) {
+  decltype(a + b) r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+""",
+    "pt_iabs": """template <typename T> INLINE T pt_iabs(T a) { return a < 0 ? -a : a; }
+""",
+}
+
+
+def shared_helpers(inline: str) -> list[Helper]:
+    """The helpers both backends define alike (integer min/max, floor division and modulo, integer
+    abs); ``inline`` is how a backend declares an inline function."""
+    return [Helper(name, text.replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
 
 
 class CLikePrinter:

@@ -127,6 +127,8 @@ class IRBuilder:
         self.bindings = {b.name: b for b in plan.bindings}
         self.reserved = reserved
         self.cache_levels = {c.name: c for c in plan.caches}
+        self.opened: set[str] = set()  # buffers whose scope encloses the nodes being built
+        self._marks: dict[tuple[int, str, bool], set[str]] = {}
 
     def build(self) -> ir.Stmt:
         return self.node(self.plan.ast, {}, [])
@@ -144,65 +146,92 @@ class IRBuilder:
         if isinstance(n, AstUser):
             if n.stmt in self.bindings:
                 return ir.Block(())
+            plan = self.plan.statements[n.stmt]
+            if plan.kind in ("alloc", "free"):  # the scope is opened around its statements (block)
+                if plan.owner not in self.opened:
+                    raise LoweringError(f"the scope of cache {plan.owner} is split by the AST generator")
+                return ir.Block(())
             return self.user(n, env)
         if isinstance(n, AstMark):
             return self.node(n.body, env, scope)
         raise LoweringError(f"unexpected AST node {type(n).__name__}")
 
-    def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str],
-              opened: frozenset[str] = frozenset()) -> ir.Stmt:
-        """``opened``: buffers whose scope an enclosing statement already opened."""
+    def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
         nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
         out: list[ir.Stmt] = []
         k = 0
         while k < len(nodes):
             n = nodes[k]
-            plan = self.plan.statements.get(n.stmt) if isinstance(n, AstUser) else None
             if isinstance(n, AstUser) and n.stmt in self.bindings:
-                rest = self.block(nodes[k + 1:], env, scope, opened)
+                rest = self.block(nodes[k + 1:], env, scope)
                 out.append(self.bind(self.bindings[n.stmt], n, env, rest))
                 break
-            if plan is not None and plan.kind == "alloc" and plan.owner not in opened:
-                end, owners = self._scope_end(nodes, k, plan.owner, opened)
-                inner = self.block(nodes[k + 1:end], env, scope, opened | owners)
+            starts = self._scope_marks(n, "alloc") - self.opened
+            if starts:
+                end, owners = self._scope_end(nodes, k, starts)
+                self.opened |= owners
+                inner = self.block(nodes[k:end + 1], env, scope)
+                self.opened -= owners
                 for owner in sorted(owners):
                     inner = ir.Allocate(self.buffers[owner], inner)
                 out.append(inner)
                 k = end + 1
                 continue
-            if plan is not None and plan.kind in ("alloc", "free"):  # a scope opened further out
-                k += 1
-                continue
             out.append(self.node(n, env, scope))
             k += 1
         return ir.block(out)
 
-    def _scope_end(self, nodes: list[AstNode], k: int, owner: str,
-                   opened: frozenset[str]) -> tuple[int, frozenset[str]]:
-        """The index of ``owner``'s release, extended past the releases of buffers allocated inside
-        (isl may order two releases of the same slot either way; a longer scope is harmless), and
-        the buffers whose scopes are merged into it."""
-        def free_of(name: str, start: int) -> int:
-            for j in range(start, len(nodes)):
-                if isinstance(nodes[j], AstUser) and nodes[j].stmt == f"{name}__free":
-                    return j
-            raise LoweringError(f"the scope of cache {name} is split by the AST generator")
+    def _scope_marks(self, n: AstNode, kind: str, deep: bool = False) -> set[str]:
+        """The buffers whose allocation (``kind`` "alloc") or release statement ``n`` holds outside any
+        loop (``deep``: inside loops too). In one execution of a block, the statements outside loops
+        belong to one iteration of the buffers' loops."""
+        key = (id(n), kind, deep)
+        if key not in self._marks:
+            out: set[str] = set()
+            stack = [n]
+            while stack:
+                x = stack.pop()
+                if isinstance(x, AstUser):
+                    plan = self.plan.statements.get(x.stmt)
+                    if plan is not None and plan.kind == kind:
+                        out.add(plan.owner)
+                elif isinstance(x, AstBlock):
+                    stack.extend(x.body)
+                elif isinstance(x, AstIf):
+                    stack += [x.then] + ([x.orelse] if x.orelse is not None else [])
+                elif isinstance(x, AstMark) or (deep and isinstance(x, AstFor)):
+                    stack.append(x.body)
+            self._marks[key] = out
+        return self._marks[key]
 
-        end = free_of(owner, k + 1)
-        owners = {owner}
+    def _scope_end(self, nodes: list[AstNode], k: int, starts: set[str]) -> tuple[int, frozenset[str]]:
+        """The scope of the buffers allocated in ``nodes[k]``: up to the last node holding a release
+        before the next allocation of the same buffer. isl may guard the allocation and the release
+        of one iteration in different branches (a peeled first iteration), or put the release in a
+        loop of an inner level that runs the buffer's users in one of its iterations only; the scope
+        then spans that loop. It is extended over the scopes of buffers allocated inside that end
+        further out (isl may order two releases of one slot either way; a longer scope is harmless).
+        Returns the index of the last node and the buffers scoped."""
+        def last_release(owner: str, start: int) -> int:
+            last = -1
+            for j in range(start, len(nodes)):
+                if j > start and owner in self._scope_marks(nodes[j], "alloc", deep=True):
+                    break
+                if owner in self._scope_marks(nodes[j], "free", deep=True):
+                    last = j
+            if last < 0:
+                raise LoweringError(f"the scope of cache {owner} is split by the AST generator")
+            return last
+
+        owners = set(starts)
+        end = max(last_release(o, k) for o in owners)
         j = k + 1
-        while j < end:
-            n = nodes[j]
-            if isinstance(n, AstUser) and self.plan.statements.get(n.stmt) is not None \
-                    and self.plan.statements[n.stmt].kind == "alloc":
-                inner_owner = self.plan.statements[n.stmt].owner
-                if inner_owner in opened:
-                    j += 1
-                    continue
-                inner_end = free_of(inner_owner, j + 1)
+        while j <= end:
+            for inner in sorted(self._scope_marks(nodes[j], "alloc") - owners - self.opened):
+                inner_end = last_release(inner, j)
                 if inner_end > end:
                     end = inner_end
-                    owners.add(inner_owner)
+                    owners.add(inner)
             j += 1
         return end, frozenset(owners)
 
@@ -368,7 +397,8 @@ class IRBuilder:
                 value = _zero_unless(inside, value)
             return ir.Store(cbuf, cidx, value)
         tbuf = self.buffers[tensor]
-        out: ir.Stmt = ir.Store(tbuf, elem, ir.Load(cbuf, cidx))
+        dbuf, didx = conv.index_of(tensor, elem)  # the tensor, or the next buffer out of a chain
+        out: ir.Stmt = ir.Store(dbuf, didx, ir.Load(cbuf, cidx))
         if plan.guard_inside:  # a whole tile written back: the elements inside the tensor
             inside = [ir.Cmp("<", i, d) for i, d in zip(elem, tbuf.shape)]
             out = ir.If(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), out)

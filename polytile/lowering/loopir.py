@@ -17,7 +17,8 @@ from ..dtypes import INDEX, DType, bool_, int32
 @dataclass(eq=False)
 class Buffer:
     """A named array. ``scope``: "arg" (a kernel argument), "heap", "stack", "register",
-    "shared", "local" (GPU registers/local memory), "constant", "global" (GPU global temporary)."""
+    "shared", "local" (GPU registers/local memory), "fragment" (a warp's tensor-core tile), "global" (GPU
+    global temporary)."""
 
     name: str
     dtype: DType

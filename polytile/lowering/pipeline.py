@@ -11,11 +11,12 @@ from pathlib import Path
 
 from .. import dtypes
 from ..errors import LoweringError, ScheduleError
+from ..intrinsics import tensor_intrinsic
 from ..lang import expr as lx
-from ..poly.cache import CacheRequest
 from ..poly.materialize import Plan, materialize
+from ..schedule.memory import cache_requests, folded_name
 from ..schedule.state import Schedule
-from ..target import CPUTarget, CUDATarget
+from ..target import FEATURES, Target
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
 from .passes.allocate import allocate_intermediates
@@ -45,21 +46,31 @@ class _Log:
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, stage: str, body: ir.Stmt) -> None:
+    def __call__(self, stage: str, body: ir.Stmt, before: ir.Stmt | None = None) -> None:
+        """Write ``body`` after ``stage``; "(unchanged)" when it prints as ``before`` did."""
         if self.dir is None:
             return
         self.count += 1
-        (self.dir / f"{self.name}.{self.count:02d}-{stage}.txt").write_text(ir.stmt_text(body) + "\n")
+        text = ir.stmt_text(body)
+        if before is not None and (before is body or ir.stmt_text(before) == text):
+            text = "(unchanged)"
+        (self.dir / f"{self.name}.{self.count:02d}-{stage}.txt").write_text(text + "\n")
 
 
-def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = None) -> ir.LoweredFunc:
-    """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer."""
+Pass = tuple[str, bool, Callable[[ir.Stmt], ir.Stmt]]
+
+
+def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.LoweredFunc:
+    """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer.
+
+    One list of passes for every target; a pass that only some targets need is guarded by a
+    feature of the target (``target.has``), and runs only where the guard holds."""
     func = sched.func
     name = name or func.name
     log = _Log(name)
-    if isinstance(target, CUDATarget):
-        check_gpu_schedule(sched, target)
-    plan = build_plan(sched, "source" if isinstance(target, CUDATarget) else "cache")
+    check_schedule(sched, target)
+    gpu = target.has("gpu")
+    plan = build_plan(sched, "source" if gpu else "cache")
     buffers = make_buffers(sched, plan, target)
     tags = {n: dict(st.tags) for n, st in sched.states.items()}
     reserved = set(buffers) | {p.name for p in func.params}
@@ -71,57 +82,65 @@ def lower(sched: Schedule, target: CPUTarget | CUDATarget, name: str | None = No
 
     intermediates = [buffers[c.name] for c in sched.computations
                      if c.name not in {o.name for o in func.outputs} and folded_name(c.name) not in buffers]
-    passes: list[tuple[str, Callable[[ir.Stmt], ir.Stmt]]]
-    if isinstance(target, CUDATarget):
-        passes = [
-            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
-            ("simplify", simplify),
-            ("tensorize", tensorize_nests),
-            ("fragments", distribute_fragments),
-            ("allreduce", cross_thread_reductions),
-            ("kernels", lambda s: outline_kernels(s, target, name)),
-            ("pipeline", lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
-            ("simplify", simplify),
-            ("unroll", lambda s: unroll_loops(s, ("unroll", "vectorize"))),
-            ("flatten", flatten_storage),
-            ("simplify", simplify),
-            ("gpu-vectorize", lambda s: vectorize_copies(s)),
-            ("registers", promote_registers),
-            ("barriers", insert_barriers),
-            ("async-proxy", async_proxy_fences),
-            ("simplify", simplify),
-            ("pair-stores", pair_stores),
-            ("swizzle", swizzle_shared),
-        ]
-    else:
-        passes = [
-            ("allocate", lambda s: allocate_intermediates(s, intermediates)),
-            ("simplify", simplify),
-            ("unroll", unroll_loops),
-            ("flatten", flatten_storage),
-            ("simplify", simplify),
-            ("vectorize", lambda s: vectorize_loops(s, target)),
-            ("simplify", simplify),
-            ("registers", promote_registers),
-            ("simplify", simplify),
-        ]
-    for stage, fn in passes:
-        body = fn(body)
-        log(stage, body)
+    # without SIMD vectors (GPUs), a vectorized loop is unrolled: each thread keeps its elements in registers
+    unrolled = ("unroll",) if target.has("simd") else ("unroll", "vectorize")
+    passes: list[Pass] = [
+        ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
+        ("simplify", True, simplify),
+        ("tensorize", gpu, tensorize_nests),
+        ("fragments", gpu, distribute_fragments),
+        ("allreduce", gpu, cross_thread_reductions),
+        ("kernels", gpu, lambda s: outline_kernels(s, target, name)),
+        ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
+        ("simplify", gpu, simplify),
+        ("unroll", True, lambda s: unroll_loops(s, unrolled)),
+        ("flatten", True, flatten_storage),
+        ("simplify", True, simplify),
+        ("vectorize", target.has("simd"), lambda s: vectorize_loops(s, target)),
+        ("simplify", target.has("simd"), simplify),
+        ("gpu-vectorize", gpu, vectorize_copies),
+        ("registers", True, promote_registers),
+        ("barriers", gpu, insert_barriers),
+        ("async-proxy", target.has("wgmma"), async_proxy_fences),
+        ("simplify", True, simplify),
+        ("pair-stores", gpu, pair_stores),
+        ("swizzle", gpu, swizzle_shared),
+    ]
+    for stage, guard, fn in passes:
+        if guard:
+            before, body = body, fn(body)
+            log(stage, body, before)
 
     args = [buffers[t.name] for t in func.inputs] + [buffers[t.name] for t in func.outputs]
     params = [ir.Var(p.name) for p in func.params]
     return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
 
 
-def check_gpu_schedule(sched: Schedule, target: CUDATarget) -> None:
-    """Reject what a GPU cannot run as scheduled: a computation left on the host, a per-thread
-    cache (registers) placed above thread-bound loops, which would hold the values of many threads
-    that no single thread has, and instructions the target lacks (wgmma outside sm_90a)."""
+def check_schedule(sched: Schedule, target: Target) -> None:
+    """Reject what ``target`` cannot run as scheduled: instructions it lacks (a tensor intrinsic
+    or asynchronous copies its features do not include) and, on a GPU, a computation left on the
+    host or a per-thread cache (registers) placed above thread-bound loops, which would hold the
+    values of many threads that no single thread has."""
     for name, st in sched.states.items():
-        if "tensorize_wgmma" in st.tags.values() and target.arch != "sm_90a":
-            raise LoweringError(f"{name} is tensorized with wgmma, which only sm_90a (H100/H200) has; the target is "
-                                f"{target.arch}: use tensorize(..., 'mma_m16n8k16') (gemm_tensorcore) there")
+        for loop, tag in st.tags.items():
+            intr = tensor_intrinsic(tag)
+            if intr is not None and not all(target.has(f) for f in intr.features):
+                lacking = "; ".join(f"{f} ({FEATURES[f]})" for f in intr.features if not target.has(f))
+                usable = [t.name for t in target.tensor_intrinsics]
+                raise LoweringError(
+                    f"{name} is tensorized with {intr.name} at loop {loop}, which needs {lacking}; the target "
+                    f"({target.key}) lacks it: "
+                    + (f"use tensorize(..., {usable[0]!r}) there" if usable else
+                       "it has no tensor-core instructions, so leave the nest to the CUDA cores"))
+    copied = [c.name for c in sched.caches if c.name in sched.pipelines and c.loc == "shared"]
+    if copied and not target.has("cp.async"):
+        raise LoweringError(f"pipeline of {', '.join(copied)} fills shared memory with cp.async, which the target "
+                            f"({target.key}) lacks; build for sm_80 or newer, or do not pipeline the caches")
+    if target.has("gpu"):
+        _check_gpu_schedule(sched)
+
+
+def _check_gpu_schedule(sched: Schedule) -> None:
     for c in sched.computations:
         st = sched.states[c.name]
         if not any(t.startswith(("blockIdx", "threadIdx")) for t in st.tags.values()) and st.anchor is None:
@@ -153,42 +172,11 @@ def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:
     ``copy_order``: shared-memory copies loop over the tensor's indices (GPU: coalesced global
     reads) when "source"; other copies loop over the cache's layout (dense loops, contiguous
     packed writes)."""
-    requests = []
-    for c in sched.caches:
-        st = sched.states[c.consumer]
-        level = None if c.level is None else st.loops.index(c.level)
-        threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
-                            if tag.startswith("threadIdx"))
-        # register tiles: dense loops to unroll; wgmma's operand tiles: contiguous shared-memory writes
-        order = c.copy_order or (copy_order if c.loc == "shared" else "cache")
-        layout, fill = c.layout, None
-        if c.loc == "fragment":
-            layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
-        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
-                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads,
-                                     c.pad, fill, c.whole))
-    for name, st in sched.states.items():
-        if st.store_level is not None or st.store_layout is not None:
-            level = None if st.store_level is None else st.loops.index(st.store_level)
-            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout,
-                                         st.loc))
+    requests = cache_requests(sched, copy_order)
     separate = {n: set(st.separate) for n, st in sched.states.items() if st.separate}
     full = {n: {loop for loop, tag in st.tags.items() if tag in ("unroll", "vectorize")}
             for n, st in sched.states.items() if st.separate}
     return materialize(sched.program, sched.stage_schedules(), separate, requests, full)
-
-
-def fragment_layout(*e: object) -> tuple[object, ...]:
-    """Where mma.m16n8 keeps accumulator element (row, col) of a warp tile: tile (row // 16,
-    col // 8), slot ((row % 16) // 8 * 2 + col % 2) of lane (row % 8, (col % 8) // 2) — the last two
-    dimensions are the lane (8 × 4 = 32), spread over the warp."""
-    *lead, r, c = e
-    return (*lead, r // 16, c // 8, (r % 16) // 8 * 2 + c % 2, r % 8, (c % 8) // 2)  # type: ignore[operator]
-
-
-def folded_name(comp: str) -> str:
-    """The buffer of a computation stored with a layout or inside a loop (store / store_at)."""
-    return f"{comp}_stored"
 
 
 def shape_expr(e: lx.Expr) -> ir.Expr:
@@ -204,7 +192,7 @@ def shape_expr(e: lx.Expr) -> ir.Expr:
     raise LoweringError(f"size {e} must be built from integers and parameters")
 
 
-def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) -> dict[str, ir.Buffer]:
+def make_buffers(sched: Schedule, plan: Plan, target: Target) -> dict[str, ir.Buffer]:
     func = sched.func
     out: dict[str, ir.Buffer] = {}
     outputs = {o.name for o in func.outputs}
@@ -216,7 +204,7 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
             out[c.name] = ir.Buffer(c.name, c.dtype, shape, "arg")
         else:
             scope = _scope(sched.states[c.name].loc, target, c.name)
-            if isinstance(target, CUDATarget) and scope == "auto":
+            if target.has("gpu") and scope == "auto":
                 scope = "global"  # a GPU intermediate lives in device memory unless cached elsewhere
             out[c.name] = ir.Buffer(c.name, c.dtype, shape, scope)
     swizzles = {c.name: c.swizzle for c in sched.caches}
@@ -227,14 +215,9 @@ def make_buffers(sched: Schedule, plan: Plan, target: CPUTarget | CUDATarget) ->
     return out
 
 
-_CPU_SCOPES = {"auto": "auto", "heap": "heap", "stack": "stack"}
-_GPU_SCOPES = {"auto": "auto", "global": "global", "shared": "shared", "local": "local",
-               "constant": "constant", "heap": "global", "fragment": "fragment"}
-
-
-def _scope(loc: str, target: CPUTarget | CUDATarget, name: str) -> str:
-    table = _GPU_SCOPES if isinstance(target, CUDATarget) else _CPU_SCOPES
-    if loc not in table:
+def _scope(loc: str, target: Target, name: str) -> str:
+    """The buffer scope of location ``loc`` on ``target`` (the locations it has: ``target.locations``)."""
+    if loc not in target.locations:
         raise LoweringError(f"buffer {name}: location {loc!r} does not exist on a {target.kind} target; "
-                            f"use one of {', '.join(table)}")
-    return table[loc]
+                            f"use one of {', '.join(target.locations)}")
+    return target.locations[loc]

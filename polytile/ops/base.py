@@ -56,6 +56,15 @@ class Op:
         return f"{self.name}({dims})"
 
 
+def reference_type(dtype: np.dtype) -> np.dtype:
+    """The NumPy type a reference computes ``dtype`` data in: float64 for floats (more precise than any
+    kernel), for integers the type the operator sums in (``dtypes.accumulator``) — NumPy's own integer
+    arithmetic, so the reference wraps around exactly where the kernel does."""
+    from ..dtypes import accumulator, as_dtype
+    d = as_dtype(dtype)
+    return accumulator(d).numpy if d.is_int else np.dtype(np.float64)
+
+
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     """‖out − ref‖ / ‖ref‖ in float64 (0 when both are zero); NaN anywhere is an infinite error."""
     o = np.asarray(out, dtype=np.float64)

@@ -6,13 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from .. import lang
+from ..dtypes import as_dtype, tolerance
 from ..lang.expr import select
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array
+from .base import Op, random_array, reference_type
 from .baselines import torch_conv2d
+from .matmul import _add_cuda, product
+
+
+def conv_bytes(dtype: str, out: object, inputs: int, outputs: int) -> float:
+    """Bytes a convolution moves at least: its ``dtype`` inputs and its ``out`` tensor's results."""
+    return float(as_dtype(dtype).itemsize * inputs + out.dtype.itemsize * outputs)  # type: ignore[attr-defined]
 
 
 def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -22,7 +29,8 @@ def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
            dilation: int = 1, dtype: str = "float32", pad_stage: bool = True) -> Op:
     """O[n, k, p, q] = sum_{c, r, s} I[n, c, p*st + r*dil - pad, q*st + s*dil - pad] * Wt[k, c, r, s]
-    (NCHW). ``pad_stage=False`` writes the padding as a select inside the one computation."""
+    (NCHW), summed in and returned as ``dtypes.accumulator(dtype)`` (as ``matmul``).
+    ``pad_stage=False`` writes the padding as a select inside the one computation."""
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
     I = placeholder((N, C, H, W), dtype, "I")
     Wt = placeholder((K, C, R, S), dtype, "Wt")
@@ -30,18 +38,18 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
     if pad_stage and padding > 0:
         Ip = compute((N, C, H + 2 * padding, W + 2 * padding),
                      lambda n, cc, h, w: select((h >= padding) & (h < H + padding) & (w >= padding)
-                                                & (w < W + padding), I[n, cc, h - padding, w - padding], 0.0),
+                                                & (w < W + padding), I[n, cc, h - padding, w - padding], 0),
                      "Ipad")
 
         def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
-            return lang.tensor.sum(Ip[n, c, p * stride + r * dilation, q * stride + s * dilation]
-                                   * Wt[k, c, r, s], axis=[c, r, s])
+            return lang.tensor.sum(product(Ip[n, c, p * stride + r * dilation, q * stride + s * dilation],
+                                           Wt[k, c, r, s], dtype), axis=[c, r, s])
     else:
         def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
             h = p * stride + r * dilation - padding
             w = q * stride + s * dilation - padding
             inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
-            return lang.tensor.sum(select(inside, I[n, c, h, w], 0.0) * Wt[k, c, r, s], axis=[c, r, s])
+            return lang.tensor.sum(product(select(inside, I[n, c, h, w], 0), Wt[k, c, r, s], dtype), axis=[c, r, s])
     O = compute((N, K, P, Q), body, "O")
     func = Func([I, Wt], [O], name="conv2d")
 
@@ -54,12 +62,12 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
     op = Op("conv2d", {"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "stride": stride,
                        "padding": padding, "dilation": dilation}, func,
             lambda rng: [random_array(rng, (N, C, H, W), dtype), random_array(rng, (K, C, R, S), dtype)],
-            reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
-            {"cpu": cpu}, tolerance=1e-4)
+            reference, 2.0 * N * K * P * Q * C * R * S,
+            conv_bytes(dtype, O, N * C * H * W + K * C * R * S, N * K * P * Q), {"cpu": cpu},
+            tolerance=tolerance(O.dtype, C * R * S, dtype))
     base = torch_conv2d(stride, padding, dilation)
     if base is not None:
         op.baseline, op.baseline_name = base
-    from .matmul import _add_cuda
     _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
     return op
 
@@ -82,13 +90,14 @@ def schedule_conv2d_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, has_
 
 
 def conv2d_reference(i: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:
-    """Direct convolution in float64 with NumPy (NCHW × KCRS)."""
+    """Direct convolution with NumPy (NCHW × KCRS) in ``reference_type`` (float64 for floats)."""
     n, c, h, wd = i.shape
     k, _, r, s = w.shape
     p, q = conv_out(h, r, stride, padding, dilation), conv_out(wd, s, stride, padding, dilation)
-    x = np.pad(i.astype(np.float64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    out = np.zeros((n, k, p, q))
-    w64 = w.astype(np.float64)
+    wide = reference_type(i.dtype)
+    x = np.pad(i.astype(wide), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    out = np.zeros((n, k, p, q), wide)
+    w64 = w.astype(wide)
     for rr in range(r):
         for ss in range(s):
             patch = x[:, :, rr * dilation: rr * dilation + stride * (p - 1) + 1: stride,
@@ -99,7 +108,8 @@ def conv2d_reference(i: np.ndarray, w: np.ndarray, stride: int, padding: int, di
 
 def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
                 dtype: str = "float32") -> Op:
-    """O[n, p, q, k] = sum_{r, s, c} I[n, p*st + r - pad, q*st + s - pad, c] * Wt[r, s, c, k] (NHWC/RSCK)."""
+    """O[n, p, q, k] = sum_{r, s, c} I[n, p*st + r - pad, q*st + s - pad, c] * Wt[r, s, c, k] (NHWC/RSCK),
+    summed in and returned as ``dtypes.accumulator(dtype)``."""
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     I = placeholder((N, H, W, C), dtype, "I")
     Wt = placeholder((R, S, C, K), dtype, "Wt")
@@ -109,8 +119,7 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
         h = p * stride + r - padding
         w = q * stride + s - padding
         inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
-        return lang.tensor.sum(select(inside, I[n, h, w, c], 0.0).astype("float32")
-                               * Wt[r, s, c, k].astype("float32"), axis=[r, s, c])
+        return lang.tensor.sum(product(select(inside, I[n, h, w, c], 0), Wt[r, s, c, k], dtype), axis=[r, s, c])
     O = compute((N, P, Q, K), body, "O")
     func = Func([I, Wt], [O], name="conv2d_nhwc")
 
@@ -127,11 +136,11 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
     op = Op("conv2d_nhwc", {"N": N, "H": H, "W": W, "C": C, "K": K, "R": R, "S": S, "stride": stride,
                             "padding": padding}, func,
             lambda rng: [random_array(rng, (N, H, W, C), dtype), random_array(rng, (R, S, C, K), dtype)],
-            reference, 2.0 * N * K * P * Q * C * R * S, 4.0 * (N * C * H * W + K * C * R * S + N * K * P * Q),
-            {"cpu": cpu}, tolerance=1e-4 if dtype == "float32" else 1e-2)
+            reference, 2.0 * N * K * P * Q * C * R * S,
+            conv_bytes(dtype, O, N * C * H * W + K * C * R * S, N * K * P * Q), {"cpu": cpu},
+            tolerance=tolerance(O.dtype, C * R * S, dtype))
     base = torch_conv2d(stride, padding, 1, "NHWC")
     if base is not None:
         op.baseline, op.baseline_name = base
-    from .matmul import _add_cuda
     _add_cuda(op, "conv2d_nhwc", (N, H, W, C, K, R, S, stride, padding))
     return op

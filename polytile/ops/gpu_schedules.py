@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import ScheduleError
+from ..intrinsics import MMA_M16N8K16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 
@@ -183,11 +184,12 @@ def _gemm_tiles(M: int, N: int, wide: bool = False) -> dict[str, int]:
     return dict(bm=64, bn=64, wm=32, wn=32)
 
 
-def wgmma_igemm_config(M: int, K: int) -> dict[str, int]:
-    """Tiles of an implicit-GEMM convolution on warpgroup MMA (M output pixels, K output channels):
-    128×128 block tiles (128×64 when K is not a multiple of 128 or the 128×128 tiles leave the GPU
-    less than half full), 64-wide channel chunks, 4 stages, one MMA group in flight."""
-    bn = 128 if K % 128 == 0 and (M // 128) * (K // 128) >= 66 else 64
+def wgmma_igemm_config(M: int, K: int, *, sms: int) -> dict[str, int]:
+    """Tiles of an implicit-GEMM convolution on warpgroup MMA (M output pixels, K output channels) for
+    a GPU of ``sms`` multiprocessors: 128×128 block tiles (128×64 when K is not a multiple of 128 or
+    the 128×128 tiles leave the GPU less than half full), 64-wide channel chunks, 4 stages, one MMA
+    group in flight."""
+    bn = 128 if K % 128 == 0 and 2 * (M // 128) * (K // 128) >= sms else 64
     return dict(bm=128, bn=bn, bk=64, stages=4, inflight=1)
 
 
@@ -195,7 +197,7 @@ def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C:
                  stride: int, padding: int) -> None:
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     if _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
-        igemm_wgmma(sched, "O", "col", "Wt", ["r", "s"], **wgmma_igemm_config(N * P * Q, K))
+        igemm_wgmma(sched, "O", "col", "Wt", ["r", "s"], **wgmma_igemm_config(N * P * Q, K, sms=target.sms))
         return
     igemm_tensorcore(sched, "O", "col", "Wt", ["r", "s"], bk=32, stages=3, reg_stages=2,
                      **_gemm_tiles(N * P * Q, K))
@@ -206,7 +208,7 @@ def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W:
     Z = (D + 2 * padding - T) // stride + 1
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     if _wgmma(target) and min(C, K) >= 64:
-        igemm_wgmma(sched, "O", "col", "Wt", ["t", "r", "s"], **wgmma_igemm_config(N * Z * P * Q, K))
+        igemm_wgmma(sched, "O", "col", "Wt", ["t", "r", "s"], **wgmma_igemm_config(N * Z * P * Q, K, sms=target.sms))
         return
     igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], bk=32, stages=3, reg_stages=2,
                      **_gemm_tiles(N * Z * P * Q, K))
@@ -214,7 +216,7 @@ def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W:
 
 def _tensor_cores(sched: Schedule, a: str, target: CUDATarget) -> bool:
     """16-bit operands on a GPU with mma.sync (sm_80 and newer)."""
-    return sched.func.tensor(a).dtype.name in ("float16", "bfloat16") and target.capability >= 80
+    return sched.func.tensor(a).dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
 
 
 def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
@@ -224,16 +226,17 @@ def _tensorcore_gemm_config(M: int, N: int, K: int) -> dict[str, int]:
     return dict(_gemm_tiles(M, N, wide=True), bk=64 if K >= 128 else 32, stages=3, reg_stages=2)
 
 
-def wgmma_gemm_config(M: int, N: int, K: int = 0) -> dict[str, int]:
-    """Tiles and pipelining of a warpgroup-MMA GEMM with M × N outputs and a K-long reduction
-    (measured on an H100, benchmarks/pipelining.py and `polytile tune`): 128×256 block tiles when
-    they fill the GPU at least once, 128×128 when those give ~100 blocks, 64×64 otherwise; 64-wide K
+def wgmma_gemm_config(M: int, N: int, K: int = 0, *, sms: int) -> dict[str, int]:
+    """Tiles and pipelining of a warpgroup-MMA GEMM with M × N outputs and a K-long reduction on a GPU
+    of ``sms`` multiprocessors (measured on an H100, benchmarks/pipelining.py and `polytile tune`):
+    128×256 block tiles when they fill the GPU at least once, 128×128 when those give a block to about
+    three quarters of the multiprocessors (8/11: 96 of the H100's 132), 64×64 otherwise; 64-wide K
     tiles (128-byte swizzled rows) in 4 shared-memory stages with one MMA group left in flight — for
     the small tiles of a deep reduction (K ≥ 2048), 128-wide K tiles in 5 stages (tuned: BERT's
     512×768×3072 in 0.014 ms instead of 0.023)."""
-    if (M // 128) * (N // 256) >= 132:
+    if (M // 128) * (N // 256) >= sms:
         tiles = dict(bm=128, bn=256)
-    elif (M // 128) * (N // 128) >= 96:
+    elif 11 * (M // 128) * (N // 128) >= 8 * sms:
         tiles = dict(bm=128, bn=128)
     else:
         tiles = dict(bm=64, bn=64)
@@ -243,12 +246,12 @@ def wgmma_gemm_config(M: int, N: int, K: int = 0) -> dict[str, int]:
 
 
 def _wgmma(target: CUDATarget) -> bool:
-    return target.arch == "sm_90a"
+    return target.has("wgmma")
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
     if _tensor_cores(sched, "A", target) and _wgmma(target):
-        gemm_wgmma(sched, "C", "A", "B", **wgmma_gemm_config(M, N, K))
+        gemm_wgmma(sched, "C", "A", "B", **wgmma_gemm_config(M, N, K, sms=target.sms))
     elif _tensor_cores(sched, "A", target):
         gemm_tensorcore(sched, "C", "A", "B", **_tensorcore_gemm_config(M, N, K))
     else:
@@ -257,7 +260,7 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int) -> None:
     if _tensor_cores(sched, "A", target) and _wgmma(target):
-        cfg = wgmma_gemm_config(batch * M, N, K)
+        cfg = wgmma_gemm_config(batch * M, N, K, sms=target.sms)
         if cfg["bm"] > M or cfg["bn"] > N:
             cfg.update(bm=64, bn=64)
         gemm_wgmma(sched, "C", "A", "B", batch="bb", **cfg)

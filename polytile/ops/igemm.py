@@ -13,13 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import lang
+from ..dtypes import tolerance
 from ..lang.expr import select
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array
-from .conv import conv_out
+from .base import Op, random_array, reference_type
+from .conv import conv_bytes, conv_out
+from .matmul import _add_cuda, product
 
 
 def _cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -31,8 +33,8 @@ def _cpu(sched: Schedule, target: CPUTarget) -> None:
 
 def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
                  dtype: str = "float16") -> Op:
-    """2-D convolution, NHWC input × RSCK weights, as an implicit GEMM; the result (float32) has shape
-    (N·P·Q, K): the NHWC output."""
+    """2-D convolution, NHWC input × RSCK weights, as an implicit GEMM; the result
+    (``dtypes.accumulator(dtype)``: float32 for 16-bit floats) has shape (N·P·Q, K): the NHWC output."""
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     M = N * P * Q
     I = placeholder((N, H, W, C), dtype, "I")
@@ -41,37 +43,37 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
     def gather(m, r, s, c):  # noqa: ANN001, ANN202 - iterators
         n, p, q = m // (P * Q), (m // Q) % P, m % Q
         h, w = p * stride + r - padding, q * stride + s - padding
-        return select((h >= 0) & (h < H) & (w >= 0) & (w < W), I[n, h, w, c], 0.0)
+        return select((h >= 0) & (h < H) & (w >= 0) & (w < W), I[n, h, w, c], 0)
 
     col = compute((M, R, S, C), gather, "col")
     r, s, c = reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
-    O = compute((M, K), lambda m, k: lang.tensor.sum(col[m, r, s, c].astype("float32")
-                                                     * Wt[r, s, c, k].astype("float32"), axis=[r, s, c]), "O")
+    O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, r, s, c], Wt[r, s, c, k], dtype), axis=[r, s, c]),
+                "O")
     func = Func([I, Wt], [O], name="conv2d_igemm")
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
-        x = np.pad(i.astype(np.float64), ((0, 0), (padding, padding), (padding, padding), (0, 0)))
-        out = np.zeros((N, P, Q, K))
+        wide = reference_type(i.dtype)
+        x = np.pad(i.astype(wide), ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+        out = np.zeros((N, P, Q, K), wide)
         for rr in range(R):
             for ss in range(S):
                 patch = x[:, rr: rr + stride * (P - 1) + 1: stride, ss: ss + stride * (Q - 1) + 1: stride, :]
-                out += patch @ w[rr, ss].astype(np.float64)
+                out += patch @ w[rr, ss].astype(wide)
         return out.reshape(M, K)
 
     op = Op("conv2d_igemm", {"N": N, "H": H, "W": W, "C": C, "K": K, "R": R, "S": S, "stride": stride,
                              "padding": padding}, func,
             lambda rng: [random_array(rng, (N, H, W, C), dtype), random_array(rng, (R, S, C, K), dtype)],
-            reference, 2.0 * M * K * C * R * S, np.dtype("float16").itemsize * (N * H * W * C + R * S * C * K)
-            + 4.0 * M * K, {"cpu": _cpu}, tolerance=1e-4)
-    from .matmul import _add_cuda
+            reference, 2.0 * M * K * C * R * S, conv_bytes(dtype, O, N * H * W * C + R * S * C * K, M * K),
+            {"cpu": _cpu}, tolerance=tolerance(O.dtype, C * R * S, dtype))
     _add_cuda(op, "conv2d_igemm", (N, H, W, C, K, R, S, stride, padding))
     return op
 
 
 def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int, S: int, stride: int = 1,
                  padding: int = 0, dtype: str = "float16") -> Op:
-    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result (float32) has
-    shape (N·Z·P·Q, K): the NDHWC output."""
+    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result
+    (``dtypes.accumulator(dtype)``) has shape (N·Z·P·Q, K): the NDHWC output."""
     Z = conv_out(D, T, stride, padding, 1)
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     M = N * Z * P * Q
@@ -82,33 +84,32 @@ def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int,
         n, z, p, q = m // (Z * P * Q), (m // (P * Q)) % Z, (m // Q) % P, m % Q
         d, h, w = z * stride + t - padding, p * stride + r - padding, q * stride + s - padding
         inside = (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-        return select(inside, I[n, d, h, w, c], 0.0)
+        return select(inside, I[n, d, h, w, c], 0)
 
     col = compute((M, T, R, S, C), gather, "col")
     t, r, s, c = reduce_axis(T, "t"), reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
-    O = compute((M, K), lambda m, k: lang.tensor.sum(col[m, t, r, s, c].astype("float32")
-                                                     * Wt[t, r, s, c, k].astype("float32"), axis=[t, r, s, c]),
-                "O")
+    O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, t, r, s, c], Wt[t, r, s, c, k], dtype),
+                                                     axis=[t, r, s, c]), "O")
     func = Func([I, Wt], [O], name="conv3d_igemm")
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
-        x = np.pad(i.astype(np.float64), ((0, 0), (padding, padding), (padding, padding), (padding, padding),
+        wide = reference_type(i.dtype)
+        x = np.pad(i.astype(wide), ((0, 0), (padding, padding), (padding, padding), (padding, padding),
                                           (0, 0)))
-        out = np.zeros((N, Z, P, Q, K))
+        out = np.zeros((N, Z, P, Q, K), wide)
         for tt in range(T):
             for rr in range(R):
                 for ss in range(S):
                     patch = x[:, tt: tt + stride * (Z - 1) + 1: stride, rr: rr + stride * (P - 1) + 1: stride,
                               ss: ss + stride * (Q - 1) + 1: stride, :]
-                    out += patch @ w[tt, rr, ss].astype(np.float64)
+                    out += patch @ w[tt, rr, ss].astype(wide)
         return out.reshape(M, K)
 
     op = Op("conv3d_igemm", {"N": N, "D": D, "H": H, "W": W, "C": C, "K": K, "T": T, "R": R, "S": S,
                              "stride": stride, "padding": padding}, func,
             lambda rng: [random_array(rng, (N, D, H, W, C), dtype), random_array(rng, (T, R, S, C, K), dtype)],
-            reference, 2.0 * M * K * C * T * R * S,
-            2.0 * (N * D * H * W * C + T * R * S * C * K) + 4.0 * M * K, {"cpu": _cpu}, tolerance=1e-4)
-    from .matmul import _add_cuda
+            reference, 2.0 * M * K * C * T * R * S, conv_bytes(dtype, O, N * D * H * W * C + T * R * S * C * K, M * K),
+            {"cpu": _cpu}, tolerance=tolerance(O.dtype, C * T * R * S, dtype))
     _add_cuda(op, "conv3d_igemm", (N, D, H, W, C, K, T, R, S, stride, padding))
     return op
 

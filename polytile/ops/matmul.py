@@ -13,11 +13,13 @@ import math
 import numpy as np
 
 from .. import lang
+from ..dtypes import accumulator, as_dtype, tolerance
+from ..errors import PolytileError
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array
+from .base import Op, random_array, reference_type
 
 
 def _round_up(x: int, m: int) -> int:
@@ -59,49 +61,51 @@ def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str
     st.parallel(batch if batch else "ic")
 
 
-def _acc(dtype: str) -> str | None:
-    """16-bit inputs are multiplied and summed in float32 (the result is float32), as tensor cores do."""
-    from ..dtypes import as_dtype
-    return "float32" if as_dtype(dtype).name in ("float16", "bfloat16") else None
-
-
-def _mul(a: lang.expr.Expr, b: lang.expr.Expr, acc: str | None) -> lang.expr.Expr:
-    return a * b if acc is None else a.astype(acc) * b.astype(acc)
+def product(a: lang.expr.Expr, b: lang.expr.Expr, dtype: object) -> lang.expr.Expr:
+    """``a * b`` of two ``dtype`` operands in the type they are summed in (``dtypes.accumulator``:
+    16-bit floats in float32, 8- and 16-bit integers in int32), so sums neither lose precision nor
+    wrap around."""
+    acc = accumulator(dtype)
+    return a.astype(acc) * b.astype(acc)
 
 
 def _nbytes(dtype: str) -> int:
-    from ..dtypes import as_dtype
     return as_dtype(dtype).itemsize
 
 
+def _reference_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    wide = reference_type(a.dtype)
+    return np.matmul(a.astype(wide), b.astype(wide))
+
+
 def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Op:
-    """C[i, j] = sum_k A[i, k] * B[k, j] (float16/bfloat16 inputs: a float32 sum and result)."""
+    """C[i, j] = sum_k A[i, k] * B[k, j], summed in and returned as ``dtypes.accumulator(dtype)``
+    (float16/bfloat16 inputs: float32; int8/uint8/int16: int32)."""
     A = placeholder((M, K), dtype, "A")
     B = placeholder((K, N), dtype, "B")
     k = reduce_axis(K, "k")
-    acc = _acc(dtype)
-    C = compute((M, N), lambda i, j: lang.tensor.sum(_mul(A[i, k], B[k, j], acc), axis=k), "C")
+    C = compute((M, N), lambda i, j: lang.tensor.sum(product(A[i, k], B[k, j], dtype), axis=k), "C")
     func = Func([A, B], [C], name="matmul")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize))
 
     op = Op("matmul", {"M": M, "N": N, "K": K}, func,
-            lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)],
-            lambda a, b: a.astype(np.float64) @ b.astype(np.float64),
-            2.0 * M * N * K, _nbytes(dtype) * (M * K + K * N) + 4.0 * M * N, {"cpu": cpu},
-            baseline=lambda a, b: a @ b, tolerance=1e-5 if acc is None else 1e-4)
+            lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)], _reference_matmul,
+            2.0 * M * N * K, _nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N, {"cpu": cpu},
+            baseline=lambda a, b: a @ b, tolerance=tolerance(C.dtype, K, dtype))
     _add_cuda(op, "matmul", (M, N, K))
     return op
 
 
 def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> Op:
-    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (16-bit inputs: float32 sums, as in ``matmul``)."""
+    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (summed in and returned as ``dtypes.accumulator(dtype)``,
+    as in ``matmul``)."""
     A = placeholder((batch, M, K), dtype, "A")
     B = placeholder((batch, K, N), dtype, "B")
     k = reduce_axis(K, "k")
-    acc = _acc(dtype)
-    C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(_mul(A[bb, i, k], B[bb, k, j], acc), axis=k), "C")
+    C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(product(A[bb, i, k], B[bb, k, j], dtype), axis=k),
+                "C")
     func = Func([A, B], [C], name="batch_matmul")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -111,29 +115,28 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32") -> 
 
     op = Op("batch_matmul", {"batch": batch, "M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (batch, M, K), dtype), random_array(rng, (batch, K, N), dtype)],
-            lambda a, b: np.matmul(a.astype(np.float64), b.astype(np.float64)),
-            2.0 * batch * M * N * K, batch * (_nbytes(dtype) * (M * K + K * N) + 4.0 * M * N), {"cpu": cpu},
-            baseline=np.matmul, tolerance=1e-5 if acc is None else 1e-4)
+            _reference_matmul,
+            2.0 * batch * M * N * K, batch * (_nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N),
+            {"cpu": cpu}, baseline=np.matmul, tolerance=tolerance(C.dtype, K, dtype))
     _add_cuda(op, "batch_matmul", (batch, M, N, K))
     return op
 
 
 def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "relu") -> Op:
-    """Y[i, j] = act(sum_k X[i, k] * W[j, k] + bias[j]) — a fully connected layer (W is N×K)."""
+    """Y[i, j] = act(sum_k X[i, k] * W[j, k] + bias[j]) — a fully connected layer (W is N×K), summed in
+    and returned as ``dtypes.accumulator(dtype)`` (as in ``matmul``)."""
+    if activation not in ("relu", "none"):
+        raise PolytileError(f"dense: unknown activation {activation!r}; use 'relu' or 'none'")
     X = placeholder((M, K), dtype, "X")
     W = placeholder((N, K), dtype, "W")
     bias = placeholder((N,), dtype, "bias")
     k = reduce_axis(K, "k")
-    mm = compute((M, N), lambda i, j: lang.tensor.sum(X[i, k] * W[j, k], axis=k), "XW")
+    mm = compute((M, N), lambda i, j: lang.tensor.sum(product(X[i, k], W[j, k], dtype), axis=k), "XW")
 
     def act(v: lang.expr.Expr) -> lang.expr.Expr:
-        if activation == "relu":
-            return lang.expr.call("max", v, 0.0)
-        if activation == "none":
-            return v
-        raise ValueError(f"unknown activation {activation!r}; use 'relu' or 'none'")
+        return lang.expr.call("max", v, 0) if activation == "relu" else v  # 0 of v's type
 
-    Y = compute((M, N), lambda i, j: act(mm[i, j] + bias[j]), "Y")
+    Y = compute((M, N), lambda i, j: act(mm[i, j] + bias[j].astype(mm.dtype)), "Y")
     func = Func([X, W, bias], [Y], name="dense")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -143,14 +146,15 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
         ep.split("j", tiles["lanes"], "jo", "jl").vectorize("jl").parallel("i")
 
     def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-        y = x.astype(np.float64) @ w.astype(np.float64).T + b
-        return np.maximum(y, 0.0) if activation == "relu" else y
+        y = _reference_matmul(x, w.T) + b.astype(reference_type(b.dtype))
+        return np.maximum(y, 0) if activation == "relu" else y
 
     op = Op("dense", {"M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (N, K), dtype),
                          random_array(rng, (N,), dtype)],
-            reference, 2.0 * M * N * K, 4.0 * (M * K + N * K + M * N), {"cpu": cpu},
-            baseline=lambda x, w, b: np.maximum(x @ w.T + b, 0) if activation == "relu" else x @ w.T + b)
+            reference, 2.0 * M * N * K, _nbytes(dtype) * (M * K + N * K) + Y.dtype.itemsize * M * N, {"cpu": cpu},
+            baseline=lambda x, w, b: np.maximum(x @ w.T + b, 0) if activation == "relu" else x @ w.T + b,
+            tolerance=tolerance(Y.dtype, K, dtype))
     _add_cuda(op, "dense", (M, N, K))
     return op
 

@@ -6,7 +6,11 @@ X[e] }. The cache buffer holds a box [off(P), off(P) + size) around F(P) (sizes 
 possible, else parametric, e.g. a CSR row); the copy statement fills it over the rectangular hull of
 F(P) (never outside the array) just before S's part of the iteration, and S reads
 cache[layout(e - off(θ_m(x)))] instead of X[e]. A write cache accumulates in the buffer and copies
-the exact written footprint back after the iteration.
+the exact written footprint back after the iteration (the initialization's writes included: where
+a reduction range is empty it is the only writer). A stored buffer (store / store_at) replaces the
+tensor for its computation and every reader. Buffers of one tensor chain: a cache's copies read
+from (or write back to) the next buffer out, the previous cache of the chain or the stored buffer.
+``poly.cache_check`` checks the result against the dependences.
 """
 
 from __future__ import annotations
@@ -77,28 +81,52 @@ class CacheRewrite:
     layout_exprs: list[lx.Expr]
 
 
+def _buffer_what(req: CacheRequest) -> str:
+    """The buffer as the user asked for it, for messages."""
+    if req.kind == "fold":
+        return f"store of {req.tensor}" if req.level is None else f"store_at of {req.tensor}"
+    return f"cache {req.name} of {req.tensor}" if req.kind == "read" else f"write cache {req.name} of {req.tensor}"
+
+
+def _layout_exprs(req: CacheRequest, ndim: int) -> tuple[list[lx.IterVar], list[lx.Expr]]:
+    """The layout applied to the indices r0, r1, … of an element relative to the box's origin."""
+    rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
+          for k in range(ndim)]
+    if req.layout is None:
+        return rs, list(rs)
+    try:
+        res = req.layout(*rs)
+        outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
+    except Exception as err:  # the user's function: any failure is theirs to fix
+        raise ScheduleError(f"{_buffer_what(req)}: its layout cannot be applied to the {ndim} indices of "
+                            f"{req.tensor} ({type(err).__name__}: {err})") from None
+    return rs, outs
+
+
+def copy_width(req: CacheRequest, ndim: int) -> int:
+    """The schedule width that the copies of ``req`` need: its prefix, a static position, then two
+    dimensions per loop of the copy (over the buffer's layout or the tensor's indices)."""
+    m = 0 if req.level is None else 2 * (req.level + 1)
+    loops = ndim if req.order == "source" else len(_layout_exprs(req, ndim)[1])
+    return m + 1 + 2 * max(ndim + 2, loops)
+
+
 def _layout(req: CacheRequest, ndim: int, sizes: list[int | None] | None = None
             ) -> tuple[isl.Map, list[lx.IterVar], list[lx.Expr]]:
     """The layout as a map from the element's offset in the footprint's box to the buffer index; it
     must be one-to-one over the box (dimensions of extent one may be dropped)."""
-    rs = [lx.IterVar(f"r{k}", lx.Const(0, lx.dtypes.INDEX), lx.Const(0, lx.dtypes.INDEX), "data")
-          for k in range(ndim)]
-    if req.layout is None:
-        outs: list[lx.Expr] = list(rs)
-    else:
-        res = req.layout(*rs)
-        outs = [lx.as_expr(x) for x in (res if isinstance(res, (tuple, list)) else (res,))]  # type: ignore[arg-type]
-    namer = Namer(f"the layout of cache {req.name}", rs)
+    rs, outs = _layout_exprs(req, ndim)
+    namer = Namer(f"the layout of {_buffer_what(req)}", rs)
     try:
         forms = [affine(o, namer) for o in outs]
     except NotAffine as err:
-        raise ScheduleError(f"cache {req.name}: its layout is not affine ({err})") from None
+        raise ScheduleError(f"{_buffer_what(req)}: its layout is not affine ({err})") from None
     text = (f"{{ [{', '.join(r.name for r in rs)}] -> [{', '.join(str(f) for f in forms)}] }}")
     lmap = isl.Map(text)
     box = " and ".join(f"0 <= r{k} < {n}" for k, n in enumerate(sizes or []) if n is not None)
     over = lmap.intersect_domain(isl.Set(f"{{ [{', '.join(r.name for r in rs)}] : {box} }}")) if box else lmap
     if not over.is_injective():
-        raise ScheduleError(f"cache {req.name}: its layout maps two elements to the same place")
+        raise ScheduleError(f"{_buffer_what(req)}: its layout maps two elements to the same place")
     # over the box only: a layout that drops dimensions of extent one (a projection) is then
     # invertible, so that a copy can run over the buffer's layout
     return over, rs, outs
@@ -236,265 +264,417 @@ def _bound_params(program: PolyProgram, it: Scheduled, m: int, dyn_sources: dict
     return out
 
 
-def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
-                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]]
-                 ) -> tuple[list[tuple[Scheduled, object]], list[CacheBuffer], dict[str, list[CacheRewrite]],
-                            set[str]]:
-    from .materialize import StmtPlan
+@dataclass
+class _Site:
+    """One cache request while it is built: the statement, the loop depth ``m`` (schedule dimensions
+    of the prefix P), the footprint ``fp`` ([P] -> X[e]) and the buffer's box and layout around it."""
 
-    by_name = {it.stmt.name: it for it in items}
-    dropped: set[str] = set()
-    extra: list[tuple[Scheduled, object]] = []
-    buffers: list[CacheBuffer] = []
-    rewrites: dict[str, list[CacheRewrite]] = {}
-    slot_used: dict[tuple[str, int], int] = {}
-    chains: dict[tuple[str, str], tuple[CacheBuffer, int, isl.Map, list[lx.IterVar], list[lx.Expr]]] = {}
-    ordered = sorted(requests, key=lambda r: (-1 if r.level is None else r.level))
-    for req in ordered:
-        it = by_name[req.consumer]
-        stmt = it.stmt
-        sched = scheds[req.consumer]
-        m = 0 if req.level is None else 2 * (req.level + 1)
-        keep = _bound_params(program, it, m, dyn_sources)
-        drop = [p for p in stmt.dyn_params if p not in keep]
-        dom = project_out_params(stmt.domain, drop)
-        prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
-        tensor = program.func.tensor(req.tensor)
-        what = (f"store_at of {req.tensor}" if req.kind == "fold" else
-                f"cache {req.name} of {req.tensor} for {req.consumer}")
-        if req.kind == "read":
-            accesses = [a.relation for a in stmt.reads if a.tensor == req.tensor]
-        else:  # a write cache, or a folded buffer (store_at): what the computation writes
-            accesses = [a.relation for a in stmt.writes if a.tensor == req.tensor]
-        if not accesses:
-            raise ScheduleError(f"{what}: {req.consumer} does not access {req.tensor}")
-        acc = accesses[0]
-        for a in accesses[1:]:
-            acc = acc.union(a)
-        acc = project_out_params(acc, drop).intersect_domain(dom)
-        fp = prefix.reverse().apply_range(acc)  # [P] -> X[e]
-        for other in req.also:
-            o_it = by_name[other]
-            if scheds[other].statics[:m // 2] != sched.statics[:m // 2]:
-                raise ScheduleError(f"{what}: {other} shares the cache but is not fused with {req.consumer} "
-                                    "down to the cache's loop; fuse it there first (after/before)")
-            o_reads = [a.relation for a in o_it.stmt.reads if a.tensor == req.tensor]
-            if not o_reads:
-                raise ScheduleError(f"{what}: {other} does not read {req.tensor}")
-            o_acc = o_reads[0]
-            for a in o_reads[1:]:
-                o_acc = o_acc.union(a)
-            o_drop = [p for p in o_it.stmt.dyn_params if p not in keep]
-            o_dom = project_out_params(o_it.stmt.domain, o_drop)
-            o_acc = project_out_params(o_acc, o_drop).intersect_domain(o_dom)
-            fp = fp.union(_prefix_map(o_it, m, o_dom).reverse().apply_range(o_acc))
-        if req.block_dims:
-            fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
-        ndim = tensor.ndim
-        origin = _once(lambda it=it, m=m, dom=dom, acc=acc, req=req: _origin(it, m, dom, acc, req))
-        boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
-        if req.whole:  # whole tiles (tensor cores): boxes rounded up to the instruction's tile
-            boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]
-        lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
-        p_names = _names("p", m)
-        ctx = program.context
-        off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
-        shape: list[AExpr] = []
-        if all(b.size is not None for b in boxes):
-            # the buffer spans the layout's image of what is accessed (relative to the origin)
-            region = _box_region(off_map, [b.size for b in boxes], m) if req.whole else fp  # type: ignore[misc]
-            img = _sum(region, off_map.neg()).range().apply(lmap)
-            img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
-            for c in range(img.dim(isl.dim_type.set)):
-                lo_v = img.dim_min_val(c).to_python()
-                hi_v = img.dim_max_val(c).to_python()
-                if lo_v != 0:
-                    raise ScheduleError(f"{what}: the layout must map the footprint's origin to index 0 "
-                                        f"(dimension {c} starts at {lo_v})")
-                extra_pad = req.pad[c] if c < len(req.pad) else 0
-                shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
-        else:
-            if req.layout is not None:
-                raise ScheduleError(f"{what}: a layout needs a footprint of constant size; it depends on "
-                                    "the data here")
-            shape = [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx)
-                     for b in boxes]
-        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, shape, req.level, req.loc)
-        buffers.append(buf)
-        offsets = _offset_exprs(off_map, m, ctx)
-        if req.kind == "fold":
-            extra += _fold(program, req, by_name, scheds, m, prefix, fp, off_map, keep, width, rewrites,
-                           lvars, lexprs, what)
-            continue
-        redirected = [req.consumer, *req.also]
-        fill = False
-        if req.kind == "write":
-            init_name = req.consumer + INIT_SUFFIX
-            init_inside = init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level)
-            if init_inside and req.fill is not None:
-                # the buffer starts as the identity and the initialization is not needed: every element
-                # it would write is written back from the buffer
-                init_fp = _prefix_map(by_name[init_name], m, by_name[init_name].stmt.over_domain()).reverse() \
-                    .apply_range(project_out_params(by_name[init_name].stmt.writes[0].relation, drop))
-                if not init_fp.is_subset(fp):
-                    raise ScheduleError(f"{what}: some elements get no reduction term; this cache must keep "
-                                        "the initialization (an empty reduction range)")
-                dropped.add(init_name)
-                fill = True
-            elif init_inside:
-                redirected.append(init_name)
-        for sname in redirected:
-            s_it = by_name[sname]
-            s_prefix = prefix if sname == req.consumer else _prefix_map(s_it, m, s_it.stmt.over_domain())
-            pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx)
-            rewrites.setdefault(sname, [])
-            rewrites[sname] = [r for r in rewrites[sname] if r.tensor != req.tensor]
-            rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, offsets, pvals, lvars, lexprs))
-        # the source of the copy: the tensor, or the previous cache in a chain (multi-level)
-        prev = chains.get((req.consumer, req.tensor)) if req.kind == "read" else None
-        statics = sched.statics
-        pos = m // 2  # the static position of the consumer just inside the level
-        base_static = statics[pos] if pos < len(statics) else statics[-1]
-        last_static = max([base_static] + [scheds[o].statics[pos] for o in req.also])
-        base_static = min([base_static] + [scheds[o].statics[pos] for o in req.also])
-        copy_kinds = []
-        if req.kind == "read" and req.whole:
-            if not all(b.size is not None for b in boxes):
-                raise ScheduleError(f"{what}: copying whole tiles needs a footprint of constant size")
-            copy_kinds.append(("copy_in", _box_region(off_map, [b.size for b in boxes], m), -1))  # type: ignore[misc]
-            # (the box is rounded to whole instruction tiles; what lies past the tensor reads as zero)
-        elif req.kind == "read":
-            copy_kinds.append(("copy_in", fp, -1))
-        else:
-            written = fp  # the exact written footprint
-            box = _whole_written(program, req, fp, off_map, boxes, m, tensor) if req.whole else None
-            if fill:
-                # a fill touches only the buffer: the whole box (constant loops, registers)
-                copy_kinds.append(("fill", box if box is not None else written, -1))
-            elif not (req.consumer + INIT_SUFFIX in scheds and req.consumer + INIT_SUFFIX in redirected):
-                copy_kinds.append(("copy_in", written, -1))
-            copy_kinds.append(("copy_out", box if box is not None else written, +1))
+    req: CacheRequest
+    it: Scheduled
+    m: int
+    keep: list[str]  # dynamic parameters bound at most m deep (usable inside the cache's loop)
+    prefix: isl.Map  # S[x] -> [P]
+    iterations: isl.Set  # the iterations P in which a statement it serves runs
+    fp: isl.Map
+    what: str
+    boxes: list[_Box]
+    off_map: isl.Map  # [P] -> [o]: the box's origin
+    lmap: isl.Map
+    lvars: list[lx.IterVar]
+    lexprs: list[lx.Expr]
+    offsets: list[AExpr]
+    codegen: bool  # whether the plans need their index expressions (not for a legality check)
+
+    @property
+    def p_names(self) -> list[str]:
+        return _names("p", self.m)
+
+
+@dataclass
+class CacheUse:
+    """A buffer as the legality check sees it (``poly.cache_check``): the statements whose accesses
+    of ``tensor`` it serves, with the side ("read", "write"), and its copies, each taken as one
+    instance per iteration P of the buffer's loop (the first ``m`` schedule dimensions)."""
+
+    name: str
+    kind: str  # "read", "write" or "fold" (store / store_at)
+    tensor: str
+    consumer: str
+    level: int | None
+    m: int
+    copies: dict[str, tuple[isl.Set, int]] = field(default_factory=dict)  # kind -> (iterations P, static)
+    users: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class CachePlan:
+    """What ``build_caches`` adds to a schedule: copy and scope statements with their plans, the
+    buffers, the accesses redirected to them, the statements they replace and the legality view."""
+
+    statements: list[tuple[Scheduled, object]]
+    buffers: list[CacheBuffer]
+    rewrites: dict[str, list[CacheRewrite]]
+    dropped: set[str]
+    uses: list[CacheUse]
+
+
+def build_caches(program: PolyProgram, items: list[Scheduled], scheds: Mapping[str, StageSchedule],
+                 requests: list[CacheRequest], width: int, dyn_sources: dict[str, list[str]],
+                 codegen: bool = True) -> CachePlan:
+    """The buffers of ``requests`` and everything that makes them work (without the index
+    expressions of the rewrites and copies unless ``codegen``: a legality check needs none).
+
+    Folded buffers (store / store_at) come first at each depth, and caches of one computation and
+    tensor chain outward-in: a cache's copies read (or write back to) the next buffer further out —
+    the previous cache of the chain or the folded buffer — and only the outermost touches the tensor."""
+    _check_fold_depths(requests)
+    builder = _Builder(program, {it.stmt.name: it for it in items}, scheds, width, dyn_sources, codegen)
+    for req in sorted(requests, key=lambda r: (-1 if r.level is None else r.level, r.kind != "fold")):
+        builder.add(req)
+    return builder.finish()
+
+
+class _Builder:
+    """Builds the buffers one request at a time, innermost last (see ``build_caches``)."""
+
+    def __init__(self, program: PolyProgram, by_name: dict[str, Scheduled], scheds: Mapping[str, StageSchedule],
+                 width: int, dyn_sources: dict[str, list[str]], codegen: bool):
+        self.program, self.by_name, self.scheds, self.width = program, by_name, scheds, width
+        self.dyn_sources, self.codegen = dyn_sources, codegen
+        self.plan = CachePlan([], [], {}, set(), [])
+        self.slot_used: dict[tuple[str, int], int] = {}  # caches at one static position of a computation
+        self.outer: dict[tuple[str, str, str], _Site] = {}  # (kind, consumer, tensor) -> the innermost buffer
+        self.folds: list[tuple[_Site, CacheUse]] = []
+
+    def add(self, req: CacheRequest) -> None:
+        program, ctx = self.program, self.program.context
+        redirected, fill = _redirected(program, req, self.by_name, self.scheds)
+        site = _site(program, req, redirected, self.by_name, self.scheds, self.dyn_sources, self.codegen)
+        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, ctx), req.level, req.loc)
+        self.plan.buffers.append(buf)
+        use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
+        self.plan.uses.append(use)
+        if fill:
+            self.plan.dropped.add(req.consumer + INIT_SUFFIX)
+        _redirect(site, redirected, self.by_name, self.plan.rewrites, ctx)
+        if req.kind == "fold":  # its scope spans the copies chained to it: made in finish
+            self.folds.append((site, use))
+            self.outer[("read", "", req.tensor)] = self.outer[("write", "", req.tensor)] = site
+            return
+        self._copies(site, buf, use, fill, redirected)
+        self.outer[(req.kind, req.consumer, req.tensor)] = site
+
+    def _copies(self, site: _Site, buf: CacheBuffer, use: CacheUse, fill: bool, redirected: list[str]) -> None:
+        """The scope and copy statements of a cache, at static positions around its computations'."""
+        req, scheds = site.req, self.scheds
+        prev = self.outer.get((req.kind, req.consumer, req.tensor)) or self.outer.get((req.kind, "", req.tensor))
+        pos = site.m // 2  # the static position of the consumer just inside the level
+        statics = scheds[req.consumer].statics
+        own = statics[pos] if pos < len(statics) else statics[-1]
+        base_static = min([own] + [scheds[o].statics[pos] for o in req.also])
+        last_static = max([own] + [scheds[o].statics[pos] for o in req.also])
         # where the copies and the buffer's scope run: every iteration of the cache's loop and, for a
         # shared cache, every thread of the block (threads without work of their own still copy
         # their share, and the barriers around the copies must be reached by all)
-        scope_range = _all_threads(prefix.range(), req.thread_dims) if req.thread_dims else prefix.range()
+        scope_range = _all_threads(site.iterations, req.thread_dims) if req.thread_dims else site.iterations
         key = (req.consumer, pos)
-        slot_used[key] = slot_used.get(key, 0) + 1
-        if slot_used[key] > STATIC_SCALE // 2 - 2:
-            raise ScheduleError(f"{what}: too many caches at one loop of {req.consumer}")
-        for kind, static in (("alloc", base_static - STATIC_SCALE // 2), ("free", last_static + STATIC_SCALE // 2 - 1)):
-            sname = f"{req.name}__{kind}"
-            sdom = scope_range.set_tuple_name(sname)
-            for k, nm in enumerate(p_names):
-                sdom = sdom.set_dim_name(isl.dim_type.set, k, nm)
-            outs = p_names + [str(static)] + ["0"] * (width - m - 1)
-            smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
-            extra.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=keep), smap),
-                          StmtPlan(sname, kind, req.name, list(p_names), {})))
-        for kind, region, direction in copy_kinds:
-            if direction < 0:
-                static = base_static - STATIC_SCALE // 2 + slot_used[key]
-            else:
-                static = last_static + slot_used[key]
-            if req.order == "source":
-                rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
-            else:
-                rel = _sum(region, off_map.neg()).apply_range(lmap)  # [P] -> [c]: over the cache's
-            if req.block_dims:  # a shared cache: all threads of the block take part in the copy
-                rel = _whole_block(rel, m, req.block_dims).intersect_domain(scope_range)
-            else:
-                rel = rel.intersect_domain(prefix.range())
-            n_c = rel.dim(isl.dim_type.out)
-            c_names = _names("q", n_c)
-            cname = f"{req.name}__{kind}"
-            cdom = rel.wrap().flatten().set_tuple_name(cname)
-            for k, nm in enumerate(p_names + c_names):
-                cdom = cdom.set_dim_name(isl.dim_type.set, k, nm)
-            outs = p_names + [str(static)]
-            for c in c_names:
-                outs += [c, "0"]
-            outs += ["0"] * (width - len(outs))
-            if len(outs) > width:
-                raise ScheduleError(f"{what}: internal width {len(outs)} exceeds {width}")
-            cmap = isl.Map(f"{{ {cname}[{', '.join(p_names + c_names)}] -> [{', '.join(outs)}] }}")
-            cmap = cmap.intersect_domain(cdom)
-            cstmt = Statement(cname, p_names + c_names, cdom, dyn_params=keep)
-            names = p_names + c_names
-            plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
-                                                          enumerate(c_names, start=m // 2)})
-            plan.fill_value = req.fill if kind == "fill" else None
-            plan.zfill = bool(req.whole) and kind == "copy_in"
-            plan.guard_inside = kind == "copy_out" and region is not written
-            if req.order == "source":
-                # the element is a loop index; the cache side goes through the offset and layout
-                plan.elem_index = [AExpr("id", name=c) for c in c_names]
-                plan.cache_rewrite = CacheRewrite(cname, req.tensor, req.name, offsets,
-                                                  [AExpr("id", name=n) for n in p_names], lvars, lexprs)
-            else:
-                linv = lmap.reverse()
-                src = _src_index(off_map, linv, m, n_c)
-                src_pma = isl.PwMultiAff.from_map(src)
-                plan.elem_index = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(ndim)]
-                plan.cache_index = [AExpr("id", name=c) for c in c_names]
-            if prev is not None and kind == "copy_in":
-                # the copy reads the previous cache: rewrite its read of the tensor like a consumer's
-                pbuf, pm, poff_map, pvars, pexprs = prev
-                plan.rewrites.append(CacheRewrite(cname, req.tensor, pbuf.name, _offset_exprs(poff_map, pm, ctx),
-                                                  [AExpr("id", name=n) for n in names[:pm]], pvars, pexprs))
-            buf.copy_stmts.append(cname)
-            extra.append((Scheduled(cstmt, cmap), plan))
-        if req.kind == "read":
-            chains[(req.consumer, req.tensor)] = (buf, m, off_map, lvars, lexprs)
-    del items
-    return extra, buffers, rewrites, dropped
+        slot = self.slot_used[key] = self.slot_used.get(key, 0) + 1
+        if slot > STATIC_SCALE // 2 - 2:
+            raise ScheduleError(f"{site.what}: too many caches at one loop of {req.consumer}")
+        self.plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
+                                                  last_static + STATIC_SCALE // 2 - 1, self.width)
+        for kind, region, direction in _copy_regions(self.program, site, fill, redirected):
+            static = base_static - STATIC_SCALE // 2 + slot if direction < 0 else last_static + slot
+            scheduled, splan = _copy_statement(self.program, site, kind, region, static, scope_range, self.width)
+            if prev is not None and kind in ("copy_in", "copy_out"):
+                # the copy reads (writes back to) the next buffer out: rewritten like a consumer's access
+                splan.rewrites.append(CacheRewrite(splan.name, req.tensor, prev.req.name, prev.offsets,
+                                                   [AExpr("id", name=n) for n in splan.dims[:prev.m]],
+                                                   prev.lvars, prev.lexprs))
+            buf.copy_stmts.append(splan.name)
+            self.plan.statements.append((scheduled, splan))
+            use.copies[kind] = (_iterations(scheduled, site.m), static)
+
+    def finish(self) -> CachePlan:
+        _find_users(self.program, self.plan)
+        for site, use in self.folds:
+            self.plan.statements += _fold_scope(site, use, self.plan.uses, self.scheds, self.width)
+        return self.plan
 
 
-def _fold(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
-          scheds: Mapping[str, StageSchedule], m: int, prefix: isl.Map, fp: isl.Map, off_map: isl.Map,
-          keep: list[str], width: int, rewrites: dict[str, list[CacheRewrite]], lvars: list[lx.IterVar],
-          lexprs: list[lx.Expr], what: str) -> list[tuple[Scheduled, object]]:
-    """store_at: the computation and every reader use a buffer of one iteration's footprint."""
-    from .materialize import StmtPlan
-    ctx = program.context
-    writers = [n for n in (req.consumer + INIT_SUFFIX, req.consumer) if n in by_name]
-    readers = [it for it in by_name.values() if it.stmt.name not in writers
-               and any(a.tensor == req.tensor for a in it.stmt.reads)]
-    own_statics = scheds[req.consumer].statics[:m // 2]
-    last_static = scheds[req.consumer].statics[m // 2]
-    for it in [by_name[n] for n in writers] + readers:
-        sname = it.stmt.name
-        if sname in scheds and scheds[sname].statics[:m // 2] != own_statics:
-            raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads {req.tensor} outside the "
-                                f"loop {req.tensor} is stored in; fuse it inside that loop first (after/before)")
-        s_prefix = _prefix_map(it, m, it.stmt.over_domain())
-        if it in readers:
-            reads = None
-            for a in it.stmt.reads:
-                if a.tensor == req.tensor:
-                    r = project_out_params(a.relation, [p for p in it.stmt.dyn_params if p not in keep])
-                    reads = r if reads is None else reads.union(r)
-            assert reads is not None
-            read_fp = s_prefix.reverse().apply_range(reads.intersect_domain(it.stmt.over_domain()))
-            outside = read_fp.subtract(fp.intersect_domain(read_fp.domain()))
-            if not outside.is_empty():
-                raise ScheduleError(f"{what}: {program.owner_of.get(sname, sname)} reads elements of "
-                                    f"{req.tensor} written in other iterations; it cannot be stored at this loop")
-            if sname in scheds:
-                last_static = max(last_static, scheds[sname].statics[m // 2])
-        rewrites.setdefault(sname, []).append(
-            CacheRewrite(sname, req.tensor, req.name, _offset_exprs(off_map, m, ctx),
-                         _prefix_exprs(s_prefix, it.stmt.dims, ctx), lvars, lexprs))
-    p_names = _names("p", m)
-    out: list[tuple[Scheduled, object]] = []
-    first = scheds[req.consumer].statics[m // 2]
-    for kind, static in (("alloc", first - STATIC_SCALE // 2), ("free", last_static + STATIC_SCALE // 2 - 1)):
-        sname = f"{req.name}__{kind}"
-        sdom = prefix.range().set_tuple_name(sname)
-        outs = p_names + [str(static)] + ["0"] * (width - m - 1)
-        smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
-        out.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=keep), smap),
-                    StmtPlan(sname, kind, req.name, list(p_names), {})))
+def _check_fold_depths(requests: list[CacheRequest]) -> None:
+    """A cache of a stored tensor copies from (or back to) the stored buffer, which exists only inside
+    the loop the tensor is stored at: the cache must be at that loop or inside it."""
+    for fold in requests:
+        if fold.kind != "fold" or fold.level is None:
+            continue
+        for req in requests:
+            if req.kind != "fold" and req.tensor == fold.tensor and (req.level is None or req.level < fold.level):
+                where = "at the top" if req.level is None else "at an outer loop"
+                raise ScheduleError(f"{_buffer_what(req)} for {req.consumer} is placed {where}, outside the loop "
+                                    f"where {req.tensor} is stored (store_at): its copies would reach a buffer "
+                                    "that exists only inside that loop; place the cache at or inside it")
+
+
+def _redirected(program: PolyProgram, req: CacheRequest, by_name: dict[str, Scheduled],
+                scheds: Mapping[str, StageSchedule]) -> tuple[list[str], bool]:
+    """The statements whose accesses of the tensor go to the buffer, and whether a write cache starts
+    filled with the reduction's identity (the initialization is then dropped).
+
+    A write cache serves the initialization too when it runs inside the cache's loop; a folded
+    buffer serves the computation's statements and every reader, which must all run inside the loop."""
+    if req.kind == "read":
+        return [req.consumer, *req.also], False
+    init_name = req.consumer + INIT_SUFFIX
+    if req.kind == "fold":
+        writers = [n for n in (init_name, req.consumer) if n in by_name]
+        readers = [n for n, it in by_name.items() if n not in writers and n in scheds
+                   and any(a.tensor == req.tensor for a in it.stmt.reads)]
+        m = 0 if req.level is None else 2 * (req.level + 1)
+        loop = "" if req.level is None else scheds[req.consumer].loops.names[req.level]
+        for name in writers + readers:
+            if scheds[name].statics[:m // 2] == scheds[req.consumer].statics[:m // 2]:
+                continue
+            if name == init_name:
+                raise ScheduleError(f"store_at of {req.tensor} at loop {loop}: the initialization of {req.tensor} "
+                                    f"runs outside that loop (before its reduction loops); store it at a loop "
+                                    "that holds whole reductions")
+            raise ScheduleError(f"store_at of {req.tensor} at loop {loop}: {program.owner_of.get(name, name)} reads "
+                                f"{req.tensor} outside that loop; fuse it inside the loop first (after/before)")
+        return writers + readers, False
+    if init_name in scheds and _init_inside(scheds[req.consumer], scheds[init_name], req.level):
+        return [req.consumer, init_name], req.fill is not None
+    return [req.consumer], False
+
+
+def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_name: dict[str, Scheduled],
+          scheds: Mapping[str, StageSchedule], dyn_sources: dict[str, list[str]], codegen: bool) -> _Site:
+    """The footprint of ``req`` in one iteration of its loop, and the box and layout of its buffer."""
+    it = by_name[req.consumer]
+    m = 0 if req.level is None else 2 * (req.level + 1)
+    keep = _bound_params(program, it, m, dyn_sources)
+    dom = project_out_params(it.stmt.domain, [p for p in it.stmt.dyn_params if p not in keep])
+    prefix = _prefix_map(it, m, dom)  # S[x] -> [P]
+    what = _buffer_what(req) + ("" if req.kind == "fold" else f" for {req.consumer}")
+    # a write cache and a folded buffer hold what their computation's statements write (the
+    # initialization too: where the reduction range is empty it is the only writer)
+    accessing = redirected if req.kind == "read" else [n for n in redirected if program.owner_of[n] == req.consumer]
+    acc, fp = _footprint(req, accessing, by_name, scheds, m, keep, what)
+    iterations = prefix.range()
+    for name in redirected:
+        if name != req.consumer:
+            iterations = iterations.union(_prefix_map(by_name[name], m, by_name[name].stmt.over_domain()).range())
+    if req.block_dims:
+        fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
+    ndim = program.func.tensor(req.tensor).ndim
+    origin = _once(lambda: _origin(it, m, dom, acc, req))
+    boxes = [_box_dim(fp, d, what, origin) for d in range(ndim)]
+    if req.whole:  # whole tiles (tensor cores): boxes rounded up to the instruction's tile
+        boxes = [_rounded(b, g, what) for b, g in zip(boxes, req.whole)]
+    lmap, lvars, lexprs = _layout(req, ndim, [b.size for b in boxes])
+    off_map = _graph([b.offset for b in boxes])  # [P] -> [o]
+    return _Site(req, it, m, keep, prefix, iterations, fp, what, boxes, off_map, lmap, lvars, lexprs,
+                 _offset_exprs(off_map, m, program.context) if codegen else [], codegen)
+
+
+def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled],
+               scheds: Mapping[str, StageSchedule], m: int, keep: list[str], what: str) -> tuple[isl.Map, isl.Map]:
+    """The consumer's accesses of the tensor (S[x] -> X[e]) and the footprint [P] -> X[e] of one
+    iteration P of the cache's loop: what the statements ``names`` read (read caches) or write."""
+    fp: isl.Map | None = None
+    acc: isl.Map | None = None
+    for name in names:
+        stmt = by_name[name].stmt
+        if name in req.also and scheds[name].statics[:m // 2] != scheds[req.consumer].statics[:m // 2]:
+            raise ScheduleError(f"{what}: {name} shares the cache but is not fused with {req.consumer} "
+                                "down to the cache's loop; fuse it there first (after/before)")
+        accesses = [a.relation for a in (stmt.reads if req.kind == "read" else stmt.writes) if a.tensor == req.tensor]
+        if not accesses:
+            raise ScheduleError(f"{what}: {name} does not access {req.tensor}")
+        drop = [p for p in stmt.dyn_params if p not in keep]
+        dom = project_out_params(stmt.domain, drop)
+        s_acc = project_out_params(_union_all(accesses), drop).intersect_domain(dom)
+        s_fp = _prefix_map(by_name[name], m, dom).reverse().apply_range(s_acc)
+        acc = s_acc if acc is None else acc
+        fp = s_fp if fp is None else fp.union(s_fp)
+    assert acc is not None and fp is not None
+    return acc, fp
+
+
+def _union_all(maps: list[isl.Map]) -> isl.Map:
+    out = maps[0]
+    for a in maps[1:]:
+        out = out.union(a)
     return out
+
+
+def _buffer_shape(site: _Site, ctx: isl.Set) -> list[AExpr]:
+    """The buffer's extents: the layout's image of the footprint (or of the whole box) when the box
+    has a constant size, else the box's parametric extents."""
+    req, boxes = site.req, site.boxes
+    if any(b.size is None for b in boxes):
+        if req.layout is not None:
+            raise ScheduleError(f"{site.what}: a layout needs a footprint of constant size; it depends on "
+                                "the data here")
+        return [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx) for b in boxes]
+    # the buffer spans the layout's image of what is accessed (relative to the origin)
+    region = _box_region(site.off_map, [b.size for b in boxes], site.m) if req.whole else site.fp  # type: ignore[misc]
+    img = _sum(region, site.off_map.neg()).range().apply(site.lmap)
+    img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
+    shape = []
+    for c in range(img.dim(isl.dim_type.set)):
+        lo_v = img.dim_min_val(c).to_python()
+        hi_v = img.dim_max_val(c).to_python()
+        if lo_v != 0:
+            raise ScheduleError(f"{site.what}: the layout must map the footprint's origin to index 0 "
+                                f"(dimension {c} starts at {lo_v})")
+        extra_pad = req.pad[c] if c < len(req.pad) else 0
+        shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
+    return shape
+
+
+def _redirect(site: _Site, redirected: list[str], by_name: dict[str, Scheduled],
+              rewrites: dict[str, list[CacheRewrite]], ctx: isl.Set) -> None:
+    """Point the accesses of the tensor by ``redirected`` at the buffer (replacing a buffer further
+    out, which the copies reach instead)."""
+    req = site.req
+    for sname in redirected:
+        s_it = by_name[sname]
+        s_prefix = site.prefix if sname == req.consumer else _prefix_map(s_it, site.m, s_it.stmt.over_domain())
+        pvals = _prefix_exprs(s_prefix, s_it.stmt.dims, ctx) if site.codegen else []
+        rewrites[sname] = [r for r in rewrites.get(sname, []) if r.tensor != req.tensor]
+        rewrites[sname].append(CacheRewrite(sname, req.tensor, req.name, site.offsets, pvals, site.lvars,
+                                            site.lexprs))
+
+
+def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: list[str]
+                  ) -> list[tuple[str, isl.Map, int]]:
+    """The copies of a cache: (kind, the region [P] -> X[e] copied, -1 before the consumer or +1 after)."""
+    req, boxes = site.req, site.boxes
+    if req.kind == "read" and req.whole:
+        if not all(b.size is not None for b in boxes):
+            raise ScheduleError(f"{site.what}: copying whole tiles needs a footprint of constant size")
+        # the box is rounded to whole instruction tiles; what lies past the tensor reads as zero
+        return [("copy_in", _box_region(site.off_map, [b.size for b in boxes], site.m), -1)]  # type: ignore[misc]
+    if req.kind == "read":
+        return [("copy_in", site.fp, -1)]
+    written = site.fp  # the exact written footprint
+    tensor = program.func.tensor(req.tensor)
+    box = _whole_written(program, req, site.fp, site.off_map, boxes, site.m, tensor) if req.whole else None
+    out = []
+    if fill:
+        # a fill touches only the buffer: the whole box (constant loops, registers)
+        out.append(("fill", box if box is not None else written, -1))
+    elif req.consumer + INIT_SUFFIX not in redirected:  # the buffer starts from the tensor's values
+        out.append(("copy_in", written, -1))
+    out.append(("copy_out", box if box is not None else written, +1))
+    return out
+
+
+def _scope_statements(site: _Site, scope_range: isl.Set, first: int, last: int, width: int
+                      ) -> list[tuple[Scheduled, object]]:
+    """The allocation (static position ``first``) and release (``last``) of the buffer in every
+    iteration of its loop."""
+    from .materialize import StmtPlan
+    name, p_names = site.req.name, site.p_names
+    out: list[tuple[Scheduled, object]] = []
+    for kind, static in (("alloc", first), ("free", last)):
+        sname = f"{name}__{kind}"
+        sdom = scope_range.set_tuple_name(sname)
+        for k, nm in enumerate(p_names):
+            sdom = sdom.set_dim_name(isl.dim_type.set, k, nm)
+        outs = p_names + [str(static)] + ["0"] * (width - site.m - 1)
+        smap = isl.Map(f"{{ {sname}[{', '.join(p_names)}] -> [{', '.join(outs)}] }}").intersect_domain(sdom)
+        out.append((Scheduled(Statement(sname, list(p_names), sdom, dyn_params=site.keep), smap),
+                    StmtPlan(sname, kind, name, list(p_names), {})))
+    return out
+
+
+def _copy_statement(program: PolyProgram, site: _Site, kind: str, region: isl.Map, static: int,
+                    scope_range: isl.Set, width: int) -> tuple[Scheduled, object]:
+    """One copy (copy_in, copy_out or fill) of ``region`` at static position ``static`` of the
+    cache's loop: a statement [P, q] looping over the buffer's layout (or the tensor's indices)."""
+    from .materialize import StmtPlan
+    req, m, p_names, ctx = site.req, site.m, site.p_names, program.context
+    if req.order == "source":
+        rel = region.reset_tuple_id(isl.dim_type.out)  # [P] -> [e]: loops over the tensor's indices
+    else:
+        rel = _sum(region, site.off_map.neg()).apply_range(site.lmap)  # [P] -> [c]: over the cache's
+    if req.block_dims:  # a shared cache: all threads of the block take part in the copy
+        rel = _whole_block(rel, m, req.block_dims).intersect_domain(scope_range)
+    else:
+        rel = rel.intersect_domain(site.iterations)
+    n_c = rel.dim(isl.dim_type.out)
+    c_names = _names("q", n_c)
+    cname = f"{req.name}__{kind}"
+    cdom = rel.wrap().flatten().set_tuple_name(cname)
+    for k, nm in enumerate(p_names + c_names):
+        cdom = cdom.set_dim_name(isl.dim_type.set, k, nm)
+    outs = p_names + [str(static)]
+    for c in c_names:
+        outs += [c, "0"]
+    outs += ["0"] * (width - len(outs))
+    if len(outs) > width:
+        raise ScheduleError(f"{site.what}: internal width {len(outs)} exceeds {width}")
+    cmap = isl.Map(f"{{ {cname}[{', '.join(p_names + c_names)}] -> [{', '.join(outs)}] }}")
+    cmap = cmap.intersect_domain(cdom)
+    cstmt = Statement(cname, p_names + c_names, cdom, dyn_params=site.keep)
+    names = p_names + c_names
+    plan = StmtPlan(cname, kind, req.name, names, {2 * k + 1: f"{req.name}.{c}" for k, c in
+                                                  enumerate(c_names, start=m // 2)})
+    plan.fill_value = req.fill if kind == "fill" else None
+    plan.zfill = bool(req.whole) and kind == "copy_in"
+    plan.guard_inside = kind == "copy_out" and region is not site.fp
+    if req.order == "source":
+        # the element is a loop index; the cache side goes through the offset and layout
+        plan.elem_index = [AExpr("id", name=c) for c in c_names]
+        plan.cache_rewrite = CacheRewrite(cname, req.tensor, req.name, site.offsets,
+                                          [AExpr("id", name=n) for n in p_names], site.lvars, site.lexprs)
+    elif site.codegen:
+        src = _src_index(site.off_map, site.lmap.reverse(), m, n_c)
+        src_pma = isl.PwMultiAff.from_map(src)
+        plan.elem_index = [_expr(src_pma.get_pw_aff(d), names, ctx) for d in range(len(site.boxes))]
+        plan.cache_index = [AExpr("id", name=c) for c in c_names]
+    return Scheduled(cstmt, cmap), plan
+
+
+def _iterations(copy: Scheduled, m: int) -> isl.Set:
+    """The iterations P of the cache's loop in which a copy statement [P, q] runs."""
+    dom = copy.stmt.domain
+    return dom.project_out(isl.dim_type.set, m, dom.dim(isl.dim_type.set) - m)
+
+
+def _find_users(program: PolyProgram, plan: CachePlan) -> None:
+    """Which statements' accesses of each buffer's tensor end in it: computations (whose accesses the
+    last rewrite of the tensor redirects) and copies of other buffers chained to it."""
+    uses = {u.name: u for u in plan.uses}
+    for stmt, rws in plan.rewrites.items():
+        st = program.statements[stmt]
+        for tensor, cache in {r.tensor: r.cache for r in rws}.items():
+            sides = {side for side, accs in (("read", st.reads), ("write", st.writes))
+                     if any(a.tensor == tensor for a in accs)}
+            uses[cache].users[stmt] = sides
+    for _, splan in plan.statements:
+        if splan.kind in ("copy_in", "copy_out"):  # type: ignore[attr-defined]
+            for r in splan.rewrites:  # type: ignore[attr-defined]
+                uses[r.cache].users[splan.name] = {"read" if splan.kind == "copy_in" else "write"}  # type: ignore[attr-defined]
+
+
+def _fold_scope(site: _Site, use: CacheUse, uses: list[CacheUse], scheds: Mapping[str, StageSchedule],
+                width: int) -> list[tuple[Scheduled, object]]:
+    """The scope of a folded buffer in each iteration of its loop: around every statement using it,
+    the copies of caches chained to it included."""
+    pos = site.m // 2
+    statics = []
+    for name in use.users:
+        if name in scheds:
+            statics.append(scheds[name].statics[pos])
+            continue
+        cache = next(u for u in uses if name.startswith(u.name + "__"))
+        kind = name[len(cache.name) + 2:]
+        statics.append(cache.copies[kind][1] if cache.m == site.m else scheds[cache.consumer].statics[pos])
+    return _scope_statements(site, site.iterations, min(statics) - STATIC_SCALE // 2,
+                             max(statics) + STATIC_SCALE // 2 - 1, width)
 
 
 def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
-from .cache import CacheBuffer, CacheRequest, CacheRewrite, build_caches
+from .cache import CacheBuffer, CachePlan, CacheRequest, CacheRewrite, build_caches, copy_width
 from .program import PolyProgram, StageSchedule
 from .schedule import full_map
 
@@ -50,15 +50,14 @@ class Plan:
     context: object = None
 
 
-def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separate: Mapping[str, set[str]],
-                caches: list[CacheRequest], full_loops: Mapping[str, set[str]] | None = None) -> Plan:
-    """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
-    must be full there (those to unroll or vectorize; all inner loops when not given)."""
+def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], caches: list[CacheRequest],
+                    codegen: bool = True) -> tuple[list[Scheduled], dict[str, StmtPlan], CachePlan, int]:
+    """Every statement to generate (computations and the caches' copies and scopes) with its full
+    schedule and plan, the caches' plan, and the schedule width (``codegen``: with the index
+    expressions the code generator needs)."""
     width = program.width(scheds)
-    for req in caches:  # copy statements: prefix, a static slot, then two dimensions per buffer dimension
-        m = 0 if req.level is None else 2 * (req.level + 1)
-        ndim = program.func.tensor(req.tensor).ndim
-        width = max(width, m + 1 + 2 * (ndim + 2))
+    for req in caches:
+        width = max(width, copy_width(req, program.func.tensor(req.tensor).ndim))
     items: list[Scheduled] = []
     plans: dict[str, StmtPlan] = {}
     for name, s in scheds.items():
@@ -68,14 +67,21 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
         items.append(Scheduled(stmt, full_map(s.loops, s.statics, width)))
         plans[name] = StmtPlan(name, kind, owner, list(stmt.dims),
                                {2 * k + 1: n for k, n in enumerate(s.loops.names)})
-    dyn_sources = program.dyn_sources()
-    extra, buffers, rewrites, dropped = build_caches(program, items, scheds, caches, width, dyn_sources)
-    items = [it for it in items if it.stmt.name not in dropped]
-    for it, plan in extra:
+    cache_plan = build_caches(program, items, scheds, caches, width, program.dyn_sources(), codegen)
+    items = [it for it in items if it.stmt.name not in cache_plan.dropped]
+    for it, plan in cache_plan.statements:
         items.append(it)
-        plans[plan.name] = plan
-    for stmt_name, rws in rewrites.items():
+        plans[plan.name] = plan  # type: ignore[attr-defined]
+    for stmt_name, rws in cache_plan.rewrites.items():
         plans[stmt_name].rewrites.extend(rws)
+    return items, plans, cache_plan, width
+
+
+def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separate: Mapping[str, set[str]],
+                caches: list[CacheRequest], full_loops: Mapping[str, set[str]] | None = None) -> Plan:
+    """``separate``: loops whose full tiles are generated apart; ``full_loops``: the inner loops that
+    must be full there (those to unroll or vectorize; all inner loops when not given)."""
+    items, plans, cache_plan, width = plan_statements(program, scheds, caches)
     isolate = []
     by_name = {it.stmt.name: it for it in items}
     for name, loops in separate.items():
@@ -85,6 +91,6 @@ def materialize(program: PolyProgram, scheds: Mapping[str, StageSchedule], separ
             wanted = (full_loops or {}).get(name)
             need = [2 * k + 1 for k, n in enumerate(sl.names) if 2 * k + 1 > d and (wanted is None or n in wanted)]
             isolate.append(full_tiles(by_name[name], d, width, need))
-    ast, bindings = generate(program.context, items, dict(program.dyn.owners), dyn_sources,
+    ast, bindings = generate(program.context, items, dict(program.dyn.owners), program.dyn_sources(),
                              program.dyn_constraints, isolate, width)
-    return Plan(ast, plans, bindings, buffers, width, items, program.context)
+    return Plan(ast, plans, bindings, cache_plan.buffers, width, items, program.context)

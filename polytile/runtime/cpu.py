@@ -1,8 +1,16 @@
-"""CPU kernels: compile C++ with the system compiler into a content-addressed cache, load with ctypes."""
+"""CPU kernels: C++ compiled by the system compiler into a content-addressed cache, loaded with
+ctypes and called with as little Python per call as the signature cache allows.
+
+A repeated call costs a signature lookup, a data pointer per array (``ctypes.c_char.from_buffer``:
+0.2 µs against 0.75 µs for ``a.ctypes.data`` or ``a.__array_interface__``), the output allocations
+and one ctypes call with the pointer array and the parameter values prepared for the signature.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -10,7 +18,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +26,43 @@ import numpy as np
 from ..errors import BuildError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
-from .args import bind_params, check_index_arrays, check_shapes, expected_shape, needs_zero_init
+from ..target import CPUTarget, cpu_target
+from .args import Signature, bind, numpy_info
+from .index_checks import HostScan, host_scans, run_host_scans
+from .kernel import Kernel, Plan
 
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno",
              "-fno-trapping-math", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+
+OMP_WAIT_POLICY = "passive"
+"""How OpenMP threads wait for work between parallel regions, unless the environment says otherwise.
+
+Spinning waiters (libgomp's default: 300,000 spins) make a parallel region start in about a
+microsecond on an idle machine, but on a busy one they fight the other processes for the cores: on
+this project's 2-core machine with two busy processes beside it, a 256^3 matmul took 11.9 ms
+instead of 0.13 ms and an 8^3 one 6.4 ms instead of 2.5 µs (commit message of the change). Sleeping
+waiters cost a wake-up per region instead (0.13 -> 0.20 ms on that matmul, idle), which the
+code generator keeps off small kernels by running their loops serially (``codegen/cpu.py``).
+``OMP_WAIT_POLICY=active`` (or ``GOMP_SPINCOUNT``) in the environment wins over this default.
+"""
+
+GCC_FLAGS = ["-fno-predictive-commoning", "-fno-tree-loop-if-convert"]
+"""Two GCC -O3 loop transformations that miscompile code polytile generates (GCC 12.2):
+
+- predictive commoning turns the stores of a loop whose iterations write overlapping rows (a
+  write cache's or an initialization's ``C[96 * im + 48 * jr + ...]``, im in {0, 1}) into loads
+  before and stores after the loop, of elements no iteration of that loop writes: in an OpenMP
+  parallel loop, each thread then writes back stale values over its neighbour's results (a data
+  race the C++ memory model forbids a compiler to introduce; tests/core/test_runtime.py);
+- loop if-conversion miscompiles a guarded read whose index leaves its buffer where the guard is
+  false (FINDINGS E1): the vectorized loop computes some rows from the wrong elements, whether the
+  buffer is a local cache or a kernel argument, and even with the index clamped into the buffer.
+
+polytile schedules its own register reuse and vectorization, so its kernels rarely need either:
+the default schedules of matmul, conv2d, softmax, layernorm and spmm time the same within noise.
+A loop that polytile's vectorizer leaves scalar (a ``vectorize`` loop with a condition it cannot
+vectorize, e.g. a conv2d written with a padding select, ``pad_stage=False``) is no longer
+vectorized by GCC and runs up to 3x slower. Other compilers do not get these GCC flags."""
 
 
 def cache_dir() -> Path:
@@ -39,10 +80,20 @@ def compiler() -> str:
     return cxx
 
 
+@functools.cache
+def is_gcc(cxx: str) -> bool:
+    """Whether the C++ compiler ``cxx`` is GCC (clang also answers to g++ on some systems)."""
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Free Software Foundation" in out and "clang" not in out.lower()
+
+
 def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` to a shared library, reusing an earlier build of the same text and flags."""
     cxx = compiler()
-    flags = [*CXX_FLAGS, *extra_flags]
+    flags = [*CXX_FLAGS, *(GCC_FLAGS if is_gcc(cxx) else []), *extra_flags]
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     out = cache_dir() / f"pt_{key}.so"
     if out.exists():
@@ -58,89 +109,157 @@ def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
     return out
 
 
-class CPUKernel:
-    """A compiled CPU kernel: call it on NumPy arrays (outputs are allocated when not given).
+_omp_started = False
 
-    ``source`` is the C++ text, ``ir`` the final loop IR, ``benchmark()`` times it.
-    """
 
-    def __init__(self, func: Func, lowered: ir.LoweredFunc, source: str, extra_flags: Sequence[str] = ()):
+def load_library(path: Path) -> ctypes.CDLL:
+    """Load a built library. The first load starts libgomp, which reads its settings from the
+    environment then: ``OMP_WAIT_POLICY`` is set for that moment only (other OpenMP runtimes in the
+    process, such as torch's, keep theirs)."""
+    global _omp_started
+    if _omp_started:
+        return ctypes.CDLL(str(path))
+    with _environment("OMP_WAIT_POLICY", OMP_WAIT_POLICY):
+        lib = ctypes.CDLL(str(path))
+    _omp_started = True
+    return lib
+
+
+@contextlib.contextmanager
+def _environment(name: str, default: str) -> Iterator[None]:
+    """``name`` set to ``default`` unless it is set already (or GOMP_SPINCOUNT chooses the policy)."""
+    if name in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        yield
+        return
+    os.environ[name] = default
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+class _CPUPlan(Plan):
+    """One signature of a CPU kernel: the bound signature and the call's ctypes pieces."""
+
+    __slots__ = ("signature", "copies", "new_outputs", "args_type", "values", "scans", "buffers", "single")
+
+    def __init__(self, sig: Signature, copies: tuple[bool, ...] | None, n_params: list[int], buffers: bool):
+        self.signature = sig
+        self.copies = copies  # per input: not C-contiguous, so a contiguous copy is passed
+        n_in = sig.n_inputs
+        self.new_outputs = () if sig.outputs_given else tuple(
+            (np.zeros if zero else np.empty, shape, dt.numpy)
+            for zero, shape, dt in zip(sig.zero_init, sig.output_shapes, sig.dtypes[n_in:]))
+        self.args_type = ctypes.c_void_p * max(1, len(sig.names))
+        self.values = (ctypes.c_int64 * max(1, len(n_params)))(*n_params)
+        self.scans: tuple[HostScan, ...] = host_scans(sig.index_checks)
+        self.buffers = buffers  # every array exports a buffer (no bfloat16): the fast data pointers
+        self.single = len(sig.dtypes) - n_in == 1
+
+    def arguments(self, arrays: Sequence[np.ndarray]) -> tuple[ctypes.Array, Sequence[np.ndarray], list[np.ndarray]]:
+        """The pointer array of a call, its outputs, and every array it uses (to keep them alive)."""
+        sig = self.signature
+        n_in = sig.n_inputs
+        inputs = arrays[:n_in]
+        if self.copies is not None:
+            inputs = [np.ascontiguousarray(a) if c else a for a, c in zip(inputs, self.copies)]
+        outputs = arrays[n_in:] if sig.outputs_given else [new(s, d) for new, s, d in self.new_outputs]
+        every = [*inputs, *outputs]
+        try:
+            if not self.buffers:
+                raise ValueError
+            pointers = [_addressof(_from_buffer(a)) for a in every]
+        except (TypeError, ValueError):  # a read-only or empty array, or one without a buffer
+            pointers = [self._pointer(a, k) for k, a in enumerate(every)]
+        if sig.disjoint:
+            sig.check_disjoint(pointers)
+        if self.scans:
+            run_host_scans(sig.func, self.scans, pointers, arrays)
+        return self.args_type(*pointers), outputs, every
+
+    def _pointer(self, a: np.ndarray, k: int) -> int:
+        sig = self.signature
+        if k >= sig.n_inputs and not a.flags.writeable:
+            raise InputError(f"output {sig.names[k]} of {sig.func} is read-only; pass a writeable array")
+        return int(a.__array_interface__["data"][0])
+
+
+class CPUKernel(Kernel):
+    """A compiled CPU kernel, called on NumPy arrays (see ``Kernel``)."""
+
+    def __init__(self, func: Func, lowered: ir.LoweredFunc, source: str, extra_flags: Sequence[str] = (),
+                 target: CPUTarget | None = None):
+        names = [t.name for t in [*func.inputs, *func.outputs]]
+        if [b.name for b in lowered.args] != names:
+            raise BuildError(f"{lowered.name}: the lowered arguments {[b.name for b in lowered.args]} are not "
+                             f"the function's inputs and outputs {names}")
         self.func = func
         self.lowered = lowered
         self.source = source
+        self.target = target or cpu_target()
         self.path = compile_shared(source, extra_flags)
-        self._lib = ctypes.CDLL(str(self.path))
+        self._lib = load_library(self.path)
         self._fn = getattr(self._lib, lowered.name)
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
-        self.target = "cpu"
-
-    @property
-    def ir(self) -> str:
-        return str(self.lowered)
+        self._init_signatures()
 
     @property
     def resources(self) -> dict[str, object]:
         return {"library": str(self.path)}
 
-    def prepare(self, arrays: Sequence[np.ndarray], params: dict[str, object]
-                ) -> tuple[list[np.ndarray], dict[str, int], list[np.ndarray]]:
+    def synchronize(self) -> None:
+        """Nothing to wait for: a CPU call returns when its work is done."""
+
+    def _key(self, arrays: Sequence[object], params: Mapping[str, object]) -> Hashable:
+        try:
+            return tuple([(type(a), a.shape, a.dtype, a.strides) for a in arrays]), tuple(params.items())
+        except AttributeError:  # not an array: the new plan says so
+            return None
+
+    def _new_plan(self, arrays: Sequence[object], params: Mapping[str, object]) -> _CPUPlan:
         func = self.func
-        n_in, n_out = len(func.inputs), len(func.outputs)
-        if len(arrays) not in (n_in, n_in + n_out):
-            names = ", ".join(t.name for t in func.inputs)
-            raise InputError(f"{func.name} takes {n_in} input array(s) ({names}), optionally followed by "
-                             f"{n_out} output array(s); got {len(arrays)}")
-        arrs: list[np.ndarray] = []
         for t, a in zip([*func.inputs, *func.outputs], arrays):
             if not isinstance(a, np.ndarray):
                 raise InputError(f"argument {t.name} of {func.name} must be a NumPy array, got {type(a).__name__}")
-            if a.dtype != t.dtype.numpy:
-                raise InputError(f"argument {t.name} of {func.name} must have dtype {t.dtype}, got {a.dtype}")
-            arrs.append(a)
-        bound = bind_params(func, arrs, params)
-        outs: list[np.ndarray] = arrs[n_in:]
-        if not outs:
-            for t in func.outputs:
-                shape = expected_shape(t, bound)
-                alloc = np.zeros if needs_zero_init(t) else np.empty
-                outs.append(alloc(shape, dtype=t.dtype.numpy))
-        for t, o in zip(func.outputs, outs):
-            if not o.flags.c_contiguous or not o.flags.writeable:
-                raise InputError(f"output {t.name} of {func.name} must be a writeable C-contiguous array")
-        ins = [np.ascontiguousarray(a) for a in arrs[:n_in]]
-        check_shapes(func, ins + outs, bound)
-        check_index_arrays(func, ins, bound)
-        return ins + outs, bound, outs
-
-    def _raw_args(self, arrays: Sequence[np.ndarray], params: dict[str, int]):
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        vals = (ctypes.c_int64 * max(1, len(self.lowered.params)))(*[params[p.name] for p in self.lowered.params])
-        return ptrs, vals
+        sig = bind(func, [numpy_info(a) for a in arrays], params)  # type: ignore[arg-type]
+        contiguous = [a.flags.c_contiguous for a in arrays[:sig.n_inputs]]  # type: ignore[attr-defined]
+        copies = None if all(contiguous) else tuple(not c for c in contiguous)
+        buffers = all(d.name != "bfloat16" for d in sig.dtypes)
+        return _CPUPlan(sig, copies, [sig.params[p.name] for p in self.lowered.params], buffers)
 
     def __call__(self, *arrays: np.ndarray, **params: object) -> np.ndarray | tuple[np.ndarray, ...]:
-        all_arrays, bound, outs = self.prepare(arrays, params)
-        ptrs, vals = self._raw_args(all_arrays, bound)
-        rc = self._fn(ptrs, vals)
+        key = self._key(arrays, params)
+        try:
+            plan = self._plans[key]
+        except (KeyError, TypeError):  # a new signature, or an unhashable parameter value
+            plan = self._plan(key, arrays, params)
+        args, outputs, _alive = plan.arguments(arrays)
+        rc = self._fn(args, plan.values)
         if rc != 0:
             raise InputError(f"kernel {self.lowered.name} failed with code {rc}")
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return outputs[0] if plan.single else tuple(outputs)
 
     def benchmark(self, *arrays: np.ndarray, repeat: int = 20, warmup: int = 3, min_time: float = 0.2,
                   flush_cache: bool = False, **params: object) -> float:
         """Median wall time in seconds of one call (after ``warmup`` calls; at least ``repeat`` runs
         or ``min_time`` seconds). ``flush_cache`` writes a buffer larger than the caches before each run."""
-        all_arrays, bound, _ = self.prepare(arrays, params)
-        ptrs, vals = self._raw_args(all_arrays, bound)
+        plan = self._plan(self._key(arrays, params), arrays, params)
+        args, _, _alive = plan.arguments(arrays)
+        values = plan.values
         flush = np.empty(64 * 1024 * 1024 // 8) if flush_cache else None
         for _ in range(warmup):
-            self._fn(ptrs, vals)
+            self._fn(args, values)
         times: list[float] = []
         start = time.perf_counter()
         while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
             if flush is not None:
                 flush.fill(1.0)
             t0 = time.perf_counter()
-            self._fn(ptrs, vals)
+            self._fn(args, values)
             times.append(time.perf_counter() - t0)
         return statistics.median(times)

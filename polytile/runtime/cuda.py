@@ -1,44 +1,52 @@
-"""CUDA kernels: nvcc to a cubin (content-hash cache, ptxas resource report), loading and launching
-through the driver API, arguments from torch, CuPy, any ``__cuda_array_interface__`` array or NumPy
-(copied to and from the device), and event timing with an L2 flush."""
+"""CUDA kernels: nvcc to a cubin (content-hash cache, ptxas resource report) and the call path.
+
+A call on GPU arrays (torch, CuPy, other ``__cuda_array_interface__`` objects) enqueues on the
+caller's stream (the framework's current stream, or ``stream=``) and returns without synchronizing;
+its outputs come from the arrays' framework (torch's caching allocator for torch tensors), outputs
+that start as zeros are cleared by a memset on the same stream, and index arrays are checked by
+device-side kernels that report asynchronously (``index_checks``). Nothing in it synchronizes,
+copies to the host or allocates through the driver, so it can be captured in a CUDA graph. A call
+on NumPy arrays copies them to the GPU and back and returns when done. Everything the arguments'
+signature decides (parameters, grids, packed kernel arguments) is worked out by the first call of
+that signature (``kernel.Kernel``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..codegen.cuda import KernelSource, cuda_source
-from ..dtypes import DType
+from ..dtypes import uint8
 from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CUDATarget
-from .args import bind_params, check_index_arrays, check_shapes, expected_shape, needs_zero_init
+from ..toolchain import arch_flags, nvcc
+from .args import ArrayInfo, IndexCheck, Signature, bind
 from .cpu import cache_dir
-
-
-def nvcc() -> str:
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), os.path.join(home, "bin", "nvcc"),
-                 "/usr/local/cuda/bin/nvcc"):
-        if cand and os.path.exists(cand):
-            return cand
-    raise BuildError("nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc")
-
-
-def arch_flags(arch: str) -> list[str]:
-    """``sm_90a`` needs the gencode form (the -arch shorthand also runs a plain sm_90 pass)."""
-    num = arch.removeprefix("sm_")
-    return [f"-gencode=arch=compute_{num},code=sm_{num}"]
+from .cuda_driver import CudaError, Device, KernelParams
+from .frameworks import KEY_OF, NUMPY, ArrayInterfaceFramework, Framework, framework_of, stream_handle
+from .index_checks import (
+    DEVICE_SOURCE,
+    DeviceReports,
+    device_kernel,
+    device_launch,
+    host_scans,
+    raise_pending_reports,
+    run_host_scans,
+)
+from .kernel import Kernel, Plan
 
 
 @dataclass
@@ -104,89 +112,221 @@ def eval_expr(e: ir.Expr, env: Mapping[str, int]) -> int:
         raise DeviceError(f"{err} on the host") from None
 
 
-@dataclass
-class _Arg:
-    ptr: int
-    shape: tuple[int, ...]
-    owner: object  # keeps the memory alive
-    host: np.ndarray | None = None  # NumPy argument: copied back after the call (outputs)
-
-
-def _typestr_dtype(typestr: str) -> np.dtype:
-    return np.dtype(typestr)
-
-
-def device_array(x: object, t_dtype: DType, name: str) -> _Arg:
-    """A device pointer for ``x`` (torch, CuPy, ``__cuda_array_interface__``); NumPy arrays are copied."""
-    from .cuda_device import device
-    if isinstance(x, np.ndarray):
-        if x.dtype != t_dtype.numpy:
-            raise InputError(f"argument {name} must have dtype {t_dtype}, got {x.dtype}")
-        host = np.ascontiguousarray(x)
-        dev = device()
-        ptr = dev.alloc(host.nbytes)
-        dev.upload(ptr, host)
-        return _Arg(ptr, host.shape, _DeviceBuffer(ptr), x)
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        if not x.is_cuda:  # type: ignore[attr-defined]
-            raise InputError(f"argument {name} is a CPU torch tensor; move it to the GPU with .cuda()")
-        if str(x.dtype).removeprefix("torch.") != t_dtype.name:  # type: ignore[attr-defined]
-            raise InputError(f"argument {name} must have dtype {t_dtype}, got {x.dtype}")  # type: ignore[attr-defined]
-        if not x.is_contiguous():  # type: ignore[attr-defined]
-            raise InputError(f"argument {name} must be contiguous; call .contiguous()")
-        return _aligned_arg(_Arg(int(x.data_ptr()), tuple(x.shape), x), name)  # type: ignore[attr-defined]
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is None:
-        raise InputError(f"argument {name} must be a GPU array (torch, CuPy, __cuda_array_interface__) or a "
-                         f"NumPy array, got {type(x).__name__}")
-    dt = _typestr_dtype(cai["typestr"])
-    if t_dtype.name != "bfloat16" and dt != t_dtype.numpy:
-        raise InputError(f"argument {name} must have dtype {t_dtype}, got {dt}")
-    shape = tuple(int(s) for s in cai["shape"])
-    strides = cai.get("strides")
-    if strides is not None:
-        expect = []
-        acc = dt.itemsize
-        for s in reversed(shape):
-            expect.append(acc)
-            acc *= s
-        if tuple(reversed(expect)) != tuple(strides):
-            raise InputError(f"argument {name} must be C-contiguous")
-    return _aligned_arg(_Arg(int(cai["data"][0]), shape, x), name)
-
-
 ALIGNMENT = 16  # bytes: generated kernels copy 16-byte vectors and store element pairs
 
+_DEVICES: dict[int, Device] = {}
 
-def _aligned_arg(arg: _Arg, name: str) -> _Arg:
-    if arg.ptr % ALIGNMENT:
-        raise InputError(f"argument {name} starts at an address that is not a multiple of {ALIGNMENT} bytes "
-                         "(a view into another array?); pass a freshly allocated or .clone()d array")
-    return arg
+
+def gpu(ordinal: int) -> Device:
+    """The primary context of GPU ``ordinal`` (created once; the calling thread's current context
+    is left as it was)."""
+    dev = _DEVICES.get(ordinal)
+    if dev is None:
+        from .cuda_device import device
+        first = device()
+        if ordinal == 0:
+            dev = first
+        else:
+            (previous,) = first._check(first.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            dev = Device(ordinal, first.cu)
+            first._check(first.cu.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
+        _DEVICES[ordinal] = dev
+    return dev
+
+
+def synchronize() -> None:
+    """Wait for the work polytile queued on every GPU it used, and raise what the device-side
+    index-array checks of any kernel reported (``pt.synchronize()``; nothing to do without a GPU)."""
+    for dev in list(_DEVICES.values()):
+        _synchronize_device(dev)
+    raise_pending_reports()
+
+
+def _synchronize_device(dev: Device) -> None:
+    pushed = dev.enter()
+    try:
+        dev.synchronize()
+    except DeviceError:
+        raise_pending_reports()  # a broken index promise explains the fault better
+        raise
+    finally:
+        if pushed:
+            dev.leave()
+
+
+@dataclass
+class _Launch:
+    """One kernel launch of a signature: its arguments packed once, the pointers set per call."""
+
+    name: str
+    function: object
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    params: KernelParams
+    pointers: tuple[tuple[int, int], ...]  # (argument position, index of the call's array)
+
+    def run(self, dev: Device, pointers: Sequence[int], stream: int) -> None:
+        params = self.params
+        for slot, k in self.pointers:
+            params.set(slot, pointers[k])
+        try:
+            dev.launch(self.function, self.grid, self.block, self.shared_bytes, params, stream)
+        except DeviceError as err:
+            raise DeviceError(f"kernel {self.name} could not be launched: {err}") from None
 
 
 class _DeviceBuffer:
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+    """Device memory from the driver (NumPy calls; temporaries of calls on other frameworks' arrays).
+    Freeing it waits for the device, so calls that use it are synchronous."""
+
+    def __init__(self, dev: Device, nbytes: int):
+        self.dev = dev
+        self.ptr = dev.alloc(nbytes)
 
     def __del__(self) -> None:
         try:
-            from .cuda_device import device
-            device().free(self.ptr)
+            self.dev.free(self.ptr)
         except Exception:  # interpreter shutdown or a dead context: nothing to free
             pass
 
 
-class _Shape:
-    def __init__(self, shape: tuple[int, ...]):
-        self.shape = shape
+class _CUDAPlan(Plan):
+    """One signature of a CUDA function: launches with packed arguments, index checks, sizes."""
+
+    __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
+                 "zero_outputs", "single", "lock")
+
+    def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
+                 checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
+        self.signature = sig
+        self.framework = fw
+        self.device = dev
+        self.launches = launches
+        self.checks = checks  # device-side index checks (GPU arrays)
+        self.scans = () if fw.on_gpu else host_scans(sig.index_checks)  # host-side ones (NumPy arrays)
+        self.temp_bytes = temp_bytes
+        self.reports = reports
+        n_in = sig.n_inputs
+        self.zero_outputs = [(n_in + k, sig.nbytes[n_in + k]) for k, z in enumerate(sig.zero_init) if z]
+        self.single = len(sig.names) - n_in == 1
+        self.lock = threading.Lock()  # the packed arguments are shared by the calls of this signature
+
+    # --- GPU arrays: enqueue on the caller's stream ------------------------------------------------
+
+    def call(self, arrays: Sequence[object], stream: int | None) -> object:
+        if not self.framework.on_gpu:
+            return self.call_numpy(arrays, 0 if stream is None else stream)
+        reports = self.reports
+        if reports is not None and reports.pending():
+            reports.raise_pending()
+        pointers, outputs, _alive, stream = self.bind(arrays, stream)
+        self.enqueue(pointers, stream, zero_outputs=not self.signature.outputs_given)
+        return outputs[0] if self.single else tuple(outputs)
+
+    def bind(self, arrays: Sequence[object], stream: int | None) -> tuple[list[int], list, list, int]:
+        """Pointers of a call's arrays, its outputs (allocated when not given), its temporaries, its stream."""
+        sig, fw, ordinal = self.signature, self.framework, self.device.ordinal
+        pointer = fw.pointer
+        pointers = [pointer(a) for a in arrays]
+        alloc_stream = stream  # None: allocate for the framework's current stream, which the call uses
+        if stream is None:
+            stream = fw.current_stream(ordinal)
+        n_in = sig.n_inputs
+        if sig.outputs_given:
+            outputs = list(arrays[n_in:])
+            if sig.disjoint:
+                sig.check_disjoint(pointers)
+        else:
+            outputs = [fw.empty(shape, dt, ordinal, alloc_stream)
+                       for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:])]
+            pointers += [pointer(o) for o in outputs]
+        alive: list[object] = []
+        for nbytes in self.temp_bytes:
+            if isinstance(fw, ArrayInterfaceFramework):
+                buf = _DeviceBuffer(self.device, nbytes)
+                alive.append(buf)
+                pointers.append(buf.ptr)
+            else:
+                tmp = fw.empty((nbytes,), uint8, ordinal, alloc_stream)
+                alive.append(tmp)
+                pointers.append(pointer(tmp))
+        if any(p % ALIGNMENT for p in pointers[:len(sig.names)]):
+            self._misaligned(pointers)
+        return pointers, outputs, alive, stream
+
+    def enqueue(self, pointers: Sequence[int], stream: int, zero_outputs: bool, checks: bool = True) -> None:
+        dev = self.device
+        pushed = dev.enter()
+        try:
+            if zero_outputs:
+                for k, nbytes in self.zero_outputs:
+                    if nbytes:
+                        dev.memset_async(pointers[k], 0, nbytes, stream)
+            with self.lock:
+                for launch in (*self.checks, *self.launches) if checks else self.launches:
+                    launch.run(dev, pointers, stream)
+        finally:
+            if pushed:
+                dev.leave()
+
+    def _misaligned(self, pointers: Sequence[int]) -> None:
+        sig = self.signature
+        k = next(k for k, p in enumerate(pointers) if p % ALIGNMENT)
+        raise InputError(f"argument {sig.names[k]} of {sig.func} starts at an address that is not a multiple of "
+                         f"{ALIGNMENT} bytes (a view into another array?); pass a freshly allocated or cloned array")
+
+    # --- NumPy arrays: copy in, launch, wait, copy out ---------------------------------------------
+
+    def call_numpy(self, arrays: Sequence[np.ndarray], stream: int) -> object:
+        sig = self.signature
+        n_in = sig.n_inputs
+        inputs = [np.ascontiguousarray(a) for a in arrays[:n_in]]
+        outputs = list(arrays[n_in:]) if sig.outputs_given else [
+            (np.zeros if zero else np.empty)(shape, dt.numpy)
+            for zero, shape, dt in zip(sig.zero_init, sig.output_shapes, sig.dtypes[n_in:])]
+        host = [int(a.__array_interface__["data"][0]) for a in [*inputs, *outputs]]
+        if sig.disjoint:
+            sig.check_disjoint(host)
+        if self.scans:
+            run_host_scans(sig.func, self.scans, host, arrays)
+        for k, out in enumerate(outputs):
+            if not out.flags.writeable:
+                raise InputError(f"output {sig.names[n_in + k]} of {sig.func} is read-only; pass a writeable array")
+        dev = self.device
+        pushed = dev.enter()
+        buffers: list[_DeviceBuffer] = []
+        try:
+            buffers += [_DeviceBuffer(dev, a.nbytes) for a in [*inputs, *outputs]]
+            buffers += [_DeviceBuffer(dev, n) for n in self.temp_bytes]
+            # a given output keeps its values where the kernel does not write; a new one may start as zeros
+            needed = [True] * n_in + [sig.outputs_given or z for z in sig.zero_init]
+            for a, buf, upload in zip([*inputs, *outputs], buffers, needed):
+                if upload and a.nbytes:
+                    dev.upload(buf.ptr, a)
+            pointers = [b.ptr for b in buffers]
+            self.enqueue(pointers, stream, zero_outputs=False, checks=False)
+            _synchronize_device(dev)
+            raise_pending_reports()
+            for out, buf in zip(outputs, buffers[n_in:]):
+                if out.nbytes:
+                    out[...] = dev.download(buf.ptr, out)
+        finally:
+            buffers.clear()  # freed in this device's context
+            if pushed:
+                dev.leave()
+        return outputs[0] if self.single else tuple(outputs)
 
 
 @dataclass
-class CUDAKernel:
-    """A built CUDA function: one or more kernels launched in order. Call it on GPU arrays (torch,
-    CuPy) or NumPy arrays; ``source``, ``ir``, ``resources`` (ptxas, per kernel), ``benchmark()``."""
+class CUDAKernel(Kernel):
+    """A built CUDA function: one or more kernels launched in order (see ``Kernel``).
+
+    Called on GPU arrays (torch, CuPy, ``__cuda_array_interface__``) it enqueues on the caller's
+    current stream (``stream=`` picks another) and returns at once, outputs allocated by the
+    arrays' framework; called on NumPy arrays it copies them to the GPU and back and returns when
+    done. ``resources`` holds ptxas's report per kernel.
+    """
 
     func: Func
     lowered: ir.LoweredFunc
@@ -197,111 +337,179 @@ class CUDAKernel:
     target: CUDATarget
     temporaries: list[ir.Buffer] = field(default_factory=list)
     index32: bool = True
-    _functions: dict[str, object] = field(default_factory=dict)
+    _functions: dict[tuple[int, str], object] = field(default_factory=dict)
+    check_cubin: bytes | None = None  # the device-side index checks (functions with index arrays)
+    _reports: dict[int, DeviceReports] = field(init=False, repr=False, compare=False)  # per GPU
+    _devices: set[int] = field(init=False, repr=False, compare=False)  # the GPUs its calls used
 
-    @property
-    def ir(self) -> str:
-        return str(self.lowered)
+    def __post_init__(self) -> None:
+        if "stream" in {p.name for p in self.func.params}:
+            raise BuildError(f"{self.func.name}: the parameter name 'stream' is taken by the stream= argument "
+                             "of CUDA kernels; rename the parameter")
+        self._init_signatures()
+        self._reports = {}
+        self._devices = set()
 
-    def _function(self, k: KernelSource):  # noqa: ANN202 - a CUfunction
-        if k.name not in self._functions:
-            from .cuda_device import device
-            _, fn = device().load(self.cubin, k.name, k.dynamic_shared)
-            self._functions[k.name] = fn
-        return self._functions[k.name]
-
-    def _prepare(self, arrays: Sequence[object], kwargs: Mapping[str, object]):  # noqa: ANN202
-        func = self.func
-        n_in, n_out = len(func.inputs), len(func.outputs)
-        if len(arrays) not in (n_in, n_in + n_out):
-            raise InputError(f"{func.name} takes {n_in} input array(s), optionally followed by {n_out} "
-                             f"output array(s); got {len(arrays)}")
-        tensors = [*func.inputs, *func.outputs]
-        shapes = [_Shape(tuple(int(s) for s in a.shape)) for a in arrays]  # type: ignore[attr-defined]
-        params = bind_params(func, shapes, kwargs)
-        index_arrays = [a if isinstance(a, np.ndarray) else _host_copy(a) if t.value_range is not None
-                        or t.monotonic else None for t, a in zip(func.inputs, arrays, strict=False)]
-        check_index_arrays(func, index_arrays, params)
-        args: dict[str, _Arg] = {}
-        like = next((a for a in arrays if not isinstance(a, np.ndarray)), None)
-        for t, a in zip(tensors, arrays, strict=False):
-            args[t.name] = device_array(a, t.dtype, t.name)
-        outputs = []
-        for t in func.outputs[len(arrays) - n_in:]:
-            shape = expected_shape(t, params)
-            out = _allocate_like(like, shape, t.dtype, zero=needs_zero_init(t))
-            args[t.name] = device_array(out, t.dtype, t.name)
-            outputs.append(out)
-        check_shapes(func, [_Shape(args[t.name].shape) for t in tensors], params)
-        for b in self.temporaries:
-            nbytes = b.dtype.itemsize
-            for d in b.shape:
-                nbytes *= eval_expr(d, params)
-            from .cuda_device import device
-            ptr = device().alloc(nbytes)
-            args[b.name] = _Arg(ptr, (), _DeviceBuffer(ptr))
-        return args, params, [*arrays[n_in:], *outputs]
-
-    def _launch_all(self, args: Mapping[str, _Arg], params: Mapping[str, int]) -> None:
-        from .cuda_device import device
-        from .cuda_driver import KernelParams
-        dev = device()
-        for k in self.kernels:
-            grid = tuple(max(0, eval_expr(g, params)) for g in k.grid)
-            if 0 in grid:
-                continue
-            values: list[tuple[str, int | float]] = [("pointer", args[b.name].ptr) for b in k.args]
-            values += [("int32" if self.index32 else "int64", params[p.name]) for p in k.params]
-            try:
-                dev.launch(self._function(k), grid, k.block, k.dynamic_shared, KernelParams(values))
-            except DeviceError as err:
-                raise DeviceError(f"kernel {k.name} could not be launched: {err}") from None
-
-    def __call__(self, *arrays: object, **params: object):  # noqa: ANN204
-        from .cuda_device import device
-        args, bound, outs = self._prepare(arrays, params)
-        self._launch_all(args, bound)
+    def __call__(self, *arrays: object, stream: object = None, **params: object) -> object:
+        """Run on ``arrays``; ``stream``: a CUDA stream (handle, torch or CuPy stream) instead of the
+        current one of the arrays' framework."""
         try:
-            device().synchronize()
-        except DeviceError as err:
-            names = ", ".join(k.name for k in self.kernels)
-            raise DeviceError(f"{self.lowered.name} ({names}) failed on the GPU: {err}") from None
-        results = []
-        for t, o in zip(self.func.outputs, outs, strict=True):
-            a = args[t.name]
-            if isinstance(o, np.ndarray):
-                o[...] = device().download(a.ptr, o)
-            results.append(o)
-        return results[0] if len(results) == 1 else tuple(results)
+            plan = self._plans[tuple([KEY_OF[type(a)](a) for a in arrays]), tuple(params.items())]
+        except (KeyError, TypeError):  # a new signature, an array type not seen yet, or a bad argument
+            plan = self._plan(self._key(arrays, params), arrays, params)
+        return plan.call(arrays, None if stream is None else stream_handle(stream))
+
+    def synchronize(self) -> None:
+        for ordinal in self._devices:
+            _synchronize_device(_DEVICES[ordinal])
+        for reports in self._reports.values():
+            reports.raise_pending()
 
     def benchmark(self, *arrays: object, repeat: int = 50, warmup: int = 5, min_time: float = 0.0,
-                  flush_cache: bool = True, **params: object) -> float:
-        """Median seconds of one call (all its kernels), timed with CUDA events after ``warmup`` calls:
-        at least ``repeat`` runs, more until the timed runs add up to ``min_time`` seconds (as
-        ``CPUKernel.benchmark``). ``flush_cache`` writes a buffer twice the L2 size before each run."""
+                  flush_cache: bool = True, stream: object = None, **params: object) -> float:
+        """Median seconds of one call (all its kernels), timed with CUDA events on the call's stream after
+        ``warmup`` calls: at least ``repeat`` runs, more until the timed runs add up to ``min_time``
+        seconds (as ``CPUKernel.benchmark``). ``flush_cache`` writes a buffer twice the L2 size before
+        each run. The index-array checks run once, before the timing."""
         from .timing import time_gpu
-        args, bound, _ = self._prepare(arrays, params)
-        return time_gpu(lambda: self._launch_all(args, bound), repeat, warmup, flush_cache,
-                        self.target.l2_bytes, min_time)
+        plan = self._plan(self._key(arrays, params), arrays, params)
+        handle = None if stream is None else stream_handle(stream)
+        dev = plan.device
+        pushed = dev.enter()
+        try:
+            with _staged(plan, arrays, handle) as (pointers, handle):
+                return time_gpu(lambda: plan.enqueue(pointers, handle, zero_outputs=False, checks=False),
+                                repeat, warmup, flush_cache, self.target.l2_bytes, min_time, stream=handle)
+        finally:
+            if pushed:
+                dev.leave()
+
+    # --- signatures -------------------------------------------------------------------------------
+
+    def _key(self, arrays: Sequence[object], params: Mapping[str, object]) -> Hashable:
+        parts = []
+        for a in arrays:
+            fw = framework_of(a, _pointer_device)
+            if fw is None:
+                return None
+            parts.append(fw.key(a))
+        return tuple(parts), tuple(params.items())
+
+    def _new_plan(self, arrays: Sequence[object], params: Mapping[str, object]) -> _CUDAPlan:
+        func = self.func
+        tensors = [*func.inputs, *func.outputs]
+        fws = []
+        for t, a in zip(tensors, arrays):
+            fw = framework_of(a, _pointer_device)
+            if fw is None:
+                raise InputError(f"argument {t.name} of {func.name} must be a GPU array (torch, CuPy, "
+                                 f"__cuda_array_interface__) or a NumPy array, got {type(a).__name__}")
+            fws.append(fw)
+        fw = fws[0] if fws else NUMPY
+        for t, other in zip(tensors, fws):
+            if other is not fw:
+                raise InputError(f"arguments {tensors[0].name} ({fw.name}) and {t.name} ({other.name}) of "
+                                 f"{func.name} come from different frameworks; pass every array from one")
+        infos = [fw.info(a) for a in arrays]
+        sig = bind(func, infos, params)
+        ordinal = self._device_of(sig, infos) if fw.on_gpu else 0
+        dev = gpu(ordinal)
+        self._devices.add(ordinal)
+        pushed = dev.enter()
+        try:
+            launches = [self._launch(k, dev, sig) for k in self.kernels]
+            checks: list[_Launch] = []
+            reports = None
+            if fw.on_gpu and sig.index_checks:
+                reports = self._reports.get(ordinal)
+                if reports is None:
+                    reports = self._reports[ordinal] = DeviceReports(dev, func)
+                checks = [self._check_launch(chk, dev, reports) for chk in sig.index_checks]
+        except CudaError as err:
+            if "CAPTURE" in str(err).upper():
+                raise InputError(f"the first call of {func.name} with these argument shapes came during CUDA graph "
+                                 "capture, which forbids loading its kernels; call it once before capturing "
+                                 "(torch.cuda.graph wants warm-up calls anyway)") from err
+            raise
+        finally:
+            if pushed:
+                dev.leave()
+        temp_bytes = [b.dtype.itemsize * int(np.prod([max(0, eval_expr(d, sig.params)) for d in b.shape],
+                                                     dtype=np.int64)) for b in self.temporaries]
+        return _CUDAPlan(sig, fw, dev, [x for x in launches if x is not None], checks, temp_bytes, reports)
+
+    def _device_of(self, sig: Signature, infos: Sequence[ArrayInfo]) -> int:
+        """The GPU of a call's arrays, which must all be on one, contiguous."""
+        first = None
+        for name, info in zip(sig.names, infos):
+            if info.device is None:
+                raise InputError(f"argument {name} of {sig.func} is a CPU {info.framework} tensor; move it to "
+                                 "the GPU with .cuda() (or pass NumPy arrays, which are copied)")
+            if first is None:
+                first = (name, info.device)
+            elif info.device != first[1]:
+                raise InputError(f"arguments {first[0]} (cuda:{first[1]}) and {name} (cuda:{info.device}) of "
+                                 f"{sig.func} are on different GPUs; move them to one")
+            if not info.contiguous:
+                raise InputError(f"argument {name} of {sig.func} is not contiguous (a transposed or strided view); "
+                                 f"pass {name}.contiguous(): CUDA kernels read dense row-major arrays")
+        return first[1] if first is not None else 0
+
+    def _launch(self, k: KernelSource, dev: Device, sig: Signature) -> _Launch | None:
+        grid = tuple(max(0, eval_expr(g, sig.params)) for g in k.grid)
+        if 0 in grid:
+            return None
+        index = {name: n for n, name in enumerate(sig.names)}
+        index.update({b.name: len(sig.names) + n for n, b in enumerate(self.temporaries)})
+        values: list[tuple[str, int | float]] = [("pointer", 0) for _ in k.args]
+        values += [("int32" if self.index32 else "int64", sig.params[p.name]) for p in k.params]
+        pointers = tuple((slot, index[b.name]) for slot, b in enumerate(k.args))
+        function = self._function(dev, k.name, self.cubin, k.dynamic_shared)
+        return _Launch(k.name, function, grid, k.block, k.dynamic_shared, KernelParams(values), pointers)  # type: ignore[arg-type]
+
+    def _check_launch(self, chk: IndexCheck, dev: Device, reports: DeviceReports) -> _Launch:
+        if self.check_cubin is None:
+            raise BuildError(f"{self.func.name} was built without its index-array checks; rebuild it with pt.build")
+        name = device_kernel(chk)
+        grid, block, scalars = device_launch(chk)
+        values: list[tuple[str, int | float]] = [("pointer", 0), *scalars, ("pointer", reports.word(chk))]
+        function = self._function(dev, name, self.check_cubin, 0)
+        return _Launch(name, function, grid, block, 0, KernelParams(values), ((0, chk.arg),))
+
+    def _function(self, dev: Device, name: str, cubin: bytes, shared: int):  # noqa: ANN202 - a CUfunction
+        key = (dev.ordinal, name)
+        if key not in self._functions:
+            _, fn = dev.load(cubin, name, shared)
+            self._functions[key] = fn
+        return self._functions[key]
 
 
-def _host_copy(a: object) -> np.ndarray | None:
-    if hasattr(a, "cpu"):
-        return a.cpu().numpy()  # type: ignore[attr-defined]
-    if hasattr(a, "get"):
-        return a.get()  # type: ignore[attr-defined]
-    return None
+@contextlib.contextmanager
+def _staged(plan: _CUDAPlan, arrays: Sequence[object], stream: int | None) -> Iterator[tuple[list[int], int]]:
+    """A call's arguments ready for repeated launches (``benchmark``): GPU arrays bound and their
+    index checks run once; NumPy arrays checked on the host and copied to device buffers."""
+    sig = plan.signature
+    if plan.framework.on_gpu:
+        pointers, _outputs, _alive, handle = plan.bind(arrays, stream)
+        if plan.checks:
+            plan.enqueue(pointers, handle, zero_outputs=False)
+            _synchronize_device(plan.device)
+            if plan.reports is not None:
+                plan.reports.raise_pending()
+        yield pointers, handle
+        return
+    hosts = [np.ascontiguousarray(a) for a in arrays[:sig.n_inputs]]
+    if plan.scans:
+        run_host_scans(sig.func, plan.scans, [int(a.ctypes.data) for a in hosts], arrays)
+    buffers = [_DeviceBuffer(plan.device, n) for n in [*sig.nbytes, *plan.temp_bytes]]
+    for a, buf in zip(hosts, buffers):
+        if a.nbytes:
+            plan.device.upload(buf.ptr, a)
+    yield [b.ptr for b in buffers], 0 if stream is None else stream
 
 
-def _allocate_like(like: object, shape: tuple[int, ...], dtype: DType, zero: bool) -> object:
-    if like is not None and type(like).__module__.startswith("torch"):
-        import torch
-        tdt = getattr(torch, dtype.name)
-        return (torch.zeros if zero else torch.empty)(shape, dtype=tdt, device=like.device)  # type: ignore[attr-defined]
-    if like is not None and type(like).__module__.startswith("cupy"):
-        import cupy
-        return (cupy.zeros if zero else cupy.empty)(shape, dtype=dtype.numpy)
-    return (np.zeros if zero else np.empty)(shape, dtype=dtype.numpy)
+def _pointer_device(ptr: int) -> int:
+    return gpu(0).pointer_device(ptr)
 
 
 def index32_ok(lowered: ir.LoweredFunc) -> bool:
@@ -326,7 +534,10 @@ def build_cuda_kernel(sched: object, lowered: ir.LoweredFunc, target: CUDATarget
                              f"memory, more than the {target.shared_per_block} a block of {target.name} "
                              f"({target.arch}) can have; use smaller tiles or fewer pipeline stages")
     cubin, resources = compile_cuda(source, target.arch)
+    func = sched.func  # type: ignore[attr-defined]
+    has_checks = any(t.value_range is not None or t.monotonic for t in func.inputs)
+    check_cubin = compile_cuda(DEVICE_SOURCE, target.arch)[0] if has_checks else None
     temps = [st.buffer for st in ir.walk_stmt(lowered.body)
              if isinstance(st, ir.Allocate) and st.buffer.scope == "global"]
-    func = sched.func  # type: ignore[attr-defined]
-    return CUDAKernel(func, lowered, source, kernels, cubin, resources, target, temps, idx32)
+    return CUDAKernel(func, lowered, source, kernels, cubin, resources, target, temps, idx32,
+                      check_cubin=check_cubin)

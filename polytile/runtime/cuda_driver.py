@@ -44,6 +44,7 @@ class Device:
     """The primary context of one GPU, with the few operations the worker needs."""
 
     def __init__(self, ordinal: int = 0, driver=None) -> None:
+        self.ordinal = ordinal
         self.cu = driver if driver is not None else load_driver()
         try:
             self._check(self.cu.cuInit(0), "cuInit")
@@ -104,8 +105,62 @@ class Device:
     def memset(self, ptr: int, byte: int, nbytes: int) -> None:
         self._check(self.cu.cuMemsetD8(ptr, byte, nbytes), "cuMemsetD8")
 
+    def memset_async(self, ptr: int, byte: int, nbytes: int, stream: int) -> None:
+        self._check(self.cu.cuMemsetD8Async(ptr, byte, nbytes, stream), "cuMemsetD8Async")
+
+    def host_alloc_mapped(self, nbytes: int) -> int:
+        """Pinned host memory that every context can map into its device's address space."""
+        (ptr,) = self._check(
+            self.cu.cuMemHostAlloc(nbytes, MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP),
+            f"cuMemHostAlloc({nbytes} bytes, mapped)",
+        )
+        return int(ptr)
+
+    def host_free(self, ptr: int) -> None:
+        self._check(self.cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+    def mapped_pointer(self, host_ptr: int) -> int:
+        """The device address of mapped pinned host memory."""
+        (ptr,) = self._check(self.cu.cuMemHostGetDevicePointer(host_ptr, 0), "cuMemHostGetDevicePointer")
+        return int(ptr)
+
+    def pointer_device(self, ptr: int) -> int:
+        """The ordinal of the GPU that device pointer ``ptr`` lives on."""
+        attr = self.cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        (ordinal,) = self._check(self.cu.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute")
+        return int(ordinal)
+
     def synchronize(self) -> None:
         self._check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (a kernel faulted?)")
+
+    def stream_synchronize(self, stream: int) -> None:
+        self._check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize (a kernel faulted?)")
+
+    # ---- contexts --------------------------------------------------------------------------------
+
+    def current_context(self) -> int:
+        """The calling thread's current context (0: none)."""
+        (ctx,) = self._check(self.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        return int(ctx)
+
+    def enter(self) -> bool:
+        """Make this device's context current on the calling thread if it is not (a thread that never
+        used CUDA, or one whose current device is another GPU); True when one was pushed, to be
+        popped by ``leave``."""
+        result = self.cu.cuCtxGetCurrent()  # every call of a kernel comes here: no _check unless it failed
+        if int(result[0]) != 0:
+            self._check(result, "cuCtxGetCurrent")
+        current = int(result[1])
+        if current == int(self.context):
+            return False
+        if current == 0:
+            self._check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            return False
+        self._check(self.cu.cuCtxPushCurrent(self.context), "cuCtxPushCurrent")
+        return True
+
+    def leave(self) -> None:
+        self._check(self.cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     # ---- kernels ---------------------------------------------------------------------------------
 
@@ -126,11 +181,10 @@ class Device:
     def unload(self, module) -> None:
         self._check(self.cu.cuModuleUnload(module), "cuModuleUnload")
 
-    def launch(self, function, grid, block, shared_bytes: int, params: KernelParams) -> None:
-        self._check(
-            self.cu.cuLaunchKernel(function, *grid, *block, shared_bytes, 0, params.address, 0),
-            "cuLaunchKernel",
-        )
+    def launch(self, function, grid, block, shared_bytes: int, params: KernelParams, stream: int = 0) -> None:
+        result = self.cu.cuLaunchKernel(function, *grid, *block, shared_bytes, stream, params.address, 0)
+        if int(result[0] if isinstance(result, tuple) else result) != 0:
+            self._check(result, "cuLaunchKernel")
 
     def time(
         self,
@@ -166,8 +220,13 @@ class Device:
         return statistics.median(times)
 
 
+MEMHOSTALLOC_PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context
+MEMHOSTALLOC_DEVICEMAP = 0x02  # CU_MEMHOSTALLOC_DEVICEMAP: mapped into the device address space
+
+
 class KernelParams:
-    """A `void**` array of kernel arguments, kept alive as long as this object."""
+    """A `void**` array of kernel arguments, kept alive as long as this object; `set` changes one
+    argument in place (a signature's launch packs its arguments once and sets the pointers per call)."""
 
     _CTYPES = {
         "int8": ctypes.c_int8,
@@ -191,3 +250,9 @@ class KernelParams:
             *[ctypes.addressof(h) for h in self._holders]
         )
         self.address = ctypes.addressof(self._array)
+
+    def set(self, index: int, value: int) -> None:
+        self._holders[index].value = value
+
+    def values(self) -> list[int | float]:
+        return [h.value for h in self._holders]

@@ -1,6 +1,6 @@
 """The GPU timing harness used by kernels, benchmarks and the tuner: CUDA events around the work on
-the default stream, warm-up first, an L2 flush before each timed run, the median; and the
-correctness measure ‖out − ref‖ / ‖ref‖."""
+its stream (the default one unless given), warm-up first, an L2 flush before each timed run, the
+median; and the correctness measure ‖out − ref‖ / ‖ref‖."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import numpy as np
 
 
 def time_gpu(fn: Callable[[], object], repeat: int = 50, warmup: int = 5, flush_l2: bool = True,
-             l2_bytes: int | None = None, min_time: float = 0.0, max_runs: int = 10_000) -> float:
-    """Median seconds of ``fn()`` (which launches GPU work on the default stream): at least ``repeat``
-    timed runs, more until the timed runs add up to ``min_time`` seconds (at most ``max_runs``)."""
+             l2_bytes: int | None = None, min_time: float = 0.0, max_runs: int = 10_000, stream: int = 0) -> float:
+    """Median seconds of ``fn()`` (which launches GPU work on ``stream``, the default stream unless
+    given): at least ``repeat`` timed runs, more until the timed runs add up to ``min_time`` seconds
+    (at most ``max_runs``)."""
     from .cuda_device import device
     dev = device()
     nbytes = 2 * (l2_bytes or dev.info.l2_bytes or 64 * 1024 * 1024)
@@ -23,29 +24,31 @@ def time_gpu(fn: Callable[[], object], repeat: int = 50, warmup: int = 5, flush_
         for _ in range(warmup):
             fn()
         dev.synchronize()
-        times = _timed_runs(dev, fn, max(1, repeat), flush, nbytes)
+        times = _timed_runs(dev, fn, max(1, repeat), flush, nbytes, stream)
         while sum(times) < min_time and len(times) < max_runs:
             # the runs so far give the time of one: enough more to reach min_time, in one batch
             more = math.ceil((min_time - sum(times)) / max(statistics.mean(times), 1e-7))
-            times += _timed_runs(dev, fn, min(max(more, 1), max_runs - len(times)), flush, nbytes)
+            times += _timed_runs(dev, fn, min(max(more, 1), max_runs - len(times)), flush, nbytes, stream)
     finally:
         if flush is not None:
             dev.free(flush)
     return statistics.median(times)
 
 
-def _timed_runs(dev, fn: Callable[[], object], runs: int, flush: int | None, nbytes: int) -> list[float]:  # noqa: ANN001
-    """Seconds of ``runs`` calls of ``fn``, each between two events (after an L2 flush when ``flush``)."""
+def _timed_runs(dev, fn: Callable[[], object], runs: int, flush: int | None, nbytes: int,  # noqa: ANN001
+                stream: int) -> list[float]:
+    """Seconds of ``runs`` calls of ``fn``, each between two events on ``stream`` (after an L2 flush
+    when ``flush``)."""
     cu = dev.cu
     events = []
     for _ in range(runs):
         start = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
         end = dev._check(cu.cuEventCreate(0), "cuEventCreate")[0]
         if flush is not None:
-            dev._check(cu.cuMemsetD8Async(flush, 1, nbytes, 0), "cuMemsetD8Async (L2 flush)")
-        dev._check(cu.cuEventRecord(start, 0), "cuEventRecord")
+            dev._check(cu.cuMemsetD8Async(flush, 1, nbytes, stream), "cuMemsetD8Async (L2 flush)")
+        dev._check(cu.cuEventRecord(start, stream), "cuEventRecord")
         fn()
-        dev._check(cu.cuEventRecord(end, 0), "cuEventRecord")
+        dev._check(cu.cuEventRecord(end, stream), "cuEventRecord")
         events.append((start, end))
     times = []
     for start, end in events:

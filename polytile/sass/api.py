@@ -14,11 +14,10 @@ as a function (`OptimizedKernel.kernel`), callable like the original.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from polytile import is_gpu_function, with_cubin
 from polytile.sass.agent import search
 from polytile.sass.analysis import KernelAnalysis
 from polytile.sass.cubin import Cubin
@@ -27,9 +26,6 @@ from polytile.sass.game import MeasurementFailed
 from polytile.sass.launch import CubinLaunch
 from polytile.sass.runner import Runner, RunnerSettings
 from polytile.sass.schedule import Schedule
-
-if TYPE_CHECKING:
-    from polytile.runtime.cuda import CUDAKernel
 
 _POLYTILE_OPTIONS = ("kernel_name", "name", "params")  # what polytile_launch takes besides the kernel
 
@@ -68,7 +64,7 @@ class OptimizedKernel:
     launch: CubinLaunch  # the launch with the optimized cubin
     schedule: Schedule
     report: OptimizationReport
-    kernel: CUDAKernel | None = None  # for a polytile function: the same function with the optimized cubin
+    kernel: object | None = None  # for a polytile function: the same function with the optimized cubin
 
     @property
     def cubin(self) -> bytes:
@@ -95,7 +91,7 @@ def analyse(launch: CubinLaunch, latency_overrides: dict[str, int] | None = None
 
 
 def _as_launch(kernel, example_inputs, options: dict) -> CubinLaunch:
-    """The CubinLaunch of `kernel` (a CubinLaunch, a polytile CUDAKernel or a `@triton.jit` function)."""
+    """The CubinLaunch of `kernel` (a CubinLaunch, a polytile GPU function or a `@triton.jit` function)."""
     if isinstance(kernel, CubinLaunch):
         if example_inputs is not None:
             raise TypeError(
@@ -105,9 +101,7 @@ def _as_launch(kernel, example_inputs, options: dict) -> CubinLaunch:
         if options:
             raise TypeError(f"options {sorted(options)} apply to polytile or Triton kernels, not a CubinLaunch")
         return kernel
-    from polytile.runtime.cuda import CUDAKernel
-
-    if isinstance(kernel, CUDAKernel):
+    if is_gpu_function(kernel):
         from polytile.sass.polytile_kernel import polytile_launch
 
         name = kernel.func.name
@@ -231,13 +225,9 @@ def optimize(
     return OptimizedKernel(optimized, chosen, report, _with_cubin(kernel, optimized.cubin))
 
 
-def _with_cubin(kernel, cubin: bytes) -> CUDAKernel | None:
-    """A polytile function like `kernel` running `cubin` (its loaded functions dropped); else None."""
-    from polytile.runtime.cuda import CUDAKernel
-
-    if not isinstance(kernel, CUDAKernel):
-        return None
-    return dataclasses.replace(kernel, cubin=cubin, _functions={})
+def _with_cubin(kernel, cubin: bytes) -> object | None:
+    """A polytile function like `kernel` running `cubin`; else (a cubin or Triton kernel) None."""
+    return with_cubin(kernel, cubin) if is_gpu_function(kernel) else None
 
 
 def _confirm(runner: Runner, original: bytes, candidate: bytes, rounds: int) -> tuple[float, float, float]:

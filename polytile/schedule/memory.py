@@ -1,4 +1,4 @@
-"""Memory primitives: where results live (store, store_at, set_loc, alloc_at) and caches.
+"""Memory primitives: where results live (store, store_at, set_loc) and caches.
 
 ``cache_identity`` copies the elements of a tensor that a computation reads inside one iteration
 of a loop into a local buffer (its footprint, computed symbolically by isl at lowering); ``cache``
@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..lang.tensor import Tensor
+from ..poly.cache import CacheRequest
+from ..poly.cache_check import check_buffers
+from ..poly.program import StageSchedule
 
 if TYPE_CHECKING:
-    from .state import Stage
+    from .state import Schedule, Stage
 
-LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "constant", "fragment")
+LOCATIONS = ("auto", "heap", "stack", "global", "shared", "local", "fragment")
 
 
 def _check_loc(stage: Stage, loc: str) -> str:
@@ -71,7 +74,14 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
                             "(cache_write); operands come from shared memory")
     if any(not isinstance(p, int) or p < 0 for p in pad):
         raise ScheduleError(f"cache {cname}: pad must be non-negative integers, got {pad!r}")
-    sched.caches.append(CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad)))
+    spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad))
+    sched.caches.append(spec)
+    try:
+        relaxed = frozenset(n for n, st in sched.states.items() if st.reassociate)
+        check_memory(sched, sched._original, sched.stage_schedules(), relaxed)
+    except BaseException:
+        sched.caches.remove(spec)  # transactional: a refused cache leaves the schedule as it was
+        raise
     return stage
 
 
@@ -126,7 +136,8 @@ def store(self: Stage, layout: Callable[..., object]) -> Stage:
 def store_at(self: Stage, level: str) -> Stage:
     """Keep only the elements written in one iteration of this computation's loop ``level``: the
     buffer is allocated inside that loop, sized to the iteration's footprint (storage folding).
-    Consumers fused inside that loop read from it; reads across iterations are rejected."""
+    Consumers fused inside that loop read from it; a value read in another iteration than the one
+    that wrote it is refused."""
     if any(o.name == self.name for o in self.schedule.func.outputs):
         raise ScheduleError(f"{self.name} is an output and is stored in the caller's array")
     st = self.schedule.state_copy(self.name)
@@ -136,16 +147,65 @@ def store_at(self: Stage, level: str) -> Stage:
 
 
 def set_loc(self: Stage, loc: str) -> Stage:
-    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local, constant."""
+    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local."""
     st = self.schedule.state_copy(self.name)
     st.loc = _check_loc(self, loc)
     self.schedule.commit(self.name, st)
     return self
 
 
-def alloc_at(self: Stage, level: str | None) -> Stage:
-    """Allocate this computation's buffer inside its loop ``level`` (None: at function entry)."""
-    st = self.schedule.state_copy(self.name)
-    st.alloc_level = _level(self, level)
-    self.schedule.commit(self.name, st)
-    return self
+# --- requests and legality ------------------------------------------------------------------------
+def cache_requests(sched: Schedule, copy_order: str = "cache") -> list[CacheRequest]:
+    """The buffers the schedule asks for (caches, then stored computations), for the polyhedral layer.
+
+    ``copy_order``: shared-memory copies loop over the tensor's indices (GPU: coalesced global
+    reads) when "source"; other copies loop over the cache's layout (dense loops, contiguous
+    packed writes)."""
+    requests = []
+    for c in sched.caches:
+        st = sched.states[c.consumer]
+        if c.level is not None and c.level not in st.loops.names:
+            raise ScheduleError(f"cache {c.name} of {c.tensor} is placed at loop {c.level} of {c.consumer}, which no "
+                                f"longer exists (its loops are {', '.join(st.loops.names)}); transform the loops "
+                                "before adding caches at them")
+        level = None if c.level is None else st.loops.index(c.level)
+        threads = frozenset(2 * st.loops.index(loop) + 1 for loop, tag in st.tags.items()
+                            if tag.startswith("threadIdx"))
+        # register tiles: dense loops to unroll; wgmma's operand tiles: contiguous shared-memory writes
+        order = c.copy_order or (copy_order if c.loc == "shared" else "cache")
+        layout, fill = c.layout, None
+        if c.loc == "fragment":
+            layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
+        requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
+                                     threads if c.loc == "shared" else frozenset(), order, c.also, threads,
+                                     c.pad, fill, c.whole))
+    for name, st in sched.states.items():
+        if st.store_level is not None or st.store_layout is not None:
+            if st.store_level is not None and st.store_level not in st.loops.names:
+                raise ScheduleError(f"{name} is stored at loop {st.store_level} (store_at), which no longer exists "
+                                    f"(its loops are {', '.join(st.loops.names)}); transform the loops first")
+            level = None if st.store_level is None else st.loops.index(st.store_level)
+            requests.append(CacheRequest("fold", name, name, level, folded_name(name), st.store_layout, st.loc))
+    return requests
+
+
+def check_memory(sched: Schedule, original: dict[str, StageSchedule], scheds: dict[str, StageSchedule],
+                 relaxed: frozenset[str] = frozenset()) -> None:
+    """Raise ScheduleError if a cache or stored buffer of ``sched`` cannot be built or breaks a
+    dependence, with the loops scheduled as ``scheds`` (``original``: the program order)."""
+    requests = cache_requests(sched)
+    if requests:
+        check_buffers(sched.program, original, scheds, requests, relaxed)
+
+
+def fragment_layout(*e: object) -> tuple[object, ...]:
+    """Where mma.m16n8 keeps accumulator element (row, col) of a warp tile: tile (row // 16,
+    col // 8), slot ((row % 16) // 8 * 2 + col % 2) of lane (row % 8, (col % 8) // 2) — the last two
+    dimensions are the lane (8 × 4 = 32), spread over the warp."""
+    *lead, r, c = e
+    return (*lead, r // 16, c // 8, (r % 16) // 8 * 2 + c % 2, r % 8, (c % 8) // 2)  # type: ignore[operator]
+
+
+def folded_name(comp: str) -> str:
+    """The buffer of a computation stored with a layout or inside a loop (store / store_at)."""
+    return f"{comp}_stored"

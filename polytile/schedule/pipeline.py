@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from ..intrinsics import tensor_intrinsic
 
 if TYPE_CHECKING:
     from .state import Stage
@@ -40,7 +41,8 @@ def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stag
     if not isinstance(inflight, int) or inflight < 0 or (inflight and stages - 1 - inflight < 1):
         raise ScheduleError(f"pipeline of {cache}: inflight={inflight!r} needs an integer ≥ 0 and at least "
                             f"inflight + 2 stages (got {stages})")
-    if inflight and not any(t == "tensorize_wgmma" for t in self.state.tags.values()):
+    tensorized = [t for t in map(tensor_intrinsic, self.state.tags.values()) if t is not None]
+    if inflight and not any(t.asynchronous for t in tensorized):
         raise ScheduleError(f"pipeline of {cache}: inflight applies to asynchronous MMA groups; tensorize "
                             f"{self.name} with 'wgmma_m64nNk16' first")
     sched.pipelines[cache] = stages
@@ -75,7 +77,7 @@ def _pipeline_fragments(stage: Stage, name: str, stages: int) -> Stage:
     base = name.removesuffix("_frag")
     spec = next((c for c in sched.caches if c.name == base and c.consumer == stage.name), None)
     st = stage.state
-    nest = next((lp for lp, t in st.tags.items() if t == "tensorize"), None)
+    nest = next((lp for lp, tag in st.tags.items() if getattr(tensor_intrinsic(tag), "fragment_loads", None)), None)
     if spec is None or nest is None or spec.loc != "shared":
         raise ScheduleError(f"pipeline: {name} names no operand fragments of {stage.name}; fragments come from "
                             "a shared cache read by a tensorized nest (tensorize first)")

@@ -17,10 +17,11 @@ from ..lang.tensor import ComputeTensor, Tensor
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
+from .memory import check_memory
 
-LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial", "tensorize", "tensorize_wgmma",
+LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[6:])
+PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
 
 
 @dataclass
@@ -59,7 +60,6 @@ class StageState:
     store_layout: object | None = None  # callable index -> storage index
     store_level: str | None = None
     loc: str = "auto"
-    alloc_level: str | None = None
     reassociate: bool = False  # the reduction's accumulation order may change
 
 
@@ -73,7 +73,6 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
-        self.auto_transfer = True
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()
@@ -173,6 +172,7 @@ class Schedule:
         if v is not None:
             raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                 + self._at_loop(v.dim, scheds, v.sink))
+        check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
@@ -247,7 +247,6 @@ class Stage:
 
     from .loops import apply_sch, fuse, reorder, reverse, separate, shift, skew, split, tile  # noqa: E402
     from .memory import (  # noqa: E402
-        alloc_at,
         cache,
         cache_identity,
         cache_write,

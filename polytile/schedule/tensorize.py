@@ -28,13 +28,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
+from ..intrinsics import tensor_intrinsic, tensor_intrinsics
 from ..lang.expr import BinOp, Cast, Expr, IterVar, Load, Reduce, walk
 
 if TYPE_CHECKING:
     from .state import CacheSpec, Stage
-
-INTRINSICS = {"mma_m16n8k16": (16, 8, 16), "wgmma_m64nNk16": (16, 8, 16)}
-
 
 def core_matrices(*e: object) -> tuple[object, ...]:
     """wgmma's shared layout without swizzling (tiles whose contiguous extent is not a multiple of
@@ -58,10 +56,12 @@ def _operand(e: Expr) -> Load | None:
 
 
 def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
-    """Compute the nest (``loop`` and the two loops inside it) with ``intrinsic``."""
-    if intrinsic not in INTRINSICS:
+    """Compute the nest (``loop`` and the two loops inside it) with ``intrinsic`` (a tensor intrinsic
+    of ``polytile.intrinsics``; the target's features are checked when it is lowered)."""
+    intr = tensor_intrinsic(intrinsic)
+    if intr is None:
         raise ScheduleError(f"tensorize of {self.name}: unknown intrinsic {intrinsic!r}; "
-                            f"supported: {', '.join(INTRINSICS)}")
+                            f"supported: {', '.join(t.name for t in tensor_intrinsics())}")
     sched = self.schedule
     comp = sched.computation(self.name)
     st = self.state
@@ -78,10 +78,10 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     a, b = _operand(body.body.a), _operand(body.body.b)
     if a is None or b is None:
         raise ScheduleError(f"tensorize of {self.name}: both factors must be tensor reads")
-    if a.dtype.name not in ("float16", "bfloat16") or b.dtype != a.dtype:
-        raise ScheduleError(f"tensorize of {self.name}: {intrinsic} needs float16 or bfloat16 operands of one "
-                            f"type, got {a.dtype} and {b.dtype}")
-    if comp.dtype.name != "float32":
+    if a.dtype.name not in intr.operand_dtypes or b.dtype != a.dtype:
+        raise ScheduleError(f"tensorize of {self.name}: {intrinsic} needs {' or '.join(intr.operand_dtypes)} "
+                            f"operands of one type, got {a.dtype} and {b.dtype}")
+    if comp.dtype.name != intr.accumulator:
         raise ScheduleError(f"tensorize of {self.name}: {intrinsic} accumulates in float32, the result is "
                             f"{comp.dtype}")
     stmt = sched.program.statements[self.name]
@@ -89,7 +89,7 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
         raise ScheduleError(f"tensorize of {self.name}: its iteration domain is not a box (a loop's bounds depend "
                             "on another loop); the instruction computes whole tiles")
     data = [d for d in stmt.dims if d not in stmt.reduce_dims]
-    want = INTRINSICS[intrinsic]
+    want = intr.nest
     roles = (data[-2], data[-1], None)
     for k, (name, extent, role) in enumerate(zip(loops.names[p:], want, roles)):
         lo, hi = sched.program.loop_range(self.name, loops, p + k)
@@ -127,7 +127,7 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
                 n *= hi - lo + 1
         return max(16, n)
 
-    wgmma = intrinsic.startswith("wgmma")
+    wgmma = intr.warpgroup  # four warps: the operands in the shared layouts the instruction reads
     if wgmma:
         _check_wgmma_operands(self.name, a, b, data, stmt.reduce_dims)
     for op in (a, b):
@@ -153,7 +153,7 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
         if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":
             sched.caches[k] = replace(c, whole=(1,) * (len(comp.shape) - 2) + (16, 8))
     new = sched.state_copy(self.name)
-    new.tags[loop] = "tensorize_wgmma" if wgmma else "tensorize"
+    new.tags[loop] = intr.name  # the lowering looks the intrinsic up by the tag
     sched.commit(self.name, new)
     return self
 

@@ -53,6 +53,18 @@ overlap is never perfect (this also orders configurations whose largest terms ti
 
 **Batch** = prologue (L_g, plus L_s with register pipelining) + (K steps) · round + epilogue (the
 float32 tile written back through DRAM). **Kernel** = sum over batches + launch overhead.
+
+**Warpgroup MMA** (Hopper, ``WgmmaConfig``: ``gemm_wgmma``'s block tile bm × bn × bk, S shared
+stages, f MMA groups left in flight) goes through the same batches and outer loop, with three
+differences: a block's K tile is bm/64 warpgroups each issuing ``wgmma.m64n{bn}k16``, which read
+their operands from shared memory, so
+
+    compute  = resident blocks · 2·bm·bn·bk / (wgmma FLOP per cycle per SM)
+    mma_wait = (one block's compute + wgmma latency) / (f + 1)    (a block waits for all but f groups)
+    shared   = resident blocks · ((bm + (bm/64)·bn)·bk reads + (bm + bn)·bk copies) · itemsize / bandwidth
+
+and the copies run S − 1 − f tiles ahead (L_g / (S − 1 − f); with none ahead, L_g plus a block's
+compute). Tiles live unpadded (swizzled) in shared memory: S · (bm + bn) · bk · itemsize bytes.
 """
 
 from __future__ import annotations
@@ -68,14 +80,19 @@ from .space import TuneError
 # accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096).
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
-                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32),
+                  dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_86": dict(mma_flops=512, l2_bytes_per_cycle=2048, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=16),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_89": dict(mma_flops=512, l2_bytes_per_cycle=2560, sm_l2_bytes_per_cycle=64, l2_latency=240,
-                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=24),
+                  dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
-                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, max_blocks_per_sm=32),
+                  dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128,
+                  wgmma_flops=4096, wgmma_latency=128),
 }
+# wgmma_flops: dense fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at
+# 1.83 GHz); wgmma_latency: cycles from issuing a K tile's group to its completion (approximate:
+# microbenchmarks of wgmma.m64nNk16 report on the order of a hundred cycles). Archs without them
+# have no warpgroup MMA.
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
 OVERLAP_LOSS = 0.1                # the share of the overlapped (non-maximal) terms that still shows
@@ -103,6 +120,8 @@ class Hardware:
     l2_latency: float
     dram_latency: float
     shared_latency: float
+    wgmma_flops: float = 0.0
+    wgmma_latency: float = 0.0
 
     @staticmethod
     def of(target: CUDATarget) -> Hardware:
@@ -110,7 +129,7 @@ class Hardware:
         ``target.extra`` (which overrides the table, e.g. ``extra={"mma_flops": 1024}``)."""
         key = (target.arch, target.sms, target.clock_hz, target.shared_per_sm, target.shared_per_block,
                target.registers_per_sm, target.max_threads_per_sm, target.max_threads_per_block,
-               target.dram_bandwidth, target.l2_bytes, tuple(sorted(target.extra.items())))
+               target.max_blocks_per_sm, target.dram_bandwidth, target.l2_bytes, tuple(sorted(target.extra.items())))
         hw = _HARDWARE.get(key)
         if hw is None:
             arch = target.arch.rstrip("af")
@@ -122,13 +141,14 @@ class Hardware:
                 shared_per_block=target.shared_per_block, registers_per_sm=target.registers_per_sm,
                 max_threads_per_sm=target.max_threads_per_sm,
                 max_threads_per_block=target.max_threads_per_block,
-                max_blocks_per_sm=int(facts["max_blocks_per_sm"]), mma_flops=facts["mma_flops"],
+                max_blocks_per_sm=target.max_blocks_per_sm, mma_flops=facts["mma_flops"],
                 shared_bytes_per_cycle=facts["shared_bytes_per_cycle"],
                 l2_bytes_per_cycle=facts["l2_bytes_per_cycle"],
                 sm_l2_bytes_per_cycle=facts["sm_l2_bytes_per_cycle"],
                 dram_bytes_per_cycle=target.dram_bandwidth / target.clock_hz, l2_bytes=target.l2_bytes,
                 l2_latency=facts["l2_latency"], dram_latency=facts["dram_latency"],
-                shared_latency=facts["shared_latency"])
+                shared_latency=facts["shared_latency"], wgmma_flops=facts.get("wgmma_flops", 0.0),
+                wgmma_latency=facts.get("wgmma_latency", 0.0))
         return hw
 
 
@@ -208,6 +228,92 @@ class TileConfig:
         regs = accumulators + fragments * self.reg_stages + copies * (2 if gather else 1) + 24
         return -(-regs // 8) * 8
 
+    # --- what ``estimate`` asks of a kind of schedule ---
+
+    @property
+    def lookahead(self) -> int:
+        """K tiles the copies run ahead of the compute."""
+        return self.stages - 1
+
+    def check(self, hw: Hardware) -> None:
+        check_tiles(self)
+
+    def compute_cycles(self, hw: Hardware, resident: int, itemsize: int) -> float:
+        """One K tile of ``resident`` blocks: the register-level load–use loop of all their warps."""
+        return _inner_cycles(self, hw, resident * self.warps, itemsize)
+
+    def shared_reads(self, itemsize: int) -> float:
+        """Bytes one block reads from shared memory per K tile (ldmatrix of its warps' fragments)."""
+        return self.warps * (self.bk // 16) * (self.wm + self.wn) * 16 * itemsize
+
+    def wait_terms(self, hw: Hardware, itemsize: int) -> dict[str, float]:
+        return {}
+
+    def prologue_cycles(self, hw: Hardware) -> float:
+        """Beyond the first tile's load: the first fragments' load with register pipelining."""
+        return hw.shared_latency if self.reg_stages >= 2 and self.bk > 16 else 0.0
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages and MMA groups left in
+    flight (``gemm_wgmma``'s parameters)."""
+
+    bm: int
+    bn: int
+    bk: int
+    stages: int = 1
+    inflight: int = 0
+
+    @staticmethod
+    def of(values: dict[str, object]) -> WgmmaConfig:
+        names = ("bm", "bn", "bk", "stages", "inflight")
+        return WgmmaConfig(**{k: int(values[k]) for k in names})  # type: ignore[call-overload]
+
+    @property
+    def warps(self) -> int:
+        return self.bm // 16  # bm/64 warpgroups of 4 warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_bytes(self, itemsize: int = 2) -> int:
+        """Operand tiles in shared memory (unpadded: swizzled core-matrix layouts), one per stage."""
+        return self.stages * (self.bm + self.bn) * self.bk * itemsize
+
+    def registers_per_thread(self, itemsize: int = 2, gather: bool = False) -> int:
+        """An estimate: the float32 accumulator (bn/2 per thread) and 64 for addresses and counters."""
+        return -(-(self.bn // 2 + 64) // 8) * 8
+
+    @property
+    def lookahead(self) -> int:
+        return self.stages - 1 - self.inflight
+
+    def check(self, hw: Hardware) -> None:
+        if self.bm % 64 or self.bn % 8 or not 8 <= self.bn <= 256 or self.bk % 16:
+            raise TuneError(f"tiles {self.bm}×{self.bn}×{self.bk} do not fit wgmma.m64nNk16 warpgroups")
+        if not hw.wgmma_flops:
+            raise TuneError("warpgroup MMA needs a Hopper GPU (sm_90a); this target has none")
+
+    def compute_cycles(self, hw: Hardware, resident: int, itemsize: int) -> float:
+        return resident * 2.0 * self.bm * self.bn * self.bk / hw.wgmma_flops
+
+    def shared_reads(self, itemsize: int) -> float:
+        """Each warpgroup's wgmma reads its 64 rows of A and all of B's tile from shared memory."""
+        return (self.bm + self.bm // 64 * self.bn) * self.bk * itemsize
+
+    def wait_terms(self, hw: Hardware, itemsize: int) -> dict[str, float]:
+        """A block waits until at most ``inflight`` of its MMA groups run: per K tile, its own compute
+        and the group latency, shared with the groups left in flight."""
+        return {"mma_wait": (self.compute_cycles(hw, 1, itemsize) + hw.wgmma_latency) / (self.inflight + 1)}
+
+    def prologue_cycles(self, hw: Hardware) -> float:
+        return 0.0
+
+
+GemmSchedule = TileConfig | WgmmaConfig
+
 
 @dataclass(frozen=True)
 class Occupancy:
@@ -224,7 +330,7 @@ class Occupancy:
         return min(self.limits, key=lambda k: self.limits[k])
 
 
-def occupancy(cfg: TileConfig, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
+def occupancy(cfg: GemmSchedule, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
     """N_mplx from shared memory, registers, threads and the block limit (0: the block does not fit)."""
     shared = cfg.shared_bytes(itemsize)
     regs = cfg.registers_per_thread(itemsize, gather)
@@ -276,11 +382,11 @@ def overlap(*terms: float) -> float:
     return top + OVERLAP_LOSS * (sum(terms) - top)
 
 
-def estimate(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> Estimate:
-    """The predicted time of ``shape`` scheduled with ``cfg`` on ``target`` (``seconds`` is inf when
-    a block does not fit on an SM)."""
-    check_tiles(cfg)
+def estimate(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> Estimate:
+    """The predicted time of ``shape`` scheduled with ``cfg`` (mma.sync tiles or warpgroup MMA) on
+    ``target`` (``seconds`` is inf when a block does not fit on an SM)."""
     hw = Hardware.of(target)
+    cfg.check(hw)
     it = shape.itemsize
     occ = occupancy(cfg, hw, it, shape.gather)
     blocks = shape.batch * -(-shape.m // cfg.bm) * -(-shape.n // cfg.bn)
@@ -296,23 +402,21 @@ def estimate(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> Estimate:
     # a tile arrives after the L2 (or DRAM, for the missing share) latency and its own transfer
     load_latency = (hw.l2_latency + miss * (hw.dram_latency - hw.l2_latency)
                     + tile_bytes / hw.sm_l2_bytes_per_cycle)
-    shared_traffic = cfg.warps * (cfg.bk // 16) * (cfg.wm + cfg.wn) * 16 * it + tile_bytes
-    pipelined_registers = cfg.reg_stages >= 2 and cfg.bk > 16
+    shared_traffic = cfg.shared_reads(it) + tile_bytes
+    pipelined = cfg.lookahead >= 1
 
     def batch(resident: int, active_sms: int) -> tuple[float, float, dict[str, float]]:
         """(cycles, round cycles, round terms) of a batch with ``resident`` blocks on each active SM."""
-        if cfg.stages >= 2:
-            latency = load_latency / (cfg.stages - 1)
+        if pipelined:
+            latency = load_latency / cfg.lookahead
         else:  # each block waits for its own loads; the other resident blocks fill the wait
-            latency = load_latency + _inner_cycles(cfg, hw, cfg.warps, it)
+            latency = load_latency + cfg.compute_cycles(hw, 1, it)
         moving = resident * active_sms * tile_bytes
-        terms = {"compute": _inner_cycles(cfg, hw, resident * cfg.warps, it), "latency": latency,
+        terms = {"compute": cfg.compute_cycles(hw, resident, it), "latency": latency,
                  "l2": moving / hw.l2_bytes_per_cycle, "dram": moving * miss / hw.dram_bytes_per_cycle,
-                 "shared": resident * shared_traffic / hw.shared_bytes_per_cycle}
+                 "shared": resident * shared_traffic / hw.shared_bytes_per_cycle, **cfg.wait_terms(hw, it)}
         round_cycles = overlap(*terms.values()) + SYNC_CYCLES
-        prologue = load_latency if cfg.stages >= 2 else 0.0
-        if pipelined_registers:
-            prologue += hw.shared_latency
+        prologue = (load_latency if pipelined else 0.0) + cfg.prologue_cycles(hw)
         epilogue = hw.dram_latency + moving / tile_bytes * cfg.bm * cfg.bn * 4 / hw.dram_bytes_per_cycle
         return prologue + steps * round_cycles + epilogue, round_cycles, terms
 
@@ -332,7 +436,7 @@ def estimate(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> Estimate:
                     shown[0])
 
 
-def _dram_bytes(shape: GemmShape, cfg: TileConfig, hw: Hardware, concurrent: int, batches: int,
+def _dram_bytes(shape: GemmShape, cfg: GemmSchedule, hw: Hardware, concurrent: int, batches: int,
                 steps: int) -> float:
     """DRAM reads of the whole kernel: the compulsory bytes when the operands fit in half the L2 (the
     rest holds other data), else each batch's distinct rows of A and columns of B (blocks are
@@ -347,7 +451,7 @@ def _dram_bytes(shape: GemmShape, cfg: TileConfig, hw: Hardware, concurrent: int
     return max(compulsory, batches * per_batch)
 
 
-def predict(shape: GemmShape, cfg: TileConfig, target: CUDATarget) -> float:
+def predict(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> float:
     """Predicted seconds of ``shape`` with ``cfg`` on ``target`` (inf: the block does not fit)."""
     return estimate(shape, cfg, target).seconds
 

@@ -21,6 +21,7 @@ from .records import Record, RecordLog
 from .search import TUNERS, Tuner, make_tuner
 from .space import TuneError
 from .task import Task, make_task
+from .workers import check_not_loading_main
 
 
 @dataclass
@@ -95,61 +96,130 @@ def tune_task(task: Task, trials: int = 64, records: str | Path | None = None, *
               on_trial: Callable[[Record], None] | None = None,
               measurer: Measurer | None = None) -> TuneResult:
     """Tune ``task`` until its records hold ``trials`` trials; see ``tune`` for the options.
-    ``measurer``: an open ``Measurer`` to reuse (kept open), e.g. by callers that interleave tasks."""
+    ``measurer``: an open ``Measurer`` to reuse (kept open), e.g. by callers that interleave tasks.
+    Every argument, the records file and (for a GPU target) the GPU are checked before anything runs."""
     start = time.perf_counter()
+    check_not_loading_main()
+    _check_count("trials", trials, "to build the best recorded configuration without tuning, use "
+                 "pt.tune.apply_best")
+    _check_count("batch_size", batch_size)
     log = RecordLog(records) if records is not None else None
+    if log is not None:
+        log.check(writable=True)  # never append to a file that is not ours, never fail after trial 1
     target_key = task.target.key
     prior = log.select(task.key, target_key) if log is not None else []
     history: list[Record] = list(prior)
     options = dict(tuner_options or {})
     owned = measurer is None
-    if options.get("feature") == "itervar":
-        measurer = measurer or Measurer(measure)
-        space = task.space
-        m = measurer
-        options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
-    if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
-        space = task.space
-        options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
-        task.predict([])  # fails now, with the reason, when the template has no model
-    search = make_tuner(tuner, task.space, seed, **options)
-    _replay(task, search, prior)
-    new = 0
-    if len(history) < trials:
-        measurer = measurer or Measurer(measure)
-        bar = _Progress(progress, trials, len(history), task.workload.key, task.flops)
-        try:
-            while len(history) < trials:
-                batch = search.next_batch(min(batch_size, trials - len(history)))
-                if not batch:
-                    break  # the space holds no unmeasured valid configuration
-                configs = [task.space.config(d) for d in batch]
-
-                def record(k: int, res: MeasureResult, configs: list[Any] = configs) -> None:
-                    rec = Record(task.key, target_key, task.template.name, configs[k].to_json(), res.status,
-                                 res.costs, res.error, search.name, len(history), time.time(), res.build_s,
-                                 res.run_s, task.flops)
-                    if log is not None:
-                        log.append(rec)
-                    history.append(rec)
-                    if on_trial is not None:
-                        on_trial(rec)
-                    bar.update(min(r.cost for r in history), sum(1 for r in history if not r.ok))
-
-                results = measurer.measure(task, [c.values for c in configs], record)
-                search.update(batch, [r.cost for r in results], [r.features for r in results])
-                new += len(batch)
-        finally:
-            bar.close()
-    result = TuneResult(task, history, _best(history), new_trials=new)
     try:
+        if options.get("feature") == "itervar":
+            measurer = measurer or Measurer(measure)
+            space = task.space
+            m = measurer
+            options["features_of"] = lambda ds: m.features(task, [space.config(d).values for d in ds])
+        if tuner in TUNERS and TUNERS[tuner].needs_model and "predict" not in options:
+            space = task.space
+            options["predict"] = lambda ds: task.predict([space.config(d).values for d in ds])
+            task.predict([])  # fails now, with the reason, when the template has no model
+        search = make_tuner(tuner, task.space, seed, **options)
+        if len(history) < trials and owned:
+            _check_device(task)
+        _replay(task, search, prior)
+        new = 0
+        if len(history) < trials:
+            measurer = measurer or Measurer(measure)
+            bar = _Progress(progress, trials, len(history), task.workload.key, task.flops)
+            try:
+                while len(history) < trials:
+                    batch = search.next_batch(min(batch_size, trials - len(history)))
+                    if not batch:
+                        break  # the space holds no unmeasured valid configuration
+                    configs = [task.space.config(d) for d in batch]
+
+                    def record(k: int, res: MeasureResult, configs: list[Any] = configs) -> None:
+                        rec = Record(task.key, target_key, task.template.name, configs[k].to_json(), res.status,
+                                     res.costs, res.error, search.name, len(history), time.time(), res.build_s,
+                                     res.run_s, task.flops)
+                        if log is not None:
+                            log.append(rec)
+                        history.append(rec)
+                        if on_trial is not None:
+                            on_trial(rec)
+                        bar.update(min(r.cost for r in history), sum(1 for r in history if not r.ok))
+
+                    results = measurer.measure(task, [c.values for c in configs], record)
+                    search.update(batch, [r.cost for r in results], [r.features for r in results])
+                    new += len(batch)
+            finally:
+                bar.close()
+        result = TuneResult(task, history, _best(history), new_trials=new)
         if build_best and result.best is not None:
             _finish(result, measure, verify and new > 0)  # complete records: the winner was checked
     finally:
         if owned and measurer is not None:
-            measurer.close()
+            measurer.close()  # also after Ctrl-C: no worker outlives the run
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _check_count(name: str, value: object, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TuneError(f"{name} must be a positive integer, got {value!r}" + (f"; {hint}" if hint else ""))
+
+
+def _check_device(task: Task) -> None:
+    """Measuring a GPU target needs a GPU here: say so before the first candidate is built."""
+    if task.target.kind != "cuda":
+        return
+    from ..runtime.cuda_device import gpu_available
+    if not gpu_available():
+        raise TuneError(f"no GPU found: tuning {task.workload.key} for {task.target.key} measures every "
+                        "candidate on the GPU; run it on a machine with an NVIDIA GPU, or tune for the CPU "
+                        "(target='cpu', --target cpu). Without a GPU, `polytile run` compiles a kernel for "
+                        "a CUDA target and reports its resources")
+
+
+def failure_summary(records: list[Record]) -> list[str]:
+    """One line per failure status of ``records``: its count and one example error, most frequent first."""
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        if not r.ok:
+            groups.setdefault(r.status, []).append(r)
+    return [f"{len(rs)} × {status}: {_gist(rs[0].error) or '(no message)'}"
+            for status, rs in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+
+
+def _gist(error: str, width: int = 240) -> str:
+    """The telling line of an error text: a traceback's last line, else the first, followed by the first
+    compiler diagnostic ("error: ...") when the first line only introduces them."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        text = lines[-1]
+    else:
+        text = lines[0]
+        diagnostic = next((ln for ln in lines[1:] if "error" in ln.lower()), None)
+        if text.endswith(":") and diagnostic is not None:
+            text = f"{text} {diagnostic}"
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def no_kernel_report(result: TuneResult, records: str | Path | None = None) -> str:
+    """Why a run returned no kernel: every trial failed (the reasons, grouped) or the best ones were
+    wrong at odd sizes; where each error is kept in full (``records``, the run's records file)."""
+    task = result.task
+    where = f"{task.workload.key} on {task.target.key}"
+    if not result.records:
+        return f"no trial of {where} was measured: the space holds no valid configuration"
+    if any(r.ok for r in result.records):
+        return (f"the best configurations of {where} were wrong at sizes that divide no tile: "
+                + "; ".join(result.notes))
+    lines = [f"every trial failed: no working configuration of {where} in {len(result.records)} trial(s):"]
+    lines += [f"  {line}" for line in failure_summary(result.records)]
+    if records is not None:
+        lines.append(f"each trial's error is in full in {records}")
+    return "\n".join(lines)
 
 
 def _best(history: list[Record]) -> Record | None:
@@ -196,18 +266,17 @@ def tune(op_or_func: object, *, target: object = "cpu", trials: int = 64, record
     analytical model, refined by measurements); ``feature`` ("knob" or "itervar") and ``objective``
     ("rank" or "reg") configure the XGBoost cost model. ``verify`` checks the
     winner at sizes that divide no tile before returning it (not when nothing new was measured).
-    Raises ``TuneError`` when no trial succeeded. The kernel's ``tune_result`` attribute holds the
-    records and the curve.
+    Raises ``TuneError`` before anything runs on bad arguments (counts below 1, a records path that
+    is not a records file or cannot be written, a CUDA target without a GPU), and at the end when no
+    trial succeeded (the failures grouped by status). The kernel's ``tune_result`` attribute holds
+    the records and the curve.
     """
     task = make_task(op_or_func, target, template, **shape)
     opts = {"feature": feature, "objective": objective} if tuner in ("xgb", "analytical+xgboost") else {}
     result = tune_task(task, trials, records, tuner=tuner, batch_size=batch_size, measure=measure, seed=seed,
                        progress=progress, verify=verify, tuner_options=opts)
     if result.kernel is None:
-        reasons = sorted({r.status for r in result.records})
-        raise TuneError(f"tuning {task.workload.key} on {task.target.key} found no working configuration "
-                        f"in {len(result.records)} trial(s) (statuses: {', '.join(reasons) or 'none'}); see "
-                        "the records' error fields")
+        raise TuneError(no_kernel_report(result, records))
     result.kernel.tune_result = result
     return result.kernel
 
@@ -219,8 +288,11 @@ def apply_best(op_or_func: object, records: str | Path, *, target: object = "cpu
     Raises ``TuneError`` when the records hold no successful trial of it on this target (records of
     other targets are never applied; the message lists the targets they hold).
     """
-    task = make_task(op_or_func, target, template, **shape)
     log = RecordLog(records)
+    log.check()
+    if not log.path.exists():
+        raise TuneError(f"records file {records} does not exist; tune with records={str(records)!r} first")
+    task = make_task(op_or_func, target, template, **shape)
     best = log.best(task.key, task.target.key)
     if best is None:
         others = sorted(log.targets_of(task.key) - {task.target.key})

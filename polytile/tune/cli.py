@@ -4,59 +4,33 @@ beside the vendor library, and optionally a plot of the best latency against tri
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..cli import ArgumentParser, interrupted, parse_shape, positive_int
 from .space import TuneError
 
 
-def parse_shape(op_name: str, text: str) -> dict[str, object]:
-    """``"M=512,N=512,K=512"`` or ``"512,512,512"`` (in the operator's argument order); text arguments
-    go by name (``dtype=float16``)."""
-    from .. import ops
-    if op_name not in ops.OPS:
-        raise TuneError(f"unknown operator {op_name!r}; known: {', '.join(sorted(ops.OPS))}")
-    signature = inspect.signature(ops.OPS[op_name]).parameters
-    params = [p for p in signature.values() if p.annotation in ("int", int)]
-    shape: dict[str, object] = {}
-    for k, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
-        if "=" in part:
-            key, value = (x.strip() for x in part.split("=", 1))
-        else:
-            if k >= len(params):
-                raise TuneError(f"--shape {text}: {op_name} takes {len(params)} sizes "
-                                f"({', '.join(p.name for p in params)})")
-            key, value = params[k].name, part
-        if key in signature and signature[key].annotation in ("str", str):
-            shape[key] = value
-            continue
-        try:
-            shape[key] = int(value)
-        except ValueError:
-            raise TuneError(f"--shape {text}: {value!r} is not an integer") from None
-    return shape
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polytile tune",
-                                description="Tune the schedule of an operator by measurement.")
+    from .search import TUNERS
+    p = ArgumentParser(prog="polytile tune", description="Tune the schedule of an operator by measurement.")
     p.add_argument("op", help="an operator of polytile.ops (matmul, conv2d, dense, softmax, …)")
     p.add_argument("--shape", required=True, help="sizes, e.g. M=512,N=512,K=512 or 512,512,512")
     p.add_argument("--target", default="cpu", help="cpu, cuda or cuda:sm_XX (default cpu)")
-    p.add_argument("--trials", type=int, default=64, help="trials the records should hold (default 64)")
+    p.add_argument("--trials", type=positive_int, default=64, help="trials the records should hold (default 64)")
     p.add_argument("--records", help="JSON-lines records file (resumes a killed run; default: none)")
-    p.add_argument("--plot", help="write a plot of best latency against trials to this PNG")
-    p.add_argument("--tuner", default="xgb",
-                   choices=["xgb", "random", "grid", "analytical", "analytical+xgboost"],
+    p.add_argument("--plot", help="write a plot of best latency against trials to this image (.png, .pdf, .svg)")
+    p.add_argument("--tuner", default="xgb", choices=list(TUNERS),
                    help="search strategy (the analytical ones need a template with a model: tensor cores)")
     p.add_argument("--feature", default="knob", choices=["knob", "itervar"], help="cost-model features")
     p.add_argument("--objective", default="rank", choices=["rank", "reg"], help="cost-model objective")
-    p.add_argument("--batch", type=int, default=8, help="candidates built in parallel per batch")
+    p.add_argument("--batch", type=positive_int, default=8, help="candidates built in parallel per batch")
     p.add_argument("--template", help="template name (default: the operator's first)")
     p.add_argument("--flush-cache", action="store_true", help="flush the CPU caches before every timed run")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best at odd sizes")
@@ -66,28 +40,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def tune_main(argv: list[str]) -> int:
-    """Entry point of ``polytile tune``; returns the exit status."""
+    """Entry point of ``polytile tune``; returns the exit status (130 after Ctrl-C, saying what the
+    records kept)."""
     args = build_parser().parse_args(argv)
+    measured: list[object] = []
+    try:
+        return _tune(args, measured.append)
+    except KeyboardInterrupt:
+        if args.records:
+            saved = (f"{len(measured)} new trial(s) are saved in {args.records} (records are append-only); "
+                     "run the same command again to resume")
+        else:
+            saved = (f"the {len(measured)} trial(s) measured were not kept; pass --records FILE to make a "
+                     "run resumable")
+        return interrupted("polytile tune", saved)
+
+
+def _tune(args: argparse.Namespace, on_trial: Any) -> int:
     from ..errors import PolytileError
-    from .api import tune_task
+    from .api import no_kernel_report, tune_task
     from .measure import MeasureOptions
     from .task import make_task
     try:
+        if args.plot:
+            check_plot_path(args.plot, args.records)
         shape = parse_shape(args.op, args.shape)
         task = make_task(args.op, args.target, args.template, **shape)
         model_tuner = args.tuner in ("xgb", "analytical+xgboost")
         opts = {"feature": args.feature, "objective": args.objective} if model_tuner else {}
-        result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
-                           measure=MeasureOptions(flush_cache=args.flush_cache), seed=args.seed,
-                           progress=not args.quiet, verify=not args.no_verify, tuner_options=opts)
+        with warnings.catch_warnings(record=True) as caught:  # printed below, one line each
+            warnings.simplefilter("always")
+            result = tune_task(task, args.trials, args.records, tuner=args.tuner, batch_size=args.batch,
+                               measure=MeasureOptions(flush_cache=args.flush_cache), seed=args.seed,
+                               progress=not args.quiet, verify=not args.no_verify, tuner_options=opts,
+                               on_trial=on_trial)
     except PolytileError as err:
         print(f"polytile tune: {err}", file=sys.stderr)
         return 2
     except ImportError as err:  # a missing optional dependency or backend (xgboost, CUDA)
         print(f"polytile tune: {err}; install polytile[tune] (and polytile[cuda] for GPUs)", file=sys.stderr)
         return 2
+    for w in caught:
+        print(f"polytile tune: warning: {w.message}", file=sys.stderr)
     if result.kernel is None:
-        print(f"polytile tune: no working configuration in {len(result.records)} trial(s)", file=sys.stderr)
+        print(f"polytile tune: {no_kernel_report(result, args.records)}", file=sys.stderr)
         return 1
     vendor = _report(result)
     if args.plot:
@@ -111,7 +107,7 @@ def _report(result: Any) -> float | None:
         except Exception as err:  # noqa: BLE001 - the table still shows the rest
             print(f"(default schedule unavailable: {err})", file=sys.stderr)
     vendor_time = None
-    if task.target.kind == "cpu":
+    if not task.target.has("gpu"):
         base = vendor_baseline(op)
         if base is not None:
             vendor_time = time_call(base[1], inputs)
@@ -136,6 +132,27 @@ def _report(result: Any) -> float | None:
     Console().print(table)
     print(f"best configuration: {result.best.config}")
     return vendor_time
+
+
+def check_plot_path(path: str | Path, records: str | Path | None = None) -> None:
+    """Raise ``TuneError`` before tuning when the plot could not be written to ``path``: an image type
+    matplotlib does not write, a missing or read-only folder, a directory, or the records file."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    out = Path(path)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise TuneError(f"--plot {path}: {'.' + suffix if suffix else 'no extension'} is not an image type "
+                        f"matplotlib writes; end the name with one of {', '.join('.' + k for k in sorted(kinds))}")
+    if out.is_dir():
+        raise TuneError(f"--plot {path} is a directory; give a file name such as {out / 'curve.png'}")
+    folder = out.parent
+    if not folder.is_dir():
+        raise TuneError(f"--plot {path}: folder {folder} does not exist; create it or give another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise TuneError(f"--plot {path} cannot be written (folder {folder} or the file is read-only)")
+    if records is not None and out.resolve() == Path(records).resolve():
+        raise TuneError(f"--plot {path} is the records file; give the plot another name")
 
 
 def plot_curve(curve: list[float], path: str | Path, title: str, vendor: float | None = None,

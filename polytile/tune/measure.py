@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DeviceError
 from .features import itervar_features
-from .space import InvalidConfig
+from .space import InvalidConfig, TuneError
 from .task import Task, Workload
 from .workers import Crashed, Outcome, Raised, Returned, TimedOut, WorkerPool
 
@@ -59,6 +59,16 @@ class MeasureOptions:
     threads: int = 0
     same_inputs: bool = False
     before_run: Callable[[Task, dict[str, object]], None] | None = None
+
+    def __post_init__(self) -> None:
+        at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "min_time": 0.0}
+        for name, low in at_least.items():
+            if not getattr(self, name) >= low:
+                raise TuneError(f"MeasureOptions.{name} must be at least {low}, got {getattr(self, name)!r}")
+        for name in ("build_timeout", "run_timeout"):
+            if not getattr(self, name) > 0:
+                raise TuneError(f"MeasureOptions.{name} must be a positive number of seconds, "
+                                f"got {getattr(self, name)!r}")
 
     def builder_count(self) -> int:
         return self.builders or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

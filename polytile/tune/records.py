@@ -4,7 +4,9 @@ One line per trial: workload key, target key, template, configuration, status, c
 timestamps and the tuner that proposed it. Lines are appended under an exclusive lock, flushed and
 fsynced before the next trial starts, so a killed run loses at most the trial in flight; a torn last
 line (the process died mid-write) is skipped when reading. The best configuration is looked up by
-workload *and* target: records of another machine are never applied.
+workload *and* target: records of another machine are never applied. A file that is not a records
+file (any line neither a record nor the torn start of one), a directory or a path that cannot be
+written is refused before the first trial (``RecordLog.check``), and nothing is appended to it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from .space import TuneError
 
 FORMAT_VERSION = 1
+LINE_START = '{"workload":'  # how every line ``Record.to_line`` writes begins (its first field)
 
 
 @dataclass
@@ -73,6 +76,37 @@ class RecordLog:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
+    def check(self, writable: bool = False) -> None:
+        """Raise ``TuneError`` unless ``path`` is a records file or absent (and, with ``writable``, can be
+        appended to): checked before tuning starts, so a user's other file is never touched."""
+        what = f"records file {self.path}"
+        if self.path.is_dir():
+            raise TuneError(f"{what} is a directory; give the path of a file in it, e.g. {self.path / 'tune.jsonl'}")
+        if self.path.exists():
+            if not self.path.is_file():
+                raise TuneError(f"{what} is not a regular file; give the path of a JSON-lines records file")
+            for _ in self:  # reading validates every line
+                pass
+        if writable:
+            self._check_writable(what)
+
+    def _check_writable(self, what: str) -> None:
+        if self.path.exists():
+            try:
+                with open(self.path, "ab"):  # appends nothing: the file is unchanged
+                    pass
+            except OSError as err:
+                raise TuneError(f"{what} cannot be written ({err.strerror}); make it writable or give "
+                                "another path") from None
+            return
+        folder = self.path.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise TuneError(f"{what} cannot be created: {folder} is not a directory")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise TuneError(f"{what} cannot be created: folder {folder} is not writable; give another path")
+
     def append(self, rec: Record) -> None:
         """Add one record durably (locked, flushed and fsynced)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,9 +136,14 @@ class RecordLog:
                 try:
                     d = json.loads(line)
                 except json.JSONDecodeError:
-                    continue  # a torn line from a killed run
+                    if line.startswith(LINE_START) or LINE_START.startswith(line):
+                        continue  # a torn line from a killed run
+                    d = None
                 if not isinstance(d, dict) or "workload" not in d or "target" not in d:
-                    raise TuneError(f"{self.path}:{lineno} is not a polytile tuning record")
+                    excerpt = line if len(line) <= 60 else line[:57] + "..."
+                    raise TuneError(f"{self.path} is not a polytile records file (line {lineno} reads "
+                                    f"{excerpt!r}); it was left untouched: give a new path or a records file "
+                                    "written by polytile tune")
                 if int(d.get("version", 1)) > FORMAT_VERSION:
                     raise TuneError(f"{self.path}:{lineno} was written by a newer polytile (format "
                                     f"{d['version']}); upgrade polytile to read it")

@@ -219,10 +219,10 @@ def _slog(x: float) -> float:
 
 def resource_limits(target: CPUTarget | CUDATarget) -> dict[str, float]:
     """The hard limits a configuration must respect on ``target`` (names used by ``cfg.resources``)."""
-    if isinstance(target, CUDATarget):
+    if target.has("gpu"):
         return {"threads_per_block": target.max_threads_per_block, "shared_bytes": target.shared_per_block,
-                "registers_per_block": target.registers_per_sm, "registers_per_thread": 255,
-                "vector_bytes": 16}
+                "registers_per_block": target.registers_per_block, "registers_per_thread": target.registers_per_thread,
+                "vector_bytes": target.vector_bits // 8}
     return {"vector_registers": 32 if target.vector_bits >= 512 else 16,
             "vector_lanes_fp32": target.vector_lanes(4), "threads": max(1, target.cores) * 64,
             "stack_bytes": 4 * 1024 * 1024}

@@ -172,7 +172,22 @@ def _func_op(func: Any) -> Any:
 
     flops = 0.0
     return Op(func.name, {}, func, lambda rng: [random_array(rng, s, d) for s, d in shapes], reference,
-              flops, 0.0, {}, tolerance=1e-4)
+              flops, 0.0, {}, tolerance=_func_tolerance(func))
+
+
+def _func_tolerance(func: Any) -> float:
+    """``dtypes.tolerance`` of the Func's outputs over its longest constant reduction (a schedule may
+    sum in another order than the unscheduled reference)."""
+    from ..dtypes import tolerance
+    longest = 1
+    for comp in func.computations:
+        terms = 1
+        for ax in comp.reduce_axes:
+            lo, hi = _const(ax.lo), _const(ax.hi)
+            terms *= hi - lo if lo is not None and hi is not None else 1
+        longest = max(longest, terms)
+    operands = func.inputs[0].dtype if func.inputs else None
+    return max(tolerance(out.dtype, longest, operands) for out in func.outputs)
 
 
 def _const(e: object) -> int | None:

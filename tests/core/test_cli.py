@@ -1,14 +1,10 @@
 """The command line: `polytile run`, `polytile ops`, and clear errors."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-
-HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
-needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
 
 
 def run(*args, env=None):
@@ -41,7 +37,7 @@ def test_unknown_operator_is_a_clear_error():
     assert "Traceback" not in proc.stderr
 
 
-@needs_nvcc
+@pytest.mark.needs_nvcc
 def test_run_cuda_without_gpu_compiles_and_reports_resources():
     proc = run("run", "matmul", "--shape", "64,48,40", "--target", "cuda:sm_90a", "--source",
                env={"POLYTILE_NO_GPU": "1"})
@@ -52,7 +48,7 @@ def test_run_cuda_without_gpu_compiles_and_reports_resources():
     assert "no GPU found: the kernel was compiled for sm_90a but not run" in proc.stdout
 
 
-@needs_nvcc
+@pytest.mark.needs_nvcc
 def test_run_cuda_tensor_cores_with_dtype():
     proc = run("run", "matmul", "--shape", "M=64,N=64,K=64", "--dtype", "float16", "--target", "cuda:sm_80",
                "--source", env={"POLYTILE_NO_GPU": "1"})
@@ -64,3 +60,50 @@ def test_unknown_cuda_architecture_is_a_clear_error():
     proc = run("run", "matmul", "--shape", "64,48,40", "--target", "cuda:sm_12", env={"POLYTILE_NO_GPU": "1"})
     assert proc.returncode == 2
     assert "'sm_12' is not a known architecture" in proc.stderr and "Traceback" not in proc.stderr
+
+
+BAD_ARGUMENTS = {
+    ("run", "matmull"): "unknown operator 'matmull'; known: batch_matmul, conv2d",
+    ("run", "matmul", "--shape", "512,,5"): "an empty entry; write sizes as 512,512,512",
+    ("run", "matmul", "--shape", "4.5,3,3"): "M must be an integer, got '4.5'",
+    ("run", "matmul", "--shape", "X=5"): "matmul has no argument 'X'; its arguments: M, N, K, dtype",
+    ("run", "matmul", "--shape", "4,4,4,4"): "matmul takes 3 sizes (M, N, K); got more",
+    ("run", "matmul", "--shape", "5"): "matmul also needs N, K (its sizes: M, N, K)",
+    ("run", "matmul", "--shape", "0,4,4"): "M must be at least 1, got 0",
+    ("run", "matmul", "--shape", "4,M=4"): "M is given twice",
+    ("run", "conv2d", "--shape", "N=1,C=4,H=8,W=8,K=4,R=3,S=3,padding=-1"): "padding must be at least 0",
+    ("run", "matmul", "--shape", "8,8,8", "--dtype", "float17"): "unknown dtype 'float17'; use one of float16",
+    ("run", "matmul", "--shape", "8,8,8,dtype=half8"): "unknown dtype 'half8'; use one of float16",
+    ("run", "matmul", "--shape", "8,8,8", "--target", "gpu"): "unknown target 'gpu'; use 'cpu', 'cuda'",
+    ("run", "dense", "--shape", "8,8,8,activation=gelu"): "unknown activation 'gelu'; use 'relu' or 'none'",
+    ("run", "matmul", "--repeat", "0"): "argument --repeat: expected a positive integer, got 0",
+    ("frobnicate",): "argument command: invalid choice: 'frobnicate' (choose from 'run', 'ops', 'tune', 'sass-opt')",
+    ("tune", "matmul", "--shape", "8,8,8", "--tuner", "genetic"): "invalid choice: 'genetic' (choose from 'xgb'",
+    ("tune", "matmul", "--shape", "8,8,8", "--target", "tpu"): "unknown target 'tpu'; use 'cpu', 'cuda'",
+    ("tune", "matmul", "--shape", "8,8;8"): "N must be an integer, got '8;8'",
+    ("tune", "spmm", "--shape", "8,8,8,8"): "no tuning template for operator 'spmm' on cpu; templates exist for",
+    ("tune", "matmul", "--shape", "8,8,8", "--template", "nosuch"): "no tuning template named 'nosuch'; known:",
+}
+
+
+@pytest.mark.parametrize("argv", list(BAD_ARGUMENTS), ids=lambda a: " ".join(a))
+def test_bad_arguments_are_one_line_errors_listing_the_choices(capsys, argv):
+    from polytile.cli import main
+    try:
+        rc = main(list(argv))
+    except SystemExit as exit_:  # argparse's usage errors
+        rc = exit_.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("polytile") and "Traceback" not in err, err
+    assert BAD_ARGUMENTS[argv] in lines[0]
+
+
+@pytest.mark.parametrize("op,dtype", [("layernorm", "bfloat16"), ("softmax", "float16"), ("matmul", "int8")])
+def test_run_judges_16_bit_and_integer_results_by_their_type(op, dtype):
+    proc = run("run", op, "--shape", "29,77" if op != "matmul" else "67,45,89", "--dtype", dtype, "--repeat", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "relative error" in ln)
+    assert "(ok)" in line
+    assert ("exact result required" in line) if dtype == "int8" else ("tolerance" in line)

@@ -83,17 +83,17 @@ def test_nested_reduction_becomes_its_own_tensor():
     assert [c.name for c in f.computations] == ["C_red", "C"]
 
 
-def test_params_collected_and_constraints_checked():
+def test_params_collected_and_constraints_checked(rng):
     N = pt.param("N")
     A = pt.placeholder((N,), "float32", "A")
     C = pt.compute((N,), lambda i: A[i] * 3.0, "C")
     f = pt.Func([A], [C], constraints=[N % 4 == 0])
     assert [p.name for p in f.params] == ["N"]
     kern = pt.build(f)
-    a = np.random.rand(8).astype("float32")
+    a = rng.random(8).astype("float32")
     np.testing.assert_allclose(kern(a), a * 3)
     with pytest.raises(pt.InputError, match="constraint"):
-        kern(np.random.rand(6).astype("float32"))
+        kern(rng.random(6).astype("float32"))
 
 
 def test_out_of_bounds_read_is_a_clear_error():
@@ -103,10 +103,10 @@ def test_out_of_bounds_read_is_a_clear_error():
         pt.create_schedule(pt.Func([A], [C]))
 
 
-def test_select_guards_out_of_bounds_reads():
+def test_select_guards_out_of_bounds_reads(rng):
     A = pt.placeholder((10,), "float32", "A")
     C = pt.compute((10,), lambda i: pt.select(i < 9, A[i + 1], 0.0), "C")
-    a = np.random.rand(10).astype("float32")
+    a = rng.random(10).astype("float32")
     out = pt.build(pt.Func([A], [C]))(a)
     np.testing.assert_allclose(out, np.append(a[1:], 0))
 

@@ -1,9 +1,6 @@
 """Non-affine programs: data-dependent bounds (segment sum, CSR SpMM) as local parameters, split and
 cached, against NumPy/SciPy — empty rows, a row longer than the tile — and no out-of-place reads."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -128,20 +125,10 @@ PLANTED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _asan_run(script: str) -> subprocess.CompletedProcess:
-    libs = [subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
-            for name in ("libasan.so", "libstdc++.so")]
-    if not all(lib and os.path.exists(lib) for lib in libs):
-        pytest.skip("AddressSanitizer runtime not installed")
-    # libstdc++ must be loaded with the sanitizer for the C++ exceptions of islpy to work under it
-    env = dict(os.environ, LD_PRELOAD=":".join(libs), ASAN_OPTIONS="detect_leaks=0:abort_on_error=0")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-
-
-def test_split_and_cached_segment_sum_reads_nothing_out_of_bounds():
+def test_split_and_cached_segment_sum_reads_nothing_out_of_bounds(asan_run):
     """The out-of-bounds read of apache/tvm#6596 (PLANT code 3.6) must not happen: under
     AddressSanitizer, with an offsets array of exactly M + 1 entries, the kernel runs clean."""
-    planted = _asan_run(PLANTED_SCRIPT)
+    planted = asan_run(PLANTED_SCRIPT)
     assert planted.returncode != 0 and "AddressSanitizer" in planted.stderr  # the harness can fail
-    proc = _asan_run(ASAN_SCRIPT)
+    proc = asan_run(ASAN_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]

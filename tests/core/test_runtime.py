@@ -78,13 +78,45 @@ def test_build_cache_reuses_library(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("pt_*.so"))) == 1
 
 
+def _dumps(path):
+    """(pass, text) of every file POLYTILE_DUMP wrote, in order."""
+    return [(p.name.split("-", 1)[1].removesuffix(".txt"), p.read_text()) for p in sorted(path.iterdir())]
+
+
 def test_dump_writes_every_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path))
     pt.lower(scale_func())
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names[0] == "scale.01-ast-to-ir.txt"
     assert any("vectorize" in n for n in names) and any("registers" in n for n in names)
-    assert "for i in [0, N)" in (tmp_path / names[-1]).read_text()
+    changed = [text for _, text in _dumps(tmp_path) if text != "(unchanged)\n"]
+    assert "for i in [0, N)" in changed[-1]
+
+
+def test_one_pass_list_guarded_by_target_features(tmp_path, monkeypatch):
+    """The CPU and the GPU run one list of passes: each target the passes its features allow, in the
+    list's order; a pass that changes nothing is logged as "(unchanged)"."""
+    from polytile.target import CUDATarget
+    monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path / "cpu"))
+    pt.lower(scale_func())
+    cpu = _dumps(tmp_path / "cpu")
+    assert [p for p, _ in cpu] == ["ast-to-ir", "allocate", "simplify", "unroll", "flatten", "simplify", "vectorize",
+                                   "simplify", "registers", "simplify"]
+    assert dict(cpu)["unroll"] == "(unchanged)\n" and dict(cpu)["flatten"] != "(unchanged)\n"
+
+    func = scale_func()
+    s = pt.create_schedule(func)
+    s["B"].split("j", 32, "jo", "ji").bind("i", "blockIdx.x").bind("ji", "threadIdx.x")
+    monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path / "sm_80"))
+    pt.lower(s, CUDATarget(arch="sm_80"))
+    gpu = _dumps(tmp_path / "sm_80")
+    assert [p for p, _ in gpu] == ["ast-to-ir", "allocate", "simplify", "tensorize", "fragments", "allreduce",
+                                   "kernels", "pipeline", "simplify", "unroll", "flatten", "simplify",
+                                   "gpu-vectorize", "registers", "barriers", "simplify", "pair-stores", "swizzle"]
+    assert dict(gpu)["tensorize"] == "(unchanged)\n" and "kernel" in dict(gpu)["kernels"]
+    monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path / "sm_90a"))
+    pt.lower(s, CUDATarget(arch="sm_90a"))
+    assert "async-proxy" in [p for p, _ in _dumps(tmp_path / "sm_90a")]  # guarded by wgmma
 
 
 def test_compiler_error_is_a_build_error():

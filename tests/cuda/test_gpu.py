@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import polytile as pt
@@ -135,3 +136,23 @@ def test_demo_runs_on_the_gpu():
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU: " in proc.stdout and proc.stdout.count("(ok)") == 4
+
+
+@pytest.mark.parametrize("name,shape", [("matmul", dict(M=67, N=45, K=89)), ("dense", dict(M=37, N=53, K=61)),
+                                        ("conv2d", dict(N=1, C=5, H=13, W=15, K=11, R=3, S=3, padding=1))])
+def test_int8_products_sum_in_int32_on_the_gpu(name, shape):
+    op = ops.get(name, **shape, dtype="int8")
+    rng = np.random.default_rng(7)
+    inputs = [rng.integers(-128, 128, a.shape).astype(np.int8) for a in op.make_inputs(rng)]
+    out = np.asarray(op.build("cuda")(*inputs))
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, op.reference(*inputs))  # NumPy in int32: exact
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+def test_16_bit_normalizations_on_the_gpu(name, dtype):
+    op = ops.get(name, M=37, N=101, dtype=dtype)
+    inputs = op.make_inputs(np.random.default_rng(8))
+    out = np.asarray(op.build("cuda")(*inputs))
+    assert ops.rel_error(out, op.reference(*inputs)) <= op.tolerance

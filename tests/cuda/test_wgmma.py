@@ -7,12 +7,12 @@ Regenerate the golden file after a reviewed change with POLYTILE_REGEN_GOLDEN=1.
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+from source_text import body
 
 import polytile as pt
 from polytile import ops
@@ -21,7 +21,6 @@ from polytile.ops.gpu_schedules import gemm_wgmma
 from polytile.target import CUDATarget
 
 GOLDEN = Path(__file__).parent / "golden"
-HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
 SM90A = CUDATarget(arch="sm_90a")
 
 
@@ -86,7 +85,8 @@ def test_inflight_needs_wgmma_and_stages():
 # --- the lowering's refusals -----------------------------------------------------------------------
 
 def test_wgmma_needs_sm90a():
-    with pytest.raises(LoweringError, match="only sm_90a"):
+    with pytest.raises(LoweringError, match=r"wgmma_m64nNk16 at loop i3, which needs wgmma .*sm_90a only.*"
+                                            r"use tensorize\(\.\.\., 'mma_m16n8k16'\)"):
         pt.lower(_sched(bm=128, bn=128, bk=64, stages=2), CUDATarget(arch="sm_80"))
 
 
@@ -105,11 +105,11 @@ def test_wgmma_each_warp_owns_16_rows():
 
 
 def test_wgmma_descriptors_match_the_layouts():
-    src = pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source
+    src = body(pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source)
     # A: K-major, 128-byte swizzle, 8-row groups 1024 B apart; B: N-major, 64-column groups of
     # 64 rows × 128 B (8192 B) apart, 8-row groups 1024 B apart
     assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 8192, 1024, 1\);", src)
-    src = pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source
+    src = body(pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source)
     # unswizzled core matrices: A's k groups 128 B apart, row groups 4 × 128 B; B's k groups
     # 5 × 128 B apart, column groups 128 B
     assert re.search(r"pt_wgmma_m64n40k16_f16\(&C_local\[0\], .*, 128, 512, 0, 640, 128, 0\);", src)
@@ -134,7 +134,7 @@ def _sass(cubin: bytes) -> str:
         return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+@pytest.mark.needs_nvcc
 @pytest.mark.parametrize("dtype,cfg", [
     ("float16", dict(bm=128, bn=256, bk=64, stages=4, inflight=1)),
     ("bfloat16", dict(bm=64, bn=40, bk=32, stages=3)),

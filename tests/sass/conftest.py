@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,9 +10,10 @@ import pytest
 
 from polytile.sass.cubin import Control, KernelText
 from polytile.sass.disasm import instruction_from_text
+from polytile.toolchain import arch_flags
 
 KERNELS = Path(__file__).parent / "kernels"
-ARCHS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-arch=sm_90"]}
+ARCHS = {"sm_90a": arch_flags("sm_90a"), "sm_90": ["-arch=sm_90"]}
 
 
 def _gpu_available() -> bool:
@@ -35,11 +35,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def sample_cubins(tmp_path_factory) -> dict[str, Path]:
+def sample_cubins(tmp_path_factory, nvcc) -> dict[str, Path]:
     """tests/sass/kernels/sample.cu built for sm_90a and sm_90."""
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    if not Path(nvcc).exists():
-        pytest.skip("nvcc is needed to build the test cubins")
     out = tmp_path_factory.mktemp("cubins")
     paths = {}
     for arch, flags in ARCHS.items():

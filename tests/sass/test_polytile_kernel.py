@@ -13,8 +13,7 @@ import pytest
 
 import polytile as pt
 from polytile import ops
-from polytile.errors import BuildError
-from polytile.runtime.cuda import CUDAKernel, eval_expr, nvcc
+from polytile.runtime.cuda import CUDAKernel, eval_expr
 from polytile.sass.api import analyse, optimize
 from polytile.sass.launch import Buffer, LaunchError, Scalar
 from polytile.sass.polytile_kernel import polytile_launch
@@ -23,27 +22,21 @@ from polytile.sass.runner import RunnerSettings
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_worker.py")]
 ARCH = "cuda:sm_90a"  # builds without a GPU; the GPU test builds for the GPU present
 
-
-@pytest.fixture(scope="module")
-def needs_nvcc() -> None:
-    try:
-        nvcc()
-    except BuildError:
-        pytest.skip("nvcc is needed to build polytile's CUDA kernels")
+pytestmark = pytest.mark.needs_nvcc  # every test builds polytile's CUDA kernels
 
 
 @pytest.fixture(scope="module")
-def matmul(needs_nvcc) -> CUDAKernel:
+def matmul() -> CUDAKernel:
     return ops.matmul(300, 200, 100).build(ARCH)  # sizes that do not divide the tiles
 
 
 @pytest.fixture(scope="module")
-def softmax(needs_nvcc) -> CUDAKernel:
+def softmax() -> CUDAKernel:
     return ops.softmax(37, 1000).build(ARCH)
 
 
 @pytest.fixture(scope="module")
-def two_kernels(needs_nvcc) -> CUDAKernel:
+def two_kernels() -> CUDAKernel:
     """C = A * 2 + 1 in two kernels through the global temporary B, with a size parameter N."""
     N = pt.param("N")
     A = pt.placeholder((N,), "float32", "A")
@@ -99,7 +92,7 @@ def test_size_parameters_and_temporaries(two_kernels):
     launch.check()
 
 
-def test_index_arrays_and_zero_initialised_outputs_are_passed_as_data(needs_nvcc):
+def test_index_arrays_and_zero_initialised_outputs_are_passed_as_data():
     op = ops.segment_sum(rows=50, nnz=400)
     kern = op.build(ARCH)
     offsets, x = op.make_inputs(np.random.default_rng(0))
@@ -152,7 +145,7 @@ def test_optimize_returns_a_polytile_function(softmax, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_optimized_softmax_computes_what_the_original_does(needs_nvcc):
+def test_optimized_softmax_computes_what_the_original_does():
     op = ops.softmax(300, 1000)
     kern = op.build("cuda")  # for the GPU present
     x = np.random.default_rng(3).standard_normal((300, 1000)).astype(np.float32)

@@ -12,7 +12,6 @@ cubins in tests/sass/kernels/triton, rebuilt by build.py there).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from polytile.sass.cubin import Control, Cubin
 from polytile.sass.disasm import DisassemblyError, disassemble, find_nvdisasm, parse_json
 from polytile.sass.isa import semantics
 from polytile.sass.schedule import DOWN, UP, Move, Schedule, random_legal
+from polytile.toolchain import arch_flags
 
 TRITON = Path(__file__).parent / "kernels" / "triton"
 BENCHMARK_KERNELS = Path(__file__).parents[2] / "benchmarks" / "kernels"
@@ -40,19 +40,15 @@ def nvdisasm() -> str:
 
 
 @pytest.fixture(scope="module")
-def benchmark_cubins(tmp_path_factory) -> dict[str, Path]:
+def benchmark_cubins(tmp_path_factory, nvcc) -> dict[str, Path]:
     """benchmarks/kernels/*.cu built by nvcc for sm_90a (as benchmarks/sass.py builds them)."""
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    if not Path(nvcc).exists():
-        pytest.skip("nvcc is needed to build the benchmark's CUDA C kernels")
     out = tmp_path_factory.mktemp("benchmark_cubins")
     jobs = {}
     for source in sorted(BENCHMARK_KERNELS.glob("*.cu")):
         target = out / f"{source.stem}.cubin"
-        arch = "-gencode=arch=compute_90a,code=sm_90a"
         jobs[source.stem] = (
             target,
-            subprocess.Popen([nvcc, "-cubin", "-O3", arch, "-o", str(target), str(source)]),
+            subprocess.Popen([nvcc, "-cubin", "-O3", *arch_flags("sm_90a"), "-o", str(target), str(source)]),
         )
     for _, process in jobs.values():
         assert process.wait() == 0

@@ -38,3 +38,21 @@ def misbehave(task, values) -> None:  # noqa: ANN001 - the runner's test hook
             time.sleep(1)
     if values.get("mode") == "device":
         raise pt.DeviceError("kernel rowsum: CUDA_ERROR_ILLEGAL_ADDRESS (simulated by a test)")
+
+
+def _never(op, target) -> bool:  # noqa: ANN001 - chosen only by name
+    return False
+
+
+@template("softmax", "cpu", name="failing_softmax_test", applies=_never)
+def failing_softmax(cfg, op):  # noqa: ANN001, ANN201 - a template
+    """Every configuration fails: one does not build, two compute another function."""
+    mode = cfg.knob("mode", ["no_such_loop", "doubled", "tripled"])
+    if mode == "no_such_loop":
+        sched = cfg.schedule(op.func)
+        sched["Y"].split("no_such_loop", 4, "a", "b")
+        return sched
+    shape = (op.shape["M"], op.shape["N"])
+    X = pt.placeholder(shape, "float32", "X")
+    scale = 2.0 if mode == "doubled" else 3.0
+    return cfg.schedule(pt.Func([X], [pt.compute(shape, lambda i, j: X[i, j] * scale, "Y")], name="scaled"))

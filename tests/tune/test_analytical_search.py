@@ -185,7 +185,7 @@ def test_tune_task_records_and_resumes_with_the_analytical_tuners(tmp_path, tune
 
 def test_tensor_core_templates_are_chosen_by_data_type():
     half = make_task("matmul", H100, M=256, N=256, K=256, dtype="float16")
-    assert half.template.name == "matmul_wgmma" and not half.has_model  # Hopper: warpgroup MMA first
+    assert half.template.name == "matmul_wgmma" and half.has_model  # Hopper: warpgroup MMA first
     ampere = CUDATarget(name="A100", arch="sm_80")
     assert make_task("matmul", ampere, M=256, N=256, K=256, dtype="float16").template.name == "matmul_tensorcore"
     assert make_task("matmul", H100, M=256, N=256, K=256).template.name == "matmul_cuda"
@@ -227,3 +227,19 @@ def test_wgmma_template_tunes_on_hopper(tmp_path):
                        measure=MeasureOptions(repeat=10, min_time=0.02))
     assert result.best is not None and result.kernel is not None and result.verified
     assert sum(r.ok for r in result.records) >= 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuner", ["analytical", "analytical+xgboost"])
+def test_analytical_tuners_on_the_wgmma_template(tmp_path, tuner):
+    """The README's `polytile tune matmul --target cuda ... --tuner analytical+xgboost` on Hopper."""
+    plot = tmp_path / "curve.png"
+    rc = tune_main(["matmul", "--target", "cuda", "--shape", "512,768,3072,dtype=float16", "--tuner", tuner,
+                    "--trials", "8", "--batch", "4", "--quiet", "--records", str(tmp_path / "r.jsonl"),
+                    "--plot", str(plot)])
+    assert rc == 0 and plot.exists()
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 and {r["tuner"] for r in lines} == {tuner}
+    if lines[0]["template"] != "matmul_wgmma":
+        pytest.skip("not an sm_90a GPU")
+    assert sum(r["status"] == "ok" for r in lines) >= 6

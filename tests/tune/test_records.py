@@ -53,7 +53,7 @@ def test_records_of_another_target_are_not_applied(tmp_path):
 def test_unknown_or_newer_files_are_refused(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"hello": 1}\n')
-    with pytest.raises(TuneError, match="not a polytile tuning record"):
+    with pytest.raises(TuneError, match="not a polytile records file"):
         list(RecordLog(bad))
     newer = tmp_path / "newer.jsonl"
     newer.write_text('{"workload": "w", "target": "t", "version": 99}\n')

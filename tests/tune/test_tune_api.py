@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -41,7 +44,7 @@ def test_errors_name_the_problem():
         tune("spmm", rows=8, cols=8, nnz=8, trials=1)
     with pytest.raises(TuneError, match="unknown tuner"):
         tune("softmax", M=8, N=8, trials=1, tuner="genetic")
-    with pytest.raises(TuneError, match="takes 3 sizes"):
+    with pytest.raises(pt.PolytileError, match="takes 3 sizes"):
         parse_shape("matmul", "1,2,3,4")
     assert parse_shape("matmul", "512,256,K=64") == {"M": 512, "N": 256, "K": 64}
 
@@ -61,3 +64,21 @@ def test_pt_tune_is_callable_and_the_package():
     import polytile.tune as package
     assert pt.tune is package and callable(pt.tune)
     assert pt.tune.MeasureOptions is MeasureOptions and pt.tune.template is package.template
+
+
+@pytest.mark.parametrize("attribute", ["apply_best", "MeasureOptions", "template", "TuneError"])
+def test_pt_tune_attributes_work_on_first_access_in_a_fresh_interpreter(attribute):
+    # as a user writes it: nothing imported polytile.tune before the first `pt.tune.<attribute>`
+    code = f"import polytile as pt; x = pt.tune.{attribute}; assert callable(pt.tune); print(x.__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == attribute
+
+
+def test_tuning_a_16_bit_softmax_checks_it_with_the_16_bit_tolerance():
+    kern = tune("softmax", M=24, N=40, dtype="float16", trials=2, batch_size=2, measure=FAST, progress=False)
+    res = kern.tune_result
+    assert res.failures == 0 and res.verified
+    op = ops.get("softmax", M=24, N=40, dtype="float16")
+    x = op.make_inputs(np.random.default_rng(3))
+    assert kern(*x).dtype == np.float16 and ops.rel_error(kern(*x), op.reference(*x)) <= op.tolerance

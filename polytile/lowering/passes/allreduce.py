@@ -11,6 +11,8 @@ from ...errors import LoweringError
 from .. import loopir as ir
 
 _OPS = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
+BLOCK_REDUCTIONS = frozenset(f"pt_block_allreduce_{name}" for name in _OPS.values())
+"""The device functions that combine a value over all threads of a block (every thread calls them)."""
 
 
 def _reduction_update(st: ir.Store) -> tuple[str, ir.Expr] | None:

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 
 from ... import dtypes
 from ...errors import LoweringError
+from ...intrinsics import instruction
 from ...target import CUDATarget
 from .. import loopir as ir
+from .allreduce import BLOCK_REDUCTIONS
 from .simplify import simplify_expr
 
 AXES = ("x", "y", "z")
@@ -76,9 +78,9 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
     grid: dict[str, ir.Expr] = {}
     info = _KernelInfo()
     _collect_threads(root, info, inside_thread=False)
-    if any(isinstance(e, ir.Call) and e.name.startswith("pt_mma") for e in ir.all_exprs(root)) or any(
+    if any(_warp_call(e) for e in ir.all_exprs(root)) or any(
             isinstance(e, ir.Var) and e.name == "threadIdx.x" for e in ir.all_exprs(root)):
-        # tensor-core instructions (and fragments) use the 32 lanes of a warp along threadIdx.x
+        # warp-wide instructions (tensor cores, and fragments) use the 32 lanes of a warp along threadIdx.x
         if info.block.get("x", 32) != 32:
             raise LoweringError(f"kernel {name} uses tensor cores: threadIdx.x is the warp's lane; bind the "
                                 "warps to threadIdx.y and threadIdx.z")
@@ -104,8 +106,7 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
         return threads(st, info, nthreads)
 
     body = _spread_shared_copies(blocks(root), info.block, nthreads)
-    if nthreads % 32 and any(isinstance(e, ir.Call) and e.name.startswith("pt_block_allreduce")
-                             for e in ir.all_exprs(body)):
+    if nthreads % 32 and any(isinstance(e, ir.Call) and e.name in BLOCK_REDUCTIONS for e in ir.all_exprs(body)):
         raise LoweringError(f"kernel {name} reduces across threads; its block must have a multiple of 32 "
                             f"threads (it has {nthreads})")
     for axis, ext in grid.items():
@@ -234,8 +235,12 @@ def _single_thread(st: ir.Stmt, block: dict[str, int]) -> ir.Stmt:
 def _per_lane(st: ir.Stmt) -> bool:
     """Warp-level code (fragments, tensor-core instructions) that every lane runs: its thread loops
     had one iteration and vanished, but it is written for the 32 lanes of a warp."""
-    return any((isinstance(e, ir.Var) and e.name == "threadIdx.x") or
-               (isinstance(e, ir.Call) and e.name.startswith(("pt_mma", "pt_ldmatrix"))) for e in ir.all_exprs(st))
+    return any((isinstance(e, ir.Var) and e.name == "threadIdx.x") or _warp_call(e) for e in ir.all_exprs(st))
+
+
+def _warp_call(e: ir.Expr) -> bool:
+    """A call of an instruction that all lanes of a warp execute together (``polytile.intrinsics``)."""
+    return isinstance(e, ir.Call) and getattr(instruction(e.name), "warp", False)
 
 
 def _is_copy_store(st: ir.Store) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from ... import dtypes
 from ...errors import LoweringError
+from ...intrinsics import instruction
 from .. import loopir as ir
 from .barriers import SYNC
 from .simplify import simplify_expr
@@ -53,7 +54,7 @@ def _stores_to(st: ir.Stmt) -> set[str]:
     """The buffers ``st`` writes: stores, and the fragments ``ldmatrix`` fills (its first argument)."""
     out = {x.buffer.name for x in ir.walk_stmt(st) if isinstance(x, ir.Store)}
     for x in ir.walk_stmt(st):
-        if isinstance(x, ir.Evaluate) and x.call.name.startswith("pt_ldmatrix"):
+        if isinstance(x, ir.Evaluate) and getattr(instruction(x.call.name), "loads_fragment", False):
             dst = x.call.args[0]
             assert isinstance(dst, ir.Load)
             out.add(dst.buffer.name)

@@ -11,6 +11,7 @@ unswizzled address and the hardware applies the swizzle.
 from __future__ import annotations
 
 from ...errors import LoweringError
+from ...intrinsics import instruction
 from .. import loopir as ir
 
 
@@ -43,7 +44,7 @@ class _Swizzle(ir.Mutator):
         return ir.Store(s.buffer, idx, self.expr(s.value))
 
     def visit_Evaluate(self, s: ir.Evaluate) -> ir.Stmt:
-        if s.call.name.startswith("pt_wgmma_m64"):
+        if getattr(instruction(s.call.name), "descriptors", False):
             return s  # the descriptors hold the unswizzled address: the hardware applies the swizzle
         return self.default_stmt(s)
 

@@ -1,5 +1,6 @@
-"""Tensor cores: the loop nests tagged ``tensorize`` become ``mma.sync.m16n8k16`` instructions whose
-operands are loaded from shared memory with ``ldmatrix``.
+"""Tensor cores: the loop nests tagged with a tensor intrinsic (``polytile.intrinsics``) become its
+instructions. ``mma_m16n8k16`` nests become ``mma.sync.m16n8k16`` instructions whose operands are
+loaded from shared memory with ``ldmatrix``.
 
 Within the two loops around a nest (the warp's tiles along m and n), the operand fragments are
 loaded once per tile row and per tile column into registers and reused by every product:
@@ -11,7 +12,7 @@ Loops at the edges of the tensors are run over their full range: the operand til
 with zeros past the tensors' ends, so the extra products add zeros, and the write-back of the
 accumulator tests the bounds.
 
-Nests tagged for Hopper's warpgroup MMA (``tensorize_wgmma``) go through the same walk — full
+Nests tagged for Hopper's warpgroup MMA (``wgmma_m64nNk16``, a warpgroup intrinsic) go through the same walk — full
 ranges, the loops around the nest — and become ``wgmma`` instructions (passes/wgmma.py); the walk
 also keeps whole warpgroups together (no guard on a warp's rows around such a nest, warp loops
 rounded up to four warps).
@@ -23,10 +24,11 @@ from dataclasses import replace
 
 from ... import dtypes
 from ...errors import LoweringError
+from ...intrinsics import tensor_intrinsic
 from .. import loopir as ir
 from .nest import parse_nest
 from .simplify import Simplifier, simplify_expr
-from .wgmma import WGMMA_KIND, WgmmaNest, warpgroup_mma, wgmma_group
+from .wgmma import WgmmaNest, warpgroup_mma, wgmma_group
 
 U32 = dtypes.DType("uint32", "uint", 32)
 
@@ -75,7 +77,9 @@ class _Nest:
         self.b = ir.Load(b.buffer, tuple(_at_origin(x, names) for x in b.index))
         self.lda = a.buffer.shape[-1]
         self.ldb = b.buffer.shape[-1]
-        self.intrinsic = f"pt_mma_m16n8k16_{'f16' if self.dtype.name == 'float16' else 'bf16'}"
+        intrinsic = tensor_intrinsic(loop.kind)
+        assert intrinsic is not None
+        self.instruction = intrinsic.product(self.dtype.name).name
 
 
 def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None:
@@ -114,7 +118,17 @@ def _fits(nests: list[_Nest], bounds: dict[str, tuple[float, float]]) -> bool:
 
 
 def _nests(s: ir.Stmt) -> list[ir.For]:
-    return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and x.kind in ("tensorize", WGMMA_KIND)]
+    return [x for x in ir.walk_stmt(s) if isinstance(x, ir.For) and tensor_intrinsic(x.kind) is not None]
+
+
+def _warpgroup(s: ir.Stmt) -> bool:
+    """Whether ``s`` is a nest tensorized with an intrinsic that four warps issue together (wgmma)."""
+    return isinstance(s, ir.For) and getattr(tensor_intrinsic(s.kind), "warpgroup", False)
+
+
+def _per_warp(s: ir.Stmt) -> bool:
+    """Whether ``s`` is a nest tensorized with an intrinsic each warp issues on its fragments (mma.sync)."""
+    return isinstance(s, ir.For) and tensor_intrinsic(s.kind) is not None and not _warpgroup(s)
 
 
 def _inside_nest(st: ir.Stmt, root: ir.Stmt) -> bool:
@@ -123,7 +137,7 @@ def _inside_nest(st: ir.Stmt, root: ir.Stmt) -> bool:
 
 
 def _make_nest(loop: ir.For) -> _Nest | WgmmaNest:
-    return WgmmaNest(loop) if loop.kind == WGMMA_KIND else _Nest(loop)
+    return WgmmaNest(loop) if _warpgroup(loop) else _Nest(loop)
 
 
 class _Tensorize(ir.Mutator):
@@ -144,13 +158,13 @@ class _Tensorize(ir.Mutator):
         # a guard around wgmma nests only (the rows or columns of a partial tile: isl cuts the
         # domain per warp) would leave part of a warpgroup out of its collective instruction; the
         # instruction computes whole zero-filled tiles and the write-back has its own guard
-        if s.orelse is None and any(n.kind == WGMMA_KIND for n in _nests(s.then)) and all(
+        if s.orelse is None and any(_warpgroup(n) for n in _nests(s.then)) and all(
                 _inside_nest(st, s.then) for st in ir.walk_stmt(s.then) if isinstance(st, ir.Store)):
             return self.stmt(s.then)
         return self.default_stmt(s)
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
-        nests = [_make_nest(n) for n in _nests(s)] if s.kind not in ("tensorize", WGMMA_KIND) else []
+        nests = [_make_nest(n) for n in _nests(s)] if tensor_intrinsic(s.kind) is None else []
         inside = bool(nests) and all(
             n.accesses[1].buffer.name in self.shared and n.accesses[2].buffer.name in self.shared for n in nests)
         # the outermost loop inside the operands' tiles holding wgmma nests: its instructions are
@@ -193,19 +207,18 @@ class _Tensorize(ir.Mutator):
             self.threads[s.kind] = s
         try:
             inner = ir.unguard(s.body)
-            if isinstance(inner, ir.For) and inner.kind == WGMMA_KIND:  # the warp's column tiles and the nest
-                return self.wgmma(WgmmaNest(inner), s)
-            if s.kind == WGMMA_KIND:
+            if _warpgroup(inner):  # the warp's column tiles and the nest
+                return self.wgmma(WgmmaNest(inner), s)  # type: ignore[arg-type]
+            if _warpgroup(s):
                 return self.wgmma(WgmmaNest(s), None)
             # two loops (tile rows, tile columns) around a tensorized nest: share the fragments
-            if isinstance(inner, ir.For) and isinstance(ir.unguard(inner.body), ir.For) and \
-                    ir.unguard(inner.body).kind == "tensorize":  # type: ignore[union-attr]
+            if isinstance(inner, ir.For) and _per_warp(ir.unguard(inner.body)):
                 nest = _Nest(ir.unguard(inner.body))  # type: ignore[arg-type]
                 mi, nj = s.var.name, inner.var.name
                 if not any(ir.uses_var(x, mi) for x in nest.b.index) and \
                         not any(ir.uses_var(x, nj) for x in nest.a.index):
                     return self.shared_fragments(s, inner, nest)
-            if s.kind == "tensorize":
+            if _per_warp(s):
                 return self.single(_Nest(s))
             return self.default_stmt(s)
         finally:
@@ -227,7 +240,7 @@ class _Tensorize(ir.Mutator):
         """Ranges of the loops inside ``loop`` down to the nests, at their largest."""
         out: dict[str, tuple[float, float]] = {}
         for x in ir.walk_stmt(loop.body):
-            if isinstance(x, ir.For) and x.kind != "tensorize":
+            if isinstance(x, ir.For) and tensor_intrinsic(x.kind) is None:
                 full = _full(x, self.bounds)
                 out[x.var.name] = _span(full if full is not None else x, {**self.bounds, **out})
         return out
@@ -246,7 +259,7 @@ class _Tensorize(ir.Mutator):
         body = ir.block([
             ir.call_stmt("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
             ir.call_stmt("pt_ldmatrix_b_trans", ir.Load(bfrag, zero), nest.b, nest.ldb),
-            ir.call_stmt(nest.intrinsic, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
+            ir.call_stmt(nest.instruction, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
         ])
         return ir.Allocate(afrag, ir.Allocate(bfrag, body))
 
@@ -279,7 +292,7 @@ class _Tensorize(ir.Mutator):
         else:
             load_b = replace(inner, kind="unroll", body=ir.call_stmt(
                 "pt_ldmatrix_b_trans", ir.Load(bfrag, (b_rel, ir.const(0))), nest.b, nest.ldb))
-        mma = ir.call_stmt(nest.intrinsic, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
+        mma = ir.call_stmt(nest.instruction, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
                            ir.Load(bfrag, (b_rel, ir.const(0))))
         products = replace(outer, body=replace(inner, body=mma, kind="unroll"), kind="unroll")
         return ir.Allocate(afrag, ir.Allocate(bfrag, ir.block([load_a, load_b, products])))

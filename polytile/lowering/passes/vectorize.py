@@ -4,7 +4,7 @@ The loop variable becomes ``ramp(lo, 1, lanes)``; operations on it widen (scalar
 and stores with a ramp index move contiguous elements, other indices gather or scatter. Loops that
 cannot be vectorized this way (a scalar store fed by vector values, math calls, vector conditions
 in control flow, bool values other than comparisons) stay scalar loops with a SIMD hint for the C
-compiler.
+compiler (none around a parallel loop: OpenMP forbids a parallel region inside a simd loop).
 
 The only vector booleans are comparisons: in C they are integer masks (0 or -1 per lane), which
 ``Select`` takes as its condition and the printer turns into 0 or 1 when cast to a number. Bool
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...target import CPUTarget, CUDATarget
+from ...target import CPUTarget
 from .. import loopir as ir
 from .simplify import simplify_expr
 
@@ -84,6 +84,9 @@ class _Widen(ir.Mutator):
             width = _cmp_width(c)
             if width != e.dtype.itemsize:
                 raise CannotVectorize("a vector condition of another element size")
+            # both sides are evaluated in every lane: the loads a lane's condition guards must stay
+            # inside their buffers where it does not hold
+            a, b = _InBounds().expr(a), _InBounds().expr(b)
         return ir.Select(c, _widen(a, self.lanes), _widen(b, self.lanes))
 
     def visit_Cast(self, e: ir.Cast) -> ir.Expr:
@@ -138,6 +141,24 @@ class _Widen(ir.Mutator):
         raise CannotVectorize("a call statement inside the loop")
 
 
+class _InBounds(ir.Mutator):
+    """Vector loads whose lanes a select may discard: each lane's index clamped into its buffer, so
+    that a lane evaluated for nothing reads an element of the buffer, never past it (the lanes a
+    select keeps are those whose guard holds, whose indices the clamp leaves alone)."""
+
+    def visit_Load(self, e: ir.Load) -> ir.Expr:
+        idx = tuple(self.expr(i) for i in e.index)
+        if len(idx) != 1 or idx[0].lanes == 1:
+            return ir.Load(e.buffer, idx)
+        (i,) = idx
+        size = e.buffer.shape[0] if e.buffer.shape else ir.const(1)
+        for d in e.buffer.shape[1:]:
+            size = ir.BinOp("*", size, d)
+        last = simplify_expr(ir.BinOp("-", size, ir.const(1)))
+        clamped = ir.BinOp("min", ir.BinOp("max", i, ir.Broadcast(ir.const(0), i.lanes)), ir.Broadcast(last, i.lanes))
+        return ir.Load(e.buffer, (clamped,))
+
+
 def _widest(body: ir.Stmt) -> int:
     sizes = [st.buffer.dtype.itemsize for st in ir.walk_stmt(body) if isinstance(st, ir.Store)]
     sizes += [e.buffer.dtype.itemsize for e in ir.all_exprs(body) if isinstance(e, ir.Load)]
@@ -161,10 +182,10 @@ class _Vectorize(ir.Mutator):
             return replace(s, body=body)
         ext = simplify_expr(s.extent)
         if not isinstance(ext, ir.Const):
-            return replace(s, body=body)
+            return _scalar(s, body)
         lanes = int(ext.value)
         if lanes < 2 or lanes & (lanes - 1) or lanes > self.max_lanes:
-            return replace(s, body=body)
+            return _scalar(s, body)
         # wider than the machine: one native-width vector per chunk, so that every access of a
         # buffer has the same width (register promotion needs that)
         native = max(2, self.native_bits // (8 * _widest(body)))
@@ -173,12 +194,17 @@ class _Vectorize(ir.Mutator):
             chunks = [_Widen(s.var.name, width, ir.BinOp("+", s.lo, ir.const(k * width))).stmt(body)
                       for k in range(lanes // width)]
         except CannotVectorize:
-            return replace(s, body=body)
+            return _scalar(s, body)
         return ir.block(chunks)
 
 
-def vectorize_loops(s: ir.Stmt, target: CPUTarget | CUDATarget) -> ir.Stmt:
+def _scalar(s: ir.For, body: ir.Stmt) -> ir.For:
+    """A ``vectorize`` loop left scalar keeps its SIMD hint for the C compiler, unless a parallel loop
+    runs inside it: OpenMP allows no parallel region inside a simd loop (the parallel loop wins)."""
+    nested = any(isinstance(st, ir.For) and st.kind == "parallel" for st in ir.walk_stmt(body))
+    return replace(s, body=body, kind="serial" if nested else s.kind)
+
+
+def vectorize_loops(s: ir.Stmt, target: CPUTarget) -> ir.Stmt:
     """Turn vectorizable ``vectorize`` loops into vector statements (others keep a SIMD hint)."""
-    if isinstance(target, CUDATarget):
-        return s  # GPU vector accesses are made by the GPU passes
     return _Vectorize(target.vector_bits, MAX_LANES).stmt(s)

@@ -1,4 +1,4 @@
-"""Hopper's warpgroup MMA: the nests tagged ``tensorize_wgmma`` become ``wgmma.mma_async`` instructions.
+"""Hopper's warpgroup MMA: the nests tagged ``wgmma_m64nNk16`` become ``wgmma.mma_async`` instructions.
 
 A nest is one warp's 16×8×16 share of the product; the loop around it runs over the warp's 8-column
 tiles (N = 8 × its extent), and the four warps of a warpgroup are four consecutive 16-row tiles of
@@ -31,16 +31,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ...errors import LoweringError
+from ...intrinsics import WGMMA_M64NNK16, WGMMA_N, instruction
 from .. import loopir as ir
 from .nest import parse_nest
 from .simplify import simplify_expr
-
-WGMMA_KIND = "tensorize_wgmma"
-SHAPES_N = tuple(range(8, 257, 8))  # wgmma.m64nNk16: N = 8, 16, ..., 256
-
-
-
-
 
 
 def _flat(ld: ir.Load, env: dict[str, int]) -> int:
@@ -75,7 +69,6 @@ class WgmmaNest:
         self.store = st
         self.a, self.b = a, b
         self.accesses = [ir.Load(st.buffer, st.index), a, b]
-        self.suffix = "f16" if self.dtype.name == "float16" else "bf16"
 
 
 def _samples(names: set[str], bounds: dict[str, tuple[float, float]]) -> list[dict[str, int]]:
@@ -166,7 +159,7 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
                                 "from 0")
         tiles = int(nj.extent.value)
     n = 8 * tiles
-    if n not in SHAPES_N:
+    if n not in WGMMA_N:
         raise LoweringError(f"{where}: a warp owns {n} columns; wgmma.m64nNk16 takes N = 8..256")
     iv, jv, kv = nest.names
     w = warp.var.name
@@ -230,7 +223,7 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
     b0 = ir.Load(nest.b.buffer, tuple(simplify_expr(ir.substitute(x, origin)) for x in nest.b.index))  # type: ignore[misc]
     acc0 = ir.Load(acc.buffer, tuple(simplify_expr(ir.substitute(x, origin)) for x in acc.index))  # type: ignore[misc]
     mode = {0: 0, 128: 1}  # the descriptor's layout type: interleaved (none), 128-byte swizzle
-    return ir.call_stmt(f"pt_wgmma_m64n{n}k16_{nest.suffix}", acc0, a0, b0, ir.const(lbo_a), ir.const(sbo_a),
+    return ir.call_stmt(WGMMA_M64NNK16.product(nest.dtype.name, n).name, acc0, a0, b0, ir.const(lbo_a), ir.const(sbo_a),
                  ir.const(mode[nest.a.buffer.swizzle]), ir.const(lbo_b), ir.const(sbo_b),
                  ir.const(mode[nest.b.buffer.swizzle]))
 
@@ -241,8 +234,9 @@ def wgmma_group(body: ir.Stmt) -> ir.Stmt:
                      ir.call_stmt("pt_wgmma_wait", ir.const(0))])
 
 
-def uses_wgmma(s: ir.Stmt) -> bool:
-    return any(isinstance(e, ir.Call) and e.name.startswith("pt_wgmma_m64") for e in ir.all_exprs(s))
+def reads_through_async_proxy(s: ir.Stmt) -> bool:
+    """Whether ``s`` calls an instruction that reads shared memory through the async proxy."""
+    return any(isinstance(e, ir.Call) and getattr(instruction(e.name), "async_proxy", False) for e in ir.all_exprs(s))
 
 
 def async_proxy_fences(s: ir.Stmt) -> ir.Stmt:
@@ -256,7 +250,7 @@ def async_proxy_fences(s: ir.Stmt) -> ir.Stmt:
         return None
 
     def visit(st: ir.Stmt) -> ir.Stmt | None:
-        if isinstance(st, ir.Kernel) and uses_wgmma(st.body):
+        if isinstance(st, ir.Kernel) and reads_through_async_proxy(st.body):
             return replace(st, body=ir.map_stmts(st.body, barriers))
         return None
     return ir.map_stmts(s, visit)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...target import CPUTarget
 from ..space import TemplateConfig
 from ..task import template
 
@@ -35,7 +34,6 @@ def gemm_space(cfg: TemplateConfig, M: int, N: int, K: int, batch: int = 1) -> d
     The first choice of every decision is the operator library's default tiling for the target."""
     from ...ops.matmul import cpu_gemm_tiles
     target = cfg.target
-    assert isinstance(target, CPUTarget)
     lanes = target.vector_lanes(4)
     d = cpu_gemm_tiles(M, N, K, target)
     vec_choices = _upto([1, 2, 3, 4, 6], max(1, math.ceil(N / lanes)))
@@ -128,7 +126,6 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     order than the algorithm's reassociates the sum)."""
     s = op.shape
     target = cfg.target
-    assert isinstance(target, CPUTarget)
     lanes = target.vector_lanes(4)
     K = s["K"]
     P = (s["H"] + 2 * s["padding"] - s["dilation"] * (s["R"] - 1) - 1) // s["stride"] + 1
@@ -164,7 +161,6 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
 
 def _row_space(cfg: TemplateConfig, N: int) -> tuple[int, bool, bool]:
     target = cfg.target
-    assert isinstance(target, CPUTarget)
     lanes = target.vector_lanes(4)
     width = cfg.knob("vector", _upto([lanes // 4, lanes // 2, lanes, 2 * lanes, 4 * lanes], max(N, 1)))
     parallel = cfg.knob("parallel", [True, False])

@@ -9,8 +9,8 @@ implicit-GEMM convolutions (conv2d_igemm, conv3d_igemm) use tensor cores (``gemm
 register stages 1–2 (ALCOP's space); these templates carry ALCOP's analytical model
 (``tune.analytical``) for the analytical tuners. On sm_90a, matmul and batch_matmul come first
 with the warpgroup-MMA templates (``matmul_wgmma``, ``batch_matmul_wgmma``: block tile, K tile,
-stages, MMA groups in flight; no analytical model: the XGBoost, random and grid tuners); name
-``matmul_tensorcore`` to tune the mma.sync space there.
+stages, MMA groups in flight), which carry the same model's warpgroup-MMA form (``WgmmaConfig``);
+name ``matmul_tensorcore`` to tune the mma.sync space there.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...intrinsics import MMA_M16N8K16
 from ...ops.gpu_schedules import gemm_cuda, gemm_tensorcore, gemm_wgmma, igemm_tensorcore
-from ...target import CUDATarget
-from ..analytical import GemmShape, TileConfig, predict
+from ...target import Target
+from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict
 from ..space import TemplateConfig
 from ..task import template
 
@@ -51,13 +52,12 @@ def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
-def tensor_core_op(op: Any, target: object) -> bool:
+def tensor_core_op(op: Any, target: Target) -> bool:
     """16-bit operands on a GPU with mma.sync (sm_80 and newer): the tensor-core templates apply."""
-    return (isinstance(target, CUDATarget) and target.capability >= 80
-            and op.func.inputs[0].dtype.name in ("float16", "bfloat16"))
+    return target.has("mma.sync") and op.func.inputs[0].dtype.name in MMA_M16N8K16.operand_dtypes
 
 
-def _cuda_core_op(op: Any, target: object) -> bool:
+def _cuda_core_op(op: Any, target: Target) -> bool:
     return not tensor_core_op(op, target)
 
 
@@ -122,9 +122,9 @@ def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
 
 # --- warpgroup MMA (Hopper) ---------------------------------------------------------------------------
 
-def wgmma_op(op: Any, target: object) -> bool:
+def wgmma_op(op: Any, target: Target) -> bool:
     """16-bit operands on an sm_90a GPU: the warpgroup-MMA templates apply (and come first)."""
-    return tensor_core_op(op, target) and getattr(target, "arch", "") == "sm_90a"
+    return tensor_core_op(op, target) and target.has("wgmma")
 
 
 def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
@@ -139,14 +139,19 @@ def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
     cfg.require(t["bm"] // 2 < shape.m or t["bm"] == 64, "the block tile is twice the matrix's rows")
     cfg.require(t["bn"] // 2 < shape.n or t["bn"] == 64, "the block tile is twice the matrix's columns")
     cfg.require(t["bk"] // 2 < shape.k or t["bk"] == 32, "the K tile is twice the reduction")
-    threads = t["bm"] // 16 * 32
-    regs = t["bn"] // 2 + 64  # the accumulator (bn/2 per thread), addresses and counters
-    cfg.resources(threads_per_block=threads, shared_bytes=t["stages"] * (t["bm"] + t["bn"]) * t["bk"] * shape.itemsize,
-                  registers_per_thread=regs, registers_per_block=regs * threads)
+    tiles = WgmmaConfig(**t)
+    regs = tiles.registers_per_thread(shape.itemsize)
+    cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tiles.threads)
     return t
 
 
-@template("matmul", "cuda", name="matmul_wgmma", applies=wgmma_op)
+def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
+    """The analytical prediction (seconds) of a warpgroup-MMA configuration."""
+    return predict(gemm_shape(op), WgmmaConfig.of(values), target)
+
+
+@template("matmul", "cuda", name="matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _wgmma_space(cfg, gemm_shape(op))
     sched = cfg.schedule(op.func)
@@ -154,7 +159,7 @@ def matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
     return sched
 
 
-@template("batch_matmul", "cuda", name="batch_matmul_wgmma", applies=wgmma_op)
+@template("batch_matmul", "cuda", name="batch_matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _wgmma_space(cfg, gemm_shape(op))
     sched = cfg.schedule(op.func)

@@ -1,0 +1,338 @@
+"""Caches, write caches and stored buffers (cache, cache_identity, cache_write, store, store_at)
+against NumPy on random data: a schedule they accept computes the algorithm's result, and one they
+cannot build right is refused at the primitive, naming the buffer, the computations and the loop."""
+
+import textwrap
+
+import numpy as np
+import pytest
+
+import polytile as pt
+
+
+def producer_consumer(n=7, m=5):
+    """T = 2X, Y = T + 1 over n × m (sizes that divide no tile)."""
+    X = pt.placeholder((n, m), "float32", "X")
+    T = pt.compute((n, m), lambda i, j: X[i, j] * 2.0, "T")
+    Y = pt.compute((n, m), lambda i, j: T[i, j] + 1.0, "Y")
+    return pt.Func([X], [Y]), T, Y
+
+
+def run_pc(s, rng, n=7, m=5):
+    x = rng.standard_normal((n, m)).astype(np.float32)
+    np.testing.assert_allclose(pt.build(s)(x), x * 2 + 1, rtol=1e-6)
+
+
+# --- read caches and fusion (FINDINGS B2) ---------------------------------------------------------
+
+def test_read_cache_above_the_fusion_is_refused_at_the_primitive():
+    f, T, Y = producer_consumer()
+    s = pt.create_schedule(f)
+    s[Y].after(s[T], "i")
+    with pytest.raises(pt.ScheduleError, match=r"cache T_Y_local of T for Y.*before T\[0, 0\] writes.*loop i"):
+        s[Y].cache_identity(T, None)
+    assert s.caches == []
+
+
+def test_read_cache_at_the_fusion_level_computes_right(rng):
+    f, T, Y = producer_consumer()
+    s = pt.create_schedule(f)
+    s[Y].after(s[T], "i")
+    s[Y].cache_identity(T, "i")
+    run_pc(s, rng)
+
+
+def test_fusion_under_a_cache_is_refused_at_the_loop_primitive(rng):
+    """The other order: the cache first, then a fusion that would put the producer under it."""
+    f, T, Y = producer_consumer()
+    s = pt.create_schedule(f)
+    s[Y].cache_identity(T, None)
+    with pytest.raises(pt.ScheduleError, match="cache T_Y_local of T for Y"):
+        s[Y].after(s[T], "i")
+    assert s.states["Y"].anchor is None
+    run_pc(s, rng)
+
+
+def test_shifted_fusion_with_a_cache_of_the_window(rng):
+    """Y reads T[i, j..j+2] and is fused after T's loop j, shifted by 2: a cache of T per row (loop i)
+    would be copied before the row is written, one per iteration of j is right."""
+    X = pt.placeholder((6, 11), "float32", "X")
+    T = pt.compute((6, 11), lambda i, j: X[i, j] * 2.0 + 1.0, "T")
+    Y = pt.compute((6, 9), lambda i, j: T[i, j] + T[i, j + 1] + T[i, j + 2], "Y")
+    s = pt.create_schedule(pt.Func([X], [Y]))
+    s[T].shift("j", -2)
+    s[Y].after(s[T], "j")
+    with pytest.raises(pt.ScheduleError, match="T_Y_local"):
+        s[Y].cache_identity(T, "i")
+    s[Y].cache_identity(T, "j")
+    x = rng.standard_normal((6, 11)).astype(np.float32)
+    t = x.astype(np.float64) * 2 + 1
+    np.testing.assert_allclose(pt.build(s)(x), t[:, :-2] + t[:, 1:-1] + t[:, 2:], rtol=1e-5)
+
+
+# --- write caches (B3, B4, B5) ----------------------------------------------------------------------
+
+def test_write_cache_above_the_fusion_is_refused_at_the_primitive():
+    f, T, Y = producer_consumer()
+    s = pt.create_schedule(f)
+    s[Y].after(s[T], "i")
+    with pytest.raises(pt.ScheduleError, match=r"write cache T_local of T.*Y\[0, 0\] reads T before.*loop i"):
+        s[T].cache_write(None)
+    assert s.caches == []
+    s[T].cache_write("i")
+    run_pc(s, pytest.importorskip("numpy").random.default_rng(1))
+
+
+def row_sum(n=5, m=6):
+    A = pt.placeholder((n, m), "float32", "A")
+    k = pt.reduce_axis(m, "k")
+    T = pt.compute((n,), lambda i: pt.sum(A[i, k], axis=k), "T")
+    return pt.Func([A], [T]), T
+
+
+@pytest.mark.parametrize("levels", [(None, "i"), (None, "ko"), ("i", "ko"), (None, "i", "ko")])
+def test_nested_write_caches_chain(levels, rng):
+    """Each write cache writes back into the next one out (B4: the outer one was never written)."""
+    f, T = row_sum(5, 7)
+    s = pt.create_schedule(f)
+    s[T].split("k", 3)
+    for level in levels:
+        s[T].cache_write(level)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def empty_range_sum():
+    """T[i, h] = sum of A[k] for k in [h, 3): empty for h = 3, where only the initialization writes."""
+    A = pt.placeholder((3,), "int32", "A")
+    k = pt.reduce_axis(3, "k")
+    T = pt.compute((2, 4), lambda i, h: pt.sum(A[k], axis=k, where=k >= h), "T")
+    return pt.Func([A], [T]), T
+
+
+@pytest.mark.parametrize("level", [None, "i", "h"])
+def test_write_cache_holds_the_elements_only_the_initialization_writes(level, rng):
+    f, T = empty_range_sum()
+    s = pt.create_schedule(f)
+    s[T].cache_write(level)
+    if level == "i":  # the buffer holds the row, the empty element included (B5: it held three)
+        assert "allocate T_local[1, 4]" in str(pt.lower(s, pt.cpu_target()))
+    a = rng.integers(-50, 50, 3).astype(np.int32)
+    np.testing.assert_array_equal(pt.build(s)(a), [[a[h:].sum() for h in range(4)]] * 2)
+
+
+STORE_EMPTY_MAX = textwrap.dedent("""
+    import numpy as np, sys
+    import polytile as pt
+    B = pt.placeholder((2,), "float32", "B")
+    def body(i, j):
+        k = pt.reduce_axis((0, j), "k")
+        return pt.max(B[k], axis=k)
+    U = pt.compute((1, 2), body, "U")   # U[0, 0] is an empty max: only its initialization writes it
+    V = pt.compute((1,), lambda i: pt.maximum(U[i, 0], U[i, 1]) + 1.0, "V")
+    s = pt.create_schedule(pt.Func([B], [V]))
+    s[V].after(s[U], "i")
+    s[U].{primitive}
+    kern = pt.build(s, extra_flags=["-fsanitize=address", "-fno-omit-frame-pointer"])
+    b = np.random.default_rng(0).standard_normal(2).astype("float32")
+    out = kern(b)
+    sys.exit(0 if np.allclose(out, b[0] + 1) else 3)
+""")
+
+
+@pytest.mark.parametrize("primitive", ["store(lambda i, j: (j, i))", "store_at('i')"])
+def test_stored_reduction_with_an_empty_range_stays_in_its_buffer(primitive, asan_run):
+    """B5 with store/store_at: the stored buffer holds what the initialization writes too (the
+    initialization wrote one element before it, caught by AddressSanitizer)."""
+    proc = asan_run(STORE_EMPTY_MAX.format(primitive=primitive))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# --- stored tensors with caches (B9) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("cache", ["read", "write", "both"])
+def test_stored_tensor_with_caches_goes_through_the_stored_buffer(cache, rng):
+    f, T, Y = producer_consumer(6, 9)
+    s = pt.create_schedule(f)
+    s[T].store(lambda i, j: (j, i))
+    if cache in ("read", "both"):
+        s[Y].cache(T, None)
+    if cache in ("write", "both"):
+        s[T].cache_write(None)
+    run_pc(s, rng, 6, 9)
+
+
+def test_cache_outside_the_loop_a_tensor_is_stored_at_is_refused():
+    f, T, Y = producer_consumer(6, 9)
+    s = pt.create_schedule(f)
+    s[Y].after(s[T], "i")
+    s[T].store_at("i")
+    with pytest.raises(pt.ScheduleError, match="cache T_Y_local of T for Y is placed at the top, outside the "
+                                               "loop where T is stored"):
+        s[Y].cache(T, None)
+    with pytest.raises(pt.ScheduleError, match="write cache T_local of T for T is placed at the top"):
+        s[T].cache_write(None)
+    assert s.caches == []
+
+
+def test_store_at_with_a_reader_across_iterations_is_refused():
+    X = pt.placeholder((6, 5), "float32", "X")
+    T = pt.compute((6, 5), lambda i, j: X[i, j] * 2.0, "T")
+    Y = pt.compute((5, 5), lambda i, j: T[i, j] + T[i + 1, j], "Y")
+    s = pt.create_schedule(pt.Func([X], [Y]))
+    s[T].shift("i", -1)
+    s[Y].after(s[T], "i")
+    with pytest.raises(pt.ScheduleError, match=r"store_at of T \(placed at loop i\): Y\[0, 0\] reads T as T\[0, 0\] "
+                                               "left it in another iteration"):
+        s[T].store_at("i")
+    assert s.states["T"].store_level is None
+
+
+def test_store_at_inside_a_reduction_loop_is_refused():
+    f, T = row_sum(4, 5)
+    Y = pt.compute((4,), lambda i: T[i] * 2.0, "Y")
+    s = pt.create_schedule(pt.Func([f.inputs[0]], [Y]))
+    with pytest.raises(pt.ScheduleError, match="store_at of T at loop k: the initialization of T runs outside"):
+        s[T].store_at("k")
+    assert s.states["T"].store_level is None
+
+
+# --- the scope of a buffer split by the AST generator (B12) ------------------------------------------
+
+@pytest.mark.parametrize("separate_k", [False, True])
+def test_write_cache_with_shifted_fusion_and_separate(separate_k, rng):
+    B = pt.placeholder((3, 4), "float32", "B")
+    k = pt.reduce_axis(3, "k")
+    U = pt.compute((3, 4), lambda i, j: pt.sum(B[k, j], axis=k), "U")
+    V = pt.compute((3, 3), lambda i, j: U[i, j] + U[i, j + 1], "V")
+    s = pt.create_schedule(pt.Func([B], [V]))
+    s[U].shift("i", -1)
+    s[V].after(s[U], "i")
+    s[U].cache_write("i")
+    s[V].separate("i")
+    if separate_k:  # isl then allocates the buffer of the peeled first iteration in an else branch
+        s[U].separate("k")
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    u = np.broadcast_to(b.astype(np.float64).sum(0), (3, 4))
+    np.testing.assert_allclose(pt.build(s)(b), u[:, :3] + u[:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_used_in_one_iteration_of_an_inner_loop(rng):
+    """Only T[:, 0] has a reduction term: isl allocates the cache of loop j before the loop over j
+    (the only iteration that uses it) and releases it inside; the scope spans that loop."""
+    X = pt.placeholder((4, 6), "float32", "X")
+    W = pt.placeholder((6, 1), "float32", "W")
+
+    def body(i, j):
+        k = pt.reduce_axis(1, "k")
+        return pt.sum(X[i, j] * W[j, k], axis=k, where=k >= j)
+    T = pt.compute((4, 6), body, "T")
+    s = pt.create_schedule(pt.Func([X, W], [T]))
+    s[T].cache_identity(X, "j")
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 1)).astype(np.float32)
+    ref = np.zeros((4, 6))
+    ref[:, 0] = x[:, 0] * w[0, 0]
+    np.testing.assert_allclose(pt.build(s)(x, w), ref, rtol=1e-6)
+
+
+# --- the C++ compiler: code that GCC 12 -O3 miscompiled ------------------------------------------------
+
+def test_cache_of_guarded_reads(rng):
+    """U reads T only where a select's condition holds, through a cache of the whole T: GCC 12's
+    loop if-conversion computed U[2] from the wrong elements (FINDINGS E1)."""
+    A = pt.placeholder((4,), "int32", "A")
+    T = pt.compute((2, 2, 13), lambda i, j, h: 1 + A[i + 2] * (h + 1), "T")
+    inside = lambda i: (i - 1 >= 0) & (i - 1 < 2)  # noqa: E731
+    U = pt.compute((12, 2, 1), lambda i, j, h: pt.select(inside(i), T[i - 1, j, h + 1], 0)
+                   + pt.select(inside(i), T[i - 1, j, h], 0), "U")
+    s = pt.create_schedule(pt.Func([A], [U]))
+    s[U].cache_identity(T, None)
+    a = rng.integers(-9, 9, 4).astype(np.int32)
+    t = 1 + a[2:4, None, None] * (np.arange(13) + 1)[None, None, :] + np.zeros((2, 2, 13), np.int64)
+    ref = np.zeros((12, 2, 1), np.int64)
+    ref[1:3, :, 0] = t[:, :, 1] + t[:, :, 0]
+    np.testing.assert_array_equal(pt.build(s)(a), ref)
+
+
+def test_parallel_loop_inside_a_write_cache_tile_computes_right_every_call():
+    """BLIS-style matmul, write cache at jr, jr parallel on 2 threads: GCC's predictive commoning
+    turned the stores of each thread's loop into loads before and stores after it of the other
+    thread's rows (a data race the compiler introduced; wrong in most calls)."""
+    import ctypes
+    M = N = K = 96
+    A = pt.placeholder((M, K), "float32", "A")
+    B = pt.placeholder((K, N), "float32", "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([A, B], [C], name="matmul"))
+    st = s[C]
+    st.split("j", 96, "jc", "j1").split("k", 32, "kc", "k1").split("i", 16, "ic", "i1")
+    st.split("j1", 48, "jr", "jn").split("i1", 2, "ir", "im").split("jn", 16, "jv", "jl")
+    st.reorder("ic", "kc", "jc", "ir", "jr", "k1", "im", "jv", "jl")
+    st.cache_write("jr").vectorize("jl").parallel("jr")
+    kern = pt.build(s)
+    gomp = ctypes.CDLL("libgomp.so.1")
+    threads = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(2)
+    try:
+        rng = np.random.default_rng(11)
+        for _ in range(20):
+            a = rng.standard_normal((M, K)).astype(np.float32)
+            b = rng.standard_normal((K, N)).astype(np.float32)
+            np.testing.assert_allclose(kern(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    finally:
+        gomp.omp_set_num_threads(threads)
+
+
+# --- every memory primitive is transactional -----------------------------------------------------------
+
+def snapshot(s):
+    """Everything a primitive may change, in comparable form (isl maps as text)."""
+    states = {n: (str(st.loops.rel), tuple(st.loops.names), sorted(st.tags.items()), sorted(st.separate),
+                  st.anchor, st.store_layout, st.store_level, st.loc, st.reassociate)
+              for n, st in s.states.items()}
+    return states, list(s.caches), list(s.inlined), list(s.virtual), dict(s.pipelines)
+
+
+def fused_pc():
+    f, T, Y = producer_consumer(6, 9)
+    s = pt.create_schedule(f)
+    s[T].split("j", 4)
+    s[Y].after(s[T], "i")
+    s[Y].cache_identity(T, "j")  # state to keep: a cache and a fusion
+    return s, T, Y
+
+
+REFUSALS = {
+    "cache_identity": lambda s, T, Y: s[Y].cache_identity(T, None),
+    "cache": lambda s, T, Y: s[Y].cache(T, None, layout=lambda i, j: (j, i)),
+    "cache_layout_not_one_to_one": lambda s, T, Y: s[Y].cache(T, "i", layout=lambda i, j: (i,)),
+    "cache_layout_wrong_arity": lambda s, T, Y: s[Y].cache(T, "i", layout=lambda i: (i,)),
+    "cache_write": lambda s, T, Y: s[T].cache_write(None),
+    "store_not_one_to_one": lambda s, T, Y: s[T].store(lambda i, j: (i * 0, j)),
+    "store_of_output": lambda s, T, Y: s[Y].store(lambda i, j: (j, i)),
+    "store_at": lambda s, T, Y: s[T].store_at("jo"),
+    "set_loc": lambda s, T, Y: s[T].set_loc("registers"),
+}
+
+
+@pytest.mark.parametrize("primitive", sorted(REFUSALS))
+def test_a_refused_memory_primitive_leaves_the_schedule_as_it_was(primitive, rng):
+    s, T, Y = fused_pc()
+    before = snapshot(s)
+    with pytest.raises(pt.ScheduleError):
+        REFUSALS[primitive](s, T, Y)
+    assert snapshot(s) == before
+    run_pc(s, rng, 6, 9)  # and it still builds and computes right
+
+
+def test_a_loop_primitive_that_removes_a_cache_loop_is_refused(rng):
+    f, T = row_sum(5, 7)
+    s = pt.create_schedule(f)
+    s[T].split("k", 3).cache_write("ko")
+    with pytest.raises(pt.ScheduleError, match="cache T_local of T is placed at loop ko of T, which no longer exists"):
+        s[T].split("ko", 2)
+    assert s[T].loops == ["i", "ko", "ki"]
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
