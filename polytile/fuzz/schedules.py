@@ -25,7 +25,7 @@ PRIMITIVES = {
     "split": 8, "tile": 5, "reorder": 5, "fuse": 3, "skew": 2, "shift": 3, "reverse": 1.5, "apply_sch": 2,
     "separate": 2, "after": 9, "before": 3, "parallel": 4, "vectorize": 4, "unroll": 2, "serial": 0.3,
     "compute_inline": 2.5, "reassociate": 1.5, "cache": 3, "cache_identity": 3, "cache_write": 4, "store": 2,
-    "store_at": 2, "set_loc": 1, "alloc_at": 1,
+    "store_at": 2, "set_loc": 1,
 }
 MEMORY = ("cache", "cache_identity", "cache_write", "store", "store_at")
 FUSED_MEMORY_BOOST = 3.0
@@ -42,7 +42,7 @@ CALL_COUNT_WEIGHTS = (2, 4, 5, 5, 4, 3, 3, 2, 1.5, 1, 1)
 def snapshot(s: Schedule) -> tuple:
     """Everything a primitive may change, as comparable values (functions by identity)."""
     return (_freeze(s.states), _freeze(s.caches), tuple(s.inlined), tuple(s.virtual), _freeze(s.pipelines),
-            _freeze(s.pipeline_inflight), s.auto_transfer, tuple(s.stage_names()))
+            _freeze(s.pipeline_inflight), tuple(s.stage_names()))
 
 
 def _freeze(x: object) -> object:
@@ -351,9 +351,6 @@ class ScheduleGenerator:
 
     def p_set_loc(self, s: Schedule, stage: str) -> str | None:
         return f'set_loc("{self.pick(["heap", "stack", "auto"])}")'
-
-    def p_alloc_at(self, s: Schedule, stage: str) -> str | None:
-        return f"alloc_at({self.level(s, stage, 0.3)})"
 
 
 def _affine_text(row: np.ndarray, xs: list[str]) -> str:
