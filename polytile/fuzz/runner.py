@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO
 
+from ..runtime.cpu import compile_flags, compiler
 from .execute import FINDINGS, Outcome, Report, generate_case, run_case
 from .spec import Call, Case
 
@@ -68,6 +69,7 @@ class Pool:
     """Up to ``jobs`` cases at once, each in a forked child limited to ``timeout`` seconds."""
 
     def __init__(self, jobs: int, timeout: float):
+        compile_flags(compiler())  # the compiler's defects probed once here, not in every child
         self.jobs = max(1, jobs)
         self.timeout = timeout
         self.children: dict[int, _Child] = {}
