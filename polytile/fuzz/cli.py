@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -29,18 +33,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--minimize", action="store_true",
                    help="with --case: shrink a failing case and write it as a pytest file (see --test-dir)")
     p.add_argument("--test-dir", default=".", help="where --minimize writes test_fuzz_seed<S>_case<K>.py")
-    p.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help=f"cases run at once (default: the CPUs this process may use, {default_jobs()} here)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take (default 60)")
     p.add_argument("--target", default="cpu", choices=["cpu"], help="target to build for (cpu)")
-    p.add_argument("--json", help="write the summary and every finding to this file")
+    p.add_argument("--json", help="write the campaign's record (summary, every finding) to this file")
+    p.add_argument("--record", action="store_true",
+                   help="also write the record to benchmarks/results/fuzz-<date>-<time>.json (under the current "
+                        "directory: run from the repository root)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def fuzz_main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
+    args.argv = list(argv)
     if args.minimize and args.case is None:
         parser().error("--minimize needs --case")
+    for name in ("cases", "jobs", "first"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "first" else 1):
+            parser().error(f"--{name} must be {'0 or more' if name == 'first' else 'at least 1'}, not {value}")
+    for name in ("budget", "timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser().error(f"--{name} must be a positive number of seconds")
     if args.case is not None:
         return replay(args)
     return run_campaign(args)
@@ -57,14 +73,59 @@ def run_campaign(args: argparse.Namespace) -> int:
             bar.update(1)
             bar.set_postfix_str(", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), refresh=False)
 
+    started = datetime.datetime.now(datetime.UTC)
     summary = campaign(args.seed, cases, args.budget, args.first, args.jobs, args.timeout, on_result)
     if bar is not None:
         bar.close()
     print(summary.line())
+    print(f"{summary.rate_per_core(args.jobs):.1f} cases/min/core ({args.jobs} jobs on {os.cpu_count()} CPUs)")
     print_findings(summary)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"seed": args.seed, "first": args.first, **summary.to_json()}, indent=1))
+    record = campaign_record(args, summary, started)
+    paths = [Path(args.json)] if args.json else []
+    if args.record:
+        paths.append(Path("benchmarks") / "results" / f"fuzz-{started:%Y%m%d-%H%M%S}.json")
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"record written to {path}")
     return 1 if summary.findings else 0
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def campaign_record(args: argparse.Namespace, summary: Summary, started: datetime.datetime) -> dict:
+    """What a campaign ran (seed and case range, options), where (host, CPU, commit) and what it
+    found (counts per outcome, the rate, every finding and late refusal)."""
+    from ..target import cpu_target
+    cpu = cpu_target()
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["polytile fuzz", *args.argv]),
+        "seed": args.seed, "first": args.first, "last": args.first + summary.cases - 1,
+        "jobs": args.jobs, "timeout": args.timeout, "target": args.target,
+        "commit": _commit(), "host": platform.node(), "cpu": cpu.model, "cpus": os.cpu_count(),
+        "load_average_after": list(os.getloadavg()),
+        "cases_per_min_per_core": round(summary.rate_per_core(args.jobs), 2),
+        **summary.to_json(),
+    }
+
+
+def _commit() -> str:
+    """The commit of the polytile being fuzzed, with "+dirty" when its work tree has changes."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def print_findings(summary: Summary) -> None:

@@ -280,6 +280,11 @@ class Summary:
                 f"hangs {c['hang']}, internal {c['internal']}, invalid {c['invalid']} "
                 f"({self.seconds:.0f} s, {rate:.2f} cases/s)")
 
+    def rate_per_core(self, jobs: int) -> float:
+        """Cases per minute and per core busy (``jobs`` cases at once, at most one per CPU)."""
+        cores = max(1, min(jobs, os.cpu_count() or 1))
+        return self.cases / (self.seconds / 60) / cores if self.seconds else 0.0
+
     def to_json(self) -> dict:
         return {"cases": self.cases, "counts": dict(self.counts), "primitives": self.primitives,
                 "refused_primitives": self.refused, "seconds": round(self.seconds, 1),

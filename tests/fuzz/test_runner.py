@@ -73,23 +73,36 @@ def test_replay_prints_a_script_that_reproduces_the_outcome(tmp_path):
     assert run.stdout.strip().splitlines()[-1].startswith("ok" if "ok" in outcome else "refused")
 
 
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", *args], capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
 def test_cli_help_and_argument_errors():
-    help_ = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--help"], capture_output=True, text=True,
-                           timeout=120)
+    help_ = _cli("--help")
     assert help_.returncode == 0
-    for option in ("--seed", "--cases", "--budget", "--case", "--minimize", "--jobs", "--target", "--json"):
+    for option in ("--seed", "--cases", "--budget", "--case", "--minimize", "--jobs", "--target", "--json",
+                   "--record"):
         assert option in help_.stdout
-    bad = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--minimize"], capture_output=True,
-                         text=True, timeout=120)
-    assert bad.returncode == 2 and "--minimize needs --case" in bad.stderr
+    for args, message in ((["--minimize"], "--minimize needs --case"), (["--jobs", "0"], "--jobs must be at least 1"),
+                          (["--cases", "-3"], "--cases must be at least 1"),
+                          (["--budget", "0"], "--budget must be a positive number of seconds")):
+        bad = _cli(*args)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
 
 
-def test_campaign_summary_counts_every_case(tmp_path):
-    out = tmp_path / "fuzz.json"
-    proc = subprocess.run([sys.executable, "-m", "polytile.cli", "fuzz", "--seed", "4", "--cases", "3", "--json",
-                           str(out), "--no-progress"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "POLYTILE_CACHE_DIR": str(tmp_path)})
+def test_campaign_record_counts_every_case(tmp_path):
+    """--json and --record write the same record: the case range, where it ran, what it found."""
+    env = {**os.environ, "POLYTILE_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = _cli("--seed", "4", "--first", "2", "--cases", "3", "--jobs", "2", "--json", str(tmp_path / "fuzz.json"),
+                "--record", "--no-progress", env=env, cwd=tmp_path)
     assert proc.stdout.startswith("cases 3, accepted ")
-    data = json.loads(out.read_text())
+    data = json.loads((tmp_path / "fuzz.json").read_text())
+    (recorded,) = (tmp_path / "benchmarks" / "results").glob("fuzz-*.json")
+    assert json.loads(recorded.read_text()) == data
+    assert (data["seed"], data["first"], data["last"], data["jobs"]) == (4, 2, 4, 2)
     assert data["cases"] == 3 and sum(data["counts"].values()) == 3
+    assert len(data["commit"]) >= 40 and data["host"] and data["seconds"] > 0 and data["cases_per_min_per_core"] > 0
+    assert data["command"] == f"polytile fuzz --seed 4 --first 2 --cases 3 --jobs 2 --json {tmp_path / 'fuzz.json'} " \
+                              "--record --no-progress"
     assert proc.returncode == (1 if data["findings"] else 0)
