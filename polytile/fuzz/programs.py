@@ -681,7 +681,7 @@ class ProgramGenerator:
             may_be_empty = True
         op = self.pick(["sum", "max", "min", "prod"], [5, 2, 1.5, 1.5])
         body, iv = self.reduce_body(dtype, rscope, op, length)
-        if op == "prod" and iv is None:
+        if iv is None:  # no bounded body sums or multiplies this many times in this type
             op = "max"
             body, iv = self.reduce_body(dtype, rscope, op, length)
         args = (body,) + ((where,) if where is not None else ())
@@ -698,7 +698,7 @@ class ProgramGenerator:
         total = _reduce_ival(op, iv, length, True, dtype)
         if op in ("sum", "prod") and not fits(total, dtype):
             body, iv = self.squash(body, iv, dtype, op)
-            if op == "prod" and not fits(_reduce_ival(op, iv, length, True, dtype), dtype):
+            if not fits(_reduce_ival(op, iv, length, True, dtype), dtype):  # e.g. 2 * 289 terms in uint8
                 return body, None
         return body, iv
 

@@ -59,6 +59,15 @@ def test_every_generated_program_is_accepted_and_defined():
     assert sum(seen[f"call:{f}"] for f in ("exp", "log", "sqrt", "tanh", "sigmoid")) > 0
 
 
+def test_long_integer_sums_stay_inside_their_type():
+    """A sum of a body squashed to [0, 2] over 17 x 17 terms does not fit uint8: the generator takes
+    a max instead (seed 101 case 163 made a uint8 sum reach 264, an invalid program)."""
+    case = generate_case(101, 163)
+    ns = _build(case)
+    reference.evaluate(ns["func"], ns["args"], ns["params"])
+    assert "pt.max(" in program_source(case.program)
+
+
 def test_schedule_calls_are_deterministic():
     def calls(k):
         case = generate_case(9, k)
