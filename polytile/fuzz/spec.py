@@ -266,8 +266,8 @@ class Renderer:
             return f"({self.expr(n.args[0])} {n.attr} {self.expr(n.args[1])})"
         if op == "logic":
             return f"({self.expr(n.args[0])} {n.attr} {self.expr(n.args[1])})"
-        if op == "not":
-            return f"(~{self.expr(n.args[0])})"
+        if op == "not":  # ~ of a Python bool (a condition on constants, e.g. a where= at index 0) is an int
+            return f"({'not ' if self.static(n.args[0]) else '~'}{self.expr(n.args[0])})"
         if op == "neg":
             return f"(-{self.expr(n.args[0])})"
         if op == "select":
@@ -285,6 +285,11 @@ class Renderer:
             where = f", where={self.expr(n.args[1])}" if len(n.args) > 1 else ""
             return f"pt.{n.attr}({self.expr(n.args[0])}, axis={axis}{where})"
         raise ValueError(f"unknown node {op}")
+
+    def static(self, n: Node) -> bool:
+        """Whether ``n`` renders as a plain Python value (constants and fixed extents only)."""
+        return all(x.op in ("const", "bin", "cmp", "logic", "not", "neg")
+                   or (x.op == "dim" and self.program.extent(x.attr.extent).param is None) for x in walk(n))
 
     def comp(self, c: CompSpec) -> list[str]:
         reductions = [n for n in walk(c.body) if n.op == "reduce"]

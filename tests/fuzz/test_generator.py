@@ -68,6 +68,15 @@ def test_long_integer_sums_stay_inside_their_type():
     assert "pt.max(" in program_source(case.program)
 
 
+def test_negated_condition_on_constants_is_a_python_not():
+    """A where= read at a constant index negates a condition on constants: rendered with ``~`` it
+    was the int -1, and pt.select refused the program (seed 7 case 623: an invalid program)."""
+    case = generate_case(7, 623)
+    assert "(not (0 >= 10))" in program_source(case.program)
+    ns = _build(case)
+    reference.evaluate(ns["func"], ns["args"], ns["params"])
+
+
 def test_schedule_calls_are_deterministic():
     def calls(k):
         case = generate_case(9, k)
