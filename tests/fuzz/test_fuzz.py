@@ -23,14 +23,14 @@ CASE_TIMEOUT = 60.0
 KNOWN = {  # case of SEED: (kind, finding; who fixes it)
     6: ("miscompile", "N1, a reduction's where= left out of its initialization; fixed on branch domains"),
     12: ("internal", "isl 'cannot extract range space from empty input' at build; fixed on branch domains"),
-    14: ("internal", "N6, KeyError of a computation inlined into a reduction's where=; domains"),
+    14: ("internal", "N6, KeyError of a computation inlined into a reduction's where=; fixed on branch domains"),
     17: ("internal", "N4, a 0-d computation; fixed on branch domains"),
     20: ("miscompile", "min/max reduction bounds under tile (shared/bugs/minmax_bounds_all_terms.py); fixed on "
                        "branch domains"),
     38: ("internal", "N4, a 0-d computation; fixed on branch domains"),
-    87: ("internal", "N5, IndexError in a cache whose footprint is empty at some iterations; domains"),
+    87: ("internal", "N5, IndexError in a cache whose footprint is empty at some iterations; fixed on branch domains"),
     98: ("internal", "N4, a 0-d computation; fixed on branch domains"),
-    113: ("hang", "N7, isl AST generation of a cache under a parametric extent; domains"),
+    113: ("hang", "N7, isl AST generation of a cache under a parametric extent; fixed on branch domains"),
     115: ("internal", "N4, a 0-d computation; fixed on branch domains"),
     127: ("internal", "data-dependent bounds defined in an emptied block ('_d0' undeclared); fixed on branch domains"),
 }
