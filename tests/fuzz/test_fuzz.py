@@ -30,7 +30,8 @@ KNOWN = {  # case of SEED: (kind, finding; who fixes it)
     38: ("internal", "N4, a 0-d computation; fixed on branch domains"),
     87: ("internal", "N5, IndexError in a cache whose footprint is empty at some iterations; fixed on branch domains"),
     98: ("internal", "N4, a 0-d computation; fixed on branch domains"),
-    113: ("hang", "N7, isl AST generation of a cache under a parametric extent; fixed on branch domains"),
+    113: ("hang", "N7, isl AST generation of a cache under a parametric extent; its small snippet is fixed on "
+                  "branch domains, this case still hangs there; domains"),
     115: ("internal", "N4, a 0-d computation; fixed on branch domains"),
     127: ("internal", "data-dependent bounds defined in an emptied block ('_d0' undeclared); fixed on branch domains"),
 }
