@@ -270,6 +270,7 @@ def _main(argv: Sequence[str] | None) -> int:
                    add_help=False)
     sub.add_parser("tlm", help="the tensor language model: corpus, pretrain, finetune, evaluate (see "
                    "`polytile tlm --help`)", add_help=False)
+    sub.add_parser("fuzz", help="differential fuzzing of the compiler (see `polytile fuzz --help`)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "ops":
@@ -296,6 +297,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "tune-model":
             from .torch.cli import tune_model_main
             return tune_model_main(rest)
+        if args.command == "fuzz":
+            from .fuzz.cli import fuzz_main
+            return fuzz_main(rest)
     except PolytileError as err:
         print(f"polytile: {err}", file=sys.stderr)
         return 2

@@ -1,13 +1,19 @@
-"""The CUDA toolchain on this machine: where ``nvcc`` is and the flags that build for an architecture.
+"""The toolchains on this machine: where ``nvcc`` is and the flags that build for an architecture,
+and the C++ compiler's defects that the CPU runtime works around, each probed once.
 
-One detection for the package, the tests (the ``needs_nvcc`` marker), the benchmarks and the scripts:
-``$NVCC``, then ``nvcc`` on the ``PATH``, then ``$CUDA_HOME/bin/nvcc``, then ``/usr/local/cuda/bin/nvcc``.
+One nvcc detection for the package, the tests (the ``needs_nvcc`` marker), the benchmarks and the
+scripts: ``$NVCC``, then ``nvcc`` on the ``PATH``, then ``$CUDA_HOME/bin/nvcc``, then
+``/usr/local/cuda/bin/nvcc``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
 
 from .errors import BuildError
 
@@ -35,3 +41,53 @@ def arch_flags(arch: str) -> list[str]:
     ``-arch`` shorthand of an arch-specific target (``sm_90a``) also runs a plain ``sm_90`` pass."""
     num = arch.removeprefix("sm_")
     return [f"-gencode=arch=compute_{num},code=sm_{num}"]
+
+
+AVX512FP16_PROBE = r"""
+#include <stdint.h>
+static inline _Float16 pt_max(_Float16 a, _Float16 b) { return a > b ? a : b; }
+void probe(const double* __restrict__ A, const int32_t* __restrict__ idx, _Float16* __restrict__ W) {
+  double V[125];
+  for (int64_t i = 0; i < 5; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t h = 0; h < 5; ++h) {
+        V[h + 25 * i + 5 * j] = 0.0;
+        if (((h != 4) ? (double)i : 1.5) != 3.0) V[h + 25 * i + 5 * j] += A[h % 2 + 5 * (i / 2)];
+      }
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 2; ++j)
+      W[2 * i + j] = pt_max((_Float16)0.0f, (_Float16)((i >= 1) ? V[(idx[j] * 5 + i - 1) * 5 + i] : 1.0));
+}
+"""
+"""A float16 maximum stored under a condition, as polytile generates it (fuzz finding E2). GCC 12.2
+with ``-O3 -march=native`` on an AVX512-FP16 CPU (Sapphire Rapids) folds the zero-masked register
+move of ``pt_max`` into the store, ``vmovsh %xmm0, 4(%r9){%k1}{z}``: EVEX zero-masking exists for
+register destinations only, so the instruction cannot be encoded and binutils refuses it
+("unsupported masking for `vmovsh'"); the assembler itself handles AVX512-FP16 (merge-masked
+stores assemble). A GCC defect, not an assembler one; it needs ``-O3`` (``-O2`` and
+``-fno-tree-slp-vectorize`` both avoid it here) but no smaller reproducer was found."""
+
+
+def compiles(cxx: str, flags: Sequence[str], source: str) -> bool:
+    """Whether ``cxx`` with ``flags`` compiles and assembles the C++ ``source`` to an object file."""
+    with tempfile.TemporaryDirectory(prefix="polytile-probe-") as tmp:
+        src = os.path.join(tmp, "probe.cpp")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [cxx, *(f for f in flags if f != "-shared"), "-c", src, "-o", os.path.join(tmp, "probe.o")]
+        try:
+            return subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
+@functools.cache
+def cxx_workarounds(cxx: str, flags: tuple[str, ...]) -> list[str]:
+    """Flags that keep ``cxx`` with ``flags`` off its known defects on this machine:
+    ``-mno-avx512fp16`` where it cannot assemble its own AVX512-FP16 code (``AVX512FP16_PROBE``;
+    float16 arithmetic then runs in float, exactly rounded to float16 after each operation), nothing
+    where the probe builds or fails for another reason (a compiler without ``_Float16``)."""
+    if compiles(cxx, flags, AVX512FP16_PROBE):
+        return []
+    without = [*flags, "-mno-avx512fp16"]
+    return ["-mno-avx512fp16"] if compiles(cxx, without, AVX512FP16_PROBE) else []

@@ -16,9 +16,12 @@ from .helpers import Helper
 _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
           "bool": "bool"}
 
-_FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
-             "cos": "cos", "floor": "floor", "ceil": "ceil", "exp2": "exp2", "log2": "log2", "pow": "pow",
-             "fma": "fma", "abs": "fabs"}
+_MATH = {name: (c, c + "f") for name, c in {
+    "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos",
+    "floor": "floor", "ceil": "ceil", "exp2": "exp2", "log2": "log2", "pow": "pow", "fma": "fma", "abs": "fabs",
+}.items()}
+_MATH.update({"sigmoid": ("pt_sigmoid", "pt_sigmoid"), "rsqrt": ("pt_rsqrt", "pt_rsqrt")})  # overloaded helpers
+"""The C functions of a math call: (the double one, the float one)."""
 
 
 _SHARED_HELPERS = {
@@ -123,20 +126,16 @@ class CLikePrinter:
         return text
 
     def float_literal(self, v: float, d: DType) -> str:
-        if math.isinf(v):
-            text = "INFINITY" if v > 0 else "-INFINITY"
-        elif math.isnan(v):
-            text = "NAN"
-        else:
-            text = repr(v)
-            if "e" not in text and "." not in text and "inf" not in text:
-                text += ".0"
-        if d.name == "float32" and not math.isinf(v) and not math.isnan(v):
+        if math.isinf(v) or math.isnan(v):  # INFINITY and NAN are float constants: cast to the others
+            text = "NAN" if math.isnan(v) else "INFINITY" if v > 0 else "-INFINITY"
+            return text if d.name == "float32" else f"(({self.type_name(d)}){text})"
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        if d.name == "float32":
             return text + "f"
         if d.name == "float16":
             return f"(({self.half_type()}){text}f)"
-        if d.name == "float64" and (math.isinf(v) or math.isnan(v)):
-            return f"((double){text})"
         return text
 
     def e_Var(self, e: ir.Var) -> str:
@@ -193,24 +192,21 @@ class CLikePrinter:
     def e_Call(self, e: ir.Call) -> str:
         args = ", ".join(self.expr(a) for a in e.args)
         d = self.compute_type(e.dtype)
-        if e.name == "sigmoid":
-            return f"pt_sigmoid({args})"
-        if e.name == "rsqrt":
-            return f"pt_rsqrt({args})"
         if e.name == "abs" and not d.is_float:
             return f"pt_iabs({args})"
-        if e.name in _FLOAT_FN:
-            return self.math_call(_FLOAT_FN[e.name], d, args, e)
+        if e.name in _MATH:
+            return self.math_call(e.name, d, args, e)
         return f"{e.name}({args})"
 
-    def math_call(self, base: str, d: DType, args: str, e: ir.Call) -> str:
+    def math_call(self, name: str, d: DType, args: str, e: ir.Call) -> str:
+        double, single = _MATH[name]
         if d.name == "float64":
-            return f"{base}({args})"
+            return f"{double}({args})"
         if d.name == "float32":
-            return f"{base}f({args})"
-        # half precision: compute in float
+            return f"{single}({args})"
+        # half precision: computed in float, rounded to the half type
         conv = ", ".join(f"(float)({self.expr(a)})" for a in e.args)
-        return f"(({self.type_name(d)}){base}f({conv}))"
+        return f"(({self.type_name(d)}){single}({conv}))"
 
     def e_Load(self, e: ir.Load) -> str:
         (idx,) = e.index

@@ -323,11 +323,6 @@ class CUDAPrinter(CLikePrinter):
             return f"pt_f16_round({inner})"
         return f"(({self.type_name(e.dtype)}){inner})"
 
-    def math_call(self, base: str, d: DType, args: str, e: ir.Call) -> str:
-        if d.name == "float32" and base in ("exp", "log", "tanh", "sin", "cos", "exp2", "log2"):
-            return f"{base}f({args})"
-        return super().math_call(base, d, args, e)
-
     def e_Call(self, e: ir.Call) -> str:
         if e.name in ("pt_cp_async", "pt_cp_async_zfill"):
             dst, src = e.args[:2]

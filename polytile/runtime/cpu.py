@@ -27,6 +27,7 @@ from ..errors import BuildError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CPUTarget, cpu_target
+from ..toolchain import cxx_workarounds
 from .args import Signature, bind, numpy_info
 from .index_checks import HostScan, host_scans, run_host_scans
 from .kernel import Kernel, Plan
@@ -90,10 +91,17 @@ def is_gcc(cxx: str) -> bool:
     return "Free Software Foundation" in out and "clang" not in out.lower()
 
 
+def compile_flags(cxx: str) -> list[str]:
+    """The flags of every kernel built with ``cxx``: its defects are probed on the first call
+    (``toolchain.cxx_workarounds``; a process that forks builders calls this first, once)."""
+    base = (*CXX_FLAGS, *(GCC_FLAGS if is_gcc(cxx) else []))
+    return [*base, *cxx_workarounds(cxx, base)]
+
+
 def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` to a shared library, reusing an earlier build of the same text and flags."""
     cxx = compiler()
-    flags = [*CXX_FLAGS, *(GCC_FLAGS if is_gcc(cxx) else []), *extra_flags]
+    flags = [*compile_flags(cxx), *extra_flags]
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     out = cache_dir() / f"pt_{key}.so"
     if out.exists():

@@ -81,7 +81,7 @@ BAD_ARGUMENTS = {
     ("run", "dense", "--shape", "8,8,8,activation=gelu"): "unknown activation 'gelu'; use 'relu' or 'none'",
     ("run", "matmul", "--repeat", "0"): "argument --repeat: expected a positive integer, got 0",
     ("frobnicate",): "argument command: invalid choice: 'frobnicate' (choose from 'run', 'ops', 'tune', 'sass-opt', "
-                     "'tune-model', 'tlm')",
+                     "'tune-model', 'tlm', 'fuzz')",
     ("tune", "matmul", "--shape", "8,8,8", "--tuner", "genetic"): "invalid choice: 'genetic' (choose from 'xgb'",
     ("tune", "matmul", "--shape", "8,8,8", "--target", "tpu"): "unknown target 'tpu'; use 'cpu', 'cuda'",
     ("tune", "matmul", "--shape", "8,8;8"): "N must be an integer, got '8;8'",

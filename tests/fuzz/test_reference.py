@@ -1,0 +1,124 @@
+"""The fuzzer's NumPy reference against hand-written NumPy: CSR segment sums, triangular and empty
+reductions, integer division and casts, where= domains, float16 tolerances and invalid programs."""
+
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile.fuzz import inputs, reference
+
+
+def test_csr_segment_sum_with_where(rng):
+    rows, nnz = 6, 17
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    vals = pt.placeholder((nnz,), "float32", "vals")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.sum(vals[k] * 2.0, axis=k, where=k % 2 == 0)
+
+    T = pt.compute((rows,), seg, "T")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    v = rng.uniform(-2, 2, nnz).astype(np.float32)
+    ref = reference.evaluate(pt.Func([offs, vals], [T]), [o, v])["T"]
+    want = [sum(2.0 * float(v[k]) for k in range(o[i], o[i + 1]) if k % 2 == 0) for i in range(rows)]
+    np.testing.assert_allclose(ref.value, want, rtol=1e-12)
+    assert (ref.err > 0).all() and (ref.err < 1e-5).all()  # float32 rounding of a few terms
+
+
+def test_triangular_and_empty_max_reduction(rng):
+    n = 7
+    A = pt.placeholder((n,), "float64", "A")
+
+    def body(i):
+        k = pt.reduce_axis((0, i), "k")  # empty for i = 0
+        return pt.max(A[k], axis=k)
+
+    T = pt.compute((n,), body, "T")
+    a = rng.uniform(-2, 2, n)
+    ref = reference.evaluate(pt.Func([A], [T]), [a])["T"].value
+    assert ref[0] == -np.inf
+    np.testing.assert_array_equal(ref[1:], [a[:i].max() for i in range(1, n)])
+
+
+def test_integer_division_floors_and_by_zero_is_the_single_rule():
+    X = pt.placeholder((5,), "int32", "X")
+    Z = pt.placeholder((5,), "int32", "Z")
+    Q = pt.compute((5,), lambda i: X[i] // Z[i], "Q")
+    R = pt.compute((5,), lambda i: X[i] % Z[i], "R")
+    x = np.array([7, -7, 7, -7, 5], np.int32)
+    z = np.array([2, 2, -2, -2, 0], np.int32)
+    out = reference.evaluate(pt.Func([X, Z], [Q, R]), [x, z])
+    np.testing.assert_array_equal(out["Q"].value, [3, -4, -4, 3, 0])
+    np.testing.assert_array_equal(out["R"].value, [1, 1, -1, -1, 0])
+    np.testing.assert_array_equal(reference.int_divide(np.array([9]), np.array([0]), "//"), [0])
+
+
+def test_casts_truncate_and_wrap():
+    A = pt.placeholder((4,), "float32", "A")
+    B = pt.placeholder((4,), "int32", "B")
+    T = pt.compute((4,), lambda i: pt.cast("int32", A[i]), "T")
+    U = pt.compute((4,), lambda i: pt.cast("int8", B[i]), "U")
+    a = np.array([1.75, -1.75, 2.5, -0.25], np.float32)
+    b = np.array([127, 128, -129, 300], np.int32)
+    out = reference.evaluate(pt.Func([A, B], [T, U]), [a, b])
+    np.testing.assert_array_equal(out["T"].value, [1, -1, 2, 0])
+    np.testing.assert_array_equal(out["U"].value, b.astype(np.int8))
+
+
+def test_where_domain_keeps_the_sentinel_outside(rng):
+    A = pt.placeholder((4, 4), "float32", "A")
+    T = pt.compute((4, 4), lambda i, j: A[i, j] + 1.0, "T", where=lambda i, j: j <= i)
+    func = pt.Func([A], [T])
+    a = rng.uniform(-2, 2, (4, 4)).astype(np.float32)
+    out = np.full((4, 4), inputs.SENTINEL, np.float32)
+    out[np.tril_indices(4)] = (a + 1)[np.tril_indices(4)]
+    assert reference.differences(func, [a], [out]) == []
+    out[0, 3] = 0.0  # written outside the domain
+    (problem,) = reference.differences(func, [a], [out])
+    assert "(0, 3): got 0.0, expected 99" in problem
+
+
+def test_float16_sum_within_its_rounding_and_not_beyond(rng):
+    n = 40
+    A = pt.placeholder((3, n), "float16", "A")
+    k = pt.reduce_axis(n, "k")
+    T = pt.compute((3,), lambda i: pt.sum(A[i, k], axis=k), "T")
+    func = pt.Func([A], [T])
+    a = rng.uniform(0.5, 2, (3, n)).astype(np.float16)
+    acc = np.zeros(3, np.float16)  # what a float16 accumulator computes, in order
+    for j in range(n):
+        acc = (acc + a[:, j]).astype(np.float16)
+    assert reference.differences(func, [a], [acc]) == []
+    assert reference.differences(func, [a], [(acc + np.float16(4.0)).astype(np.float16)]) != []
+
+
+def test_uncertain_comparisons_are_not_compared():
+    A = pt.placeholder((2,), "float32", "A")
+    T = pt.compute((2,), lambda i: pt.select(A[i] * 3.0 > 1.0, 1, 0), "T")
+    a = np.array([np.float32(1 / 3), 2.0], np.float32)  # 3 * a[0] rounds to 1 or just above
+    ref = reference.evaluate(pt.Func([A], [T]), [a])["T"]
+    assert np.isinf(ref.err[0]) and ref.err[1] == 0
+
+
+def test_invalid_programs_are_reported():
+    A = pt.placeholder((4,), "int8", "A")
+    T = pt.compute((4,), lambda i: A[i] * A[i], "T")
+    with pytest.raises(reference.InvalidProgram, match="leaves int8"):
+        reference.evaluate(pt.Func([A], [T]), [np.array([1, 2, 12, 3], np.int8)])
+    idx = pt.placeholder((2,), "int32", "idx")
+    B = pt.placeholder((3,), "float32", "B")
+    U = pt.compute((2,), lambda i: B[idx[i]], "U")
+    with pytest.raises(reference.InvalidProgram, match="index 0 is 5"):
+        reference.evaluate(pt.Func([B, idx], [U]), [np.ones(3, np.float32), np.array([0, 5], np.int32)])
+
+
+def test_unwritten_boolean_outputs_keep_the_sentinel():
+    A = pt.placeholder((3,), "float32", "A")
+    T = pt.compute((3,), lambda i: A[i] > 0.0, "T", where=lambda i: i >= 1)
+    a = np.array([1.0, -1.0, 2.0], np.float32)
+    out = np.full(3, inputs.SENTINEL, bool)  # True
+    out[1:] = [False, True]
+    assert reference.differences(pt.Func([A], [T]), [a], [out]) == []
+    out[0] = False
+    assert reference.differences(pt.Func([A], [T]), [a], [out]) != []
