@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..intrinsics import MMA_M16N8K16
 from ..lang.func import Func
 from ..lang.tensor import ComputeTensor
 from ..schedule.state import Schedule
@@ -111,11 +112,14 @@ def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> No
 def _gemm_cuda(sched: Schedule, st: StageInfo, target: CUDATarget, k: Knobs) -> None:
     from ..ops import gpu_schedules as gs
     plain = not st["b_transposed"] and not st["a_broadcast"] and not st["b_broadcast"]
-    if plain and k.gemm_cuda is None and gs._tensor_cores(sched, "A", target):
+    tensor_cores = sched.func.tensor("A").dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    if plain and k.gemm_cuda is None and tensor_cores:
+        # the operator library's choice of kernel and tile, unsplit: a split of K would restructure the
+        # algorithm into partial products and lose the group's prologue and epilogue
         if st["batch"] is None:
-            gs.matmul(sched, target, st["M"], st["N"], st["K"])
+            gs.matmul(sched, target, st["M"], st["N"], st["K"], split_k=1)
         else:
-            gs.batch_matmul(sched, target, st["batch"], st["M"], st["N"], st["K"])
+            gs.batch_matmul(sched, target, st["batch"], st["M"], st["N"], st["K"], split_k=1)
         return
     gs.gemm_cuda(sched, st.name, "A", "B", b_transposed=st["b_transposed"],
                  batch="bb" if st["batch"] is not None else None, **(k.gemm_cuda or {}))
