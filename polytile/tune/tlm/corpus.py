@@ -87,7 +87,9 @@ def tasks(kind: str, names: Sequence[str] = TRAIN, exclude: frozenset[str] = fro
                 if t.applies is None or t.applies(op, target):
                     yield network, Task(t, first.workload, target, op)
             for t in generic:
-                yield network, make_task(op.func, target, t)
+                task = make_task(op.func, target, t)
+                if t.applies is None or t.applies(task.op, target):  # e.g. not torch's imported groups
+                    yield network, task
 
 
 def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 100_000,
