@@ -350,3 +350,23 @@ def test_a_loop_primitive_that_removes_a_cache_loop_is_refused(rng):
     assert s[T].loops == ["i", "ko", "ki"]
     a = rng.standard_normal((5, 7)).astype(np.float32)
     np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_cache_read_a_discarded_select_lane_outside_it(rng):
+    """A cache whose footprint covers the guarded loads only: the load a failing ``select`` discards
+    sits at a negative constant offset of the promoted cache (fuzz seed 7, cases 5173 and 8312); its
+    register variable must have a C name (no ``-``)."""
+    A = pt.placeholder((9, 9), "int64", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((pt.maximum(i - 2, 0), pt.minimum(i + 2, 3)), "k")
+        return pt.sum(pt.select(i >= 2, A[i - 2, i + 2], 1) - A[k, k], axis=k, where=(i < k))
+
+    T = pt.compute((3,), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].cache("A", "k")
+    kern = pt.build(s)
+    a = rng.integers(-50, 50, (9, 9)).astype("int64")
+    ref = [sum((a[i - 2, i + 2] if i >= 2 else 1) - a[k, k] for k in range(max(i - 2, 0), min(i + 2, 3)) if i < k)
+           for i in range(3)]
+    np.testing.assert_array_equal(kern(a), ref)
