@@ -201,7 +201,8 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         sources = sorted({s for p in pnames for s in dyn_sources[p]}, key=it.stmt.dims.index)
         bname = f"_bind{len(bindings)}"
         bindings.append(Binding(bname, owner, sorted(pnames), m, sources))
-        extra.append(_binding_statement(bname, it, m, sources, width))
+        users = [it] + [u for u in items if set(pnames) & set(u.stmt.dyn_params)]
+        extra.append(_binding_statement(bname, it, m, sources, width, _first_position(users, m)))
     all_items = items + extra
     dyn_all = sorted(depth_of)
 
@@ -338,9 +339,16 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
     raise LoweringError(f"statement {stmt.name}: the schedule does not fix {', '.join(sources)}")
 
 
-def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
+def _first_position(users: list[Scheduled], m: int) -> int:
+    """A position at (static) schedule dimension ``m`` before every statement of ``users``: a stage
+    placed ``before`` another at a loop sits at a negative position there."""
+    return min(int(u.schedule.range().dim_min_val(m).to_python()) for u in users) - 1
+
+
+def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int, position: int) -> Scheduled:
     """The loads of the bounds happen at every prefix where ``it`` may have instances (over every
-    value of the data-dependent bounds): the instances' image under the prefix and ``sources``."""
+    value of the data-dependent bounds): the instances' image under the prefix and ``sources``;
+    they run at ``position`` of schedule dimension ``m``, before the statements that use them."""
     stmt = it.stmt
     dom = stmt.over_domain()
     sched = it.schedule.intersect_domain(dom)
@@ -356,7 +364,7 @@ def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], wid
     bdom = both.range().flatten().set_tuple_name(name).coalesce()
     ps = [f"p{k}" for k in range(m)]
     ss = [f"s{k}" for k in range(len(sources))]
-    outs = ps + ["-1"] + ["0"] * (width - m - 1)
+    outs = ps + [str(position)] + ["0"] * (width - m - 1)
     bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
     bstmt = Statement(name, ps + ss, bdom)
     return Scheduled(bstmt, bs.intersect_domain(bdom))
