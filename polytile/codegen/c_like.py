@@ -181,12 +181,14 @@ class CLikePrinter:
 
     def e_Cast(self, e: ir.Cast) -> str:
         inner = self.expr(e.a)
-        if e.dtype.name == "bfloat16":
-            return f"pt_bf16_round({inner})"
         if e.lanes > 1:
             if e.a.dtype.is_bool:  # a vector comparison: 0 or -1 (all bits set) per lane
                 inner = f"(-{inner})"
-            return f"__builtin_convertvector({inner}, {self.type_name(e.dtype, e.lanes)})"
+            # bfloat16 lanes are float32 ones rounded to bfloat16's precision lane by lane
+            vector = f"__builtin_convertvector({inner}, {self.type_name(e.dtype, e.lanes)})"
+            return f"pt_bf16_round_v({vector})" if e.dtype.name == "bfloat16" else vector
+        if e.dtype.name == "bfloat16":
+            return f"pt_bf16_round({inner})"
         return f"(({self.type_name(e.dtype)}){inner})"
 
     def e_Call(self, e: ir.Call) -> str:

@@ -67,6 +67,12 @@ static inline uint16_t pt_f32_to_bf16(float f) {
     Helper("pt_bf16_round", r"""
 static inline float pt_bf16_round(float f) { return pt_bf16_to_f32(pt_f32_to_bf16(f)); }
 """),
+    Helper("pt_bf16_round_v", r"""
+template <typename V> static inline V pt_bf16_round_v(V v) {
+  for (int k = 0; k < (int)(sizeof(V) / sizeof(float)); ++k) v[k] = pt_bf16_round(v[k]);
+  return v;
+}
+"""),
     Helper("pt_alloc", r"""
 static inline void* pt_alloc(size_t bytes) {
   void* p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);

@@ -52,7 +52,10 @@ def convert_node(node: isl.AstNode) -> AstNode:
         inc = node.for_get_inc().get_val().to_python()
         degenerate = node.for_is_degenerate()
         cond = aint(1) if degenerate else convert_expr(node.for_get_cond())
-        return AstFor(it, convert_expr(node.for_get_init()), cond, int(inc), convert_node(node.for_get_body()),
+        body = convert_node(node.for_get_body())
+        if not degenerate:
+            cond, body = _bound_free_of_iterator(it, cond, body)
+        return AstFor(it, convert_expr(node.for_get_init()), cond, int(inc), body,
                       int(it[1:]) if it[1:].isdigit() else -1, degenerate)
     if t == isl.ast_node_type.if_:
         orelse = convert_node(node.if_get_else_node()) if node.if_has_else_node() else None
@@ -68,6 +71,27 @@ def convert_node(node: isl.AstNode) -> AstNode:
     if t == isl.ast_node_type.mark:
         return AstMark(node.mark_get_id().get_name(), convert_node(node.mark_get_node()))
     raise LoweringError(f"unexpected isl AST node {t}")
+
+
+def _bound_free_of_iterator(it: str, cond: AExpr, body: AstNode) -> tuple[AExpr, AstNode]:
+    """The condition and body of loop ``it`` with an upper bound that does not read ``it``. isl may
+    bound a loop by a modular constraint of its own iterator (``c3 <= min(2, -c1 + 2 * floord(c1 + c3
+    + 1, 2) - 1)`` holds where c1 + c3 is odd): that is a condition on each iteration, not where the
+    loop ends, and it may fail before later iterations that hold. The loop runs to the operands of
+    the bound free of ``it``, and the whole condition guards its body."""
+    bound = cond.args[1] if len(cond.args) == 2 else None
+    if bound is None or not _reads(bound, it):
+        return cond, body
+    free = [b for b in (bound.args if bound.op == "min" else (bound,)) if not _reads(b, it)]
+    if not free:
+        raise LoweringError(f"isl bounds loop {it} only by a condition of {it} itself ({cond}); "
+                            "the schedule has no loop end to generate")
+    end = free[0] if len(free) == 1 else AExpr("min", tuple(free))
+    return AExpr(cond.op, (cond.args[0], end)), AstIf(cond, body, None)
+
+
+def _reads(e: AExpr, name: str) -> bool:
+    return e.name == name if e.op == "id" else any(_reads(a, name) for a in e.args)
 
 
 def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = None) -> AExpr:
@@ -201,7 +225,8 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         sources = sorted({s for p in pnames for s in dyn_sources[p]}, key=it.stmt.dims.index)
         bname = f"_bind{len(bindings)}"
         bindings.append(Binding(bname, owner, sorted(pnames), m, sources))
-        extra.append(_binding_statement(bname, it, m, sources, width))
+        users = [it] + [u for u in items if set(pnames) & set(u.stmt.dyn_params)]
+        extra.append(_binding_statement(bname, it, m, sources, width, _first_position(users, m)))
     all_items = items + extra
     dyn_all = sorted(depth_of)
 
@@ -338,9 +363,16 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
     raise LoweringError(f"statement {stmt.name}: the schedule does not fix {', '.join(sources)}")
 
 
-def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int) -> Scheduled:
+def _first_position(users: list[Scheduled], m: int) -> int:
+    """A position at (static) schedule dimension ``m`` before every statement of ``users``: a stage
+    placed ``before`` another at a loop sits at a negative position there."""
+    return min(int(u.schedule.range().dim_min_val(m).to_python()) for u in users) - 1
+
+
+def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int, position: int) -> Scheduled:
     """The loads of the bounds happen at every prefix where ``it`` may have instances (over every
-    value of the data-dependent bounds): the instances' image under the prefix and ``sources``."""
+    value of the data-dependent bounds): the instances' image under the prefix and ``sources``;
+    they run at ``position`` of schedule dimension ``m``, before the statements that use them."""
     stmt = it.stmt
     dom = stmt.over_domain()
     sched = it.schedule.intersect_domain(dom)
@@ -356,7 +388,7 @@ def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], wid
     bdom = both.range().flatten().set_tuple_name(name).coalesce()
     ps = [f"p{k}" for k in range(m)]
     ss = [f"s{k}" for k in range(len(sources))]
-    outs = ps + ["-1"] + ["0"] * (width - m - 1)
+    outs = ps + [str(position)] + ["0"] * (width - m - 1)
     bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
     bstmt = Statement(name, ps + ss, bdom)
     return Scheduled(bstmt, bs.intersect_domain(bdom))

@@ -112,7 +112,9 @@ def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
         obj = Path(tmp) / "kernel.so"
         proc = subprocess.run([cxx, *flags, str(src), "-o", str(obj)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BuildError(f"the C++ compiler rejected the generated code:\n{proc.stderr[-4000:]}")
+            # the first error leads: the tail alone may hold only the quoted source of a long line
+            first = next((line[:1000] for line in proc.stderr.splitlines() if "error:" in line), "")
+            raise BuildError(f"the C++ compiler rejected the generated code: {first}\n{proc.stderr[-4000:]}")
         os.replace(obj, out)  # atomic: concurrent builds of the same kernel are safe
     return out
 

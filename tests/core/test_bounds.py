@@ -244,6 +244,27 @@ def test_data_dependent_bounds_when_isl_eliminates_a_loop_of_their_prefix(rng):
     np.testing.assert_allclose(pt.build(s)(o, a, x), want, rtol=1e-5, atol=1e-5)
 
 
+def test_data_dependent_bounds_of_a_stage_placed_before_its_consumer(rng):
+    """The reduction stage placed ``before`` its consumer at a loop sits at a negative position there;
+    its bounds must be loaded before it, not before the consumer (fuzz seed 7 case 6285: '_d1' was
+    not declared)."""
+    rows, cols, nnz = 11, 3, 41
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    A = pt.placeholder((nnz,), "float32", "A")
+
+    def seg(i, j):
+        k = pt.reduce_axis((offs[j], offs[j + 1]), "k")
+        return pt.sum(A[k], axis=k) + pt.cast("float32", i)
+
+    U = pt.compute((cols, rows), seg, "U")
+    s = pt.create_schedule(pt.Func([A, offs], [U]))
+    s["U_red"].before(s["U"], "j")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    a = rng.standard_normal(nnz).astype("float32")
+    want = np.array([[a[o[j]:o[j + 1]].sum() + i for j in range(rows)] for i in range(cols)])
+    np.testing.assert_allclose(pt.build(s)(a, o), want, rtol=1e-5, atol=1e-5)
+
+
 DATA_WHERE_SCHEDULES = {
     "default": lambda s, T, P: None,
     "cache_write": lambda s, T, P: s[T].split("i", 4).cache_write("io"),

@@ -350,3 +350,44 @@ def test_a_loop_primitive_that_removes_a_cache_loop_is_refused(rng):
     assert s[T].loops == ["i", "ko", "ki"]
     a = rng.standard_normal((5, 7)).astype(np.float32)
     np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_cache_read_a_discarded_select_lane_outside_it(rng):
+    """A cache whose footprint covers the guarded loads only: the load a failing ``select`` discards
+    sits at a negative constant offset of the promoted cache (fuzz seed 7, cases 5173 and 8312); its
+    register variable must have a C name (no ``-``)."""
+    A = pt.placeholder((9, 9), "int64", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((pt.maximum(i - 2, 0), pt.minimum(i + 2, 3)), "k")
+        return pt.sum(pt.select(i >= 2, A[i - 2, i + 2], 1) - A[k, k], axis=k, where=(i < k))
+
+    T = pt.compute((3,), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].cache("A", "k")
+    kern = pt.build(s)
+    a = rng.integers(-50, 50, (9, 9)).astype("int64")
+    ref = [sum((a[i - 2, i + 2] if i >= 2 else 1) - a[k, k] for k in range(max(i - 2, 0), min(i + 2, 3)) if i < k)
+           for i in range(3)]
+    np.testing.assert_array_equal(kern(a), ref)
+
+
+def test_cache_copy_loop_bounded_by_a_condition_of_its_own_iterator(rng):
+    """isl bounds the copy loop of this cache by ``c3 <= min(2, -c1 + 2 * floord(c1 + c3 + 1, 2) - 1)``
+    (where c1 + c3 is odd; fuzz seed 7 case 5340: 'c3' was not declared): a condition of each
+    iteration, false at c3 = 0 where c3 = 1 must still be copied."""
+    A = pt.placeholder((7, 3), "float64", "A")
+
+    def body(i):
+        odd = (pt.select(i >= 1, A[i + 2, i - 1], -0.5).astype("int32")
+               + pt.select(i < 3, A[i, i], -0.5).astype("int32")) * A[i, 0].astype("int32")
+        return pt.select(i % 2 == 1, odd, A[i, i % 2].astype("int32"))
+
+    T = pt.compute((4,), body, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].cache_identity("A", "i", loc="heap")
+    a = rng.uniform(-9, 9, (7, 3))
+    t = np.trunc(a).astype(np.int64)
+    ref = [(((t[i + 2, i - 1] if i >= 1 else 0) + (t[i, i] if i < 3 else 0)) * t[i, 0]) if i % 2 else t[i, i % 2]
+           for i in range(4)]
+    np.testing.assert_array_equal(pt.build(s)(a), ref)

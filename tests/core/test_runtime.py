@@ -125,6 +125,15 @@ def test_compiler_error_is_a_build_error():
         compile_shared("this is not C++")
 
 
+def test_compiler_error_names_the_first_error_of_a_long_line():
+    """The compiler quotes a long generated line after its message (fuzz seed 7 case 3982: the
+    message was cut off the 4,000 characters of output kept); the first error still leads."""
+    from polytile.runtime.cpu import compile_shared
+    line = "int f() { return " + " + ".join(["undeclared_x"] * 2000) + "; }"
+    with pytest.raises(pt.BuildError, match="rejected the generated code: .*error: .undeclared_x. was not declared"):
+        compile_shared(line)
+
+
 def test_zero_sized_problem():
     kern = pt.build(scale_func())
     out = kern(np.zeros((0, 3), dtype="float32"))

@@ -145,3 +145,29 @@ def test_parallel_loop_inside_a_vectorize_loop_left_scalar(rng):
     out = pt.build(s)(a)
     lower = np.arange(5)[None, :] <= np.arange(4)[:, None]
     np.testing.assert_allclose(out[lower], (a * 2 + 1)[lower], rtol=1e-6)
+
+
+def test_vector_index_arithmetic_mixing_integer_widths(rng):
+    """An int32 index read from a buffer times an int64 stride (fuzz seed 7, cases 5015 and 8773): C
+    promotes the scalars, but GCC's vector operators take one vector type, so the vectorizer casts."""
+    A = pt.placeholder((7, M), "float32", "A")
+    idx = pt.placeholder((N,), "int32", "idx", value_range=(0, 6))
+    Y = pt.compute((M, N), lambda i, j: A[idx[j], i], "Y")
+    s = pt.create_schedule(pt.Func([A, idx], [Y]))
+    s[Y].vectorize("j")
+    kern = pt.build(s, "cpu")
+    assert "__builtin_convertvector(pt_vload<pt_int32x" in body(kern.source)  # the gather was vectorized
+    a = rng.uniform(-1, 1, (7, M)).astype("float32")
+    ix = rng.integers(0, 7, N).astype("int32")
+    np.testing.assert_array_equal(kern(a, ix), a[ix[None, :], np.arange(M)[:, None]])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "float16"])
+def test_vector_cast_to_bfloat16_rounds_lane_by_lane(dtype, rng):
+    """A cast to bfloat16 in a vectorized loop (fuzz seed 7, cases 6893 and 9385) rounds each lane of
+    a float32 vector; the scalar rounding helper takes no vector."""
+    kern = elementwise(lambda x, i, j: x.astype("bfloat16").astype("float32") * 2.0, dtype=dtype)
+    assert "pt_bf16_round_v(" in body(kern.source)
+    x = (rng.uniform(-300, 300, (M, N)) if dtype != "int32" else rng.integers(-10**6, 10**6, (M, N))).astype(dtype)
+    ref = x.astype(np.float32).astype(pt.bfloat16.numpy).astype(np.float32) * 2
+    np.testing.assert_array_equal(kern(x), ref)

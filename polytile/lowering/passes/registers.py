@@ -72,11 +72,17 @@ class _Promote(ir.Mutator):
         spans = _accesses(body, buf)
         if spans is None or len(spans) > 256:
             return ir.Allocate(buf, body)
-        names = {sp: ir.Var(f"{buf.name}_{sp[0]}", buf.dtype, sp[1]) for sp in spans}
+        names = {sp: ir.Var(_register_name(buf, sp[0]), buf.dtype, sp[1]) for sp in spans}
         out = _Replace(buf, names).stmt(body)
         for sp in reversed(spans):
             out = ir.Declare(names[sp], None, out)
         return out
+
+
+def _register_name(buf: ir.Buffer, offset: int) -> str:
+    """The variable of ``buf``'s element ``offset``; a negative offset (a load a select discards, of
+    a lane whose guard fails) is spelled with ``m``, as ``-`` cannot be part of a C name."""
+    return f"{buf.name}_{offset}" if offset >= 0 else f"{buf.name}_m{-offset}"
 
 
 def promote_registers(s: ir.Stmt) -> ir.Stmt:

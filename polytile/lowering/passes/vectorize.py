@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...dtypes import DType, float32, promote
 from ...target import CPUTarget
 from .. import loopir as ir
 from .simplify import simplify_expr
@@ -32,6 +33,21 @@ def _widen(e: ir.Expr, lanes: int) -> ir.Expr:
     if e.dtype.is_bool:
         raise CannotVectorize("a bool broadcast across lanes")
     return ir.Broadcast(e, lanes)
+
+
+def _vector_type(d: DType) -> DType:
+    """The element type of ``d``'s C vectors (bfloat16 values are computed in float32)."""
+    return float32 if d.name == "bfloat16" else d
+
+
+def _common(a: ir.Expr, b: ir.Expr) -> tuple[ir.Expr, ir.Expr]:
+    """``a`` and ``b`` cast to their common type where their C vector types differ: C promotes mixed
+    scalar operands (an int32 index times an int64 stride) by itself, but the operands of a vector
+    operation must have one vector type."""
+    if _vector_type(a.dtype) == _vector_type(b.dtype):
+        return a, b
+    t = promote(a.dtype, b.dtype)
+    return (a if a.dtype == t else ir.Cast(t, a)), (b if b.dtype == t else ir.Cast(t, b))
 
 
 class _Widen(ir.Mutator):
@@ -60,12 +76,14 @@ class _Widen(ir.Mutator):
                 return ir.Ramp(ir.BinOp("*", a.base, b), ir.BinOp("*", a.stride, b), a.lanes)
             if isinstance(b, ir.Ramp) and a.lanes == 1:
                 return ir.Ramp(ir.BinOp("*", a, b.base), ir.BinOp("*", a, b.stride), b.lanes)
+        a, b = _common(a, b)
         return ir.BinOp(e.op, _widen(a, self.lanes), _widen(b, self.lanes))
 
     def visit_Cmp(self, e: ir.Cmp) -> ir.Expr:
         a, b = self.expr(e.a), self.expr(e.b)
         if a.lanes == 1 and b.lanes == 1:
             return ir.Cmp(e.op, a, b)
+        a, b = _common(a, b)
         return ir.Cmp(e.op, _widen(a, self.lanes), _widen(b, self.lanes))
 
     def visit_Logic(self, e: ir.Logic) -> ir.Expr:
@@ -80,9 +98,10 @@ class _Widen(ir.Mutator):
             return ir.Select(c, a, b)
         if e.dtype.is_bool:
             raise CannotVectorize("a select of bool values")
+        a, b = _common(a, b)
         if c.lanes > 1:
             width = _cmp_width(c)
-            if width != e.dtype.itemsize:
+            if width != a.dtype.itemsize:
                 raise CannotVectorize("a vector condition of another element size")
             # both sides are evaluated in every lane: the loads a lane's condition guards must stay
             # inside their buffers where it does not hold
@@ -114,6 +133,8 @@ class _Widen(ir.Mutator):
             raise CannotVectorize(f"a reduction into {s.buffer.name}")
         if s.buffer.dtype.is_bool and (v.lanes > 1 or any(i.lanes > 1 for i in idx)):
             raise CannotVectorize(f"a vector store into the bool buffer {s.buffer.name}")
+        if v.lanes > 1 and _vector_type(v.dtype) != _vector_type(s.buffer.dtype):
+            v = ir.Cast(s.buffer.dtype, v)  # C converts an assigned scalar by itself, not a vector
         return ir.Store(s.buffer, idx, v)
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
