@@ -350,3 +350,25 @@ def test_a_loop_primitive_that_removes_a_cache_loop_is_refused(rng):
     assert s[T].loops == ["i", "ko", "ki"]
     a = rng.standard_normal((5, 7)).astype(np.float32)
     np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_write_cache_of_a_computation_with_a_disjunctive_domain_builds(rng):
+    """W's where= is an "or" of overlapping pieces; the cache's footprint per iteration of j
+    came out as one disjunct per pair of pieces (31) and the AST generator gave up on the copy
+    statements (fuzz seed 7 case 3960, with an identity layout)."""
+    A = pt.placeholder((7, 7), "int32", "A")
+
+    def f_w(i, j):
+        k = pt.reduce_axis((0, j), "k")
+        return pt.sum(A[k % 7, i], axis=k)
+
+    W = pt.compute((7, 31), f_w, "W", where=lambda i, j: ((i + j) < 7) | (j != (i + 1)))
+    s = pt.create_schedule(pt.Func([A], [W], name="disjunctive"))
+    s["W"].cache_write("j", layout=lambda a, b: (a, b))
+    kern = pt.build(s)
+    a = rng.integers(-9, 9, (7, 7)).astype(np.int32)
+    out = np.full((7, 31), 12345, np.int32)
+    kern(a, out)
+    want = np.array([[sum(int(a[k % 7, i]) for k in range(j)) for j in range(31)] for i in range(7)], np.int32)
+    keep = np.array([[(i + j) < 7 or j != i + 1 for j in range(31)] for i in range(7)])
+    np.testing.assert_array_equal(out[keep], want[keep])
