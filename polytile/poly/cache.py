@@ -501,9 +501,11 @@ def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled
         acc = s_acc if acc is None else acc
         fp = s_fp if fp is None else fp.union(s_fp)
     assert acc is not None and fp is not None
-    # coalesced: composing the prefix with a non-convex domain (a where= with an "or") yields one
-    # disjunct per pair of pieces, which every copy statement and the AST generator then multiply
-    return acc, fp.coalesce()
+    # made disjoint and coalesced: composing the prefix with a non-convex domain (a where= with an
+    # "or", a skewed or split loop) yields overlapping disjuncts, one per pair of pieces, which every
+    # copy statement carries and which make isl's AST generator give up (or, coalesced only, run
+    # for minutes where its operation budget does not reach)
+    return acc, fp.make_disjoint().coalesce()
 
 
 def _union_all(maps: list[isl.Map]) -> isl.Map:
