@@ -466,6 +466,7 @@ def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_nam
     for name in redirected:
         if name != req.consumer:
             iterations = iterations.union(_prefix_map(by_name[name], m, by_name[name].stmt.over_domain()).range())
+    iterations = iterations.coalesce()
     if req.block_dims:
         fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
     ndim = program.func.tensor(req.tensor).ndim
@@ -500,7 +501,11 @@ def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled
         acc = s_acc if acc is None else acc
         fp = s_fp if fp is None else fp.union(s_fp)
     assert acc is not None and fp is not None
-    return acc, fp
+    # made disjoint and coalesced: composing the prefix with a non-convex domain (a where= with an
+    # "or", a skewed or split loop) yields overlapping disjuncts, one per pair of pieces, which every
+    # copy statement carries and which make isl's AST generator give up (or, coalesced only, run
+    # for minutes where its operation budget does not reach)
+    return acc, fp.make_disjoint().coalesce()
 
 
 def _union_all(maps: list[isl.Map]) -> isl.Map:

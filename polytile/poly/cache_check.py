@@ -24,7 +24,7 @@ import islpy as isl
 
 from ..errors import ScheduleError
 from .cache import CachePlan, CacheRequest, CacheUse
-from .deps import Dependence, first_violation
+from .deps import Dependence, first_pair, first_violation
 from .materialize import plan_statements
 from .model import header, maps_of, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
@@ -283,7 +283,7 @@ class _View:
 
 def _pair(dep: isl.Map) -> tuple[str, str]:
     """One pair of instances of a dependence, as text (the first, for a stable message)."""
-    pt = dep.wrap().lexmin().sample_point()
+    pt = first_pair(dep)
     n_in, n_out = dep.dim(isl.dim_type.in_), dep.dim(isl.dim_type.out)
     vals = [pt.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_in + n_out)]
     a, b = dep.get_tuple_name(isl.dim_type.in_), dep.get_tuple_name(isl.dim_type.out)

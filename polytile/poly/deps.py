@@ -157,9 +157,18 @@ def _arity(rel: isl.UnionMap, name: str) -> int:
     return -1
 
 
+def first_pair(rel: isl.Map) -> isl.Point:
+    """The lexicographically first pair of ``rel`` as one point (source coordinates, then target).
+
+    Equalities are made explicit first: isl's lexmin fails on a relation whose equalities are
+    still implicit in its inequalities and divisions ("affine expression involves some of the
+    domain dimensions", as after fusing a strided computation with its consumer)."""
+    return rel.wrap().detect_equalities().lexmin().sample_point()
+
+
 def _example(d: Dependence, bad: isl.UnionMap, theta: isl.UnionMap) -> Violation:
     m = maps_of(bad)[0]
-    pt = m.wrap().lexmin().sample_point()  # the first violating pair, for a stable message
+    pt = first_pair(m)  # the first violating pair, for a stable message
     n_in = m.dim(isl.dim_type.in_)
     n_out = m.dim(isl.dim_type.out)
     src_vals = [pt.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_in)]

@@ -391,3 +391,46 @@ def test_cache_copy_loop_bounded_by_a_condition_of_its_own_iterator(rng):
     ref = [(((t[i + 2, i - 1] if i >= 1 else 0) + (t[i, i] if i < 3 else 0)) * t[i, 0]) if i % 2 else t[i, i % 2]
            for i in range(4)]
     np.testing.assert_array_equal(pt.build(s)(a), ref)
+
+
+def test_write_cache_of_a_computation_with_a_disjunctive_domain_builds(rng):
+    """W's where= is an "or" of overlapping pieces; the cache's footprint per iteration of j
+    came out as one disjunct per pair of pieces (31) and the AST generator gave up on the copy
+    statements (fuzz seed 7 case 3960, with an identity layout)."""
+    A = pt.placeholder((7, 7), "int32", "A")
+
+    def f_w(i, j):
+        k = pt.reduce_axis((0, j), "k")
+        return pt.sum(A[k % 7, i], axis=k)
+
+    W = pt.compute((7, 31), f_w, "W", where=lambda i, j: ((i + j) < 7) | (j != (i + 1)))
+    s = pt.create_schedule(pt.Func([A], [W], name="disjunctive"))
+    s["W"].cache_write("j", layout=lambda a, b: (a, b))
+    kern = pt.build(s)
+    a = rng.integers(-9, 9, (7, 7)).astype(np.int32)
+    out = np.full((7, 31), 12345, np.int32)
+    kern(a, out)
+    want = np.array([[sum(int(a[k % 7, i]) for k in range(j)) for j in range(31)] for i in range(7)], np.int32)
+    keep = np.array([[(i + j) < 7 or j != i + 1 for j in range(31)] for i in range(7)])
+    np.testing.assert_array_equal(out[keep], want[keep])
+
+
+def test_cache_of_strided_reads_under_a_skewed_split_loop_builds(rng):
+    """The footprint of A[j % 3], A[2j], A[i // 2]... per iteration of a skewed loop is a union of
+    overlapping pieces with divisions; the AST generator gave up on its copy (fuzz seed 7 case
+    8671; case 9588 ran for minutes once the footprint was only coalesced)."""
+    A = pt.placeholder((33,), "int32", "A")
+    T = pt.compute((7, 7), lambda i, j: pt.abs(A[j % 3]) + pt.select(2 * j < 33, A[2 * j], 0)
+                   - pt.select(i >= 1, A[i - 1], 0) + A[i // 2] * A[i + 1], "T")
+    func = pt.Func([A], [T], name="strided")
+    s = pt.create_schedule(func)
+    s["T"].apply_sch("{ [x0, x1] -> [x0 + x1, 2*x0 + x1] }", ["t1_0", "t1_1"])
+    s["T"].shift("t1_1", 1)
+    s["T"].cache("A", "t1_0", layout=lambda a: (a,))
+    s["T"].split("t1_1", 8)
+    a = rng.integers(-9, 9, 33).astype(np.int32)
+    out = np.full((7, 7), 12345, np.int32)
+    pt.build(s)(a, out)
+    want = np.full((7, 7), -1, np.int32)
+    pt.build(pt.create_schedule(func))(a, want)
+    np.testing.assert_array_equal(out, want)

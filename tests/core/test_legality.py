@@ -114,3 +114,21 @@ def test_inlining_a_reduction_refused():
     s, C = matmul()
     with pytest.raises(pt.ScheduleError, match="reduction and cannot be inlined"):
         s[C].compute_inline()
+
+
+def test_broken_dependence_of_a_strided_producer_is_named():
+    """Fusing U after T at i (U[i] reads T[i + 1, i + 1], written at i + 1) is refused with an
+    example pair; the relation's equalities (odd j, j = i) used to be implicit and isl's lexmin
+    failed on it with an isl error instead (fuzz seed 7 case 5182)."""
+    B = pt.placeholder((33,), "float32", "B")
+
+    def f_t(i, j):
+        k = pt.reduce_axis((0, 17), "k")
+        return pt.max(pt.maximum(1, pt.cast("uint8", B[i])), axis=k, where=(((j + k) < 33) & (i != 7)))
+
+    T = pt.compute((33, 33), f_t, "T", where=lambda i, j: ((j % 2) == 1))
+    U = pt.compute((33,), lambda i: pt.cast("float32", i) + pt.cast("float32", pt.select(
+        (i + 1) < 33, pt.select(((i + 1) % 2) == 1, T[i + 1, i + 1], 0), 1)), "U")
+    s = pt.create_schedule(pt.Func([B], [U], name="strided"))
+    with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T\[1, 1, 16\] must run before U\[0\]"):
+        s["U"].after(s["T"], "i")
