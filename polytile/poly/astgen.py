@@ -244,7 +244,10 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     assert sched is not None
     schedule = isl.Schedule.from_domain(domain)
     node = schedule.get_root().child(0)
-    node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(sched))
+    # the schedule's functions simplified within the domain, which the domain node states once:
+    # each function otherwise repeats its statement's domain (a cache's copy domain with divisions
+    # and disjunctions) in all its pieces, on which isl's AST generation ran for minutes
+    node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(sched).gist(domain))
     depths = sorted({m for m in depth_of.values()})
     start = 0
     for m in depths:

@@ -84,3 +84,44 @@ def test_a_cache_of_a_periodic_footprint_under_a_parametric_extent_builds_at_onc
         out = np.empty(n, np.float32)
         kern(a, out)
         np.testing.assert_array_equal(out, a[np.arange(n) % 2])
+
+
+@pytest.mark.timeout(120)
+def test_nested_caches_under_a_skewed_split_and_a_parametric_extent_build_at_once(rng):
+    # fuzz seed 7 case 1754: the schedule's functions carried each cache statement's domain (its
+    # divisions and disjunctions) in every piece; isl's AST generation ran for minutes on them
+    N = pt.param("N")
+    C = pt.placeholder((N, 13), "float32", "C")
+    T = pt.compute((13, 13), lambda i, j: pt.select((j >= 1) & (j - 1 < N), C[j - 1, i], 1.0), "T")
+    s = pt.create_schedule(pt.Func([C], [T], constraints=[N >= 0]))
+    s[T].skew("i", "j", 1).split("i", 7).reorder("j", "io")
+    s[T].cache_identity(C, "ii")
+    s[T].split("j", 3)
+    s[T].cache_identity(C, "jo")
+    start = time.perf_counter()
+    kern = pt.build(s)
+    assert time.perf_counter() - start < 30
+    c = rng.standard_normal((11, 13)).astype("float32")
+    ref = np.array([[c[j - 1, i] if 1 <= j <= 11 else 1.0 for j in range(13)] for i in range(13)], np.float32)
+    np.testing.assert_array_equal(kern(c, N=11), ref)
+
+
+@pytest.mark.timeout(120)
+def test_a_write_cache_of_a_tiled_skew_under_a_parametric_extent_builds_at_once(rng):
+    # fuzz seed 7 case 9236: as above, a write cache whose footprint is a lattice (a tile of a
+    # skewed apply_sch map) over an extent N
+    N = pt.param("N")
+    A = pt.placeholder((5, N), "float32", "A")
+    U = pt.compute((5, N), lambda i, j: A[i, j] * 2.0, "U")
+    s = pt.create_schedule(pt.Func([A], [U], constraints=[N >= 1]))
+    s[U].apply_sch("{ [x0, x1] -> [x1, x0 + 2*x1] }", ["t1_0", "t1_1"])
+    s[U].tile("t1_0", "t1_1", 3, 8)
+    s[U].cache_write("t1_0i")
+    s[U].split("t1_1i", 1)
+    s[U].reorder("t1_1ii", "t1_1io", "t1_1o", "t1_0o")
+    start = time.perf_counter()
+    kern = pt.build(s)
+    assert time.perf_counter() - start < 60
+    for n in (1, 2, 9):
+        a = rng.standard_normal((5, n)).astype("float32")
+        np.testing.assert_array_equal(kern(a, N=n), a * 2)
