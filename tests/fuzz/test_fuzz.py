@@ -20,10 +20,7 @@ CASES = 240
 BUDGET = 140.0  # seconds of starting cases; the ones running then finish
 CASE_TIMEOUT = 60.0
 
-KNOWN = {  # case of SEED: (kind, finding; who fixes it)
-    113: ("hang", "N7, isl AST generation of a cache under a parametric extent (its small snippet is fixed, "
-                  "this case still builds for minutes)"),
-}
+KNOWN: dict[int, tuple[str, str]] = {}  # case of SEED: (kind, finding; who fixes it)
 
 
 @pytest.mark.slow
