@@ -125,3 +125,29 @@ def test_a_write_cache_of_a_tiled_skew_under_a_parametric_extent_builds_at_once(
     for n in (1, 2, 9):
         a = rng.standard_normal((5, n)).astype("float32")
         np.testing.assert_array_equal(kern(a, N=n), a * 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_write_cache_over_a_where_with_an_or_is_cheap_to_check(rng):
+    # fuzz seed 7 cases 906, 1696, 3069, 5052: the legality check of each primitive after a cache
+    # over such a domain ran for minutes (cache_write here > 60 s) before the footprints were
+    # coalesced (44fa2c1) and made disjoint (bec2071)
+    N = pt.param("N")
+    A = pt.placeholder((3, 3, N), "int16", "A")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((0, N), "k")
+        return pt.max(A[i, j, k], axis=k, where=(i <= k) | (i + k >= 3))
+
+    T = pt.compute((3, 3), f_T, "T")
+    func = pt.Func([A], [T], constraints=[N >= 1])
+    s = pt.create_schedule(func)
+    start = time.perf_counter()
+    s[T].cache_write("k", layout=lambda a, b: (a, b))
+    s[T].tile("i", "j", 64, 3).split("io", 4)
+    kern = pt.build(s)
+    assert time.perf_counter() - start < 60
+    ref = pt.build(pt.create_schedule(func))
+    for n in (1, 2, 5):
+        a = rng.integers(-100, 100, (3, 3, n)).astype("int16")
+        np.testing.assert_array_equal(kern(a, N=n), ref(a, N=n))
