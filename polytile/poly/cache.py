@@ -187,16 +187,34 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
                     consider(pa.intersect_domain(lo.domain()))
                 elif pa.n_piece() == 1:  # (none: the first inner iteration accesses nothing of this kind)
                     consider(isl.PwAff.from_aff(pa.get_pieces()[0][1]))
+    # where no piece bounds the rest (the lowest index is a minimum of several accesses), the lowest
+    # index over all iterations: as the offset, a piecewise minimum would split the copies into a
+    # disjunct per piece and combination of pieces, more than isl's AST generator can scan
+    lowest = _lowest(lo) if best is None and lo.n_piece() > 1 else None
+    if lowest is not None:
+        consider(lowest)
     if best is not None:
         return _Box(best[1], best[0], None, lo, hi)
-    ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
+    offset = lo if lowest is None else lowest
+    ext = hi.sub(offset).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
         lo.get_domain_space())).set_constant_val(1)))
     s = isl.Map.from_pw_aff(ext).range()  # the extents, over the parameters
     mx = s.lexmax()
     if not mx.is_bounded() if hasattr(mx, "is_bounded") else False:
         raise ScheduleError(f"{what}: the footprint is unbounded; declare value_range on the index arrays")
     size_pa = isl.PwMultiAff.from_map(isl.Map.from_range(mx)).get_pw_aff(0)
-    return _Box(lo, None, size_pa, lo, hi)
+    return _Box(offset, None, size_pa, lo, hi)
+
+
+def _lowest(lo: isl.PwAff) -> isl.PwAff | None:
+    """The minimum of ``lo`` over every iteration P (a function of the parameters), as a function
+    over P, when it is one affine function."""
+    low = isl.Map.from_pw_aff(lo).range().lexmin()
+    over_p = isl.Map.from_domain_and_range(isl.Set.universe(lo.get_domain_space()), low)
+    pa = isl.PwMultiAff.from_map(over_p).get_pw_aff(0).coalesce()
+    if pa.n_piece() != 1:
+        return None
+    return isl.PwAff.from_aff(pa.get_pieces()[0][1])
 
 
 def _names(prefix: str, n: int) -> list[str]:

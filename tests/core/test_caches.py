@@ -434,3 +434,28 @@ def test_cache_of_strided_reads_under_a_skewed_split_loop_builds(rng):
     want = np.full((7, 7), -1, np.int32)
     pt.build(pt.create_schedule(func))(a, want)
     np.testing.assert_array_equal(out, want)
+
+
+def test_cache_whose_lowest_index_is_a_minimum_of_several_reads_builds(rng):
+    """No one read of A is the lowest in every iteration of h: the box's origin was the piecewise
+    minimum of the reads, and the copy came out as 126 disjuncts, one per combination of its
+    pieces, on which the AST generator gave up (fuzz seed 7 case 3179). The origin is now the
+    lowest index over all iterations."""
+    N = pt.param("N")
+    A = pt.placeholder((5, N + 2, 5), "float32", "A")
+
+    def f_t(i, j, h):
+        return (pt.select((j + 1 < 5) & (j + 1 < N + 2) & (h >= 1) & (h - 1 < 5), A[j + 1, j + 1, h - 1], 0.0)
+                + pt.select(2 * h < N + 2, A[j, 2 * h, i], 0.0)
+                + pt.select((j >= 2) & (i >= 2), A[j, j - 2, i - 2], 0.0) + A[j, h, j])
+
+    T = pt.compute((5, 5, N), f_t, "T")
+    func = pt.Func([A], [T], constraints=[N >= 2], name="lowest")
+    s = pt.create_schedule(func)
+    s["T"].cache_identity("A", "h")
+    a = rng.standard_normal((5, 7, 5)).astype(np.float32)
+    out, want = np.zeros((5, 5, 5), np.float32), np.zeros((5, 5, 5), np.float32)
+    pt.build(s)(a, out, N=5)
+    pt.build(pt.create_schedule(func))(a, want, N=5)
+    np.testing.assert_array_equal(out, want)
+
