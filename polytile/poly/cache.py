@@ -401,7 +401,9 @@ class _Builder:
         slot = self.slot_used[key] = self.slot_used.get(key, 0) + 1
         if slot > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{site.what}: too many caches at one loop of {req.consumer}")
-        self.plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
+        loop = self._loop_iterations(site)
+        loop = _all_threads(loop, req.thread_dims) if req.thread_dims else loop
+        self.plan.statements += _scope_statements(site, loop, base_static - STATIC_SCALE // 2,
                                                   last_static + STATIC_SCALE // 2 - 1, self.width)
         for kind, region, direction in _copy_regions(self.program, site, fill, redirected):
             static = base_static - STATIC_SCALE // 2 + slot if direction < 0 else last_static + slot
@@ -414,6 +416,18 @@ class _Builder:
             buf.copy_stmts.append(splan.name)
             self.plan.statements.append((scheduled, splan))
             use.copies[kind] = (_iterations(scheduled, site.m), static)
+
+    def _loop_iterations(self, site: _Site) -> isl.Set:
+        """Every iteration of the cache's loop: those of all statements inside it. The buffer's scope
+        spans them: over only those the cache serves (the last ones of the loop, say), isl's AST
+        generator may scan the release after the loop, apart from the allocation."""
+        m = site.m
+        here = self.scheds[site.req.consumer].statics[:m // 2]
+        out = site.iterations
+        for name, it in self.by_name.items():
+            if name in self.scheds and self.scheds[name].statics[:m // 2] == here:
+                out = out.union(_prefix_map(it, m, it.stmt.over_domain()).range())
+        return out.compute_divs().coalesce()
 
     def finish(self) -> CachePlan:
         _find_users(self.program, self.plan)
@@ -484,7 +498,7 @@ def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_nam
     for name in redirected:
         if name != req.consumer:
             iterations = iterations.union(_prefix_map(by_name[name], m, by_name[name].stmt.over_domain()).range())
-    iterations = iterations.coalesce()
+    iterations = iterations.compute_divs().coalesce()
     if req.block_dims:
         fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
     ndim = program.func.tensor(req.tensor).ndim
