@@ -75,6 +75,13 @@ def rounding(v: np.ndarray, d: DType) -> np.ndarray:
         return np.where(np.isfinite(v), u * np.abs(v) + tiny, 0.0)
 
 
+def rounded(v: np.ndarray, e: np.ndarray, d: DType, zero_is_exact: object = True) -> np.ndarray:
+    """The bound ``e`` of the real ``v`` once rounded to type ``d``. A zero known exactly (bound 0)
+    rounds to itself in every type, where ``zero_is_exact`` says a float64 zero is the real result
+    (not the underflow of a product or quotient of nonzero values)."""
+    return e + np.where((e == 0) & (v == 0) & zero_is_exact, 0.0, rounding(v, d))
+
+
 def _mul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``x * y`` for error terms, where 0 times an unknown (inf) bound is 0."""
     with np.errstate(invalid="ignore"):
@@ -154,7 +161,7 @@ class Evaluator:
         written = mask.reshape(shape)
         if d.is_float:
             self.check_float(v, written, d, comp.name)
-            e = e + rounding(v, d)
+            e = rounded(v, e, d)
         elif d.is_int:
             self.check_int(v, e, written, d, comp.name)
             e = _as_int(e)
@@ -283,8 +290,10 @@ class Evaluator:
                 err = np.where(room > 0, (a.e + _mul(np.abs(v), b.e)) / np.where(room > 0, room, 1.0), np.inf)
             else:
                 raise InvalidProgram(f"{e}: operator {op} on floats")
+            # x - x, 0 * y and 0 / y are exactly 0; a float64 zero from nonzero factors may be an underflow
+            zero_is_exact = (x == 0) | (y == 0) if op == "*" else (x == 0) if op == "/" else True
         self.check_float(v, mask, d, str(e))
-        return Val(v, err + rounding(v, d), d)
+        return Val(v, rounded(v, err, d, zero_is_exact), d)
 
     def cast(self, d: DType, a: Val, mask: np.ndarray, what: str) -> Val:
         src = a.dtype
@@ -294,7 +303,7 @@ class Evaluator:
         if d.is_float:
             v = a.v.astype(np.float64)
             if src.is_float:
-                return Val(v, a.e + rounding(v, d), d)
+                return Val(v, rounded(v, a.e, d), d)
             exact_err = np.abs(v - v.astype(d.numpy).astype(np.float64)) if d.name != "bfloat16" else rounding(v, d)
             self.check_float(v, mask, d, what)
             return Val(v, a.e + exact_err, d)
@@ -401,6 +410,10 @@ class Evaluator:
                 else:
                     err = _as_int(np.where(m, ex, 0.0).sum(axis=red, keepdims=True))
                 err = np.where((m & ~sure).any(axis=red, keepdims=True), np.inf, err)
+                # a factor that is surely in the product and exactly 0 makes it exactly 0 (as `_mul`
+                # does for one product), whatever the other factors and their bounds
+                exact_zero = sure & (x == 0) & (ex == 0)
+                err = np.where(exact_zero.any(axis=red, keepdims=True), 0.0, err)
             else:
                 f = np.max if r.op == "max" else np.min
                 v = f(np.where(sure, x, ident), axis=red, keepdims=True) if x.size else np.full(

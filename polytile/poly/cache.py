@@ -187,9 +187,16 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
                     consider(pa.intersect_domain(lo.domain()))
                 elif pa.n_piece() == 1:  # (none: the first inner iteration accesses nothing of this kind)
                     consider(isl.PwAff.from_aff(pa.get_pieces()[0][1]))
+    # where no piece bounds the rest (the lowest index is a minimum of several accesses), the lowest
+    # index over all iterations: as the offset, a piecewise minimum would split the copies into a
+    # disjunct per piece and combination of pieces, more than isl's AST generator can scan
+    lowest = _lowest(lo) if best is None and lo.n_piece() > 1 else None
+    if lowest is not None:
+        consider(lowest)
     if best is not None:
         return _Box(best[1], best[0], None, lo, hi)
-    ext = hi.sub(lo).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
+    offset = lo if lowest is None else lowest
+    ext = hi.sub(offset).add(isl.PwAff.from_aff(isl.Aff.zero_on_domain(isl.LocalSpace.from_space(
         lo.get_domain_space())).set_constant_val(1)))
     # the extents over the parameters, their existential variables made explicit divisions: isl's
     # parametric lexmax took 8 s on those of a write cache of a tiled skew (fuzz seed 7 case 9236)
@@ -198,7 +205,18 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
     if not mx.is_bounded() if hasattr(mx, "is_bounded") else False:
         raise ScheduleError(f"{what}: the footprint is unbounded; declare value_range on the index arrays")
     size_pa = isl.PwMultiAff.from_map(isl.Map.from_range(mx)).get_pw_aff(0)
-    return _Box(lo, None, size_pa, lo, hi)
+    return _Box(offset, None, size_pa, lo, hi)
+
+
+def _lowest(lo: isl.PwAff) -> isl.PwAff | None:
+    """The minimum of ``lo`` over every iteration P (a function of the parameters), as a function
+    over P, when it is one affine function."""
+    low = isl.Map.from_pw_aff(lo).range().lexmin()
+    over_p = isl.Map.from_domain_and_range(isl.Set.universe(lo.get_domain_space()), low)
+    pa = isl.PwMultiAff.from_map(over_p).get_pw_aff(0).coalesce()
+    if pa.n_piece() != 1:
+        return None
+    return isl.PwAff.from_aff(pa.get_pieces()[0][1])
 
 
 def _names(prefix: str, n: int) -> list[str]:
@@ -385,7 +403,9 @@ class _Builder:
         slot = self.slot_used[key] = self.slot_used.get(key, 0) + 1
         if slot > STATIC_SCALE // 2 - 2:
             raise ScheduleError(f"{site.what}: too many caches at one loop of {req.consumer}")
-        self.plan.statements += _scope_statements(site, scope_range, base_static - STATIC_SCALE // 2,
+        loop = self._loop_iterations(site)
+        loop = _all_threads(loop, req.thread_dims) if req.thread_dims else loop
+        self.plan.statements += _scope_statements(site, loop, base_static - STATIC_SCALE // 2,
                                                   last_static + STATIC_SCALE // 2 - 1, self.width)
         for kind, region, direction in _copy_regions(self.program, site, fill, redirected):
             static = base_static - STATIC_SCALE // 2 + slot if direction < 0 else last_static + slot
@@ -398,6 +418,18 @@ class _Builder:
             buf.copy_stmts.append(splan.name)
             self.plan.statements.append((scheduled, splan))
             use.copies[kind] = (_iterations(scheduled, site.m), static)
+
+    def _loop_iterations(self, site: _Site) -> isl.Set:
+        """Every iteration of the cache's loop: those of all statements inside it. The buffer's scope
+        spans them: over only those the cache serves (the last ones of the loop, say), isl's AST
+        generator may scan the release after the loop, apart from the allocation."""
+        m = site.m
+        here = self.scheds[site.req.consumer].statics[:m // 2]
+        out = site.iterations
+        for name, it in self.by_name.items():
+            if name in self.scheds and self.scheds[name].statics[:m // 2] == here:
+                out = out.union(_prefix_map(it, m, it.stmt.over_domain()).range())
+        return out.compute_divs().coalesce()
 
     def finish(self) -> CachePlan:
         _find_users(self.program, self.plan)
@@ -468,7 +500,7 @@ def _site(program: PolyProgram, req: CacheRequest, redirected: list[str], by_nam
     for name in redirected:
         if name != req.consumer:
             iterations = iterations.union(_prefix_map(by_name[name], m, by_name[name].stmt.over_domain()).range())
-    iterations = iterations.coalesce()
+    iterations = iterations.compute_divs().coalesce()
     if req.block_dims:
         fp = _whole_block(fp, m, req.block_dims).intersect_domain(prefix.range())
     ndim = program.func.tensor(req.tensor).ndim

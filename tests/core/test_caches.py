@@ -434,3 +434,76 @@ def test_cache_of_strided_reads_under_a_skewed_split_loop_builds(rng):
     want = np.full((7, 7), -1, np.int32)
     pt.build(pt.create_schedule(func))(a, want)
     np.testing.assert_array_equal(out, want)
+
+
+def test_cache_whose_lowest_index_is_a_minimum_of_several_reads_builds(rng):
+    """No one read of A is the lowest in every iteration of h: the box's origin was the piecewise
+    minimum of the reads, and the copy came out as 126 disjuncts, one per combination of its
+    pieces, on which the AST generator gave up (fuzz seed 7 case 3179). The origin is now the
+    lowest index over all iterations."""
+    N = pt.param("N")
+    A = pt.placeholder((5, N + 2, 5), "float32", "A")
+
+    def f_t(i, j, h):
+        return (pt.select((j + 1 < 5) & (j + 1 < N + 2) & (h >= 1) & (h - 1 < 5), A[j + 1, j + 1, h - 1], 0.0)
+                + pt.select(2 * h < N + 2, A[j, 2 * h, i], 0.0)
+                + pt.select((j >= 2) & (i >= 2), A[j, j - 2, i - 2], 0.0) + A[j, h, j])
+
+    T = pt.compute((5, 5, N), f_t, "T")
+    func = pt.Func([A], [T], constraints=[N >= 2], name="lowest")
+    s = pt.create_schedule(func)
+    s["T"].cache_identity("A", "h")
+    a = rng.standard_normal((5, 7, 5)).astype(np.float32)
+    out, want = np.zeros((5, 5, 5), np.float32), np.zeros((5, 5, 5), np.float32)
+    pt.build(s)(a, out, N=5)
+    pt.build(pt.create_schedule(func))(a, want, N=5)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_write_cache_at_a_fused_loop_whose_iterations_have_divisions_builds(rng):
+    """The iterations of the fused loop jh in which T or its initialization runs are a union with
+    an existential variable; the buffer's allocation ran over that set and the AST generator gave
+    up on it alone (fuzz seed 7 case 10747). Its divisions are now made explicit."""
+    A = pt.placeholder((4, 4), "float32", "A")
+
+    def f_t(i, j, h):
+        k = pt.reduce_axis((0, 4), "k")
+        return pt.prod(A[h, k] + pt.select((h + 1 < 4) & (j + 2 < 4), A[h + 1, j + 2], 0.0), axis=k,
+                       where=pt.cast("int32", h) <= 1)
+
+    T = pt.compute((16, 16, 4), f_t, "T", where=lambda i, j, h: ((i + j) >= 16) | (h <= j))
+    func = pt.Func([A], [T], name="fused_init")
+    s = pt.create_schedule(func)
+    s["T"].vectorize("i")
+    s["T"].shift("i", 2)
+    s["T"].fuse("j", "h")
+    s["T"].reorder("jh", "k")
+    s["T"].shift("jh", 3)
+    s["T"].cache_write("jh", layout=lambda a, b, c: (a, c, b))
+    a = rng.uniform(0.5, 2, (4, 4)).astype(np.float32)
+    out, want = np.full((16, 16, 4), 7.0, np.float32), np.full((16, 16, 4), 7.0, np.float32)
+    pt.build(s)(a, out)
+    pt.build(pt.create_schedule(func))(a, want)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def test_cache_serving_the_last_iteration_of_a_shared_loop_builds(rng):
+    """T runs in the last iteration of i only, U (fused into its loops) in every one: the cache's
+    release, placed in T's iterations, came after the loop in isl's AST, apart from its allocation
+    ("the scope of cache A_T_local is split", fuzz seed 7 case 4929). The scope now spans every
+    iteration of the loop."""
+    A = pt.placeholder((5, 5), "float32", "A")
+    k = pt.reduce_axis((0, 5), "k")
+    T = pt.compute((2, 2), lambda i, j: pt.sum(A[k, k], axis=k), "T", where=lambda i, j: i >= 1)
+    U = pt.compute((2, 7), lambda i, j: A[i, j % 5] * 2.0, "U")
+    func = pt.Func([A], [T, U], name="last_iteration")
+    s = pt.create_schedule(func)
+    s["U"].after(s["T"], "j")
+    s["T"].cache("A", "i")
+    a = rng.standard_normal((5, 5)).astype(np.float32)
+    outs = [np.full((2, 2), 7.0, np.float32), np.zeros((2, 7), np.float32)]
+    wants = [np.full((2, 2), 7.0, np.float32), np.zeros((2, 7), np.float32)]
+    pt.build(s)(a, *outs)
+    pt.build(pt.create_schedule(func))(a, *wants)
+    for out, want in zip(outs, wants):
+        np.testing.assert_allclose(out, want, rtol=1e-6)

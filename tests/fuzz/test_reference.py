@@ -23,7 +23,9 @@ def test_csr_segment_sum_with_where(rng):
     ref = reference.evaluate(pt.Func([offs, vals], [T]), [o, v])["T"]
     want = [sum(2.0 * float(v[k]) for k in range(o[i], o[i + 1]) if k % 2 == 0) for i in range(rows)]
     np.testing.assert_allclose(ref.value, want, rtol=1e-12)
-    assert (ref.err > 0).all() and (ref.err < 1e-5).all()  # float32 rounding of a few terms
+    terms = np.array([sum(k % 2 == 0 for k in range(o[i], o[i + 1])) for i in range(rows)])
+    assert (ref.err[terms > 0] > 0).all() and (ref.err < 1e-5).all()  # float32 rounding of a few terms
+    assert (ref.err[terms == 0] == 0).all()  # an empty sum is exactly 0
 
 
 def test_triangular_and_empty_max_reduction(rng):
@@ -122,3 +124,42 @@ def test_unwritten_boolean_outputs_keep_the_sentinel():
     assert reference.differences(pt.Func([A], [T]), [a], [out]) == []
     out[0] = False
     assert reference.differences(pt.Func([A], [T]), [a], [out]) != []
+
+
+def test_a_zero_from_exact_operands_is_exact():
+    # fuzz seed 7 case 1075: floor(0.0 - 0.0) was undecidable (the subtraction's rounding bound was
+    # the type's smallest subnormal), so a where= predicate downstream was unknown, and a wrong sum
+    # passed within the bound of its unknown terms
+    A = pt.placeholder((4,), "bfloat16", "A")
+    T = pt.compute((4,), lambda i: pt.floor(0.0 - pt.select(i >= 4, A[i], 0.0)), "T")
+    V = pt.compute((4,), lambda i: T[i] + A[i], "V")
+
+    def f_W(i):
+        k = pt.reduce_axis((0, 4), "k")
+        return pt.sum(pt.cast("float32", A[k]), axis=k, where=pt.cast("float32", V[i]) * A[k] > 0.0)
+
+    W = pt.compute((4,), f_W, "W", dtype="float32")
+    func = pt.Func([A], [W])
+    a = np.array([0.5, 1.25, 2.0, 0.75], dtype=pt.bfloat16.numpy)
+    assert (reference.evaluate(func, [a])["T"].err == 0).all()
+    total = np.float32(a.astype(np.float32).sum())
+    assert reference.differences(func, [a], [np.full(4, total, np.float32)]) == []
+    assert reference.differences(func, [a], [np.zeros(4, np.float32)]) != []
+
+
+def test_a_product_with_an_exact_zero_factor_is_exactly_zero():
+    # fuzz seed 7 case 1075: 0.0 times a factor of unknown bound gave the bound 0 * inf = NaN,
+    # which compared as exact
+    B = pt.placeholder((2,), "float32", "B")
+    F = pt.compute((2,), lambda i: pt.floor(B[i] * 3.0), "F")  # 3 * (1/3) rounds to 1 or just below
+
+    def f_P(i):
+        k = pt.reduce_axis((0, 2), "k")
+        return pt.prod(pt.select(k < 1, F[k], 0.0), axis=k) + 1.0
+
+    P = pt.compute((2,), f_P, "P")
+    b = np.full(2, 1 / 3, np.float32)
+    out = reference.evaluate(pt.Func([B], [P]), [b])
+    assert np.isinf(out["F"].err).all()
+    np.testing.assert_array_equal(out["P"].value, [1.0, 1.0])
+    assert (out["P"].err < 1e-6).all()  # the rounding of 0 + 1, not NaN
