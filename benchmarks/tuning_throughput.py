@@ -1,7 +1,11 @@
-"""Tuning throughput: trials per minute of the batch-synchronous path (each batch built whole, then run
-one by one: ``MeasureOptions(overlap=False)``, what `polytile tune` did before the streaming measurer)
-against the streaming path (builds feeding a measurement queue), on the same machine, in interleaved
-rounds of one process session (a shared machine drifts; interleaving meets both paths with it).
+"""Tuning throughput: trials per minute of the batch-synchronous path with the builds of before (each
+batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False)``, what
+`polytile tune` did before the streaming measurer and the quick builds) against today's path (builds
+feeding a measurement queue, quick builds: a precompiled header of the generated C++'s includes, no
+second legality check of an unchanged schedule state; the same kernels), on the same machine, in
+interleaved rounds of one process session (a shared machine drifts; interleaving meets both paths
+with it). ``--paths batch,stream,batch_quick`` adds the batch path with quick builds, which tells
+the two gains apart.
 
     python benchmarks/tuning_throughput.py                      # CPU matmul 512³ (the BLIS template)
     python benchmarks/tuning_throughput.py --target cuda        # the wgmma GEMM (fp16 512×768×3072)
@@ -39,8 +43,9 @@ WORKLOADS = {
     "cuda": {"wgmma_gemm": ("matmul", dict(M=512, N=768, K=3072, dtype="float16"))},
 }
 PATHS = {
-    "batch": dict(overlap=False, result_cache=False, retime=0),
-    "stream": dict(overlap=True, result_cache=False, retime=0),
+    "batch": dict(overlap=False, result_cache=False, retime=0, quick_build=False),  # the baseline: as before
+    "stream": dict(overlap=True, result_cache=False, retime=0, quick_build=True),  # today's path
+    "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True),
 }
 
 
@@ -62,9 +67,10 @@ def run_once(op: str, shape: dict, target: str, trials: int, batch: int, opts: d
 
 
 def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.Namespace) -> dict:
-    runs: dict[str, list[dict]] = {p: [] for p in PATHS}
+    paths = args.paths.split(",")
+    runs: dict[str, list[dict]] = {p: [] for p in paths}
     for rnd in range(args.rounds):
-        order = list(PATHS) if rnd % 2 == 0 else list(reversed(PATHS))  # neither path always goes first
+        order = paths if rnd % 2 == 0 else list(reversed(paths))  # neither path always goes first
         for path in order:
             with tempfile.TemporaryDirectory(prefix="pt-throughput-") as cache:
                 opts = {**PATHS[path], "builders": args.builders}
@@ -75,7 +81,12 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
     rates = {p: statistics.median(r["trials_per_minute"] for r in rs) for p, rs in runs.items()}
     ratio = rates["stream"] / rates["batch"]
     print(f"{name}: stream / batch = {ratio:.2f}x (median trials/min {rates['stream']:.1f} vs {rates['batch']:.1f})")
-    return {"op": op, "shape": shape, "runs": runs, "median_trials_per_minute": rates, "speedup": round(ratio, 3)}
+    entry = {"op": op, "shape": shape, "paths": {p: PATHS[p] for p in paths}, "runs": runs,
+             "median_trials_per_minute": rates, "speedup": round(ratio, 3)}
+    if "batch_quick" in rates:
+        entry["speedup_of_quick_builds"] = round(rates["batch_quick"] / rates["batch"], 3)
+        print(f"{name}: batch_quick / batch = {entry['speedup_of_quick_builds']:.2f}x")
+    return entry
 
 
 def compare_devices(name: str, op: str, shape: dict, target: str, devices: list[int], args: argparse.Namespace) -> dict:
@@ -102,6 +113,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=8, help="batch size (the tuner's proposals per round)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both paths (default 2)")
     p.add_argument("--builders", type=int, default=0, help="build processes (default: the cores)")
+    p.add_argument("--paths", default="batch,stream",
+                   help="paths compared, of " + ", ".join(PATHS) + " (default batch,stream; batch and stream needed)")
     p.add_argument("--devices", help="GPUs for the one-against-several comparison, e.g. 0,1")
     p.add_argument("--threads", type=int, default=0, help="threads of the timed CPU kernels and BLAS")
     p.add_argument("--out", help="result JSON (default benchmarks/results/tuning_throughput-<time>-<target>.json)")

@@ -8,14 +8,43 @@ scripts: ``$NVCC``, then ``nvcc`` on the ``PATH``, then ``$CUDA_HOME/bin/nvcc``,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .errors import BuildError
+
+QUICK_BUILD_VARIABLE = "POLYTILE_QUICK_BUILD"
+
+
+def quick_builds() -> bool:
+    """Whether builds take the shortcuts that leave every kernel the same: a precompiled header of
+    the includes that generated C++ starts with (``runtime.cpu.precompiled_prelude``) and no second
+    legality check of a schedule state checked already (``Schedule.check``). On unless
+    ``POLYTILE_QUICK_BUILD=0``: the builds of before, which ``MeasureOptions(quick_build=False)``
+    gives its builder processes (the baseline of ``benchmarks/tuning_throughput.py``)."""
+    return os.environ.get(QUICK_BUILD_VARIABLE, "1") != "0"
+
+
+@contextlib.contextmanager
+def quick_builds_set(on: bool | None) -> Iterator[None]:
+    """``quick_builds()`` is ``on`` inside (None: as the environment says)."""
+    if on is None:
+        yield
+        return
+    before = os.environ.get(QUICK_BUILD_VARIABLE)
+    os.environ[QUICK_BUILD_VARIABLE] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(QUICK_BUILD_VARIABLE, None)
+        else:
+            os.environ[QUICK_BUILD_VARIABLE] = before
 
 
 def find_nvcc() -> str | None:

@@ -16,6 +16,7 @@ from ..lang.expr import Expr, Load
 from ..lang.func import Func
 from ..lang.printer import expr_str
 from ..lang.tensor import ComputeTensor, Placeholder
+from ..toolchain import quick_builds
 from .affine import DynParams, NotAffine, affine
 from .astgen import Scheduled, binding_depth
 from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
@@ -55,6 +56,10 @@ class PolyProgram:
         self._add_dyn_constraints()
         self._check_bounds()
         self._deps: list[Dependence] | None = None
+        # quick builds: results of the isl work below by the (immutable) loop schedule they came from,
+        # which a schedule's checks ask for again after every primitive (``toolchain.quick_builds``)
+        self._inits: dict[tuple[str, int], tuple[LoopSchedule, LoopSchedule]] = {}
+        self._maps: dict[tuple[str, int, tuple[int, ...], int], tuple[LoopSchedule, isl.Map]] = {}
 
     # --- dynamic parameters ---------------------------------------------------------------------
     def _dyn_constraints(self) -> dict[str, list[str]]:
@@ -132,7 +137,6 @@ class PolyProgram:
         """The initialization of a reduction, placed just before the first loop that runs over a
         reduction axis, in the update's loops that do not (see the design notes)."""
         upd = self.statements[comp]
-        init = self.statements[comp + INIT_SUFFIX]
         loops = update.loops
         n = len(loops.names)
         dep = [loops.depends_on(k, upd.reduce_dims) for k in range(n)]
@@ -141,25 +145,46 @@ class PolyProgram:
         for k in keep:
             if k > q and loops.depends_on(k, upd.reduce_dims):
                 raise ScheduleError(f"computation {comp}: loop {loops.names[k]} mixes reduction and data axes")
+        init_loops = self._init_loop_schedule(comp, loops, keep)
+        names = init_loops.names
+        statics = list(update.statics[:q + 1])
+        statics[q] -= 1
+        statics += [update.statics[-1]] * (len(names) + 1 - len(statics))
+        return StageSchedule(init_loops, statics[:len(names) + 1])
+
+    def _init_loop_schedule(self, comp: str, loops: LoopSchedule, keep: list[int]) -> LoopSchedule:
+        """The loops ``keep`` of the update ``loops`` of reduction ``comp`` as its initialization's."""
+        found = self._inits.get((comp, id(loops)))
+        if found is not None and found[0] is loops:
+            return found[1]
+        upd = self.statements[comp]
+        init = self.statements[comp + INIT_SUFFIX]
         rel = _init_loops(loops.rel, keep, [upd.dims.index(d) for d in upd.reduce_dims], upd.over_domain(),
                           init.name, init.domain)
         if rel is None:
             raise ScheduleError(f"computation {comp}: its initialization cannot follow the loops "
                                 f"{', '.join(loops.names)}; keep reduction loops apart from data loops")
-        names = [loops.names[k] for k in keep]
-        init_loops = LoopSchedule(comp, init.dims, rel, names, init.over_domain())
-        statics = list(update.statics[:q + 1])
-        statics[q] -= 1
-        statics += [update.statics[-1]] * (len(names) + 1 - len(statics))
-        return StageSchedule(init_loops, statics[:len(names) + 1])
+        init_loops = LoopSchedule(comp, init.dims, rel, [loops.names[k] for k in keep], init.over_domain())
+        if quick_builds():
+            _remember(self._inits, (comp, id(loops)), (loops, init_loops))
+        return init_loops
 
     def width(self, scheds: Mapping[str, StageSchedule]) -> int:
         return max(2 * len(s.loops.names) + 1 for s in scheds.values())
 
     def full_maps(self, scheds: Mapping[str, StageSchedule], width: int | None = None) -> dict[str, isl.Map]:
         w = width or self.width(scheds)
-        return {name: full_map(s.loops, s.statics, w).intersect_domain(self.statements[name].over_domain())
-                for name, s in scheds.items() if name in self.statements}
+        return {name: self._full_map(name, s, w) for name, s in scheds.items() if name in self.statements}
+
+    def _full_map(self, name: str, s: StageSchedule, width: int) -> isl.Map:
+        key = (name, id(s.loops), tuple(s.statics), width)
+        found = self._maps.get(key)
+        if found is not None and found[0] is s.loops:
+            return found[1]
+        m = full_map(s.loops, s.statics, width).intersect_domain(self.statements[name].over_domain())
+        if quick_builds():
+            _remember(self._maps, key, (s.loops, m))
+        return m
 
     # --- dependences ----------------------------------------------------------------------------
     def dependences(self, original: Mapping[str, StageSchedule]) -> list[Dependence]:
@@ -229,6 +254,17 @@ class PolyProgram:
 
     def domain_of(self, stmt: str) -> isl.Set:
         return self.statements[stmt].domain
+
+
+REMEMBERED = 256  # entries of each of a program's memo tables (a template's schedule makes a few dozen)
+
+
+def _remember(table: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    """Keep ``value`` under ``key``; a full table starts again (the schedule has moved on).
+    The value holds the loop schedule whose ``id`` is in the key, so that id is not reused."""
+    if len(table) >= REMEMBERED:
+        table.clear()
+    table[key] = value
 
 
 def _init_loops(rel: isl.Map, keep: list[int], reduce_pos: list[int], domain: isl.Set, init: str,

@@ -19,12 +19,14 @@ from ..poly.limits import isl_budget
 from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
+from ..toolchain import quick_builds
 from .memory import check_memory
 from .transaction import transactional
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 PARALLEL_TAGS = ("parallel", "vectorize", *LOOP_TAGS[4:])
+PASSED_KEPT = 16  # checked states remembered by a schedule: a primitive's state and the few before it
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Schedule:
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()
+        self._passed: list[tuple[object, ...]] = []  # states that passed the checks (``_placement``), newest first
 
     # --- the polyhedral program -----------------------------------------------------------------
     def _build_program(self) -> None:
@@ -179,19 +182,38 @@ class Schedule:
     def _check(self) -> None:
         scheds = self.stage_schedules()
         relaxed = frozenset(n for n, st in self.states.items() if st.reassociate)
-        v = self.program.violation(self._original, scheds, relaxed)
-        if v is not None:
-            raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
-                                + self._at_loop(v.dim, scheds, v.sink))
+        placement = self._placement(scheds) if quick_builds() else None
+        known = placement is not None and placement in self._passed
+        if not known:
+            v = self.program.violation(self._original, scheds, relaxed)
+            if v is not None:
+                raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
+                                    + self._at_loop(v.dim, scheds, v.sink))
         self._check_shared_loop_tags(scheds)
-        unbounded = self.program.unbounded_loop(scheds)
-        if unbounded is not None:
-            raise ScheduleError(unbounded)
-        check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
+        if not known:
+            unbounded = self.program.unbounded_loop(scheds)
+            if unbounded is not None:
+                raise ScheduleError(unbounded)
+            check_memory(self, self._original, scheds, relaxed)  # caches and stored buffers
+            if placement is not None:
+                self._passed = [placement, *self._passed[:PASSED_KEPT - 1]]
         for name, st in self.states.items():
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
                     self.check_parallel(name, loop, tag, scheds)
+
+    def _placement(self, scheds: dict[str, StageSchedule]) -> tuple[object, ...]:
+        """Everything the checks of the loop order and of the buffers read: the program, each stage's
+        loops (immutable: compared as objects), static positions, buffer settings and GPU thread
+        bindings, and the caches. Loop tags of other kinds (parallel, vectorize, unroll) are left
+        out: only the checks of parallel tags read them. Two equal placements pass or fail alike, so
+        a primitive that changes none of it (a tag) is not checked again."""
+        stages = tuple((name, st.loops, tuple(scheds[name].statics), st.reassociate, st.store_layout,
+                        st.store_level, st.loc,
+                        tuple(sorted((lp, t) for lp, t in st.tags.items() if t.startswith("threadIdx"))))
+                       for name, st in self.states.items())
+        caches = tuple(tuple(vars(c).values()) for c in self.caches)  # values: CacheSpecs change in place
+        return self.program, stages, caches
 
     def _check_shared_loop_tags(self, scheds: dict[str, StageSchedule]) -> None:
         """Computations fused in a loop (after/before) give it compatible tags: one loop of the
@@ -207,8 +229,16 @@ class Schedule:
                                         "tag the loops of fused computations alike")
 
     def check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
+        key = None
+        if quick_builds():  # GPU thread bindings read the other stages' tags (cross-thread reductions)
+            tags = tuple(tuple(st.tags.items()) for st in self.states.values()) if tag.startswith("threadIdx") else ()
+            key = (self._placement(scheds), name, loop, tag, tags)
+            if key in self._passed:
+                return
         with isl_budget(ScheduleError, f"the schedule of {name}"):
             self._check_parallel(name, loop, tag, scheds)
+        if key is not None:
+            self._passed = [key, *self._passed[:PASSED_KEPT - 1]]
 
     def _check_parallel(self, name: str, loop: str, tag: str, scheds: dict[str, StageSchedule]) -> None:
         st = self.states[name]

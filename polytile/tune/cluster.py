@@ -151,11 +151,11 @@ class _Local:
 _LOCAL = _Local()
 
 
-def build_on_worker(task: Task, values: dict[str, object], odd: bool, timeout: float) -> Any:
+def build_on_worker(task: Task, values: dict[str, object], odd: bool, timeout: float, quick: bool | None = None) -> Any:
     """A Dask task: build one configuration in a builder process of this worker; the outcome."""
     pool = _LOCAL.builder()
     try:
-        return pool.call(build_candidate, (task, values, odd), timeout)
+        return pool.call(build_candidate, (task, values, odd, quick), timeout)
     finally:
         _LOCAL.give_back(pool)
 
@@ -356,7 +356,8 @@ class ClusterMeasurer:
         name = uuid.uuid4().hex[:12]
         opts = self.options
         build = self.client.submit(build_on_worker, task, values, opts.check_odd_shape, opts.build_timeout,
-                                   resources={build_tag(task): 1}, key=f"polytile-build-{name}", pure=False)
+                                   opts.quick_build, resources={build_tag(task): 1}, key=f"polytile-build-{name}",
+                                   pure=False)
         run = self.client.submit(measure_on_worker, task, values, build, opts, resources={measure_tag(task): 1},
                                  key=f"polytile-measure-{name}", pure=False)
         self._builds[trial] = build

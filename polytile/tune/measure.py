@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceError
+from ..toolchain import quick_builds_set
 from .features import itervar_features
 from .hygiene import conditions, toolkit_version
 from .result_cache import ResultCache
@@ -63,6 +64,10 @@ class MeasureOptions:
     ``retime``: how many of the best configurations are timed again in a fresh process before the
     winner is declared; ``noise_band``: relative difference under which two re-timed configurations
     tie (the tie goes to the one whose decisions come first in the template's order).
+    ``quick_build``: builds take the shortcuts that give the same kernels (a precompiled header of
+    the generated C++'s includes, no second legality check of an unchanged schedule state:
+    ``toolchain.quick_builds``); False builds as before them; None (the default): as the environment
+    says (``POLYTILE_QUICK_BUILD=0`` turns them off).
     """
 
     builders: int = 0
@@ -82,6 +87,7 @@ class MeasureOptions:
     result_cache: bool = True
     retime: int = 3
     noise_band: float = 0.02
+    quick_build: bool | None = None
 
     def __post_init__(self) -> None:
         at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "min_time": 0.0, "retime": 0,
@@ -186,18 +192,19 @@ def _prime_below(n: int) -> int:
     return m
 
 
-def build_candidate(task: Task, values: dict[str, object], odd: bool) -> tuple[KernelArtifact, np.ndarray,
-                                                                              KernelArtifact | None, float]:
+def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: bool | None = None
+                    ) -> tuple[KernelArtifact, np.ndarray, KernelArtifact | None, float]:
     """Build one configuration (in a builder process): its kernel, iter features and, when ``odd``,
-    the kernel of the same configuration at odd sizes."""
+    the kernel of the same configuration at odd sizes. ``quick``: ``MeasureOptions.quick_build``."""
     from ..build import build
     t0 = time.perf_counter()
-    kern = build(task.schedule(values), task.target)
-    feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
-    odd_art = None
-    if odd:
-        odd_task = Task(task.template, odd_workload(task), task.target)
-        odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
+    with quick_builds_set(quick):
+        kern = build(task.schedule(values), task.target)
+        feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
+        odd_art = None
+        if odd:
+            odd_task = Task(task.template, odd_workload(task), task.target)
+            odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
     return pack_kernel(kern, task, values), feats, odd_art, time.perf_counter() - t0
 
 
@@ -408,8 +415,8 @@ class Measurer:
                                                         conditions=found.get("conditions", {}), cached=True)))
                 return trial
         self._trials[trial] = _Trial(task, values, key)
-        ticket = self.builders.submit(build_candidate, (task, values, self.options.check_odd_shape),
-                                      self.options.build_timeout)
+        ticket = self.builders.submit(build_candidate, (task, values, self.options.check_odd_shape,
+                                                        self.options.quick_build), self.options.build_timeout)
         self._builds[ticket] = trial
         return trial
 
@@ -514,7 +521,7 @@ class Measurer:
         """Build every configuration of ``batch`` in parallel without running them: each outcome's
         value (when it returned) goes to ``run_built`` later, possibly on another machine (it pickles)."""
         opts = self.options
-        return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape) for v in batch],
+        return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape, opts.quick_build) for v in batch],
                                  opts.build_timeout)
 
     def run_built(self, task: Task, values: dict[str, object], built: Outcome, device: int = 0) -> MeasureResult:
