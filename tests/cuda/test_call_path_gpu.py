@@ -148,7 +148,7 @@ def test_signature_cache_misses_on_shape_dtype_and_strides(rng):
     N, M = pt.param("N"), pt.param("M")
     X = pt.placeholder((N, M), "float32", "X")
     Y = pt.compute((N, M), lambda i, j: X[i, j] * 2.0, "Y")
-    s = pt.create_schedule(pt.Func([X], [Y], name="double"))
+    s = pt.create_schedule(pt.Func([X], [Y], name="twice"))
     s[Y].split("j", 128, "bx", "tx").bind("i", "blockIdx.y").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     dbl = pt.build(s, "cuda")
     for shape in ((5, 300), (7, 129), (5, 300)):
