@@ -168,6 +168,12 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
 
     def consider(cand: isl.PwAff) -> None:
         nonlocal best
+        # the offset must be defined wherever something is accessed: the element at the first inner
+        # iteration is not where that iteration's read is guarded off (k >= 1 at k = 0; fuzz seed 31
+        # case 4276), and there the copies would skip the footprint and the uses index it at 0
+        missing = lo.domain().subtract(cand.domain())
+        if not missing.is_empty():
+            cand = cand.union_min(lo.intersect_domain(missing))
         below = _extreme(lo.sub(cand), maximize=False)
         if below is None or below < 0:
             return

@@ -507,3 +507,29 @@ def test_cache_serving_the_last_iteration_of_a_shared_loop_builds(rng):
     pt.build(pt.create_schedule(func))(a, *wants)
     for out, want in zip(outs, wants):
         np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def test_cache_whose_first_inner_read_is_guarded_off_copies_every_tile(rng):
+    """At i = 0 the first iteration of the tile of k (k = 0) reads nothing (the select's k >= 1):
+    the box's origin, the element read at the first inner iteration, was undefined there, so the
+    copy skipped that tile and its reads went to uninitialized elements of the cache, one past
+    its end for k = 7 (fuzz seed 31 case 4276, a SIGSEGV through an index array). Where the
+    origin reads nothing, the offset is now the lowest element read."""
+    N = pt.param("N")
+    A = pt.placeholder((N,), "float32", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((i, N), "k")
+        return pt.sum(pt.select((k >= 1) & (k < 10), A[k], 0.5), axis=k)
+
+    T = pt.compute((N,), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+    s["T"].tile("i", "k", 4, 8)
+    s["T"].cache("A", "ii")
+    kern = pt.build(s)
+    for n in (1, 5, 12):
+        a = rng.standard_normal(n).astype(np.float32)
+        out = np.zeros(n, np.float32)
+        kern(a, out, N=n)
+        ref = [sum(a[k] if 1 <= k < 10 else 0.5 for k in range(i, n)) for i in range(n)]
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
