@@ -246,20 +246,31 @@ class IRBuilder:
         return end, frozenset(owners)
 
     def leading_binding(self, n: AstNode) -> tuple[AstUser, list[AExpr], AstNode | None] | None:
-        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, the start of
-        the branch of an ``if`` without ``else``; with the conditions around it and what ``n`` runs
-        after it (under the same conditions). Its loads scope over all that follows."""
+        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, in the branch
+        of an ``if`` without ``else``; with the conditions around it and what ``n`` runs besides it
+        (under the same conditions). Its loads scope over all that follows. isl may run other
+        statements of the branch before the binding (its computation's initialization, guarded alike)
+        and the binding's users after the branch: the loads move before those statements, unless one
+        writes an array they read (then they scope over the rest of the branch only)."""
         if isinstance(n, AstUser) and n.stmt in self.bindings:
             return n, [], None
         if not isinstance(n, AstIf) or n.orelse is not None:
             return None
         body = _flatten_blocks([n.then])
-        inner = self.leading_binding(body[0]) if body else None
-        if inner is None:
+        found = next(((j, b) for j, x in enumerate(body) if (b := self.leading_binding(x)) is not None), None)
+        if found is None:
             return None
-        user, conds, after = inner
-        rest = ([after] if after is not None else []) + body[1:]
+        j, (user, conds, after) = found
+        if j and self._writes_bounds(self.bindings[user.stmt], body[:j]):
+            return None
+        rest = body[:j] + ([after] if after is not None else []) + body[j + 1:]
         return user, [n.cond, *conds], AstIf(n.cond, AstBlock(tuple(rest)), None) if rest else None
+
+    def _writes_bounds(self, b: Binding, nodes: list[AstNode]) -> bool:
+        """Whether a statement of ``nodes`` writes an array that the loads of ``b`` read."""
+        read = {x.tensor.name for p in b.params for x in lx.walk(self.dyn_exprs[p]) if isinstance(x, lx.Load)}
+        stmts = _users(AstBlock(tuple(nodes)))
+        return any(read & {w.tensor for w in it.stmt.writes} for it in self.plan.items if it.stmt.name in stmts)
 
     def bind(self, b: Binding, n: AstUser, conds: list[AExpr], env: dict[str, ir.Expr], body: ir.Stmt) -> ir.Stmt:
         """``body`` inside the loads of ``b``'s bounds; where isl guards the binding by ``conds``, the

@@ -265,6 +265,29 @@ def test_data_dependent_bounds_of_a_stage_placed_before_its_consumer(rng):
     np.testing.assert_allclose(pt.build(s)(a, o), want, rtol=1e-5, atol=1e-5)
 
 
+def test_data_dependent_bounds_loaded_after_the_initialization_in_one_branch(rng):
+    """isl guards the initialization and the binding of the bounds in one branch (the where=), the
+    binding second, and runs the reduction's cache loop after that branch: the loads must scope over
+    it (fuzz seed 31 cases 954, 3834, 7484: '_d0' was not declared)."""
+    rows, nnz = 11, 20
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    T = pt.placeholder((nnz,), "int32", "T")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.max(T[k], axis=k)
+
+    U = pt.compute((rows,), seg, "U", where=lambda i: i != 7)
+    s = pt.create_schedule(pt.Func([T, offs], [U]))
+    s["U"].cache_identity("T", "k")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    o[3] = o[4]  # an empty segment: the maximum of nothing
+    t = rng.integers(-5, 5, nnz).astype(np.int32)
+    got = pt.build(s)(t, o)
+    want = [t[o[i]:o[i + 1]].max(initial=np.iinfo(np.int32).min) for i in range(rows) if i != 7]
+    np.testing.assert_array_equal(np.delete(got, 7), want)
+
+
 DATA_WHERE_SCHEDULES = {
     "default": lambda s, T, P: None,
     "cache_write": lambda s, T, P: s[T].split("i", 4).cache_write("io"),
