@@ -25,6 +25,7 @@ from ..lang import expr as lx
 from .affine import NotAffine, affine
 from .astgen import Scheduled, binding_depth, pw_aff_expr
 from .astnodes import AExpr
+from .lexopt import lexmax, lexmin
 from .model import INIT_SUFFIX, Namer, Statement, project_out_params, tensor_bounds
 from .program import STATIC_SCALE, PolyProgram, StageSchedule
 
@@ -207,7 +208,7 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
     # the extents over the parameters, their existential variables made explicit divisions: isl's
     # parametric lexmax took 8 s on those of a write cache of a tiled skew (fuzz seed 7 case 9236)
     s = isl.Map.from_pw_aff(ext).range().compute_divs().coalesce()
-    mx = s.lexmax()
+    mx = lexmax(s)
     if not mx.is_bounded() if hasattr(mx, "is_bounded") else False:
         raise ScheduleError(f"{what}: the footprint is unbounded; declare value_range on the index arrays")
     size_pa = isl.PwMultiAff.from_map(isl.Map.from_range(mx)).get_pw_aff(0)
@@ -217,7 +218,7 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
 def _lowest(lo: isl.PwAff) -> isl.PwAff | None:
     """The minimum of ``lo`` over every iteration P (a function of the parameters), as a function
     over P, when it is one affine function."""
-    low = isl.Map.from_pw_aff(lo).range().lexmin()
+    low = lexmin(isl.Map.from_pw_aff(lo).range())
     over_p = isl.Map.from_domain_and_range(isl.Set.universe(lo.get_domain_space()), low)
     pa = isl.PwMultiAff.from_map(over_p).get_pw_aff(0).coalesce()
     if pa.n_piece() != 1:
@@ -269,7 +270,7 @@ def _origin(it: Scheduled, m: int, dom: isl.Set, acc: isl.Map, req: CacheRequest
     n_out = sched.dim(isl.dim_type.out)
     image = dom.apply(sched)
     inner = isl.Map.from_domain(image).move_dims(isl.dim_type.out, 0, isl.dim_type.in_, m, n_out - m)
-    first = inner.lexmin()  # [P] -> [first inner iteration]
+    first = lexmin(inner)  # [P] -> [first inner iteration]
     full = isl.Map.identity(first.get_space().domain().map_from_set()).flat_range_product(first)
     return full.apply_range(sched.reverse()).apply_range(acc)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from .lexopt import first_point
 from .model import Statement, maps_of, project_out_params
 
 
@@ -158,12 +159,8 @@ def _arity(rel: isl.UnionMap, name: str) -> int:
 
 
 def first_pair(rel: isl.Map) -> isl.Point:
-    """The lexicographically first pair of ``rel`` as one point (source coordinates, then target).
-
-    Equalities are made explicit first: isl's lexmin fails on a relation whose equalities are
-    still implicit in its inequalities and divisions ("affine expression involves some of the
-    domain dimensions", as after fusing a strided computation with its consumer)."""
-    return rel.wrap().detect_equalities().lexmin().sample_point()
+    """The lexicographically first pair of ``rel`` as one point (source coordinates, then target)."""
+    return first_point(rel.wrap())
 
 
 def _example(d: Dependence, bad: isl.UnionMap, theta: isl.UnionMap) -> Violation:

@@ -132,3 +132,19 @@ def test_broken_dependence_of_a_strided_producer_is_named():
     s = pt.create_schedule(pt.Func([B], [U], name="strided"))
     with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T\[1, 1, 16\] must run before U\[0\]"):
         s["U"].after(s["T"], "i")
+
+
+def test_broken_dependence_of_a_skewed_fused_reduction_is_named():
+    """Skewing T backwards after fusing it with its reduction T_red at i is refused with an example
+    pair; with the relation's equalities detected (the fix of seed 7 case 5182), isl's lexmin failed
+    on it with an isl error instead (fuzz seed 31 case 6536)."""
+    def f_t(i, j):
+        k = pt.reduce_axis((0, j + 1), "k")
+        l = pt.reduce_axis((0, 4), "l")
+        return pt.select((i % 2) == 1, pt.sum(1.0, axis=[k, l]), 1.0)
+
+    T = pt.compute((4, 4), f_t, "T", where=lambda i, j: (i + j) >= 4)
+    s = pt.create_schedule(pt.Func([], [T], name="skew"))
+    s["T"].after(s["T_red"], "i")
+    with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T_red\[1, 3, 3, 3\] must run before T\[1, 3\]"):
+        s["T"].apply_sch("{ [x0, x1] -> [-x0 - x1, x1] }", ["t1_0", "t1_1"])
