@@ -82,9 +82,14 @@ Outcome = Returned | Raised | Crashed | TimedOut
 BOOT = ("import sys\n"
         "from multiprocessing.connection import Connection\n"
         "conn = Connection(int(sys.argv[1]))\n"
-        "setup = conn.recv()\n"  # plain data: reading it needs nothing but the standard library
-        "sys.path[:] = setup['sys_path']\n"
-        "from polytile.tune.workers import serve\n"
+        "try:\n"
+        "    setup = conn.recv()\n"  # plain data: reading it needs nothing but the standard library
+        "    sys.path[:] = setup['sys_path']\n"
+        "    from polytile.tune.workers import serve\n"
+        # the caller gone (its end closed) or Ctrl-C in the process group before the worker serves:
+        # a quiet exit, not a traceback beside the caller's one-line message
+        "except (EOFError, OSError, KeyboardInterrupt):\n"
+        "    raise SystemExit(1)\n"
         "serve(conn, setup)\n")
 
 _loading_main: str | None = None  # the caller's script while a worker runs it to find a name

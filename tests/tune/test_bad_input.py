@@ -310,3 +310,19 @@ def test_pt_tune_refuses_a_gpu_target_without_a_gpu_up_front(tmp_path):
     line = _one_error_line(done.stderr)
     assert "no GPU found: tuning matmul(K=3072,M=512,N=768,dtype=float16) for cuda:" in line
     assert "--target cpu" in line and not (tmp_path / "r.jsonl").exists()
+
+
+def test_worker_whose_caller_is_gone_before_it_serves_exits_quietly():
+    # Ctrl-C can end `polytile tune` while a measurement worker is still starting: its end of the
+    # connection is closed before the worker reads its setup (once seen as an EOFError traceback)
+    from multiprocessing import Pipe
+
+    from polytile.tune.workers import BOOT
+
+    theirs, ours = Pipe()
+    proc = subprocess.Popen([sys.executable, "-c", BOOT, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    theirs.close()
+    ours.close()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err == "", err
