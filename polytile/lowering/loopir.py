@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ..dtypes import INDEX, DType, bool_, int32
 
 # --- buffers ----------------------------------------------------------------------------------------
@@ -311,6 +313,39 @@ def eval_int(e: Expr, env: Mapping[str, int]) -> int:
     if isinstance(e, Logic):
         vals = [eval_int(x, env) for x in e.args]
         return int(all(vals) if e.op == "&&" else any(vals) if e.op == "||" else not vals[0])
+    raise ValueError(f"cannot evaluate {expr_text(e)} as an integer")
+
+
+def eval_int_array(e: Expr, env: Mapping[str, object]) -> np.ndarray:
+    """``eval_int`` over NumPy arrays: the values of ``e`` at every point of ``env``'s (broadcast)
+    arrays at once, with eval_int's semantics (floor division and modulo; a division by zero gives 0)."""
+    if isinstance(e, Const):
+        return np.asarray(int(e.value), dtype=np.int64)
+    if isinstance(e, Var):
+        return np.asarray(env[e.name], dtype=np.int64)
+    if isinstance(e, Cast):
+        return eval_int_array(e.a, env)
+    if isinstance(e, BinOp) and e.op in _INT_OPS:
+        a, b = eval_int_array(e.a, env), eval_int_array(e.b, env)
+        if e.op in ("//", "div", "%", "mod"):
+            safe = np.where(b != 0, b, 1)
+            q = a // safe if e.op in ("//", "div") else a % safe
+            return np.where(b != 0, q, 0)
+        return {"+": np.add, "-": np.subtract, "*": np.multiply, "min": np.minimum, "max": np.maximum}[e.op](a, b)
+    if isinstance(e, Select):
+        return np.where(eval_int_array(e.cond, env) != 0, eval_int_array(e.a, env), eval_int_array(e.b, env))
+    if isinstance(e, Cmp):
+        a, b = eval_int_array(e.a, env), eval_int_array(e.b, env)
+        op = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+              "!=": np.not_equal}[e.op]
+        return op(a, b).astype(np.int64)
+    if isinstance(e, Logic):
+        vals = [eval_int_array(x, env) != 0 for x in e.args]
+        if e.op == "&&":
+            return np.logical_and.reduce(np.broadcast_arrays(*vals)).astype(np.int64)
+        if e.op == "||":
+            return np.logical_or.reduce(np.broadcast_arrays(*vals)).astype(np.int64)
+        return np.logical_not(vals[0]).astype(np.int64)
     raise ValueError(f"cannot evaluate {expr_text(e)} as an integer")
 
 

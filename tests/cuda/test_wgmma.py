@@ -184,3 +184,66 @@ def _conv(N, H, C, K):
     s = pt.Schedule(ops.conv2d_igemm(N, H, H, C, K, 3, 3, 1, 1).func)
     igemm_wgmma(s, "O", "col", "Wt", ["r", "s"], bm=128, bn=64, bk=64, stages=4, inflight=1)
     return s
+
+
+def test_layout_check_evaluates_every_element():
+    """The descriptor check evaluates the operand's index at every element of the tile (all at once):
+    a 64×16 A tile stored as 8×8 core matrices passes with its strides; stored row-major it is refused
+    at its first misplaced element, (1, 0); one element moved inside the tile is found too."""
+    from polytile.dtypes import float16
+    from polytile.lowering import loopir as ir
+    from polytile.lowering.passes.wgmma import _check_layout
+
+    r, c = ir.Var("r"), ir.Var("c")
+
+    def load(index):
+        return ir.Load(ir.Buffer("As", float16, (ir.const(1024),), "shared"), (index,))
+
+    def at(e):
+        return e if isinstance(e, ir.Expr) else ir.const(e)
+
+    def add(*xs):
+        out = at(xs[0])
+        for x in xs[1:]:
+            out = ir.BinOp("+", out, at(x))
+        return out
+
+    def mul(a, b):
+        return ir.BinOp("*", at(a), at(b))
+
+    def div(a, b):
+        return ir.BinOp("//", at(a), at(b))
+
+    def mod(a, b):
+        return ir.BinOp("%", at(a), at(b))
+
+    place = lambda rr, cc: {"r": rr, "c": cc}  # noqa: E731
+    core = add(mul(add(mul(div(r, 8), 2), div(c, 8)), 64), mul(mod(r, 8), 8), mod(c, 8))
+    assert _check_layout(load(core), place, 64, 16, [{}], "t") == (256, 128)
+    with pytest.raises(LoweringError, match=r"element \(1, 0\) of the tile is at offset 16, the layout puts it at 8"):
+        _check_layout(load(add(mul(r, 16), c)), place, 64, 16, [{}], "t")
+    # swap elements (37, 11) and (37, 12): the first wrong one in a scan by rows is (37, 11)
+    hit = lambda rr, cc: ir.Logic("&&", (ir.Cmp("==", r, ir.const(rr)), ir.Cmp("==", c, ir.const(cc))))  # noqa: E731
+    moved = ir.Select(hit(37, 11), add(core, 1), ir.Select(hit(37, 12), add(core, -1), core))
+    with pytest.raises(LoweringError, match=r"element \(37, 11\)"):
+        _check_layout(load(moved), place, 64, 16, [{}], "t")
+
+
+def test_array_evaluation_agrees_with_scalar_evaluation():
+    """loopir.eval_int_array gives eval_int's value at every point (floor division and modulo of
+    negative values, division by zero as 0, selects, comparisons, logic)."""
+    import numpy as np
+
+    from polytile.lowering import loopir as ir
+
+    x, y = ir.Var("x"), ir.Var("y")
+    exprs = [ir.BinOp("//", x, y), ir.BinOp("%", x, y), ir.BinOp("div", ir.BinOp("-", x, ir.const(7)), ir.const(3)),
+             ir.BinOp("mod", x, ir.const(-4)), ir.BinOp("min", x, y), ir.BinOp("max", ir.BinOp("*", x, y), ir.const(5)),
+             ir.Select(ir.Cmp("<", x, y), ir.BinOp("+", x, ir.const(100)), y),
+             ir.Logic("||", (ir.Cmp(">=", x, ir.const(2)), ir.Cmp("!=", y, ir.const(0)))),
+             ir.Logic("!", (ir.Cmp("==", x, y),))]
+    xs, ys = np.meshgrid(np.arange(-9, 10), np.arange(-5, 6), indexing="ij")
+    for e in exprs:
+        got = ir.eval_int_array(e, {"x": xs, "y": ys})
+        want = np.vectorize(lambda a, b, e=e: ir.eval_int(e, {"x": int(a), "y": int(b)}))(xs, ys)
+        assert np.array_equal(np.broadcast_to(got, xs.shape), want), ir.expr_text(e)

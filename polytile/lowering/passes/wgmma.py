@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from ...errors import LoweringError
 from ...intrinsics import WGMMA_M64NNK16, WGMMA_N, instruction
 from .. import loopir as ir
@@ -44,6 +46,16 @@ def _flat(ld: ir.Load, env: dict[str, int]) -> int:
         if not isinstance(d, ir.Const):
             raise LoweringError(f"wgmma operand {ld.buffer.name} needs a constant shape")
         off = off * int(d.value) + ir.eval_int(i, env)
+    return off
+
+
+def _flat_all(ld: ir.Load, env: dict[str, object], shape: tuple[int, ...]) -> np.ndarray:
+    """``_flat`` at every point of ``env``'s arrays (of ``shape``) at once."""
+    off = np.zeros(shape, dtype=np.int64)
+    for i, d in zip(ld.index, ld.buffer.shape):
+        if not isinstance(d, ir.Const):
+            raise LoweringError(f"wgmma operand {ld.buffer.name} needs a constant shape")
+        off = off * int(d.value) + ir.eval_int_array(i, env)
     return off
 
 
@@ -115,15 +127,16 @@ def _check_layout(op: ir.Load, place: Placement, rows: int, cols: int, envs: lis
         if swizzled and ((base // 64) % 8 or base % 64 + min(cols, 64) > 64):
             raise LoweringError(f"{what}: the tile of {op.buffer.name} (element {base}) does not start on the first "
                                 "row of a group of 8 swizzled rows, or crosses a row")
-        for r in range(rows):
-            for c in range(cols):
-                want = base + (r % 8) * row + c % group + (r // 8) * s_r + (c // group) * s_c
-                got = _flat(op, {**env, **place(r, c)})
-                if got != want:
-                    raise LoweringError(
-                        f"{what}: {op.buffer.name} is not in the layout wgmma reads (element ({r}, {c}) of the tile "
-                        f"is at offset {got - base}, the layout puts it at {want - base}); cache the operand "
-                        "without a layout of its own (tensorize sets it)")
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")  # every element at once
+        want = base + (r % 8) * row + c % group + (r // 8) * s_r + (c // group) * s_c
+        got = _flat_all(op, {**env, **place(r, c)}, want.shape)
+        wrong = np.argwhere(got != want)  # row-major: the first wrong element of a scan by rows
+        if len(wrong):
+            i, j = (int(x) for x in wrong[0])
+            raise LoweringError(
+                f"{what}: {op.buffer.name} is not in the layout wgmma reads (element ({i}, {j}) of the tile "
+                f"is at offset {got[i, j] - base}, the layout puts it at {want[i, j] - base}); cache the operand "
+                "without a layout of its own (tensorize sets it)")
         if found is not None and found != (s_r, s_c):
             raise LoweringError(f"{what}: the strides of {op.buffer.name}'s layout change between iterations")
         found = (s_r, s_c)
