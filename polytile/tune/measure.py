@@ -279,6 +279,24 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     return "ok", costs, "", conditions(task.target)
 
 
+def prepare_runner(task: Task) -> None:
+    """Get a runner ready for ``task`` while the first candidates build (the streaming measurer sends it
+    first): the runtime imported, the GPU's context created, the operator instantiated and the
+    toolkit's version read — the first trial's run would otherwise pay for them after its build."""
+    from ..ops import rel_error  # noqa: F401 - what checking and timing a kernel imports
+    if task.target.kind == "cuda":
+        from ..runtime import cuda  # noqa: F401
+        from ..runtime.cuda_device import device
+        device()
+    else:
+        from ..runtime import cpu  # noqa: F401
+    key = task.workload.key
+    if key not in _OPS:
+        _OPS.clear()
+        _OPS[key] = task.workload.instantiate()
+    toolkit_version(task.target.kind)
+
+
 # --- the measurer ------------------------------------------------------------------------------------
 
 
@@ -379,6 +397,7 @@ class Measurer:
         self._runs: dict[tuple[int, int], tuple[int, float]] = {}  # (runner, ticket) -> (trial, start)
         self._done: list[tuple[int, MeasureResult]] = []
         self._next = 0
+        self._prepared: set[str] = set()  # workloads whose runners were sent ``prepare_runner``
 
     @property
     def runner(self) -> WorkerPool:
@@ -415,6 +434,10 @@ class Measurer:
                                                         conditions=found.get("conditions", {}), cached=True)))
                 return trial
         self._trials[trial] = _Trial(task, values, key)
+        if task.workload.key not in self._prepared:  # the runners start while the first builds run
+            self._prepared.add(task.workload.key)
+            for runner in self.runners:
+                runner.submit(prepare_runner, (task,), self.options.run_timeout)
         ticket = self.builders.submit(build_candidate, (task, values, self.options.check_odd_shape,
                                                         self.options.quick_build), self.options.build_timeout)
         self._builds[ticket] = trial
@@ -449,7 +472,10 @@ class Measurer:
                 self._queue.append(trial)
         for k, runner in enumerate(self.runners):
             for ticket, outcome in runner.poll(0):
-                trial, start = self._runs.pop((k, ticket))
+                found = self._runs.pop((k, ticket), None)
+                if found is None:
+                    continue  # a ``prepare_runner``: a failure there shows again in the first trial's run
+                trial, start = found
                 self._finish_run(trial, outcome, time.perf_counter() - start)
         self._start_runs()
 

@@ -214,15 +214,21 @@ class _Worker:
         self.conn.send({"sys_path": list(sys.path), "argv": list(sys.argv), "main": _main_module(),
                         "parent": os.getpid(), "nice": nice})
         self.ready = False
+        self.started = time.monotonic()
 
-    def wait_ready(self) -> bool:
-        """Wait for the worker's first message; False if it died or never started."""
+    def check_ready(self) -> bool | None:
+        """Whether the worker has said it is ready, without waiting: True; None while it starts; False
+        if it died, or did not start within ``STARTUP_TIMEOUT`` seconds."""
         if not self.ready:
             try:
-                self.ready = self.conn.poll(STARTUP_TIMEOUT) and self.conn.recv() == "ready"
+                if not self.conn.poll(0):
+                    return None if time.monotonic() - self.started < STARTUP_TIMEOUT else False
+                self.ready = self.conn.recv() == "ready"
             except (EOFError, OSError):
                 self.ready = False
-        return self.ready
+            if not self.ready:
+                return False
+        return True
 
     def send(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
@@ -302,16 +308,21 @@ class WorkerPool:
         return self._tickets
 
     def _dispatch(self) -> None:
+        """Send queued calls to the idle workers that are ready. Workers start when calls need them,
+        all at once, and are not waited for: a call goes to the first one that is ready."""
         if self._paused_at is not None:
             return
         while len(self._workers) < min(self.size, len(self._busy) + len(self._queue)):
-            self._workers.append(self._spawn())  # all start at once; each is waited for when first used
+            self._workers.append(self._spawn())
         for slot, w in enumerate(self._workers):
             if not self._queue:
                 return
             if slot in self._busy:
                 continue
-            if not w.wait_ready():
+            ready = w.check_ready()
+            if ready is None:
+                continue  # still starting: its pipe is among ``connections`` and wakes the caller
+            if not ready:
                 raise TuneError(f"a worker process failed to start (exit code {w.kill()}); "
                                 "run `python -c 'import polytile'` to see why")
             ticket, fn, args, timeout = self._queue.popleft()
@@ -330,9 +341,14 @@ class WorkerPool:
         if self._unclaimed:
             done, self._unclaimed = self._unclaimed, []
             return done
-        if not self._busy or self._paused_at is not None:
+        if self._paused_at is not None or not (self._busy or self._starting()):
             if timeout:
                 time.sleep(timeout)
+            return []
+        if not self._busy:  # calls wait for workers that are starting: wait for the first to be ready
+            wait_s = max(0.0, self.next_deadline() - time.monotonic())
+            wait(self.connections(), timeout=wait_s if timeout is None else min(wait_s, timeout))
+            self._dispatch()
             return []
         wait_s = max(0.0, self.next_deadline() - time.monotonic())
         if timeout is not None:
@@ -363,16 +379,27 @@ class WorkerPool:
         self._dispatch()
         return done
 
+    def _starting(self) -> list[_Worker]:
+        """The workers still starting while calls wait for a worker."""
+        if not self._queue:
+            return []
+        return [w for s, w in enumerate(self._workers) if s not in self._busy and not w.ready]
+
     def connections(self) -> list[Connection]:
-        """The pipes of the busy workers: one becomes readable when its call completes or the worker
-        dies (only the worker holds the other end), for callers waiting on several pools at once."""
-        return [] if self._paused_at is not None else [self._workers[s].conn for s in self._busy]
+        """The pipes of the busy workers, and of the starting ones while calls wait: one becomes
+        readable when its call completes, its worker is ready or dies (only the worker holds the
+        other end), for callers waiting on several pools at once."""
+        if self._paused_at is not None:
+            return []
+        return [self._workers[s].conn for s in self._busy] + [w.conn for w in self._starting()]
 
     def next_deadline(self) -> float:
-        """When the first running call overruns (``time.monotonic()``; inf when none runs)."""
-        if self._paused_at is not None or not self._busy:
+        """When the first running call overruns, or a starting worker's time to start runs out
+        (``time.monotonic()``; inf when none runs or starts)."""
+        if self._paused_at is not None:
             return float("inf")
-        return min(d for *_, d in self._busy.values())
+        deadlines = [d for *_, d in self._busy.values()] + [w.started + STARTUP_TIMEOUT for w in self._starting()]
+        return min(deadlines, default=float("inf"))
 
     def pause(self) -> None:
         """Stop every worker and its children where they are (their deadlines stop too)."""

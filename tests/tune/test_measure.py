@@ -9,6 +9,7 @@ import faulty
 import pytest
 
 from polytile.tune import MeasureOptions, RecordLog, make_task, tune_task
+from polytile.tune.space import TuneError
 from polytile.tune.workers import Crashed, Raised, Returned, TimedOut, WorkerPool
 
 
@@ -43,6 +44,24 @@ def test_worker_pool_reports_each_outcome_and_keeps_serving():
         raised = pool.call(_fail, (), timeout=10.0)
         assert isinstance(raised, Raised) and raised.kind == "ValueError" and not raised.polytile
         assert isinstance(pool.call(_sleep, (0.0,), timeout=10.0), Returned)
+
+
+def test_workers_start_together_and_are_not_waited_for():
+    """Submitting calls starts their workers and returns at once (a worker's start is not waited for:
+    before, each call waited for its worker to start, so the workers of a batch started one after
+    another); the calls then run as the workers become ready, and a worker that dies while starting
+    is reported."""
+    with WorkerPool(3) as pool:
+        tickets = [pool.submit(_sleep, (0.2,), timeout=60.0) for _ in range(3)]
+        assert len(pool._workers) == 3 and not any(w.ready for w in pool._workers)
+        assert pool.poll(0) == []  # none is ready yet: nothing waits
+        outs = {}
+        while len(outs) < 3:
+            outs.update(pool.poll())
+        assert sorted(outs) == tickets and all(isinstance(o, Returned) for o in outs.values())
+    with WorkerPool(1, {"PYTHONPATH": "", "PYTHONHOME": "/nonexistent"}) as broken:
+        with pytest.raises(TuneError, match="failed to start"):
+            broken.call(_sleep, (0.0,), timeout=60.0)
 
 
 def test_a_driver_error_is_a_device_error_and_replaces_the_runner():
@@ -135,3 +154,20 @@ def test_every_status_is_documented():
     from polytile.tune.measure import STATUSES
     text = (__import__("pathlib").Path(__file__).parents[2] / "docs" / "tuning.md").read_text()
     assert all(f"`{s}`" in text for s in STATUSES)
+
+
+def test_the_streaming_measurer_starts_its_runner_with_the_first_build():
+    """The runner is started (and readied: runtime imported, operator instantiated) when the first
+    candidate of a workload is submitted, not after its build; the trial's result is unaffected."""
+    import numpy as np
+
+    from polytile.tune.measure import Measurer
+    task = make_task("matmul", "cpu", M=24, N=20, K=18)
+    values = task.space.config(task.space.sample_valid(np.random.default_rng(0), 1)[0]).values
+    with Measurer(MeasureOptions(builders=1, repeat=2, min_time=0.0, warmup=0, result_cache=False)) as m:
+        trial = m.submit(task, values)
+        assert len(m.runner._workers) == 1 and m.unbuilt == 1  # started while the candidate builds
+        done = []
+        while not done:
+            done = m.collect()
+    assert done[0][0] == trial and done[0][1].status == "ok" and done[0][1].costs
