@@ -10,6 +10,7 @@ the two gains apart.
     python benchmarks/tuning_throughput.py                      # CPU matmul 512³ (the BLIS template)
     python benchmarks/tuning_throughput.py --target cuda        # the wgmma GEMM (fp16 512×768×3072)
     python benchmarks/tuning_throughput.py --target cuda --devices 0,1   # + one GPU against two
+    python benchmarks/tuning_throughput.py --target cuda --devices 0,1 --paths "" --trials 64   # GPUs only
     python benchmarks/tuning_throughput.py --target all         # both templates
 
 Each run starts cold: a fresh build cache (``POLYTILE_CACHE_DIR``) and no result cache, the same tuner
@@ -114,7 +115,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both paths (default 2)")
     p.add_argument("--builders", type=int, default=0, help="build processes (default: the cores)")
     p.add_argument("--paths", default="batch,stream",
-                   help="paths compared, of " + ", ".join(PATHS) + " (default batch,stream; batch and stream needed)")
+                   help="paths compared, of " + ", ".join(PATHS) + " (default batch,stream; batch and stream needed; "
+                        "'' for none: --devices alone)")
     p.add_argument("--devices", help="GPUs for the one-against-several comparison, e.g. 0,1")
     p.add_argument("--threads", type=int, default=0, help="threads of the timed CPU kernels and BLAS")
     p.add_argument("--out", help="result JSON (default benchmarks/results/tuning_throughput-<time>-<target>.json)")
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> int:
     kinds = ["cpu", "cuda"] if args.target == "all" else [args.target]
     for kind in kinds:
         for name, (op, shape) in WORKLOADS[kind].items():
-            entry = compare_paths(name, op, shape, kind, args)
+            entry = compare_paths(name, op, shape, kind, args) if args.paths else {"op": op, "shape": shape}
             if kind == "cuda" and args.devices:
                 devices = [int(d) for d in args.devices.split(",")]
                 entry["devices"] = compare_devices(name, op, shape, kind, devices, args)
