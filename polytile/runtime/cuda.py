@@ -393,8 +393,8 @@ class CUDAKernel(Kernel):
                   flush_cache: bool = True, stream: object = None, **params: object) -> float:
         """Median seconds of one call (all its kernels), timed with CUDA events on the call's stream after
         ``warmup`` calls: at least ``repeat`` runs, more until the timed runs add up to ``min_time``
-        seconds (as ``CPUKernel.benchmark``). ``flush_cache`` writes a buffer twice the L2 size before
-        each run. The index-array checks run once, before the timing."""
+        seconds or that much time has passed (``CPUKernel.benchmark`` counts the latter). ``flush_cache``
+        writes a buffer twice the L2 size before each run. The index-array checks run once, before the timing."""
         from .timing import time_gpu
         plan = self._plan(self._key(arrays, params), arrays, params)
         handle = None if stream is None else stream_handle(stream)

@@ -86,6 +86,20 @@ def test_run_count_is_capped(monkeypatch: pytest.MonkeyPatch):
     assert dev.calls == 500
 
 
+def test_min_time_also_bounds_the_wall_time(monkeypatch: pytest.MonkeyPatch):
+    """A tiny kernel whose runs cost more wall time than kernel time (launch, flush) stops when
+    ``min_time`` seconds have passed: 1 µs kernels launched 1 ms apart, min_time 0.05 s — about 50
+    runs, not the 10,000 (the cap) that 0.05 s of kernel time would take; at least ``repeat``."""
+    import time
+    dev = fake_device(monkeypatch, 1e-3)
+    slow = lambda: (dev.launch(), time.sleep(1e-3))  # noqa: E731
+    time_gpu(slow, repeat=5, warmup=0, flush_l2=False, min_time=0.05)
+    assert 5 <= dev.calls <= 150
+    dev.calls = 0
+    time_gpu(slow, repeat=20, warmup=0, flush_l2=False, min_time=0.001)
+    assert dev.calls == 20
+
+
 def test_kernels_share_the_timing_arguments():
     """The tuner calls ``benchmark(*inputs, repeat=, warmup=, min_time=, flush_cache=)`` on CPU and
     CUDA kernels alike."""
