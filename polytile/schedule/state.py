@@ -217,9 +217,10 @@ class Schedule:
 
     def _check_shared_loop_tags(self, scheds: dict[str, StageSchedule]) -> None:
         """Computations fused in a loop (after/before) give it compatible tags: one loop of the
-        generated code cannot be, e.g., both parallel and vectorized."""
+        generated code cannot be, e.g., both parallel and vectorized, or both vectorized and
+        explicitly serial (an untagged loop takes the other's tag)."""
         tagged = [(name, pos, tag) for name, st in self.states.items() for loop, tag in st.tags.items()
-                  if tag != "serial" for pos in [st.loops.index(loop)]]
+                  for pos in [st.loops.index(loop)]]
         for k, (a, pos, tag) in enumerate(tagged):
             for b, pos_b, tag_b in tagged[k + 1:]:
                 shared = pos == pos_b and scheds[a].statics[:pos + 1] == scheds[b].statics[:pos + 1]

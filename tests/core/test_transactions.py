@@ -192,3 +192,25 @@ def test_one_vectorized_loop_per_computation_and_alike_tags_in_fused_loops(rng):
     s[T].parallel("i")
     x = rng.standard_normal((9, 7)).astype("float32")
     np.testing.assert_allclose(pt.build(s)(x), x * 2 + 1, rtol=1e-6)
+
+
+def test_an_explicit_serial_tag_conflicts_with_another_in_a_fused_loop(rng):
+    """A loop tagged "serial" fused with one tagged otherwise is refused by the primitive that fuses
+    them, as lowering would refuse it (fuzz seed 41 cases 1743, 1911: refused only at the build);
+    an untagged loop takes the other's tag."""
+    X = pt.placeholder((9, 7), "float32", "X")
+    T = pt.compute((9, 7), lambda i, j: X[i, j] * 2.0, "T")
+    Y = pt.compute((9, 7), lambda i, j: T[i, j] + 1.0, "Y")
+    s = pt.create_schedule(pt.Func([X], [Y]))
+    s[T].tag("i", "serial")
+    s[Y].parallel("i")
+    refused(s, lambda: s[Y].after(s[T], "i"), "loop i of T is serial and loop i of Y, fused with it, is parallel")
+    s[T].tag("i", "parallel")
+    s[Y].after(s[T], "i")
+    refused(s, lambda: s[T].tag("i", "serial"), "loop i of T is serial and loop i of Y, fused with it, is parallel")
+    s2 = pt.create_schedule(pt.Func([X], [Y]))
+    s2[Y].parallel("i")
+    s2[Y].after(s2[T], "i")  # T's loop i untagged: the fused loop is parallel
+    x = rng.standard_normal((9, 7)).astype("float32")
+    for sched in (s, s2):
+        np.testing.assert_allclose(pt.build(sched)(x), x * 2 + 1, rtol=1e-6)
