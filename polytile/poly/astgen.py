@@ -219,6 +219,7 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     groups: dict[tuple[str, int], list[str]] = {}
     for pname, m in depth_of.items():
         groups.setdefault((dyn_owner[pname], m), []).append(pname)
+    depths = sorted({m for m in depth_of.values()})
     extra: list[Scheduled] = []
     for (owner, m), pnames in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         it = by_name[owner]
@@ -226,9 +227,14 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         bname = f"_bind{len(bindings)}"
         bindings.append(Binding(bname, owner, sorted(pnames), m, sources))
         users = [it] + [u for u in items if set(pnames) & set(u.stmt.dyn_params)]
-        extra.append(_binding_statement(bname, it, m, sources, width, _first_position(users, m)))
-    all_items = items + extra
+        extra.append(_binding_statement(bname, it, m, sources, width, _first_position(users, m), depths))
     dyn_all = sorted(depth_of)
+    maps = [project_out_params(it.schedule, dyn_all) for it in items]
+    if depths:
+        spread = _spread(width, depths)
+        maps = [s.apply_range(spread) for s in maps]
+        isolate = [s.apply(_spread(s.dim(isl.dim_type.set), depths)) for s in isolate]
+    maps += [b.schedule for b in extra]
 
     # existentially quantified variables made explicit integer divisions (or eliminated): isl's AST
     # generation can take seconds to minutes on a quantified copy domain (e.g. the elements of an
@@ -237,8 +243,7 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     domains.update({b.stmt.name: b.stmt.domain for b in extra})
     domain = _union_set(list(domains.values()))
     sched = None
-    for it in all_items:
-        smap = project_out_params(it.schedule, dyn_all)
+    for it, smap in zip(items + extra, maps):
         u = isl.UnionMap.from_map(smap.intersect_domain(domains[it.stmt.name]))
         sched = u if sched is None else sched.union(u)
     assert sched is not None
@@ -248,7 +253,6 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     # each function otherwise repeats its statement's domain (a cache's copy domain with divisions
     # and disjunctions) in all its pieces, on which isl's AST generation ran for minutes
     node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(sched).gist(domain))
-    depths = sorted({m for m in depth_of.values()})
     start = 0
     for m in depths:
         if m > start:
@@ -367,15 +371,31 @@ def binding_depth(it: Scheduled, sources: list[str]) -> int:
 
 
 def _first_position(users: list[Scheduled], m: int) -> int:
-    """A position at (static) schedule dimension ``m`` before every statement of ``users``: a stage
+    """The first position at (static) schedule dimension ``m`` of the statements ``users``: a stage
     placed ``before`` another at a loop sits at a negative position there."""
-    return min(int(u.schedule.range().dim_min_val(m).to_python()) for u in users) - 1
+    return min(int(u.schedule.range().dim_min_val(m).to_python()) for u in users)
 
 
-def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int, position: int) -> Scheduled:
+def _spread(n: int, depths: list[int]) -> isl.Map:
+    """The schedule space of ``n`` dimensions with the static dimensions ``depths`` (those where
+    bindings run) doubled: the odd positions there are the bindings' own. At the position before
+    its first user, a binding would tie with what sits there (the release of a cache of a stage
+    placed before at the same loop), which isl may run after the binding: the loads were then
+    inside that cache's scope, and the users after it did not see them."""
+    ins = [f"o{k}" for k in range(n)]
+    return isl.Map(f"{{ [{', '.join(ins)}] -> [{', '.join(_spread_dims(ins, depths))}] }}")
+
+
+def _spread_dims(outs: list[str], depths: list[int]) -> list[str]:
+    return [f"2 * {o}" if k in depths else o for k, o in enumerate(outs)]
+
+
+def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], width: int, first: int,
+                       depths: list[int]) -> Scheduled:
     """The loads of the bounds happen at every prefix where ``it`` may have instances (over every
     value of the data-dependent bounds): the instances' image under the prefix and ``sources``;
-    they run at ``position`` of schedule dimension ``m``, before the statements that use them."""
+    they run at schedule dimension ``m`` just before position ``first``, that of the statements
+    that use them, in the schedule space with ``depths`` spread out (``_spread``)."""
     stmt = it.stmt
     dom = stmt.over_domain()
     sched = it.schedule.intersect_domain(dom)
@@ -391,7 +411,7 @@ def _binding_statement(name: str, it: Scheduled, m: int, sources: list[str], wid
     bdom = both.range().flatten().set_tuple_name(name).coalesce()
     ps = [f"p{k}" for k in range(m)]
     ss = [f"s{k}" for k in range(len(sources))]
-    outs = ps + [str(position)] + ["0"] * (width - m - 1)
+    outs = _spread_dims(ps, depths) + [str(2 * first - 1)] + ["0"] * (width - m - 1)
     bs = isl.Map(f"{{ {name}[{', '.join(ps + ss)}] -> [{', '.join(outs)}] }}")
     bstmt = Statement(name, ps + ss, bdom)
     return Scheduled(bstmt, bs.intersect_domain(bdom))

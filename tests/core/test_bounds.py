@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import polytile as pt
+from polytile.fuzz import reference
 
 
 def test_min_bound_of_three_pieces_default_schedule(rng):
@@ -286,6 +287,48 @@ def test_data_dependent_bounds_loaded_after_the_initialization_in_one_branch(rng
     got = pt.build(s)(t, o)
     want = [t[o[i]:o[i + 1]].max(initial=np.iinfo(np.int32).min) for i in range(rows) if i != 7]
     np.testing.assert_array_equal(np.delete(got, 7), want)
+
+
+AFTER_A_CACHED_STAGE_SCHEDULES = {
+    "fuzz_case": (True, ("k", "i")),
+    "no_producer_cache": (False, ("k", "i")),
+    "cache_at_k": (True, ("k",)),
+    "cache_at_i": (True, ("i",)),
+    "no_cache": (True, ()),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(AFTER_A_CACHED_STAGE_SCHEDULES))
+def test_data_dependent_bounds_of_a_stage_after_a_stage_with_a_cache(schedule, rng):
+    """V placed ``after`` U at i, where U's cache of idx (and V's caches of U) have their scopes: the
+    loads of V's bounds were scheduled at the position of the release of U's cache, and isl ran them
+    first, inside that cache's scope, which V's statements follow (fuzz seed 41 case 9008: '_d1' was
+    not declared). How isl orders that tie depends on the statements (here, V's two caches of U)."""
+    rows, nnz = 9, 20
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    vals = pt.placeholder((nnz,), "int32", "vals")
+    idx = pt.placeholder((rows,), "int32", "idx", value_range=(0, nnz - 1))
+    U = pt.compute((rows,), lambda i: pt.cast("float32", vals[idx[i]]), "U")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.max(U[i] * pt.cast("float32", vals[k]), axis=k)
+
+    V = pt.compute((rows,), seg, "V")
+    func = pt.Func([offs, vals, idx], [V])
+    s = pt.create_schedule(func)
+    producer_cache, levels = AFTER_A_CACHED_STAGE_SCHEDULES[schedule]
+    s["V"].after(s["U"], "i")
+    for level in levels:
+        s["V"].cache_identity("U", level)
+    if producer_cache:
+        s["U"].cache_identity("idx", "i", loc="heap")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    o[3] = o[4]  # an empty segment: the maximum of nothing
+    args = [o, rng.integers(-5, 5, nnz).astype(np.int32), rng.integers(0, nnz, rows).astype(np.int32)]
+    outs = [np.zeros(rows, np.float32)]
+    pt.build(s)(*args, *outs)
+    reference.check(func, args, outs)
 
 
 DATA_WHERE_SCHEDULES = {
