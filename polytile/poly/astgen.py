@@ -10,6 +10,7 @@ may have instances (isl guards it with the condition, which keeps the loads insi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import islpy as isl
@@ -110,10 +111,12 @@ def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = No
 
 @dataclass
 class Scheduled:
-    """A statement with its full (2d+1, padded) schedule map."""
+    """A statement with its full (2d+1, padded) schedule map; ``everywhere``, where known, the same
+    schedule over every integer point (the loop primitives' functions), to scan beyond the domain."""
 
     stmt: Statement
     schedule: isl.Map
+    everywhere: isl.Map | None = None
 
 
 @dataclass
@@ -455,23 +458,36 @@ def missed_instances(ast: AstNode, items: list[Scheduled], context: isl.Set) -> 
 
 def _without_divs(it: Scheduled) -> Scheduled:
     """``it`` over its domain without the modular constraints (a superset), its schedule's function
-    extended to the added points."""
+    extended to the added points: the loop primitives' functions where known, else the schedule's
+    own pieces. An extension must be a one-to-one function of every added point: the pieces of a
+    schedule read on a strided domain may be integers on its points only (``i mod 3`` on odd i reads
+    as ``((3 - i) mod 6)/2``), and isl refuses a band that drops instances (fuzz seed 41 case 9055);
+    a fusion sized on the domain's points may send an added point to an instance's time."""
     relaxed = it.stmt.domain.remove_divs()
+    for schedule in _extensions(it, relaxed):
+        if (schedule.domain().is_equal(relaxed) and schedule.is_single_valued() and schedule.is_injective()
+                and schedule.intersect_domain(it.stmt.domain).is_equal(it.schedule)):
+            return Scheduled(replace(it.stmt, domain=relaxed), schedule, it.everywhere)
+    raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
+                        f"{it.stmt.name}; keep the loops of its modular conditions (a % in a where=) apart: "
+                        "no fuse, skew or apply_sch mixing them")
+
+
+def _extensions(it: Scheduled, relaxed: isl.Set) -> Iterator[isl.Map]:
+    """Candidate schedules of ``it`` over ``relaxed`` (a superset of its domain), the likeliest first."""
+    if it.everywhere is not None:
+        # as full_map states a schedule over a domain: isl's equalities explicit
+        yield it.everywhere.intersect_domain(relaxed).detect_equalities().coalesce()
     pma = isl.PwMultiAff.from_map(it.schedule)
     schedule: isl.Map | None = None
     for d in range(pma.dim(isl.dim_type.out)):
-        pa = _one_piece(pma.get_pw_aff(d).coalesce())
-        pieces = pa.get_pieces()
+        pieces = _one_piece(pma.get_pw_aff(d).coalesce()).get_pieces()
         if len(pieces) != 1:
-            schedule = None
-            break
+            return
         dim = isl.Map.from_pw_aff(isl.PwAff.from_aff(pieces[0][1]))
         schedule = dim if schedule is None else schedule.flat_range_product(dim)
-    if schedule is None or not schedule.intersect_domain(it.stmt.domain).is_equal(it.schedule):
-        raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
-                            f"{it.stmt.name}; keep the loops of its modular conditions (a % in a where=) apart: "
-                            "no fuse, skew or apply_sch mixing them")
-    return Scheduled(replace(it.stmt, domain=relaxed), schedule.intersect_domain(relaxed))
+    if schedule is not None:
+        yield schedule.intersect_domain(relaxed)
 
 
 def _guard_users(n: AstNode, guards: dict[str, AExpr]) -> AstNode:

@@ -197,6 +197,23 @@ def _const_of(pa: isl.PwAff) -> int | None:
 
 def full_map(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:
     """The 2d+1 schedule ``stmt -> [s0, l0, s1, …, sn, 0, …]`` padded to ``width`` dimensions."""
+    t = _interleave(loops, statics, width)
+    # over the statement's instances, with the equalities isl finds there made explicit: composed
+    # splits and fusions otherwise reach the AST generator as large floor expressions it explores
+    # for minutes (a split of a fused loop: o5 = i - 7 * o3 instead of three floor constraints)
+    return loops.rel.intersect_domain(loops.domain).apply_range(t).detect_equalities().coalesce()
+
+
+def full_map_everywhere(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:
+    """``full_map`` over every integer point the loops are defined on, not only the instances: the
+    functions the primitives composed (``i mod 3`` for a split of ``i``), where those of ``full_map``
+    may read the domain's strides (on odd i, ``i mod 3`` is ``((3 - i) mod 6)/2``, no integer on
+    even i)."""
+    return loops.rel.apply_range(_interleave(loops, statics, width))
+
+
+def _interleave(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:
+    """``[l0, …] -> [s0, l0, s1, …, sn, 0, …]``."""
     n = len(loops.names)
     assert len(statics) == n + 1, (loops.names, statics)
     xs = _xs(n)
@@ -205,8 +222,4 @@ def full_map(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map
         outs += [str(int(statics[k])), xs[k]]
     outs.append(str(int(statics[n])))
     outs += ["0"] * (width - len(outs))
-    t = isl.Map(f"{{ [{', '.join(xs)}] -> [{', '.join(outs)}] }}")
-    # over the statement's instances, with the equalities isl finds there made explicit: composed
-    # splits and fusions otherwise reach the AST generator as large floor expressions it explores
-    # for minutes (a split of a fused loop: o5 = i - 7 * o3 instead of three floor constraints)
-    return loops.rel.intersect_domain(loops.domain).apply_range(t).detect_equalities().coalesce()
+    return isl.Map(f"{{ [{', '.join(xs)}] -> [{', '.join(outs)}] }}")

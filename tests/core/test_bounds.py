@@ -221,6 +221,66 @@ def test_modular_where_under_fused_or_skewed_loops(schedule, rng):
     np.testing.assert_allclose(got_u, want_u, rtol=1e-6)
 
 
+@pytest.mark.parametrize("stride, rem, tile, inner, cache", [
+    (2, 1, (3, 2), (1, 8), True),  # fuzz seed 41 case 9055 as found
+    (2, 1, (3, 2), None, False),  # as minimized
+    (2, 1, (3, 2), (1, 8), False),
+    (2, 0, (3, 2), None, True),
+    (3, 2, (4, 2), (1, 8), True),
+    (3, 1, (4, 2), None, False),
+    (2, 1, (4, 2), (2, 2), True),  # isl scans these right: no fallback
+    (3, 2, (3, 4), (1, 1), False),
+])
+def test_modular_where_under_a_fused_tile_is_scanned_by_the_loops_functions(stride, rem, tile, inner, cache, rng):
+    # isl drops instances of the fused tile loop (io, ko) of a reduction with where=(i % 2 == 1), so
+    # the statement is scanned over every i: by i mod 3, its tile loop, not by the function isl reads
+    # on odd i, ((3 - i) mod 6)/2, which is no integer on even i (isl refused the band)
+    from polytile.fuzz import inputs, reference
+    N = pt.param("N")
+    A = pt.placeholder((N, 7), "float32", "A")
+    C = pt.placeholder((7,), "float32", "C")
+
+    def f_T(i):
+        k = pt.reduce_axis((0, 7), "k")
+        return pt.sum((C[k] + A[i % 2, k]) * A[i, k], axis=k, where=(i % stride) == rem)
+
+    T = pt.compute((N,), f_T, "T")
+    func = pt.Func([A, C], [T], constraints=[N >= 2], name="strided")
+    s = pt.create_schedule(func)
+    s[T].tile("i", "k", *tile)
+    s[T].fuse("io", "ko")
+    if inner is not None:
+        s[T].tile("ii", "ki", *inner)
+    if cache:
+        s[T].cache_identity("C", None)
+    kern = pt.build(s)
+    for n in (2, 7, 13):
+        args = [inputs.uniform(rng, (n, 7), "float32", -2.0, 2.0), inputs.uniform(rng, (7,), "float32", -2.0, 2.0)]
+        outs = inputs.output_arrays(func, {"N": n})
+        kern(*args, *outs, N=n)
+        reference.check(func, args, outs, {"N": n})
+
+
+def test_a_schedule_extended_beyond_a_strided_domain_is_a_function_of_every_point():
+    # the schedule of fuzz seed 41 case 9055 as isl reads it on odd i: its own pieces are no
+    # integers on even i, so without the loops' functions the scan over every i is refused by
+    # polytile, not by isl's band check
+    import islpy as isl
+
+    from polytile.errors import LoweringError
+    from polytile.poly.astgen import Scheduled, _without_divs
+    from polytile.poly.model import Statement
+    domain = isl.Set("[N] -> { T[i, k] : (1 + i) mod 2 = 0 and 0 <= i < N and 0 <= k <= 6 }")
+    everywhere = isl.Map("{ T[i, k] -> [4 * floor(i / 3) + floor(k / 2), i mod 3, k mod 2] }")
+    schedule = everywhere.intersect_domain(domain).detect_equalities().coalesce()
+    stmt = Statement("T", ["i", "k"], domain)
+    relaxed = _without_divs(Scheduled(stmt, schedule, everywhere))
+    assert relaxed.schedule.domain().is_equal(domain.remove_divs())
+    assert relaxed.schedule.is_equal(everywhere.intersect_domain(domain.remove_divs()))
+    with pytest.raises(LoweringError, match="do not run every instance of T"):
+        _without_divs(Scheduled(stmt, schedule))
+
+
 def test_data_dependent_bounds_when_isl_eliminates_a_loop_of_their_prefix(rng):
     # split by more than the rows: the outer loop has one iteration, which isl does not generate
     rows, cols, nnz = 3, 4, 16
