@@ -13,6 +13,11 @@ The carried dependences, with each copy taken as one instance per iteration at i
 (its inner loops run between two static positions, so nothing else interleaves with them), are then
 checked against the schedule as the code will run it. The final values of an output are read by a
 last statement, so that a write-back that comes too late (or never) is a broken dependence too.
+
+A computation inlined into its caches' copies (compute_inline after cache) has no statement: the
+copies compute its elements from what it reads. Its readers' dependences on those tensors' writers
+are made up through its body (its reads, composed with theirs) and carried to the copies the same
+way: the copies must wait for every write of what they compute from.
 """
 
 from __future__ import annotations
@@ -72,6 +77,50 @@ def check_caches(program: PolyProgram, original: Mapping[str, StageSchedule], sc
                                 {a: view.schedule(a), b: view.schedule(b)})
             if v is not None:
                 raise ScheduleError(view.explain(kind, tensor, v.source, v.sink))
+    order = sorted(plan.uses, key=lambda u: (-u.m, u.kind == "fold"))
+    for virtual in program.virtual:
+        for source, dep in _through_virtual(program, virtual):
+            for use in (u for u in order if u.tensor == source and u.kind == "fold"):
+                raise ScheduleError(f"{'store' if use.level is None else 'store_at'} of {source}: {virtual} is "
+                                    f"computed inside the copies of its caches (inlined after caching it), which "
+                                    f"read {source} itself, not its stored buffer; drop the store of {source} or "
+                                    f"keep {virtual} a computation")
+            deps = [dep]  # the reader's end goes to the copy of its cache, then the writer's to its buffer's
+            for tensor in (virtual, source):
+                for use in (u for u in order if u.tensor == tensor):
+                    deps = [carried for m in deps for carried in view.carry("flow", m, use, relaxed)]
+            for m in deps:
+                a, b = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+                v = first_violation([Dependence("flow", source, isl.UnionMap.from_map(m))],
+                                    {a: view.schedule(a), b: view.schedule(b)})
+                if v is not None:
+                    raise ScheduleError(view.explain("flow", source, v.source, v.sink))
+
+
+_THROUGH: weakref.WeakKeyDictionary[PolyProgram, dict[str, list[tuple[str, isl.Map]]]] = weakref.WeakKeyDictionary()
+
+
+def _through_virtual(program: PolyProgram, virtual: str) -> list[tuple[str, isl.Map]]:
+    """(Y, { W[w] -> R[r] }) for each tensor Y that ``virtual`` (a computation inlined into its caches'
+    copies) reads: W writes an element of Y that the copy computing the element of ``virtual`` read
+    by R reads. The program has no statement of ``virtual``, so no dependence of R on Y; every write
+    of Y comes before every read of ``virtual`` in the program order (its producer runs first)."""
+    known = _THROUGH.setdefault(program, {})
+    if virtual not in known:
+        readers = [project_out_params(a.relation, st.dyn_params) for st in program.statements.values()
+                   for a in st.reads if a.tensor == virtual]
+        out = []
+        for acc in program.virtual[virtual].reads:
+            writes = [project_out_params(a.relation, st.dyn_params) for st in program.statements.values()
+                      for a in st.writes if a.tensor == acc.tensor]
+            for read in readers:
+                through = read.apply_range(acc.relation)  # { R[r] -> Y[y] }
+                for write in writes:
+                    dep = write.apply_range(through.reverse())
+                    if not dep.is_empty():
+                        out.append((acc.tensor, dep))
+        known[virtual] = out
+    return known[virtual]
 
 
 def _final(tensor: str) -> str:

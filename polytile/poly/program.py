@@ -39,7 +39,8 @@ class StageSchedule:
 class PolyProgram:
     """Statements of every computation of ``func`` (bodies after inlining) and their dependences."""
 
-    def __init__(self, func: Func, bodies: Mapping[str, Expr], computations: Sequence[ComputeTensor]):
+    def __init__(self, func: Func, bodies: Mapping[str, Expr], computations: Sequence[ComputeTensor],
+                 virtual: Sequence[ComputeTensor] = ()):
         self.func = func
         self.params = [p.name for p in func.params]
         self.context = global_context(func.params, func.constraints, func.inputs)
@@ -52,6 +53,11 @@ class PolyProgram:
                     raise LanguageError(f"statement name {st.name} is used twice; rename tensor {comp.name}")
                 self.statements[st.name] = st
                 self.owner_of[st.name] = comp.name
+        # computations inlined into their caches' copies (computed while copying): never scheduled,
+        # but what a copy of their cache reads (``poly.cache_check``)
+        self.virtual: dict[str, Statement] = {
+            comp.name: computation_statements(comp, bodies[comp.name], self.params, DynParams())[-1]
+            for comp in virtual}
         self.dyn_constraints = self._dyn_constraints()
         self._add_dyn_constraints()
         self._check_bounds()

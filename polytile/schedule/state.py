@@ -89,7 +89,8 @@ class Schedule:
         self.bodies: dict[str, Expr] = inline_bodies(self.func, self.inlined)
         self.computations: list[ComputeTensor] = [c for c in self.func.computations
                                                    if c.name not in self.inlined and c.name not in self.virtual]
-        self.program = PolyProgram(self.func, self.bodies, self.computations)
+        self.program = PolyProgram(self.func, self.bodies, self.computations,
+                                   [self.func.tensor(v) for v in self.virtual])
 
     def rebuild(self) -> None:
         """Recompute statements and dependences (after inlining) and re-check the current schedule."""

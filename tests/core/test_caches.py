@@ -533,3 +533,92 @@ def test_cache_whose_first_inner_read_is_guarded_off_copies_every_tile(rng):
         kern(a, out, N=n)
         ref = [sum(a[k] if 1 <= k < 10 else 0.5 for k in range(i, n)) for i in range(n)]
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# --- a producer inlined into its cache's copies (compute_inline after cache) -------------------------
+
+def _virtual_program():
+    """Fuzz seed 43 case 621's program: U = T[i - 1, i // 2] (guarded), read by V through two
+    windows, U[k % 3, k] and U[l - 1, j]."""
+    A = pt.placeholder((8, 16), "bfloat16", "A")
+    idx0 = pt.placeholder((8,), "int32", "idx0", value_range=(0, 7))
+    T = pt.compute((16, 8), lambda i, j: (pt.cast("bfloat16", pt.cast("float32", A[j, j]) + (-1.0))
+                                          + pt.select((i + j) < 16, pt.call("cos", A[idx0[j], i]),
+                                                      pt.select((i // 2) < 8, A[i // 2, i], 0.0))), "T")
+    U = pt.compute((16, 17), lambda i, j: pt.select((i >= 1) & ((i // 2) < 8), T[i - 1, i // 2], -0.5), "U",
+                   dtype="float64")
+
+    def f_V(i, j):
+        k = pt.reduce_axis((0, 17), "k")
+        l = pt.reduce_axis((0, 16), "l")
+        return pt.sum(pt.select(j <= l, pt.cast("bfloat16", pt.cast("float32", U[k % 3, k])),
+                                pt.cast("bfloat16", pt.cast("float32", pt.select(l >= 1, U[l - 1, j], -0.5)))),
+                      axis=[k, l])
+
+    V = pt.compute((17, 17), f_V, "V")
+    return pt.Func([A, idx0], [V], name="fuzz")
+
+
+_VIRTUAL_STEPS = {
+    "skew": lambda s: s["V"].skew("j", "k", 1),
+    "cache_j": lambda s: s["V"].cache("U", "j", layout=lambda a, b: (a, b)),
+    "cache_i": lambda s: s["V"].cache("U", "i"),
+    "cache_top": lambda s: s["V"].cache("U", None),
+    "cache_write": lambda s: s["T"].cache_write("j"),
+    "inline": lambda s: s["U"].compute_inline(),
+    "reorder": lambda s: s["T"].reorder("j", "i"),
+    "after_j": lambda s: s["V"].after(s["T"], "j"),
+    "after_i": lambda s: s["V"].after(s["T"], "i"),
+    "store": lambda s: s["T"].store(lambda a, b: (b, a)),
+}
+
+
+def _run_virtual(steps, refused=None):
+    from polytile.fuzz import inputs, reference
+    func = _virtual_program()
+    s = pt.create_schedule(func)
+    *first, last = [_VIRTUAL_STEPS[k] for k in steps]
+    for step in first:
+        step(s)
+    if refused is not None:
+        with pytest.raises(pt.ScheduleError, match=refused):
+            last(s)
+        return
+    last(s)
+    rng = np.random.default_rng(1728831705)
+    args = [inputs.uniform(rng, (8, 16), "bfloat16", -2.0, 2.0), inputs.indices(rng, (8,), "int32", 0, 7)]
+    outs = inputs.output_arrays(func, {})
+    pt.build(s)(*args, *outs)
+    reference.check(func, args, outs, {})
+
+
+# the copies of U's cache compute U from T: they must come after T's writes (and after the write-back
+# of T's write cache), as V's reads of U would if U were a computation
+_COPY_BEFORE_T = (r"cache U_V_local of U for V \(placed at loop {}\): the copy into U_V_local at i = 0(, j = 0)? "
+                  r"runs before {}")
+
+
+@pytest.mark.parametrize("steps, refused", [
+    # fuzz seed 43 case 621: 38 of 289 elements of V read from T before T wrote them
+    (("skew", "cache_j", "cache_write", "inline", "reorder", "after_j"),
+     _COPY_BEFORE_T.format("j", r"the write-back of T_local at j = 1 \(write cache of T\) writes what it copies")),
+    (("cache_j", "inline", "after_j"), _COPY_BEFORE_T.format("j", r"T\[1, 1\] writes what it copies")),
+    (("cache_i", "inline", "after_i"), _COPY_BEFORE_T.format("i", r"T\[1, 1\] writes what it copies")),
+    (("cache_top", "inline", "after_j"), r"copy into U_V_local runs before T\[0, 0\].*fused with V inside loop j"),
+    # U not inlined: V after T at j breaks V's dependence on U, which the schedule's own check sees
+    (("skew", "cache_j", "cache_write", "reorder", "after_j"), r"breaks a dependence: U\[0, 0\] must run before V"),
+    # the stored buffer is not what the copies read (this was a C++ error: T not declared)
+    (("store", "cache_top", "inline"), r"store of T: U is computed inside the copies of its caches.*drop the store"),
+])
+def test_copy_of_a_cache_computing_an_inlined_producer_waits_for_what_it_reads(steps, refused):
+    _run_virtual(steps, refused)
+
+
+@pytest.mark.parametrize("steps", [
+    ("skew", "cache_j", "cache_write", "inline", "reorder"),  # no fusion: T runs first
+    ("skew", "cache_j", "cache_write", "inline"),
+    ("cache_top", "inline"),
+    ("cache_i", "inline", "cache_write"),
+])
+def test_cache_computing_an_inlined_producer_computes_right(steps):
+    _run_virtual(steps)
