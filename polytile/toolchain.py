@@ -97,6 +97,19 @@ stores assemble). A GCC defect, not an assembler one; it needs ``-O3`` (``-O2`` 
 ``-fno-tree-slp-vectorize`` both avoid it here) but no smaller reproducer was found."""
 
 
+REASSOC_PROBE = r"""
+extern "C" int probe(long s) {
+  if (s < -18 || s > 12) __builtin_unreachable();
+  return s <= 0 && (s >= -2 || s == -4 || s == -6);
+}
+"""
+"""A condition of the form isl guards a domain of several pieces with, as polytile generates it
+(fuzz seed 43 case 10327): ``probe(0)`` is 1, but GCC 12.2 from ``-O2`` on returns 0. Its
+reassociation pass merges the four comparisons of ``s`` into a range check and a bit test whose
+mask leaves out ``s = 0``. ``-fno-tree-reassoc`` (in ``runtime.cpu.GCC_FLAGS``, given to GCC
+always) avoids it; so does ``-fno-tree-vrp``, which costs the bounds that polytile's loops rely on."""
+
+
 def compiles(cxx: str, flags: Sequence[str], source: str) -> bool:
     """Whether ``cxx`` with ``flags`` compiles and assembles the C++ ``source`` to an object file."""
     with tempfile.TemporaryDirectory(prefix="polytile-probe-") as tmp:

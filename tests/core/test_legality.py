@@ -148,3 +148,51 @@ def test_broken_dependence_of_a_skewed_fused_reduction_is_named():
     s["T"].after(s["T_red"], "i")
     with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T_red\[1, 3, 3, 3\] must run before T\[1, 3\]"):
         s["T"].apply_sch("{ [x0, x1] -> [-x0 - x1, x1] }", ["t1_0", "t1_1"])
+
+
+def sum_over_pieces(where, k_range):
+    """T[i] = sum over k of A[k] (k < 3) in float16, on i in [0, 7) where ``where`` holds (two
+    disequalities make the domain a union of pieces), k in ``k_range(i)``."""
+    A = pt.placeholder((3,), "uint8", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis(k_range(i), "k")
+        return pt.sum(pt.cast("float16", pt.select(k < 3, A[k], 0)), axis=k)
+
+    T = pt.compute((7,), f_T, "T", where=where)
+    return pt.Func([A], [T], name="pieces")
+
+
+@pytest.mark.parametrize("sch", [
+    "{ [x0, x1] -> [-x0 + 2*x1, -x1] }",  # fuzz seed 43 case 10327
+    "{ [x0, x1] -> [x0 + x1, x1] }",
+    "{ [x0, x1] -> [-x0, x1] }",
+    "{ [x0, x1] -> [2*x1 - x0, x0] }",
+    "{ [x0, x1] -> [x1, x0] }",
+    "{ [x0, x1] -> [x1 - x0, -x0] }",
+])
+def test_skewed_reduction_over_a_domain_of_pieces_computes_right(sch, rng):
+    """Skews and reversals that keep each T[i]'s updates in order compute right on a where= of two
+    disequalities, of one, and with a sum over k that is empty for i = 0. GCC 12.2's reassociation
+    pass turned the guard isl writes for the pieces, e.g. ``s <= 0 && (s >= -2 || s == -4 || s == -6)``
+    of s = -i, into a bit test without s = 0: every statement instance of T[0] was skipped and T[0]
+    came out 0 (or stale) (fuzz seed 43 case 10327; ``runtime.cpu.GCC_FLAGS`` turns it off)."""
+    from polytile.fuzz import inputs, reference
+    two = lambda i: (i != 3) & (i != 5)  # noqa: E731
+    for where, k_range in [(two, lambda i: (0, 7)), (two, lambda i: (0, i)), (lambda i: i != 3, lambda i: (0, 7))]:
+        func = sum_over_pieces(where, k_range)
+        s = pt.create_schedule(func)
+        s["T"].apply_sch(sch, ["t0", "t1"])
+        kern = pt.build(s)
+        args = [inputs.integers(rng, (3,), "uint8", 1, 20)]
+        outs = inputs.output_arrays(func, {}, at_start=True)
+        kern(*args, *outs)
+        reference.check(func, args, outs, {})
+
+
+def test_reversing_the_reduction_over_a_domain_of_pieces_is_refused():
+    """The neighbour of fuzz seed 43 case 10327 that reverses k alone breaks the reduction's order."""
+    s = pt.create_schedule(sum_over_pieces(lambda i: (i != 3) & (i != 5), lambda i: (0, 7)))
+    with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T\[0, 0\] must run before T\[0, 1\] "
+                                               r"\(T is written by the first and read by the second\).*loop t1"):
+        s["T"].apply_sch("{ [x0, x1] -> [x0, -x1] }", ["t0", "t1"])

@@ -56,3 +56,14 @@ def test_workarounds_are_those_the_probe_needs():
     assert toolchain.compiles(cxx, [*base, *extra], toolchain.AVX512FP16_PROBE)
     if extra:  # only where the compiler fails without it
         assert not toolchain.compiles(cxx, list(base), toolchain.AVX512FP16_PROBE)
+
+
+def test_a_disjunction_of_comparisons_keeps_every_value():
+    """GCC 12.2's reassociation merged ``s <= 0 && (s >= -2 || s == -4 || s == -6)`` (s in
+    [-18, 12]) into a bit test without s = 0 (fuzz seed 43 case 10327): built with the kernels'
+    flags, the probe holds exactly where the condition does."""
+    import ctypes
+    lib = ctypes.CDLL(str(cpu.compile_shared(toolchain.REASSOC_PROBE)))
+    lib.probe.argtypes = [ctypes.c_long]
+    got = [lib.probe(s) for s in range(-18, 13)]
+    assert got == [int(s <= 0 and (s >= -2 or s in (-4, -6))) for s in range(-18, 13)]
