@@ -104,7 +104,7 @@ extern "C" int probe(long s) {
 }
 """
 """A condition of the form isl guards a domain of several pieces with, as polytile generates it
-(fuzz seed 43 case 10327): ``probe(0)`` is 1, but GCC 12.2 from ``-O2`` on returns 0. Its
+(fuzz seed 43 case 10327): ``probe(0)`` is 1, but GCC 12.2 from ``-O1`` on returns 0. Its
 reassociation pass merges the four comparisons of ``s`` into a range check and a bit test whose
 mask leaves out ``s = 0``. ``-fno-tree-reassoc`` (in ``runtime.cpu.GCC_FLAGS``, given to GCC
 always) avoids it; so does ``-fno-tree-vrp``, which costs the bounds that polytile's loops rely on."""

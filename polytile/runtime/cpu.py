@@ -59,7 +59,7 @@ GCC_FLAGS = ["-fno-predictive-commoning", "-fno-tree-loop-if-convert", "-fno-tre
 - loop if-conversion miscompiles a guarded read whose index leaves its buffer where the guard is
   false (FINDINGS E1): the vectorized loop computes some rows from the wrong elements, whether the
   buffer is a local cache or a kernel argument, and even with the index clamped into the buffer;
-- reassociation (``-O2`` and up) merges the comparisons of one variable in a condition into a bit
+- reassociation (``-O1`` and up) merges the comparisons of one variable in a condition into a bit
   test that drops a value the condition holds for (fuzz seed 43 case 10327): with ``s`` known to
   lie in [-18, 12], ``s <= 0 && (s >= -2 || s == -4 || s == -6)`` becomes false at ``s = 0``
   (``toolchain.REASSOC_PROBE``). polytile writes such conditions where isl guards a domain of
