@@ -10,7 +10,7 @@ may have instances (isl guards it with the condition, which keeps the loads insi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import islpy as isl
@@ -111,12 +111,13 @@ def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = No
 
 @dataclass
 class Scheduled:
-    """A statement with its full (2d+1, padded) schedule map; ``everywhere``, where known, the same
-    schedule over every integer point (the loop primitives' functions), to scan beyond the domain."""
+    """A statement with its full (2d+1, padded) schedule map; ``everywhere``, where known, makes the
+    same schedule over every integer point (the loop primitives' functions), to scan beyond the
+    domain — called only then (rarely: ``_without_divs``)."""
 
     stmt: Statement
     schedule: isl.Map
-    everywhere: isl.Map | None = None
+    everywhere: Callable[[], isl.Map] | None = None
 
 
 @dataclass
@@ -477,7 +478,7 @@ def _extensions(it: Scheduled, relaxed: isl.Set) -> Iterator[isl.Map]:
     """Candidate schedules of ``it`` over ``relaxed`` (a superset of its domain), the likeliest first."""
     if it.everywhere is not None:
         # as full_map states a schedule over a domain: isl's equalities explicit
-        yield it.everywhere.intersect_domain(relaxed).detect_equalities().coalesce()
+        yield it.everywhere().intersect_domain(relaxed).detect_equalities().coalesce()
     pma = isl.PwMultiAff.from_map(it.schedule)
     schedule: isl.Map | None = None
     for d in range(pma.dim(isl.dim_type.out)):

@@ -80,8 +80,9 @@ def check_caches(program: PolyProgram, original: Mapping[str, StageSchedule], sc
     order = sorted(plan.uses, key=lambda u: (-u.m, u.kind == "fold"))
     for virtual in program.virtual:
         for source, dep in _through_virtual(program, virtual):
-            for use in (u for u in order if u.tensor == source and u.kind == "fold"):
-                raise ScheduleError(f"{'store' if use.level is None else 'store_at'} of {source}: {virtual} is "
+            fold = next((u for u in order if u.tensor == source and u.kind == "fold"), None)
+            if fold is not None:
+                raise ScheduleError(f"{'store' if fold.level is None else 'store_at'} of {source}: {virtual} is "
                                     f"computed inside the copies of its caches (inlined after caching it), which "
                                     f"read {source} itself, not its stored buffer; drop the store of {source} or "
                                     f"keep {virtual} a computation")

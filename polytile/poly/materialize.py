@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
@@ -69,7 +70,7 @@ def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], c
         owner = program.owner_of[name]
         kind = "init" if name != owner else "compute"
         items.append(Scheduled(stmt, full_map(s.loops, s.statics, width),
-                               full_map_everywhere(s.loops, s.statics, width)))
+                               partial(full_map_everywhere, s.loops, s.statics, width)))
         plans[name] = StmtPlan(name, kind, owner, list(stmt.dims),
                                {2 * k + 1: n for k, n in enumerate(s.loops.names)})
     cache_plan = build_caches(program, items, scheds, caches, width, program.dyn_sources(), codegen)

@@ -252,10 +252,7 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
     if opts.before_run is not None:
         opts.before_run(task, values)
     key = task.workload.key
-    if key not in _OPS:
-        _OPS.clear()
-        _OPS[key] = task.workload.instantiate()
-    op = _OPS[key]
+    op = _operator(task)
     seed = 0 if opts.same_inputs else zlib.crc32(repr(sorted(values.items())).encode())
     kern = load_kernel(art)
     if odd_art is not None:
@@ -290,11 +287,17 @@ def prepare_runner(task: Task) -> None:
         device()
     else:
         from ..runtime import cpu  # noqa: F401
+    _operator(task)
+    toolkit_version(task.target.kind)
+
+
+def _operator(task: Task) -> Any:
+    """The operator of ``task``'s workload, instantiated once per runner (the last workload's only)."""
     key = task.workload.key
     if key not in _OPS:
         _OPS.clear()
         _OPS[key] = task.workload.instantiate()
-    toolkit_version(task.target.kind)
+    return _OPS[key]
 
 
 # --- the measurer ------------------------------------------------------------------------------------

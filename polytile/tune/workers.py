@@ -219,16 +219,15 @@ class _Worker:
     def check_ready(self) -> bool | None:
         """Whether the worker has said it is ready, without waiting: True; None while it starts; False
         if it died, or did not start within ``STARTUP_TIMEOUT`` seconds."""
-        if not self.ready:
-            try:
-                if not self.conn.poll(0):
-                    return None if time.monotonic() - self.started < STARTUP_TIMEOUT else False
-                self.ready = self.conn.recv() == "ready"
-            except (EOFError, OSError):
-                self.ready = False
-            if not self.ready:
-                return False
-        return True
+        if self.ready:
+            return True
+        try:
+            if not self.conn.poll(0):
+                return None if time.monotonic() - self.started < STARTUP_TIMEOUT else False
+            self.ready = self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            self.ready = False
+        return self.ready
 
     def send(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:

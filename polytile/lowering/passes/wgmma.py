@@ -41,16 +41,12 @@ from .simplify import simplify_expr
 
 def _flat(ld: ir.Load, env: dict[str, int]) -> int:
     """The element offset of ``ld`` in its (row-major, constant-shape) buffer."""
-    off = 0
-    for i, d in zip(ld.index, ld.buffer.shape):
-        if not isinstance(d, ir.Const):
-            raise LoweringError(f"wgmma operand {ld.buffer.name} needs a constant shape")
-        off = off * int(d.value) + ir.eval_int(i, env)
-    return off
+    return int(_flat_all(ld, env, ()))
 
 
 def _flat_all(ld: ir.Load, env: dict[str, object], shape: tuple[int, ...]) -> np.ndarray:
-    """``_flat`` at every point of ``env``'s arrays (of ``shape``) at once."""
+    """The element offsets of ``ld`` in its (row-major, constant-shape) buffer at every point of
+    ``env``'s arrays (of ``shape``; () for one point) at once."""
     off = np.zeros(shape, dtype=np.int64)
     for i, d in zip(ld.index, ld.buffer.shape):
         if not isinstance(d, ir.Const):
