@@ -16,7 +16,7 @@ from ..lang import expr as lx
 from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
 from ..poly.astgen import Binding
-from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser
+from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aint
 from ..poly.cache import CacheRewrite
 from ..poly.materialize import Plan, StmtPlan
 from . import loopir as ir
@@ -246,25 +246,34 @@ class IRBuilder:
         return end, frozenset(owners)
 
     def leading_binding(self, n: AstNode) -> tuple[AstUser, list[AExpr], AstNode | None] | None:
-        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, in the branch
-        of an ``if`` without ``else``; with the conditions around it and what ``n`` runs besides it
-        (under the same conditions). Its loads scope over all that follows. isl may run other
-        statements of the branch before the binding (its computation's initialization, guarded alike)
-        and the binding's users after the branch: the loads move before those statements, unless one
-        writes an array they read (then they scope over the rest of the branch only)."""
+        """The binding statement that ``n`` runs first, if any: ``n`` itself or, nested, in a branch of
+        an ``if``; with the conditions around it and what ``n`` runs besides it (under the same
+        conditions). Its loads scope over all that follows. isl may run other statements of the
+        branch before the binding (its computation's initialization, guarded alike) and the binding's
+        users after the branch: the loads move before those statements, unless one writes an array
+        they read (then they scope over the rest of the branch only). isl may also put the binding in
+        the ``else`` of a statement whose instances are disjoint from its (``if (c1 >= 2) T(...);
+        else _bind0(...)``, then the users): the loads, guarded by the branch's condition, move before
+        the ``if``; the other branch runs only where they are not needed (they read 0 there)."""
         if isinstance(n, AstUser) and n.stmt in self.bindings:
             return n, [], None
-        if not isinstance(n, AstIf) or n.orelse is not None:
+        if not isinstance(n, AstIf):
             return None
-        body = _flatten_blocks([n.then])
-        found = next(((j, b) for j, x in enumerate(body) if (b := self.leading_binding(x)) is not None), None)
-        if found is None:
-            return None
-        j, (user, conds, after) = found
-        if j and self._writes_bounds(self.bindings[user.stmt], body[:j]):
-            return None
-        rest = body[:j] + ([after] if after is not None else []) + body[j + 1:]
-        return user, [n.cond, *conds], AstIf(n.cond, AstBlock(tuple(rest)), None) if rest else None
+        branches = [(n.then, n.cond)] + ([(n.orelse, _negated(n.cond))] if n.orelse is not None else [])
+        for k, (branch, cond) in enumerate(branches):
+            body = _flatten_blocks([branch])
+            found = next(((j, b) for j, x in enumerate(body) if (b := self.leading_binding(x)) is not None), None)
+            if found is None:
+                continue
+            j, (user, conds, after) = found
+            if j and self._writes_bounds(self.bindings[user.stmt], body[:j]):
+                return None
+            rest = body[:j] + ([after] if after is not None else []) + body[j + 1:]
+            if n.orelse is None:
+                return user, [cond, *conds], AstIf(n.cond, AstBlock(tuple(rest)), None) if rest else None
+            left = AstBlock(tuple(rest))
+            return user, [cond, *conds], AstIf(n.cond, left, n.orelse) if k == 0 else AstIf(n.cond, n.then, left)
+        return None
 
     def _writes_bounds(self, b: Binding, nodes: list[AstNode]) -> bool:
         """Whether a statement of ``nodes`` writes an array that the loads of ``b`` read."""
@@ -479,6 +488,11 @@ def _const_bytes(b: ir.Buffer) -> int:
             return 1 << 62
         n *= int(d.value)
     return n
+
+
+def _negated(cond: AExpr) -> AExpr:
+    """The condition that holds where ``cond`` does not."""
+    return AExpr("eq", (AExpr("select", (cond, aint(1), aint(0))), aint(0)))
 
 
 def _flatten_blocks(nodes: list[AstNode]) -> list[AstNode]:

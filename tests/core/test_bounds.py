@@ -468,3 +468,33 @@ def test_cache_whose_first_iteration_reads_no_element_of_one_access(layout, rng)
         want = [[(a[i - 1] if 1 <= i <= n else 0) if i + j < 11 else (a[j] if j < n else 1) for j in range(11)]
                 for i in range(11)]
         np.testing.assert_array_equal(kern(a), want)
+
+
+@pytest.mark.parametrize("shift", [2, 5])
+def test_data_dependent_bounds_loaded_in_the_else_of_a_disjoint_stage(shift, rng):
+    """A segment reduction fused into the loop of a stage shifted past it: where their instances do
+    not overlap (shift 5 >= rows), isl puts the binding in the ``else`` of the stage's guard, and the
+    loads were scoped there, not over the users after it (fuzz seed 59 case 3234: '_d0' was not
+    declared)."""
+    rows, nnz = 5, 12
+    A = pt.placeholder((nnz,), "float32", "A")
+    X = pt.placeholder((rows, 3), "float32", "X")
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    T = pt.compute((rows,), lambda i: pt.sum(X[i, (k := pt.reduce_axis(3, "k"))], axis=k), "T")
+
+    def seg(i):
+        k = pt.reduce_axis((offs[i], offs[i + 1]), "k")
+        return pt.max(A[k], axis=k) + T[i]
+
+    U = pt.compute((rows,), seg, "U")
+    func = pt.Func([A, X, offs], [U])
+    s = pt.create_schedule(func)
+    s["T"].shift("k", shift).reorder("k", "i")
+    s["U_red"].after(s["T"], "k")
+    s["U_red"].cache("A", "i")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    o[2] = o[3]  # an empty segment
+    args = [rng.standard_normal(nnz).astype("float32"), rng.standard_normal((rows, 3)).astype("float32"), o]
+    outs = [np.full(rows, 99, np.float32)]
+    pt.build(s)(*args, *outs)
+    reference.check(func, args, outs)
