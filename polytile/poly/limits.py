@@ -32,7 +32,7 @@ def isl_budget(error: type[PolytileError], what: str) -> Iterator[None]:
     try:
         yield
     except isl.Error:
-        if not _budget_spent():
+        if not budget_spent():
             raise
         raise error(f"{what} is too complex for the polyhedral analysis (isl gave up after "
                     f"{ISL_OPERATIONS} operations); simplify it: fewer nested splits or fusions of one loop, "
@@ -43,7 +43,7 @@ def isl_budget(error: type[PolytileError], what: str) -> Iterator[None]:
             ctx.set_max_operations(0)
 
 
-def _budget_spent() -> bool:
+def budget_spent() -> bool:
     """Whether isl has used up its operations (it then fails in any call, some of which report it
     as another error: its parser says "syntax error")."""
     try:

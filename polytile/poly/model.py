@@ -213,8 +213,9 @@ def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
             pass
     all_params = params + sorted(set(used_dyn))
     hdr = header(all_params)
-    data_dom = isl.Set(f"{hdr}{{ {comp.name}{INIT_SUFFIX if red is not None else ''}[{', '.join(data_names)}] : "
-                       f"{' and '.join(conds) or '1 = 1'} }}")
+    init_or_update = comp.name + (INIT_SUFFIX if red is not None else "")
+    data_dom = _few_pieces(isl.Set(f"{hdr}{{ {init_or_update}[{', '.join(data_names)}] : "
+                                   f"{' and '.join(conds) or '1 = 1'} }}"))
     out_rel_dims = ", ".join(data_names)
     stmts: list[Statement] = []
     if red is not None:
@@ -228,8 +229,8 @@ def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
                 init.reads.append(access(init_name, data_names, data_dom, load.tensor, load.indices, guard, namer,
                                          all_params))
         stmts.append(init)
-    dom = isl.Set(f"{hdr}{{ {comp.name}[{', '.join(names)}] : "
-                  f"{' and '.join(conds + rconds) or '1 = 1'} }}")
+    dom = _few_pieces(isl.Set(f"{hdr}{{ {comp.name}[{', '.join(names)}] : "
+                              f"{' and '.join(conds + rconds) or '1 = 1'} }}"))
     upd = Statement(comp.name, names, dom, dyn_params=sorted(set(used_dyn)),
                     reduce_dims=[a.name for a in raxes], guarded=data_guard)
     write = isl.Map(f"{hdr}{{ {comp.name}[{', '.join(names)}] -> {comp.name}[{out_rel_dims}] }}")
@@ -252,6 +253,19 @@ def computation_statements(comp: ComputeTensor, body: Expr, params: list[str],
                                         all_params))
     stmts.append(upd)
     return stmts
+
+
+def _few_pieces(dom: isl.Set) -> isl.Set:
+    """``dom`` in few, preferably disjoint, pieces. A where= joining conditions with | gives a
+    disjunction per term (``(j % 2 == 0) | (l % 2 == 1)`` under ``(i + j >= 5) | (i >= 0)``: four
+    overlapping pieces, one of them redundant), on which isl's dataflow analysis ran past its
+    operation budget (minutes for each primitive; fuzz seed 59 case 1072); coalesced, then made
+    disjoint when that does not add pieces, it takes a fraction of a second."""
+    dom = dom.coalesce()
+    if dom.n_basic_set() <= 1:
+        return dom
+    disjoint = dom.make_disjoint().coalesce()
+    return disjoint if disjoint.n_basic_set() <= dom.n_basic_set() else dom
 
 
 def _check_dyn_sources(comp: ComputeTensor, ax: IterVar, dyn: DynParams, new: set[str]) -> None:

@@ -20,6 +20,7 @@ from ..toolchain import quick_builds
 from .affine import DynParams, NotAffine, affine
 from .astgen import Scheduled, binding_depth
 from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
+from .limits import ISL_OPERATIONS, budget_spent
 from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
 from .schedule import LoopSchedule, full_map
 
@@ -62,6 +63,7 @@ class PolyProgram:
         self._add_dyn_constraints()
         self._check_bounds()
         self._deps: list[Dependence] | None = None
+        self._deps_refused: str | None = None
         # quick builds: results of the isl work below by the (immutable) loop schedule they came from,
         # which a schedule's checks ask for again after every primitive (``toolchain.quick_builds``)
         self._inits: dict[tuple[str, int], tuple[LoopSchedule, LoopSchedule]] = {}
@@ -194,9 +196,24 @@ class PolyProgram:
 
     # --- dependences ----------------------------------------------------------------------------
     def dependences(self, original: Mapping[str, StageSchedule]) -> list[Dependence]:
+        """The program's dependences, computed once; a program whose dependences isl cannot compute
+        within its operation budget is refused at once by every later primitive (each would spend
+        the whole budget again: a case of four refused primitives ran past two minutes)."""
+        if self._deps_refused is not None:
+            raise ScheduleError(self._deps_refused)
         if self._deps is None:
             stmts = list(self.statements.values())
-            self._deps = compute_dependences(stmts, self.full_maps(original))
+            maps = self.full_maps(original)
+            try:
+                self._deps = compute_dependences(stmts, maps)
+            except isl.Error:
+                if not budget_spent():
+                    raise
+                self._deps_refused = (
+                    f"the dependences of {self.func.name} are too complex for the polyhedral analysis (isl gave "
+                    f"up after {ISL_OPERATIONS} operations); simplify the program: fewer conditions joined by | "
+                    "in where= and select, fewer reads of one tensor")
+                raise ScheduleError(self._deps_refused) from None
         return self._deps
 
     def violation(self, original: Mapping[str, StageSchedule], scheds: Mapping[str, StageSchedule],

@@ -151,3 +151,48 @@ def test_a_write_cache_over_a_where_with_an_or_is_cheap_to_check(rng):
     for n in (1, 2, 5):
         a = rng.integers(-100, 100, (3, 3, n)).astype("int16")
         np.testing.assert_array_equal(kern(a, N=n), ref(a, N=n))
+
+
+def where_of_ors():
+    """A reduction whose where= and whose computation's where= both join conditions with |."""
+    A = pt.placeholder((6, 6), "float32", "A")
+
+    def f_V(i, j):
+        k = pt.reduce_axis((0, j), "k")
+        l = pt.reduce_axis((0, 5), "l")
+        return pt.sum(A[i, k] + A[k, l], axis=[k, l], where=((j % 2) == 0) | ((l % 2) == 1))
+
+    V = pt.compute((5, 5), f_V, "V", where=lambda i, j: ((j + i) >= 5) | (i >= 0))
+    W = pt.compute((5, 5), lambda i, j: V[j, i] * 2.0, "W")
+    return pt.create_schedule(pt.Func([A], [W])), A, W
+
+
+def test_dependences_over_a_where_of_ors_are_cheap(monkeypatch, rng):
+    # the domains kept a piece per term of the |s (four overlapping pieces, one redundant): isl's
+    # dataflow analysis ran past its budget, 20 s for each primitive (fuzz seed 59 case 1072)
+    monkeypatch.setattr(limits, "ISL_OPERATIONS", 2_000_000)
+    s, A, W = where_of_ors()
+    s[W].reorder("j", "i")
+    a = rng.standard_normal((6, 6)).astype("float32")
+    want = np.zeros((5, 5))
+    for i in range(5):
+        for j in range(5):
+            want[i, j] = sum(a[i, k] + a[k, l] for k in range(j) for l in range(5) if j % 2 == 0 or l % 2 == 1)
+    np.testing.assert_allclose(pt.build(s)(a), 2 * want.T, rtol=1e-5, atol=1e-5)
+
+
+def test_dependences_past_the_budget_refuse_every_later_primitive_at_once(monkeypatch):
+    # each refused primitive spent the whole budget again on the program's dependences: four
+    # refusals ran past two minutes (fuzz seed 59 case 1072)
+    import polytile.poly.program as program
+
+    calls = []
+    real = program.compute_dependences
+    monkeypatch.setattr(program, "compute_dependences", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(limits, "ISL_OPERATIONS", 30_000)  # enough for the schedule's maps, not the dependences
+    s, A, W = where_of_ors()
+    for _ in range(3):
+        with pytest.raises(pt.ScheduleError, match="the dependences of func are too complex"):
+            s[W].reorder("j", "i")
+    assert len(calls) == 1
+    assert s[W].loops == ["i", "j"]
