@@ -171,3 +171,31 @@ def test_vector_cast_to_bfloat16_rounds_lane_by_lane(dtype, rng):
     x = (rng.uniform(-300, 300, (M, N)) if dtype != "int32" else rng.integers(-10**6, 10**6, (M, N))).astype(dtype)
     ref = x.astype(np.float32).astype(pt.bfloat16.numpy).astype(np.float32) * 2
     np.testing.assert_array_equal(kern(x), ref)
+
+
+@pytest.mark.parametrize("case", ["int32_first_term", "int32_gathered_index"])
+def test_guarded_vector_loads_with_int32_indices(case, rng):
+    """Lanes a select discards read clamped indices; the clamp's bounds are int64 and the index may
+    be an int32 vector: a flattened index whose first term is a load of an int32 array (the sum
+    simplified to ``idx[j] + 4 * (i % 2)``, fuzz seed 61 cases 106, 2498), or an index gathered from
+    an int32 array (case 3636). GCC's vector operators take one vector type: the code did not compile."""
+    A = pt.placeholder((2, 5), "int64", "A")
+    idx = pt.placeholder((6,), "int32", "idx", value_range=(0, 4))
+    if case == "int32_first_term":
+        Y = pt.compute((2, 6), lambda i, j: pt.select(j < i, A[i % 2, idx[j]] * 2, A[0, j % 5]), "Y")
+        want = lambda a, ix: np.array([[a[i % 2, ix[j]] * 2 if j < i else a[0, j % 5] for j in range(6)]  # noqa: E731
+                                       for i in range(2)])
+        loop = "i"
+    else:
+        R = pt.compute((5,), lambda i: A[1, i] + 1, "R")
+        Y = pt.compute((6,), lambda i: pt.select(i % 2 == 0, R[idx[i]], A[0, i % 5]), "Y")
+        want = lambda a, ix: np.array([a[1, ix[i]] + 1 if i % 2 == 0 else a[0, i % 5] for i in range(6)])  # noqa: E731
+        loop = "i"
+    s = pt.create_schedule(pt.Func([A, idx], [Y]))
+    if case == "int32_first_term":
+        s[Y].reorder("j", "i").vectorize("i")
+    else:
+        s[Y].split(loop, 2).vectorize("ii")
+    a = rng.integers(-9, 9, (2, 5))
+    ix = rng.integers(0, 5, 6).astype("int32")
+    np.testing.assert_array_equal(pt.build(s)(a, ix), want(a, ix))

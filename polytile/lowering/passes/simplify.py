@@ -45,8 +45,15 @@ class Linear:
         return Linear({n: (c * k, a) for n, (c, a) in self.terms.items()}, self.const * k)
 
     def expr(self) -> ir.Expr:
+        """The sum as an int64 expression: a binary operation has its first operand's type, so the
+        first term is int64 (a narrower atom, such as a load of an int32 index array, first among
+        the sorted terms would make the sum an int32 one, and a vector of it an int32 vector among
+        int64 ones)."""
         out: ir.Expr | None = None
-        for _, (c, a) in sorted(self.terms.items(), key=lambda kv: (kv[0] != "", kv[0])):
+        for _, (c, a) in sorted(self.terms.items(), key=lambda kv: (kv[1][1].dtype != dtypes.INDEX, kv[0] != "",
+                                                                    kv[0])):
+            if out is None and a.dtype != dtypes.INDEX:
+                a = ir.Cast(dtypes.INDEX, a)
             if c == 1:
                 t = a
             elif c == -1 and out is not None:

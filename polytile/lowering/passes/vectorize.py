@@ -176,7 +176,11 @@ class _InBounds(ir.Mutator):
         for d in e.buffer.shape[1:]:
             size = ir.BinOp("*", size, d)
         last = simplify_expr(ir.BinOp("-", size, ir.const(1)))
-        clamped = ir.BinOp("min", ir.BinOp("max", i, ir.Broadcast(ir.const(0), i.lanes)), ir.Broadcast(last, i.lanes))
+        # bounds and index of one vector type (an index read from an int32 array is an int32 vector)
+        zero = ir.Broadcast(ir.const(0), i.lanes)
+        i, zero = _common(i, zero)
+        i, end = _common(i, ir.Broadcast(last, i.lanes))
+        clamped = ir.BinOp("min", ir.BinOp("max", i, zero), end)
         return ir.Load(e.buffer, (clamped,))
 
 
