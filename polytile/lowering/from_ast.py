@@ -148,6 +148,8 @@ class IRBuilder:
         if isinstance(n, AstFor):
             return self.loop(n, env, scope)
         if isinstance(n, AstIf):
+            if self.leading_binding(n) is not None:  # its loads go before the if (block)
+                return self.block([n], env, scope)
             then = self.node(n.then, env, scope)
             orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
             return ir.If(aexpr(n.cond, env), then, orelse)
@@ -290,10 +292,18 @@ class IRBuilder:
         axes = {a.name: a for a in (*comp.axes, *comp.reduce_axes)}
         conv = ExprConverter(self.buffers, [], {})
         var_env = {id(axes[name]): v for name, v in src_vals.items()}
-        guards = [aexpr(c, env) for c in conds]
+        # isl may guard the binding by a condition on the bounds themselves (a test hoisted above it
+        # that its users share, e.g. _d1 + c1 - 3 * ((2 * c1 + c3 + 7) / 6) + 3 >= _d0); such a
+        # condition cannot guard their loads, which then read clamped indices: past the prefixes the
+        # other conditions keep, no value of the bounds gives the computation an instance
+        own = set(b.params)
+        guards = [aexpr(c, env) for c in conds if not _mentions(c, own)]
+        clamp = len(guards) < len(conds)
         out = body
         for p in reversed(b.params):
             value: ir.Expr = ir.Cast(dtypes.INDEX, conv.convert(self.dyn_exprs[p], var_env))
+            if clamp:
+                value = _ClampedLoads().expr(value)
             if guards:
                 value = ir.Select(guards[0] if len(guards) == 1 else ir.Logic("&&", tuple(guards)), value,
                                   ir.const(0))
@@ -488,6 +498,20 @@ def _const_bytes(b: ir.Buffer) -> int:
             return 1 << 62
         n *= int(d.value)
     return n
+
+
+def _mentions(e: AExpr, names: set[str]) -> bool:
+    """Whether ``e`` reads one of the identifiers ``names``."""
+    return (e.op == "id" and e.name in names) or any(_mentions(a, names) for a in e.args)
+
+
+class _ClampedLoads(ir.Mutator):
+    """Every load's indices clamped into its buffer's dimensions."""
+
+    def visit_Load(self, e: ir.Load) -> ir.Expr:
+        idx = tuple(ir.BinOp("min", ir.BinOp("max", self.expr(i), ir.const(0)), ir.BinOp("-", n, ir.const(1)))
+                    for i, n in zip(e.index, e.buffer.shape))
+        return ir.Load(e.buffer, idx)
 
 
 def _negated(cond: AExpr) -> AExpr:

@@ -498,3 +498,30 @@ def test_data_dependent_bounds_loaded_in_the_else_of_a_disjoint_stage(shift, rng
     outs = [np.full(rows, 99, np.float32)]
     pt.build(s)(*args, *outs)
     reference.check(func, args, outs)
+
+
+def test_data_dependent_bounds_tested_above_their_binding(rng):
+    """isl may hoist a test of the bounds above the statement that loads them (a fused loop whose
+    iterations past the end leave ``_d1 + c1 - 3 * ((2c1 + c3 + 7) / 6) + 3 >= _d0`` as the test of
+    the whole body): the loads go before that test, without it as their guard, their indices clamped
+    (fuzz seed 61 case 6500: '_d1' was not declared)."""
+    rows, nnz = 3, 7
+    offs = pt.placeholder((rows + 1,), "int32", "offs", value_range=(0, nnz), monotonic=True)
+    vals = pt.placeholder((nnz,), "float32", "vals")
+
+    def seg(i, j, h):
+        k = pt.reduce_axis((offs[h], offs[h + 1]), "k")
+        return pt.sum(vals[k] * (i + 2.0 * j), axis=k)
+
+    T = pt.compute((3, 5, rows), seg, "T")
+    func = pt.Func([offs, vals], [T])
+    s = pt.create_schedule(func)
+    s["T"].cache_write("k")
+    s["T"].split("j", 2)
+    s["T"].fuse("i", "jo")
+    o = np.sort(rng.integers(0, nnz + 1, rows + 1)).astype(np.int32)
+    o[1] = o[2]  # an empty segment
+    args = [o, rng.standard_normal(nnz).astype("float32")]
+    outs = [np.full((3, 5, rows), 99, np.float32)]
+    pt.build(s)(*args, *outs)
+    reference.check(func, args, outs)
