@@ -196,3 +196,25 @@ def test_reversing_the_reduction_over_a_domain_of_pieces_is_refused():
     with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T\[0, 0\] must run before T\[0, 1\] "
                                                r"\(T is written by the first and read by the second\).*loop t1"):
         s["T"].apply_sch("{ [x0, x1] -> [x0, -x1] }", ["t0", "t1"])
+
+
+def test_broken_dependence_whose_lexmin_isl_answers_empty_is_named():
+    """T placed before U at j breaks V's reads of T; isl's lexmin of the violating pairs (three mod
+    conditions, as built) came out empty, and naming the example pair failed with an isl error
+    (fuzz seed 67 cases 3236, 9274). The lexmin is asked again on an equal form of the set."""
+    def f_T(i, j):
+        k = pt.reduce_axis((j, j + 3), "k")
+        return pt.max(0.0, axis=k, where=(j % 2) == 0)
+
+    T = pt.compute((2, 5), f_T, "T")
+    U = pt.compute((5, 2), lambda i, j: T[j, i // 2], "U")
+
+    def f_V(i, j):
+        k = pt.reduce_axis((0, 5), "k")
+        return pt.maximum(pt.sum(pt.select((k + 1) < 5, T[j, k + 1], -0.5), axis=k),
+                          pt.select(j >= 1, U[j, j - 1], -0.5))
+
+    V = pt.compute((5, 2), f_V, "V")
+    s = pt.create_schedule(pt.Func([], [V], name="lexmin"))
+    with pytest.raises(pt.ScheduleError, match=r"breaks a dependence: T\[\d+, \d+, \d+\] must run before"):
+        s["T"].before(s["U"], "j")
