@@ -145,6 +145,10 @@ def _extreme(pa: isl.PwAff, maximize: bool) -> int | None:
     return int(v.to_python())
 
 
+MAX_EXTENT_PIECES = 16
+"""The most pieces of a parametric footprint extent whose maximum the cache primitives compute."""
+
+
 @dataclass
 class _Box:
     offset: isl.PwAff  # over P (and parameters)
@@ -208,6 +212,12 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
     # the extents over the parameters, their existential variables made explicit divisions: isl's
     # parametric lexmax took 8 s on those of a write cache of a tiled skew (fuzz seed 7 case 9236)
     s = isl.Map.from_pw_aff(ext).range().compute_divs().coalesce()
+    if s.n_basic_set() > MAX_EXTENT_PIECES:
+        # isl's parametric lexmax runs for minutes on such a union, outside its operation budget
+        # (43 pieces with nested floors of a skewed, fused loop: fuzz seed 71 case 2282)
+        raise ScheduleError(f"{what}: the footprint's extent along dimension {d} is too complex for the "
+                            f"polyhedral analysis ({s.n_basic_set()} pieces over the parameters); cache at "
+                            "another loop, or without the skew or fusion of the loops it spans")
     mx = lexmax(s)
     if not mx.is_bounded() if hasattr(mx, "is_bounded") else False:
         raise ScheduleError(f"{what}: the footprint is unbounded; declare value_range on the index arrays")

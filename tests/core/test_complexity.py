@@ -196,3 +196,20 @@ def test_dependences_past_the_budget_refuse_every_later_primitive_at_once(monkey
             s[W].reorder("j", "i")
     assert len(calls) == 1
     assert s[W].loops == ["i", "j"]
+
+
+def test_a_cache_whose_parametric_extent_has_too_many_pieces_is_refused_at_once():
+    # the footprint of A[i] and A[N - 1 - i] in a split, tiled loop: its extent over N came in 43
+    # pieces, and isl's lexmax of it ran for minutes, outside the operation budget (fuzz seed 71
+    # case 2282); the primitive refuses it and leaves the schedule as it was
+    N = pt.param("N")
+    A = pt.placeholder((N,), "int8", "A")
+    T = pt.compute((N,), lambda i: -((A[i] - A[i]) + (A[(N - 1) - i] + 1)), "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 0]))
+    s[T].split("i", 16).tile("io", "ii", 8, 5)
+    loops = list(s[T].loops)
+    start = time.perf_counter()
+    with pytest.raises(pt.ScheduleError, match="extent along dimension 0 is too complex"):
+        s[T].cache(A, "iio", layout=lambda a: (a // 2, a % 2))
+    assert time.perf_counter() - start < 60
+    assert s[T].loops == loops and not s.caches
