@@ -203,3 +203,26 @@ for n in (2, 3, 70):
     ref = np.array([a[i + 1, i % 2] if i + 1 < 3 else 1 for i in range(n)], np.int32)
     np.testing.assert_array_equal(kern(a, N=n), ref)
 """, 90)
+
+
+def test_every_instance_of_a_modular_where_under_tiles_is_checked_cheaply():
+    # fuzz seed 43 case 2731: whether the AST runs every instance of a where= with a % was decided by
+    # complementing its runs with their six loop iterators quantified, past isl's operation budget (a
+    # refusal at the build after 30 s); with the iterators at the schedule's values, in a second
+    N = pt.param("N")
+    A = pt.placeholder((5, N), "float32", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((0, i + 1), "k")
+        return pt.sum(pt.select(2 * i < 5, A[2 * i, k], 0.0), axis=k)
+
+    T = pt.compute((N,), f_T, "T", where=lambda i: i % 2 == 0)
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 0]))
+    s[T].reorder("k", "i").tile("k", "i", 4, 3).split("ko", 16).split("ki", 16)
+    kern = pt.build(s)
+    for n in (1, 4, 9):
+        a = np.arange(5 * n, dtype=np.float32).reshape(5, n)
+        out = np.full(n, 99, np.float32)
+        kern(a, out, N=n)
+        ref = [99 if i % 2 else a[2 * i, :i + 1].sum() if 2 * i < 5 else 0 for i in range(n)]
+        np.testing.assert_array_equal(out, np.array(ref, np.float32))
