@@ -54,7 +54,8 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
     func = Func([I, Wt], [O], name="conv2d")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
-        schedule_conv2d_cpu(sched, target, K, Q, has_pad=pad_stage and padding > 0)
+        schedule_conv2d_channels_cpu(sched, conv2d_cpu_tiles(K, Q, target, O.dtype.itemsize),
+                                     has_pad=pad_stage and padding > 0)
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
         return conv2d_reference(i, w, stride, padding, dilation)
@@ -70,6 +71,39 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         op.baseline, op.baseline_name = base
     _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
     return op
+
+
+def conv2d_cpu_tiles(K: int, Q: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int]:
+    """The register tile of the default NCHW convolution (``schedule_conv2d_channels_cpu``): ``k_vecs``
+    vectors of output channels (two, or one when K fills only one) × ``q_tile`` output columns, as
+    many columns as the vector registers left after the weights and a broadcast hold, and of those
+    the width that leaves the fewest idle columns in the last tile of a row (Q = 7: 4 + 3, Q = 14:
+    5 + 5 + 4, Q = 28: 7 × 4)."""
+    lanes = target.vector_lanes(itemsize)
+    regs = 32 if target.vector_bits >= 512 else 16
+    k_vecs = 2 if K > lanes else 1
+    q_max = max(1, min(Q, (regs - k_vecs - 2) // k_vecs))
+    q_tile = min(range(q_max, (q_max - 1) // 2, -1), key=lambda q: -(-Q // q) * q - Q)
+    return {"lanes": lanes, "k_vecs": k_vecs, "q_tile": q_tile}
+
+
+def schedule_conv2d_channels_cpu(sched: Schedule, tiles: dict[str, int], has_pad: bool) -> None:
+    """Vectors over output channels: a tile of ``k_vecs`` vectors of channels × ``q_tile`` output
+    columns accumulates in registers over the channels and filter taps (in the algorithm's order);
+    weights packed per channel block with the channel innermost (one vector load serves a column's
+    FMAs), each input element broadcast; the accumulators kept channel-innermost and written back to
+    NCHW once per tile. Any output width vectorizes fully (7×7 feature maps included), where
+    vectors along the columns leave most lanes idle. The channel-block loop runs in parallel."""
+    lanes, k_vecs, q_tile = tiles["lanes"], tiles["k_vecs"], tiles["q_tile"]
+    st = sched["O"]
+    st.split("k", k_vecs * lanes, "ko", "k1").split("k1", lanes, "kv", "kl").split("q", q_tile, "qo", "qi")
+    st.reorder("n", "ko", "p", "qo", "c", "r", "s", "qi", "kv", "kl")
+    st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
+    st.cache_write("qo", layout=lambda n, k, p, q: (n, p, q, k))
+    st.separate("qo")
+    st.unroll("qi").unroll("kv").vectorize("kl").parallel("ko")
+    if has_pad:
+        sched["Ipad"].parallel("cc")
 
 
 def schedule_conv2d_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, has_pad: bool,

@@ -42,3 +42,25 @@ def test_few_rows_batched(batch, M, rng):
 def test_many_rows_keep_the_packed_schedule():
     assert cpu_stream_tiles(64, 100, cpu_target()) is None
     assert "B_C_local" in ops.matmul(64, 100, 30).build("cpu").source
+
+
+CONVS = [dict(N=1, C=57, H=19, W=23, K=57, R=1, S=1),  # 1×1, odd channels and sizes
+         dict(N=1, C=13, H=7, W=7, K=37, R=3, S=3, padding=1),  # a 7×7 map: no column vector fills
+         dict(N=2, C=3, H=29, W=31, K=5, R=7, S=7, stride=2, padding=3),  # K < one vector
+         dict(N=1, C=6, H=17, W=13, K=19, R=3, S=3, dilation=2, padding=2, pad_stage=False)]
+
+
+@pytest.mark.parametrize("shape", CONVS, ids=range(len(CONVS)))
+def test_conv2d_channel_vectors(shape, rng):
+    kern = check(ops.conv2d(**shape), rng)
+    assert "Wt_O_local" in kern.source  # weights packed channel-innermost
+
+
+def test_conv2d_channel_vectors_on_a_wider_machine(rng):
+    check(ops.conv2d(N=1, C=11, H=9, W=15, K=45, R=3, S=3, padding=1), rng, WIDE)
+
+
+@pytest.mark.parametrize("Q,tile", [(7, 4), (14, 5), (28, 4), (23, 6), (3, 3), (1, 1)])
+def test_conv2d_column_tile_leaves_few_idle_columns(Q, tile):
+    from polytile.ops.conv import conv2d_cpu_tiles
+    assert conv2d_cpu_tiles(64, Q, dataclasses.replace(cpu_target(), vector_bits=256))["q_tile"] == tile
