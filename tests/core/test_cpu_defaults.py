@@ -8,6 +8,7 @@ import pytest
 
 from polytile import ops
 from polytile.ops.matmul import cpu_stream_tiles
+from polytile.ops.norm import row_lanes
 from polytile.target import cpu_target
 
 WIDE = dataclasses.replace(cpu_target(), vector_bits=512, cores=4)
@@ -64,3 +65,30 @@ def test_conv2d_channel_vectors_on_a_wider_machine(rng):
 def test_conv2d_column_tile_leaves_few_idle_columns(Q, tile):
     from polytile.ops.conv import conv2d_cpu_tiles
     assert conv2d_cpu_tiles(64, Q, dataclasses.replace(cpu_target(), vector_bits=256))["q_tile"] == tile
+
+
+@pytest.mark.parametrize("M,N", [(5, 31), (3, 32), (7, 33), (37, 101), (2, 5003)])
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+def test_rows_reduced_in_vector_lanes(name, M, N, rng):
+    """Row sums and maxima as partials per vector lane: every size around the partials' width, a
+    tail past the whole vectors, rows longer than a vector of partials."""
+    kern = check(ops.get(name, M=M, N=N), rng)
+    assert ("_lanes_local" in kern.source) == (N >= row_lanes(cpu_target()))
+
+
+@pytest.mark.parametrize("where", [0, -1, -3, 40])
+def test_softmax_row_maximum_anywhere(where, rng):
+    """The maximum in the first element, in the tail past the whole vectors, in a whole vector; the
+    others 100 below it: exp of the difference to a missed maximum overflows float32."""
+    M, N = 3, 77
+    op = ops.softmax(M, N)
+    x = rng.uniform(-1, 1, (M, N)).astype("float32")
+    x[:, where] += 100
+    out = op.build("cpu")(x)
+    assert ops.rel_error(out, op.reference(x)) < op.tolerance
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_rows_reduced_in_vector_lanes_other_types(dtype, rng):
+    check(ops.softmax(3, 77, dtype), rng)
+    check(ops.layernorm(3, 77, dtype), rng)
