@@ -87,7 +87,7 @@ def schedule_rows_cpu(sched: Schedule, order: list[str], target: CPUTarget) -> N
         if name.endswith("_lanes"):
             schedule_lanewise_cpu(sched, name[:-len("_lanes")], lanes)
         elif len(sched.computation(name).shape) == 2:
-            sched[name].split("j", lanes, "jo", "jl").vectorize("jl")
+            sched[name].split("j", lanes, "jo", "jl").separate("jo").vectorize("jl")
     sched[order[0]].parallel("i")
 
 
