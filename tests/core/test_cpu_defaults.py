@@ -3,6 +3,7 @@ NumPy on fresh random data at sizes that divide none of its tiles, on this machi
 a wider one (AVX-512, four cores) whose tiles differ."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -74,6 +75,7 @@ def test_rows_reduced_in_vector_lanes(name, M, N, rng):
     tail past the whole vectors, rows longer than a vector of partials."""
     kern = check(ops.get(name, M=M, N=N), rng)
     assert ("_lanes_local" in kern.source) == (N >= row_lanes(cpu_target()))
+    assert re.search(r"pt_vstore<\w+>\(&Y\[", kern.source)  # whole vectors of the result, odd N too
 
 
 @pytest.mark.parametrize("where", [0, -1, -3, 40])
