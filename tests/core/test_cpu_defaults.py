@@ -35,6 +35,14 @@ def test_few_rows_on_a_wider_machine(M, N, K, rng):
     check(ops.matmul(M, N, K), rng, WIDE)
 
 
+def test_few_rows_in_column_blocks(rng):
+    """Accumulators over more than half the L2 cache: the columns in blocks, run in parallel."""
+    small_l2 = dataclasses.replace(cpu_target(), l2_bytes=16 * 1024)
+    assert cpu_stream_tiles(3, 1001, small_l2)["blocks"] == 2
+    kern = check(ops.matmul(3, 1001, 17), rng, small_l2)
+    assert "omp parallel" in kern.source or "serial: about" in kern.source  # a parallel loop (too small to run so)
+
+
 @pytest.mark.parametrize("batch,M", [(3, 1), (1, 2), (5, 7)])
 def test_few_rows_batched(batch, M, rng):
     kern = check(ops.batch_matmul(batch, M, 45, 27), rng)
