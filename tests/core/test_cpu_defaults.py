@@ -70,10 +70,11 @@ def test_conv2d_channel_vectors_on_a_wider_machine(rng):
     check(ops.conv2d(N=1, C=11, H=9, W=15, K=45, R=3, S=3, padding=1), rng, WIDE)
 
 
-@pytest.mark.parametrize("Q,tile", [(7, 4), (14, 5), (28, 4), (23, 6), (3, 3), (1, 1)])
-def test_conv2d_column_tile_leaves_few_idle_columns(Q, tile):
+@pytest.mark.parametrize("Q,taps,tile", [(7, 1, 6), (14, 1, 6), (7, 9, 5), (28, 9, 5), (3, 1, 3), (1, 9, 1)])
+def test_conv2d_column_tile(Q, taps, tile):
+    """As many columns as the registers hold, one fewer with filter taps, at most a row."""
     from polytile.ops.conv import conv2d_cpu_tiles
-    assert conv2d_cpu_tiles(64, Q, dataclasses.replace(cpu_target(), vector_bits=256))["q_tile"] == tile
+    assert conv2d_cpu_tiles(64, Q, taps, dataclasses.replace(cpu_target(), vector_bits=256))["q_tile"] == tile
 
 
 @pytest.mark.parametrize("M,N", [(5, 31), (3, 32), (7, 33), (37, 101), (2, 5003)])
