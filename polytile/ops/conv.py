@@ -90,9 +90,8 @@ def conv2d_cpu_tiles(K: int, Q: int, taps: int, target: CPUTarget, itemsize: int
     many columns as the vector registers left after the weights and a broadcast hold — one fewer for
     a filter with several ``taps`` (R × S): 3×3 on a 7×7 map ran 0.6× torch with 6 columns, 1.1×
     with 5 (spilled registers, presumably; the assembly was not read). The widest tile, although a
-    row then ends in a narrower
-    edge tile: on 7- and 14-wide maps 6 + 1 and 6 + 6 + 2 columns beat 4 + 3 and 5 + 5 + 4 (0.83
-    against 0.65 and 0.77×, 0.80 against 0.61 and 0.76×)."""
+    row then ends in a narrower edge tile: on 7- and 14-wide maps 6 + 1 and 6 + 6 + 2 columns beat
+    4 + 3 and 5 + 5 + 4 (0.83 against 0.65 and 0.77×, 0.80 against 0.61 and 0.76×)."""
     lanes = target.vector_lanes(itemsize)
     regs = 32 if target.vector_bits >= 512 else 16
     k_vecs = 2 if K > lanes else 1
