@@ -3,7 +3,9 @@
 The CPU schedule follows the BLIS structure, written with polytile's primitives: panels of B
 packed at the kc loop, blocks of A packed at the ic loop, an MR×NR accumulator tile kept in
 registers (write cache, unrolled and vectorized), full tiles separated from the edges, and the
-block loop run in parallel.
+block loop run in parallel. A product with only a few rows of A (a decoder's one token) is
+matrix–vector-like and bound by reading B once: it gets a streaming schedule instead
+(``schedule_stream_cpu``), which packs nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +40,64 @@ def cpu_gemm_tiles(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4)
     blocks = target.cores * math.ceil(M / (target.cores * 96))
     mc = min(_round_up(M, mr), _round_up(math.ceil(M / max(1, blocks)), mr))
     return {"mc": max(mr, mc), "nc": nc, "kc": max(1, kc), "mr": mr, "nr": nr, "lanes": lanes}
+
+
+STREAM_ROWS_OF_B = 8
+"""Rows of B the streaming schedule reads at once (its k block): each row is a sequential stream,
+and the accumulators are loaded and stored once per block. More rows ran 2–3× slower on the 2-core
+EPYC it was measured on (16 rows at 1×1025×1023 and 1×4096×1024, 32 rows at 8×3072×768: rows 12 KiB
+apart fall in the same L1 sets, and more streams than the prefetchers track)."""
+
+STREAM_MAX_ROW_TILES = 4
+"""The streaming schedule serves products of up to this many register tiles of rows: B, read in place,
+is then read at most this many times from L1, where packing it (the BLIS schedule) costs a whole
+extra pass over B that only larger M amortizes (measured on the 2-core EPYC, one thread: M = 5, 8,
+13, 16 at N, K ≈ 1000–4096 ran 0.7–2.7× NumPy streaming against 0.45–0.94× packed, one shape,
+8×1024×4096, 0.68× against 0.81×; M = 32 was even, M = 128 0.92× packed)."""
+
+
+def cpu_stream_tiles(M: int, N: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int] | None:
+    """Tiles of the streaming (matrix–vector-like) schedule for a product with few rows ``M``, or
+    None when M needs more than ``STREAM_MAX_ROW_TILES`` register tiles (the BLIS schedule's packing
+    then pays off). Up to a quarter of the vector registers' worth of rows form one register tile
+    of M rows × as many vectors as fill half the registers (one token: 8 vectors with 16
+    registers); more rows take the BLIS register tile (``cpu_gemm_tiles``), balanced over the row
+    tiles. ``nc``: the columns of a block — all of them, unless the accumulators (M × nc) would not
+    stay in half the L2 cache between blocks of B's rows. Blocks are not made per core: halves of
+    B's rows are shorter streams, and one thread over whole rows was 10–30% faster than two over
+    halves at one thread and, on the shared machine it was measured on, also at two
+    (1×777×1531, 1×1024×4096, 1×3072×768, 1×4096×4096)."""
+    lanes = target.vector_lanes(itemsize)
+    regs = 32 if target.vector_bits >= 512 else 16
+    if M <= regs // 4:
+        mr, nr_vecs = M, (regs // 2) // M
+    else:
+        blis = cpu_gemm_tiles(M, N, STREAM_ROWS_OF_B, target, itemsize)
+        mr, nr_vecs = blis["mr"], blis["nr"] // lanes
+        mr = math.ceil(M / math.ceil(M / mr))
+    if math.ceil(M / mr) > STREAM_MAX_ROW_TILES:
+        return None
+    nr = lanes * nr_vecs
+    fits = max(nr, (target.l2_bytes // 2) // (M * itemsize) // nr * nr)
+    nc = min(_round_up(N, nr), fits)
+    return {"mr": mr, "nr": nr, "nc": nc, "kc": STREAM_ROWS_OF_B, "lanes": lanes, "blocks": math.ceil(N / nc)}
+
+
+def schedule_stream_cpu(sched: Schedule, out: str, tiles: dict[str, int], batch: str | None = None) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` with few rows ``i`` (``cpu_stream_tiles``):
+    MR × NR accumulators in registers, A and B read in place (nothing packed), B's rows ``kc`` at a
+    time (each a contiguous stream, reused from L1 by the row tiles), the column blocks (or the
+    batch) run in parallel. The sum over k keeps its order."""
+    mr, nc, nr, kc, lanes = (tiles[k] for k in ("mr", "nc", "nr", "kc", "lanes"))
+    st = sched[out]
+    st.split("j", nc, "jc", "j1").split("j1", nr, "jr", "jn").split("jn", lanes, "jv", "jl")
+    st.split("k", kc, "kc", "k1").split("i", mr, "ir", "im")
+    st.reorder(*((batch,) if batch else ()), "jc", "kc", "jr", "ir", "k1", "im", "jv", "jl")
+    st.cache_write("ir")
+    st.separate("ir")
+    st.unroll("im").unroll("jv").vectorize("jl")
+    if batch or tiles["blocks"] > 1:
+        st.parallel(batch if batch else "jc")
 
 
 def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str, int],
@@ -136,7 +196,11 @@ def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None =
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         if not split_k or split_k <= 1:
-            schedule_gemm_cpu(sched, "C", "A", "B", tiles)
+            stream = cpu_stream_tiles(M, N, target, C.dtype.itemsize)
+            if stream is not None:
+                schedule_stream_cpu(sched, "C", stream)
+            else:
+                schedule_gemm_cpu(sched, "C", "A", "B", tiles)
             return
         schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))), batch="s")
         sched["C"].parallel("i")
@@ -161,6 +225,10 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", spl
         tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         tiles["mc"] = _round_up(M, tiles["mr"]) if batch >= target.cores else tiles["mc"]
         split = bool(split_k and split_k > 1)
+        stream = None if split else cpu_stream_tiles(M, N, target, C.dtype.itemsize)
+        if stream is not None:
+            schedule_stream_cpu(sched, "C", stream, batch="bb" if batch >= target.cores else None)
+            return
         if split:
             tiles["kc"] = min(tiles["kc"], K // split_k)  # type: ignore[operator]
         schedule_gemm_cpu(sched, "P" if split else "C", "A", "B", tiles, batch="bb" if batch >= target.cores else None)

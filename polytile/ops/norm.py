@@ -1,16 +1,25 @@
 """Row-wise normalizations: softmax and layer normalization (memory-bound). 16-bit inputs are
-computed in float32 and the result stored in the 16-bit type, as torch does."""
+computed in float32 and the result stored in the 16-bit type, as torch does.
+
+On a CPU a row's sum or maximum accumulated in one variable cannot be vectorized (the compiler may
+not reorder a float sum), so the CPU schedules restructure each row reduction into ``row_lanes``
+partial results — one per vector lane of a few vector accumulators, each summing every
+``row_lanes``-th element in order — and a short final reduction over the partials
+(``lanewise_row_reduce``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import lang
 from ..dtypes import DType, as_dtype, float32, tolerance
 from ..errors import PolytileError
-from ..lang.expr import call
+from ..lang.expr import Expr, call, select
 from ..lang.func import Func
-from ..lang.tensor import compute, placeholder, reduce_axis
+from ..lang.tensor import ComputeTensor, compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
 from .base import Op, random_array
@@ -28,6 +37,60 @@ def computed_in(op: str, dtype: str) -> DType:
     return float32 if d.bits == 16 else d
 
 
+ROW_ACCUMULATORS = 4
+"""Vector accumulators of a CPU row reduction: a float add has a latency of about 3–4 cycles at up to
+2 per cycle, so one accumulator would leave the vector unit mostly waiting."""
+
+
+def row_lanes(target: CPUTarget, itemsize: int = 4) -> int:
+    """The partial results of a CPU row reduction: ``ROW_ACCUMULATORS`` vectors of lanes."""
+    return ROW_ACCUMULATORS * target.vector_lanes(itemsize)
+
+
+def lanewise_row_reduce(M: int, N: int, width: int, value: Callable[[object, Expr], Expr], kind: str,
+                        name: str) -> ComputeTensor:
+    """``name[i] = kind_j value(i, j)`` (``kind`` "sum" or "max") over j < N as two computations:
+    ``name_lanes[i, l]`` reduces ``value(i, v * width + l)`` over the whole vectors v < N // width (in
+    order), then ``name[i]`` reduces the ``width`` partials together with the last N % width
+    elements (for a maximum, simply the last ``width`` elements again). Needs N ≥ width."""
+    nv = N // width
+    tail = N - nv * width
+    red = lang.tensor.max if kind == "max" else lang.tensor.sum
+    v = reduce_axis(nv, f"{name}_v")
+    lanes = compute((M, width), lambda i, lane: red(value(i, v * width + lane), axis=v), f"{name}_lanes")
+    lane = reduce_axis(width, f"{name}_l")
+
+    def final(i: object) -> Expr:
+        if kind == "max":
+            return red(call("max", lanes[i, lane], value(i, N - width + lane)) if tail else lanes[i, lane], axis=lane)
+        last = value(i, N - width + lane)
+        return red(lanes[i, lane] + select(lane >= width - tail, last, 0) if tail else lanes[i, lane], axis=lane)
+
+    return compute((M,), final, name)
+
+
+def schedule_lanewise_cpu(sched: Schedule, name: str, vector: int) -> None:
+    """The partials of ``lanewise_row_reduce``'s ``name`` in registers: the lanes innermost (one
+    vector of ``vector`` lanes, the accumulators unrolled), the whole vectors of a row outside."""
+    st = sched[f"{name}_lanes"]
+    st.reorder("i", f"{name}_v", "lane").split("lane", vector, "lo", "ll")
+    st.cache_write("i").unroll("lo").vectorize("ll")
+
+
+def schedule_rows_cpu(sched: Schedule, order: list[str], target: CPUTarget) -> None:
+    """One row at a time through the computations ``order`` (fused at the row loop, run in parallel),
+    every elementwise one split into vectors."""
+    lanes = target.vector_lanes(4)
+    for prev, name in zip(order, order[1:]):
+        sched[name].after(sched[prev], "i")
+    for name in order:
+        if name.endswith("_lanes"):
+            schedule_lanewise_cpu(sched, name[:-len("_lanes")], lanes)
+        elif len(sched.computation(name).shape) == 2:
+            sched[name].split("j", lanes, "jo", "jl").separate("jo").vectorize("jl")
+    sched[order[0]].parallel("i")
+
+
 def softmax(M: int, N: int, dtype: str = "float32") -> Op:
     """Y[i, j] = exp(X[i, j] - max_j X[i, :]) / sum_j exp(X[i, j] - max)."""
     X = placeholder((M, N), dtype, "X")
@@ -39,13 +102,19 @@ def softmax(M: int, N: int, dtype: str = "float32") -> Op:
     Y = compute((M, N), lambda i, j: (ex[i, j] / sm[i]).astype(dtype), "Y")
     func = Func([X], [Y], name="softmax")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> None:
-        lanes = target.vector_lanes(4)
-        sched["ex"].after(sched["mx"], "i")
-        sched["sm"].after(sched["ex"], "i")
-        sched["Y"].after(sched["sm"], "i")
-        sched["Y"].split("j", lanes, "jo", "jl").vectorize("jl")
-        sched["mx"].parallel("i")
+    def cpu(sched: Schedule, target: CPUTarget) -> Schedule | None:
+        width = row_lanes(target)
+        if N < width:  # rows shorter than the partials: reduced one element at a time
+            schedule_rows_cpu(sched, ["mx", "ex", "sm", "Y"], target)
+            return None
+        mx_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct), "max", "mx")
+        ex_ = compute((M, N), lambda i, j: call("exp", X[i, j].astype(ct) - mx_[i]), "ex")
+        sm_ = lanewise_row_reduce(M, N, width, lambda i, j: ex_[i, j], "sum", "sm")
+        Y_ = compute((M, N), lambda i, j: (ex_[i, j] / sm_[i]).astype(dtype), "Y")
+        lanewise = Schedule(Func([X], [Y_], name="softmax"))
+        schedule_rows_cpu(lanewise, ["mx_lanes", "mx", "ex", "sm_lanes", "sm", "Y"], target)
+        lanewise["ex"].store_at("i")
+        return lanewise
 
     def reference(x: np.ndarray) -> np.ndarray:
         x64 = x.astype(np.float64)
@@ -69,7 +138,7 @@ def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
     s1 = compute((M,), lambda i: lang.tensor.sum(X[i, j1].astype(ct), axis=j1), "s1")
     s2 = compute((M,), lambda i: lang.tensor.sum(X[i, j2].astype(ct) * X[i, j2].astype(ct), axis=j2), "s2")
 
-    def norm(i, j):  # noqa: ANN001, ANN202 - iterators
+    def norm(i, j, s1=s1, s2=s2):  # noqa: ANN001, ANN202 - iterators and the moments' sums
         mean = s1[i] * (1.0 / N)
         var = s2[i] * (1.0 / N) - mean * mean
         y = (X[i, j].astype(ct) - mean) * call("rsqrt", var + eps) * gamma[j].astype(ct) + beta[j].astype(ct)
@@ -78,12 +147,17 @@ def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
     Y = compute((M, N), norm, "Y")
     func = Func([X, gamma, beta], [Y], name="layernorm")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> None:
-        lanes = target.vector_lanes(4)
-        sched["s2"].after(sched["s1"], "i")
-        sched["Y"].after(sched["s2"], "i")
-        sched["Y"].split("j", lanes, "jo", "jl").vectorize("jl")
-        sched["s1"].parallel("i")
+    def cpu(sched: Schedule, target: CPUTarget) -> Schedule | None:
+        width = row_lanes(target)
+        if N < width:  # rows shorter than the partials: reduced one element at a time
+            schedule_rows_cpu(sched, ["s1", "s2", "Y"], target)
+            return None
+        s1_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct), "sum", "s1")
+        s2_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct) * X[i, j].astype(ct), "sum", "s2")
+        Y_ = compute((M, N), lambda i, j: norm(i, j, s1_, s2_), "Y")
+        lanewise = Schedule(Func([X, gamma, beta], [Y_], name="layernorm"))
+        schedule_rows_cpu(lanewise, ["s1_lanes", "s1", "s2_lanes", "s2", "Y"], target)
+        return lanewise
 
     def reference(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
         x64 = x.astype(np.float64)

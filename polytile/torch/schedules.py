@@ -131,9 +131,12 @@ def _conv(sched: Schedule, st: StageInfo, target: CPUTarget | CUDATarget, k: Kno
         gs.conv2d(sched, target, *(st[n] for n in ("N", "C", "H", "W", "K", "R", "S", "stride", "padding",
                                                    "dilation")))
         return
-    from ..ops.conv import conv_out, schedule_conv2d_cpu
+    from ..ops.conv import conv_out, schedule_conv2d_cpu, schedule_conv2d_default_cpu
     Q = conv_out(st["W"], st["S"], st["stride"], st["padding"], st["dilation"])
-    k_tile, q_tile = k.conv_tiles or (8, None)
+    if k.conv_tiles is None:
+        schedule_conv2d_default_cpu(sched, target, st["K"], Q, st["R"] * st["S"], st["stride"], has_pad=st["has_pad"])
+        return
+    k_tile, q_tile = k.conv_tiles
     schedule_conv2d_cpu(sched, target, st["K"], Q, has_pad=st["has_pad"], k_tile=k_tile, q_tile=q_tile)
 
 
