@@ -16,7 +16,7 @@ from ..lang import expr as lx
 from ..lang.names import reserved_reason
 from ..lang.tensor import ComputeTensor
 from ..poly.astgen import Binding
-from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aint
+from ..poly.astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aint, reads_any
 from ..poly.cache import CacheRewrite
 from ..poly.materialize import Plan, StmtPlan
 from . import loopir as ir
@@ -148,7 +148,7 @@ class IRBuilder:
         if isinstance(n, AstFor):
             return self.loop(n, env, scope)
         if isinstance(n, AstIf):
-            if self.leading_binding(n) is not None:  # its loads go before the if (block)
+            if self.bindings and self.leading_binding(n) is not None:  # its loads go before the if (block)
                 return self.block([n], env, scope)
             then = self.node(n.then, env, scope)
             orelse = self.node(n.orelse, env, scope) if n.orelse is not None else None
@@ -297,7 +297,7 @@ class IRBuilder:
         # condition cannot guard their loads, which then read clamped indices: past the prefixes the
         # other conditions keep, no value of the bounds gives the computation an instance
         own = set(b.params)
-        guards = [aexpr(c, env) for c in conds if not _mentions(c, own)]
+        guards = [aexpr(c, env) for c in conds if not reads_any(c, own)]
         clamp = len(guards) < len(conds)
         out = body
         for p in reversed(b.params):
@@ -498,11 +498,6 @@ def _const_bytes(b: ir.Buffer) -> int:
             return 1 << 62
         n *= int(d.value)
     return n
-
-
-def _mentions(e: AExpr, names: set[str]) -> bool:
-    """Whether ``e`` reads one of the identifiers ``names``."""
-    return (e.op == "id" and e.name in names) or any(_mentions(a, names) for a in e.args)
 
 
 class _ClampedLoads(ir.Mutator):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import islpy as isl
 
 from ..errors import LoweringError
-from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint
+from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint, reads_any
 from .limits import isl_budget
 from .model import Statement, header, project_out_params
 
@@ -81,18 +81,14 @@ def _bound_free_of_iterator(it: str, cond: AExpr, body: AstNode) -> tuple[AExpr,
     loop ends, and it may fail before later iterations that hold. The loop runs to the operands of
     the bound free of ``it``, and the whole condition guards its body."""
     bound = cond.args[1] if len(cond.args) == 2 else None
-    if bound is None or not _reads(bound, it):
+    if bound is None or not reads_any(bound, (it,)):
         return cond, body
-    free = [b for b in (bound.args if bound.op == "min" else (bound,)) if not _reads(b, it)]
+    free = [b for b in (bound.args if bound.op == "min" else (bound,)) if not reads_any(b, (it,))]
     if not free:
         raise LoweringError(f"isl bounds loop {it} only by a condition of {it} itself ({cond}); "
                             "the schedule has no loop end to generate")
     end = free[0] if len(free) == 1 else AExpr("min", tuple(free))
     return AExpr(cond.op, (cond.args[0], end)), AstIf(cond, body, None)
-
-
-def _reads(e: AExpr, name: str) -> bool:
-    return e.name == name if e.op == "id" else any(_reads(a, name) for a in e.args)
 
 
 def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = None) -> AExpr:

@@ -5,6 +5,7 @@ The lowering layer turns these into loop IR; nothing outside ``poly/`` needs isl
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -35,6 +36,11 @@ def aint(v: int) -> AExpr:
 
 def aid(name: str) -> AExpr:
     return AExpr("id", name=name)
+
+
+def reads_any(e: AExpr, names: Collection[str]) -> bool:
+    """Whether ``e`` reads one of the identifiers ``names``."""
+    return e.name in names if e.op == "id" else any(reads_any(a, names) for a in e.args)
 
 
 @dataclass(frozen=True)
