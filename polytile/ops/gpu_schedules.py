@@ -379,6 +379,18 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block)."""
     vec = 8 // it
     out = []
+    if (N * it) % 4:
+        # B's rows are only 2-byte aligned: no asynchronous copy can read them, and an aligned copy
+        # of B costs a pass over it (GPT-2's vocabulary 1×50257×768: 0.16× torch): B is read in place,
+        # straight into registers, 16 bytes of columns per thread (8 with more than 4 rows: registers
+        # for M × vec accumulators) in K steps of 8 rows
+        for threads in (128, 64):
+            vec = (16 if M <= 4 else 8) // it
+            params = dict(bn=threads * vec, vec=vec, bk=8, stages=3, direct=True)
+            resident = block_occupancy(hw, threads, 3 * 8 * M * it, M * vec + 8 * vec * it // 4 + 32).blocks
+            out.append((params, BlockPlan(M, threads * vec, 8, 0, 0, resident, hw.fma_flops, it, 3,
+                                          max(1, threads // 32), WARP_FLOPS * M / (M + 2), streaming=True)))
+        return out
     for threads in (128, 64, 32):
         bn = threads * vec
         if bn // 2 >= N and threads > 32:
@@ -478,8 +490,9 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
     fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda}[choice.kernel]
     if choice.kernel in ("wgmma", "mma", "gemv"):
         # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
-        # 8-byte aligned rows are read in place in pieces of that width
-        align_operands(sched, out, granule=4)
+        # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place
+        direct = bool(choice.params.get("direct"))
+        align_operands(sched, out, ("A",) if direct else ("A", "B"), granule=4)
     fn(sched, out, "A", "B", batch=batch, **choice.params)  # type: ignore[operator]
 
 

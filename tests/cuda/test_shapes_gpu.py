@@ -33,6 +33,8 @@ MATMULS = [
     ((997, 1009, 1013), "float16"),  # primes
     ((128, 1024, 4096), "float32"),  # split on the CUDA cores
     ((4095, 4097, 1023), "float16"),  # the issue's odd K and N
+    ((13, 1001, 999), "float16"),    # odd N, 13 rows: B read in place by the direct GEMV
+    ((1, 50257, 768), "float16"),    # GPT-2's vocabulary row: odd N
 ]
 
 

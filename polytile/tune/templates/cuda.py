@@ -137,7 +137,8 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (b_tile + M) * itemsize,
                   registers_per_thread=M * vec + b_regs + 32, registers_per_block=(M * vec + b_regs + 32) * threads)
     sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
-    align_operands(sched, out, granule=4)
+    # a direct GEMV reads B's rows in place whatever their alignment (vectors where they allow)
+    align_operands(sched, out, ("A",) if direct else ("A", "B"), granule=4)
     gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch, direct=direct)
     return sched
 
