@@ -1,8 +1,9 @@
 """The loop part of a statement's schedule: an affine map from its domain to named loops.
 
 Every loop primitive (split, reorder, fuse, skew, shift, reverse, any user map) is an affine map
-composed on the right. The static (ordering) dimensions of the 2d+1 form are kept beside it as
-integers by the schedule layer; ``full_map`` interleaves the two.
+composed on the right, both as a relation and as a piecewise function. The static (ordering)
+dimensions of the 2d+1 form are kept beside it as integers by the schedule layer; ``full_map``
+interleaves the two.
 """
 
 from __future__ import annotations
@@ -22,17 +23,24 @@ def _xs(n: int, prefix: str = "x") -> list[str]:
 class LoopSchedule:
     """``stmt[dims] -> [l0, …]`` with loop names; immutable, every primitive returns a new one."""
 
-    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str], domain: isl.Set):
+    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str], domain: isl.Set,
+                 function: isl.PwMultiAff | None = None):
         self.owner = owner  # the computation, for messages
         self.dims = list(dims)
         self.rel = rel  # over every integer point (an initialization's loops are projected from it)
         self.names = list(names)
         self.domain = domain  # the statement's instances: analyses look at the loops there only
+        # ``rel`` as the primitives' functions composed (their floors explicit), where known: isl
+        # recovers a function from a relation whose floors it has eliminated (a skew of split loops:
+        # 265·o7 = 2i - 9k + …) by parametric integer programming, in pieces per residue, for minutes
+        # (fuzz seed 53 case 1483)
+        self.function = function
 
     @staticmethod
     def identity(owner: str, stmt: str, dims: Sequence[str], domain: isl.Set) -> LoopSchedule:
         d = ", ".join(dims)
-        return LoopSchedule(owner, dims, isl.Map(f"{{ {stmt}[{d}] -> [{d}] }}"), dims, domain)
+        text = f"{{ {stmt}[{d}] -> [{d}] }}"
+        return LoopSchedule(owner, dims, isl.Map(text), dims, domain, isl.PwMultiAff(text))
 
     # --- helpers --------------------------------------------------------------------------------
     def index(self, name: str) -> int:
@@ -57,7 +65,13 @@ class LoopSchedule:
         xs = _xs(len(self.names))
         text = f"{{ [{', '.join(xs)}] -> [{', '.join(out_exprs)}] {(': ' + extra) if extra else ''}}}"
         t = isl.Map(text)
-        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names, self.domain)
+        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names, self.domain, self._then(t))
+
+    def _then(self, t: isl.Map) -> isl.PwMultiAff | None:
+        """``function`` followed by the single-valued map ``t`` (over the loops, without parameters)."""
+        if self.function is None:
+            return None
+        return isl.PwMultiAff.from_map(t).pullback_pw_multi_aff(self.function)
 
     # --- primitives -----------------------------------------------------------------------------
     def split(self, name: str, factor: int, outer: str | None = None, inner: str | None = None) -> LoopSchedule:
@@ -149,7 +163,7 @@ class LoopSchedule:
         rel = self.rel.apply_range(t)
         if rel.is_empty() and not self.rel.is_empty():
             raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} drops every iteration")
-        return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain)
+        return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain, self._then(t))
 
     # --- queries --------------------------------------------------------------------------------
     def loop_range(self, pos: int, domain: isl.Set) -> tuple[int | None, int | None]:
@@ -210,6 +224,13 @@ def full_map_everywhere(loops: LoopSchedule, statics: Sequence[int], width: int)
     may read the domain's strides (on odd i, ``i mod 3`` is ``((3 - i) mod 6)/2``, no integer on
     even i)."""
     return loops.rel.apply_range(_interleave(loops, statics, width))
+
+
+def full_function(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.PwMultiAff | None:
+    """``full_map_everywhere`` as the primitives' composed function, where known."""
+    if loops.function is None:
+        return None
+    return isl.PwMultiAff.from_map(_interleave(loops, statics, width)).pullback_pw_multi_aff(loops.function)
 
 
 def _interleave(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:
