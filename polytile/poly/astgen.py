@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 import islpy as isl
 
@@ -110,12 +111,14 @@ class Scheduled:
     """A statement with its full (2d+1, padded) schedule map; ``everywhere``, where known, makes the
     same schedule over every integer point (the loop primitives' functions), to scan beyond the
     domain — called only then (rarely: ``_without_divs``); ``function``, where known, is that
-    schedule as the primitives' composed function (see ``LoopSchedule.function``)."""
+    schedule as the primitives' composed function (see ``LoopSchedule.function``); ``inverse``, where
+    known, the statement's instance at the schedule's values (see ``LoopSchedule.inverse``)."""
 
     stmt: Statement
     schedule: isl.Map
     everywhere: Callable[[], isl.Map] | None = None
     function: isl.PwMultiAff | None = None
+    inverse: isl.PwMultiAff | None = None
 
 
 @dataclass
@@ -275,7 +278,9 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         start = m
     if node.get_type() == isl.schedule_node_type.band:
         node = _set_isolate(node, 0, start, width, isolate)
-    build = isl.AstBuild.from_context(context).set_at_each_domain(_statement_call)
+    known = {it.stmt.name: (it.function, it.inverse) for it in items
+             if it.function is not None and it.inverse is not None}
+    build = isl.AstBuild.from_context(context).set_at_each_domain(partial(_statement_call, known))
     if isinstance(build, tuple):  # islpy returns the build with a handle keeping the callback alive
         build, _keep = build
     return convert_node(build.node_from_schedule(node.get_schedule())), bindings
@@ -289,20 +294,41 @@ def _schedule_function(smap: isl.Map, function: isl.PwMultiAff | None, domain: i
     return isl.UnionPwMultiAff.from_union_map(isl.UnionMap.from_map(smap.intersect_domain(domain)))
 
 
-def _statement_call(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+def _statement_call(known: dict[str, tuple[isl.PwMultiAff, isl.PwMultiAff]], node: isl.AstNode,
+                    build: isl.AstBuild) -> isl.AstNode:
     """A statement's call with each argument built from its own simplified piecewise function.
 
+    The arguments come from the primitives' inverses (``known``: each statement's schedule function
+    and its inverse) where those give the instances isl scans here. isl's own arguments, derived
+    from the instances here, may hold only on them (``80 - 16·((4a + 7b + 5) mod 8)`` where ``b <= 1``
+    for odd ``a``, the loops' ``64·(a mod 2) + 16·b`` modulo 128): the tensor-core nests run their
+    calls past such guards, over whole zero-filled tiles, and read outside the tiles (the wgmma
+    convolution conv0 of tests/cuda/test_wgmma_gpu.py with the loops' functions kept).
     isl derives all arguments from one piecewise multi-function, whose pieces (split by one
     complicated argument, e.g. a loop fusing several dimensions) repeat in every other argument as
     equivalent selects; coalescing each argument apart keeps the simple ones simple."""
     sched = isl.Map.from_union_map(build.get_schedule())
-    pma = isl.PwMultiAff.from_map(sched.reverse())
     name = sched.get_tuple_name(isl.dim_type.in_)
+    pma = _inverse_here(known.get(name), sched)
+    if pma is None:
+        pma = isl.PwMultiAff.from_map(sched.reverse())
     args = isl.AstExprList.alloc(pma.get_ctx(), pma.dim(isl.dim_type.out))
     for d in range(pma.dim(isl.dim_type.out)):
         args = args.add(build.expr_from_pw_aff(_one_piece(pma.get_pw_aff(d).coalesce())))
     del node
     return isl.AstNode.user_from_expr(isl.AstExpr.from_id(isl.Id(name)).call(args))
+
+
+def _inverse_here(known: tuple[isl.PwMultiAff, isl.PwMultiAff] | None, sched: isl.Map) -> isl.PwMultiAff | None:
+    """The statement's instances at the values of isl's schedule dimensions here (``sched``: instances
+    -> those dimensions, the loops around the call) from ``known``, the statement's schedule function
+    and its inverse, where they give exactly the instances of ``sched``; else None."""
+    if known is None:
+        return None
+    function, inverse = known
+    to_schedule = isl.PwMultiAff.from_map(sched.reverse().apply_range(isl.Map.from_pw_multi_aff(function)))
+    here = inverse.pullback_pw_multi_aff(to_schedule)
+    return here if isl.Map.from_pw_multi_aff(here).reverse().is_equal(sched) else None
 
 
 def _one_piece(pa: isl.PwAff) -> isl.PwAff:
@@ -499,7 +525,7 @@ def _without_divs(it: Scheduled) -> Scheduled:
     for schedule, function in _extensions(it, relaxed):
         if (schedule.domain().is_equal(relaxed) and schedule.is_single_valued() and schedule.is_injective()
                 and schedule.intersect_domain(it.stmt.domain).is_equal(it.schedule)):
-            return Scheduled(replace(it.stmt, domain=relaxed), schedule, it.everywhere, function)
+            return Scheduled(replace(it.stmt, domain=relaxed), schedule, it.everywhere, function, it.inverse)
     raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
                         f"{it.stmt.name}; keep the loops of its modular conditions (a % in a where=) apart: "
                         "no fuse, skew or apply_sch mixing them")
