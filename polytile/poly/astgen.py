@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 import islpy as isl
 
@@ -109,11 +110,15 @@ def pw_aff_expr(pa: isl.PwAff, in_names: list[str], context: isl.Set | None = No
 class Scheduled:
     """A statement with its full (2d+1, padded) schedule map; ``everywhere``, where known, makes the
     same schedule over every integer point (the loop primitives' functions), to scan beyond the
-    domain — called only then (rarely: ``_without_divs``)."""
+    domain — called only then (rarely: ``_without_divs``); ``function``, where known, is that
+    schedule as the primitives' composed function (see ``LoopSchedule.function``); ``inverse``, where
+    known, the statement's instance at the schedule's values (see ``LoopSchedule.inverse``)."""
 
     stmt: Statement
     schedule: isl.Map
     everywhere: Callable[[], isl.Map] | None = None
+    function: isl.PwMultiAff | None = None
+    inverse: isl.PwMultiAff | None = None
 
 
 @dataclass
@@ -230,11 +235,14 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         extra.append(_binding_statement(bname, it, m, sources, width, _first_position(users, m), depths))
     dyn_all = sorted(depth_of)
     maps = [project_out_params(it.schedule, dyn_all) for it in items]
+    functions = [it.function for it in items]
     if depths:
         spread = _spread(width, depths)
         maps = [s.apply_range(spread) for s in maps]
+        functions = [None if f is None else isl.PwMultiAff.from_map(spread).pullback_pw_multi_aff(f) for f in functions]
         isolate = [s.apply(_spread(s.dim(isl.dim_type.set), depths)) for s in isolate]
     maps += [b.schedule for b in extra]
+    functions += [None] * len(extra)
 
     # existentially quantified variables made explicit integer divisions (or eliminated): isl's AST
     # generation can take seconds to minutes on a quantified copy domain (e.g. the elements of an
@@ -243,16 +251,16 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
     domains.update({b.stmt.name: b.stmt.domain for b in extra})
     domain = _union_set(list(domains.values()))
     sched = None
-    for it, smap in zip(items + extra, maps):
-        u = isl.UnionMap.from_map(smap.intersect_domain(domains[it.stmt.name]))
-        sched = u if sched is None else sched.union(u)
+    for it, smap, function in zip(items + extra, maps, functions):
+        u = _schedule_function(smap, function, domains[it.stmt.name])
+        sched = u if sched is None else sched.union_add(u)
     assert sched is not None
     schedule = isl.Schedule.from_domain(domain)
     node = schedule.get_root().child(0)
     # the schedule's functions simplified within the domain, which the domain node states once:
     # each function otherwise repeats its statement's domain (a cache's copy domain with divisions
     # and disjunctions) in all its pieces, on which isl's AST generation ran for minutes
-    node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(sched).gist(domain))
+    node = node.insert_partial_schedule(isl.MultiUnionPwAff.from_union_pw_multi_aff(sched).gist(domain))
     start = 0
     for m in depths:
         if m > start:
@@ -270,26 +278,57 @@ def _generate(context: isl.Set, items: list[Scheduled], dyn_owner: dict[str, str
         start = m
     if node.get_type() == isl.schedule_node_type.band:
         node = _set_isolate(node, 0, start, width, isolate)
-    build = isl.AstBuild.from_context(context).set_at_each_domain(_statement_call)
+    known = {it.stmt.name: (it.function, it.inverse) for it in items
+             if it.function is not None and it.inverse is not None}
+    build = isl.AstBuild.from_context(context).set_at_each_domain(partial(_statement_call, known))
     if isinstance(build, tuple):  # islpy returns the build with a handle keeping the callback alive
         build, _keep = build
     return convert_node(build.node_from_schedule(node.get_schedule())), bindings
 
 
-def _statement_call(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+def _schedule_function(smap: isl.Map, function: isl.PwMultiAff | None, domain: isl.Set) -> isl.UnionPwMultiAff:
+    """A statement's schedule over ``domain`` as a function: the primitives' composed one where
+    known, else extracted from the map ``smap`` (cache copies, bindings)."""
+    if function is not None:
+        return isl.UnionPwMultiAff.from_pw_multi_aff(function.intersect_domain(domain))
+    return isl.UnionPwMultiAff.from_union_map(isl.UnionMap.from_map(smap.intersect_domain(domain)))
+
+
+def _statement_call(known: dict[str, tuple[isl.PwMultiAff, isl.PwMultiAff]], node: isl.AstNode,
+                    build: isl.AstBuild) -> isl.AstNode:
     """A statement's call with each argument built from its own simplified piecewise function.
 
+    The arguments come from the primitives' inverses (``known``: each statement's schedule function
+    and its inverse) where those give the instances isl scans here. isl's own arguments, derived
+    from the instances here, may hold only on them (``80 - 16·((4a + 7b + 5) mod 8)`` where ``b <= 1``
+    for odd ``a``, the loops' ``64·(a mod 2) + 16·b`` modulo 128): the tensor-core nests run their
+    calls past such guards, over whole zero-filled tiles, and read outside the tiles (the wgmma
+    convolution conv0 of tests/cuda/test_wgmma_gpu.py with the loops' functions kept).
     isl derives all arguments from one piecewise multi-function, whose pieces (split by one
     complicated argument, e.g. a loop fusing several dimensions) repeat in every other argument as
     equivalent selects; coalescing each argument apart keeps the simple ones simple."""
     sched = isl.Map.from_union_map(build.get_schedule())
-    pma = isl.PwMultiAff.from_map(sched.reverse())
     name = sched.get_tuple_name(isl.dim_type.in_)
+    pma = _inverse_here(known.get(name), sched)
+    if pma is None:
+        pma = isl.PwMultiAff.from_map(sched.reverse())
     args = isl.AstExprList.alloc(pma.get_ctx(), pma.dim(isl.dim_type.out))
     for d in range(pma.dim(isl.dim_type.out)):
         args = args.add(build.expr_from_pw_aff(_one_piece(pma.get_pw_aff(d).coalesce())))
     del node
     return isl.AstNode.user_from_expr(isl.AstExpr.from_id(isl.Id(name)).call(args))
+
+
+def _inverse_here(known: tuple[isl.PwMultiAff, isl.PwMultiAff] | None, sched: isl.Map) -> isl.PwMultiAff | None:
+    """The statement's instances at the values of isl's schedule dimensions here (``sched``: instances
+    -> those dimensions, the loops around the call) from ``known``, the statement's schedule function
+    and its inverse, where they give exactly the instances of ``sched``; else None."""
+    if known is None:
+        return None
+    function, inverse = known
+    to_schedule = isl.PwMultiAff.from_map(sched.reverse().apply_range(isl.Map.from_pw_multi_aff(function)))
+    here = inverse.pullback_pw_multi_aff(to_schedule)
+    return here if isl.Map.from_pw_multi_aff(here).reverse().is_equal(sched) else None
 
 
 def _one_piece(pa: isl.PwAff) -> isl.PwAff:
@@ -426,21 +465,21 @@ def missed_instances(ast: AstNode, items: list[Scheduled], context: isl.Set) -> 
     does not run exactly: isl's code generator drops instances of such statements under a fused or
     skewed loop (``{ S[i, j, k] -> [10i + j, k] : (i + k) mod 3 = 0 }`` runs one k per outer
     iteration). The loops and conditions of the AST are read back into isl sets."""
-    check = {it.stmt.name: it.stmt for it in items
-             if not it.stmt.dyn_params and any(b.dim(isl.dim_type.div) for b in it.stmt.domain.get_basic_sets())}
-    if not check:
+    checked = {it.stmt.name: it for it in items
+               if not it.stmt.dyn_params and any(b.dim(isl.dim_type.div) for b in it.stmt.domain.get_basic_sets())}
+    if not checked:
         return set()
     runs: dict[str, list[tuple[list[str], list[str]]]] = {}
     try:
-        _collect_runs(ast, [], [], check, runs)
+        _collect_runs(ast, [], [], {name: it.stmt for name, it in checked.items()}, runs)
     except _Unverifiable:
         return set()
     names = [context.get_dim_name(isl.dim_type.param, k) for k in range(context.dim(isl.dim_type.param))]
     missed = set()
-    for name, stmt in check.items():
-        domain = stmt.domain.intersect_params(context)
+    for name, it in checked.items():
+        domain = it.stmt.domain.intersect_params(context)
         executed = isl.Set.empty(domain.get_space())
-        xs = [f"x{k}" for k in range(len(stmt.dims))]
+        xs = [f"x{k}" for k in range(len(it.stmt.dims))]
         for iters, conds in runs.get(name, []):
             try:
                 executed = executed.union(isl.Set(
@@ -448,9 +487,31 @@ def missed_instances(ast: AstNode, items: list[Scheduled], context: isl.Set) -> 
                     f"{' and '.join(conds) or '1 = 1'}) }}"))
             except isl.Error:  # a name the context does not declare (a data-dependent bound)
                 return set()
-        if not executed.intersect_params(context).is_equal(domain):
+        executed = executed.intersect_params(context)
+        if not executed.is_subset(domain) or not (_runs_on_time(it, domain, runs.get(name, []), names)
+                                                  or domain.is_subset(executed)):
             missed.add(name)
     return missed
+
+
+def _runs_on_time(it: Scheduled, domain: isl.Set, runs: list[tuple[list[str], list[str]]], names: list[str]) -> bool:
+    """Whether every instance of ``domain`` runs with the loop iterators at its schedule's values
+    (``cK`` at dimension K): the runs' conditions are then a set of the instances with no unknowns.
+    A sufficient test, cheap where the exact one (the runs' iterators quantified) can take isl
+    minutes to complement (fuzz seed 43 case 2731); False where the function is not known."""
+    if it.function is None:
+        return False
+    xs = [f"x{k}" for k in range(len(it.stmt.dims))]
+    cs = [f"c{k}" for k in range(it.function.dim(isl.dim_type.out))]
+    at = it.function.flat_range_product(isl.PwMultiAff(f"{{ {it.stmt.name}[{', '.join(xs)}] -> [{', '.join(xs)}] }}"))
+    on_time = isl.Set.empty(domain.get_space())
+    for _, conds in runs:
+        try:
+            run = isl.Set(f"{header(names)}{{ [{', '.join(cs + xs)}] : {' and '.join(conds) or '1 = 1'} }}")
+        except isl.Error:  # an iterator beyond the schedule's dimensions, a data-dependent bound
+            return False
+        on_time = on_time.union(run.preimage_pw_multi_aff(at))
+    return domain.is_subset(on_time)
 
 
 def _without_divs(it: Scheduled) -> Scheduled:
@@ -461,20 +522,21 @@ def _without_divs(it: Scheduled) -> Scheduled:
     as ``((3 - i) mod 6)/2``), and isl refuses a band that drops instances (fuzz seed 41 case 9055);
     a fusion sized on the domain's points may send an added point to an instance's time."""
     relaxed = it.stmt.domain.remove_divs()
-    for schedule in _extensions(it, relaxed):
+    for schedule, function in _extensions(it, relaxed):
         if (schedule.domain().is_equal(relaxed) and schedule.is_single_valued() and schedule.is_injective()
                 and schedule.intersect_domain(it.stmt.domain).is_equal(it.schedule)):
-            return Scheduled(replace(it.stmt, domain=relaxed), schedule, it.everywhere)
+            return Scheduled(replace(it.stmt, domain=relaxed), schedule, it.everywhere, function, it.inverse)
     raise LoweringError(f"isl's code generator produced loops that do not run every instance of "
                         f"{it.stmt.name}; keep the loops of its modular conditions (a % in a where=) apart: "
                         "no fuse, skew or apply_sch mixing them")
 
 
-def _extensions(it: Scheduled, relaxed: isl.Set) -> Iterator[isl.Map]:
-    """Candidate schedules of ``it`` over ``relaxed`` (a superset of its domain), the likeliest first."""
+def _extensions(it: Scheduled, relaxed: isl.Set) -> Iterator[tuple[isl.Map, isl.PwMultiAff | None]]:
+    """Candidate schedules of ``it`` over ``relaxed`` (a superset of its domain), the likeliest first,
+    each with its function where known."""
     if it.everywhere is not None:
         # as full_map states a schedule over a domain: isl's equalities explicit
-        yield it.everywhere().intersect_domain(relaxed).detect_equalities().coalesce()
+        yield it.everywhere().intersect_domain(relaxed).detect_equalities().coalesce(), it.function
     pma = isl.PwMultiAff.from_map(it.schedule)
     schedule: isl.Map | None = None
     for d in range(pma.dim(isl.dim_type.out)):
@@ -484,7 +546,7 @@ def _extensions(it: Scheduled, relaxed: isl.Set) -> Iterator[isl.Map]:
         dim = isl.Map.from_pw_aff(isl.PwAff.from_aff(pieces[0][1]))
         schedule = dim if schedule is None else schedule.flat_range_product(dim)
     if schedule is not None:
-        yield schedule.intersect_domain(relaxed)
+        yield schedule.intersect_domain(relaxed), None
 
 
 def _guard_users(n: AstNode, guards: dict[str, AExpr]) -> AstNode:

@@ -14,7 +14,7 @@ from .astgen import Binding, Scheduled, dim_range, full_tiles, generate
 from .astnodes import AExpr, AstNode
 from .cache import CacheBuffer, CachePlan, CacheRequest, CacheRewrite, build_caches, copy_width
 from .program import PolyProgram, StageSchedule
-from .schedule import full_map, full_map_everywhere
+from .schedule import full_function, full_inverse, full_map, full_map_everywhere
 
 
 @dataclass
@@ -70,7 +70,8 @@ def plan_statements(program: PolyProgram, scheds: Mapping[str, StageSchedule], c
         owner = program.owner_of[name]
         kind = "init" if name != owner else "compute"
         items.append(Scheduled(stmt, full_map(s.loops, s.statics, width),
-                               partial(full_map_everywhere, s.loops, s.statics, width)))
+                               partial(full_map_everywhere, s.loops, s.statics, width),
+                               full_function(s.loops, s.statics, width), full_inverse(s.loops, width)))
         plans[name] = StmtPlan(name, kind, owner, list(stmt.dims),
                                {2 * k + 1: n for k, n in enumerate(s.loops.names)})
     cache_plan = build_caches(program, items, scheds, caches, width, program.dyn_sources(), codegen)

@@ -172,7 +172,9 @@ class PolyProgram:
         if rel is None:
             raise ScheduleError(f"computation {comp}: its initialization cannot follow the loops "
                                 f"{', '.join(loops.names)}; keep reduction loops apart from data loops")
-        init_loops = LoopSchedule(comp, init.dims, rel, [loops.names[k] for k in keep], init.over_domain())
+        function = _init_function(loops.function, keep, [upd.dims.index(d) for d in upd.reduce_dims], comp,
+                                  init.name)
+        init_loops = LoopSchedule(comp, init.dims, rel, [loops.names[k] for k in keep], init.over_domain(), function)
         if quick_builds():
             _remember(self._inits, (comp, id(loops)), (loops, init_loops))
         return init_loops
@@ -314,6 +316,24 @@ def _init_loops(rel: isl.Map, keep: list[int], reduce_pos: list[int], domain: is
         on_domain = project(rel.intersect_domain(domain))
         found = placement(on_domain.gist_domain(on_domain.domain()))
     return found
+
+
+def _init_function(function: isl.PwMultiAff | None, keep: list[int], reduce_pos: list[int], update: str,
+                   init: str) -> isl.PwMultiAff | None:
+    """The update's loops ``keep`` as a function of the initialization's dimensions (the update's
+    without ``reduce_pos``), where ``function`` gives them without reading the reduction dimensions."""
+    if function is None:
+        return None
+    n_in, n_out = function.dim(isl.dim_type.in_), function.dim(isl.dim_type.out)
+    outs = [f"o{k}" for k in range(n_out)]
+    select = isl.PwMultiAff(f"{{ [{', '.join(outs)}] -> [{', '.join(outs[k] for k in keep)}] }}")
+    kept = select.pullback_pw_multi_aff(function)
+    if any(kept.involves_dims(isl.dim_type.in_, k, 1) for k in reduce_pos):
+        return None
+    xs = [f"x{k}" for k in range(n_in)]
+    data = [x for k, x in enumerate(xs) if k not in reduce_pos]
+    at = [("0" if k in reduce_pos else x) for k, x in enumerate(xs)]  # any value: none is read
+    return kept.pullback_multi_aff(isl.MultiAff(f"{{ {init}[{', '.join(data)}] -> {update}[{', '.join(at)}] }}"))
 
 
 def _const_difference(a: Expr, b: Expr) -> int | None:

@@ -1,8 +1,9 @@
 """The loop part of a statement's schedule: an affine map from its domain to named loops.
 
 Every loop primitive (split, reorder, fuse, skew, shift, reverse, any user map) is an affine map
-composed on the right. The static (ordering) dimensions of the 2d+1 form are kept beside it as
-integers by the schedule layer; ``full_map`` interleaves the two.
+composed on the right, both as a relation and as a piecewise function. The static (ordering)
+dimensions of the 2d+1 form are kept beside it as integers by the schedule layer; ``full_map``
+interleaves the two.
 """
 
 from __future__ import annotations
@@ -22,17 +23,31 @@ def _xs(n: int, prefix: str = "x") -> list[str]:
 class LoopSchedule:
     """``stmt[dims] -> [l0, …]`` with loop names; immutable, every primitive returns a new one."""
 
-    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str], domain: isl.Set):
+    def __init__(self, owner: str, dims: Sequence[str], rel: isl.Map, names: Sequence[str], domain: isl.Set,
+                 function: isl.PwMultiAff | None = None, inverse: isl.PwMultiAff | None = None):
         self.owner = owner  # the computation, for messages
         self.dims = list(dims)
         self.rel = rel  # over every integer point (an initialization's loops are projected from it)
         self.names = list(names)
         self.domain = domain  # the statement's instances: analyses look at the loops there only
+        # ``rel`` as the primitives' functions composed (their floors explicit), where known: isl
+        # recovers a function from a relation whose floors it has eliminated (a skew of split loops:
+        # 265·o7 = 2i - 9k + …) by parametric integer programming, in pieces per residue, for minutes
+        # (fuzz seed 53 case 1483)
+        self.function = function
+        # the statement's dimensions from the loops, the primitives' inverses composed, where known
+        # (``[l0, …] -> stmt[dims]``): it agrees with the instances isl derives for the loops on the
+        # domain and goes on past it the way the loops do (a split's ``8·o + i`` for every i), where
+        # isl's may read the domain's shape (``80 - 16·((4a + 7b + 5) mod 8)`` where ``b <= 1`` for
+        # odd a): the tensor-core nests run their calls over whole zero-filled tiles
+        self.inverse = inverse
 
     @staticmethod
     def identity(owner: str, stmt: str, dims: Sequence[str], domain: isl.Set) -> LoopSchedule:
         d = ", ".join(dims)
-        return LoopSchedule(owner, dims, isl.Map(f"{{ {stmt}[{d}] -> [{d}] }}"), dims, domain)
+        text = f"{{ {stmt}[{d}] -> [{d}] }}"
+        return LoopSchedule(owner, dims, isl.Map(text), dims, domain, isl.PwMultiAff(text),
+                            isl.PwMultiAff(f"{{ [{d}] -> {stmt}[{d}] }}"))
 
     # --- helpers --------------------------------------------------------------------------------
     def index(self, name: str) -> int:
@@ -53,11 +68,25 @@ class LoopSchedule:
             raise ScheduleError(f"loop name {name!r} of {self.owner} is not an identifier")
         return name
 
-    def _compose(self, out_exprs: Sequence[str], names: Sequence[str], extra: str = "") -> LoopSchedule:
-        xs = _xs(len(self.names))
-        text = f"{{ [{', '.join(xs)}] -> [{', '.join(out_exprs)}] {(': ' + extra) if extra else ''}}}"
-        t = isl.Map(text)
-        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names, self.domain)
+    def _compose(self, out_exprs: Sequence[str], names: Sequence[str], undo: Sequence[str]) -> LoopSchedule:
+        """The loops followed by ``[x0, …] -> [out_exprs]``, whose inverse is ``[y0, …] -> [undo]``."""
+        xs, ys = _xs(len(self.names)), _xs(len(names), "y")
+        t = isl.Map(f"{{ [{', '.join(xs)}] -> [{', '.join(out_exprs)}] }}")
+        back = isl.PwMultiAff(f"{{ [{', '.join(ys)}] -> [{', '.join(undo)}] }}")
+        return LoopSchedule(self.owner, self.dims, self.rel.apply_range(t), names, self.domain, self._then(t),
+                            self._undo(back))
+
+    def _then(self, t: isl.Map) -> isl.PwMultiAff | None:
+        """``function`` followed by the single-valued map ``t`` (over the loops, without parameters)."""
+        if self.function is None:
+            return None
+        return isl.PwMultiAff.from_map(t).pullback_pw_multi_aff(self.function)
+
+    def _undo(self, back: isl.PwMultiAff) -> isl.PwMultiAff | None:
+        """``inverse`` after ``back``, the inverse of a primitive's map (new loops -> old loops)."""
+        if self.inverse is None:
+            return None
+        return self.inverse.pullback_pw_multi_aff(back)
 
     # --- primitives -----------------------------------------------------------------------------
     def split(self, name: str, factor: int, outer: str | None = None, inner: str | None = None) -> LoopSchedule:
@@ -70,7 +99,9 @@ class LoopSchedule:
         i = self._fresh(inner, f"{name}i", taken | {o})
         xs = _xs(len(self.names))
         outs = xs[:p] + [f"floor({xs[p]}/{factor})", f"{xs[p]} mod {factor}"] + xs[p + 1:]
-        return self._compose(outs, self.names[:p] + [o, i] + self.names[p + 1:])
+        ys = _xs(len(self.names) + 1, "y")
+        undo = ys[:p] + [f"{factor}*{ys[p]} + {ys[p + 1]}"] + ys[p + 2:]
+        return self._compose(outs, self.names[:p] + [o, i] + self.names[p + 1:], undo)
 
     def reorder(self, order: Sequence[str]) -> LoopSchedule:
         if len(set(order)) != len(order):
@@ -81,7 +112,9 @@ class LoopSchedule:
             names[pos] = n
         xs = _xs(len(self.names))
         outs = [xs[self.names.index(n)] for n in names]
-        return self._compose(outs, names)
+        ys = _xs(len(names), "y")
+        undo = [ys[names.index(n)] for n in self.names]
+        return self._compose(outs, names, undo)
 
     def fuse(self, outer: str, inner: str, domain: isl.Set, name: str | None = None) -> LoopSchedule:
         p, q = self.index(outer), self.index(inner)
@@ -96,7 +129,9 @@ class LoopSchedule:
         f = self._fresh(name, f"{outer}{inner}", taken)
         xs = _xs(len(self.names))
         outs = xs[:p] + [f"{hi + 1}*{xs[p]} + {xs[q]}"] + xs[q + 1:]
-        return self._compose(outs, self.names[:p] + [f] + self.names[q + 1:])
+        ys = _xs(len(self.names) - 1, "y")
+        undo = ys[:p] + [f"floor({ys[p]}/{hi + 1})", f"{ys[p]} mod {hi + 1}"] + ys[p + 1:]
+        return self._compose(outs, self.names[:p] + [f] + self.names[q + 1:], undo)
 
     def skew(self, outer: str, inner: str, factor: int) -> LoopSchedule:
         p, q = self.index(outer), self.index(inner)
@@ -105,21 +140,27 @@ class LoopSchedule:
         xs = _xs(len(self.names))
         outs = list(xs)
         outs[q] = f"{xs[q]} + {int(factor)}*{xs[p]}"
-        return self._compose(outs, self.names)
+        undo = _xs(len(self.names), "y")
+        undo[q] = f"{undo[q]} - {int(factor)}*{undo[p]}"
+        return self._compose(outs, self.names, undo)
 
     def shift(self, name: str, offset: int) -> LoopSchedule:
         p = self.index(name)
         xs = _xs(len(self.names))
         outs = list(xs)
         outs[p] = f"{xs[p]} + {int(offset)}"
-        return self._compose(outs, self.names)
+        undo = _xs(len(self.names), "y")
+        undo[p] = f"{undo[p]} - {int(offset)}"
+        return self._compose(outs, self.names, undo)
 
     def reverse(self, name: str) -> LoopSchedule:
         p = self.index(name)
         xs = _xs(len(self.names))
         outs = list(xs)
         outs[p] = f"-{xs[p]}"
-        return self._compose(outs, self.names)
+        undo = _xs(len(self.names), "y")
+        undo[p] = f"-{undo[p]}"
+        return self._compose(outs, self.names, undo)
 
     def apply(self, text: str, names: Sequence[str] | None = None) -> LoopSchedule:
         """Compose a user's isl map over the current loops (input dimensions matched by position)."""
@@ -149,7 +190,9 @@ class LoopSchedule:
         rel = self.rel.apply_range(t)
         if rel.is_empty() and not self.rel.is_empty():
             raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} drops every iteration")
-        return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain)
+        # the user's map is injective: its inverse is a function on its image
+        return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain, self._then(t),
+                            self._undo(isl.PwMultiAff.from_map(t.reverse())))
 
     # --- queries --------------------------------------------------------------------------------
     def loop_range(self, pos: int, domain: isl.Set) -> tuple[int | None, int | None]:
@@ -210,6 +253,23 @@ def full_map_everywhere(loops: LoopSchedule, statics: Sequence[int], width: int)
     may read the domain's strides (on odd i, ``i mod 3`` is ``((3 - i) mod 6)/2``, no integer on
     even i)."""
     return loops.rel.apply_range(_interleave(loops, statics, width))
+
+
+def full_function(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.PwMultiAff | None:
+    """``full_map_everywhere`` as the primitives' composed function, where known."""
+    if loops.function is None:
+        return None
+    return isl.PwMultiAff.from_map(_interleave(loops, statics, width)).pullback_pw_multi_aff(loops.function)
+
+
+def full_inverse(loops: LoopSchedule, width: int) -> isl.PwMultiAff | None:
+    """``[s0, l0, s1, …] -> stmt[dims]`` (``width`` dimensions): the statement's instance at the loops'
+    values, from ``LoopSchedule.inverse`` (the static dimensions read nowhere), where known."""
+    if loops.inverse is None:
+        return None
+    cs = _xs(width, "c")
+    pick = isl.MultiAff(f"{{ [{', '.join(cs)}] -> [{', '.join(cs[2 * k + 1] for k in range(len(loops.names)))}] }}")
+    return loops.inverse.pullback_multi_aff(pick)
 
 
 def _interleave(loops: LoopSchedule, statics: Sequence[int], width: int) -> isl.Map:

@@ -226,3 +226,69 @@ except pt.ScheduleError as err:
     assert "extent along dimension 0 is too complex" in str(err), err
 assert s[T].loops == loops and not s.caches
 """, 60)
+
+
+def test_a_user_map_over_nested_splits_of_a_reduction_builds_at_once():
+    # fuzz seed 53 case 1483: the schedule map states the loops only through equalities like
+    # 9·o7 = i - 8·o1 - 512·o3 - 128·o5 (isl eliminated the floors of the splits); extracting the
+    # initialization's schedule function from it for the AST took isl minutes, in pieces per residue
+    run_within("""
+import numpy as np
+import polytile as pt
+N = pt.param("N")
+A = pt.placeholder((8, 8), "float32", "A")
+k = pt.reduce_axis((0, N), "k")
+T = pt.compute((N,), lambda i: pt.sum(A[i % 8, k % 8], axis=k), "T")
+s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+s[T].split("i", 8).split("io", 16)
+s[T].apply_sch("{ [x0, x1, x2, x3] -> [x3, x1 - x2, x0, x2] }", ["a", "b", "c", "d"])
+kern = pt.build(s)
+a = np.random.default_rng(0).standard_normal((8, 8)).astype("float32")
+for n in (1, 9, 300):
+    ref = a[np.arange(n) % 8][:, np.arange(n) % 8].sum(axis=1)
+    np.testing.assert_allclose(kern(a, N=n), ref, rtol=1e-4, atol=1e-4)
+""", 60)
+
+
+def test_a_write_cache_of_skewed_tiles_of_a_split_builds_at_once():
+    # fuzz seed 47 case 1378: the cache's footprint, from a schedule map without the floors of the
+    # splits, took isl 24 s to bound (its lowest index) at the cache_write, over 300 s at the build
+    run_within("""
+import numpy as np
+import polytile as pt
+N = pt.param("N")
+A = pt.placeholder((3, 2), "int32", "A")
+T = pt.compute((N,), lambda i: pt.select(i + 1 < 3, A[i + 1, i % 2], 1), "T")
+s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 2]))
+s[T].split("i", 4).skew("io", "ii", 1).tile("io", "ii", 4, 7)
+s[T].reorder("iii", "ioi", "iio").tile("ioo", "iii", 2, 2).skew("iiii", "iio", 2)
+s[T].cache_write("iiio")
+kern = pt.build(s)
+a = np.arange(6, dtype=np.int32).reshape(3, 2)
+for n in (2, 3, 70):
+    ref = np.array([a[i + 1, i % 2] if i + 1 < 3 else 1 for i in range(n)], np.int32)
+    np.testing.assert_array_equal(kern(a, N=n), ref)
+""", 90)
+
+
+def test_every_instance_of_a_modular_where_under_tiles_is_checked_cheaply():
+    # fuzz seed 43 case 2731: whether the AST runs every instance of a where= with a % was decided by
+    # complementing its runs with their six loop iterators quantified, past isl's operation budget (a
+    # refusal at the build after 30 s); with the iterators at the schedule's values, in a second
+    N = pt.param("N")
+    A = pt.placeholder((5, N), "float32", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((0, i + 1), "k")
+        return pt.sum(pt.select(2 * i < 5, A[2 * i, k], 0.0), axis=k)
+
+    T = pt.compute((N,), f_T, "T", where=lambda i: i % 2 == 0)
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 0]))
+    s[T].reorder("k", "i").tile("k", "i", 4, 3).split("ko", 16).split("ki", 16)
+    kern = pt.build(s)
+    for n in (1, 4, 9):
+        a = np.arange(5 * n, dtype=np.float32).reshape(5, n)
+        out = np.full(n, 99, np.float32)
+        kern(a, out, N=n)
+        ref = [99 if i % 2 else a[2 * i, :i + 1].sum() if 2 * i < 5 else 0 for i in range(n)]
+        np.testing.assert_array_equal(out, np.array(ref, np.float32))

@@ -163,3 +163,24 @@ def test_conv2d_one_computation_with_select(rng):
     s["O"].split("q", 4).parallel("k")
     ins = op.make_inputs(rng)
     assert ops.rel_error(pt.build(s)(*ins), op.reference(*ins)) < 1e-5
+
+
+def test_the_loops_inverse_gives_every_instance_back_and_goes_on_past_them():
+    # the AST's statement calls read the instance at the loops' values from the primitives' inverses:
+    # on the instances they are exact; past them (a tensor-core nest runs its whole zero-filled
+    # tiles) they go on the loops' way, one quasi-affine piece, not a form fitted to the domain
+    import islpy as isl
+
+    from polytile.poly.schedule import LoopSchedule
+
+    dom = isl.Set("{ S[i, j, k] : 0 <= i < 10 and 0 <= j < 3 and 0 <= k < 96 }")
+    loops = LoopSchedule.identity("S", "S", ["i", "j", "k"], dom)
+    loops = loops.split("k", 64).fuse("j", "ko", dom).split("ki", 16).skew("i", "jko", 2).shift("i", 3)
+    loops = loops.reverse("kio").reorder(["kii", "kio"])
+    assert loops.inverse.n_piece() == 1
+    assert loops.inverse.domain().is_equal(isl.Set.universe(loops.inverse.domain().get_space()))
+    back = isl.Map.from_pw_multi_aff(loops.inverse.pullback_pw_multi_aff(loops.function)).intersect_domain(dom)
+    assert back.is_equal(isl.Map.identity(back.get_space()).intersect_domain(dom))
+    user = loops.apply("{ [a, b, c, d] -> [b, a, d - c, c] }", ["b", "a", "e", "c"])
+    back = isl.Map.from_pw_multi_aff(user.inverse.pullback_pw_multi_aff(user.function)).intersect_domain(dom)
+    assert back.is_equal(isl.Map.identity(back.get_space()).intersect_domain(dom))

@@ -186,6 +186,30 @@ def _conv(N, H, C, K):
     return s
 
 
+def test_conv_operand_offsets_follow_the_loops_past_the_channels():
+    # 96 channels in 64-wide K tiles: the loop r_s_co fuses r, s and the two channel tiles, and kk
+    # (the 16-wide K steps) runs 0..1 on the odd r_s_co (channels 64..95); the wgmma nest runs every
+    # kk over the zero-filled tile. The offsets must be the loops' own (16·kk, 1024·kk), not isl's
+    # arguments derived under that guard (-16·((4·r_s_co + 7·kk + 5) mod 8) + 80: negative offsets
+    # at odd r_s_co and kk >= 2, an illegal address on the GPU; branch hang, test conv0)
+    from polytile.lowering import loopir as ir
+    from polytile.ops.gpu_schedules import igemm_wgmma
+
+    s = pt.Schedule(ops.conv2d_igemm(2, 9, 9, 96, 72, 3, 3, 1, 1, dtype="float16").func)
+    igemm_wgmma(s, "O", "col", "Wt", ["r", "s"], bm=64, bn=64, bk=64, stages=3, inflight=1)
+    calls = [st.call for st in ir.walk_stmt(pt.lower(s, SM90A).body)
+             if isinstance(st, ir.Evaluate) and st.call.name.startswith("pt_wgmma_m64")]
+    assert len(calls) == 1
+    a, b = calls[0].args[1], calls[0].args[2]
+    assert (a.buffer.name, b.buffer.name) == ("col_shared", "Wt_shared")
+    for r_s_co in range(18):
+        for kk in range(4):
+            for wi in range(4):
+                at = {"r_s_co": r_s_co, "kk": kk, "wi": wi}
+                assert ir.eval_int(a.index[0], at) == 4096 * (r_s_co % 3) + 16 * kk, at
+                assert ir.eval_int(b.index[0], at) == 4096 * (r_s_co % 3) + 1024 * kk, at
+
+
 def test_layout_check_evaluates_every_element():
     """The descriptor check evaluates the operand's index at every element of the tile (all at once):
     a 64×16 A tile stored as 8×8 core matrices passes with its strides; stored row-major it is refused
