@@ -23,6 +23,7 @@ from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 from ..tune.analytical import (
+    LAUNCH_SECONDS,
     WARP_FLOPS,
     BlockPlan,
     Hardware,
@@ -390,7 +391,7 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
             resident = block_occupancy(hw, threads, 3 * 8 * M * it, M * vec + 8 * vec * it // 4 + 32).blocks
             out.append((params, BlockPlan(M, threads * vec, 8, 0, 0, resident, hw.fma_flops, it, 3,
                                           max(1, threads // 32), WARP_FLOPS * M / (M + 2), streaming=True)))
-        return out
+        vec = 8 // it  # and the staged kernels on an aligned copy of B (gemm_choice adds the copy)
     for threads in (128, 64, 32):
         bn = threads * vec
         if bn // 2 >= N and threads > 32:
@@ -444,6 +445,8 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk))
             t = gemm_seconds(sized, target, M, N, K, batch, split)
+            if kernel == "gemv" and not params.get("direct") and (N * it) % 4:
+                t += 2 * batch * K * N * it / target.dram_bandwidth + LAUNCH_SECONDS  # B copied aligned first
             if best is None or t < best.seconds:
                 best = GemmChoice(kernel, params, split, t)
             if split == 1 and (unsplit is None or t < unsplit.seconds):
