@@ -389,8 +389,9 @@ class CUDAPrinter(CLikePrinter):
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
         if buf.name in self.shared_global:  # written by other threads of the block before a barrier
             return f"((volatile {self.storage_type(buf.dtype)}*){buf.name})[{idx}]"
-        if buf.dtype.name == "bfloat16":
-            return f"__bfloat162float({buf.name}[{idx}])"
+        if buf.dtype.name == "bfloat16":  # exact: a bfloat16 is the high half of a float32 (a plain shift,
+            # which nvcc combines with its neighbours' loads where __bfloat162float kept them apart)
+            return f"__uint_as_float(((unsigned)__bfloat16_as_ushort({buf.name}[{idx}])) << 16)"
         if buf.dtype.name == "float16":
             return f"__half2float({buf.name}[{idx}])"
         if buf.scope == "arg" and not self.written.get(buf.name, False):

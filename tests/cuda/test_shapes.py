@@ -218,6 +218,19 @@ def test_register_copies_of_adjacent_elements_are_vector_loads():
     assert "LDG.E.128" in _sass(kern)
 
 
+@needs_nvcc
+def test_bfloat16_loads_are_combined_like_float16_ones():
+    # __bfloat162float kept nvcc from combining adjacent loads of A's shared tile (128 LDS.U16 per K
+    # step against none for float16: BERT's 8×768×3072 in 27 µs in bfloat16, 17.6 µs in float16 on
+    # an H200); the conversion is a shift of the bits, and the loads are combined
+    counts = {}
+    for dtype in ("float16", "bfloat16"):
+        kern = ops.matmul(8, 768, 3072, dtype).build(SM90A)
+        sass = _sass(kern, next(k for k in kern.kernels if k.dynamic_shared).name)
+        counts[dtype] = len(re.findall(r"\bLDS\.U16\b", sass))
+    assert counts["bfloat16"] <= 16, counts
+
+
 def test_vector_copies_only_where_the_guard_holds_for_all_lanes_or_none():
     from polytile.lowering import loopir as ir
     from polytile.lowering.passes.combine_loads import combine_loads
