@@ -14,6 +14,7 @@ layernorm take one block per row, its width in threads, the row in shared memory
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -37,8 +38,18 @@ from ..tune.analytical import (
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
               tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False,
               stages: int = 3) -> None:
-    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores; the shared
-    tiles are pipelined over ``stages`` iterations of the K loop (asynchronous copies)."""
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores: each of the
+    (bm/tm)×(bn/tn) threads of a block accumulates a ``tm``×``tn`` register tile (its rows and columns
+    in two halves of the block tile, tm/2 and tn/2 apart: the threads of a warp read adjacent 16-byte
+    vectors of the shared tiles), over K chunks of ``bk`` in shared memory (A transposed), pipelined
+    over ``stages`` iterations of the K loop (asynchronous copies).
+
+    Every tile is whole: the shared tiles hold zeros past the matrices' ends and the register tile
+    is the thread's whole share, so the products run over constant loops without tests at any size
+    (``lowering/passes/whole_tiles.py``); only the write-back tests the bounds."""
+    if bm % 2 or bn % 2 or (bm // 2) % (tm // 2) or (bn // 2) % (tn // 2) or tm % 2 or tn % 2:
+        raise ScheduleError(f"gemm_cuda: the register tile {tm}×{tn} (even sizes) must divide each half of the block "
+                            f"tile {bm}×{bn}")
     hm, hn = tm // 2, tn // 2
     st = sched[out]
     st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
@@ -50,20 +61,23 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ty", "threadIdx.y").bind("tx", "threadIdx.x")
-    st.cache(a, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{a}_shared")
+    lead_a = (1,) * (len(sched.func.tensor(a).shape) - 2)
+    lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
+    transposed = lambda *e: (*e[:-2], e[-1], e[-2])  # noqa: E731
+    st.cache(a, "ko", layout=transposed, loc="shared", name=f"{a}_shared", whole=(*lead_a, bm, bk))
     if b_transposed:
-        st.cache(b, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{b}_shared")
+        st.cache(b, "ko", layout=transposed, loc="shared", name=f"{b}_shared", whole=(*lead_b, bn, bk))
     else:
-        st.cache_identity(b, "ko", loc="shared", name=f"{b}_shared")
-    # registers: the 8 rows and 8 columns a thread uses at one k, packed as (half, lane)
+        st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
+    # registers: the tm rows and tn columns a thread uses at one k, packed as (half, lane)
     hb, hn2 = bm // 2, bn // 2
     st.cache_identity(a, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1]))
     if b_transposed:
         st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hn2, e[-2] % hn2, e[-1]))
     else:
         st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2], e[-1] // hn2, e[-1] % hn2))
-    st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb,
-                                                        e[-1] // hn2, e[-1] % hn2))
+    st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1] // hn2, e[-1] % hn2),
+                   whole=(1,) * len(sched.func.tensor(out).shape))
     st.unroll("ki").unroll("ih").unroll("jh").unroll("il").unroll("jl")
     if stages > 1:
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
@@ -385,7 +399,8 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
 
 def _splits(K: int, bk: int, whole_tiles: bool) -> list[int]:
     """Chunk counts of a split reduction: divisors of K (each chunk the same length) leaving every
-    chunk at least two K tiles — whole K tiles for the tensor cores, which compute whole tiles."""
+    chunk at least two K tiles — whole K tiles for the tensor cores and the CUDA cores, which compute
+    whole tiles."""
     return [s for s in range(1, MAX_SPLIT + 1)
             if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
 
@@ -415,7 +430,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
-                  else _splits(K, plan.bk, kernel in ("wgmma", "mma")) or [1])
+                  else _splits(K, plan.bk, kernel in ("wgmma", "mma", "cuda")) or [1])
         for split in splits:
             chunk = -(-K // split)
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
@@ -429,6 +444,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
     if unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
         return unsplit  # the second kernel's cost is an estimate: split only for a clear gain
+    chunk = K // best.split
+    if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
+        best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
     return best
 
 

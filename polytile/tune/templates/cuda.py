@@ -158,7 +158,8 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
 
 def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op))
+    # whole register tiles: chunks of whole K tiles
+    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"]))
     gemm_cuda(sched, out, "A", "B", batch=batch, **tiles)
     return sched
 
