@@ -267,14 +267,18 @@ def wgmma_igemm_config(M: int, K: int, *, sms: int) -> dict[str, int]:
 
 
 def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, pixels: int = 128,
-               channels: int = 16) -> None:
+               channels: int = 16, per_thread: int = 1) -> None:
     """Schedule an implicit-GEMM convolution on the CUDA cores, for inputs of too few channels to fill a
-    tensor-core K step (C < 16: an image's 3 colors): one output pixel per thread, ``channels``
-    output channels of it in registers, the block's filters (taps × C × channels) in shared memory
-    and the gather inlined into the products (each thread reads its pixel's input directly)."""
+    tensor-core K step (C < 16: an image's 3 colors): each of the ``pixels`` threads of a block
+    computes ``per_thread`` output pixels (``pixels`` apart) × ``channels`` output channels in
+    registers. The block's filters (taps × C × channels) are staged in shared memory; at each tap
+    and channel (one loop) a thread gathers its pixels' input values into registers once and reads
+    the channels' filter values as one row of shared memory (vectors, the same for every thread: a
+    broadcast), then does per_thread × channels products from registers."""
     st = sched[out]
-    st.split("m", pixels, "bi", "mt").split("k", channels, "ko", "ki")
-    st.reorder("bi", "ko", "mt", *taps, "c", "ki")
+    st.split("m", pixels * per_thread, "bi", "m1").split("m1", pixels, "mp", "mt")
+    st.split("k", channels, "ko", "ki")
+    st.reorder("bi", "ko", "mt", *taps, "c", "mp", "ki")
     # the taps and channels as one loop: a short body (the products of one input element) run
     # taps × C times, rather than one unrolled body per tap (instruction-cache misses)
     red = taps[0]
@@ -282,10 +286,13 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
         st.fuse(red, t, f"{red}_{t}")
         red = f"{red}_{t}"
     st.bind("bi", "blockIdx.x").bind("ko", "blockIdx.y").bind("mt", "threadIdx.x")
-    sched[col].compute_inline()
     st.cache(w, "mt", loc="shared", name=f"{w}_shared")
-    st.cache_write("mt", loc="local")
-    st.unroll("ki")
+    # registers: the filter row (a tap and channel: the block's output channels) and the pixels' inputs
+    st.cache(w, red, loc="local", layout=lambda *tck: (tck[-1],))
+    st.cache(col, red, loc="local", layout=lambda m, *tc: (m // pixels, m % pixels))
+    sched[col].compute_inline()  # after caching: the register copy gathers the input itself
+    st.cache_write("mt", loc="local", layout=lambda m, k: (m // pixels, m % pixels, k))
+    st.unroll("mp").unroll("ki")
 
 
 MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)
@@ -293,7 +300,11 @@ MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int) -> None:
     if C < MMA_K:
-        igemm_cuda(sched, "O", "col", "Wt", taps, channels=min(16, K))
+        # pixels per thread and output channels per block: as many as divide the output evenly (no
+        # partial register tiles, whose tests would surround the products)
+        per_thread = next(p for p in (4, 2, 1) if M % (128 * p) == 0 or p == 1)
+        channels = next(c for c in (16, 8, 4, 2, 1) if K % c == 0)
+        igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
     elif _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
         igemm_wgmma(sched, "O", "col", "Wt", taps, **wgmma_igemm_config(M, K, sms=target.sms))
     else:

@@ -66,7 +66,12 @@ def test_default_batch_gemv(dims):
     assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance
 
 
-@pytest.mark.parametrize("dims", [(2, 29, 31, 3, 24, 7, 7, 2, 3), (1, 17, 17, 3, 32, 3, 3, 2, 1)])
+@pytest.mark.parametrize("dims", [(2, 29, 31, 3, 24, 7, 7, 2, 3), (1, 17, 17, 3, 32, 3, 3, 2, 1),
+                                  (4, 32, 32, 3, 24, 3, 3, 1, 1),   # 4 pixels per thread, 8 channels per block
+                                  (1, 16, 16, 3, 8, 3, 3, 1, 1),    # 2 pixels per thread
+                                  (2, 64, 64, 3, 20, 5, 5, 2, 2),   # 4 pixels, 4 channels (20 = 5 × 4)
+                                  (3, 19, 23, 3, 20, 5, 5, 2, 2),   # partial pixel tiles
+                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3)])
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
