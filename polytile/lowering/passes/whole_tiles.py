@@ -10,15 +10,18 @@ this pass gives such regions back their full ranges, as ``tensorize`` does for t
 
 A region is a loop or test whose statements only write registers and only read whole shared tiles,
 the accumulator, and registers written in the region; each register buffer is written by one
-statement (two copies of one statement, cut by isl for two parts of the domain, would both run over
-the whole range). Its loops take their full constant ranges and its tests (with no else branch) go,
-when every access then stays inside its buffer; otherwise the region is left as it was. The
+statement in the region, and an accumulation (a store that reads what it writes) by one statement
+in the whole body (two copies of one statement, cut by isl for two parts of the domain, would both
+run over the whole range and add every product twice; copies of a copy store the same values).
+Its loops take their full constant ranges and its tests (with no else branch) go, when every
+access then stays inside its buffer; otherwise the region is left as it was. The
 schedule checks the rest (``schedule.tensorize.check_whole_products``): the computation's domain is
 a box and its K tiles do not run into the next chunk of a split reduction.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from .. import loopir as ir
@@ -39,8 +42,9 @@ def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For:
 class _Region:
     """Whether a statement is a region of whole-tile products (see the module's docstring)."""
 
-    def __init__(self, whole_reads: set[str], whole_writes: set[str]):
+    def __init__(self, whole_reads: set[str], whole_writes: set[str], accumulations: Counter[str]):
         self.whole_reads, self.whole_writes = whole_reads, whole_writes
+        self.accumulations = accumulations  # per buffer, its read-modify-write stores in the whole body
 
     def eligible(self, s: ir.Stmt) -> bool:
         stores: list[ir.Store] = []
@@ -62,6 +66,8 @@ class _Region:
         written = [st.buffer.name for st in stores]
         if not any(n in self.whole_writes for n in written) or len(set(written)) != len(written):
             return False
+        if any(self.accumulations[n] > 1 for n in written):
+            return False  # an accumulation cut in pieces (elsewhere too): each would run whole
         if any(st.buffer.scope != "local" or (st.buffer.name not in self.whole_writes and st.buffer.name not in local)
                for st in stores):
             return False
@@ -148,4 +154,6 @@ def whole_tiles(s: ir.Stmt, whole_reads: set[str], whole_writes: set[str]) -> ir
     ``whole_reads``: whole shared tiles) over their full constant ranges without tests."""
     if not whole_writes:
         return s
-    return _WholeTiles(_Region(whole_reads, whole_writes)).stmt(s)
+    accumulations = Counter(x.buffer.name for x in ir.walk_stmt(s) if isinstance(x, ir.Store) and any(
+        isinstance(n, ir.Load) and n.buffer.name == x.buffer.name for n in ir.walk_expr(x.value)))
+    return _WholeTiles(_Region(whole_reads, whole_writes, accumulations)).stmt(s)
