@@ -64,9 +64,12 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
     lead_a = (1,) * (len(sched.func.tensor(a).shape) - 2)
     lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
     transposed = lambda *e: (*e[:-2], e[-1], e[-2])  # noqa: E731
-    st.cache(a, "ko", layout=transposed, loc="shared", name=f"{a}_shared", whole=(*lead_a, bm, bk))
+    # the transposed tiles' rows padded by 16 bytes: the copies write a column of 8 k values per 4
+    # rows of A, which would otherwise fall in 4 banks (8-way conflicts)
+    pad = (0,) * (len(lead_a) + 1) + (16 // sched.func.tensor(a).dtype.itemsize,)
+    st.cache(a, "ko", layout=transposed, loc="shared", name=f"{a}_shared", whole=(*lead_a, bm, bk), pad=pad)
     if b_transposed:
-        st.cache(b, "ko", layout=transposed, loc="shared", name=f"{b}_shared", whole=(*lead_b, bn, bk))
+        st.cache(b, "ko", layout=transposed, loc="shared", name=f"{b}_shared", whole=(*lead_b, bn, bk), pad=pad)
     else:
         st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
     # registers: the tm rows and tn columns a thread uses at one k, packed as (half, lane)
