@@ -257,6 +257,38 @@ instructions of the registered intrinsics (``polytile.intrinsics``) and the runt
 STATIC_SHARED_LIMIT = 48 * 1024
 
 
+
+AUTO_UNROLL_EXTENT = 32  # serial loops of at most this many iterations are unrolled without being asked ...
+AUTO_UNROLL_STATEMENTS = 1024  # ... when the unrolled loop stays within this many statements
+
+
+def _unrolled(s: ir.For) -> bool:
+    return s.kind in ("unroll", "vectorize", "coop") or _auto_unroll(s)
+
+
+def _auto_unroll(s: ir.For) -> bool:
+    """Whether a loop that no primitive unrolled is unrolled anyway: short constant loops put their
+    independent loads in flight together, but a fully unrolled loop of a large body (a pipelined
+    K loop of unrolled products) outgrows the instruction cache — measured on a GEMV whose 12-step
+    K loop became 240 KB of code: warps stalled mostly on instruction fetch."""
+    if not isinstance(s.extent, ir.Const) or int(s.extent.value) > AUTO_UNROLL_EXTENT:
+        return False
+    return int(s.extent.value) * _statements(s.body) <= AUTO_UNROLL_STATEMENTS
+
+
+def _statements(s: ir.Stmt) -> int:
+    """The statements ``s`` becomes once its unrolled loops are unrolled (an estimate of its code)."""
+    if isinstance(s, ir.For):
+        body = _statements(s.body)
+        if _unrolled(s) and isinstance(s.extent, ir.Const):
+            return int(s.extent.value) * body
+        return body + 1
+    children = ir.stmt_children(s)
+    if not children:
+        return 1
+    return sum(_statements(c) for c in children) + (1 if isinstance(s, ir.If) else 0)
+
+
 @dataclass
 class KernelSource:
     name: str
@@ -400,7 +432,7 @@ class CUDAPrinter(CLikePrinter):
 
     # --- statements -----------------------------------------------------------------------------
     def s_For(self, s: ir.For) -> None:
-        if s.kind in ("unroll", "vectorize", "coop") or (isinstance(s.extent, ir.Const) and int(s.extent.value) <= 32):
+        if s.kind in ("unroll", "vectorize", "coop") or _auto_unroll(s):
             self.emit("#pragma unroll")  # independent loads in flight together
         lo, ext = self.expr(s.lo), self.expr(s.extent)
         end = ext if ir.is_const(s.lo, 0) else f"{lo} + {ext}"

@@ -190,6 +190,36 @@ def test_gemv_streams_with_async_copies(target, dims, dtype):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("dims,dtype", [((8, 768, 3072), "float16"), ((1, 4096, 4096), "bfloat16"),
+                                        ((5, 1000, 2000), "bfloat16")])
+def test_gemv_k_loop_is_not_unrolled_past_the_instruction_cache(dims, dtype):
+    # the pipelined K loop of unrolled products was fully unrolled (`#pragma unroll` on every loop of
+    # at most 32 steps): 8×768×3072 became 224 KB of machine code and its warps stalled on
+    # instruction fetch (58 µs on an H200, torch 11 µs; 17 µs once the loop stays a loop)
+    kern = ops.matmul(*dims, dtype).build(SM90A)
+    gemv = next(k for k in kern.kernels if k.dynamic_shared)
+    instructions = len(re.findall(r"/\*[0-9a-f]{4}\*/", _sass(kern, gemv.name)))
+    assert 0 < instructions < 4096, instructions
+
+
+def test_short_loops_unroll_only_within_a_code_budget():
+    from polytile.codegen.cuda import AUTO_UNROLL_STATEMENTS, _auto_unroll
+    from polytile.lowering import loopir as ir
+    i, j = ir.Var("i"), ir.Var("j")
+    buf = ir.Buffer("X", as_dtype("float32"), (ir.const(64),), "global")
+
+    def loop(extent, stmts, var=i, kind="serial"):
+        body = ir.block([ir.Store(buf, (ir.const(k),), ir.const(1.0, as_dtype("float32"))) for k in range(stmts)])
+        return ir.For(var, ir.const(0), ir.const(extent), body, kind)
+    assert _auto_unroll(loop(8, 4)) and _auto_unroll(loop(32, AUTO_UNROLL_STATEMENTS // 32))
+    assert not _auto_unroll(loop(33, 1))  # too many steps
+    assert not _auto_unroll(loop(12, 100))  # too much code
+    inner = loop(16, 8, j, kind="unroll")  # an unrolled inner loop counts with its steps
+    assert not _auto_unroll(ir.For(i, ir.const(0), ir.const(12), inner))
+    assert _auto_unroll(ir.For(i, ir.const(0), ir.const(4), inner))
+
+
+@needs_nvcc
 def test_gemv_copies_4_byte_aligned_rows_in_4_byte_pieces():
     # BERT's vocabulary (30522 16-bit columns: rows 4-byte but not 8-byte aligned); before: one
     # element at a time, synchronously
