@@ -578,7 +578,7 @@ def _buffer_shape(program: PolyProgram, site: _Site, ctx: isl.Set) -> list[AExpr
         return [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx) for b in boxes]
     # the buffer spans the layout's image of what is accessed (relative to the origin)
     region = site.fp
-    if req.whole and (req.kind == "read" or (_whole_written(program, site) or (None, False))[1]):
+    if req.whole and _holds_box(program, site):
         region = _box_region(site.off_map, [b.size for b in boxes], site.m)  # type: ignore[arg-type]
     img = _sum(region, site.off_map.neg()).range().apply(site.lmap)
     img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
@@ -592,6 +592,14 @@ def _buffer_shape(program: PolyProgram, site: _Site, ctx: isl.Set) -> list[AExpr
         extra_pad = req.pad[c] if c < len(req.pad) else 0
         shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
     return shape
+
+
+def _holds_box(program: PolyProgram, site: _Site) -> bool:
+    """Whether a whole cache's buffer holds its footprint's whole box: whole read tiles and the tensor
+    cores' fragments (the instruction writes them whole) do; a register tile does when it is written
+    back over the box (not when its layout packs a scattered footprint)."""
+    req = site.req
+    return req.kind == "read" or req.loc == "fragment" or (_whole_written(program, site) or (None, False))[1]
 
 
 def _redirect(site: _Site, redirected: list[str], by_name: dict[str, Scheduled],
