@@ -39,6 +39,14 @@ def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For:
     return replace(loop, lo=lo, extent=ir.const(int(hi)))
 
 
+def _span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """The range of ``loop``'s variable, within the enclosing loops' ranges ``bounds``."""
+    simp = Simplifier()
+    simp.bounds = dict(bounds)
+    lo, ext = simp.interval(simplify_expr(loop.lo)), simp.interval(simplify_expr(loop.extent))
+    return lo[0], lo[1] + ext[1] - 1
+
+
 class _Region:
     """Whether a statement is a region of whole-tile products (see the module's docstring)."""
 
@@ -89,20 +97,18 @@ class _WholeTiles(ir.Mutator):
     def visit_For(self, s: ir.For) -> ir.Stmt:
         if s.kind in ("serial", "unroll", "vectorize") and self.region.eligible(s):
             return self.whole(s)
-        return self.enter(s, lambda: self.default_stmt(s))
+        return self.enter(s)
 
     def visit_If(self, s: ir.If) -> ir.Stmt:
         if s.orelse is None and self.region.eligible(s):
             return self.whole(s)
         return self.default_stmt(s)
 
-    def enter(self, s: ir.For, fn):  # type: ignore[no-untyped-def]
-        simp = Simplifier()
-        simp.bounds = dict(self.bounds)
-        lo, ext = simp.interval(simplify_expr(s.lo)), simp.interval(simplify_expr(s.extent))
-        self.bounds[s.var.name] = (lo[0], lo[1] + ext[1] - 1)
+    def enter(self, s: ir.For) -> ir.Stmt:
+        """``s`` rebuilt by the default walk, its variable's range known inside."""
+        self.bounds[s.var.name] = _span(s, self.bounds)
         try:
-            return fn()
+            return self.default_stmt(s)
         finally:
             del self.bounds[s.var.name]
 
@@ -115,10 +121,7 @@ class _WholeTiles(ir.Mutator):
                 return rewrite(x.then)
             if isinstance(x, ir.For):
                 full = _full(x, bounds)
-                simp = Simplifier()
-                simp.bounds = dict(bounds)
-                lo, ext = simp.interval(simplify_expr(full.lo)), simp.interval(simplify_expr(full.extent))
-                bounds[x.var.name] = (lo[0], lo[1] + ext[1] - 1)
+                bounds[x.var.name] = _span(full, bounds)
                 return replace(full, body=rewrite(x.body))
             if isinstance(x, ir.Block):
                 return ir.block([rewrite(y) for y in x.body])
@@ -129,8 +132,9 @@ class _WholeTiles(ir.Mutator):
             return x
 
         out = rewrite(s)
-        return out if _fits(out, bounds) else self.default_stmt(s) if isinstance(s, ir.If) else \
-            self.enter(s, lambda: self.default_stmt(s))  # type: ignore[arg-type]
+        if _fits(out, bounds):
+            return out
+        return self.enter(s) if isinstance(s, ir.For) else self.default_stmt(s)
 
 
 def _fits(s: ir.Stmt, bounds: dict[str, tuple[float, float]]) -> bool:
