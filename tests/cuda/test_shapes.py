@@ -437,3 +437,16 @@ def test_three_channel_convolution_products_from_registers(dims, per_thread, cha
     assert sum(o.startswith("LDS") for o in ops_) <= steps * channels * 2 // 8  # 8-byte vectors or wider
     assert not any(o.startswith(("LDL", "STL")) for o in ops_)
     assert kern.resources[k.name].stack_bytes == 0
+
+
+def test_three_channel_convolutions_have_a_cuda_core_space():
+    # the tensor-core space has no valid point below 16 channels; the CUDA-core one reaches the
+    # default's register tiles (pixels per thread × channels per block)
+    from polytile.tune import make_task
+    task = make_task("conv2d_igemm", SM90A, N=2, H=30, W=30, C=3, K=24, R=7, S=7, stride=2, padding=3)
+    assert task.template.name == "conv2d_igemm_cuda"
+    assert {"pixels", "per_thread", "channels"} <= {d.name for d in task.space.decisions}
+    (digits,) = task.space.sample_valid(np.random.default_rng(0), 1)
+    pt.lower(task.schedule(task.space.config(digits).values), SM90A)
+    assert make_task("conv2d_igemm", SM90A, N=1, H=14, W=14, C=64, K=64, R=3, S=3, stride=1,
+                     padding=1).template.name == "conv2d_igemm_tensorcore"
