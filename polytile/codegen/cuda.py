@@ -466,7 +466,7 @@ class CUDAPrinter(CLikePrinter):
         if b.scope in ("local", "auto", "stack", "register"):
             self.emit("{")
             self.depth += 1
-            self.emit(f"{t} {b.name}[{size}];")
+            self.emit(f"__align__(16) {t} {b.name}[{size}];")  # vector copies (combine_loads) are aligned
             self.stmt(s.body)
             self.depth -= 1
             self.emit("}")

@@ -23,6 +23,7 @@ from .from_ast import IRBuilder, aexpr
 from .passes.allocate import allocate_intermediates
 from .passes.allreduce import cross_thread_reductions
 from .passes.barriers import insert_barriers
+from .passes.combine_loads import combine_loads
 from .passes.flatten import flatten_storage
 from .passes.fragments import distribute_fragments
 from .passes.gpu_vectorize import vectorize_copies
@@ -103,6 +104,7 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
         ("simplify", True, simplify),
         ("vectorize", target.has("simd"), lambda s: vectorize_loops(s, target)),
         ("simplify", target.has("simd"), simplify),
+        ("combine-loads", gpu, combine_loads),
         ("gpu-vectorize", gpu, vectorize_copies),
         ("registers", True, promote_registers),
         ("barriers", gpu, insert_barriers),

@@ -87,14 +87,19 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
 
 
 def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: int = 2, bk: int = 32,
-              stages: int = 4, batch: str | tuple[str, ...] | None = None) -> None:
+              stages: int = 4, batch: str | tuple[str, ...] | None = None, direct: bool = False) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` for a few rows (M ≤ ``GEMV_ROWS``: decoding, a
     matrix–vector product): memory-bound on B, which is streamed once through shared memory in
     ``bk`` × ``bn`` tiles (16-byte asynchronous copies, ``stages`` deep); each of the bn/vec threads
     of a block keeps all M rows × ``vec`` adjacent columns in registers and reads A's tile (M × bk,
     in shared memory) as broadcasts. With ``batch`` (a batched product, or the chunks of a split
     reduction) the blocks also run along blockIdx.y, with two (the chunks of a batched product)
-    along blockIdx.z and blockIdx.y."""
+    along blockIdx.z and blockIdx.y.
+
+    ``direct``: B goes straight from global memory to registers, each thread loading its ``bk`` rows ×
+    ``vec`` columns of a K step at once (16-byte loads where ``vec`` 16-bit columns are 16 bytes and
+    the rows aligned: ``combine_loads``), no shared tile and no barrier for B — the loads of many
+    warps in flight hide the memory latency instead of a pipeline."""
     if bn % vec or (bn // vec) % 32 and bn // vec > 32:
         raise ScheduleError(f"gemv_cuda: bn={bn} must be a multiple of vec={vec}, in whole warps (got "
                             f"{bn // vec} threads)")
@@ -111,12 +116,17 @@ def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: 
     lead_a = (1,) * (len(sched.func.tensor(a).shape) - 2)
     lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
     st.cache(a, "ko", loc="shared", name=f"{a}_shared", whole=(*lead_a, rows, bk))
-    st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
-    st.cache_identity(b, "ki", loc="local")
+    if direct:
+        st.cache(b, "ko", loc="local", name=f"{b}_local", whole=(*lead_b, 1, vec))
+    else:
+        st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
+        st.cache_identity(b, "ki", loc="local")
     st.cache_write("tx", loc="local")
     st.unroll("ki").unroll("i").unroll("jv")
     if stages > 1:
-        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+        st.pipeline(f"{a}_shared", stages)
+        if not direct:
+            st.pipeline(f"{b}_shared", stages)
 
 
 def sum_partials(sched: Schedule, out: str, threads: int = 256, batch: str | None = None) -> None:
@@ -407,7 +417,8 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
         # besides its M products: few rows leave the warps' issue slots mostly to those
         warp_flops = WARP_FLOPS * M / (M + (2 if it == 2 else 1))
         out.append((dict(bn=bn, vec=vec, bk=bk, stages=4),
-                    BlockPlan(M, bn, bk, 0, 0, resident, hw.fma_flops, it, 4, max(1, threads // 32), warp_flops)))
+                    BlockPlan(M, bn, bk, 0, 0, resident, hw.fma_flops, it, 4, max(1, threads // 32), warp_flops,
+                              streaming=True)))
     return out
 
 
@@ -456,8 +467,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                 unsplit = GemmChoice(kernel, params, 1, t)
     if best is None:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
-    if unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
-        return unsplit  # the second kernel's cost is an estimate: split only for a clear gain
+    if kernel != "gemv" and unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
+        # the second kernel's cost is an estimate: split only for a clear gain (a GEMV streams B with
+        # few warps when unsplit: every measured GEMV was faster split, gemv_variants-20261127-*.json)
+        return unsplit
     chunk = K // best.split
     if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
         best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})

@@ -100,6 +100,7 @@ OVERLAP_LOSS = 0.1                # the share of the overlapped (non-maximal) te
 LAUNCH_SECONDS = 3e-6
 LOADED_LATENCY = 3.0              # a load's latency with the memory system busy, in idle latencies
 WARP_FLOPS = 32.0                 # float32 FLOP per cycle one warp sustains (an FMA every other cycle)
+STREAM_WARPS = 4.0                # resident warps per SM a streaming kernel (GEMV) needs to reach DRAM bandwidth
 
 
 @dataclass(frozen=True)
@@ -495,6 +496,7 @@ class BlockPlan:
     stages: int = 2
     warps: int = 0  # CUDA cores: the warps of a block, whose issue rate bounds its products (0: tensor cores)
     warp_flops: float = 0.0  # the FLOP per cycle one warp sustains (default WARP_FLOPS)
+    streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
@@ -530,7 +532,20 @@ def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, ba
     ``split`` > 1 the partial products' round trip and the second kernel that sums them."""
     hw = Hardware.of(target)
     dram = (batch * (m * k + k * n) * plan.itemsize + batch * m * n * 4) / hw.dram_bytes_per_cycle
+    if plan.streaming:
+        dram /= stream_efficiency(plan, hw)
     return max(wave_cycles(plan, hw), dram) / hw.clock_hz + LAUNCH_SECONDS + split_seconds(target, m, n, batch, split)
+
+
+def stream_efficiency(plan: BlockPlan, hw: Hardware) -> float:
+    """The share of DRAM bandwidth a streaming kernel reaches with the warps it keeps resident per SM:
+    sqrt(warps / STREAM_WARPS), at most 1. Measured on an H100 (GEMV 1×28672×4096 bf16, 2026-11-27,
+    ``benchmarks/results/gemv_variants-20261127-2014-h100x2.json``): 1.7 warps per SM (112 blocks of 64
+    threads) reach 0.67 of the bandwidth that 3.4 or more reach; a vocabulary row (1×30522×768) in 120
+    blocks took 113 µs where 12 chunks of K (1440 blocks) took 37 µs."""
+    blocks = min(plan.tiles, hw.sms * max(1, plan.resident))
+    warps = blocks * max(1, plan.warps) / hw.sms
+    return min(1.0, (warps / STREAM_WARPS) ** 0.5)
 
 
 def split_seconds(target: CUDATarget, m: int, n: int, batch: int = 1, split: int = 1) -> float:

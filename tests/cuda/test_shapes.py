@@ -202,6 +202,62 @@ def test_gemv_k_loop_is_not_unrolled_past_the_instruction_cache(dims, dtype):
     assert 0 < instructions < 4096, instructions
 
 
+@needs_nvcc
+def test_register_copies_of_adjacent_elements_are_vector_loads():
+    # the staged GEMV's 4 bf16 columns of B per thread: one LDS.64 (was 4 LDS.U16); the direct GEMV's
+    # 8 columns straight from global memory: one LDG.128, zero-filling at a column bound that does not
+    # cut a vector (N = 1000, a multiple of 8)
+    from polytile.build import build
+    from polytile.tune import make_task
+    staged = ops.matmul(8, 768, 3072, "float16").build(SM90A)
+    sass = _sass(staged, next(k for k in staged.kernels if k.dynamic_shared).name)
+    assert "LDS.64" in sass
+    task = make_task("matmul", SM90A, M=3, N=1000, K=336, dtype="bfloat16", template="matmul_gemv")
+    kern = build(task.schedule(dict(threads=64, bk=8, stages=3, direct=True, split=1)), SM90A)
+    assert re.search(r"\*\(uint4\*\)&B_local\[\d+\] = \(.*\) \? \*\(const uint4\*\)&B\[", kern.source)
+    assert "LDG.E.128" in _sass(kern)
+
+
+def test_vector_copies_only_where_the_guard_holds_for_all_lanes_or_none():
+    from polytile.lowering import loopir as ir
+    from polytile.lowering.passes.combine_loads import combine_loads
+    bf16 = as_dtype("bfloat16")
+    src = ir.Buffer("B", bf16, (ir.const(4096),), "arg")
+    local = ir.Buffer("L", bf16, (ir.const(8),), "local")
+    t = ir.Var("tx")
+
+    def run(n_cols, base_coef=8, count=8):
+        stmts = []
+        for k in range(count):
+            col = ir.BinOp("+", ir.BinOp("*", ir.const(base_coef), t), ir.const(k))
+            cond = ir.Cmp("<", col, ir.const(n_cols))
+            stmts.append(ir.Store(local, (ir.const(k),), ir.Select(cond, ir.Load(src, (col,)), ir.Const(0.0, bf16))))
+        return combine_loads(ir.Block(tuple(stmts)))
+
+    def vector(s):
+        return [st.index[0].lanes for st in ir.walk_stmt(s) if isinstance(st, ir.Store) and st.index[0].lanes > 1]
+    assert vector(run(1000)) == [8]  # 1000 columns: a vector is inside or past the end
+    assert vector(run(1001)) == []  # 1001: the last vector is cut by the bound
+    assert vector(run(1000, base_coef=4)) == [4, 4]  # offsets multiples of 4 only: two 8-byte vectors
+    assert vector(run(1002, base_coef=4)) == [2, 2, 2, 2]  # 1002 cuts 8-byte vectors, not 4-byte ones
+
+
+def test_gemv_streams_with_enough_warps_to_reach_the_bandwidth():
+    # measured on an H100 (gemv_variants-20261127-2014-h100x2.json): unsplit, LLaMA's 1×28672×4096
+    # ran 112 blocks of 2 warps (113 µs; split in 4: 92 µs, torch 94 µs) and BERT's vocabulary row
+    # 1×30522×768 120 blocks (113 µs; split in 12: 37 µs, torch 45 µs)
+    from polytile.tune.analytical import STREAM_WARPS, Hardware, stream_efficiency
+    for N, K in ((28672, 4096), (30522, 768)):
+        choice = gemm_choice(SM90A, 1, N, K, as_dtype("bfloat16"))
+        assert choice.kernel == "gemv" and choice.split > 1, choice
+    hw = Hardware.of(SM90A)
+    from polytile.tune.analytical import BlockPlan
+    plan = BlockPlan(1, 256, 32, 112, 128, 3, hw.fma_flops, 2, 4, 2, streaming=True)
+    assert stream_efficiency(plan, hw) < 0.7
+    many = dataclasses.replace(plan, tiles=hw.sms * 3)
+    assert stream_efficiency(many, hw) == 1.0 and 3 * 2 >= STREAM_WARPS
+
+
 def test_short_loops_unroll_only_within_a_code_budget():
     from polytile.codegen.cuda import AUTO_UNROLL_STATEMENTS, _auto_unroll
     from polytile.lowering import loopir as ir

@@ -156,3 +156,24 @@ def test_fp32_batch_matmul_and_dense_whole_tiles():
     x, w, bias = _inputs(op, 6)
     ref = torch.relu(x.double() @ w.double().T + bias.double())
     assert _err(op.build("cuda")(x, w, bias), ref) <= op.tolerance
+
+
+@pytest.mark.parametrize("dims,dtype,cfg", [
+    ((1, 4096, 4096), "bfloat16", dict(threads=128, bk=8, stages=3, direct=True, split=16)),
+    ((3, 1000, 333), "bfloat16", dict(threads=64, bk=8, stages=3, direct=True, split=1)),   # K off the tile
+    ((5, 1001, 777), "float16", dict(threads=64, bk=16, stages=2, direct=True, split=7)),   # odd N: aligned copy
+    ((7, 1003, 500), "float32", dict(threads=32, bk=8, stages=3, direct=True, split=4)),
+    ((8, 768, 3072), "float16", dict(threads=256, bk=16, stages=4, direct=False, split=12)),
+])
+def test_gemv_template_variants(dims, dtype, cfg):
+    from polytile.build import build
+    from polytile.target import as_target
+    from polytile.tune import make_task
+    M, N, K = dims
+    target = as_target("cuda")
+    task = make_task("matmul", target, M=M, N=N, K=K, dtype=dtype, template="matmul_gemv")
+    assert task._check(cfg) is None
+    kern = build(task.schedule(cfg), target)
+    op = ops.matmul(M, N, K, dtype)
+    a, b = _inputs(op, M * N + K)
+    assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance

@@ -123,21 +123,26 @@ def _gemv_op(op: Any, target: Target) -> bool:
 
 
 def _gemv(cfg: TemplateConfig, op: Any) -> Any:
-    """``gemv_cuda``: threads per block (each 8 bytes of B's columns), the K tile, stages and the split
-    of K; the first choices are the library's usual ones."""
+    """``gemv_cuda``: threads per block (each 8 bytes of B's columns through shared memory, or 16 bytes
+    loaded straight into registers: ``direct``), the K tile, stages and the split of K; the first
+    choices are the library's usual ones."""
     itemsize = op.func.inputs[0].dtype.itemsize
-    vec = 8 // itemsize
     threads = int(cfg.knob("threads", [128, 64, 32, 256]))  # type: ignore[call-overload]
     bk = int(cfg.knob("bk", [32, 16, 64, 8]))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 2, 6, default=4)
+    direct = bool(cfg.knob("direct", [False, True]))
+    vec = (16 if direct else 8) // itemsize
     split = _split(cfg, op)
     M = op.shape["M"]
     cfg.require(threads == 32 or threads * vec // 2 < op.shape["N"], "the block is twice the matrix's columns")
-    cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (threads * vec + M) * itemsize,
-                  registers_per_thread=M * vec + vec + 32, registers_per_block=(M * vec + vec + 32) * threads)
+    b_tile = 0 if direct else threads * vec  # B in registers (direct) or in shared tiles
+    b_regs = bk * vec * itemsize // 4 if direct else vec
+    cfg.require(not direct or b_regs <= 64, "a direct K step of more than 64 registers of B per thread")
+    cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (b_tile + M) * itemsize,
+                  registers_per_thread=M * vec + b_regs + 32, registers_per_block=(M * vec + b_regs + 32) * threads)
     sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
     align_operands(sched, out, granule=4)
-    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch)
+    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch, direct=direct)
     return sched
 
 
