@@ -25,6 +25,7 @@ convolutions write float32 results; torch writes the input dtype.
                                 [--workers N] [--out FILE.json]
     python benchmarks/shapes.py --tune 32 [--records R.jsonl] ...  # after pt.tune, 32 trials per workload
     python benchmarks/shapes.py --cpu [--quick] [--only ...]        # CPU-sized variant vs NumPy/torch
+    python benchmarks/shapes.py --offsuite [--only ...]            # shapes not in the suite
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
     python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
@@ -227,6 +228,18 @@ def cpu_suite(quick: bool = False) -> list[Workload]:
     if quick:
         out = out[::2]
     return _unique(out)
+
+
+def offsuite() -> list[Workload]:
+    """Shapes that are not in the suite, for checking that a change to the defaults holds up away from
+    it (``--offsuite``): float32 GEMMs off every tile, 3-channel convolutions of other filters."""
+    return [_w("off.fp32.777x1531x999", "matmul", "float32", "awkward", M=777, N=1531, K=999),
+            _w("off.fp32.256x3000x2000", "matmul", "float32", "awkward", M=256, N=3000, K=2000),
+            _w("off.fp32.129x4095x1023", "matmul", "float32", "awkward", M=129, N=4095, K=1023),
+            _w("off.conv.5x5s1.c3.n8", "conv2d_igemm", "float16", "conv", N=8, H=96, W=96, C=3, K=32, R=5, S=5,
+               stride=1, padding=2),
+            _w("off.conv.3x3s1.c3.n16", "conv2d_igemm", "float16", "conv", N=16, H=64, W=64, C=3, K=48, R=3, S=3,
+               stride=1, padding=1)]
 
 
 def _unique(ws: list[Workload]) -> list[Workload]:
@@ -508,6 +521,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="half the workloads, fewer token counts")
     parser.add_argument("--only", default="", help="comma-separated name patterns (glob or substring)")
     parser.add_argument("--cpu", action="store_true", help="the CPU-sized variant against NumPy/torch")
+    parser.add_argument("--offsuite", action="store_true", help="shapes that are not in the suite (GPU)")
     parser.add_argument("--list", action="store_true", help="print the workloads and stop")
     parser.add_argument("--build-only", action="store_true", help="build every kernel (fills the cache) and stop")
     parser.add_argument("--target", default="cuda", help="the target of --build-only (e.g. cuda:sm_90a)")
@@ -525,7 +539,8 @@ def main() -> int:
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
-    ws = select(cpu_suite(args.quick) if args.cpu else gpu_suite(args.quick), args.only)
+    ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
+                args.only)
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")

@@ -16,6 +16,7 @@ from ..lang import expr as lx
 from ..poly.materialize import Plan, materialize
 from ..schedule.memory import cache_requests, folded_name
 from ..schedule.state import Schedule
+from ..schedule.tensorize import check_whole_products
 from ..target import FEATURES, Target
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
@@ -36,6 +37,7 @@ from .passes.tensorize import tensorize_nests
 from .passes.unroll import unroll_loops
 from .passes.vectorize import vectorize_loops
 from .passes.wgmma import async_proxy_fences
+from .passes.whole_tiles import whole_tiles
 
 
 class _Log:
@@ -85,10 +87,13 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
                      if c.name not in {o.name for o in func.outputs} and folded_name(c.name) not in buffers]
     # without SIMD vectors (GPUs), a vectorized loop is unrolled: each thread keeps its elements in registers
     unrolled = ("unroll",) if target.has("simd") else ("unroll", "vectorize")
+    whole_reads = {c.name for c in sched.caches if c.whole and c.kind == "read" and c.loc == "shared"}
+    whole_writes = {c.name for c in sched.caches if c.whole and c.kind == "write" and c.loc == "local"}
     passes: list[Pass] = [
         ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
         ("simplify", True, simplify),
         ("tensorize", gpu, tensorize_nests),
+        ("whole-tiles", gpu, lambda s: whole_tiles(s, whole_reads, whole_writes)),
         ("fragments", gpu, distribute_fragments),
         ("allreduce", gpu, cross_thread_reductions),
         ("kernels", gpu, lambda s: outline_kernels(s, target, name)),
@@ -143,6 +148,9 @@ def check_schedule(sched: Schedule, target: Target) -> None:
 
 
 def _check_gpu_schedule(sched: Schedule) -> None:
+    for cache in sched.caches:
+        if cache.kind == "write" and cache.whole and cache.loc == "local":
+            check_whole_products(sched, cache.consumer)
     for c in sched.computations:
         st = sched.states[c.name]
         if not c.axes:  # a scalar: a kernel of one block (its reduction loops may be bound to threads)

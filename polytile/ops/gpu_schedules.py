@@ -14,6 +14,7 @@ layernorm take one block per row, its width in threads, the row in shared memory
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -38,8 +39,18 @@ from ..tune.analytical import (
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
               tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False,
               stages: int = 3) -> None:
-    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores; the shared
-    tiles are pipelined over ``stages`` iterations of the K loop (asynchronous copies)."""
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (or ``b[j, k]``) for CUDA cores: each of the
+    (bm/tm)×(bn/tn) threads of a block accumulates a ``tm``×``tn`` register tile (its rows and columns
+    in two halves of the block tile, tm/2 and tn/2 apart: the threads of a warp read adjacent 16-byte
+    vectors of the shared tiles), over K chunks of ``bk`` in shared memory (A transposed), pipelined
+    over ``stages`` iterations of the K loop (asynchronous copies).
+
+    Every tile is whole: the shared tiles hold zeros past the matrices' ends and the register tile
+    is the thread's whole share, so the products run over constant loops without tests at any size
+    (``lowering/passes/whole_tiles.py``); only the write-back tests the bounds."""
+    if bm % 2 or bn % 2 or (bm // 2) % (tm // 2) or (bn // 2) % (tn // 2) or tm % 2 or tn % 2:
+        raise ScheduleError(f"gemm_cuda: the register tile {tm}×{tn} (even sizes) must divide each half of the block "
+                            f"tile {bm}×{bn}")
     hm, hn = tm // 2, tn // 2
     st = sched[out]
     st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1")
@@ -51,20 +62,26 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ty", "threadIdx.y").bind("tx", "threadIdx.x")
-    st.cache(a, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{a}_shared")
+    lead_a = (1,) * (len(sched.func.tensor(a).shape) - 2)
+    lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
+    transposed = lambda *e: (*e[:-2], e[-1], e[-2])  # noqa: E731
+    # the transposed tiles' rows padded by 16 bytes: the copies write a column of 8 k values per 4
+    # rows of A, which would otherwise fall in 4 banks (8-way conflicts)
+    pad = (0,) * (len(lead_a) + 1) + (16 // sched.func.tensor(a).dtype.itemsize,)
+    st.cache(a, "ko", layout=transposed, loc="shared", name=f"{a}_shared", whole=(*lead_a, bm, bk), pad=pad)
     if b_transposed:
-        st.cache(b, "ko", layout=lambda *e: (*e[:-2], e[-1], e[-2]), loc="shared", name=f"{b}_shared")
+        st.cache(b, "ko", layout=transposed, loc="shared", name=f"{b}_shared", whole=(*lead_b, bn, bk), pad=pad)
     else:
-        st.cache_identity(b, "ko", loc="shared", name=f"{b}_shared")
-    # registers: the 8 rows and 8 columns a thread uses at one k, packed as (half, lane)
+        st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
+    # registers: the tm rows and tn columns a thread uses at one k, packed as (half, lane)
     hb, hn2 = bm // 2, bn // 2
     st.cache_identity(a, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1]))
     if b_transposed:
         st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hn2, e[-2] % hn2, e[-1]))
     else:
         st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2], e[-1] // hn2, e[-1] % hn2))
-    st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb,
-                                                        e[-1] // hn2, e[-1] % hn2))
+    st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1] // hn2, e[-1] % hn2),
+                   whole=(1,) * len(sched.func.tensor(out).shape))
     st.unroll("ki").unroll("ih").unroll("jh").unroll("il").unroll("jl")
     if stages > 1:
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
@@ -264,14 +281,18 @@ def wgmma_igemm_config(M: int, K: int, *, sms: int) -> dict[str, int]:
 
 
 def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, pixels: int = 128,
-               channels: int = 16) -> None:
+               channels: int = 16, per_thread: int = 1) -> None:
     """Schedule an implicit-GEMM convolution on the CUDA cores, for inputs of too few channels to fill a
-    tensor-core K step (C < 16: an image's 3 colors): one output pixel per thread, ``channels``
-    output channels of it in registers, the block's filters (taps × C × channels) in shared memory
-    and the gather inlined into the products (each thread reads its pixel's input directly)."""
+    tensor-core K step (C < 16: an image's 3 colors): each of the ``pixels`` threads of a block
+    computes ``per_thread`` output pixels (``pixels`` apart) × ``channels`` output channels in
+    registers. The block's filters (taps × C × channels) are staged in shared memory; at each tap
+    and channel (one loop) a thread gathers its pixels' input values into registers once and reads
+    the channels' filter values as one row of shared memory (vectors, the same for every thread: a
+    broadcast), then does per_thread × channels products from registers."""
     st = sched[out]
-    st.split("m", pixels, "bi", "mt").split("k", channels, "ko", "ki")
-    st.reorder("bi", "ko", "mt", *taps, "c", "ki")
+    st.split("m", pixels * per_thread, "bi", "m1").split("m1", pixels, "mp", "mt")
+    st.split("k", channels, "ko", "ki")
+    st.reorder("bi", "ko", "mt", *taps, "c", "mp", "ki")
     # the taps and channels as one loop: a short body (the products of one input element) run
     # taps × C times, rather than one unrolled body per tap (instruction-cache misses)
     red = taps[0]
@@ -279,10 +300,13 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
         st.fuse(red, t, f"{red}_{t}")
         red = f"{red}_{t}"
     st.bind("bi", "blockIdx.x").bind("ko", "blockIdx.y").bind("mt", "threadIdx.x")
-    sched[col].compute_inline()
     st.cache(w, "mt", loc="shared", name=f"{w}_shared")
-    st.cache_write("mt", loc="local")
-    st.unroll("ki")
+    # registers: the filter row (a tap and channel: the block's output channels) and the pixels' inputs
+    st.cache(w, red, loc="local", layout=lambda *tck: (tck[-1],))
+    st.cache(col, red, loc="local", layout=lambda m, *tc: (m // pixels, m % pixels))
+    sched[col].compute_inline()  # after caching: the register copy gathers the input itself
+    st.cache_write("mt", loc="local", layout=lambda m, k: (m // pixels, m % pixels, k))
+    st.unroll("mp").unroll("ki")
 
 
 MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)
@@ -290,7 +314,11 @@ MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int) -> None:
     if C < MMA_K:
-        igemm_cuda(sched, "O", "col", "Wt", taps, channels=min(16, K))
+        # pixels per thread and output channels per block: as many as divide the output evenly (no
+        # partial register tiles, whose tests would surround the products)
+        per_thread = next(p for p in (4, 2, 1) if M % (128 * p) == 0 or p == 1)
+        channels = next(c for c in (16, 8, 4, 2, 1) if K % c == 0)
+        igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
     elif _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
         igemm_wgmma(sched, "O", "col", "Wt", taps, **wgmma_igemm_config(M, K, sms=target.sms))
     else:
@@ -409,7 +437,8 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
 
 def _splits(K: int, bk: int, whole_tiles: bool) -> list[int]:
     """Chunk counts of a split reduction: divisors of K (each chunk the same length) leaving every
-    chunk at least two K tiles — whole K tiles for the tensor cores, which compute whole tiles."""
+    chunk at least two K tiles — whole K tiles for the tensor cores and the CUDA cores, which compute
+    whole tiles."""
     return [s for s in range(1, MAX_SPLIT + 1)
             if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
 
@@ -439,7 +468,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
-                  else _splits(K, plan.bk, kernel in ("wgmma", "mma")) or [1])
+                  else _splits(K, plan.bk, kernel in ("wgmma", "mma", "cuda")) or [1])
         for split in splits:
             chunk = -(-K // split)
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
@@ -457,6 +486,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         # the second kernel's cost is an estimate: split only for a clear gain (a GEMV streams B with
         # few warps when unsplit: every measured GEMV was faster split, gemv_variants-20261127-*.json)
         return unsplit
+    chunk = K // best.split
+    if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
+        best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
     return best
 
 

@@ -394,7 +394,8 @@ class _Builder:
         program, ctx = self.program, self.program.context
         redirected, fill = _redirected(program, req, self.by_name, self.scheds)
         site = _site(program, req, redirected, self.by_name, self.scheds, self.dyn_sources, self.codegen)
-        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(site, ctx), req.level, req.loc)
+        buf = CacheBuffer(req.name, req.tensor, req.consumer, req.kind, _buffer_shape(program, site, ctx), req.level,
+                          req.loc)
         self.plan.buffers.append(buf)
         use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
         self.plan.uses.append(use)
@@ -571,9 +572,9 @@ def _union_all(maps: list[isl.Map]) -> isl.Map:
     return out
 
 
-def _buffer_shape(site: _Site, ctx: isl.Set) -> list[AExpr]:
-    """The buffer's extents: the layout's image of the footprint (or of the whole box) when the box
-    has a constant size, else the box's parametric extents."""
+def _buffer_shape(program: PolyProgram, site: _Site, ctx: isl.Set) -> list[AExpr]:
+    """The buffer's extents: the layout's image of the footprint (or of the whole box, where the
+    copies run over it) when the box has a constant size, else the box's parametric extents."""
     req, boxes = site.req, site.boxes
     if any(b.size is None for b in boxes):
         if req.layout is not None:
@@ -581,7 +582,9 @@ def _buffer_shape(site: _Site, ctx: isl.Set) -> list[AExpr]:
                                 "the data here")
         return [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx) for b in boxes]
     # the buffer spans the layout's image of what is accessed (relative to the origin)
-    region = _box_region(site.off_map, [b.size for b in boxes], site.m) if req.whole else site.fp  # type: ignore[misc]
+    region = site.fp
+    if req.whole and _holds_box(program, site):
+        region = _box_region(site.off_map, [b.size for b in boxes], site.m)  # type: ignore[arg-type]
     img = _sum(region, site.off_map.neg()).range().apply(site.lmap)
     img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
     shape = []
@@ -594,6 +597,14 @@ def _buffer_shape(site: _Site, ctx: isl.Set) -> list[AExpr]:
         extra_pad = req.pad[c] if c < len(req.pad) else 0
         shape.append(AExpr("int", value=int(hi_v) + 1 + extra_pad))
     return shape
+
+
+def _holds_box(program: PolyProgram, site: _Site) -> bool:
+    """Whether a whole cache's buffer holds its footprint's whole box: whole read tiles and the tensor
+    cores' fragments (the instruction writes them whole) do; a register tile does when it is written
+    back over the box (not when its layout packs a scattered footprint)."""
+    req = site.req
+    return req.kind == "read" or req.loc == "fragment" or (_whole_written(program, site) or (None, False))[1]
 
 
 def _redirect(site: _Site, redirected: list[str], by_name: dict[str, Scheduled],
@@ -622,8 +633,8 @@ def _copy_regions(program: PolyProgram, site: _Site, fill: bool, redirected: lis
     if req.kind == "read":
         return [("copy_in", site.fp, -1)]
     written = site.fp  # the exact written footprint
-    tensor = program.func.tensor(req.tensor)
-    box = _whole_written(program, req, site.fp, site.off_map, boxes, site.m, tensor) if req.whole else None
+    whole = _whole_written(program, site) if req.whole else None
+    box = whole[0] if whole is not None else None
     out = []
     if fill:
         # a fill touches only the buffer: the whole box (constant loops, registers)
@@ -763,24 +774,45 @@ def _rounded(b: _Box, granule: int, what: str) -> _Box:
     return _Box(b.offset, -(-b.size // granule) * granule, None, b.lo, b.hi)
 
 
-def _whole_written(program: PolyProgram, req: CacheRequest, fp: isl.Map, off_map: isl.Map, boxes: list[_Box],
-                   m: int, tensor: object) -> isl.Map | None:
-    """The whole box of a write cache's footprint, when what is written is exactly the part of the box
-    inside the tensor: the write-back then runs over constant loops with a bounds test."""
+def _whole_written(program: PolyProgram, site: _Site) -> tuple[isl.Map, bool] | None:
+    """The region a whole write cache is filled and written back over, when what is written is
+    exactly its part inside the tensor (the write-back then runs over constant loops with a bounds
+    test): the footprint's whole box, or, where the layout packs a scattered footprint (a thread's
+    share of a block tile in pieces), the elements of all the buffer's places. The flag says which
+    (True: the box)."""
+    req, boxes = site.req, site.boxes
     if not all(b.size is not None for b in boxes):
         return None
-    box = _box_region(off_map, [b.size for b in boxes], m)  # type: ignore[misc]
     try:
-        bounds = tensor_bounds(tensor, program.params)  # type: ignore[arg-type]
+        bounds = tensor_bounds(program.func.tensor(req.tensor), program.params)  # type: ignore[arg-type]
     except (isl.Error, NotAffine):
         return None
-    inside = box.intersect_range(bounds.reset_tuple_id()).intersect_params(program.context)
-    exact = fp.reset_tuple_id(isl.dim_type.out).intersect_params(program.context)
-    inside = inside.intersect_domain(exact.domain())
-    if not inside.is_equal(exact.align_params(inside.get_space())):
+    exact = site.fp.reset_tuple_id(isl.dim_type.out).intersect_params(program.context)
+
+    def exactly(region: isl.Map) -> bool:
+        inside = region.intersect_range(bounds.reset_tuple_id()).intersect_params(program.context)
+        inside = inside.intersect_domain(exact.domain())
+        return inside.is_equal(exact.align_params(inside.get_space()))
+
+    box = _box_region(site.off_map, [b.size for b in boxes], site.m)  # type: ignore[misc]
+    if exactly(box):
+        return box, True
+    if req.loc == "fragment":  # the tensor cores' tiles are boxes
         return None
-    del req
-    return box
+    packed = _packed_region(site)
+    return (packed, False) if exactly(packed) else None
+
+
+def _packed_region(site: _Site) -> isl.Map:
+    """{ [P] -> [e] : e = off(P) + layout⁻¹(c), c in the buffer }: the elements of every place of the
+    buffer (the hull of the footprint's image under the layout)."""
+    img = _sum(site.fp, site.off_map.neg()).range().apply(site.lmap)
+    img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
+    cs = [f"c{k}" for k in range(img.dim(isl.dim_type.set))]
+    cons = " and ".join(f"0 <= {c} <= {img.dim_max_val(k).to_python()}" for k, c in enumerate(cs)) or "true"
+    rels = isl.Set(f"{{ [{', '.join(cs)}] : {cons} }}").apply(site.lmap.reverse())
+    ps = isl.Set(f"{{ [{', '.join(f'p{k}' for k in range(site.m))}] }}")
+    return _sum(site.off_map, isl.Map.from_domain_and_range(ps, rels.reset_tuple_id()))
 
 
 def _box_region(off_map: isl.Map, sizes: list[int], m: int) -> isl.Map:

@@ -122,13 +122,24 @@ def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Call
 
 
 def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto",
-                layout: Callable[..., object] | None = None) -> Stage:
+                layout: Callable[..., object] | None = None, whole: Sequence[int] = ()) -> Stage:
     """Accumulate this computation's results inside one iteration of loop ``at`` in a local buffer
     (registers on a GPU when ``loc="local"``) and write them back once at the end of the iteration.
     ``layout`` packs a scattered footprint densely (as for ``cache``). ``loc="fragment"`` is the
     accumulator of a tensorized computation: the warp's tile held in registers spread over its
-    lanes as the tensor-core instruction lays it out."""
-    return _add_cache(self, "write", self.name, _level(self, at), name, layout, _check_loc(self, loc))
+    lanes as the tensor-core instruction lays it out.
+
+    ``whole`` (one granule per dimension of the result) makes the buffer a whole tile, the box
+    rounded up to the granules: it starts at the reduction's identity, and where the operands come
+    from whole caches (``cache(..., whole=...)``, zeros past the tensors' ends) the products run
+    over the whole tile, in loops of constant bounds without tests; only the write-back tests the
+    tensor's bounds (``lowering/passes/whole_tiles.py``)."""
+    rank = len(self.schedule.computation(self.name).shape)
+    if whole and (len(whole) != rank or any(not isinstance(g, int) or g < 1 for g in whole)):
+        raise ScheduleError(f"cache_write of {self.name}: whole must give a positive granule for each of its {rank} "
+                            f"dimensions, got {tuple(whole)!r}")
+    return _add_cache(self, "write", self.name, _level(self, at), name, layout, _check_loc(self, loc), (), (),
+                      tuple(whole))
 
 
 def store(self: Stage, layout: Callable[..., object]) -> Stage:
@@ -187,6 +198,8 @@ def cache_requests(sched: Schedule, copy_order: str = "cache") -> list[CacheRequ
         layout, fill = c.layout, None
         if c.loc == "fragment":
             layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
+        elif c.kind == "write" and c.whole and sched.computation(c.consumer).reduction is not None:
+            fill = sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,
                                      threads if c.loc == "shared" else frozenset(), order, c.also, threads,
                                      c.pad, fill, c.whole))

@@ -161,8 +161,42 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     return self
 
 
+def check_whole_products(sched: object, name: str) -> None:
+    """The products of ``name`` into a whole register tile (``cache_write(..., whole=...)``) run over
+    whole tiles (``lowering/passes/whole_tiles.py``) where its operands come from whole shared
+    tiles: its domain must be a box, and along the reduction each K tile (what the loops inside the
+    operand cache's loop span) must stay inside the reduction's range, as for the tensor cores."""
+    from .state import Schedule
+    assert isinstance(sched, Schedule)
+    if not sched.program.is_box(name):
+        raise ScheduleError(f"cache_write of {name} with whole=: its iteration domain is not a box (a loop's bounds "
+                            "depend on another loop), so whole tiles would compute outside it; leave whole= out")
+    comp = sched.computation(name)
+    body = sched.bodies[name]
+    stmt = sched.program.statements[name]
+    loops = sched.states[name].loops
+    reads = [n for n in walk(body) if isinstance(n, Load)]
+    for c in sched.caches:
+        if c.kind != "read" or c.consumer != name or not c.whole or c.loc != "shared" or c.level is None:
+            continue
+        inside = loops.index(c.level) + 1
+        k_dims = [d for d in stmt.reduce_dims if any(loops.depends_on(q, [d]) for q in range(inside, len(loops.names)))]
+        span = {}
+        for d in k_dims:
+            n = 1
+            for q in range(inside, len(loops.names)):
+                if loops.depends_on(q, [d]):
+                    lo, hi = sched.program.loop_range(name, loops, q)
+                    n *= 1 if lo is None or hi is None else hi - lo + 1
+            span[d] = n
+        for op in (r for r in reads if r.tensor.name == c.tensor):
+            granules = tuple(max([span.get(v.name, 1) for v in walk(i) if isinstance(v, IterVar)], default=1)
+                             for i in op.indices)
+            _check_whole_k_tiles(name, op, granules, comp.reduce_axes, k_dims, "whole register tiles")
+
+
 def _check_whole_k_tiles(name: str, op: Load, granules: tuple[int, ...], axes: tuple[IterVar, ...],
-                         k_dims: list[str]) -> None:
+                         k_dims: list[str], what: str = "tensorize") -> None:
     """The instruction computes whole K tiles: past the reduction's end they must read zeros, which the
     whole-tile copies put only past the tensor's end. A reduction over part of an operand's dimension
     (the chunks of a split reduction, ``A[i, s·Kc + k]``) therefore needs K tiles dividing its length."""
@@ -175,10 +209,11 @@ def _check_whole_k_tiles(name: str, op: Load, granules: tuple[int, ...], axes: t
             continue
         ends_with_tensor = isinstance(index, IterVar) and isinstance(dim, Const) and int(dim.value) == extents[red[0]]
         if not ends_with_tensor:
-            raise ScheduleError(f"tensorize of {name}: the reduction over {red[0]} has {extents[red[0]]} iterations, "
+            raise ScheduleError(f"{what} of {name}: the reduction over {red[0]} has {extents[red[0]]} iterations, "
                                 f"not a multiple of the {grain}-wide K tile, and {op.tensor.name} continues past it "
-                                f"({op.tensor.name}[{', '.join(map(str, op.indices))}]): the instruction's whole "
-                                "tiles would add the next elements; choose a K tile that divides the reduction")
+                                f"({op.tensor.name}[{', '.join(map(str, op.indices))}]): the "
+                                f"{'instruction' if what == 'tensorize' else 'products'}'s whole tiles would add the "
+                                "next elements; choose a K tile that divides the reduction")
 
 
 def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:

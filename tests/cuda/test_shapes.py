@@ -446,3 +446,94 @@ def test_batched_split_is_refused_where_the_kernel_takes_one_batch_loop(template
     reasons = {task.space.reason_invalid(task.space.config_at(i).digits) for i in range(0, task.space.size, 7)}
     assert ("a batched product's reduction is split only on the GEMV kernel (at most 16 rows): this kernel takes "
             "one batch loop; leave split_k unset") in reasons
+
+
+# --- float32 GEMMs on the CUDA cores: whole tiles -----------------------------------------------------
+
+def _opcodes(sass: str) -> list[str]:
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims", [(1009, 2003, 509), (129, 131, 37), (1536, 1536, 1536)],
+                         ids=["primes", "odd", "aligned"])
+def test_fp32_gemm_products_have_no_guards(dims):
+    # whole register tiles over whole zero-filled shared tiles: every K step is 8 × 64 products of
+    # constant registers with no branch around them, whatever the size. Before: 1009×2003×509 had
+    # 64 FFMA in 2328 instructions, 201 branches (tests of up to 9 disjuncts around each product)
+    kern = ops.matmul(*dims, "float32").build(SM90A)
+    (k,) = kern.kernels
+    ops_ = _opcodes(_sass(kern, k.name))
+    params = gemm_choice(SM90A, *dims, as_dtype("float32")).params
+    step = params["bk"] * params["tm"] * params["tn"]
+    assert ops_.count("FFMA") % step == 0  # a K step, or all of them (a short K loop unrolled by nvcc)
+    assert sum(o.startswith("BRA") for o in ops_) <= 4
+    assert len(ops_) < 3 * ops_.count("FFMA")
+    # the operands at one k: two vectors each of A and B (the register tile's halves) from shared memory
+    vectors = sum(o.startswith(("LDS.128", "LDS.64")) for o in ops_)
+    assert vectors >= ops_.count("FFMA") // step * params["bk"] * 4
+    assert not any(o.startswith(("LDL", "STL")) for o in ops_)
+    res = kern.resources[k.name]
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+
+
+def test_fp32_gemm_ir_products_are_whole():
+    from polytile.ops.gpu_schedules import gemm_cuda
+    s = pt.Schedule(ops.matmul(129, 131, 37, "float32").func)
+    gemm_cuda(s, "C", "A", "B", bm=64, bn=64, tm=8, tn=8)
+    text = str(pt.lower(s, SM90A))
+    # the K step's products: C_local indexed by constants, no test; the write-back tests the bounds
+    assert "C_local_63 = (C_local_63 + (A_C_local[7] * B_C_local[7]))" in text
+    body = text.split("pt_cp_async_commit()")[-1].split("pt_cp_async_wait(0)")[0]
+    assert " if " not in body.replace("if ((ko", "")
+    assert "if ((((" in text.split("pt_cp_async_wait(0)")[-1]
+
+
+def test_whole_register_tiles_refuse_k_tiles_across_chunks():
+    from polytile.ops.gpu_schedules import gemm_cuda, sum_partials
+    op = ops.matmul(64, 64, 100, "float32", split_k=2)  # chunks of 50: 8-wide K tiles would cross them
+    s = pt.Schedule(op.func)
+    gemm_cuda(s, "P", "A", "B", bm=32, bn=64, tm=4, tn=4, batch="s")
+    sum_partials(s, "C")
+    with pytest.raises(ScheduleError, match="whole register tiles of P: the reduction over k has 50 iterations, not "
+                                            "a multiple of the 8-wide K tile"):
+        pt.lower(s, SM90A)
+    # the default takes K tiles that divide the chunks
+    assert gemm_choice(SM90A, 64, 64, 100, as_dtype("float32"), split_k=2).params["bk"] == 2
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims,per_thread,channels", [((32, 224, 224, 3, 64, 7, 7, 2, 3), 4, 16),
+                                                      ((1, 224, 224, 3, 64, 7, 7, 2, 3), 2, 16),
+                                                      ((2, 29, 31, 3, 24, 7, 7, 2, 3), 1, 8)],
+                         ids=["resnet-stem-n32", "resnet-stem-n1", "odd"])
+def test_three_channel_convolution_products_from_registers(dims, per_thread, channels):
+    # per tap and channel a thread gathers its pixels' inputs once and reads the filter row once (as
+    # vectors) for per_thread × channels products. Before: one pixel and 16 channels per thread, the
+    # gather and a 2-byte shared load redone for every product (ResNet-50's stem at batch 32:
+    # 16 LDG.U16 + 16 LDS.U16 per 16 FFMA; 1687 µs on the H100, cuDNN 0.05×)
+    kern = ops.conv2d_igemm(*dims).build(SM90A)
+    (k,) = kern.kernels
+    ops_ = _opcodes(_sass(kern, k.name))
+    products = ops_.count("FFMA")
+    assert products % (per_thread * channels) == 0
+    steps = products // (per_thread * channels)
+    assert sum(o.startswith("LDG.E.U16") for o in ops_) == steps * per_thread
+    assert sum(o.startswith("LDS") for o in ops_) <= steps * channels * 2 // 8  # 8-byte vectors or wider
+    # main's combine_loads (610ce82) keeps the filter row a 16-bit array filled by 16-byte stores:
+    # ptxas then spills 12 bytes of it at batch 32 (was none, 128 registers); at most that much
+    res = kern.resources[k.name]
+    assert res.spill_stores <= 16 and res.stack_bytes <= 16
+
+
+def test_three_channel_convolutions_have_a_cuda_core_space():
+    # the tensor-core space has no valid point below 16 channels; the CUDA-core one reaches the
+    # default's register tiles (pixels per thread × channels per block)
+    from polytile.tune import make_task
+    task = make_task("conv2d_igemm", SM90A, N=2, H=30, W=30, C=3, K=24, R=7, S=7, stride=2, padding=3)
+    assert task.template.name == "conv2d_igemm_cuda"
+    assert {"pixels", "per_thread", "channels"} <= {d.name for d in task.space.decisions}
+    (digits,) = task.space.sample_valid(np.random.default_rng(0), 1)
+    pt.lower(task.schedule(task.space.config(digits).values), SM90A)
+    assert make_task("conv2d_igemm", SM90A, N=1, H=14, W=14, C=64, K=64, R=3, S=3, stride=1,
+                     padding=1).template.name == "conv2d_igemm_tensorcore"

@@ -68,7 +68,12 @@ def test_default_batch_gemv(dims):
     assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance
 
 
-@pytest.mark.parametrize("dims", [(2, 29, 31, 3, 24, 7, 7, 2, 3), (1, 17, 17, 3, 32, 3, 3, 2, 1)])
+@pytest.mark.parametrize("dims", [(2, 29, 31, 3, 24, 7, 7, 2, 3), (1, 17, 17, 3, 32, 3, 3, 2, 1),
+                                  (4, 32, 32, 3, 24, 3, 3, 1, 1),   # 4 pixels per thread, 8 channels per block
+                                  (1, 16, 16, 3, 8, 3, 3, 1, 1),    # 2 pixels per thread
+                                  (2, 64, 64, 3, 20, 5, 5, 2, 2),   # 4 pixels, 4 channels (20 = 5 × 4)
+                                  (3, 19, 23, 3, 20, 5, 5, 2, 2),   # partial pixel tiles
+                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3)])
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
@@ -95,6 +100,64 @@ def test_wide_layernorm(M, N):
     x, g, b = _inputs(op, N)
     ref = torch.nn.functional.layer_norm(x.double(), (N,), g.double(), b.double(), 1e-5)
     assert _err(kern(x, g, b), ref) <= op.tolerance
+
+
+# --- float32 GEMMs on the CUDA cores: whole register tiles at sizes that divide no tile -------------
+
+FP32_GEMMS = [(1009, 2003, 509), (17, 33, 7), (127, 129, 131), (129, 127, 1), (128, 1024, 4096), (777, 1531, 999),
+              (256, 3000, 2000), (4099, 65, 3)]
+
+
+def _poisoned(shape):
+    return torch.full(shape, float("nan"), device="cuda", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dims", FP32_GEMMS, ids=["x".join(map(str, d)) for d in FP32_GEMMS])
+def test_fp32_matmul_whole_tiles(dims):
+    M, N, K = dims
+    op = ops.matmul(M, N, K, "float32")
+    kern = op.build("cuda")
+    for seed in (1, 2):  # fresh inputs each time, the output poisoned: every element must be written
+        a, b = _inputs(op, seed + M + N + K)
+        out = _poisoned((M, N))
+        kern(a, b, out)
+        assert _err(out, a.double() @ b.double()) <= op.tolerance
+
+
+@pytest.mark.parametrize("tiles", [dict(bm=128, bn=128, tm=8, tn=8), dict(bm=128, bn=64, tm=8, tn=8),
+                                   dict(bm=64, bn=128, tm=8, tn=8), dict(bm=64, bn=64, tm=8, tn=4),
+                                   dict(bm=64, bn=64, tm=4, tn=4), dict(bm=32, bn=64, tm=4, tn=4),
+                                   dict(bm=64, bn=64, tm=2, tn=8, bk=4, stages=1)],
+                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+def test_fp32_gemm_cuda_tiles(tiles):
+    import polytile as pt
+    from polytile.ops.gpu_schedules import gemm_cuda
+    op = ops.matmul(131, 197, 83, "float32")
+    s = pt.Schedule(op.func)
+    gemm_cuda(s, "C", "A", "B", **tiles)
+    kern = pt.build(s, "cuda")
+    a, b = _inputs(op, 7)
+    out = _poisoned((131, 197))
+    kern(a, b, out)
+    assert _err(out, a.double() @ b.double()) <= op.tolerance
+
+
+def test_fp32_user_split_of_chunks_that_are_not_whole_k_tiles():
+    # chunks of 50: K tiles of 2 (whole tiles must not reach into the next chunk)
+    op = ops.matmul(100, 70, 150, "float32", split_k=3)
+    kern = op.build("cuda")
+    a, b = _inputs(op, 3)
+    assert _err(kern(a, b), a.double() @ b.double()) <= op.tolerance
+
+
+def test_fp32_batch_matmul_and_dense_whole_tiles():
+    op = ops.batch_matmul(3, 77, 65, 129, "float32")
+    a, b = _inputs(op, 5)
+    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
+    op = ops.dense(97, 131, 45, "float32")
+    x, w, bias = _inputs(op, 6)
+    ref = torch.relu(x.double() @ w.double().T + bias.double())
+    assert _err(op.build("cuda")(x, w, bias), ref) <= op.tolerance
 
 
 @pytest.mark.parametrize("dims,dtype,cfg", [

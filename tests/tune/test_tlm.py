@@ -24,12 +24,14 @@ from polytile.tune.tlm.train import TrainOptions, fit, loss_of
 
 TINY = ModelShape(layers=2, width=64, heads=2, positions=96)
 # operators no network layer uses, at small sizes
-EXTRA_SHAPES = {"conv3d_igemm": dict(N=1, D=6, H=10, W=10, C=32, K=32, T=3, R=3, S=3, padding=1),
-                "conv2d_nhwc": dict(N=1, H=20, W=20, C=16, K=24, R=3, S=3, padding=1),
+EXTRA_SHAPES = {"conv3d_igemm": [dict(N=1, D=6, H=10, W=10, C=32, K=32, T=3, R=3, S=3, padding=1),
+                                  # few input channels (a video's colors: the CUDA-core template)
+                                  dict(N=1, D=6, H=10, W=10, C=3, K=16, T=3, R=3, S=3, padding=1)],
+                "conv2d_nhwc": [dict(N=1, H=20, W=20, C=16, K=24, R=3, S=3, padding=1)],
                 # a decoding step's products (at most 16 rows: the GEMV templates); the networks' layers
                 # are at prefill sizes
-                "matmul": dict(M=3, N=200, K=328, dtype="float16"),
-                "batch_matmul": dict(batch=5, M=1, N=72, K=136, dtype="float16")}
+                "matmul": [dict(M=3, N=200, K=328, dtype="float16")],
+                "batch_matmul": [dict(batch=5, M=1, N=72, K=136, dtype="float16")]}
 
 
 def _func() -> pt.Func:
@@ -49,7 +51,7 @@ def example_task(template) -> Task | None:  # noqa: ANN001
             return None  # a template of other Funcs (polytile.torch's imported groups)
         return task
     shapes = [args for _, op, args in corpus.workloads(template.kind, list(networks.NETWORKS)) if op == template.op]
-    shapes = shapes[:4] + ([EXTRA_SHAPES[template.op]] if template.op in EXTRA_SHAPES else [])
+    shapes = shapes[:4] + EXTRA_SHAPES.get(template.op, [])
     for target in corpus.targets(template.kind):
         for args in shapes:
             task = make_task(template.op, target, template, **args)

@@ -18,6 +18,9 @@ divisor of K, split-K through ``ops.matmul_func``; the warpgroup-MMA model predi
 batch of shorter products plus the partial sums' round trip; ALCOP's mma.sync space is kept as
 published); the tensor-core templates copy operands whose rows are not 16-byte aligned into aligned
 buffers first, as the default schedules do.
+Implicit-GEMM convolutions of fewer input channels than a tensor-core K step (``conv2d_igemm_cuda``,
+``conv3d_igemm_cuda``) tune ``igemm_cuda``'s threads per block, output pixels per thread and output
+channels per block.
 Conv2d tunes the structure of the library's direct convolution: output channels per thread (a
 register tile), output pixels per block, whether the block's weights are staged in shared memory
 and whether the channel loop is unrolled. Each template declares threads per block, shared memory
@@ -38,6 +41,7 @@ from ...ops.gpu_schedules import (
     gemm_tensorcore,
     gemm_wgmma,
     gemv_cuda,
+    igemm_cuda,
     igemm_tensorcore,
     sum_partials,
 )
@@ -164,7 +168,8 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
 
 def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op))
+    # whole register tiles: chunks of whole K tiles
+    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"]))
     gemm_cuda(sched, out, "A", "B", batch=batch, **tiles)
     return sched
 
@@ -340,8 +345,41 @@ def batch_matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)), gemm_tensorcore, split=False)
 
 
+def _few_channels(op: Any, target: Target) -> bool:
+    """A convolution of fewer input channels than a tensor-core K step (an image's colors)."""
+    return target.has("gpu") and op.shape["C"] < MMA_M16N8K16.shape[2]
+
+
+def _many_channels_tensor_core(op: Any, target: Target) -> bool:
+    return tensor_core_op(op, target) and not _few_channels(op, target)
+
+
+def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
+    """``igemm_cuda``: threads per block, output pixels per thread and output channels per block (the
+    register tile is their product); the first choices are the default's for large outputs."""
+    shape = gemm_shape(op)
+    pixels = int(cfg.knob("pixels", [128, 64, 256]))  # type: ignore[call-overload]
+    per_thread = int(cfg.knob("per_thread", [4, 2, 1, 8]))  # type: ignore[call-overload]
+    channels = int(cfg.knob("channels", [16, 8, 4, 32]))  # type: ignore[call-overload]
+    cfg.require(channels <= shape.n, "more output channels per block than the convolution has")
+    _block_resources(cfg, pixels, shape.taps * shape.k * channels // 2, per_thread * channels + channels)
+    sched = cfg.schedule(op.func)
+    igemm_cuda(sched, "O", "col", "Wt", taps, pixels=pixels, channels=channels, per_thread=per_thread)
+    return sched
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_cuda", applies=_few_channels)
+def conv2d_igemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    return _igemm_cuda(cfg, op, ["r", "s"])
+
+
+@template("conv3d_igemm", "cuda", name="conv3d_igemm_cuda", applies=_few_channels)
+def conv3d_igemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    return _igemm_cuda(cfg, op, ["t", "r", "s"])
+
+
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_tensorcore", model=tensorcore_model,
-          applies=tensor_core_op)
+          applies=_many_channels_tensor_core)
 def conv2d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _tensorcore_space(cfg, gemm_shape(op))
     sched = cfg.schedule(op.func)
@@ -350,7 +388,7 @@ def conv2d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
 
 
 @template("conv3d_igemm", "cuda", name="conv3d_igemm_tensorcore", model=tensorcore_model,
-          applies=tensor_core_op)
+          applies=_many_channels_tensor_core)
 def conv3d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     tiles = _tensorcore_space(cfg, gemm_shape(op))
     sched = cfg.schedule(op.func)
