@@ -103,6 +103,49 @@ def cpu_gemm_default(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 
     return tiles
 
 
+DOT_MAX_ROWS = STREAM_MAX_ROW_TILES * 6
+"""The rows of A up to which a product with B transposed takes the dot-product form: those the
+streaming form serves (``STREAM_MAX_ROW_TILES`` register tiles of the BLIS form's 6 rows)."""
+
+
+def dot_form_fits(M: int, K: int, lanes: int) -> bool:
+    """Whether a product of ``M`` rows with B transposed takes the dot-product form: few rows, and K
+    of at least one vector of ``lanes``."""
+    return M <= DOT_MAX_ROWS and K >= lanes
+
+
+def cpu_dot_tiles(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any] | None:
+    """Tiles of the dot-product form (``schedule_dot_cpu``) of a product with B transposed (``dense``'s
+    W, N × K) and few rows M (``dot_form_fits``), or None for more rows or K shorter than a vector
+    (the BLIS form then). Each pair (row of A, row of B) sums in the lanes of one vector
+    accumulator: a register tile of ``mr`` rows × ``nj`` rows of B (half the vector registers: one
+    token, 8 rows of B read as 8 contiguous streams), the tiles of rows of A balanced with at most 4
+    rows each. Nothing is packed: B transposed read in place would otherwise need packing (the
+    BLIS form's extra pass over B, which few rows do not amortize)."""
+    lanes = target.vector_lanes(itemsize)
+    regs = 32 if target.vector_bits >= 512 else 16
+    if not dot_form_fits(M, K, lanes):
+        return None
+    mr = math.ceil(M / math.ceil(M / 4))
+    return {"lanes": lanes, "mr": mr, "nj": max(1, (regs // 2) // mr), "parallel": "jr"}
+
+
+def schedule_dot_cpu(sched: Schedule, name: str, tiles: dict[str, Any]) -> None:
+    """Schedule the partials ``name_lanes[i, j, lane]`` of ``lanewise_row_reduce(.., cols=N)`` (the
+    dot products of rows of A and rows of B): an ``mr`` × ``nj`` tile of vector accumulators over the
+    whole vectors of the rows, the tiles of B's rows outermost (each row of B read once per tile of
+    A's rows, from cache after the first), full tiles separated, the ``parallel`` loop "jr" or None."""
+    st = sched[f"{name}_lanes"]
+    st.split("j", tiles["nj"], "jr", "jn").split("i", tiles["mr"], "ir", "im")
+    st.reorder("jr", "ir", f"{name}_v", "im", "jn", "lane")
+    st.cache_write("ir")
+    if tiles.get("separate", True):
+        st.separate("ir")
+    st.tag("im", tiles.get("unroll_m", "unroll")).unroll("jn").vectorize("lane")
+    if tiles["parallel"] is not None:
+        st.parallel(tiles["parallel"])
+
+
 GEMM_FORM: dict[str, Any] = {"order": ("jc", "kc", "ic"), "inner": ("jr", "ir"), "pack_a": True, "pack_b": True,
                              "unroll_m": "unroll", "separate": True}
 """The BLIS form of ``schedule_gemm_cpu`` (the values its tiles may override)."""
@@ -280,11 +323,26 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
     Y = compute((M, N), lambda i, j: act(mm[i, j] + bias[j].astype(mm.dtype)), "Y")
     func = Func([X, W, bias], [Y], name="dense")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> None:
-        tiles = cpu_gemm_tiles(M, N, K, target, Y.dtype.itemsize)
-        schedule_gemm_cpu(sched, "XW", "X", "W", tiles, b_transposed=True)
-        ep = sched["Y"]
-        ep.split("j", tiles["lanes"], "jo", "jl").vectorize("jl").parallel("i")
+    def cpu(sched: Schedule, target: CPUTarget, form: dict[str, Any] | None = None) -> Schedule | None:
+        """The default schedule, or the one of ``form`` (the tuning template's): ``kernel`` "dot" (few
+        rows: ``cpu_dot_tiles``) or "gemm" (the BLIS form's tiles, ``schedule_gemm_cpu``), and
+        ``epilogue`` "vector" (the bias and activation over vectors of columns, rows in parallel)."""
+        f = form or dense_cpu_default(M, N, K, target, Y.dtype.itemsize)
+        lanes = target.vector_lanes(Y.dtype.itemsize)
+        if f["kernel"] == "gemm":
+            schedule_gemm_cpu(sched, "XW", "X", "W", f, b_transposed=True)
+            out = sched
+        else:
+            from .norm import lanewise_row_reduce
+            dots = lanewise_row_reduce(M, K, lanes, lambda i, j, k: product(X[i, k], W[j, k], dtype), "sum",
+                                       "XW", cols=N)
+            out = Schedule(Func([X, W, bias], [compute((M, N), lambda i, j: act(dots[i, j] + bias[j].astype(
+                dots.dtype)), "Y")], name="dense"))
+            schedule_dot_cpu(out, "XW", f)
+        ep = out["Y"].split("j", lanes, "jo", "jl").vectorize("jl")
+        if f.get("epilogue", "vector") == "vector":
+            ep.parallel("i")
+        return None if out is sched else out
 
     def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
         y = _reference_matmul(x, w.T) + b.astype(reference_type(b.dtype))
@@ -298,6 +356,15 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
             tolerance=tolerance(Y.dtype, K, dtype))
     _add_cuda(op, "dense", (M, N, K))
     return op
+
+
+def dense_cpu_default(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any]:
+    """The form and tiles of ``dense``'s default CPU schedule: dot products for few rows
+    (``cpu_dot_tiles``), else the BLIS form with W's panels packed (``cpu_gemm_tiles``)."""
+    dot = cpu_dot_tiles(M, N, K, target, itemsize)
+    if dot is not None:
+        return {"kernel": "dot", **dot}
+    return {"kernel": "gemm", **GEMM_FORM, **cpu_gemm_tiles(M, N, K, target, itemsize), "parallel": "ic"}
 
 
 def _add_cuda(op: Op, kind: str, dims: tuple[int, ...]) -> None:

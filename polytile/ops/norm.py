@@ -48,26 +48,31 @@ def row_lanes(target: CPUTarget, itemsize: int = 4) -> int:
     return ROW_ACCUMULATORS * target.vector_lanes(itemsize)
 
 
-def lanewise_row_reduce(M: int, N: int, width: int, value: Callable[[object, Expr], Expr], kind: str,
-                        name: str) -> ComputeTensor:
+def lanewise_row_reduce(M: int, N: int, width: int, value: Callable[..., Expr], kind: str, name: str,
+                        cols: int = 0) -> ComputeTensor:
     """``name[i] = kind_j value(i, j)`` (``kind`` "sum" or "max") over j < N as two computations:
-    ``name_lanes[i, l]`` reduces ``value(i, v * width + l)`` over the whole vectors v < N // width (in
-    order), then ``name[i]`` reduces the ``width`` partials together with the last N % width
-    elements (for a maximum, simply the last ``width`` elements again). Needs N ≥ width."""
+    ``name_lanes[i, lane]`` reduces ``value(i, v * width + lane)`` over the whole vectors v < N // width
+    (in order), then ``name[i]`` reduces the ``width`` partials together with the last N % width
+    elements (for a maximum, simply the last ``width`` elements again). Needs N ≥ width. With
+    ``cols`` > 0 every pair (i, j < cols) is a row: ``name[i, j]`` reduces ``value(i, j, k)`` over
+    k < N through ``name_lanes[i, j, lane]`` (dot products: a product with B transposed)."""
     nv = N // width
     tail = N - nv * width
     red = lang.tensor.max if kind == "max" else lang.tensor.sum
     v = reduce_axis(nv, f"{name}_v")
-    lanes = compute((M, width), lambda i, lane: red(value(i, v * width + lane), axis=v), f"{name}_lanes")
     lane = reduce_axis(width, f"{name}_l")
 
-    def final(i: object) -> Expr:
+    def final(of: Callable[[Expr], Expr], partial: Expr) -> Expr:
         if kind == "max":
-            return red(call("max", lanes[i, lane], value(i, N - width + lane)) if tail else lanes[i, lane], axis=lane)
-        last = value(i, N - width + lane)
-        return red(lanes[i, lane] + select(lane >= width - tail, last, 0) if tail else lanes[i, lane], axis=lane)
+            return red(call("max", partial, of(N - width + lane)) if tail else partial, axis=lane)
+        return red(partial + select(lane >= width - tail, of(N - width + lane), 0) if tail else partial, axis=lane)
 
-    return compute((M,), final, name)
+    if cols:
+        lanes2 = compute((M, cols, width), lambda i, j, lane: red(value(i, j, v * width + lane), axis=v),
+                         f"{name}_lanes")
+        return compute((M, cols), lambda i, j: final(lambda k: value(i, j, k), lanes2[i, j, lane]), name)
+    lanes = compute((M, width), lambda i, lane: red(value(i, v * width + lane), axis=v), f"{name}_lanes")
+    return compute((M,), lambda i: final(lambda k: value(i, k), lanes[i, lane]), name)
 
 
 def schedule_lanewise_cpu(sched: Schedule, name: str, vector: int) -> None:

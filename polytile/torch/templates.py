@@ -21,15 +21,20 @@ def imported_from_torch(op: Any, target: Any) -> bool:
 
 def _gemm_knobs(cfg: TemplateConfig, st: Any) -> dict[str, int]:
     from ..ops.matmul import cpu_gemm_tiles
+    from .schedules import gemm_dot_tiles
     d = cpu_gemm_tiles(st["M"], st["N"], st["K"], cfg.target, 4)
     lanes = d["lanes"]
+    if st["dot"]:  # dot products: mr rows of A × nr / lanes rows of B a register tile (cache blocks unused)
+        dot = gemm_dot_tiles(st, cfg.target)
+        d.update(mr=dot["mr"], nr=dot["nj"] * lanes, mc=dot["mr"] * 4, nc=dot["nj"] * lanes * 4)
     mr = cfg.knob("mr", _first(d["mr"], [2, 4, 6, 8]))
     nr = lanes * cfg.knob("nr_vecs", _first(d["nr"] // lanes, [1, 2, 3, 4]))  # type: ignore[operator]
     mc = cfg.knob("mc", _first(d["mc"], [mr * b for b in (4, 8, 16, 32)]))  # type: ignore[operator]
     nc = cfg.knob("nc", _first(d["nc"], [nr * b for b in (4, 16, 64)]))
     kc = cfg.knob("kc", _first(d["kc"], [64, 128, 256, 512]))
     cfg.require(mc % mr == 0 and nc % nr == 0, "cache blocks are whole register tiles")  # type: ignore[operator]
-    cfg.resources(vector_registers=mr * (nr // lanes) + nr // lanes + 1)  # type: ignore[operator]
+    # B's vectors are held for the MR rows that use them (one row uses each as it is loaded)
+    cfg.resources(vector_registers=mr * (nr // lanes) + (nr // lanes if mr > 1 else 1) + 1)  # type: ignore[operator]
     return {"mr": mr, "nr": nr, "mc": mc, "nc": nc, "kc": kc}  # type: ignore[dict-item]
 
 

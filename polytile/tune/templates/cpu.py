@@ -7,8 +7,8 @@ generated code), so the default is a point of every space and the tuners measure
 The matrix products share one GEMM space (``gemm_space``, ``ops.matmul.schedule_gemm_cpu``):
 register tile MR × NR (NR a number of vectors), cache blocks MC, NC, KC, the order of the block
 loops, which operands are packed (none: the streaming form the defaults take for few rows), which
-loop runs in parallel (or none), whether the register tile is unrolled and full tiles separated.
-Convolution tiles output channels × rows ×
+loop runs in parallel (or none), whether the register tile is unrolled and full tiles separated;
+``dense`` adds dot products over K (W read in place). Convolution tiles output channels × rows ×
 columns over the reduction (in a chosen order), vectors along the columns or over the channels,
 with packed weights. Softmax and layer normalization are memory-bound: their spaces choose the form
 of the row reductions (lane-wise partials or one element at a time), the vectors per step, fusion
@@ -98,19 +98,26 @@ def batch_matmul_cpu(cfg: TemplateConfig, op: Any) -> Any:
 
 @template("dense", "cpu")
 def dense_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    from ...ops.matmul import GEMM_FORM, cpu_gemm_tiles
+    """``kernel`` "gemm" (the GEMM space, W's panels packed or read in place) or, with K of at least a
+    vector, "dot": dot products over K reading W (N × K) in place (``ops.matmul.schedule_dot_cpu``),
+    mr rows of X × nr_vecs rows of W a register tile, the parallel loop "jr" or none (the BLIS form's
+    other decisions are then unused). The first choices are the operator's default
+    (``dense_cpu_default``: dot products for few rows)."""
+    from ...ops.matmul import GEMM_FORM, cpu_gemm_tiles, dense_cpu_default
     s = op.shape
-    default = {**GEMM_FORM, **cpu_gemm_tiles(s["M"], s["N"], s["K"], cfg.target, op.func.outputs[0].dtype.itemsize),
-               "parallel": "ic"}
+    itemsize = op.func.outputs[0].dtype.itemsize
+    d = dense_cpu_default(s["M"], s["N"], s["K"], cfg.target, itemsize)
+    default = {**GEMM_FORM, **cpu_gemm_tiles(s["M"], s["N"], s["K"], cfg.target, itemsize), "parallel": "ic"}
+    if d["kernel"] == "dot":
+        nr = d["nj"] * d["lanes"]  # the cache blocks, unused, one register tile each
+        default.update(mr=d["mr"], nr=nr, mc=d["mr"], nc=nr, parallel=d["parallel"])
+    kernel = cfg.knob("kernel", _first(d["kernel"], ["gemm", "dot"] if s["K"] >= d["lanes"] else ["gemm"]))
     tiles = gemm_space(cfg, op, default)
     epilogue = cfg.knob("epilogue", ["vector", "fused_row"])
+    cfg.require(kernel == "gemm" or tiles["parallel"] in ("jr", None), "dot products: the parallel loop is jr")
     sched = cfg.schedule(op.func)
-    schedule_gemm_cpu(sched, "XW", "X", "W", tiles, b_transposed=True)
-    ep = sched["Y"]
-    ep.split("j", tiles["lanes"], "jo", "jl").vectorize("jl")
-    if epilogue == "vector":
-        ep.parallel("i")
-    return sched
+    form = {**tiles, "kernel": kernel, "epilogue": epilogue, "nj": tiles["nr"] // tiles["lanes"]}
+    return op.schedules["cpu"](sched, cfg.target, form) or sched
 
 
 @template("conv2d", "cpu")
