@@ -51,9 +51,11 @@ def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
     convs = g.of_kind("conv")
     if gemms:
         knobs.gemm_tiles = _gemm_knobs(cfg, gemms[0])
-    if convs:
+    if convs:  # k_tile 0: the default schedule (ops.conv.conv2d_cpu_default), else column vectors
         lanes = cfg.target.vector_lanes(4)
-        knobs.conv_tiles = (cfg.knob("k_tile", [8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes]))
+        k_tile, q_tile = cfg.knob("k_tile", [0, 8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes])
+        cfg.require(bool(k_tile) or q_tile == lanes, "the default convolution schedule has its own column tile")
+        knobs.conv_tiles = (k_tile, q_tile) if k_tile else None  # type: ignore[assignment]
     knobs.lanes_factor = cfg.knob("vectors", [1, 2, 4])
     knobs.parallel = cfg.knob("parallel", [True, False])
     cfg.schedule(func)  # stops here while the space is defined or a configuration checked
