@@ -3,6 +3,8 @@ explicit padding stage) and in NHWC, with default schedules."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import lang
@@ -74,18 +76,30 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
 
 def schedule_conv2d_default_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, taps: int, stride: int,
                                 has_pad: bool) -> None:
-    """The default NCHW schedule: vectors along the output columns (``schedule_conv2d_cpu``) where
-    rows of whole vectors are read contiguously (stride 1, Q a multiple of the vector: 56- and
-    112-wide maps, 1.1–1.7× the channel vectors there), else vectors over output channels
-    (``schedule_conv2d_channels_cpu``)."""
-    if stride == 1 and Q % target.vector_lanes(4) == 0:
-        schedule_conv2d_cpu(sched, target, K, Q, has_pad)
-    else:
-        schedule_conv2d_channels_cpu(sched, conv2d_cpu_tiles(K, Q, taps, target), has_pad)
+    """The default NCHW schedule (``conv2d_cpu_default``)."""
+    schedule_conv2d_tiles_cpu(sched, conv2d_cpu_default(K, Q, taps, stride, target), has_pad)
+
+
+def conv2d_cpu_default(K: int, Q: int, taps: int, stride: int, target: CPUTarget, itemsize: int = 4
+                       ) -> dict[str, Any]:
+    """The tiles and form of the default NCHW schedule (``schedule_conv2d_tiles_cpu``): vectors along
+    the output columns where rows of whole vectors are read contiguously (stride 1, Q a multiple of
+    the vector: 56- and 112-wide maps, 1.1–1.7× the channel vectors there), with 8 output channels a
+    tile; else vectors over output channels (``conv2d_cpu_tiles``)."""
+    lanes = target.vector_lanes(itemsize)
+    if stride == 1 and Q % lanes == 0:
+        return {**CONV_FORM, "vectors": "columns", "lanes": lanes, "k_tile": 8, "q_tile": lanes}
+    t = conv2d_cpu_tiles(K, Q, taps, target, itemsize)
+    return {**CONV_FORM, "vectors": "channels", "lanes": lanes, "k_tile": t["k_vecs"] * lanes, "q_tile": t["q_tile"]}
+
+
+CONV_FORM: dict[str, Any] = {"p_tile": 1, "order": ("c", "r", "s"), "pack_w": True, "parallel": "ko",
+                             "unroll_p": "unroll", "separate": True}
+"""The values of ``schedule_conv2d_tiles_cpu``'s tiles that the defaults share."""
 
 
 def conv2d_cpu_tiles(K: int, Q: int, taps: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int]:
-    """The register tile of the default NCHW convolution (``schedule_conv2d_channels_cpu``): ``k_vecs``
+    """The register tile of the default NCHW convolution with channel vectors: ``k_vecs``
     vectors of output channels (two, or one when K fills only one) × ``q_tile`` output columns, as
     many columns as the vector registers left after the weights and a broadcast hold — one fewer for
     a filter with several ``taps`` (R × S): 3×3 on a 7×7 map ran 0.6× torch with 6 columns, 1.1×
@@ -100,40 +114,61 @@ def conv2d_cpu_tiles(K: int, Q: int, taps: int, target: CPUTarget, itemsize: int
     return {"lanes": lanes, "k_vecs": k_vecs, "q_tile": q_tile}
 
 
-def schedule_conv2d_channels_cpu(sched: Schedule, tiles: dict[str, int], has_pad: bool) -> None:
-    """Vectors over output channels: a tile of ``k_vecs`` vectors of channels × ``q_tile`` output
-    columns accumulates in registers over the channels and filter taps (in the algorithm's order);
-    weights packed per channel block with the channel innermost (one vector load serves a column's
-    FMAs), each input element broadcast; the accumulators kept channel-innermost and written back to
-    NCHW once per tile. Any output width vectorizes fully (7×7 feature maps included), where
-    vectors along the columns leave most lanes idle. The channel-block loop runs in parallel."""
-    lanes, k_vecs, q_tile = tiles["lanes"], tiles["k_vecs"], tiles["q_tile"]
+def schedule_conv2d_tiles_cpu(sched: Schedule, tiles: dict[str, Any], has_pad: bool) -> None:
+    """An output tile of ``k_tile`` channels × ``p_tile`` rows × ``q_tile`` columns accumulated in
+    registers over the channels and filter taps (in ``order``; another order than the algorithm's
+    reassociates the sum), weights packed per channel block (``pack_w``), the tile's rows
+    ``unroll_p``, full tiles separated from the edges (``separate``), the ``parallel`` loop "ko"
+    (channel blocks) or "po" (row blocks). ``vectors``:
+
+    - "columns": the columns are the vector (contiguous along a row), the channels unrolled;
+    - "channels": vectors over output channels (``k_tile`` a multiple of the vector), weights packed
+      channel-innermost (one vector load serves a column's FMAs), each input element broadcast, the
+      columns unrolled and the accumulators kept channel-innermost, written back to NCHW once per
+      tile. Any output width vectorizes fully (7×7 maps included), where column vectors leave most
+      lanes idle.
+
+    A row tile of one row is no split: the default schedules tile channels × columns only."""
+    t = {**CONV_FORM, **tiles}
+    lanes, k_tile, p_tile, q_tile, order = (t[k] for k in ("lanes", "k_tile", "p_tile", "q_tile", "order"))
+    rows = ("po", "pi") if p_tile > 1 else ("p",)
     st = sched["O"]
-    st.split("k", k_vecs * lanes, "ko", "k1").split("k1", lanes, "kv", "kl").split("q", q_tile, "qo", "qi")
-    st.reorder("n", "ko", "p", "qo", "c", "r", "s", "qi", "kv", "kl")
-    st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
-    st.cache_write("qo", layout=lambda n, k, p, q: (n, p, q, k))
-    st.separate("qo")
-    st.unroll("qi").unroll("kv").vectorize("kl").parallel("ko")
+    if t["vectors"] == "channels":
+        st.split("k", k_tile, "ko", "k1").split("k1", lanes, "kv", "kl")
+        inner = ("qi", "kv", "kl")
+    else:
+        st.split("k", k_tile, "ko", "ki")
+        inner = ("ki", "qi")
+    if p_tile > 1:
+        st.split("p", p_tile, "po", "pi")
+    st.split("q", q_tile, "qo", "qi")
+    if tuple(order) != ("c", "r", "s"):
+        st.reassociate()
+    st.reorder("n", "ko", rows[0], "qo", *order, *rows[1:], *inner)
+    if t["pack_w"]:
+        st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
+    channels = t["vectors"] == "channels"
+    st.cache_write("qo", layout=(lambda n, k, p, q: (n, p, q, k)) if channels else None)
+    if t["separate"]:
+        st.separate("qo")
+    if channels:
+        st.unroll("qi").unroll("kv").vectorize("kl")
+    else:
+        st.unroll("ki").vectorize("qi")
+    if p_tile > 1:
+        st.tag("pi", t["unroll_p"])
+    st.parallel(t["parallel"] if p_tile > 1 or t["parallel"] != "po" else "p")
     if has_pad:
         sched["Ipad"].parallel("cc")
 
 
 def schedule_conv2d_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, has_pad: bool,
                         k_tile: int = 8, q_tile: int | None = None) -> None:
-    """Register tile of k_tile output channels × one vector of output columns, weights packed per
-    channel block, the channel-block loop in parallel."""
-    lanes = q_tile or target.vector_lanes(4)
-    st = sched["O"]
-    st.split("k", k_tile, "ko", "ki").split("q", lanes, "qo", "qi")
-    st.reorder("n", "ko", "p", "qo", "c", "r", "s", "ki", "qi")
-    st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
-    st.cache_write("qo")
-    st.separate("qo")
-    st.unroll("ki").vectorize("qi").parallel("ko")
-    if has_pad:
-        pad = sched["Ipad"]
-        pad.parallel("cc")
+    """Register tile of k_tile output channels × one vector of output columns (or ``q_tile``
+    columns), weights packed per channel block, the channel-block loop in parallel."""
+    lanes = target.vector_lanes(4)
+    schedule_conv2d_tiles_cpu(sched, {"vectors": "columns", "lanes": lanes, "k_tile": k_tile,
+                                      "q_tile": q_tile or lanes}, has_pad)
 
 
 def conv2d_reference(i: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:

@@ -4,13 +4,15 @@ The CPU schedule follows the BLIS structure, written with polytile's primitives:
 packed at the kc loop, blocks of A packed at the ic loop, an MR×NR accumulator tile kept in
 registers (write cache, unrolled and vectorized), full tiles separated from the edges, and the
 block loop run in parallel. A product with only a few rows of A (a decoder's one token) is
-matrix–vector-like and bound by reading B once: it gets a streaming schedule instead
-(``schedule_stream_cpu``), which packs nothing.
+matrix–vector-like and bound by reading B once: it gets the streaming form of the same schedule
+instead (``cpu_stream_tiles``), which packs nothing. The tuning template (``tune/templates/cpu.py``)
+chooses among the same forms and tiles.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,7 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def cpu_gemm_tiles(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int]:
+def cpu_gemm_tiles(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any]:
     """Default BLIS-style tile sizes for ``target``: register tile MR×NR, cache blocks MC, NC, KC."""
     lanes = target.vector_lanes(itemsize)
     regs = 32 if target.vector_bits >= 512 else 16
@@ -56,17 +58,19 @@ extra pass over B that only larger M amortizes (measured on the 2-core EPYC, one
 8×1024×4096, 0.68× against 0.81×; M = 32 was even, M = 128 0.92× packed)."""
 
 
-def cpu_stream_tiles(M: int, N: int, target: CPUTarget, itemsize: int = 4) -> dict[str, int] | None:
-    """Tiles of the streaming (matrix–vector-like) schedule for a product with few rows ``M``, or
-    None when M needs more than ``STREAM_MAX_ROW_TILES`` register tiles (the BLIS schedule's packing
-    then pays off). Up to a quarter of the vector registers' worth of rows form one register tile
-    of M rows × as many vectors as fill half the registers (one token: 8 vectors with 16
-    registers); more rows take the BLIS register tile (``cpu_gemm_tiles``), balanced over the row
-    tiles. ``nc``: the columns of a block — all of them, unless the accumulators (M × nc) would not
-    stay in half the L2 cache between blocks of B's rows. Blocks are not made per core: halves of
-    B's rows are shorter streams, and one thread over whole rows was 10–30% faster than two over
-    halves at one thread and, on the shared machine it was measured on, also at two
-    (1×777×1531, 1×1024×4096, 1×3072×768, 1×4096×4096)."""
+def cpu_stream_tiles(M: int, N: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any] | None:
+    """The streaming (matrix–vector-like) form of ``schedule_gemm_cpu`` for a product with few rows
+    ``M``, or None when M needs more than ``STREAM_MAX_ROW_TILES`` register tiles (the BLIS form's
+    packing then pays off): nothing packed, all the rows in one block, B's rows read
+    ``STREAM_ROWS_OF_B`` at a time (each a contiguous stream, reused from L1 by the row tiles).
+    Up to a quarter of the vector registers' worth of rows form one register tile of M rows × as
+    many vectors as fill half the registers (one token: 8 vectors with 16 registers); more rows take
+    the BLIS register tile (``cpu_gemm_tiles``), balanced over the row tiles. ``nc``: the columns of
+    a block — all of them, unless the accumulators (M × nc) would not stay in half the L2 cache
+    between blocks of B's rows; the column blocks, when there are several, run in parallel. Blocks
+    are not made per core: halves of B's rows are shorter streams, and one thread over whole rows
+    was 10–30% faster than two over halves at one thread and, on the shared machine it was measured
+    on, also at two (1×777×1531, 1×1024×4096, 1×3072×768, 1×4096×4096)."""
     lanes = target.vector_lanes(itemsize)
     regs = 32 if target.vector_bits >= 512 else 16
     if M <= regs // 4:
@@ -80,45 +84,107 @@ def cpu_stream_tiles(M: int, N: int, target: CPUTarget, itemsize: int = 4) -> di
     nr = lanes * nr_vecs
     fits = max(nr, (target.l2_bytes // 2) // (M * itemsize) // nr * nr)
     nc = min(_round_up(N, nr), fits)
-    return {"mr": mr, "nr": nr, "nc": nc, "kc": STREAM_ROWS_OF_B, "lanes": lanes, "blocks": math.ceil(N / nc)}
+    blocks = math.ceil(N / nc)
+    return {"mr": mr, "nr": nr, "mc": _round_up(M, mr), "nc": nc, "kc": STREAM_ROWS_OF_B, "lanes": lanes,
+            "blocks": blocks, "pack_a": False, "pack_b": False, "parallel": "jc" if blocks > 1 else None}
 
 
-def schedule_stream_cpu(sched: Schedule, out: str, tiles: dict[str, int], batch: str | None = None) -> None:
-    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` with few rows ``i`` (``cpu_stream_tiles``):
-    MR × NR accumulators in registers, A and B read in place (nothing packed), B's rows ``kc`` at a
-    time (each a contiguous stream, reused from L1 by the row tiles), the column blocks (or the
-    batch) run in parallel. The sum over k keeps its order."""
-    mr, nc, nr, kc, lanes = (tiles[k] for k in ("mr", "nc", "nr", "kc", "lanes"))
-    st = sched[out]
-    st.split("j", nc, "jc", "j1").split("j1", nr, "jr", "jn").split("jn", lanes, "jv", "jl")
-    st.split("k", kc, "kc", "k1").split("i", mr, "ir", "im")
-    st.reorder(*((batch,) if batch else ()), "jc", "kc", "jr", "ir", "k1", "im", "jv", "jl")
+def cpu_gemm_default(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4, batch: int = 0
+                     ) -> dict[str, Any]:
+    """The default CPU schedule of a product (``batch`` products when given), as the tiles and form
+    ``schedule_gemm_cpu`` takes: the streaming form for few rows (``cpu_stream_tiles``), else the
+    BLIS form (``cpu_gemm_tiles``). With at least as many products as cores, the batch loop runs in
+    parallel and the packed form takes all of a product's rows in one block."""
+    tiles = {**GEMM_FORM, **(cpu_stream_tiles(M, N, target, itemsize)
+                             or dict(cpu_gemm_tiles(M, N, K, target, itemsize), parallel="ic"))}
+    if batch >= target.cores:
+        tiles["parallel"] = "batch"
+        tiles["mc"] = _round_up(M, tiles["mr"])
+    return tiles
+
+
+DOT_MAX_ROWS = STREAM_MAX_ROW_TILES * 6
+"""The rows of A up to which a product with B transposed takes the dot-product form: those the
+streaming form serves (``STREAM_MAX_ROW_TILES`` register tiles of the BLIS form's 6 rows)."""
+
+
+def dot_form_fits(M: int, K: int, lanes: int) -> bool:
+    """Whether a product of ``M`` rows with B transposed takes the dot-product form: few rows, and K
+    of at least one vector of ``lanes``."""
+    return M <= DOT_MAX_ROWS and K >= lanes
+
+
+def cpu_dot_tiles(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any] | None:
+    """Tiles of the dot-product form (``schedule_dot_cpu``) of a product with B transposed (``dense``'s
+    W, N × K) and few rows M (``dot_form_fits``), or None for more rows or K shorter than a vector
+    (the BLIS form then). Each pair (row of A, row of B) sums in the lanes of one vector
+    accumulator: a register tile of ``mr`` rows × ``nj`` rows of B (half the vector registers: one
+    token, 8 rows of B read as 8 contiguous streams), the tiles of rows of A balanced with at most 4
+    rows each. Nothing is packed: B transposed read in place would otherwise need packing (the
+    BLIS form's extra pass over B, which few rows do not amortize)."""
+    lanes = target.vector_lanes(itemsize)
+    regs = 32 if target.vector_bits >= 512 else 16
+    if not dot_form_fits(M, K, lanes):
+        return None
+    mr = math.ceil(M / math.ceil(M / 4))
+    return {"lanes": lanes, "mr": mr, "nj": max(1, (regs // 2) // mr), "parallel": "jr"}
+
+
+def schedule_dot_cpu(sched: Schedule, name: str, tiles: dict[str, Any]) -> None:
+    """Schedule the partials ``name_lanes[i, j, lane]`` of ``lanewise_row_reduce(.., cols=N)`` (the
+    dot products of rows of A and rows of B): an ``mr`` × ``nj`` tile of vector accumulators over the
+    whole vectors of the rows, the tiles of B's rows outermost (each row of B read once per tile of
+    A's rows, from cache after the first), full tiles separated, the ``parallel`` loop "jr" or None."""
+    st = sched[f"{name}_lanes"]
+    st.split("j", tiles["nj"], "jr", "jn").split("i", tiles["mr"], "ir", "im")
+    st.reorder("jr", "ir", f"{name}_v", "im", "jn", "lane")
     st.cache_write("ir")
-    st.separate("ir")
-    st.unroll("im").unroll("jv").vectorize("jl")
-    if batch or tiles["blocks"] > 1:
-        st.parallel(batch if batch else "jc")
+    if tiles.get("separate", True):
+        st.separate("ir")
+    st.tag("im", tiles.get("unroll_m", "unroll")).unroll("jn").vectorize("lane")
+    if tiles["parallel"] is not None:
+        st.parallel(tiles["parallel"])
 
 
-def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str, int],
+GEMM_FORM: dict[str, Any] = {"order": ("jc", "kc", "ic"), "inner": ("jr", "ir"), "pack_a": True, "pack_b": True,
+                             "unroll_m": "unroll", "separate": True}
+"""The BLIS form of ``schedule_gemm_cpu`` (the values its tiles may override)."""
+
+
+def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str, Any],
                       b_transposed: bool = False, batch: str | None = None) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (``b[j, k]`` when ``b_transposed``; a leading
-    batch loop ``batch`` when given, indexing all three tensors)."""
-    mc, nc, kc, mr, nr, lanes = (tiles[k] for k in ("mc", "nc", "kc", "mr", "nr", "lanes"))
-    lead = (batch,) if batch else ()
+    batch loop ``batch`` when given, indexing all three tensors): cache blocks MC × NC × KC of the
+    loops in ``order`` (outermost first), register tiles MR × NR in ``inner`` order, B's panels
+    packed at the kc loop (``pack_b``), A's blocks at the ic loop (``pack_a``), the MR × NR
+    accumulators in registers (the rows ``unroll_m``, NR in vectors), full tiles separated from the
+    edges (``separate``), and the ``parallel`` loop ("ic", "jc", "jr", "batch" or None; by default
+    the batch loop when there is one, else ic). ``tiles`` holds mc, nc, kc, mr, nr, lanes and may
+    override any value of ``GEMM_FORM``. The sum over k keeps its order."""
+    t = {**GEMM_FORM, **tiles}
+    mc, nc, kc, mr, nr, lanes = (t[k] for k in ("mc", "nc", "kc", "mr", "nr", "lanes"))
     st = sched[out]
     st.split("j", nc, "jc", "j1").split("k", kc, "kc", "k1").split("i", mc, "ic", "i1")
     st.split("j1", nr, "jr", "jn").split("i1", mr, "ir", "im").split("jn", lanes, "jv", "jl")
-    st.reorder(*lead, "jc", "kc", "ic", "jr", "ir", "k1", "im", "jv", "jl")
-    if b_transposed:
-        st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-2] // nr, e[-1], e[-2] % nr))
-    else:
-        st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-1] // nr, e[-2], e[-1] % nr))
-    st.cache(a, "ic", layout=lambda *e: (*e[:-2], e[-2] // mr, e[-1], e[-2] % mr))
-    st.cache_write("ir")
-    st.separate("ir")
-    st.unroll("im").unroll("jv").vectorize("jl")
-    st.parallel(batch if batch else "ic")
+    st.reorder(*((batch,) if batch else ()), *t["order"], *t["inner"], "k1", "im", "jv", "jl")
+    if t["pack_b"]:
+        if b_transposed:
+            st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-2] // nr, e[-1], e[-2] % nr))
+        else:
+            st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-1] // nr, e[-2], e[-1] % nr))
+    if t["pack_a"]:
+        st.cache(a, "ic", layout=lambda *e: (*e[:-2], e[-2] // mr, e[-1], e[-2] % mr))
+    st.cache_write(t["inner"][1])
+    if t["separate"]:
+        st.separate(t["inner"][1])
+    st.tag("im", t["unroll_m"]).unroll("jv").vectorize("jl")
+    par = t.get("parallel", "batch" if batch else "ic")
+    if par == "batch":
+        if batch is None:
+            raise PolytileError(f"schedule of {out}: parallel='batch' needs a batch loop")
+        par = batch
+    if par is not None:
+        st.parallel(par)
 
 
 def product(a: lang.expr.Expr, b: lang.expr.Expr, dtype: object) -> lang.expr.Expr:
@@ -194,14 +260,10 @@ def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None =
     C = func.outputs[0]
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
-        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         if not split_k or split_k <= 1:
-            stream = cpu_stream_tiles(M, N, target, C.dtype.itemsize)
-            if stream is not None:
-                schedule_stream_cpu(sched, "C", stream)
-            else:
-                schedule_gemm_cpu(sched, "C", "A", "B", tiles)
+            schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_default(M, N, K, target, C.dtype.itemsize))
             return
+        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))), batch="s")
         sched["C"].parallel("i")
 
@@ -222,18 +284,16 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", spl
     C = func.outputs[0]
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
-        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
-        tiles["mc"] = _round_up(M, tiles["mr"]) if batch >= target.cores else tiles["mc"]
-        split = bool(split_k and split_k > 1)
-        stream = None if split else cpu_stream_tiles(M, N, target, C.dtype.itemsize)
-        if stream is not None:
-            schedule_stream_cpu(sched, "C", stream, batch="bb" if batch >= target.cores else None)
+        if not split_k or split_k <= 1:
+            schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_default(M, N, K, target, C.dtype.itemsize, batch),
+                              batch="bb")
             return
-        if split:
-            tiles["kc"] = min(tiles["kc"], K // split_k)  # type: ignore[operator]
-        schedule_gemm_cpu(sched, "P" if split else "C", "A", "B", tiles, batch="bb" if batch >= target.cores else None)
-        if split:
-            sched["C"].parallel("bb")
+        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
+        if batch >= target.cores:
+            tiles.update(mc=_round_up(M, tiles["mr"]), parallel="batch")
+        schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], K // split_k)),
+                          batch="bb" if batch >= target.cores else None)
+        sched["C"].parallel("bb")
 
     op = Op("batch_matmul", {"batch": batch, "M": M, "N": N, "K": K}, func,
             lambda rng: [random_array(rng, (batch, M, K), dtype), random_array(rng, (batch, K, N), dtype)],
@@ -263,11 +323,26 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
     Y = compute((M, N), lambda i, j: act(mm[i, j] + bias[j].astype(mm.dtype)), "Y")
     func = Func([X, W, bias], [Y], name="dense")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> None:
-        tiles = cpu_gemm_tiles(M, N, K, target, Y.dtype.itemsize)
-        schedule_gemm_cpu(sched, "XW", "X", "W", tiles, b_transposed=True)
-        ep = sched["Y"]
-        ep.split("j", tiles["lanes"], "jo", "jl").vectorize("jl").parallel("i")
+    def cpu(sched: Schedule, target: CPUTarget, form: dict[str, Any] | None = None) -> Schedule | None:
+        """The default schedule, or the one of ``form`` (the tuning template's): ``kernel`` "dot" (few
+        rows: ``cpu_dot_tiles``) or "gemm" (the BLIS form's tiles, ``schedule_gemm_cpu``), and
+        ``epilogue`` "vector" (the bias and activation over vectors of columns, rows in parallel)."""
+        f = form or dense_cpu_default(M, N, K, target, Y.dtype.itemsize)
+        lanes = target.vector_lanes(Y.dtype.itemsize)
+        if f["kernel"] == "gemm":
+            schedule_gemm_cpu(sched, "XW", "X", "W", f, b_transposed=True)
+            out = sched
+        else:
+            from .norm import lanewise_row_reduce
+            dots = lanewise_row_reduce(M, K, lanes, lambda i, j, k: product(X[i, k], W[j, k], dtype), "sum",
+                                       "XW", cols=N)
+            out = Schedule(Func([X, W, bias], [compute((M, N), lambda i, j: act(dots[i, j] + bias[j].astype(
+                dots.dtype)), "Y")], name="dense"))
+            schedule_dot_cpu(out, "XW", f)
+        ep = out["Y"].split("j", lanes, "jo", "jl").vectorize("jl")
+        if f.get("epilogue", "vector") == "vector":
+            ep.parallel("i")
+        return None if out is sched else out
 
     def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
         y = _reference_matmul(x, w.T) + b.astype(reference_type(b.dtype))
@@ -281,6 +356,15 @@ def dense(M: int, N: int, K: int, dtype: str = "float32", activation: str = "rel
             tolerance=tolerance(Y.dtype, K, dtype))
     _add_cuda(op, "dense", (M, N, K))
     return op
+
+
+def dense_cpu_default(M: int, N: int, K: int, target: CPUTarget, itemsize: int = 4) -> dict[str, Any]:
+    """The form and tiles of ``dense``'s default CPU schedule: dot products for few rows
+    (``cpu_dot_tiles``), else the BLIS form with W's panels packed (``cpu_gemm_tiles``)."""
+    dot = cpu_dot_tiles(M, N, K, target, itemsize)
+    if dot is not None:
+        return {"kernel": "dot", **dot}
+    return {"kernel": "gemm", **GEMM_FORM, **cpu_gemm_tiles(M, N, K, target, itemsize), "parallel": "ic"}
 
 
 def _add_cuda(op: Op, kind: str, dims: tuple[int, ...]) -> None:

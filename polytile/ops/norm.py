@@ -11,6 +11,7 @@ partial results — one per vector lane of a few vector accumulators, each summi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -47,26 +48,31 @@ def row_lanes(target: CPUTarget, itemsize: int = 4) -> int:
     return ROW_ACCUMULATORS * target.vector_lanes(itemsize)
 
 
-def lanewise_row_reduce(M: int, N: int, width: int, value: Callable[[object, Expr], Expr], kind: str,
-                        name: str) -> ComputeTensor:
+def lanewise_row_reduce(M: int, N: int, width: int, value: Callable[..., Expr], kind: str, name: str,
+                        cols: int = 0) -> ComputeTensor:
     """``name[i] = kind_j value(i, j)`` (``kind`` "sum" or "max") over j < N as two computations:
-    ``name_lanes[i, l]`` reduces ``value(i, v * width + l)`` over the whole vectors v < N // width (in
-    order), then ``name[i]`` reduces the ``width`` partials together with the last N % width
-    elements (for a maximum, simply the last ``width`` elements again). Needs N ≥ width."""
+    ``name_lanes[i, lane]`` reduces ``value(i, v * width + lane)`` over the whole vectors v < N // width
+    (in order), then ``name[i]`` reduces the ``width`` partials together with the last N % width
+    elements (for a maximum, simply the last ``width`` elements again). Needs N ≥ width. With
+    ``cols`` > 0 every pair (i, j < cols) is a row: ``name[i, j]`` reduces ``value(i, j, k)`` over
+    k < N through ``name_lanes[i, j, lane]`` (dot products: a product with B transposed)."""
     nv = N // width
     tail = N - nv * width
     red = lang.tensor.max if kind == "max" else lang.tensor.sum
     v = reduce_axis(nv, f"{name}_v")
-    lanes = compute((M, width), lambda i, lane: red(value(i, v * width + lane), axis=v), f"{name}_lanes")
     lane = reduce_axis(width, f"{name}_l")
 
-    def final(i: object) -> Expr:
+    def final(of: Callable[[Expr], Expr], partial: Expr) -> Expr:
         if kind == "max":
-            return red(call("max", lanes[i, lane], value(i, N - width + lane)) if tail else lanes[i, lane], axis=lane)
-        last = value(i, N - width + lane)
-        return red(lanes[i, lane] + select(lane >= width - tail, last, 0) if tail else lanes[i, lane], axis=lane)
+            return red(call("max", partial, of(N - width + lane)) if tail else partial, axis=lane)
+        return red(partial + select(lane >= width - tail, of(N - width + lane), 0) if tail else partial, axis=lane)
 
-    return compute((M,), final, name)
+    if cols:
+        lanes2 = compute((M, cols, width), lambda i, j, lane: red(value(i, j, v * width + lane), axis=v),
+                         f"{name}_lanes")
+        return compute((M, cols), lambda i, j: final(lambda k: value(i, j, k), lanes2[i, j, lane]), name)
+    lanes = compute((M, width), lambda i, lane: red(value(i, v * width + lane), axis=v), f"{name}_lanes")
+    return compute((M,), lambda i: final(lambda k: value(i, k), lanes[i, lane]), name)
 
 
 def schedule_lanewise_cpu(sched: Schedule, name: str, vector: int) -> None:
@@ -77,18 +83,43 @@ def schedule_lanewise_cpu(sched: Schedule, name: str, vector: int) -> None:
     st.cache_write("i").unroll("lo").vectorize("ll")
 
 
-def schedule_rows_cpu(sched: Schedule, order: list[str], target: CPUTarget) -> None:
-    """One row at a time through the computations ``order`` (fused at the row loop, run in parallel),
-    every elementwise one split into vectors."""
+ROW_FORM: dict[str, Any] = {"lanewise": True, "accumulators": ROW_ACCUMULATORS, "vectors": 1, "fuse": True,
+                            "parallel": True, "separate": True, "row_buffer": True}
+"""The default form of a CPU row operator's schedule (``rows_cpu_default``; the tuning template
+chooses each): row reductions as lane-wise partials of ``accumulators`` vectors, elementwise stages
+in ``vectors`` vectors a step with whole vectors separated from the row's tail, the stages fused
+at the row loop, that loop run in ``parallel``, softmax's exponentials kept in a ``row_buffer``."""
+
+
+def rows_cpu_default(N: int, target: CPUTarget) -> dict[str, Any]:
+    """The default form for rows of ``N``: lane-wise reductions unless a row is shorter than the
+    partials (then reduced one element at a time, without a row buffer)."""
+    lanewise = N >= row_lanes(target)
+    return {**ROW_FORM, "lanewise": lanewise, "row_buffer": lanewise}
+
+
+def schedule_rows_cpu(sched: Schedule, order: list[str], target: CPUTarget,
+                      form: dict[str, Any] | None = None) -> None:
+    """The computations ``order`` of a row operator (``form``: ``ROW_FORM``'s values): one row at a
+    time through all of them (fused at the row loop ``i``, run in parallel) or each over all rows
+    (each row loop in parallel); every elementwise computation split into vectors, lane-wise
+    partials as ``schedule_lanewise_cpu``."""
+    f = {**ROW_FORM, **(form or {})}
     lanes = target.vector_lanes(4)
-    for prev, name in zip(order, order[1:]):
-        sched[name].after(sched[prev], "i")
+    if f["fuse"]:
+        for prev, name in zip(order, order[1:]):
+            sched[name].after(sched[prev], "i")
     for name in order:
         if name.endswith("_lanes"):
             schedule_lanewise_cpu(sched, name[:-len("_lanes")], lanes)
         elif len(sched.computation(name).shape) == 2:
-            sched[name].split("j", lanes, "jo", "jl").separate("jo").vectorize("jl")
-    sched[order[0]].parallel("i")
+            st = sched[name].split("j", lanes * f["vectors"], "jo", "jl")
+            if f["separate"]:
+                st.separate("jo")
+            st.vectorize("jl")
+    if f["parallel"]:
+        for name in order[:1] if f["fuse"] else order:
+            sched[name].parallel("i")
 
 
 def softmax(M: int, N: int, dtype: str = "float32") -> Op:
@@ -102,18 +133,21 @@ def softmax(M: int, N: int, dtype: str = "float32") -> Op:
     Y = compute((M, N), lambda i, j: (ex[i, j] / sm[i]).astype(dtype), "Y")
     func = Func([X], [Y], name="softmax")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> Schedule | None:
-        width = row_lanes(target)
-        if N < width:  # rows shorter than the partials: reduced one element at a time
-            schedule_rows_cpu(sched, ["mx", "ex", "sm", "Y"], target)
+    def cpu(sched: Schedule, target: CPUTarget, form: dict[str, Any] | None = None) -> Schedule | None:
+        """The default schedule, or the one of ``form`` (``ROW_FORM``'s values; the tuning template's)."""
+        f = {**rows_cpu_default(N, target), **(form or {})}
+        if not f["lanewise"]:  # e.g. rows shorter than the partials: reduced one element at a time
+            schedule_rows_cpu(sched, ["mx", "ex", "sm", "Y"], target, f)
             return None
+        width = f["accumulators"] * target.vector_lanes(4)
         mx_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct), "max", "mx")
         ex_ = compute((M, N), lambda i, j: call("exp", X[i, j].astype(ct) - mx_[i]), "ex")
         sm_ = lanewise_row_reduce(M, N, width, lambda i, j: ex_[i, j], "sum", "sm")
         Y_ = compute((M, N), lambda i, j: (ex_[i, j] / sm_[i]).astype(dtype), "Y")
         lanewise = Schedule(Func([X], [Y_], name="softmax"))
-        schedule_rows_cpu(lanewise, ["mx_lanes", "mx", "ex", "sm_lanes", "sm", "Y"], target)
-        lanewise["ex"].store_at("i")
+        schedule_rows_cpu(lanewise, ["mx_lanes", "mx", "ex", "sm_lanes", "sm", "Y"], target, f)
+        if f["row_buffer"]:
+            lanewise["ex"].store_at("i")
         return lanewise
 
     def reference(x: np.ndarray) -> np.ndarray:
@@ -147,16 +181,18 @@ def layernorm(M: int, N: int, dtype: str = "float32", eps: float = 1e-5) -> Op:
     Y = compute((M, N), norm, "Y")
     func = Func([X, gamma, beta], [Y], name="layernorm")
 
-    def cpu(sched: Schedule, target: CPUTarget) -> Schedule | None:
-        width = row_lanes(target)
-        if N < width:  # rows shorter than the partials: reduced one element at a time
-            schedule_rows_cpu(sched, ["s1", "s2", "Y"], target)
+    def cpu(sched: Schedule, target: CPUTarget, form: dict[str, Any] | None = None) -> Schedule | None:
+        """The default schedule, or the one of ``form`` (``ROW_FORM``'s values; the tuning template's)."""
+        f = {**rows_cpu_default(N, target), **(form or {})}
+        if not f["lanewise"]:  # e.g. rows shorter than the partials: reduced one element at a time
+            schedule_rows_cpu(sched, ["s1", "s2", "Y"], target, f)
             return None
+        width = f["accumulators"] * target.vector_lanes(4)
         s1_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct), "sum", "s1")
         s2_ = lanewise_row_reduce(M, N, width, lambda i, j: X[i, j].astype(ct) * X[i, j].astype(ct), "sum", "s2")
         Y_ = compute((M, N), lambda i, j: norm(i, j, s1_, s2_), "Y")
         lanewise = Schedule(Func([X, gamma, beta], [Y_], name="layernorm"))
-        schedule_rows_cpu(lanewise, ["s1_lanes", "s1", "s2_lanes", "s2", "Y"], target)
+        schedule_rows_cpu(lanewise, ["s1_lanes", "s1", "s2_lanes", "s2", "Y"], target, f)
         return lanewise
 
     def reference(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -482,7 +482,8 @@ class Lowering:
         return _cast(v, compute_type(pt_dtype(meta(node).dtype, _name(node))))
 
     def _product(self, node: fx.Node, a: fx.Node, b: fx.Node) -> ComputeTensor:
-        from ..ops.matmul import product
+        from ..ops.matmul import dot_form_fits, product
+        from ..ops.norm import lanewise_row_reduce
         if a in self.members or b in self.members or a is b:
             raise Unsupported(f"{_name(node)}: operands computed in the same kernel")
         A, ad = self.input(a, permute=False)
@@ -495,14 +496,20 @@ class Lowering:
         K = meta(a).shape[-1]
         k = reduce_axis(K, "k")
         dt = A.dtype
+        b_transposed = bd.perm[-2:] != tuple(range(len(bd.perm)))[-2:]
+        # a linear layer's few rows (B transposed, on the CPU): dot products over K in vector lanes
+        dot = bool(self.lanes) and b_transposed and not batched and dot_form_fits(shape[-2], K, self.lanes or 0)
         if batched:
             C = compute(shape, lambda bb, i, j: pt_sum(product(A[ad.index((bb, i, k))], B[bd.index((bb, k, j))], dt),
                                                       axis=k), "C")
+        elif dot:
+            C = lanewise_row_reduce(shape[-2], K, self.lanes or 0, lambda i, j, kk: product(
+                A[ad.index((i, kk))], B[bd.index((kk, j))], dt), "sum", "C", cols=shape[-1])
         else:
             C = compute(shape, lambda i, j: pt_sum(product(A[ad.index((i, k))], B[bd.index((k, j))], dt), axis=k),
                         "C")
         info = {"M": shape[-2], "N": shape[-1], "K": K, "batch": shape[0] if batched else None,
-                "b_transposed": bd.perm[-2:] != tuple(range(len(bd.perm)))[-2:],
+                "b_transposed": b_transposed, "dot": dot,
                 "a_broadcast": bool(ad.narrowed), "b_broadcast": bool(bd.narrowed)}
         self.stage_list.append(Stage("gemm", C, info))
         return C

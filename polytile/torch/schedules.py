@@ -99,7 +99,13 @@ def _tensor(func: Func, name: str) -> ComputeTensor:
 # --- matrix products and convolutions (polytile.ops) --------------------------------------------------
 
 def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> None:
-    from ..ops.matmul import cpu_gemm_tiles, schedule_gemm_cpu
+    from ..ops.matmul import cpu_gemm_tiles, schedule_dot_cpu, schedule_gemm_cpu
+    if st["dot"]:  # a linear layer's few rows: dot products over K (``ops.dense``'s form)
+        tiles = gemm_dot_tiles(st, target)
+        if k.gemm_tiles:
+            tiles.update(mr=k.gemm_tiles["mr"], nj=k.gemm_tiles["nr"] // tiles["lanes"])
+        schedule_dot_cpu(sched, st.name, {**tiles, "parallel": tiles["parallel"] if k.parallel else None})
+        return
     tiles = cpu_gemm_tiles(st["M"], st["N"], st["K"], target, 4)
     if k.gemm_tiles:
         tiles.update(k.gemm_tiles)
@@ -107,6 +113,15 @@ def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> No
                       batch="bb" if st["batch"] is not None else None)
     if not k.parallel:
         sched[st.name].tag("bb" if st["batch"] is not None else "ic", "serial")
+
+
+def gemm_dot_tiles(st: StageInfo, target: CPUTarget) -> dict[str, Any]:
+    """The dot-product tiles of a GEMM stage the importer wrote as dot products (``ops.matmul.cpu_dot_tiles``;
+    the importer decided by the vector lanes alone, which fit the target's)."""
+    from ..ops.matmul import cpu_dot_tiles
+    tiles = cpu_dot_tiles(st["M"], st["N"], st["K"], target, 4)
+    assert tiles is not None, "the importer wrote dot products the target's tiles do not take"
+    return tiles
 
 
 def _gemm_cuda(sched: Schedule, st: StageInfo, target: CUDATarget, k: Knobs) -> None:

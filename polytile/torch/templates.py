@@ -21,15 +21,20 @@ def imported_from_torch(op: Any, target: Any) -> bool:
 
 def _gemm_knobs(cfg: TemplateConfig, st: Any) -> dict[str, int]:
     from ..ops.matmul import cpu_gemm_tiles
+    from .schedules import gemm_dot_tiles
     d = cpu_gemm_tiles(st["M"], st["N"], st["K"], cfg.target, 4)
     lanes = d["lanes"]
+    if st["dot"]:  # dot products: mr rows of A × nr / lanes rows of B a register tile (cache blocks unused)
+        dot = gemm_dot_tiles(st, cfg.target)
+        d.update(mr=dot["mr"], nr=dot["nj"] * lanes, mc=dot["mr"] * 4, nc=dot["nj"] * lanes * 4)
     mr = cfg.knob("mr", _first(d["mr"], [2, 4, 6, 8]))
     nr = lanes * cfg.knob("nr_vecs", _first(d["nr"] // lanes, [1, 2, 3, 4]))  # type: ignore[operator]
     mc = cfg.knob("mc", _first(d["mc"], [mr * b for b in (4, 8, 16, 32)]))  # type: ignore[operator]
     nc = cfg.knob("nc", _first(d["nc"], [nr * b for b in (4, 16, 64)]))
     kc = cfg.knob("kc", _first(d["kc"], [64, 128, 256, 512]))
     cfg.require(mc % mr == 0 and nc % nr == 0, "cache blocks are whole register tiles")  # type: ignore[operator]
-    cfg.resources(vector_registers=mr * (nr // lanes) + nr // lanes + 1)  # type: ignore[operator]
+    # B's vectors are held for the MR rows that use them (one row uses each as it is loaded)
+    cfg.resources(vector_registers=mr * (nr // lanes) + (nr // lanes if mr > 1 else 1) + 1)  # type: ignore[operator]
     return {"mr": mr, "nr": nr, "mc": mc, "nc": nc, "kc": kc}  # type: ignore[dict-item]
 
 
@@ -46,9 +51,11 @@ def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
     convs = g.of_kind("conv")
     if gemms:
         knobs.gemm_tiles = _gemm_knobs(cfg, gemms[0])
-    if convs:
+    if convs:  # k_tile 0: the default schedule (ops.conv.conv2d_cpu_default), else column vectors
         lanes = cfg.target.vector_lanes(4)
-        knobs.conv_tiles = (cfg.knob("k_tile", [8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes]))
+        k_tile, q_tile = cfg.knob("k_tile", [0, 8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes])
+        cfg.require(bool(k_tile) or q_tile == lanes, "the default convolution schedule has its own column tile")
+        knobs.conv_tiles = (k_tile, q_tile) if k_tile else None  # type: ignore[assignment]
     knobs.lanes_factor = cfg.knob("vectors", [1, 2, 4])
     knobs.parallel = cfg.knob("parallel", [True, False])
     cfg.schedule(func)  # stops here while the space is defined or a configuration checked

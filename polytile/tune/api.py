@@ -215,7 +215,7 @@ def _in_batches(task: Task, search: Tuner, measurer: Measurer, wanted: int, batc
     """Measure batch after batch (each built whole, then run): the path of ``overlap=False``."""
     new = 0
     while new < wanted:
-        batch = search.next_batch(min(batch_size, wanted - new))
+        batch = search.propose(min(batch_size, wanted - new))
         if not batch:
             break  # the space holds no unmeasured valid configuration
         values = [task.space.config(d).values for d in batch]
@@ -237,7 +237,7 @@ def _stream(task: Task, search: Tuner, measurer: Any, wanted: int, batch_size: i
         room = wanted - new - len(flight)
         slots = measurer.build_slots
         if room > 0 and not exhausted and measurer.unbuilt < slots and len(flight) < slots + batch_size:
-            batch = search.next_batch(min(batch_size, room))
+            batch = search.propose(min(batch_size, room))
             exhausted = not batch  # the space holds no unmeasured valid configuration
             for d in batch:
                 flight[measurer.submit(task, task.space.config(d).values)] = d

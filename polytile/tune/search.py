@@ -2,10 +2,13 @@
 batches of configurations — model-guided, random, grid, and ALCOP's analytical and
 analytical+XGBoost tuners (which need the template's analytical model, ``predict``).
 
-A tuner sees configurations as digit vectors of its ``ConfigSpace``. ``next_batch(n)`` proposes up
-to ``n`` valid configurations never proposed before; ``update`` feeds back measured costs (seconds,
-``inf`` for failed trials). No configuration is proposed twice: the visited set includes every
-configuration already in the records of a resumed run.
+A tuner sees configurations as digit vectors of its ``ConfigSpace``. ``propose(n)`` proposes up
+to ``n`` valid configurations never proposed before (``next_batch``), the first batch led by the
+space's default configuration (the first choice of every decision: the templates put the
+operator's default schedule there), so that a tuned kernel is measured against the default;
+``update`` feeds back measured costs (seconds, ``inf`` for failed trials). No configuration is
+proposed twice: the visited set includes every configuration already in the records of a resumed
+run.
 """
 
 from __future__ import annotations
@@ -83,12 +86,23 @@ class Tuner:
     name = "tuner"
     needs_model = False  # whether it takes ``predict``, the template's analytical model
     needs_task = False  # whether it takes ``task`` (the tensor language model writes the task's prompt)
+    starts_at_default = True  # whether the first batch leads with the space's default configuration
 
     def __init__(self, space: ConfigSpace, seed: int = 0):
         self.space = space
         self.rng = np.random.default_rng(seed)
         self.visited: set[Digits] = set()
         self.history: list[tuple[Digits, float]] = []
+        self.started = False
+
+    def propose(self, n: int) -> list[Digits]:
+        """Up to ``n`` new valid configurations (``next_batch``); the first call puts the space's
+        default configuration first when it is valid and was not measured before (replayed records)."""
+        first: list[Digits] = []
+        if not self.started and self.starts_at_default and n > 0:
+            first = self._take([self.space.default.digits], 1)
+        self.started = True
+        return first + (self.next_batch(n - len(first)) if n > len(first) else [])
 
     def next_batch(self, n: int) -> list[Digits]:
         raise NotImplementedError
@@ -146,8 +160,7 @@ class ModelTuner(Tuner):
     predicted rank plus ``diversity`` times the share of decision values not yet in the batch (so a
     batch does not spend itself on near-copies of one guess), each slot replaced with probability
     ``epsilon`` by a random unmeasured configuration. Until ``min_train`` successful measurements
-    exist, batches are random, led by the template's default configuration (the first choice of
-    every decision) when it is valid.
+    exist, batches are random, led by the default configuration while it is unmeasured.
 
     ``feature="knob"`` scores configurations by their decisions. ``feature="itervar"`` also trains a
     second model on iter features (from the lowered IR, which the builders return for every measured
@@ -213,8 +226,7 @@ class ModelTuner(Tuner):
 
     def next_batch(self, n: int) -> list[Digits]:
         if sum(1 for _, c in self.history if np.isfinite(c)) < self.min_train:
-            default = (0,) * len(self.space.decisions)
-            return self._take([default, *self.space.sample_valid(self.rng, n, self.visited)], n)
+            return self._take([self.space.default.digits, *self.space.sample_valid(self.rng, n, self.visited)], n)
         if self._dirty or not self.plan:
             self._replan()
         plan = [d for d in self.plan if d not in self.visited]
@@ -275,6 +287,7 @@ class AnalyticalTuner(Tuner):
 
     name = "analytical"
     needs_model = True
+    starts_at_default = False  # ALCOP's order: the model's ranking from the first trial
 
     def __init__(self, space: ConfigSpace, seed: int = 0, *,
                  predict: Callable[[Sequence[Digits]], np.ndarray], exhaustive_limit: int = 100_000,
@@ -326,6 +339,7 @@ class AnalyticalXGBTuner(ModelTuner):
 
     name = "analytical+xgboost"
     needs_model = True
+    starts_at_default = False  # the pre-trained model's choices from the first batch
 
     def __init__(self, space: ConfigSpace, seed: int = 0, *,
                  predict: Callable[[Sequence[Digits]], np.ndarray], pretrain_size: int = 2048,

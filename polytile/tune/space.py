@@ -354,6 +354,13 @@ class ConfigSpace:
         text = json.dumps([d.describe() for d in self.decisions], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
+    @property
+    def default(self) -> Config:
+        """The first choice of every decision. Templates of ``polytile.ops`` operators put the
+        operator's default schedule for the workload and target there, so this configuration is the
+        default schedule (the tuners measure it first: ``Tuner.propose``)."""
+        return self.config((0,) * len(self.decisions))
+
     def config(self, digits: Sequence[int]) -> Config:
         digits = tuple(int(x) for x in digits)
         return Config({d.name: d.choices[k] for d, k in zip(self.decisions, digits, strict=False)}, digits)

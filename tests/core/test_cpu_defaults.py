@@ -54,6 +54,25 @@ def test_many_rows_keep_the_packed_schedule():
     assert "B_C_local" in ops.matmul(64, 100, 30).build("cpu").source
 
 
+@pytest.mark.parametrize("M,N,K", [(1, 37, 53), (3, 101, 67), (8, 45, 29), (1, 19, 8), (13, 23, 17), (5, 7, 1031)])
+@pytest.mark.parametrize("activation", ["relu", "none"])
+def test_dense_few_rows_as_dot_products(M, N, K, activation, rng):
+    """A dense layer's W is N × K (B transposed): few rows sum dot products over K in vector lanes,
+    W read in place (not packed), K's tail and the bias after the lanes."""
+    kern = check(ops.dense(M, N, K, activation=activation), rng)
+    assert "XW_lanes" in kern.source and "W_XW_local" not in kern.source
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 131, 29), (6, 53, 41)])
+def test_dense_dot_products_on_a_wider_machine(M, N, K, rng):
+    check(ops.dense(M, N, K), rng, WIDE)
+
+
+def test_dense_keeps_the_packed_schedule_for_many_rows_or_a_short_k(rng):
+    assert "W_XW_local" in check(ops.dense(64, 30, 20), rng).source
+    assert "W_XW_local" in check(ops.dense(3, 30, 5), rng).source  # K shorter than a vector
+
+
 CONVS = [dict(N=1, C=57, H=19, W=23, K=57, R=1, S=1),  # 1×1, odd channels and sizes
          dict(N=1, C=13, H=7, W=7, K=37, R=3, S=3, padding=1),  # a 7×7 map: no column vector fills
          dict(N=2, C=3, H=29, W=31, K=5, R=7, S=7, stride=2, padding=3),  # K < one vector

@@ -146,3 +146,17 @@ def test_cpu_row_reductions_use_vector_partial_results() -> None:
     assert {"_softmax", "sum"} <= _taken(report)
     sources = [k.source for k in compiler._KERNELS.values()]
     assert any("_part" in s and ("pt_vload" in s or "omp simd" in s) for s in sources)
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 53), (3, 45, 29), (8, 101, 67), (5, 19, 8)])
+def test_cpu_linear_layers_of_few_rows_sum_dot_products(rows: int, n: int, k: int) -> None:
+    """B transposed (a linear layer's weight) with few rows: dot products over K in vector lanes (K's
+    tail after the lanes), the weight read in place; more rows keep the packed BLIS form."""
+    from polytile.torch import compiler
+    for m, dot in ((rows, True), (30, False)):
+        compiler._KERNELS.clear()
+        x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+        report = compile_and_compare(lambda x, w, b: F.relu(F.linear(x, w, b)), x, w, b)
+        assert "addmm" in _taken(report)
+        (source,) = [kern.source for kern in compiler._KERNELS.values()]
+        assert ("C_lanes" in source) == dot and ("B_C_local" in source) == (not dot)

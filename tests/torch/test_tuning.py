@@ -116,3 +116,30 @@ def test_tune_model_on_cuda_without_a_gpu_is_a_clear_error(tmp_path: object,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune-model", "resnet50", "--size", "tiny", "--device", "cuda", "--list"]) == 2
     assert "torch finds no CUDA GPU here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_a_linear_layers_few_rows_are_dot_products_and_the_templates_default(rows: int) -> None:
+    """A linear layer's weight is B transposed: few rows take dot products over K (W read in place,
+    not packed), and the group template's first configuration is that default schedule."""
+    from polytile.build import build
+    from polytile.torch.schedules import schedule_group
+    model = torch.nn.Sequential(torch.nn.Linear(29, 37), torch.nn.ReLU()).eval()
+    (mt,) = ptt.extract_tasks(model, [torch.randn(rows, 29)])
+    task = mt.task
+    default = build(schedule_group(task.op.func, task.target), task.target).source
+    assert "C_lanes" in default and "B_C_local" not in default
+    assert build(task.schedule(task.space.default.values), task.target).source == default
+
+
+@pytest.mark.parametrize("size", [7, 16])
+def test_a_convolutions_default_schedule_is_the_group_templates_first_configuration(size: int) -> None:
+    """Channel vectors on a 7×7 map, column vectors on a 16-wide one: either default is the first
+    configuration of the group's template."""
+    from polytile.build import build
+    from polytile.torch.schedules import schedule_group
+    model = torch.nn.Sequential(torch.nn.Conv2d(5, 19, 3, padding=1), torch.nn.ReLU()).eval()
+    (mt,) = ptt.extract_tasks(model, [torch.randn(1, 5, size, size)])
+    task = mt.task
+    default = build(schedule_group(task.op.func, task.target), task.target).source
+    assert build(task.schedule(task.space.default.values), task.target).source == default

@@ -1,11 +1,18 @@
 """CPU schedule templates for the operators of ``polytile.ops``.
 
-The matrix products share one BLIS-shaped space (``gemm_space``/``apply_gemm``): register tile
-MR × NR (NR a number of vectors), cache blocks MC, NC, KC, the order of the block loops, which
-operands are packed, which loop runs in parallel, whether the register tile is unrolled and full
-tiles separated. Convolution tiles output channels × rows × a vector of columns over the reduction
-(in a chosen order), with packed weights. Softmax and layer normalization are memory-bound: their
-spaces choose the vector width, unrolling and parallelism.
+Each template chooses the parameters of the operator's own CPU schedule functions, and the first
+choice of every decision is the operator's default schedule for the workload and target (the same
+generated code), so the default is a point of every space and the tuners measure it first.
+
+The matrix products share one GEMM space (``gemm_space``, ``ops.matmul.schedule_gemm_cpu``):
+register tile MR × NR (NR a number of vectors), cache blocks MC, NC, KC, the order of the block
+loops, which operands are packed (none: the streaming form the defaults take for few rows), which
+loop runs in parallel (or none), whether the register tile is unrolled and full tiles separated;
+``dense`` adds dot products over K (W read in place). Convolution tiles output channels × rows ×
+columns over the reduction (in a chosen order), vectors along the columns or over the channels,
+with packed weights. Softmax and layer normalization are memory-bound: their spaces choose the form
+of the row reductions (lane-wise partials or one element at a time), the vectors per step, fusion
+and parallelism.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...ops.matmul import schedule_gemm_cpu
 from ..space import TemplateConfig
 from ..task import template
 
@@ -25,33 +33,34 @@ def _upto(values: list[int], limit: int, first: int | None = None) -> list[int]:
     return out
 
 
-def _nearest(values: list[int], x: float) -> int:
-    return min(values, key=lambda v: (abs(math.log(v / x)), v))
+def _first(default: object, others: list[Any]) -> list[Any]:
+    """``others`` with ``default`` moved (or added) to the front: the decision's default."""
+    return [default] + [v for v in others if v != default]
 
 
-def gemm_space(cfg: TemplateConfig, M: int, N: int, K: int, batch: int = 1) -> dict[str, Any]:
-    """Declare the decisions of a BLIS-shaped GEMM schedule and its constraints; returns the tiles.
-    The first choice of every decision is the operator library's default tiling for the target."""
-    from ...ops.matmul import cpu_gemm_tiles
+def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int = 0) -> dict[str, Any]:
+    """Declare the decisions of a GEMM schedule (``ops.matmul.schedule_gemm_cpu``) and its constraints;
+    returns the tiles and form. The first choice of every decision is the operator's ``default``
+    schedule for the shape and target, so the default is a point of the space: the BLIS form, or for
+    few rows the streaming form (``cpu_gemm_default``: nothing packed, one block of rows, B read 8 rows
+    at a time, no parallel loop unless the columns come in several blocks)."""
+    M, N, K = (op.shape[k] for k in ("M", "N", "K"))
     target = cfg.target
-    lanes = target.vector_lanes(4)
-    d = cpu_gemm_tiles(M, N, K, target)
-    vec_choices = _upto([1, 2, 3, 4, 6], max(1, math.ceil(N / lanes)))
-    nr_vecs = cfg.knob("nr_vecs", _upto(vec_choices, 6, _nearest(vec_choices, d["nr"] // lanes)))
-    mr_choices = _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], M)
-    mr = cfg.knob("mr", _upto(mr_choices, 14, _nearest(mr_choices, d["mr"])))
+    lanes = default["lanes"]
+    regs = 32 if target.vector_bits >= 512 else 16
+    d = default
+    nr_vecs = cfg.knob("nr_vecs", _upto([1, 2, 3, 4, 6, 8, 16], max(1, min(regs // 2, math.ceil(N / lanes))),
+                                        d["nr"] // lanes))
+    mr = cfg.knob("mr", _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], min(M, 14), d["mr"]))
     nr = lanes * nr_vecs  # type: ignore[operator]
-    blocks = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
-    mc_blocks = cfg.knob("mc_blocks", _upto(blocks, 64, _nearest(blocks, d["mc"] / mr)))  # type: ignore[operator]
-    nc_choices = [1, 2, 4, 8, 16, 32, 64]
-    nc_blocks = cfg.knob("nc_blocks", _upto(nc_choices, 64, _nearest(nc_choices, d["nc"] / nr)))
-    kc_choices = _upto([32, 64, 128, 192, 256, 384, 512, 768, 1024], K)
-    kc = cfg.knob("kc", _upto(kc_choices, 1024, _nearest(kc_choices, d["kc"])))
+    mc_blocks = cfg.knob("mc_blocks", _first(d["mc"] // d["mr"], [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]))
+    nc_blocks = cfg.knob("nc_blocks", _first(d["nc"] // d["nr"], [1, 2, 4, 8, 16, 32, 64]))
+    kc = cfg.knob("kc", _upto([8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024], K, d["kc"]))
     order = cfg.reorder("outer_order", ["jc", "kc", "ic"])
     inner = cfg.reorder("inner_order", ["jr", "ir"])
-    pack_a = cfg.knob("pack_a", [True, False])
-    pack_b = cfg.knob("pack_b", [True, False])
-    par = cfg.knob("parallel", ["ic", "jc", "jr", "batch"] if batch > 1 else ["ic", "jc", "jr"])
+    pack_a = cfg.knob("pack_a", _first(d["pack_a"], [True, False]))
+    pack_b = cfg.knob("pack_b", _first(d["pack_b"], [True, False]))
+    par = cfg.knob("parallel", _first(d["parallel"], ["ic", "jc", "jr", *(["batch"] if batch > 1 else []), None]))
     unroll_m = cfg.tag("unroll_m", "im", ["unroll", "serial"])
     separate = cfg.knob("separate", [True, False])
     mc = mr * mc_blocks  # type: ignore[operator]
@@ -59,139 +68,136 @@ def gemm_space(cfg: TemplateConfig, M: int, N: int, K: int, batch: int = 1) -> d
     cfg.require(mc <= max(M, mr) * 2 and nc <= max(N, nr) * 2, "cache blocks far larger than the matrix")
     cfg.require(mc // 2 < M or mc_blocks == 1, "MC block covers the matrix twice")
     cfg.require(nc // 2 < N or nc_blocks == 1, "NC block covers the matrix twice")
-    cfg.resources(vector_registers=mr * nr_vecs + nr_vecs + 1)  # type: ignore[operator]
+    # B's vectors are held for the MR rows that use them (one row uses each as it is loaded)
+    cfg.resources(vector_registers=mr * nr_vecs + (nr_vecs if mr > 1 else 1) + 1)  # type: ignore[operator]
     return {"mr": mr, "nr": nr, "mc": mc, "nc": nc, "kc": kc, "lanes": lanes, "order": order, "inner": inner,
             "pack_a": pack_a, "pack_b": pack_b, "parallel": par, "unroll_m": unroll_m, "separate": separate}
 
 
-def apply_gemm(sched: Any, out: str, a: str, b: str, t: dict[str, Any], b_transposed: bool = False,
-               batch: str | None = None) -> None:
-    """Schedule ``out[(batch,) i, j] = sum_k a[.., i, k] * b[.., k, j]`` (``b[.., j, k]`` when
-    ``b_transposed``) with the tiles of ``gemm_space``."""
-    mr, nr, lanes = t["mr"], t["nr"], t["lanes"]
-    st = sched[out]
-    st.split("j", t["nc"], "jc", "j1").split("k", t["kc"], "kc", "k1").split("i", t["mc"], "ic", "i1")
-    st.split("j1", nr, "jr", "jn").split("i1", mr, "ir", "im").split("jn", lanes, "jv", "jl")
-    st.reorder(*((batch,) if batch else ()), *t["order"], *t["inner"], "k1", "im", "jv", "jl")
-    if t["pack_b"]:
-        if b_transposed:
-            st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-2] // nr, e[-1], e[-2] % nr))
-        else:
-            st.cache(b, "kc", layout=lambda *e: (*e[:-2], e[-1] // nr, e[-2], e[-1] % nr))
-    if t["pack_a"]:
-        st.cache(a, "ic", layout=lambda *e: (*e[:-2], e[-2] // mr, e[-1], e[-2] % mr))
-    st.cache_write(t["inner"][1])
-    if t["separate"]:
-        st.separate(t["inner"][1])
-    st.tag("im", t["unroll_m"]).unroll("jv").vectorize("jl")
-    st.parallel(batch if t["parallel"] == "batch" else t["parallel"])
+def _gemm_default(cfg: TemplateConfig, op: Any, batch: int = 0) -> dict[str, Any]:
+    from ...ops.matmul import cpu_gemm_default
+    s = op.shape
+    return cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, op.func.outputs[0].dtype.itemsize, batch)
 
 
 @template("matmul", "cpu")
 def matmul_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    s = op.shape
-    tiles = gemm_space(cfg, s["M"], s["N"], s["K"])
+    tiles = gemm_space(cfg, op, _gemm_default(cfg, op))
     sched = cfg.schedule(op.func)
-    apply_gemm(sched, "C", "A", "B", tiles)
+    schedule_gemm_cpu(sched, "C", "A", "B", tiles)
     return sched
 
 
 @template("batch_matmul", "cpu")
 def batch_matmul_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    s = op.shape
-    tiles = gemm_space(cfg, s["M"], s["N"], s["K"], batch=s["batch"])
+    tiles = gemm_space(cfg, op, _gemm_default(cfg, op, op.shape["batch"]), batch=op.shape["batch"])
     sched = cfg.schedule(op.func)
-    apply_gemm(sched, "C", "A", "B", tiles, batch="bb")
+    schedule_gemm_cpu(sched, "C", "A", "B", tiles, batch="bb")
     return sched
 
 
 @template("dense", "cpu")
 def dense_cpu(cfg: TemplateConfig, op: Any) -> Any:
+    """``kernel`` "gemm" (the GEMM space, W's panels packed or read in place) or, with K of at least a
+    vector, "dot": dot products over K reading W (N × K) in place (``ops.matmul.schedule_dot_cpu``),
+    mr rows of X × nr_vecs rows of W a register tile, the parallel loop "jr" or none (the BLIS form's
+    other decisions are then unused). The first choices are the operator's default
+    (``dense_cpu_default``: dot products for few rows)."""
+    from ...ops.matmul import GEMM_FORM, cpu_gemm_tiles, dense_cpu_default
     s = op.shape
-    tiles = gemm_space(cfg, s["M"], s["N"], s["K"])
+    itemsize = op.func.outputs[0].dtype.itemsize
+    d = dense_cpu_default(s["M"], s["N"], s["K"], cfg.target, itemsize)
+    default = {**GEMM_FORM, **cpu_gemm_tiles(s["M"], s["N"], s["K"], cfg.target, itemsize), "parallel": "ic"}
+    if d["kernel"] == "dot":
+        nr = d["nj"] * d["lanes"]  # the cache blocks, unused, one register tile each
+        default.update(mr=d["mr"], nr=nr, mc=d["mr"], nc=nr, parallel=d["parallel"])
+    kernel = cfg.knob("kernel", _first(d["kernel"], ["gemm", "dot"] if s["K"] >= d["lanes"] else ["gemm"]))
+    tiles = gemm_space(cfg, op, default)
     epilogue = cfg.knob("epilogue", ["vector", "fused_row"])
+    cfg.require(kernel == "gemm" or tiles["parallel"] in ("jr", None), "dot products: the parallel loop is jr")
     sched = cfg.schedule(op.func)
-    apply_gemm(sched, "XW", "X", "W", tiles, b_transposed=True)
-    ep = sched["Y"]
-    ep.split("j", tiles["lanes"], "jo", "jl").vectorize("jl")
-    if epilogue == "vector":
-        ep.parallel("i")
-    return sched
+    form = {**tiles, "kernel": kernel, "epilogue": epilogue, "nj": tiles["nr"] // tiles["lanes"]}
+    return op.schedules["cpu"](sched, cfg.target, form) or sched
 
 
 @template("conv2d", "cpu")
 def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    """Direct NCHW convolution: an output tile of k_tile channels × p_tile rows × q_tile columns (a
-    vector) accumulated in registers over the channels and filter taps, in a chosen order (another
-    order than the algorithm's reassociates the sum)."""
+    """Direct NCHW convolution (``ops.conv.schedule_conv2d_tiles_cpu``): an output tile of k_tile
+    channels × p_tile rows × q_tile columns accumulated in registers over the channels and filter
+    taps (in a chosen order; another order than the algorithm's reassociates the sum), the vector
+    along the columns or over the channels. The first choices are the operator's default schedule
+    (``conv2d_cpu_default``)."""
+    from ...ops.conv import conv2d_cpu_default, conv_out, schedule_conv2d_tiles_cpu
     s = op.shape
     target = cfg.target
     lanes = target.vector_lanes(4)
     K = s["K"]
-    P = (s["H"] + 2 * s["padding"] - s["dilation"] * (s["R"] - 1) - 1) // s["stride"] + 1
-    Q = (s["W"] + 2 * s["padding"] - s["dilation"] * (s["S"] - 1) - 1) // s["stride"] + 1
-    _, k_tile = cfg.split("tile_k", K, 2, inner=[1, 2, 3, 4, 6, 8, 12, 16], default=[min(8, K)])
-    _, p_tile = cfg.split("tile_p", P, 2, inner=[1, 2, 4, 7, 8])
-    q_tile = cfg.knob("q_tile", _upto(sorted({lanes // 2, lanes, 2 * lanes, 7, 14, 28, Q}), max(Q, 1),
-                                      min(lanes, Q)))
+    P = conv_out(s["H"], s["R"], s["stride"], s["padding"], s["dilation"])
+    Q = conv_out(s["W"], s["S"], s["stride"], s["padding"], s["dilation"])
+    d = conv2d_cpu_default(K, Q, s["R"] * s["S"], s["stride"], target)
+    vectors = cfg.knob("vectors", _first(d["vectors"], ["columns", "channels"]))
+    k_tile = cfg.knob("k_tile", _upto([1, 2, 3, 4, 6, 8, 12, 16, lanes, 2 * lanes, 3 * lanes], max(K, lanes),
+                                      d["k_tile"]))
+    p_tile = cfg.knob("p_tile", _upto([1, 2, 4, 7, 8], P, 1))
+    q_tile = cfg.knob("q_tile", _upto(sorted({1, 2, 3, 4, 5, 6, lanes // 2, lanes, 2 * lanes, 7, 14, 28, Q}),
+                                      max(Q, 1), d["q_tile"]))
     order = cfg.reorder("reduction_order", ["c", "r", "s"],
                         orders=[["c", "r", "s"], ["r", "s", "c"], ["r", "c", "s"]])
     pack_w = cfg.knob("pack_w", [True, False])
     par = cfg.knob("parallel", ["ko", "po"])
     unroll_p = cfg.tag("unroll_p", "pi", ["unroll", "serial"])
     separate = cfg.knob("separate", [True, False])
-    vecs = math.ceil(q_tile / lanes)  # type: ignore[operator]
-    cfg.resources(vector_registers=k_tile * p_tile * vecs + vecs + 1)
+    if vectors == "channels":
+        kv = k_tile // lanes  # type: ignore[operator]
+        cfg.require(k_tile % lanes == 0, "channel vectors: the channel tile is whole vectors")  # type: ignore[operator]
+        cfg.resources(vector_registers=kv * p_tile * q_tile + kv + 2)  # type: ignore[operator]
+    else:
+        vecs = math.ceil(q_tile / lanes)  # type: ignore[operator]
+        cfg.resources(vector_registers=k_tile * p_tile * vecs + vecs + 1)  # type: ignore[operator]
     sched = cfg.schedule(op.func)
-    st = sched["O"]
-    st.split("k", k_tile, "ko", "ki").split("p", p_tile, "po", "pi").split("q", q_tile, "qo", "qi")
-    if tuple(order) != ("c", "r", "s"):
-        st.reassociate()
-    st.reorder("n", "ko", "po", "qo", *order, "ki", "pi", "qi")
-    if pack_w:
-        st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
-    st.cache_write("qo")
-    if separate:
-        st.separate("qo")
-    st.unroll("ki").tag("pi", unroll_p).vectorize("qi").parallel(par)
-    if "Ipad" in sched.stage_names():
-        sched["Ipad"].parallel("cc")
+    schedule_conv2d_tiles_cpu(sched, {"vectors": vectors, "lanes": lanes, "k_tile": k_tile, "p_tile": p_tile,
+                                      "q_tile": q_tile, "order": order, "pack_w": pack_w, "parallel": par,
+                                      "unroll_p": unroll_p, "separate": separate},
+                              has_pad="Ipad" in sched.stage_names())
     return sched
 
 
-def _row_space(cfg: TemplateConfig, N: int) -> tuple[int, bool, bool]:
-    target = cfg.target
-    lanes = target.vector_lanes(4)
-    width = cfg.knob("vector", _upto([lanes // 4, lanes // 2, lanes, 2 * lanes, 4 * lanes], max(N, 1)))
-    parallel = cfg.knob("parallel", [True, False])
-    fuse = cfg.knob("fuse_rows", [True, False])
-    return width, parallel, fuse  # type: ignore[return-value]
+def _row_space(cfg: TemplateConfig, op: Any, row_buffer: bool) -> dict[str, Any]:
+    """The decisions of a row operator's schedule (``ops.norm.ROW_FORM``), the operator's default
+    (``rows_cpu_default``) first: lane-wise partial reductions or one element at a time, the
+    partials' vector accumulators, vectors per elementwise step, the stages fused at the row loop,
+    the row loop in parallel, whole vectors separated, softmax's row buffer."""
+    from ...ops.norm import rows_cpu_default
+    N = op.shape["N"]
+    lanes = cfg.target.vector_lanes(4)
+    d = rows_cpu_default(N, cfg.target)
+    lanewise = cfg.knob("lanewise", _first(d["lanewise"], [True, False]))
+    accumulators = cfg.knob("accumulators", _first(d["accumulators"], [1, 2, 4, 8]))
+    vectors = cfg.knob("vectors", _first(d["vectors"], [1, 2, 4]))
+    fuse = cfg.knob("fuse_rows", _first(d["fuse"], [True, False]))
+    parallel = cfg.knob("parallel", _first(d["parallel"], [True, False]))
+    separate = cfg.knob("separate", _first(d["separate"], [True, False]))
+    buffer = cfg.knob("row_buffer", _first(d["row_buffer"], [True, False])) if row_buffer else False
+    cfg.require(not lanewise or N >= accumulators * lanes, "lane-wise partials: a row holds at least the partials")  # type: ignore[operator]
+    cfg.require(lanewise or accumulators == d["accumulators"], "accumulators: only for lane-wise partials")
+    cfg.require(fuse or not buffer, "a row buffer needs the stages fused at the row loop")
+    return {"lanewise": lanewise, "accumulators": accumulators, "vectors": vectors, "fuse": fuse,
+            "parallel": parallel, "separate": separate, "row_buffer": buffer}
+
+
+def _rows(cfg: TemplateConfig, op: Any, row_buffer: bool) -> Any:
+    """The schedule of a row operator in the form of its decisions (the operator's own CPU schedule
+    function takes the form, restructuring the reductions into lane-wise partials)."""
+    form = _row_space(cfg, op, row_buffer)
+    sched = cfg.schedule(op.func)
+    return op.schedules["cpu"](sched, cfg.target, form) or sched
 
 
 @template("softmax", "cpu")
 def softmax_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    width, parallel, fuse = _row_space(cfg, op.shape["N"])
-    sched = cfg.schedule(op.func)
-    if fuse:
-        sched["ex"].after(sched["mx"], "i")
-        sched["sm"].after(sched["ex"], "i")
-        sched["Y"].after(sched["sm"], "i")
-    sched["Y"].split("j", width, "jo", "jl").vectorize("jl")
-    if parallel:
-        for name in (["mx"] if fuse else ["mx", "ex", "sm", "Y"]):
-            sched[name].parallel("i")
-    return sched
+    return _rows(cfg, op, row_buffer=True)
 
 
 @template("layernorm", "cpu")
 def layernorm_cpu(cfg: TemplateConfig, op: Any) -> Any:
-    width, parallel, fuse = _row_space(cfg, op.shape["N"])
-    sched = cfg.schedule(op.func)
-    if fuse:
-        sched["s2"].after(sched["s1"], "i")
-        sched["Y"].after(sched["s2"], "i")
-    sched["Y"].split("j", width, "jo", "jl").vectorize("jl")
-    if parallel:
-        for name in (["s1"] if fuse else ["s1", "s2", "Y"]):
-            sched[name].parallel("i")
-    return sched
+    return _rows(cfg, op, row_buffer=False)

@@ -3,7 +3,8 @@
 Every data loop is split in two (powers of two), the tile loops go outside the reduction loops and
 the point loops inside, the innermost point loop is vectorized, the outermost tile loop runs in
 parallel and results may accumulate in a write cache. Enough to speed up simple reductions and
-elementwise code that has no template of its own.
+elementwise code that has no template of its own. The first choice of every decision (tiles of
+one, no write cache, no parallel loop) is the Func's default schedule, the one ``pt.build`` gives it.
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ def generic_cpu(cfg: TemplateConfig, op: Any) -> Any:
     tiles = [cfg.split(f"tile_{name}", ext, 2, policy="pow2", max_factor=64)[1]
              for name, ext in zip(data, extents, strict=True)]
     cache = cfg.knob("cache_write", [False, True]) if reduce else False
-    parallel = cfg.knob("parallel", [True, False])
+    parallel = cfg.knob("parallel", [False, True])
     sched = cfg.schedule(func)
     st = sched[comp.name]
-    for name, f in zip(data, tiles, strict=False):
-        st.split(name, f, f"{name}_o", f"{name}_i")
-    st.reorder(*[f"{n}_o" for n in data], *reduce, *[f"{n}_i" for n in data])
+    outer = [f"{name}_o" if f > 1 else name for name, f in zip(data, tiles, strict=True)]
+    inner = [f"{name}_i" for name, f in zip(data, tiles, strict=True) if f > 1]  # a tile of one: no split
+    for name, f in zip(data, tiles, strict=True):
+        if f > 1:
+            st.split(name, f, f"{name}_o", f"{name}_i")
+    st.reorder(*outer, *reduce, *inner)
     if tiles[-1] > 1:
         st.vectorize(f"{data[-1]}_i")
     if cache:
-        st.cache_write(f"{data[-1]}_o")
+        st.cache_write(outer[-1])
     if parallel:
-        st.parallel(f"{data[0]}_o")
+        st.parallel(outer[0])
     return sched
