@@ -525,3 +525,36 @@ def test_data_dependent_bounds_tested_above_their_binding(rng):
     outs = [np.full((3, 5, rows), 99, np.float32)]
     pt.build(s)(*args, *outs)
     reference.check(func, args, outs)
+
+
+def test_cache_of_an_empty_footprint_allocates_nothing():
+    """A cache of what no instance reads at these sizes (U reads T[i + 2, j] only where i + 2 < N: never
+    for N = 1) has a negative parametric extent; it was allocated as 2^64 − 248 bytes and the process
+    aborted (fuzz seed 101 case 4904). Run in a process of its own: the failure was an abort."""
+    import subprocess
+    import sys
+    code = '''
+import numpy as np, polytile as pt
+N = pt.param("N")
+A = pt.placeholder((31,), "float64", "A")
+B = pt.placeholder((N,), "float64", "B")
+T = pt.compute((N, 31), lambda i, j: A[j] * 2.0 + pt.select(i + 1 < N, B[i + 1], 1.0), "T")
+U = pt.compute((N, 31), lambda i, j: B[i] * A[j] + pt.select(i + 2 < N, T[i + 2, j], 0.0), "U")
+func = pt.Func([A, B], [U], constraints=[N >= 1])
+s = pt.create_schedule(func)
+s["U"].parallel("i")
+s["U"].cache_identity("T", None)
+kern = pt.build(s)
+rng = np.random.default_rng(0)
+for n in (1, 2, 3, 5):
+    a, b = rng.standard_normal(31), rng.standard_normal(n)
+    u = np.zeros((n, 31))
+    kern(a, b, u, N=n)
+    t = a[None, :] * 2.0 + np.where(np.arange(n)[:, None] + 1 < n, np.append(b, 0.0)[1:n + 1][:, None], 1.0)
+    ref = b[:, None] * a[None, :] + np.where(np.arange(n)[:, None] + 2 < n,
+                                               np.vstack([t[2:], np.zeros((2, 31))])[:n], 0.0)
+    assert np.allclose(u, ref), n
+print("ok")
+'''
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
