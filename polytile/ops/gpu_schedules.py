@@ -412,14 +412,14 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
         # B's rows are only 2-byte aligned: no asynchronous copy can read them, and an aligned copy
         # of B costs a pass over it (GPT-2's vocabulary 1×50257×768: 0.16× torch): B is read in place,
         # straight into registers, 16 bytes of columns per thread (8 with more than 4 rows: registers
-        # for M × vec accumulators) in K steps of 8 rows
+        # for M × vec accumulators) in K steps of 8 rows; the staged kernels below stay candidates,
+        # on an aligned copy of B (gemm_choice adds the copy)
+        dvec = (16 if M <= 4 else 8) // it
         for threads in (128, 64):
-            vec = (16 if M <= 4 else 8) // it
-            params = dict(bn=threads * vec, vec=vec, bk=8, stages=3, direct=True)
-            resident = block_occupancy(hw, threads, 3 * 8 * M * it, M * vec + 8 * vec * it // 4 + 32).blocks
-            out.append((params, BlockPlan(M, threads * vec, 8, 0, 0, resident, hw.fma_flops, it, 3,
+            params = dict(bn=threads * dvec, vec=dvec, bk=8, stages=3, direct=True)
+            resident = block_occupancy(hw, threads, 3 * 8 * M * it, M * dvec + 8 * dvec * it // 4 + 32).blocks
+            out.append((params, BlockPlan(M, threads * dvec, 8, 0, 0, resident, hw.fma_flops, it, 3,
                                           max(1, threads // 32), WARP_FLOPS * M / (M + 2), streaming=True)))
-        vec = 8 // it  # and the staged kernels on an aligned copy of B (gemm_choice adds the copy)
     for threads in (128, 64, 32):
         bn = threads * vec
         if bn // 2 >= N and threads > 32:

@@ -8,16 +8,16 @@ default configuration."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
+from fake_measure import HashMeasurer
 
 import polytile as pt
 from polytile import ops
 from polytile.build import build
 from polytile.target import cpu_target
-from polytile.tune import GridTuner, MeasureResult, ModelTuner, RandomTuner, make_task, tune_task
+from polytile.tune import GridTuner, ModelTuner, RandomTuner, make_task, tune_task
 
 WIDE = dataclasses.replace(cpu_target(), vector_bits=512, cores=4)
 
@@ -119,35 +119,15 @@ def test_generic_template_configurations_match_the_default(rng):
 
 # --- tuners start from the default -------------------------------------------------------------------
 
-class CountingMeasurer:
-    """Nothing built: a cost per configuration, the configurations in the order measured."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, object]] = []
-
-    def measure(self, task, batch, on_result=None):  # noqa: ANN001, ANN201
-        out = []
-        for k, values in enumerate(batch):
-            self.seen.append(values)
-            res = MeasureResult("ok", [1e-3 * (1 + abs(hash(json.dumps(values, sort_keys=True, default=str))) % 97)])
-            out.append(res)
-            if on_result is not None:
-                on_result(k, res)
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("tuner", ["xgb", "random", "grid"])
 def test_every_tuners_first_batch_starts_with_the_default(tuner, tmp_path):
     task = make_task("matmul", "cpu", M=5, N=1000, K=999)
-    measurer = CountingMeasurer()
+    measurer = HashMeasurer()
     tune_task(task, 4, tmp_path / "r.jsonl", tuner=tuner, batch_size=4, progress=False, build_best=False,
               measurer=measurer, seed=3)
     assert measurer.seen[0] == task.space.default.values
     # a resumed run does not measure it again
-    again = CountingMeasurer()
+    again = HashMeasurer()
     tune_task(task, 8, tmp_path / "r.jsonl", tuner=tuner, batch_size=4, progress=False, build_best=False,
               measurer=again, seed=3)
     assert len(again.seen) == 4 and task.space.default.values not in again.seen

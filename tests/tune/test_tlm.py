@@ -11,9 +11,10 @@ import shutil
 
 import numpy as np
 import pytest
+from fake_measure import HashMeasurer
 
 import polytile as pt
-from polytile.tune import MeasureResult, make_task, tune_task
+from polytile.tune import make_task, tune_task
 from polytile.tune.space import TuneError
 from polytile.tune.task import Task, list_templates
 from polytile.tune.tlm import corpus, networks
@@ -210,36 +211,15 @@ def test_a_tiny_model_learns_and_writes_valid_schedules_for_an_unseen_operator(t
     assert top.digits == best
 
 
-class FakeMeasurer:
-    """A deterministic cost per configuration, nothing built: the tuner's logic alone."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def measure(self, task, batch, on_result=None):  # noqa: ANN001, ANN201
-        out = []
-        for k, values in enumerate(batch):
-            self.calls += 1
-            cost = 1e-3 * (1 + abs(hash(json.dumps(values, sort_keys=True))) % 97)
-            res = MeasureResult("ok", [cost])
-            out.append(res)
-            if on_result is not None:
-                on_result(k, res)
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 def test_tlm_tuner_resumes_from_records(tiny_model, tmp_path):
     _, folder = tiny_model
     task = make_task("matmul", corpus.targets("cpu")[0], M=100, N=300, K=200)
     records = tmp_path / "r.jsonl"
     first = tune_task(task, 6, records, tuner="tlm", batch_size=3, progress=False, build_best=False,
-                      tuner_options={"model": folder}, measurer=FakeMeasurer())
+                      tuner_options={"model": folder}, measurer=HashMeasurer())
     assert first.new_trials == 6
     lines = records.read_text().splitlines()
-    again = FakeMeasurer()
+    again = HashMeasurer()
     second = tune_task(task, 10, records, tuner="tlm", batch_size=3, progress=False, build_best=False,
                        tuner_options={"model": folder, "top_k": 3}, measurer=again)
     assert second.new_trials == 4 and again.calls == 4
@@ -265,7 +245,7 @@ def test_bad_models_and_options_get_clear_errors(tiny_model, tmp_path):
 
     def tuner(model, **kw):  # noqa: ANN001, ANN202
         return tune_task(task, 1, None, tuner="tlm", progress=False, build_best=False,
-                         tuner_options={"model": model, **kw}, measurer=FakeMeasurer())
+                         tuner_options={"model": model, **kw}, measurer=HashMeasurer())
 
     with pytest.raises(TuneError, match="needs a trained model"):
         tuner(None)
@@ -297,10 +277,10 @@ def test_bad_models_and_options_get_clear_errors(tiny_model, tmp_path):
     gpu = make_task("matmul", corpus.targets("cuda")[1], "matmul_tensorcore", M=64, N=64, K=64, dtype="float16")
     with pytest.raises(TuneError, match="trained for cpu targets, not cuda"):
         tune_task(gpu, 1, None, tuner="tlm", progress=False, build_best=False, tuner_options={"model": folder},
-                  measurer=FakeMeasurer())
+                  measurer=HashMeasurer())
     with pytest.raises(TuneError, match="no TLM model is shipped for cuda"):
         tune_task(gpu, 1, None, tuner="tlm", progress=False, build_best=False,
-                  tuner_options={"model": "default"}, measurer=FakeMeasurer())
+                  tuner_options={"model": "default"}, measurer=HashMeasurer())
     with pytest.raises(TuneError, match="temperature must be a positive number"):
         tuner(folder, temperature=0)
     with pytest.raises(TuneError, match="top_k must be a non-negative integer"):

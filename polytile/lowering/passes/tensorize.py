@@ -82,7 +82,7 @@ class _Nest:
         self.instruction = intrinsic.product(self.dtype.name).name
 
 
-def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None:
+def full_range(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None:
     """``loop`` over its full constant range (None if it has none): at the edges of the tensors the
     extra iterations compute on the zeros that whole-tile copies put past the tensors' ends."""
     simp = Simplifier()
@@ -94,11 +94,11 @@ def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For | None
     return replace(loop, lo=lo, extent=ir.const(int(hi)))
 
 
-def _span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
+def loop_span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """The range of ``loop``'s variable, within the enclosing loops' ranges ``bounds``."""
     simp = Simplifier()
     simp.bounds = dict(bounds)
-    lo = simp.interval(loop.lo)
-    ext = simp.interval(loop.extent)
+    lo, ext = simp.interval(simplify_expr(loop.lo)), simp.interval(simplify_expr(loop.extent))
     return lo[0], lo[1] + ext[1] - 1
 
 
@@ -184,8 +184,8 @@ class _Tensorize(ir.Mutator):
         if nests and s.kind in ("serial", "unroll") and inside:
             # a loop between the operands' whole tiles and the nest (the K steps inside a tile): its
             # full range keeps its trip count constant, where the buffers hold it
-            full = _full(s, self.bounds)
-            if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: _span(
+            full = full_range(s, self.bounds)
+            if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: loop_span(
                     full, self.bounds), **self._inner_spans(full)}):
                 s = full
         if s.kind == "threadIdx.z" and isinstance(s.extent, ir.Const) and int(s.extent.value) % 4 and \
@@ -202,7 +202,7 @@ class _Tensorize(ir.Mutator):
                                         "multiple of 64 rows that the matrix fills")
                 bounds = (bounds[0], ir.const(max(int(hi.value), ext - 1)))
             s = replace(s, extent=ir.const(ext), bounds=bounds)
-        self.bounds[s.var.name] = _span(s, self.bounds)
+        self.bounds[s.var.name] = loop_span(s, self.bounds)
         if s.kind.startswith("threadIdx"):
             self.threads[s.kind] = s
         try:
@@ -228,7 +228,7 @@ class _Tensorize(ir.Mutator):
 
     def wgmma(self, nest: WgmmaNest, tiles: ir.For | None) -> ir.Stmt:
         if tiles is not None:
-            full = _full(tiles, self.bounds)
+            full = full_range(tiles, self.bounds)
             if full is None:
                 raise LoweringError(f"loop {tiles.var.name} around a wgmma nest needs a bounded range")
             tiles = full
@@ -241,8 +241,8 @@ class _Tensorize(ir.Mutator):
         out: dict[str, tuple[float, float]] = {}
         for x in ir.walk_stmt(loop.body):
             if isinstance(x, ir.For) and tensor_intrinsic(x.kind) is None:
-                full = _full(x, self.bounds)
-                out[x.var.name] = _span(full if full is not None else x, {**self.bounds, **out})
+                full = full_range(x, self.bounds)
+                out[x.var.name] = loop_span(full if full is not None else x, {**self.bounds, **out})
         return out
 
     @staticmethod
@@ -266,12 +266,12 @@ class _Tensorize(ir.Mutator):
     def shared_fragments(self, outer: ir.For, inner: ir.For, nest: _Nest) -> ir.Stmt:
         # the tile loops over their full constant range where the buffers hold it (registers indexed
         # by constants); otherwise they keep their bounds and the fragments are sized for the most
-        full_o, full_i = _full(outer, self.bounds), _full(inner, self.bounds)
+        full_o, full_i = full_range(outer, self.bounds), full_range(inner, self.bounds)
         if full_o is None or full_i is None:
             raise LoweringError(f"loops {outer.var.name}, {inner.var.name} around a tensorized nest need a bounded "
                                 "range")
-        spans = {**self.bounds, outer.var.name: _span(full_o, self.bounds),
-                 inner.var.name: _span(full_i, self.bounds)}
+        spans = {**self.bounds, outer.var.name: loop_span(full_o, self.bounds),
+                 inner.var.name: loop_span(full_i, self.bounds)}
         if _fits([nest], spans) and isinstance(simplify_expr(outer.lo), ir.Const) and \
                 isinstance(simplify_expr(inner.lo), ir.Const):
             outer, inner = full_o, full_i

@@ -26,25 +26,7 @@ from dataclasses import replace
 
 from .. import loopir as ir
 from .simplify import Simplifier, simplify_expr
-
-
-def _full(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> ir.For:
-    """``loop`` over its largest constant range, when its start is constant and its extent bounded."""
-    simp = Simplifier()
-    simp.bounds = dict(bounds)
-    lo = simplify_expr(loop.lo)
-    hi = simp.interval(simplify_expr(loop.extent))[1]
-    if not isinstance(lo, ir.Const) or hi == float("inf"):
-        return loop
-    return replace(loop, lo=lo, extent=ir.const(int(hi)))
-
-
-def _span(loop: ir.For, bounds: dict[str, tuple[float, float]]) -> tuple[float, float]:
-    """The range of ``loop``'s variable, within the enclosing loops' ranges ``bounds``."""
-    simp = Simplifier()
-    simp.bounds = dict(bounds)
-    lo, ext = simp.interval(simplify_expr(loop.lo)), simp.interval(simplify_expr(loop.extent))
-    return lo[0], lo[1] + ext[1] - 1
+from .tensorize import full_range, loop_span
 
 
 class _Region:
@@ -106,7 +88,7 @@ class _WholeTiles(ir.Mutator):
 
     def enter(self, s: ir.For) -> ir.Stmt:
         """``s`` rebuilt by the default walk, its variable's range known inside."""
-        self.bounds[s.var.name] = _span(s, self.bounds)
+        self.bounds[s.var.name] = loop_span(s, self.bounds)
         try:
             return self.default_stmt(s)
         finally:
@@ -120,8 +102,8 @@ class _WholeTiles(ir.Mutator):
             if isinstance(x, ir.If) and x.orelse is None:
                 return rewrite(x.then)
             if isinstance(x, ir.For):
-                full = _full(x, bounds)
-                bounds[x.var.name] = _span(full, bounds)
+                full = full_range(x, bounds) or x
+                bounds[x.var.name] = loop_span(full, bounds)
                 return replace(full, body=rewrite(x.body))
             if isinstance(x, ir.Block):
                 return ir.block([rewrite(y) for y in x.body])
