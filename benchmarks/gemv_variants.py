@@ -71,8 +71,14 @@ def main() -> None:
     import torch
     shapes = []
     for part in args.shapes.split(";"):
-        m, n, k, dt = part.split(",")
-        shapes.append((int(m), int(n), int(k), dt))
+        try:
+            m, n, k, dt = part.split(",")
+            shapes.append((int(m), int(n), int(k), dt))
+        except ValueError:
+            parser.error(f"--shapes: {part!r} is not M,N,K,dtype (e.g. 1,4096,4096,bfloat16)")
+        if dt not in ("float16", "bfloat16", "float32") or min(shapes[-1][:3]) < 1 or shapes[-1][0] > 16:
+            parser.error(f"--shapes: {part!r}: M from 1 to 16 (a GEMV), positive N and K, dtype float16, "
+                         "bfloat16 or float32")
     jobs = [(*s, None) for s in shapes] + [(*s, c) for s in shapes for c in _configs(s[2])]
     with ProcessPoolExecutor(args.workers) as pool:
         built = list(pool.map(_build, jobs, chunksize=1))
