@@ -22,6 +22,7 @@ import islpy as isl
 
 from ..errors import ScheduleError
 from ..lang import expr as lx
+from ..toolchain import quick_builds
 from .affine import NotAffine, affine
 from .astgen import Scheduled, binding_depth, pw_aff_expr
 from .astnodes import AExpr
@@ -148,6 +149,10 @@ def _extreme(pa: isl.PwAff, maximize: bool) -> int | None:
 MAX_EXTENT_PIECES = 16
 """The most pieces of a parametric footprint extent whose maximum the cache primitives compute."""
 
+MAX_OFFSET_PIECES = 8
+"""The most pieces of a footprint's lowest index that the cache primitives try one by one as its
+offset."""
+
 
 @dataclass
 class _Box:
@@ -158,7 +163,37 @@ class _Box:
     hi: isl.PwAff
 
 
+_BOXES: dict[tuple[str, int], tuple[str | None, _Box]] = {}
+REMEMBERED_BOXES = 512
+"""The most footprint boxes kept (a full table starts again)."""
+
+
 def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None] | None = None) -> _Box:
+    """``_computed_box_dim``, remembered by the footprint's text (and the first inner iteration's
+    access where that was consulted): the memory check after every primitive asks again about every
+    cache checked before (a box that took 30 s was computed once per later primitive, fuzz seed 107
+    case 3357). With quick builds only (``toolchain.quick_builds``)."""
+    if not quick_builds():
+        return _computed_box_dim(f, d, what, origin)
+    key = (str(f), d)
+    hit = _BOXES.get(key)
+    if hit is not None and (hit[0] is None or (origin is not None and hit[0] == str(origin()))):
+        return hit[1]
+    consulted: list[bool] = []
+
+    def watched() -> isl.Map | None:
+        consulted.append(True)
+        return origin()
+
+    box = _computed_box_dim(f, d, what, None if origin is None else watched)
+    if len(_BOXES) >= REMEMBERED_BOXES:
+        _BOXES.clear()
+    _BOXES[key] = (str(origin()) if consulted and origin is not None else None, box)
+    return box
+
+
+def _computed_box_dim(f: isl.Map, d: int, what: str,
+                      origin: Callable[[], isl.Map | None] | None = None) -> _Box:
     """The box of dimension ``d`` of the footprint ``f`` ([P] -> X[e]): an offset over P and a size.
 
     The offset is one of the pieces of the lowest index accessed; where none of them gives a box as
@@ -186,9 +221,14 @@ def _box_dim(f: isl.Map, d: int, what: str, origin: Callable[[], isl.Map | None]
         if size is not None and (best is None or size + 1 < best[0]):
             best = (size + 1, cand)
 
-    for _, aff in lo.get_pieces():
+    # each piece of the lowest index is a candidate offset whose check subtracts and compares
+    # piecewise functions: past MAX_OFFSET_PIECES the checks ran for minutes (a footprint of 16
+    # lowest and 31 highest pieces, fuzz seed 107 case 3357), and such a footprint gets the lowest
+    # index over all iterations or a parametric extent below
+    few = lo.n_piece() <= MAX_OFFSET_PIECES
+    for _, aff in lo.get_pieces() if few else []:
         consider(isl.PwAff.from_aff(aff))
-    if origin is not None and lo.n_piece() > 1:
+    if origin is not None and 1 < lo.n_piece() and few:
         tight = _extreme(hi.sub(lo), maximize=True)
         if best is None or tight is None or best[0] > tight + 1:
             at = origin()

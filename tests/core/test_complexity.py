@@ -292,3 +292,93 @@ def test_every_instance_of_a_modular_where_under_tiles_is_checked_cheaply():
         kern(a, out, N=n)
         ref = [99 if i % 2 else a[2 * i, :i + 1].sum() if 2 * i < 5 else 0 for i in range(n)]
         np.testing.assert_array_equal(out, np.array(ref, np.float32))
+
+
+def test_a_footprint_box_is_computed_once_across_later_primitives(monkeypatch, rng):
+    # the memory check after every primitive computed every cache's box again: a box that took 30 s
+    # was computed once per later primitive and the case ran past the fuzzer's timeout (fuzz seed
+    # 107 case 3357); the boxes are remembered by the footprint's text
+    import polytile.poly.cache as cache
+    computed: list[tuple[str, int]] = []
+    inner = cache._computed_box_dim
+
+    def counted(f, d, what, origin=None):
+        computed.append((str(f), d))
+        return inner(f, d, what, origin)
+
+    monkeypatch.setattr(cache, "_computed_box_dim", counted)
+    monkeypatch.setattr(cache, "_BOXES", {})
+    A = pt.placeholder((37, 29), "float32", "A")
+    T = pt.compute((37, 29), lambda i, j: A[i, j] * 2.0 + 1.0, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].split("i", 8)
+    s[T].cache(A, "ii")
+    s[T].split("j", 4)
+    s[T].unroll("ji")
+    assert computed and len(computed) == len(set(computed)), computed
+    a = rng.standard_normal((37, 29)).astype("float32")
+    np.testing.assert_allclose(pt.build(s)(a), a * 2 + 1, rtol=1e-6)
+
+
+def test_a_footprint_of_many_lowest_pieces_is_boxed_without_trying_each():
+    # each piece of the lowest index was tried as the box's offset, a piecewise subtraction and
+    # two optimizations each: 16 pieces took a minute (fuzz seed 107 case 3357); past
+    # MAX_OFFSET_PIECES the lowest index over every iteration is the offset, still a box of the
+    # whole footprint
+    import islpy as isl
+
+    import polytile.poly.cache as cache
+    n = cache.MAX_OFFSET_PIECES + 4
+    low = [(7 * k) % 11 * 3 for k in range(n)]  # not affine in p: a piece per iteration
+    f = isl.Map(" ; ".join(f"[p] -> X[o] : p = {k} and {lo} <= o <= {lo + 5}" for k, lo in enumerate(low))
+                .join("{}"))
+    calls = [0]
+    extreme = cache._extreme
+
+    def counted(pa, maximize):
+        calls[0] += 1
+        return extreme(pa, maximize)
+
+    cache._extreme, before = counted, cache._extreme
+    try:
+        box = cache._computed_box_dim(f, 0, "a test footprint")
+    finally:
+        cache._extreme = before
+    assert calls[0] <= 4, calls
+    assert box.size is not None and box.size >= 6
+    for k in range(n):  # every accessed element lies in [offset, offset + size)
+        off = box.offset.eval(isl.Point.zero(box.offset.get_domain_space()).set_coordinate_val(
+            isl.dim_type.set, 0, k)).to_python()
+        assert off <= low[k] and low[k] + 5 < off + box.size, (k, off, box.size)
+
+
+def test_a_cache_of_a_footprint_of_many_lowest_pieces_computes_the_right_result(rng):
+    # fuzz seed 107 case 3357, reduced: a cache at the inner loop of a split reduction over a
+    # reordered, unrolled nest whose footprint has 16 lowest and 31 highest pieces
+    N = pt.param("N")
+    vals = pt.placeholder((7, N), "float32", "vals")
+    B = pt.placeholder((13,), "float32", "B")
+
+    def f_V(i, j):
+        k = pt.reduce_axis((0, 13), "k")
+        return pt.max(pt.select((j >= 1) & (j - 1 < 7) & (2 * j < N), vals[j - 1, 2 * j], 0.0)
+                      + pt.select((j < 7) & (k < N), vals[j, k], -0.5)
+                      + pt.select((j + 1 < 7) & (i < N), vals[j + 1, i], 0.0), axis=k) + B[j]
+
+    V = pt.compute((13, 13), f_V, "V")
+    s = pt.create_schedule(pt.Func([vals, B], [V], constraints=[N >= 2]))
+    s["V"].reorder("j", "i")
+    s["V"].unroll("i")
+    s["V_red"].split("k", 16)
+    s["V_red"].cache_identity("vals", "ki")
+    kern = pt.build(s)
+    n = 5
+    v = rng.standard_normal((7, n)).astype("float32")
+    b = rng.standard_normal(13).astype("float32")
+    ref = np.empty((13, 13), "float32")
+    for i in range(13):
+        for j in range(13):
+            first = v[j - 1, 2 * j] if j >= 1 and j - 1 < 7 and 2 * j < n else 0.0
+            last = v[j + 1, i] if j + 1 < 7 and i < n else 0.0
+            ref[i, j] = max(first + (v[j, k] if j < 7 and k < n else -0.5) + last for k in range(13)) + b[j]
+    np.testing.assert_allclose(kern(v, b, N=n), ref, rtol=1e-5, atol=1e-6)
