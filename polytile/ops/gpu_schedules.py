@@ -435,10 +435,14 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
-def _splits(K: int, bk: int, whole_tiles: bool) -> list[int]:
-    """Chunk counts of a split reduction: divisors of K (each chunk the same length) leaving every
-    chunk at least two K tiles — whole K tiles for the tensor cores and the CUDA cores, which compute
-    whole tiles."""
+def _splits(K: int, bk: int, whole_tiles: bool, even: bool = True) -> list[int]:
+    """Chunk counts of a split reduction leaving every chunk at least two K tiles: divisors of K
+    (each chunk the same length; whole K tiles for the tensor cores and the CUDA cores, which compute
+    whole tiles), or with ``even`` False the counts that do not divide K (chunks of ⌈K/S⌉, the last
+    one shorter and not empty), for the kernels of partial K tiles."""
+    if not even:
+        return [] if whole_tiles else [s for s in range(2, MAX_SPLIT + 1)
+                                       if K % s and -(-K // s) >= 2 * bk and (s - 1) * -(-K // s) < K]
     return [s for s in range(1, MAX_SPLIT + 1)
             if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
 
@@ -453,6 +457,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     split (1: none); batched products are not split."""
     hw = Hardware.of(target)
     it = dtype.itemsize
+    if split_k and K % split_k and M > GEMV_ROWS:
+        raise ScheduleError(f"split_k={split_k} does not divide K={K}: chunks of unequal length are summed only "
+                            f"by the GEMV kernel (at most {GEMV_ROWS} rows); the tensor-core and CUDA-core kernels "
+                            "compute whole K tiles: take a divisor of K")
     if M <= GEMV_ROWS:
         kernel, found = "gemv", _gemv_candidates(M, N, K, it, hw)
     elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target):
@@ -463,23 +471,34 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
     best: GemmChoice | None = None
     unsplit: GemmChoice | None = None
+    uneven: GemmChoice | None = None
     for params, plan in found:
         if plan.resident == 0:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
+        whole = kernel in ("wgmma", "mma", "cuda")
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
-                  else _splits(K, plan.bk, kernel in ("wgmma", "mma", "cuda")) or [1])
-        for split in splits:
+                  else _splits(K, plan.bk, whole) or [1])
+        more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False)
+        for split in splits + more:
             chunk = -(-K // split)
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk))
             t = gemm_seconds(sized, target, M, N, K, batch, split)
             if kernel == "gemv" and not params.get("direct") and (N * it) % 4:
                 t += 2 * batch * K * N * it / target.dram_bandwidth + LAUNCH_SECONDS  # B copied aligned first
+            if split in more:
+                if uneven is None or t < uneven.seconds:
+                    uneven = GemmChoice(kernel, params, split, t)
+                continue
             if best is None or t < best.seconds:
                 best = GemmChoice(kernel, params, split, t)
             if split == 1 and (unsplit is None or t < unsplit.seconds):
                 unsplit = GemmChoice(kernel, params, 1, t)
+    if best is not None and uneven is not None and uneven.seconds < SPLIT_MARGIN * best.seconds:
+        # chunks of unequal length (a GEMV over a prime K had no split and 17 blocks: 1×4097×4093 at
+        # 0.04× torch), only for a clear gain over the chunks of one length
+        best = uneven
     if best is None:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
     if kernel != "gemv" and unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:

@@ -205,9 +205,10 @@ def _reference_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1) -> Func:
-    """The algorithm of ``matmul``. With ``split_k`` = S > 1 (a divisor of K) the reduction is split
-    in S chunks of K/S: ``P[s, i, j]`` sums chunk s, and ``C[i, j] = sum_s P[s, i, j]`` — the same
-    function, with S times more independent work for small outputs over a long reduction (split-K).
+    """The algorithm of ``matmul``. With ``split_k`` = S > 1 the reduction is split in S chunks of
+    ⌈K/S⌉ (the last one shorter where S does not divide K; none empty): ``P[s, i, j]`` sums chunk s,
+    and ``C[i, j] = sum_s P[s, i, j]`` — the same function, with S times more independent work for
+    small outputs over a long reduction (split-K).
     The partial products, like the result, are of ``dtypes.accumulator(dtype)`` (16-bit floats in
     float32, 8- and 16-bit integers in int32)."""
     return _gemm_func("matmul", 0, M, N, K, dtype, split_k)
@@ -223,15 +224,16 @@ def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_
     lead = (batch,) if batch else ()
     A = placeholder((*lead, M, K), dtype, "A")
     B = placeholder((*lead, K, N), dtype, "B")
-    if split_k < 1 or K % split_k:
-        raise PolytileError(f"{name}: split_k={split_k} must be a positive divisor of K={K} (chunks of one "
-                            "length; 1: no split)")
-    kc = K // max(1, split_k)
+    kc = -(-K // max(1, split_k))
+    if split_k < 1 or (split_k - 1) * kc >= K:
+        raise PolytileError(f"{name}: split_k={split_k} must be between 1 (no split) and K={K}, and leave no chunk "
+                            f"of ⌈K/split_k⌉ = {kc} empty")
     k = reduce_axis(kc if split_k > 1 else K, "k")
 
     def chunk_sum(lead: tuple[object, ...], i: object, j: object, s: object = 0) -> lang.expr.Expr:
         kk = s * kc + k if split_k > 1 else k  # type: ignore[operator]
-        return lang.tensor.sum(product(A[(*lead, i, kk)], B[(*lead, kk, j)], dtype), axis=k)
+        where = kk < K if K % max(1, split_k) else None  # type: ignore[operator]
+        return lang.tensor.sum(product(A[(*lead, i, kk)], B[(*lead, kk, j)], dtype), axis=k, where=where)
 
     if split_k <= 1:
         if batch:
@@ -291,7 +293,7 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", spl
         tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
         if batch >= target.cores:
             tiles.update(mc=_round_up(M, tiles["mr"]), parallel="batch")
-        schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], K // split_k)),
+        schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))),
                           batch="bb" if batch >= target.cores else None)
         sched["C"].parallel("bb")
 

@@ -24,7 +24,7 @@ def _err(out, ref):
 
 
 MATMULS = [
-    ((1, 4097, 4093), "bfloat16"),   # M = 1, odd N and a prime K: no split, element-wise rows
+    ((1, 4097, 4093), "bfloat16"),   # M = 1, odd N and a prime K: split in chunks of unequal length
     ((8, 768, 3072), "float16"),     # decoding: a split reduction over the GEMV kernel
     ((1, 1025, 1023), "float32"),
     ((16, 1000, 999), "float16"),    # the last GEMV size, odd K
@@ -35,6 +35,7 @@ MATMULS = [
     ((4095, 4097, 1023), "float16"),  # the issue's odd K and N
     ((13, 1001, 999), "float16"),    # odd N, 13 rows: B read in place by the direct GEMV
     ((1, 50257, 768), "float16"),    # GPT-2's vocabulary row: odd N
+    ((5, 2000, 8191), "float16"),    # a prime K, 5 rows
 ]
 
 
@@ -49,7 +50,8 @@ def test_default_matmul(dims, dtype):
     assert _err(out, a.double() @ b.double()) <= op.tolerance
 
 
-@pytest.mark.parametrize("M,K,split", [(64, 1024, 2), (64, 1024, 4), (8, 1000, 5), (8, 1001, 7)])
+@pytest.mark.parametrize("M,K,split", [(64, 1024, 2), (64, 1024, 4), (8, 1000, 5), (8, 1001, 7), (8, 1001, 6),
+                                       (1, 4093, 16)])
 def test_explicit_split(M, K, split):
     # tensor cores: whole chunks of K tiles; the GEMV kernel: chunks of 200 and 143, not whole tiles
     op = ops.matmul(M, 200, K, "float16", split_k=split)
