@@ -9,7 +9,8 @@ the CPU. For each model, in one process:
    workload into ``<records-dir>/<model>-<device>.jsonl`` (resumed when it exists), timed;
 2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
    it beats torch on its own), timed, and its output checked against eager (relative error);
-3. the peers compiled: inductor (default) and inductor max-autotune (``--peers``);
+3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
+   CUDA graphs; ``inductor-cudagraphs``) (``--peers``);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU).
 
@@ -19,8 +20,8 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max] [--threads N] [--rounds 5] [--calls 10] [--records-dir DIR]
-        [--out DIR]
+        [--peers eager,inductor,inductor-max,inductor-cudagraphs] [--threads N] [--rounds 5] [--calls 10]
+        [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "resnet50-b32": ("resnet50", {"batch": 32}),
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
-PEERS = ("eager", "inductor", "inductor-max")
+PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")
+INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
 def main() -> int:
@@ -72,6 +74,8 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=10, help="calls per variant and round")
     p.add_argument("--records-dir", default="benchmarks/results/records")
     p.add_argument("--tuner", default="xgb")
+    p.add_argument("--cuda-graphs", choices=["default", "on", "off"], default="default",
+                   help="the backend's cuda_graphs option (default: on a GPU, for inference)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
     args = p.parse_args()
     if args.threads:
@@ -124,17 +128,19 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
             variants["eager"] = model
         report = ptt.Report()
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report),
-                                 dynamic=False)
+        graphs = {"default": None, "on": True, "off": False}[args.cuda_graphs]
+        compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report,
+                                                            cuda_graphs=graphs), dynamic=False)
         t0 = time.perf_counter()
         got = compiled(*inputs)
         _sync(device)
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
         res["rel_error"] = _rel(got, want)
+        res["cuda_graphs"] = report.cuda_graphs
         res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" for g in report.taken]
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
         variants["polytile"] = compiled
-        for peer, mode in (("inductor", "default"), ("inductor-max", "max-autotune")):
+        for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)
                 t0 = time.perf_counter()

@@ -54,6 +54,10 @@ class Options:
     fused scaled-dot-product attention kernels; "pieces" decomposes attention into its pieces (a batched
     product of queries and keys with the scale and mask, a softmax, a batched product with the values),
     which the backend then compiles or leaves one by one — giving up the fused kernel.
+    ``cuda_graphs``: replay each compiled graph as one CUDA graph from its second call on
+    (``polytile.torch.graphs``: one launch for the whole forward instead of a host call per kernel);
+    None (the default): on a CUDA target when gradients are off (inference), False: never, True: on a
+    CUDA target whenever the forward is compiled with gradients off.
     """
 
     target: Any = None
@@ -63,10 +67,13 @@ class Options:
     attention: str = "torch"
     min_time: float = 0.01  # seconds of calls per timing round
     rounds: int = 5
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
+        if self.cuda_graphs not in (None, True, False):
+            raise PolytileError(f"backend option cuda_graphs={self.cuda_graphs!r}: use True, False or None")
         if self.attention not in ATTENTION:
             raise PolytileError(f"backend option attention={self.attention!r}: use one of {', '.join(ATTENTION)}")
         if self.records is not None:
@@ -101,9 +108,14 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], opts: Options) -> An
         report.leave("graph", reason)
         return gm.forward
 
+    # the caller's mode, read here: AOT autograd may compile the forward with gradients off even for
+    # a training graph
+    grad = torch.is_grad_enabled()
+
     def forward_compiler(fgm: fx.GraphModule, inputs: list[Any]) -> Any:
         try:
-            return compile_graph(fgm, inputs, opts, report)
+            graphs = _graphs_wanted(opts, _target_of(fgm, opts), grad)
+            return compile_graph(fgm, inputs, opts, report, cuda_graphs=graphs)
         except Exception as err:  # noqa: BLE001 - a polytile bug must not take the user's model down
             note = f"polytile failed on this graph ({type(err).__name__}: {err}); the graph runs in torch"
             warnings.warn(f"polytile backend: {note}", stacklevel=2)
@@ -195,8 +207,10 @@ def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None 
     return imported, left
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, report: Report) -> Any:
-    """Compile an aten graph (see the module docstring); returns the rewritten graph's callable."""
+def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, report: Report,
+                  cuda_graphs: bool = False) -> Any:
+    """Compile an aten graph (see the module docstring); returns the rewritten graph's callable,
+    replayed as a CUDA graph with ``cuda_graphs`` (``_graphs_wanted``)."""
     start = time.perf_counter()
     target = _target_of(gm, opts)
     report.graphs += 1
@@ -219,7 +233,21 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
                                        _us(c.polytile_s), _us(c.torch_s)))
     report.compile_s += time.perf_counter() - start
+    if cuda_graphs:
+        from .graphs import GraphedForward
+        report.cuda_graphs += 1
+        return _boxed(GraphedForward(new_gm.forward, report))
     return _boxed(new_gm.forward)
+
+
+def _graphs_wanted(opts: Options, target: Any, grad: bool) -> bool:
+    """Whether the compiled forward is replayed as a CUDA graph (``Options.cuda_graphs``): only on a
+    CUDA target, only for inference (``grad`` off: a forward compiled for training saves tensors for
+    the backward pass, which a replay would overwrite)."""
+    from ..target import CUDATarget
+    if opts.cuda_graphs is False or not isinstance(target, CUDATarget) or grad:
+        return False
+    return torch.cuda.is_available()
 
 
 MAX_ROUNDS = 3

@@ -36,6 +36,8 @@ class Report:
     taken: list[TakenGroup] = field(default_factory=list)
     left: list[LeftOp] = field(default_factory=list)
     graphs: int = 0
+    cuda_graphs: int = 0  # compiled graphs replayed as CUDA graphs (Options.cuda_graphs)
+    cuda_graph_replays: int = 0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 

@@ -144,6 +144,53 @@ def test_cuda_graph_replay_of_a_compiled_model() -> None:
         assert_close(out.float(), model(fresh).float(), 2e-2)
 
 
+@pytest.mark.gpu
+def test_a_compiled_model_replays_as_one_cuda_graph() -> None:
+    # the default on a GPU for inference: captured on the second call, replayed after; every call
+    # with fresh inputs matches eager and an earlier result stays valid after the next call
+    pytest.importorskip("transformers")
+    from polytile.torch import zoo
+    model, inputs = zoo.model("bert-base", size="tiny", batch=2, device="cuda")
+    report = ptt.Report()
+    compiled = torch.compile(model, backend=ptt.backend(choose="always", report=report), dynamic=False)
+    outs, wants = [], []
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randint(0, 500, inputs[0].shape, device="cuda")
+            outs.append(compiled(x, *inputs[1:]))
+            wants.append(model(x, *inputs[1:]))
+    torch.cuda.synchronize()
+    for got, want in zip(outs, wants):
+        assert_close(got.float(), want.float(), 3e-2)
+    assert report.cuda_graphs >= 1 and report.cuda_graph_replays >= 2, report
+    assert not [n for n in report.notes if "CUDA graph" in n], report.notes
+
+
+@pytest.mark.gpu
+def test_without_cuda_graphs_no_graph_is_captured() -> None:
+    pytest.importorskip("transformers")
+    from polytile.torch import zoo
+    model, inputs = zoo.model("bert-base", size="tiny", batch=2, device="cuda")
+    report = ptt.Report()
+    compiled = torch.compile(model, backend=ptt.backend(choose="always", report=report, cuda_graphs=False),
+                             dynamic=False)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(*inputs).float(), model(*inputs).float(), 3e-2)
+    assert report.cuda_graphs == 0 and report.cuda_graph_replays == 0
+
+
+def test_cuda_graphs_only_for_inference_on_a_cuda_target() -> None:
+    from polytile.target import as_target
+    from polytile.torch.compiler import Options, _graphs_wanted
+    assert not _graphs_wanted(Options(), as_target("cpu"), grad=False)
+    assert not _graphs_wanted(Options(cuda_graphs=True), as_target("cuda"), grad=True)
+    assert not _graphs_wanted(Options(cuda_graphs=False), as_target("cuda"), grad=False)
+    assert _graphs_wanted(Options(), as_target("cuda"), grad=False) == torch.cuda.is_available()
+    with pytest.raises(PolytileError, match="cuda_graphs='yes': use True, False or None"):
+        Options(cuda_graphs="yes")
+
+
 def test_the_registered_backend_name_with_options() -> None:
     x = torch.randn(4, 9)
     compiled = torch.compile(lambda x: torch.tanh(x) * 3, backend="polytile", options={"choose": "always"})

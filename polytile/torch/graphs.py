@@ -1,0 +1,104 @@
+"""The compiled forward replayed as one CUDA graph (the backend's ``cuda_graphs`` option).
+
+At batch 1 a model is mostly host time: each of its 50–90 kernels costs polytile's call path 10–20 µs
+on the host (``benchmarks/launch_breakdown.py``), where the GPU needs a few. Captured once, the whole
+forward — polytile's kernels and the operations left to torch — is enqueued by one graph launch.
+
+The capture happens on the second call (the first one runs as compiled: lazy initializations, the
+kernels' first-call planning and any compilation are done then, none of which a capture allows) on a
+side stream, in a memory pool of its own. Inputs that dynamo marks static (the model's parameters and
+buffers) are used in place: a later call with another tensor in their place (new weights assigned to
+the module) is run as compiled and captured again. Other inputs (the user's tensors) are copied into
+the graph's own input tensors before each replay. Outputs are cloned out of the graph's memory, so a
+result stays valid after the next call. A forward that cannot be captured (an operation that
+synchronizes or copies to the host) runs as compiled from then on, with one warning saying why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def static_input(x: object) -> bool:
+    """Whether dynamo marks ``x`` as a static address (parameters and buffers of the module)."""
+    return isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type", None) is not None
+
+
+class GraphedForward:
+    """``forward`` (a function of tensors returning a tuple or list of tensors) replayed as one CUDA
+    graph from its second call on."""
+
+    def __init__(self, forward: Callable[..., Any], report: Any = None):
+        self.forward = forward
+        self.report = report  # an explain.Report: its notes and replay count
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: list[Any] = []  # the graph's input tensors (static ones: the caller's own)
+        self.copied: list[bool] = []  # which inputs are copied in before a replay
+        self.outputs: Any = None
+        self.failed = False
+        self.replays = 0
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.cuda.is_current_stream_capturing():  # inside the caller's own graph: a part of it
+            return self.forward(*args)
+        self.calls += 1
+        if self.failed or self.calls == 1:
+            return self.forward(*args)
+        if self.graph is None or not self._matches(args):
+            if not self._capture(args):
+                return self.forward(*args)
+        for k, a in enumerate(args):
+            if self.copied[k]:
+                self.inputs[k].copy_(a)
+        self.graph.replay()  # type: ignore[union-attr]
+        self.replays += 1
+        if self.report is not None:
+            self.report.cuda_graph_replays += 1
+        return type(self.outputs)(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+
+    def _matches(self, args: Sequence[Any]) -> bool:
+        if len(args) != len(self.inputs):
+            return False
+        for a, s, copied in zip(args, self.inputs, self.copied):
+            if isinstance(a, torch.Tensor) != isinstance(s, torch.Tensor):
+                return False
+            if not isinstance(a, torch.Tensor):
+                if a != s:
+                    return False
+            elif copied:
+                if a.shape != s.shape or a.dtype != s.dtype or a.device != s.device or a.stride() != s.stride():
+                    return False
+            elif a.data_ptr() != s.data_ptr() or a.shape != s.shape or a.stride() != s.stride():
+                return False
+        return True
+
+    def _capture(self, args: Sequence[Any]) -> bool:
+        self.graph = None
+        try:
+            copied = [isinstance(a, torch.Tensor) and not static_input(a) for a in args]
+            inputs = [a.clone() if c else a for a, c in zip(args, copied)]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.forward(*inputs)  # warm-up on the capture's stream
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = self.forward(*inputs)
+            if not isinstance(outputs, (tuple, list)):
+                raise TypeError(f"the forward returned {type(outputs).__name__}, not a tuple or list")
+        except Exception as err:  # noqa: BLE001 - the model must run, graph or not
+            self.failed = True
+            reason = (f"the compiled graph could not be captured as a CUDA graph ({type(err).__name__}: {err}); "
+                      "it runs without one")
+            warnings.warn(f"polytile backend: {reason}", stacklevel=3)
+            if self.report is not None:
+                self.report.notes.append(reason)
+            return False
+        self.graph, self.inputs, self.copied, self.outputs = graph, inputs, copied, outputs
+        return True
