@@ -538,7 +538,8 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
     from .matmul import matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k)
     return _scheduled(choice, sched, split_k, None,
-                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s))
+                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
+                                            sched.func.tensor("C").dtype.name))
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
@@ -546,7 +547,8 @@ def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int
     from .matmul import batch_matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k)
     return _scheduled(choice, sched, split_k, "bb",
-                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s))
+                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
+                                                  sched.func.tensor("C").dtype.name))
 
 
 def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,
