@@ -18,8 +18,11 @@ interleaved with torch in the same process (BENCHMARKING.md):
   call    the user's call from Python in a loop (``kern(a, b)``, which allocates its output and
           returns it; ``a @ b`` for torch), synchronized at the end, per call.
 
-Ratios are torch time / polytile time (above 1: polytile is faster). polytile's GEMMs and
-convolutions write float32 results; torch writes the input dtype.
+Ratios are torch time / polytile time (above 1: polytile is faster). GEMMs and convolutions of
+16-bit inputs sum in float32 and write the input dtype, as torch does (the operators' ``out_dtype``;
+records before 2026-11-28 have polytile writing float32 there, twice the bytes of torch's results);
+each is checked against the float64 reference with the tolerance of its output type, which holds the
+output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
                                 [--workers N] [--out FILE.json]
@@ -132,6 +135,10 @@ MOBILENET_V2 = (
 RESNET50_FP32 = ("l1.3x3", "l3.reduce", "l4.3x3")
 
 
+HALF_OUTPUT = ("matmul", "batch_matmul", "conv2d_igemm", "conv2d")
+"""The operators that take ``out_dtype``: with 16-bit inputs they write the input dtype, as torch."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One operator instance: ``ops.<kind>(**dims)`` in ``dtype``; ``family`` groups the table."""
@@ -143,7 +150,8 @@ class Workload:
     family: str
 
     def op(self) -> ops.Op:
-        return ops.get(self.kind, **dict(self.dims), dtype=self.dtype)
+        extra = {"out_dtype": self.dtype} if self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16") else {}
+        return ops.get(self.kind, **dict(self.dims), dtype=self.dtype, **extra)
 
     @property
     def shape(self) -> str:
@@ -415,8 +423,8 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
     return {"benchmark": "shapes", "variant": "gpu", **gpu_record(), "nvidia_smi_after": after,
             "timing": "kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; "
                       "call: the Python call in a loop (polytile allocates and returns its output), synchronized at "
-                      "the end; interleaved with torch in rounds, medians of the rounds. polytile's GEMMs and "
-                      "convolutions write float32, torch the input dtype.",
+                      "the end; interleaved with torch in rounds, medians of the rounds. GEMMs and convolutions of "
+                      "16-bit inputs write the input dtype (summed in float32), as torch does.",
             "results": results}
 
 
