@@ -139,3 +139,33 @@ def test_reduction_loops_outside_the_data_loops_get_a_whole_cache():
     s["C"].reorder("k", "i", "j")
     assert _check(s) <= 1.0
     assert s.caches[0].level is None  # the whole result, in float32
+
+
+# --- the tuning templates ----------------------------------------------------------------------------
+
+TUNED = [("matmul", dict(M=37, N=29, K=301)), ("matmul", dict(M=3, N=45, K=130)),
+         ("batch_matmul", dict(batch=3, M=19, N=23, K=45)), ("conv2d", dict(N=1, C=5, H=7, W=9, K=11, R=3, S=3))]
+
+
+@pytest.mark.parametrize("name,dims", TUNED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(TUNED)])
+def test_cpu_template_configurations_round_once(name, dims):
+    """The template's default is the default schedule, and its other configurations (K never blocked
+    for a GEMM stored as float16) build and round the sums once."""
+    from polytile.build import build
+    from polytile.tune import make_task
+    task = make_task(name, "cpu", dtype="float16", out_dtype="float16", **dims)
+    default = task.space.default
+    assert build(task.schedule(default.values), task.target).source == task.op.build().source
+    rng = np.random.default_rng(5)
+    seen = 0
+    for row in task.space.random_digits(rng, 400):
+        if not task.space.is_valid(list(row)):
+            continue
+        kern = build(task.schedule(task.space.config(list(row)).values), task.target)
+        inputs = task.op.make_inputs(rng)
+        out = np.asarray(kern(*inputs))
+        assert out.dtype == np.float16 and ulps_from_rounded_sums(out, task.op.reference(*inputs)) <= 1.0
+        seen += 1
+        if seen == 3:
+            break
+    assert seen

@@ -47,3 +47,33 @@ def test_half_output_kernel(case, dtype):
     if name != "conv2d-nchw":  # the direct NCHW convolution's CUDA schedule spills for any output type
         assert not re.search(r"\bLDL\b|\bSTL\b", text)
     assert "F2FP" in text  # float32 → 16-bit conversions (paired: F2FP.*PACK_AB)
+
+
+@pytest.mark.parametrize("name,dims", [("matmul", dict(M=300, N=264, K=200)), ("matmul", dict(M=4, N=1000, K=512)),
+                                       ("conv2d_igemm", dict(N=2, H=13, W=11, C=64, K=72, R=3, S=3, padding=1))])
+def test_cuda_template_configurations_store_half(name, dims):
+    """The tuning templates (tensor cores, warpgroup MMA, GEMV, split reductions) schedule the float16
+    output like the float32 one: a few valid configurations build, store __half, and use no more
+    local memory than the same configuration storing float32 (a random point of a space may spill)."""
+    import numpy as np
+
+    from polytile.build import build
+    from polytile.tune import make_task
+    task = make_task(name, SM90A, dtype="float16", out_dtype="float16", **dims)
+    wide = make_task(name, SM90A, dtype="float16", **dims)
+    rng = np.random.default_rng(7)
+    seen = 0
+    for row in task.space.random_digits(rng, 400):
+        if not task.space.is_valid(list(row)):
+            continue
+        values = task.space.config(list(row)).values
+        kern = build(task.schedule(values), SM90A)
+        out = task.op.func.outputs[0].name
+        assert re.search(rf"__half\* __restrict__ {out}\b", kern.source)
+        kernels = (kern, build(wide.schedule(values), SM90A))
+        local = [len(re.findall(r"\bLDL\b|\bSTL\b", _sass(k.cubin))) for k in kernels]
+        assert local[0] <= local[1], values
+        seen += 1
+        if seen == 2:
+            break
+    assert seen
