@@ -149,9 +149,13 @@ class Workload:
     dtype: str
     family: str
 
+    def arguments(self) -> dict[str, object]:
+        """The operator's arguments: sizes, dtype, and for 16-bit GEMMs and convolutions ``out_dtype``."""
+        half = self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16")
+        return {**dict(self.dims), "dtype": self.dtype, **({"out_dtype": self.dtype} if half else {})}
+
     def op(self) -> ops.Op:
-        extra = {"out_dtype": self.dtype} if self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16") else {}
-        return ops.get(self.kind, **dict(self.dims), dtype=self.dtype, **extra)
+        return ops.get(self.kind, **self.arguments())
 
     @property
     def shape(self) -> str:
@@ -300,7 +304,7 @@ def tune_all(ws: list[Workload], args: argparse.Namespace) -> dict[str, tuple[ob
         t0 = time.perf_counter()
         try:
             kern = pt.tune(w.kind, target="cuda", trials=args.tune, records=args.records, tuner="xgb",
-                           progress=False, dtype=w.dtype, **dict(w.dims))
+                           progress=False, **w.arguments())
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             kern = f"{type(err).__name__}: {err}"[:2000]
         out[w.name] = (kern, time.perf_counter() - t0)
@@ -429,7 +433,9 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
 
 
 def _describe(w: Workload) -> dict:
-    return {"name": w.name, "family": w.family, "kind": w.kind, "dims": dict(w.dims), "dtype": w.dtype}
+    out = w.arguments().get("out_dtype")
+    return {"name": w.name, "family": w.family, "kind": w.kind, "dims": dict(w.dims), "dtype": w.dtype,
+            **({"out_dtype": out} if out else {})}
 
 
 # --- CPU --------------------------------------------------------------------------------------------
