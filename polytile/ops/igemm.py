@@ -74,9 +74,10 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
 
 
 def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int, S: int, stride: int = 1,
-                 padding: int = 0, dtype: str = "float16") -> Op:
-    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result
-    (``dtypes.accumulator(dtype)``) has shape (N·Z·P·Q, K): the NDHWC output."""
+                 padding: int = 0, dtype: str = "float16", out_dtype: str | None = None) -> Op:
+    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result (summed in
+    ``dtypes.accumulator(dtype)``, stored as ``out_dtype`` as in ``conv2d_igemm``) has shape
+    (N·Z·P·Q, K): the NDHWC output."""
     Z = conv_out(D, T, stride, padding, 1)
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     M = N * Z * P * Q
@@ -92,7 +93,8 @@ def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int,
     col = compute((M, T, R, S, C), gather, "col")
     t, r, s, c = reduce_axis(T, "t"), reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
     O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, t, r, s, c], Wt[t, r, s, c, k], dtype),
-                                                     axis=[t, r, s, c]), "O")
+                                                     axis=[t, r, s, c]), "O",
+                store_dtype=output_dtype("conv3d_igemm", dtype, out_dtype))
     func = Func([I, Wt], [O], name="conv3d_igemm")
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -113,6 +115,8 @@ def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int,
             lambda rng: [random_array(rng, (N, D, H, W, C), dtype), random_array(rng, (T, R, S, C, K), dtype)],
             reference, 2.0 * M * K * C * T * R * S, conv_bytes(dtype, O, N * D * H * W * C + T * R * S * C * K, M * K),
             {"cpu": _cpu}, tolerance=tolerance(O.dtype, C * T * R * S, dtype))
+    if O.narrowed:
+        op.shape["out_dtype"] = O.dtype.name  # type: ignore[assignment]
     _add_cuda(op, "conv3d_igemm", (N, D, H, W, C, K, T, R, S, stride, padding))
     return op
 

@@ -21,6 +21,7 @@ OPS = [
     ("batch_matmul", dict(batch=3, M=19, N=23, K=45, split_k=5)),
     ("conv2d_igemm", dict(N=2, H=7, W=9, C=5, K=11, R=3, S=3, padding=1)),
     ("conv2d", dict(N=2, C=5, H=7, W=9, K=11, R=3, S=3, padding=1)),
+    ("conv3d_igemm", dict(N=1, D=4, H=5, W=6, C=3, K=7, T=2, R=3, S=3, padding=1)),
 ]
 
 

@@ -50,5 +50,6 @@ CASES = [
     ("igemm-3x3-mma", lambda d: ops.conv2d_igemm(2, 13, 11, 64, 72, 3, 3, 1, 1, d, out_dtype=d), _mma),
     ("igemm-1x1", lambda d: ops.conv2d_igemm(3, 14, 14, 96, 136, 1, 1, 1, 0, d, out_dtype=d), _default),
     ("igemm-c3", lambda d: ops.conv2d_igemm(2, 23, 23, 3, 24, 7, 7, 2, 3, d, out_dtype=d), _default),
+    ("igemm-3d", lambda d: ops.conv3d_igemm(1, 5, 9, 7, 32, 40, 3, 3, 3, 1, 1, d, out_dtype=d), _default),
     ("conv2d-nchw", lambda d: ops.conv2d(2, 5, 9, 7, 11, 3, 3, 1, 1, dtype=d, out_dtype=d), _default),
 ]

@@ -17,7 +17,7 @@ SM90A = CUDATarget(arch="sm_90a")
 # the tensor-core results stored in pairs (rows of an odd length are not: every other row starts at an odd,
 # misaligned element); a split product pairs its float32 partial sums, its final sum is one per thread
 PAIRED = {"mma": "C", "mma-template": "C", "wgmma": "C", "split-k-mma": "P", "batch-default": "C", "batch-mma": "C",
-          "igemm-3x3": "O", "igemm-3x3-mma": "O", "igemm-1x1": "O"}
+          "igemm-3x3": "O", "igemm-3x3-mma": "O", "igemm-1x1": "O", "igemm-3d": "O"}
 STORAGE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
