@@ -31,6 +31,7 @@ output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is
     python benchmarks/shapes.py --offsuite [--only ...]            # shapes not in the suite
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
+    python benchmarks/shapes.py --float32-out ...                  # 16-bit GEMMs/convs write float32
     python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
 
 PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``, ``softmax``).
@@ -39,6 +40,7 @@ PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import fnmatch
 import json
@@ -148,10 +150,11 @@ class Workload:
     dims: tuple[tuple[str, int], ...]
     dtype: str
     family: str
+    half_out: bool = True  # 16-bit GEMMs and convolutions write the input dtype (--float32-out: float32)
 
     def arguments(self) -> dict[str, object]:
         """The operator's arguments: sizes, dtype, and for 16-bit GEMMs and convolutions ``out_dtype``."""
-        half = self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16")
+        half = self.half_out and self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16")
         return {**dict(self.dims), "dtype": self.dtype, **({"out_dtype": self.dtype} if half else {})}
 
     def op(self) -> ops.Op:
@@ -549,12 +552,16 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
                         "this many trials (default: the default schedules)")
     parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
+    parser.add_argument("--float32-out", action="store_true", help="16-bit GEMMs and convolutions write float32 "
+                        "(the accumulator), as records before 2026-11-28 did, instead of the input dtype")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
                 args.only)
+    if args.float32_out:
+        ws = [dataclasses.replace(w, half_out=False) for w in ws]
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")

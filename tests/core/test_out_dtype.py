@@ -3,6 +3,8 @@ sums of 16-bit products rounded once, when complete, to float16 or bfloat16 (wha
 ``(a.astype(float32) @ b.astype(float32)).astype(float16)``), on the CPU at sizes that divide no tile;
 the write cache that makes the rounding happen once, and the refusals."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -186,6 +188,7 @@ def test_shape_suite_writes_the_input_dtype_like_torch():
     assert "out_dtype" not in suite["softmax.awkward.3000x1000"].arguments()
     conv = suite["mobilenetv2.b2.expand.n32"]
     assert conv.arguments()["out_dtype"] == "float16"
+    assert "out_dtype" not in dataclasses.replace(conv, half_out=False).arguments()  # --float32-out
     small = shapes.Workload("t", "conv2d_igemm", (("N", 1), ("H", 5), ("W", 5), ("C", 16), ("K", 8), ("R", 1),
                                                   ("S", 1)), "float16", "conv")
     assert small.op().func.outputs[0].dtype.name == "float16"
