@@ -18,8 +18,11 @@ interleaved with torch in the same process (BENCHMARKING.md):
   call    the user's call from Python in a loop (``kern(a, b)``, which allocates its output and
           returns it; ``a @ b`` for torch), synchronized at the end, per call.
 
-Ratios are torch time / polytile time (above 1: polytile is faster). polytile's GEMMs and
-convolutions write float32 results; torch writes the input dtype.
+Ratios are torch time / polytile time (above 1: polytile is faster). GEMMs and convolutions of
+16-bit inputs sum in float32 and write the input dtype, as torch does (the operators' ``out_dtype``;
+records before 2026-11-28 have polytile writing float32 there, twice the bytes of torch's results);
+each is checked against the float64 reference with the tolerance of its output type, which holds the
+output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
                                 [--workers N] [--out FILE.json]
@@ -28,6 +31,7 @@ convolutions write float32 results; torch writes the input dtype.
     python benchmarks/shapes.py --offsuite [--only ...]            # shapes not in the suite
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
+    python benchmarks/shapes.py --float32-out ...                  # 16-bit GEMMs/convs write float32
     python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
 
 PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``, ``softmax``).
@@ -36,6 +40,7 @@ PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import fnmatch
 import json
@@ -132,6 +137,10 @@ MOBILENET_V2 = (
 RESNET50_FP32 = ("l1.3x3", "l3.reduce", "l4.3x3")
 
 
+HALF_OUTPUT = ("matmul", "batch_matmul", "conv2d_igemm", "conv2d")
+"""The operators that take ``out_dtype``: with 16-bit inputs they write the input dtype, as torch."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One operator instance: ``ops.<kind>(**dims)`` in ``dtype``; ``family`` groups the table."""
@@ -141,9 +150,15 @@ class Workload:
     dims: tuple[tuple[str, int], ...]
     dtype: str
     family: str
+    half_out: bool = True  # 16-bit GEMMs and convolutions write the input dtype (--float32-out: float32)
+
+    def arguments(self) -> dict[str, object]:
+        """The operator's arguments: sizes, dtype, and for 16-bit GEMMs and convolutions ``out_dtype``."""
+        half = self.half_out and self.kind in HALF_OUTPUT and self.dtype in ("float16", "bfloat16")
+        return {**dict(self.dims), "dtype": self.dtype, **({"out_dtype": self.dtype} if half else {})}
 
     def op(self) -> ops.Op:
-        return ops.get(self.kind, **dict(self.dims), dtype=self.dtype)
+        return ops.get(self.kind, **self.arguments())
 
     @property
     def shape(self) -> str:
@@ -292,7 +307,7 @@ def tune_all(ws: list[Workload], args: argparse.Namespace) -> dict[str, tuple[ob
         t0 = time.perf_counter()
         try:
             kern = pt.tune(w.kind, target="cuda", trials=args.tune, records=args.records, tuner="xgb",
-                           progress=False, dtype=w.dtype, **dict(w.dims))
+                           progress=False, **w.arguments())
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             kern = f"{type(err).__name__}: {err}"[:2000]
         out[w.name] = (kern, time.perf_counter() - t0)
@@ -415,13 +430,15 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
     return {"benchmark": "shapes", "variant": "gpu", **gpu_record(), "nvidia_smi_after": after,
             "timing": "kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; "
                       "call: the Python call in a loop (polytile allocates and returns its output), synchronized at "
-                      "the end; interleaved with torch in rounds, medians of the rounds. polytile's GEMMs and "
-                      "convolutions write float32, torch the input dtype.",
+                      "the end; interleaved with torch in rounds, medians of the rounds. GEMMs and convolutions of "
+                      "16-bit inputs write the input dtype (summed in float32), as torch does.",
             "results": results}
 
 
 def _describe(w: Workload) -> dict:
-    return {"name": w.name, "family": w.family, "kind": w.kind, "dims": dict(w.dims), "dtype": w.dtype}
+    out = w.arguments().get("out_dtype")
+    return {"name": w.name, "family": w.family, "kind": w.kind, "dims": dict(w.dims), "dtype": w.dtype,
+            **({"out_dtype": out} if out else {})}
 
 
 # --- CPU --------------------------------------------------------------------------------------------
@@ -535,12 +552,16 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
                         "this many trials (default: the default schedules)")
     parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
+    parser.add_argument("--float32-out", action="store_true", help="16-bit GEMMs and convolutions write float32 "
+                        "(the accumulator), as records before 2026-11-28 did, instead of the input dtype")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
                 args.only)
+    if args.float32_out:
+        ws = [dataclasses.replace(w, half_out=False) for w in ws]
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")

@@ -372,7 +372,8 @@ class CUDAPrinter(CLikePrinter):
         if e.name == "pt_store_pair":
             dst, a, b = e.args
             assert isinstance(dst, ir.Load)
-            return f"pt_store_pair({self.address(dst)}, {self.expr(a)}, {self.expr(b)})"
+            pair = (self.expr(_unrounded(v, dst.buffer.dtype)) for v in (a, b))
+            return f"pt_store_pair({self.address(dst)}, {', '.join(pair)})"
         ins = instruction(e.name)
         if ins is not None and ins.constant_arg:
             return f"{e.name}<{self.expr(e.args[0])}>()"
@@ -399,7 +400,7 @@ class CUDAPrinter(CLikePrinter):
         return f"{buf.name}[{idx}]"
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
-        text = self.expr(value)
+        text = self.expr(_unrounded(value, buf.dtype))
         if buf.dtype.name == "bfloat16":
             return f"__float2bfloat16({text})"
         if buf.dtype.name == "float16":
@@ -573,3 +574,12 @@ def wgmma_definition(name: str) -> str | None:
 
 
 _PTX_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def _unrounded(value: ir.Expr, dtype: object) -> ir.Expr:
+    """A value stored into a 16-bit buffer without its rounding to that type: the store's conversion
+    (``__float2half``, ``pt_store_pair``'s) rounds it, and once is enough (a float32 sum stored as
+    float16: ``out_dtype``)."""
+    if isinstance(value, ir.Cast) and value.dtype == dtype and value.dtype.is_float and value.dtype.bits == 16:
+        return value.a
+    return value

@@ -87,14 +87,27 @@ class Placeholder(Tensor):
 
 class ComputeTensor(Tensor):
     """The result of ``compute``: ``body`` over data axes ``axes`` (optionally a reduction at the top),
-    computed only where ``where`` holds (a non-rectangular domain)."""
+    computed only where ``where`` holds (a non-rectangular domain). ``dtype`` is the type it is
+    stored as: the body's type, or for a reduction stored narrower (``compute(store_dtype=...)``)
+    another one, the sums rounded to it once, when they are complete (``value_dtype``: the type they
+    are summed in)."""
 
     def __init__(self, name: str, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
-                 where: Expr | None):
-        super().__init__(name, shape, body.dtype)
+                 where: Expr | None, dtype: DType | None = None):
+        super().__init__(name, shape, body.dtype if dtype is None else dtype)
         self.axes = axes
         self.body = body
         self.where = where
+
+    @property
+    def value_dtype(self) -> DType:
+        """The type the body is computed in (a reduction: summed in); ``dtype`` may be narrower."""
+        return self.body.dtype
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether the sums of this reduction are stored in another type than they are summed in."""
+        return self.dtype != self.body.dtype
 
     @property
     def reduction(self) -> Reduce | None:
@@ -232,12 +245,18 @@ def _lambda_names(fn: Callable[..., object], ndim: int, name: str) -> list[str]:
 
 
 def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None, *,
-            where: Callable[..., ExprLike] | None = None, dtype: object | None = None) -> ComputeTensor:
+            where: Callable[..., ExprLike] | None = None, dtype: object | None = None,
+            store_dtype: object | None = None) -> ComputeTensor:
     """A tensor whose element at (i, j, …) is ``fn(i, j, …)``.
 
     ``where`` restricts the computed points to a sub-domain (e.g. ``lambda i, j: j <= i`` for a
     triangle); points outside it are not written (allocated outputs start as zeros).
     A reduction nested inside an expression is computed as its own tensor ``<name>_red`` first.
+    ``dtype`` casts the body (a reduction then becomes such a tensor of its own). ``store_dtype``
+    keeps a reduction in this one computation, summed in its own type and stored rounded to
+    ``store_dtype`` once complete (float32 sums of float16 products stored as float16, as a GEMM
+    with a float16 output does): a schedule then accumulates it in a write cache of the summation
+    type that holds all of its reduction (``cache_write``; the lowering adds one where there is none).
     """
     name = check_name(name, "tensor") if name is not None else _fresh("compute")
     dims = _shape(shape, f"compute {name}")
@@ -252,7 +271,12 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
         if not cond.dtype.is_bool:
             raise LanguageError(f"compute {name}: where= must return a boolean expression, got {cond}")
     body = _hoist_nested_reductions(body, dims, axes, name, cond)
-    return ComputeTensor(name, dims, axes, body, cond)
+    stored = None
+    if store_dtype is not None:
+        stored = dtypes.as_dtype(store_dtype)
+        if not isinstance(body, Reduce):
+            body, stored = cast(stored, body), None
+    return ComputeTensor(name, dims, axes, body, cond, stored)
 
 
 def _hoist_nested_reductions(body: Expr, dims: tuple[Expr, ...], axes: tuple[IterVar, ...], name: str,

@@ -419,16 +419,15 @@ class IRBuilder:
         guard: lx.Expr | None = None
         if plan.kind == "init":  # where= holds for the initialization too: elsewhere nothing is written
             assert red is not None
-            value = ir.Const(red.identity().value, comp.dtype)
+            value = ir.Const(red.identity().value, buf.dtype)
             guard = comp.where
         else:
             body = self.bodies[comp.name]
             if red is not None:
                 assert isinstance(body, lx.Reduce)
                 term = conv.convert(body.body, var_env)
-                old = ir.Load(buf, idx)
                 op = _REDUCE_COMBINE[red.op]
-                value = ir.BinOp(op, old, term)
+                value = _converted(buf.dtype, ir.BinOp(op, _converted(term.dtype, ir.Load(buf, idx)), term))
                 guard = body.where  # (with the inlined producers, unlike red.where)
             else:
                 value = conv.convert(body, var_env)
@@ -469,11 +468,17 @@ class IRBuilder:
             return ir.Store(cbuf, cidx, value)
         tbuf = self.buffers[tensor]
         dbuf, didx = conv.index_of(tensor, elem)  # the tensor, or the next buffer out of a chain
-        out: ir.Stmt = ir.Store(dbuf, didx, ir.Load(cbuf, cidx))
+        out: ir.Stmt = ir.Store(dbuf, didx, _converted(dbuf.dtype, ir.Load(cbuf, cidx)))  # sums rounded once
         if plan.guard_inside:  # a whole tile written back: the elements inside the tensor
             inside = [ir.Cmp("<", i, d) for i, d in zip(elem, tbuf.shape)]
             out = ir.If(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), out)
         return out
+
+
+def _converted(dtype: dtypes.DType, value: ir.Expr) -> ir.Expr:
+    """``value`` in ``dtype``: the sums of a reduction stored narrower (``compute(store_dtype=)``)
+    are rounded to the stored type, and read back widened to the summation type."""
+    return value if value.dtype == dtype else ir.Cast(dtype, value)
 
 
 def _zero_unless(conds: list[ir.Expr], value: ir.Expr) -> ir.Expr:

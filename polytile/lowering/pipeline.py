@@ -71,6 +71,7 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
     func = sched.func
     name = name or func.name
     log = _Log(name)
+    cache_narrowed_sums(sched)
     check_schedule(sched, target)
     gpu = target.has("gpu")
     plan = build_plan(sched, "source" if gpu else "cache")
@@ -121,6 +122,32 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
     args = [buffers[t.name] for t in func.inputs] + [buffers[t.name] for t in func.outputs]
     params = [ir.Var(p.name) for p in func.params]
     return ir.LoweredFunc(name, args, params, body, [t.name for t in func.outputs])
+
+
+def cache_narrowed_sums(sched: Schedule) -> None:
+    """Give each reduction stored narrower than it sums (``compute(store_dtype=)``) a write cache that
+    holds all of its reduction, so that its sums are rounded once, when complete (as NumPy's float32
+    product cast to float16): one at the loop just outside its reduction loops where it has none
+    (added to ``sched``); a write cache that holds only part of the reduction is refused."""
+    for comp in sched.computations:
+        if comp.reduction is None or not comp.narrowed:
+            continue
+        loops = sched.states[comp.name].loops
+        reduce_dims = sched.program.statements[comp.name].reduce_dims
+        first = next((k for k in range(len(loops.names)) if loops.depends_on(k, reduce_dims)), len(loops.names))
+        writes = [c for c in sched.caches if c.kind == "write" and c.consumer == comp.name]
+        if not writes:
+            sched[comp.name].cache_write(loops.names[first - 1] if first else None)
+            continue
+        if not any(c.level is None or loops.index(c.level) < first for c in writes):
+            outer = ", ".join(n for k, n in enumerate(loops.names) if loops.depends_on(k, reduce_dims)
+                              and k <= max(loops.index(c.level) for c in writes if c.level is not None))
+            raise ScheduleError(
+                f"{comp.name} sums in {comp.value_dtype} and is stored as {comp.dtype}: its sums are rounded "
+                f"once, when complete, but its write cache(s) {', '.join(c.name for c in writes)} hold only part "
+                f"of the reduction (loop(s) {outer} run outside them). Place the write cache at a loop outside "
+                f"every reduction loop ({loops.names[first - 1] if first else 'at the top'} or above), or "
+                f"move the reduction loops inside it")
 
 
 def check_schedule(sched: Schedule, target: Target) -> None:
@@ -222,6 +249,8 @@ def make_buffers(sched: Schedule, plan: Plan, target: Target) -> dict[str, ir.Bu
     swizzles = {c.name: c.swizzle for c in sched.caches}
     for cb in plan.caches:
         dtype = func.tensor(cb.tensor).dtype
+        if cb.kind == "write":  # sums stored narrower (compute(store_dtype=)) accumulate in their own type
+            dtype = sched.computation(cb.tensor).value_dtype
         shape = tuple(aexpr(d, {}) for d in cb.shape)
         out[cb.name] = ir.Buffer(cb.name, dtype, shape, _scope(cb.loc, target, cb.name), swizzles.get(cb.name, 0))
     return out

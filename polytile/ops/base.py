@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..dtypes import DType, accumulator, as_dtype
 from ..errors import PolytileError
 from ..lang.func import Func
 from ..schedule.state import Schedule
@@ -61,11 +62,33 @@ class Op:
         return f"{self.name}({dims})"
 
 
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+"""The types a product of floating-point operands may be stored as (``out_dtype``): summed in
+``dtypes.accumulator`` (float32 for 16-bit operands) and rounded once, when complete."""
+
+
+def output_dtype(op: str, dtype: object, out_dtype: object | None) -> DType:
+    """The type operator ``op`` with ``dtype`` operands stores its sums as: ``out_dtype``, or by
+    default the type it sums in (``dtypes.accumulator(dtype)``); a clear error for another type."""
+    acc = accumulator(dtype)
+    if out_dtype is None:
+        return acc
+    allowed = OUT_DTYPES if acc.is_float and acc.bits <= 32 else (acc.name,)
+    try:
+        out = as_dtype(out_dtype)
+    except PolytileError:
+        out = None
+    if out is None or out.name not in allowed:
+        raise PolytileError(f"{op}: out_dtype={out_dtype!r} is not a type its {as_dtype(dtype)} products can be "
+                            f"stored as; use one of {', '.join(allowed)} (default {acc}: the type they are "
+                            f"summed in)")
+    return out
+
+
 def reference_type(dtype: np.dtype) -> np.dtype:
     """The NumPy type a reference computes ``dtype`` data in: float64 for floats (more precise than any
     kernel), for integers the type the operator sums in (``dtypes.accumulator``) — NumPy's own integer
     arithmetic, so the reference wraps around exactly where the kernel does."""
-    from ..dtypes import accumulator, as_dtype
     d = as_dtype(dtype)
     return accumulator(d).numpy if d.is_int else np.dtype(np.float64)
 
@@ -92,7 +115,6 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: object, lo: float = -1.0,
                  hi: float = 1.0) -> np.ndarray:
     """Uniform random values in [lo, hi) (integers: small non-zero range) of ``dtype``."""
-    from ..dtypes import as_dtype
     d = as_dtype(dtype)
     if d.is_int:
         return rng.integers(1, 8, size=shape).astype(d.numpy)

@@ -14,7 +14,7 @@ from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array, reference_type
+from .base import Op, output_dtype, random_array, reference_type
 from .baselines import torch_conv2d
 from .matmul import _add_cuda, product
 
@@ -29,9 +29,9 @@ def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
 
 
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
-           dilation: int = 1, dtype: str = "float32", pad_stage: bool = True) -> Op:
+           dilation: int = 1, dtype: str = "float32", pad_stage: bool = True, out_dtype: str | None = None) -> Op:
     """O[n, k, p, q] = sum_{c, r, s} I[n, c, p*st + r*dil - pad, q*st + s*dil - pad] * Wt[k, c, r, s]
-    (NCHW), summed in and returned as ``dtypes.accumulator(dtype)`` (as ``matmul``).
+    (NCHW), summed in ``dtypes.accumulator(dtype)`` and returned as ``out_dtype`` (as ``matmul``).
     ``pad_stage=False`` writes the padding as a select inside the one computation."""
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
     I = placeholder((N, C, H, W), dtype, "I")
@@ -52,7 +52,7 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             w = q * stride + s * dilation - padding
             inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
             return lang.tensor.sum(product(select(inside, I[n, c, h, w], 0), Wt[k, c, r, s], dtype), axis=[c, r, s])
-    O = compute((N, K, P, Q), body, "O")
+    O = compute((N, K, P, Q), body, "O", store_dtype=output_dtype("conv2d", dtype, out_dtype))
     func = Func([I, Wt], [O], name="conv2d")
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -67,6 +67,8 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
             reference, 2.0 * N * K * P * Q * C * R * S,
             conv_bytes(dtype, O, N * C * H * W + K * C * R * S, N * K * P * Q), {"cpu": cpu},
             tolerance=tolerance(O.dtype, C * R * S, dtype))
+    if O.narrowed:
+        op.shape["out_dtype"] = O.dtype.name  # type: ignore[assignment]
     base = torch_conv2d(stride, padding, dilation)
     if base is not None:
         op.baseline, op.baseline_name = base

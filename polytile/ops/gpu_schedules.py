@@ -448,13 +448,14 @@ def _splits(K: int, bk: int, whole_tiles: bool, even: bool = True) -> list[int]:
 
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
-                split_k: int | None = None) -> GemmChoice:
+                split_k: int | None = None, out_bytes: int = 4) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows, warpgroup MMA where the target has ``wgmma``, mma.sync where it has
     ``mma.sync``, for their operand types; the CUDA cores otherwise), then the block tile and split
     of K predicted fastest on this GPU's SMs, shared memory and bandwidth. ``split_k`` fixes the
-    split (1: none); batched products are not split."""
+    split (1: none); batched products are not split. ``out_bytes``: the size of a result (4: float32;
+    2: stored as float16 or bfloat16, ``out_dtype``)."""
     hw = Hardware.of(target)
     it = dtype.itemsize
     if split_k and K % split_k and M > GEMV_ROWS:
@@ -484,7 +485,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             chunk = -(-K // split)
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk))
-            t = gemm_seconds(sized, target, M, N, K, batch, split)
+            t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             if kernel == "gemv" and not params.get("direct") and (N * it) % 4:
                 t += 2 * batch * K * N * it / target.dram_bandwidth + LAUNCH_SECONDS  # B copied aligned first
             if split in more:
@@ -555,17 +556,21 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
     """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
     products over the chunks of K and their sum (``ops.matmul_func``)."""
     from .matmul import matmul_func
-    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k)
+    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
+                         out_bytes=sched.func.tensor("C").dtype.itemsize)
     return _scheduled(choice, sched, split_k, None,
-                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s))
+                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
+                                            sched.func.tensor("C").dtype.name))
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
                  split_k: int | None = None) -> Schedule | None:
     from .matmul import batch_matmul_func
-    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k)
+    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k,
+                         out_bytes=sched.func.tensor("C").dtype.itemsize)
     return _scheduled(choice, sched, split_k, "bb",
-                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s))
+                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
+                                                  sched.func.tensor("C").dtype.name))
 
 
 def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,

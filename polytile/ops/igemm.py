@@ -19,7 +19,7 @@ from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array, reference_type
+from .base import Op, output_dtype, random_array, reference_type
 from .conv import conv_bytes, conv_out
 from .matmul import _add_cuda, product
 
@@ -32,9 +32,10 @@ def _cpu(sched: Schedule, target: CPUTarget) -> None:
 
 
 def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
-                 dtype: str = "float16") -> Op:
-    """2-D convolution, NHWC input × RSCK weights, as an implicit GEMM; the result
-    (``dtypes.accumulator(dtype)``: float32 for 16-bit floats) has shape (N·P·Q, K): the NHWC output."""
+                 dtype: str = "float16", out_dtype: str | None = None) -> Op:
+    """2-D convolution, NHWC input × RSCK weights, as an implicit GEMM; the result, summed in
+    ``dtypes.accumulator(dtype)`` (float32 for 16-bit floats) and stored as ``out_dtype`` (by default
+    that type; see ``matmul``), has shape (N·P·Q, K): the NHWC output."""
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     M = N * P * Q
     I = placeholder((N, H, W, C), dtype, "I")
@@ -48,7 +49,7 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
     col = compute((M, R, S, C), gather, "col")
     r, s, c = reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
     O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, r, s, c], Wt[r, s, c, k], dtype), axis=[r, s, c]),
-                "O")
+                "O", store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
     func = Func([I, Wt], [O], name="conv2d_igemm")
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -66,14 +67,17 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
             lambda rng: [random_array(rng, (N, H, W, C), dtype), random_array(rng, (R, S, C, K), dtype)],
             reference, 2.0 * M * K * C * R * S, conv_bytes(dtype, O, N * H * W * C + R * S * C * K, M * K),
             {"cpu": _cpu}, tolerance=tolerance(O.dtype, C * R * S, dtype))
+    if O.narrowed:
+        op.shape["out_dtype"] = O.dtype.name  # type: ignore[assignment]
     _add_cuda(op, "conv2d_igemm", (N, H, W, C, K, R, S, stride, padding))
     return op
 
 
 def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int, S: int, stride: int = 1,
-                 padding: int = 0, dtype: str = "float16") -> Op:
-    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result
-    (``dtypes.accumulator(dtype)``) has shape (N·Z·P·Q, K): the NDHWC output."""
+                 padding: int = 0, dtype: str = "float16", out_dtype: str | None = None) -> Op:
+    """3-D convolution, NDHWC input × TRSCK weights, as an implicit GEMM; the result (summed in
+    ``dtypes.accumulator(dtype)``, stored as ``out_dtype`` as in ``conv2d_igemm``) has shape
+    (N·Z·P·Q, K): the NDHWC output."""
     Z = conv_out(D, T, stride, padding, 1)
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     M = N * Z * P * Q
@@ -89,7 +93,8 @@ def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int,
     col = compute((M, T, R, S, C), gather, "col")
     t, r, s, c = reduce_axis(T, "t"), reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
     O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, t, r, s, c], Wt[t, r, s, c, k], dtype),
-                                                     axis=[t, r, s, c]), "O")
+                                                     axis=[t, r, s, c]), "O",
+                store_dtype=output_dtype("conv3d_igemm", dtype, out_dtype))
     func = Func([I, Wt], [O], name="conv3d_igemm")
 
     def reference(i: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -110,6 +115,8 @@ def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int,
             lambda rng: [random_array(rng, (N, D, H, W, C), dtype), random_array(rng, (T, R, S, C, K), dtype)],
             reference, 2.0 * M * K * C * T * R * S, conv_bytes(dtype, O, N * D * H * W * C + T * R * S * C * K, M * K),
             {"cpu": _cpu}, tolerance=tolerance(O.dtype, C * T * R * S, dtype))
+    if O.narrowed:
+        op.shape["out_dtype"] = O.dtype.name  # type: ignore[assignment]
     _add_cuda(op, "conv3d_igemm", (N, D, H, W, C, K, T, R, S, stride, padding))
     return op
 

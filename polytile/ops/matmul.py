@@ -20,10 +20,10 @@ from .. import lang
 from ..dtypes import accumulator, as_dtype, tolerance
 from ..errors import PolytileError
 from ..lang.func import Func
-from ..lang.tensor import compute, placeholder, reduce_axis
+from ..lang.tensor import Tensor, compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
 from ..target import CPUTarget
-from .base import Op, random_array, reference_type
+from .base import Op, output_dtype, random_array, reference_type
 
 
 def _round_up(x: int, m: int) -> int:
@@ -187,6 +187,13 @@ def schedule_gemm_cpu(sched: Schedule, out: str, a: str, b: str, tiles: dict[str
         st.parallel(par)
 
 
+def whole_sums(tiles: dict[str, Any], out: Tensor, K: int) -> dict[str, Any]:
+    """``tiles`` of ``schedule_gemm_cpu`` for ``out``: a result stored narrower than it is summed in
+    (``out_dtype``) takes the whole of K in one block, so that its register tile holds complete sums,
+    rounded once (a K block would store and reload rounded partial sums)."""
+    return dict(tiles, kc=K) if getattr(out, "narrowed", False) else tiles
+
+
 def product(a: lang.expr.Expr, b: lang.expr.Expr, dtype: object) -> lang.expr.Expr:
     """``a * b`` of two ``dtype`` operands in the type they are summed in (``dtypes.accumulator``:
     16-bit floats in float32, 8- and 16-bit integers in int32), so sums neither lose precision nor
@@ -204,23 +211,28 @@ def _reference_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(wide), b.astype(wide))
 
 
-def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1) -> Func:
+def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1, out_dtype: str | None = None
+                ) -> Func:
     """The algorithm of ``matmul``. With ``split_k`` = S > 1 the reduction is split in S chunks of
     ⌈K/S⌉ (the last one shorter where S does not divide K; none empty): ``P[s, i, j]`` sums chunk s,
     and ``C[i, j] = sum_s P[s, i, j]`` — the same function, with S times more independent work for
     small outputs over a long reduction (split-K).
-    The partial products, like the result, are of ``dtypes.accumulator(dtype)`` (16-bit floats in
-    float32, 8- and 16-bit integers in int32)."""
-    return _gemm_func("matmul", 0, M, N, K, dtype, split_k)
+    The sums, the partial ones included, are of ``dtypes.accumulator(dtype)`` (16-bit floats in
+    float32, 8- and 16-bit integers in int32); C is stored as ``out_dtype`` (by default that type),
+    rounded once when complete."""
+    return _gemm_func("matmul", 0, M, N, K, dtype, split_k, out_dtype)
 
 
-def batch_matmul_func(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1) -> Func:
+def batch_matmul_func(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1,
+                      out_dtype: str | None = None) -> Func:
     """The algorithm of ``batch_matmul``, its reduction split as in ``matmul_func``
     (``P[bb, s, i, j]``, then ``C[bb, i, j] = sum_s P[bb, s, i, j]``)."""
-    return _gemm_func("batch_matmul", batch, M, N, K, dtype, split_k)
+    return _gemm_func("batch_matmul", batch, M, N, K, dtype, split_k, out_dtype)
 
 
-def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_k: int) -> Func:
+def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_k: int, out_dtype: str | None
+               ) -> Func:
+    out = output_dtype(name, dtype, out_dtype)
     lead = (batch,) if batch else ()
     A = placeholder((*lead, M, K), dtype, "A")
     B = placeholder((*lead, K, N), dtype, "B")
@@ -237,35 +249,39 @@ def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_
 
     if split_k <= 1:
         if batch:
-            C = compute((batch, M, N), lambda bb, i, j: chunk_sum((bb,), i, j), "C")
+            C = compute((batch, M, N), lambda bb, i, j: chunk_sum((bb,), i, j), "C", store_dtype=out)
         else:
-            C = compute((M, N), lambda i, j: chunk_sum((), i, j), "C")
+            C = compute((M, N), lambda i, j: chunk_sum((), i, j), "C", store_dtype=out)
         return Func([A, B], [C], name=name)
     ks = reduce_axis(split_k, "ks")
     if batch:
         P = compute((batch, split_k, M, N), lambda bb, s, i, j: chunk_sum((bb,), i, j, s), "P")
-        C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(P[bb, ks, i, j], axis=ks), "C")
+        C = compute((batch, M, N), lambda bb, i, j: lang.tensor.sum(P[bb, ks, i, j], axis=ks), "C", store_dtype=out)
     else:
         P = compute((split_k, M, N), lambda s, i, j: chunk_sum((), i, j, s), "P")
-        C = compute((M, N), lambda i, j: lang.tensor.sum(P[ks, i, j], axis=ks), "C")
+        C = compute((M, N), lambda i, j: lang.tensor.sum(P[ks, i, j], axis=ks), "C", store_dtype=out)
     return Func([A, B], [C], name=name)
 
 
-def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None) -> Op:
-    """C[i, j] = sum_k A[i, k] * B[k, j], summed in and returned as ``dtypes.accumulator(dtype)``
-    (float16/bfloat16 inputs: float32; int8/uint8/int16: int32).
+def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None,
+           out_dtype: str | None = None) -> Op:
+    """C[i, j] = sum_k A[i, k] * B[k, j], summed in ``dtypes.accumulator(dtype)`` (float16/bfloat16
+    inputs: float32; int8/uint8/int16: int32) and returned as ``out_dtype``: by default that type;
+    float16, bfloat16 or float32 for floating-point inputs (the sums rounded once, when complete, as
+    torch's float16 GEMMs return them; half the bytes written of a float32 result).
 
     ``split_k``: None lets the target's default schedule decide (on a GPU it splits K when the output
     tiles leave multiprocessors idle and K is long), 1 never splits, S > 1 sums K in S chunks first
-    (``matmul_func``)."""
-    func = matmul_func(M, N, K, dtype, 1 if split_k is None else split_k)
+    (``matmul_func``; the partial sums stay in the summation type)."""
+    func = matmul_func(M, N, K, dtype, 1 if split_k is None else split_k, out_dtype)
     C = func.outputs[0]
+    acc = C.value_dtype.itemsize
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         if not split_k or split_k <= 1:
-            schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_default(M, N, K, target, C.dtype.itemsize))
+            schedule_gemm_cpu(sched, "C", "A", "B", whole_sums(cpu_gemm_default(M, N, K, target, acc), C, K))
             return
-        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
+        tiles = cpu_gemm_tiles(M, N, K, target, acc)
         schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))), batch="s")
         sched["C"].parallel("i")
 
@@ -273,24 +289,28 @@ def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None =
             lambda rng: [random_array(rng, (M, K), dtype), random_array(rng, (K, N), dtype)], _reference_matmul,
             2.0 * M * N * K, _nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N, {"cpu": cpu},
             baseline=lambda a, b: a @ b, tolerance=tolerance(C.dtype, K, dtype))
+    if C.narrowed:
+        op.shape["out_dtype"] = C.dtype.name  # type: ignore[assignment]
     if split_k is not None:
         op.shape["split_k"] = split_k
     _add_cuda(op, "matmul", (M, N, K, split_k))
     return op
 
 
-def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None) -> Op:
-    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (summed in and returned as ``dtypes.accumulator(dtype)``,
-    as in ``matmul``); ``split_k`` as in ``matmul``."""
-    func = batch_matmul_func(batch, M, N, K, dtype, 1 if split_k is None else split_k)
+def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None,
+                 out_dtype: str | None = None) -> Op:
+    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] (summed in ``dtypes.accumulator(dtype)`` and returned
+    as ``out_dtype``, as in ``matmul``); ``split_k`` as in ``matmul``."""
+    func = batch_matmul_func(batch, M, N, K, dtype, 1 if split_k is None else split_k, out_dtype)
     C = func.outputs[0]
+    acc = C.value_dtype.itemsize
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         if not split_k or split_k <= 1:
-            schedule_gemm_cpu(sched, "C", "A", "B", cpu_gemm_default(M, N, K, target, C.dtype.itemsize, batch),
+            schedule_gemm_cpu(sched, "C", "A", "B", whole_sums(cpu_gemm_default(M, N, K, target, acc, batch), C, K),
                               batch="bb")
             return
-        tiles = cpu_gemm_tiles(M, N, K, target, C.dtype.itemsize)
+        tiles = cpu_gemm_tiles(M, N, K, target, acc)
         if batch >= target.cores:
             tiles.update(mc=_round_up(M, tiles["mr"]), parallel="batch")
         schedule_gemm_cpu(sched, "P", "A", "B", dict(tiles, kc=min(tiles["kc"], -(-K // split_k))),
@@ -302,6 +322,8 @@ def batch_matmul(batch: int, M: int, N: int, K: int, dtype: str = "float32", spl
             _reference_matmul,
             2.0 * batch * M * N * K, batch * (_nbytes(dtype) * (M * K + K * N) + C.dtype.itemsize * M * N),
             {"cpu": cpu}, baseline=np.matmul, tolerance=tolerance(C.dtype, K, dtype))
+    if C.narrowed:
+        op.shape["out_dtype"] = C.dtype.name  # type: ignore[assignment]
     if split_k is not None:
         op.shape["split_k"] = split_k
     _add_cuda(op, "batch_matmul", (batch, M, N, K, split_k))

@@ -83,9 +83,9 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     if a.dtype.name not in intr.operand_dtypes or b.dtype != a.dtype:
         raise ScheduleError(f"tensorize of {self.name}: {intrinsic} needs {' or '.join(intr.operand_dtypes)} "
                             f"operands of one type, got {a.dtype} and {b.dtype}")
-    if comp.dtype.name != intr.accumulator:
+    if comp.value_dtype.name != intr.accumulator:  # the result may be stored narrower (store_dtype)
         raise ScheduleError(f"tensorize of {self.name}: {intrinsic} accumulates in float32, the result is "
-                            f"{comp.dtype}")
+                            f"summed in {comp.value_dtype}")
     stmt = sched.program.statements[self.name]
     if not sched.program.is_box(self.name):
         raise ScheduleError(f"tensorize of {self.name}: its iteration domain is not a box (a loop's bounds depend "

@@ -526,15 +526,18 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
 
 
 def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, batch: int = 1,
-                 split: int = 1) -> float:
+                 split: int = 1, out_bytes: int = 4) -> float:
     """Predicted seconds of a GEMM (``batch`` products of m × k by k × n, 16-bit or float32 operands,
-    float32 result) built as ``plan``: the waves, at least the compulsory DRAM traffic, and with
-    ``split`` > 1 the partial products' round trip and the second kernel that sums them."""
+    results of ``out_bytes`` bytes: float32, or 16-bit with ``out_dtype``) built as ``plan``: the waves,
+    at least the compulsory DRAM traffic, and with ``split`` > 1 the partial products' round trip
+    (float32) and the second kernel that sums them."""
     hw = Hardware.of(target)
-    dram = (batch * (m * k + k * n) * plan.itemsize + batch * m * n * 4) / hw.dram_bytes_per_cycle
+    written = 4 if split > 1 else out_bytes
+    dram = (batch * (m * k + k * n) * plan.itemsize + batch * m * n * written) / hw.dram_bytes_per_cycle
     if plan.streaming:
         dram /= stream_efficiency(plan, hw)
-    return max(wave_cycles(plan, hw), dram) / hw.clock_hz + LAUNCH_SECONDS + split_seconds(target, m, n, batch, split)
+    return (max(wave_cycles(plan, hw), dram) / hw.clock_hz + LAUNCH_SECONDS
+            + split_seconds(target, m, n, batch, split, out_bytes))
 
 
 def stream_efficiency(plan: BlockPlan, hw: Hardware) -> float:
@@ -548,10 +551,10 @@ def stream_efficiency(plan: BlockPlan, hw: Hardware) -> float:
     return min(1.0, (warps / STREAM_WARPS) ** 0.5)
 
 
-def split_seconds(target: CUDATarget, m: int, n: int, batch: int = 1, split: int = 1) -> float:
-    """What a reduction split in ``split`` chunks adds to ``batch`` m × n float32 results: the partial
-    products' round trip through DRAM (written, read back, the sum written) and the launch of the
-    second kernel that sums them (0 when not split)."""
+def split_seconds(target: CUDATarget, m: int, n: int, batch: int = 1, split: int = 1, out_bytes: int = 4) -> float:
+    """What a reduction split in ``split`` chunks adds to ``batch`` m × n results of ``out_bytes``
+    bytes: the float32 partial products' round trip through DRAM (written, read back), the sum
+    written, and the launch of the second kernel that sums them (0 when not split)."""
     if split <= 1:
         return 0.0
-    return (2 * split + 1) * batch * m * n * 4 / target.dram_bandwidth + LAUNCH_SECONDS
+    return (2 * split * 4 + out_bytes) * batch * m * n / target.dram_bandwidth + LAUNCH_SECONDS

@@ -40,7 +40,9 @@ def test_odd_row_length_is_not_paired():
     assert "C[" in ir
 
 
-def test_pairs_under_different_guards_are_not_paired():
-    """A partial column tile guards each column separately: the two stores of a pair differ."""
+def test_pairs_under_different_guards_are_paired_where_both_hold():
+    """A partial column tile guards each column separately: the pair is stored where both columns are
+    inside, each column under its own guard elsewhere (the tile's last columns)."""
     ir = _hgemm_ir(128, 100, 64)
+    assert "pt_store_pair(C[" in ir
     assert "C[" in ir.replace("pt_store_pair(C[", "")

@@ -4,9 +4,11 @@ one 8-byte (or 4-byte) store per pair.
 The tensor-core accumulators of ``mma.m16n8k16`` hold two adjacent columns per thread, so the
 write-back of a fragment, one element per iteration, leaves every 32-byte sector of the output half
 written by each store instruction. When, for every pair of iterations (2k, 2k+1), the second index is
-the first plus one, both are guarded by the same condition, and the first is even (so the paired
-address is aligned, as the runtime's buffers are), the pair becomes ``pt_store_pair(&buf[i], a, b)``.
-Anything else is left as it was.
+the first plus one and the first is even (so the paired address is aligned, as the runtime's buffers
+are), the pair becomes ``pt_store_pair(&buf[i], a, b)`` (16-bit buffers: both floats rounded and
+stored as one 4-byte pair), under the guard both stores share. Where they are guarded differently
+(the last columns of a partial tile), the pair is stored where both guards hold, and each element
+under its own guard elsewhere. Anything else is left as it was.
 """
 
 from __future__ import annotations
@@ -66,15 +68,16 @@ def _pair(loop: ir.For) -> ir.Stmt | None:
         step = simplify_expr(ir.BinOp("-", ib, ia))
         if not (isinstance(step, ir.Const) and int(step.value) == 1) or not aligned(ia, 2):
             return None
-        if (ca is None) != (cb is None):
-            return None
-        if ca is not None:
-            ca, cb = simplify_expr(ca), simplify_expr(cb)
-            if str(ca) != str(cb):
-                return None
+        ca, cb = (None if c is None else simplify_expr(c) for c in (ca, cb))
         call = ir.Call("pt_store_pair", (ir.Load(store.buffer, (ia,)), sa.value, sb.value), store.buffer.dtype)
         st: ir.Stmt = ir.Evaluate(call)
-        out.append(st if ca is None else ir.If(ca, st))
+        if str(ca) == str(cb):
+            out.append(st if ca is None else ir.If(ca, st))
+            continue
+        # the edge of a partial tile: the pair where both are inside, else each store under its own guard
+        both = ca if cb is None else cb if ca is None else ir.Logic("&&", (ca, cb))
+        alone = [x if c is None else ir.If(c, x) for c, x in ((ca, sa), (cb, sb))]
+        out.append(ir.If(both, st, ir.block(alone)))
     return ir.block(out)
 
 

@@ -55,7 +55,9 @@ def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int
     nr = lanes * nr_vecs  # type: ignore[operator]
     mc_blocks = cfg.knob("mc_blocks", _first(d["mc"] // d["mr"], [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]))
     nc_blocks = cfg.knob("nc_blocks", _first(d["nc"] // d["nr"], [1, 2, 4, 8, 16, 32, 64]))
-    kc = cfg.knob("kc", _upto([8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024], K, d["kc"]))
+    # a result stored narrower than its sums keeps them whole in its register tile (``whole_sums``)
+    kc = cfg.knob("kc", [K] if op.func.outputs[0].narrowed else
+                  _upto([8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024], K, d["kc"]))
     order = cfg.reorder("outer_order", ["jc", "kc", "ic"])
     inner = cfg.reorder("inner_order", ["jr", "ir"])
     pack_a = cfg.knob("pack_a", _first(d["pack_a"], [True, False]))
@@ -75,9 +77,10 @@ def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int
 
 
 def _gemm_default(cfg: TemplateConfig, op: Any, batch: int = 0) -> dict[str, Any]:
-    from ...ops.matmul import cpu_gemm_default
-    s = op.shape
-    return cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, op.func.outputs[0].dtype.itemsize, batch)
+    from ...ops.matmul import cpu_gemm_default, whole_sums
+    s, out = op.shape, op.func.outputs[0]
+    return whole_sums(cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, out.value_dtype.itemsize, batch), out,
+                      s["K"])
 
 
 @template("matmul", "cpu")

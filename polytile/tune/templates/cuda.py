@@ -111,7 +111,8 @@ def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int, batch_loops: int = 
                 f"most {GEMV_ROWS} rows): this kernel takes one batch loop; leave split_k unset")
     from ...ops.matmul import matmul_func
     s = op.shape
-    func = op.func if split == own else matmul_func(s["M"], s["N"], s["K"], op.func.inputs[0].dtype.name, split)
+    func = op.func if split == own else matmul_func(s["M"], s["N"], s["K"], op.func.inputs[0].dtype.name, split,
+                                                    op.func.outputs[0].dtype.name)
     sched = cfg.schedule(func)
     sum_partials(sched, "C", batch=batch)
     return sched, "P", (batch, "s") if batch else "s"
