@@ -19,9 +19,11 @@ interleaved with torch in the same process (BENCHMARKING.md):
           returns it; ``a @ b`` for torch), synchronized at the end, per call.
 
 Ratios are torch time / polytile time (above 1: polytile is faster). GEMMs and convolutions of
-16-bit inputs sum in float32 and write the input dtype, as torch does (the operators' ``out_dtype``;
-records before 2026-11-28 have polytile writing float32 there, twice the bytes of torch's results);
-each is checked against the float64 reference with the tolerance of its output type, which holds the
+16-bit inputs sum in float32 and, by default, write float32 (the accumulator: twice the bytes of
+torch's results, which are in the input dtype; polytile's 16-bit epilogues store half 32-byte
+sectors and are slower still, docs/shapes-notes.md); ``--half-out`` has them write the input dtype,
+as torch does (the operators' ``out_dtype``); each is checked against the float64 reference with
+the tolerance of its output type, which holds the
 output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
@@ -31,7 +33,7 @@ output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is
     python benchmarks/shapes.py --offsuite [--only ...]            # shapes not in the suite
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
-    python benchmarks/shapes.py --float32-out ...                  # 16-bit GEMMs/convs write float32
+    python benchmarks/shapes.py --half-out ...                     # 16-bit GEMMs/convs write the input dtype
     python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
 
 PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``, ``softmax``).
@@ -150,7 +152,7 @@ class Workload:
     dims: tuple[tuple[str, int], ...]
     dtype: str
     family: str
-    half_out: bool = True  # 16-bit GEMMs and convolutions write the input dtype (--float32-out: float32)
+    half_out: bool = False  # 16-bit GEMMs and convolutions write the input dtype, as torch (--half-out)
 
     def arguments(self) -> dict[str, object]:
         """The operator's arguments: sizes, dtype, and for 16-bit GEMMs and convolutions ``out_dtype``."""
@@ -431,7 +433,9 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
             "timing": "kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; "
                       "call: the Python call in a loop (polytile allocates and returns its output), synchronized at "
                       "the end; interleaved with torch in rounds, medians of the rounds. GEMMs and convolutions of "
-                      "16-bit inputs write the input dtype (summed in float32), as torch does.",
+                      "16-bit inputs write " + ("the input dtype (summed in float32), as torch does."
+                                                if any(w.half_out for w in ws) else
+                                                "float32 (torch: the input dtype)."),
             "results": results}
 
 
@@ -552,16 +556,17 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
                         "this many trials (default: the default schedules)")
     parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
-    parser.add_argument("--float32-out", action="store_true", help="16-bit GEMMs and convolutions write float32 "
-                        "(the accumulator), as records before 2026-11-28 did, instead of the input dtype")
+    parser.add_argument("--half-out", action="store_true", help="16-bit GEMMs and convolutions write the input "
+                        "dtype (out_dtype), as torch does, instead of float32 (the accumulator; the default: "
+                        "polytile's 16-bit epilogues store half 32-byte sectors and are slower, docs/shapes-notes.md)")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
                 args.only)
-    if args.float32_out:
-        ws = [dataclasses.replace(w, half_out=False) for w in ws]
+    if args.half_out:
+        ws = [dataclasses.replace(w, half_out=True) for w in ws]
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")
