@@ -204,19 +204,22 @@ class IRBuilder:
         ``c7 <= 1``, ``c9 = 2`` where ``c7 >= 2``: a where= that cuts a reduction's range, fuzz seed
         101 case 2449). Sibling loops of one dimension and the same bounds run in schedule order
         when fused: their instances of one iteration in the siblings' order, which is the schedule's
-        wherever isl may order them so, and those of different iterations in the order of the loop."""
+        wherever isl may order them so, and those of different iterations in the order of the loop.
+        Grid and block dimensions are left apart (their siblings may need a barrier between them)."""
         out: list[AstNode] = []
         k = 0
         while k < len(nodes):
-            run = [_as_loop(nodes[k])]
-            if run[0] is not None and self._unreleased(run):
+            first = _as_loop(nodes[k])
+            if first is not None and self._unreleased([first]):
+                run = [first]
                 while self._unreleased(run) and k + len(run) < len(nodes):
                     nxt = _as_loop(nodes[k + len(run)])
-                    if nxt is None or _loop_header(nxt) != _loop_header(run[0]):
+                    if nxt is None or _loop_header(nxt) != _loop_header(first):
                         break
                     run.append(nxt)
-                if not self._unreleased(run):
-                    out.append(replace(run[0], body=AstBlock(tuple(loop.body for loop in run))))
+                fused = replace(first, body=AstBlock(tuple(loop.body for loop in run)))
+                if not self._unreleased(run) and not _bound(self.loop_kind(fused, _users(fused.body))):
+                    out.append(fused)
                     k += len(run)
                     continue
             out.append(nodes[k])
@@ -224,9 +227,10 @@ class IRBuilder:
         return out
 
     def _unreleased(self, loops: list[AstFor]) -> set[str]:
-        """The buffers allocated in ``loops`` and released in none of them."""
+        """The buffers allocated in ``loops`` and released in none of them (whose scopes are not open)."""
         allocated = set().union(*(self._scope_marks(loop.body, "alloc", deep=True) for loop in loops))
-        return allocated - set().union(*(self._scope_marks(loop.body, "free", deep=True) for loop in loops))
+        released = set().union(*(self._scope_marks(loop.body, "free", deep=True) for loop in loops))
+        return allocated - released - self.opened
 
     def _scope_marks(self, n: AstNode, kind: str, deep: bool = False) -> set[str]:
         """The buffers whose allocation (``kind`` "alloc") or release statement ``n`` holds outside any
