@@ -292,3 +292,26 @@ def test_every_instance_of_a_modular_where_under_tiles_is_checked_cheaply():
         kern(a, out, N=n)
         ref = [99 if i % 2 else a[2 * i, :i + 1].sum() if 2 * i < 5 else 0 for i in range(n)]
         np.testing.assert_array_equal(out, np.array(ref, np.float32))
+
+
+def test_the_runs_of_a_modular_where_under_shifted_tiles_are_checked_condition_by_condition(rng):
+    # fuzz seed 71 case 144 (and 3489): the runs' conditions hold a 'mod' of a 'max' of a 'mod'; made
+    # one set (230 pieces) and compared with the instances, they took isl past its operation budget
+    # (a refusal at the build); the instances cut by one condition at a time take a second
+    N = pt.param("N")
+    A = pt.placeholder((N,), "float32", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((i, i + 3), "k")
+        return pt.sum(pt.select(k < N, A[k], 1.0), axis=k, where=(k % 2) == 0)
+
+    T = pt.compute((N,), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+    s[T].separate("k").split("i", 16).tile("io", "ii", 7, 4).reorder("k", "iio", "iii")
+    s[T].tile("ioo", "k", 3, 3).cache_identity(A, "iooi").shift("iooi", -2).parallel("iooi")
+    s[T].split("iio", 4).cache(A, "iooo", layout=lambda a: (a,))
+    kern = pt.build(s)
+    for n in (1, 7, 130):
+        a = rng.standard_normal(n).astype(np.float32)
+        ref = [sum(a[k] if k < n else 1.0 for k in range(i, i + 3) if k % 2 == 0) for i in range(n)]
+        np.testing.assert_allclose(kern(a, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-6)
