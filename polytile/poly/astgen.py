@@ -498,12 +498,19 @@ def _runs_on_time(it: Scheduled, domain: isl.Set, runs: list[tuple[list[str], li
     """Whether every instance of ``domain`` runs with the loop iterators at its schedule's values
     (``cK`` at dimension K): the runs' conditions are then a set of the instances with no unknowns.
     A sufficient test, cheap where the exact one (the runs' iterators quantified) can take isl
-    minutes to complement (fuzz seed 43 case 2731); False where the function is not known."""
-    if it.function is None:
-        return False
+    minutes to complement (fuzz seed 43 case 2731). The schedule's function: the primitives' where
+    known, else the map's affine hull where that is a function (a cache's copy, whose domain, a
+    footprint in pieces, took the exact test past isl's budget: fuzz seed 101 case 4025); False
+    where neither is."""
+    function = it.function
+    if function is None:  # no primitives' function (a cache's copy): its map may still be one
+        hull = isl.Map.from_basic_map(it.schedule.affine_hull())
+        if not hull.is_single_valued():
+            return False
+        function = isl.PwMultiAff.from_map(hull)
     xs = [f"x{k}" for k in range(len(it.stmt.dims))]
-    cs = [f"c{k}" for k in range(it.function.dim(isl.dim_type.out))]
-    at = isl.Map.from_pw_multi_aff(it.function.flat_range_product(
+    cs = [f"c{k}" for k in range(function.dim(isl.dim_type.out))]
+    at = isl.Map.from_pw_multi_aff(function.flat_range_product(
         isl.PwMultiAff(f"{{ {it.stmt.name}[{', '.join(xs)}] -> [{', '.join(xs)}] }}")))
     if not domain.is_subset(at.domain()):
         return False
