@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import replace
 
 from .. import dtypes
 from ..errors import LoweringError
@@ -167,7 +168,8 @@ class IRBuilder:
         raise LoweringError(f"unexpected AST node {type(n).__name__}")
 
     def block(self, nodes: list[AstNode], env: dict[str, ir.Expr], scope: list[str]) -> ir.Stmt:
-        nodes = _flatten_blocks(nodes)  # isl nests blocks without meaning; bindings scope over siblings
+        # isl nests blocks without meaning; bindings scope over siblings
+        nodes = self.rejoin_scopes(_flatten_blocks(nodes))
         out: list[ir.Stmt] = []
         k = 0
         while k < len(nodes):
@@ -193,10 +195,49 @@ class IRBuilder:
             k += 1
         return ir.block(out)
 
+    def rejoin_scopes(self, nodes: list[AstNode]) -> list[AstNode]:
+        """``nodes`` with each run of sibling loops that isl split a cache's scope over (the allocation
+        in one loop, the release in a later one) made one loop again.
+
+        With atomic loops, isl scans each statement in a loop of its own where the loop's dimension
+        has one value per outer iteration that it cannot write as one expression (``c9 = 0`` where
+        ``c7 <= 1``, ``c9 = 2`` where ``c7 >= 2``: a where= that cuts a reduction's range, fuzz seed
+        101 case 2449). Sibling loops of one dimension and the same bounds run in schedule order
+        when fused: their instances of one iteration in the siblings' order, which is the schedule's
+        wherever isl may order them so, and those of different iterations in the order of the loop.
+        Grid and block dimensions are left apart (their siblings may need a barrier between them)."""
+        out: list[AstNode] = []
+        k = 0
+        while k < len(nodes):
+            first = _as_loop(nodes[k])
+            if first is not None and self._unreleased([first]):
+                run = [first]
+                while self._unreleased(run) and k + len(run) < len(nodes):
+                    nxt = _as_loop(nodes[k + len(run)])
+                    if nxt is None or _loop_header(nxt) != _loop_header(first):
+                        break
+                    run.append(nxt)
+                fused = replace(first, body=AstBlock(tuple(loop.body for loop in run)))
+                if not self._unreleased(run) and not _bound(self.loop_kind(fused, _users(fused.body))):
+                    out.append(fused)
+                    k += len(run)
+                    continue
+            out.append(nodes[k])
+            k += 1
+        return out
+
+    def _unreleased(self, loops: list[AstFor]) -> set[str]:
+        """The buffers allocated in ``loops`` and released in none of them (whose scopes are not open)."""
+        allocated = set().union(*(self._scope_marks(loop.body, "alloc", deep=True) for loop in loops))
+        released = set().union(*(self._scope_marks(loop.body, "free", deep=True) for loop in loops))
+        return allocated - released - self.opened
+
     def _scope_marks(self, n: AstNode, kind: str, deep: bool = False) -> set[str]:
         """The buffers whose allocation (``kind`` "alloc") or release statement ``n`` holds outside any
         loop (``deep``: inside loops too). In one execution of a block, the statements outside loops
-        belong to one iteration of the buffers' loops."""
+        belong to one iteration of the buffers' loops; so do those in a loop of one iteration that is
+        no grid or block dimension (isl's degenerate loop, a value bound once: ``c3 = max(0, -c1)``
+        around a cache's allocation, fuzz seed 101 case 8070)."""
         key = (id(n), kind, deep)
         if key not in self._marks:
             out: set[str] = set()
@@ -211,7 +252,7 @@ class IRBuilder:
                     stack.extend(x.body)
                 elif isinstance(x, AstIf):
                     stack += [x.then] + ([x.orelse] if x.orelse is not None else [])
-                elif isinstance(x, AstMark) or (deep and isinstance(x, AstFor)):
+                elif isinstance(x, AstMark) or (isinstance(x, AstFor) and (deep or self.runs_once(x))):
                     stack.append(x.body)
             self._marks[key] = (n, out)
         return self._marks[key][1]
@@ -315,7 +356,7 @@ class IRBuilder:
         users = _users(n.body)
         name = self.loop_name(n, users, scope)
         kind = self.loop_kind(n, users)
-        if n.degenerate and not kind.startswith(("blockIdx", "threadIdx")):
+        if n.degenerate and not _bound(kind):
             env2 = dict(env)
             env2[n.iterator] = lo
             return self.node(n.body, env2, scope)
@@ -340,17 +381,22 @@ class IRBuilder:
             env2[n.iterator] = ir.BinOp("+", lo, ir.BinOp("*", var, ir.const(n.step)))
             body = self.node(n.body, env2, scope + [name])
             trips = ir.BinOp("//", ir.BinOp("+", extent, ir.const(n.step - 1)), ir.const(n.step))
-            if kind.startswith(("blockIdx", "threadIdx")):
+            if _bound(kind):
                 raise LoweringError(f"loop {name} is bound to {kind} but steps by {n.step}; bind a loop of step 1")
             loop = ir.For(var, ir.const(0), trips, body, kind, n.dim)
         return loop
 
     def gpu_bounds(self, n: AstFor, kind: str, users: set[str], env: dict[str, ir.Expr]
                    ) -> tuple[ir.Expr, ir.Expr] | None:
-        if not kind.startswith(("blockIdx", "threadIdx")):
+        if not _bound(kind):
             return None
         lo, hi = self.plan.dim_range(n.dim, users, constant=kind.startswith("threadIdx"))
         return aexpr(lo, env), aexpr(hi, env)
+
+    def runs_once(self, n: AstFor) -> bool:
+        """Whether loop ``n`` is only a value bound for its body (one iteration, no grid or block
+        dimension): it becomes no loop."""
+        return n.degenerate and not _bound(self.loop_kind(n, _users(n.body)))
 
     def loop_name(self, n: AstFor, users: set[str], scope: list[str]) -> str:
         names = {self.plan.statements[u].loop_names.get(n.dim) for u in users if u in self.plan.statements}
@@ -544,6 +590,27 @@ def _guarded_scope_statement(n: AstNode) -> AstUser | None:
     if isinstance(n, AstUser) and n.stmt.endswith(("__alloc", "__free")):
         return n
     return None
+
+
+def _as_loop(n: AstNode) -> AstFor | None:
+    """``n`` as a loop, if it is one or a loop under conditions on the outer loops alone (the
+    conditions then move into the loop's body)."""
+    if isinstance(n, AstFor):
+        return n
+    if isinstance(n, AstIf) and n.orelse is None:
+        loop = _as_loop(n.then)
+        if loop is not None:
+            return replace(loop, body=AstIf(n.cond, loop.body, None))
+    return None
+
+
+def _loop_header(n: AstFor) -> tuple[object, ...]:
+    return (n.dim, n.iterator, n.init, n.cond, n.step, n.degenerate)
+
+
+def _bound(kind: str) -> bool:
+    """Whether a loop of this kind runs along a grid or block dimension."""
+    return kind.startswith(("blockIdx", "threadIdx"))
 
 
 def _users(n: AstNode) -> set[str]:

@@ -250,6 +250,45 @@ def test_cache_used_in_one_iteration_of_an_inner_loop(rng):
     np.testing.assert_allclose(pt.build(s)(x, w), ref, rtol=1e-6)
 
 
+def test_cache_in_a_loop_of_one_iteration(rng):
+    """The skew leaves one t1_1 per t1_0 (t1_1 = max(0, -t1_0)), which isl scans in a loop of one
+    iteration around the cache's allocation and its release apart ("the scope of cache B_T_local
+    is split", fuzz seed 101 case 8070; with the parameter N in the context the cache's prefix,
+    taken from the loops' functions, gave isl bounds it did not merge into one expression). Such a
+    loop binds a value, no loop: the scope holds."""
+    N = pt.param("N")
+    B = pt.placeholder((5, 5), "float64", "B")
+    T = pt.compute((5,), lambda i: pt.select(i + 1 < 5, B[i, i + 1], 1.0), "T")
+    s = pt.create_schedule(pt.Func([B], [T], constraints=[N >= 0]))
+    s["T"].split("i", 4)
+    s["T"].apply_sch("{ [x0, x1] -> [x0 - x1, x1] }", ["t1_0", "t1_1"])
+    s["T"].cache_identity("B", "t1_1", loc="heap")
+    b = rng.standard_normal((5, 5))
+    t = np.zeros(5)
+    pt.build(s)(b, t, N=3)
+    np.testing.assert_array_equal(t, np.append(np.diagonal(b, 1), 1.0))
+
+
+def test_write_cache_of_a_loop_that_isl_scans_per_statement(rng):
+    """The where= leaves i = 0 for k <= 1 and i = 2 for k >= 2: one i per k, a value isl cannot
+    write as one expression, so with atomic loops it scans every statement in an i loop of its
+    own, the cache's allocation, copies, T and release in sibling loops ("the scope of cache
+    T_local is split", fuzz seed 101 case 2449). The siblings are one loop again."""
+    A = pt.placeholder((4, 5), "float32", "A")
+
+    def f(i, j):
+        k = pt.reduce_axis((i, i + 2), "k")
+        return pt.sum(A[k, j], axis=k)
+    T = pt.compute((3, 5), f, "T", where=lambda i, j: i != 1)
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].cache_write("i")
+    s["T"].reorder("j", "k", "i")
+    a = rng.standard_normal((4, 5)).astype(np.float32)
+    t = np.full((3, 5), 7.0, np.float32)
+    pt.build(s)(a, t)
+    np.testing.assert_allclose(t, [a[0] + a[1], np.full(5, 7.0), a[2] + a[3]], rtol=1e-6)
+
+
 # --- the C++ compiler: code that GCC 12 -O3 miscompiled ------------------------------------------------
 
 def test_cache_of_guarded_reads(rng):

@@ -382,3 +382,51 @@ def test_a_cache_of_a_footprint_of_many_lowest_pieces_computes_the_right_result(
             last = v[j + 1, i] if j + 1 < 7 and i < n else 0.0
             ref[i, j] = max(first + (v[j, k] if j < 7 and k < n else -0.5) + last for k in range(13)) + b[j]
     np.testing.assert_allclose(kern(v, b, N=n), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_runs_of_a_modular_where_under_shifted_tiles_are_checked_condition_by_condition(rng):
+    # fuzz seed 71 case 144 (and 3489): the runs' conditions hold a 'mod' of a 'max' of a 'mod'; made
+    # one set (230 pieces) and compared with the instances, they took isl past its operation budget
+    # (a refusal at the build); the instances cut by one condition at a time take a second
+    N = pt.param("N")
+    A = pt.placeholder((N,), "float32", "A")
+
+    def f_T(i):
+        k = pt.reduce_axis((i, i + 3), "k")
+        return pt.sum(pt.select(k < N, A[k], 1.0), axis=k, where=(k % 2) == 0)
+
+    T = pt.compute((N,), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 1]))
+    s[T].separate("k").split("i", 16).tile("io", "ii", 7, 4).reorder("k", "iio", "iii")
+    s[T].tile("ioo", "k", 3, 3).cache_identity(A, "iooi").shift("iooi", -2).parallel("iooi")
+    s[T].split("iio", 4).cache(A, "iooo", layout=lambda a: (a,))
+    kern = pt.build(s)
+    for n in (1, 7, 130):
+        a = rng.standard_normal(n).astype(np.float32)
+        ref = [sum(a[k] if k < n else 1.0 for k in range(i, i + 3) if k % 2 == 0) for i in range(n)]
+        np.testing.assert_allclose(kern(a, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_the_runs_of_a_cache_copy_over_a_footprint_in_pieces_are_checked_on_time(rng):
+    # fuzz seed 101 case 4025: the copy of A's cache (its domain a footprint in pieces, modulo 3 and
+    # 6, under the skew and the split) has no primitives' function; whether the AST runs all of it
+    # was decided with the loops' iterators quantified, past isl's operation budget (a refusal at
+    # the build). Its schedule map is one affine function: checked on time, in a second
+    N = pt.param("N")
+    A = pt.placeholder((8, 8), "float32", "A")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((0, N), "k")
+        return pt.sum(pt.maximum(pt.select(2 * i < 8, A[j, 2 * i], 0.0),
+                                 pt.select((k >= 1) & (k - 1 < 8), A[k - 1, i], -0.5)), axis=k)
+
+    T = pt.compute((8, 8), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 2]))
+    s[T].apply_sch("{ [x0, x1, x2] -> [x0 + 2*x1, x1 + x2, x2] }", ["t1_0", "t1_1", "t1_2"])
+    s[T].cache(A, "t1_1", layout=lambda a, b: (b, a)).split("t1_0", 3)
+    kern = pt.build(s)
+    a = rng.standard_normal((8, 8)).astype(np.float32)
+    for n in (2, 9):
+        ref = [[sum(max(a[j, 2 * i] if 2 * i < 8 else 0.0, a[k - 1, i] if 1 <= k < 9 else -0.5) for k in range(n))
+                for j in range(8)] for i in range(8)]
+        np.testing.assert_allclose(kern(a, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-6)
