@@ -97,7 +97,8 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
         ("fragments", gpu, distribute_fragments),
         ("allreduce", gpu, cross_thread_reductions),
         ("kernels", gpu, lambda s: outline_kernels(s, target, name)),
-        ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight))),
+        ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
+                                                     dict(sched.pipeline_producer))),
         ("simplify", gpu, simplify),
         ("unroll", True, lambda s: unroll_loops(s, unrolled)),
         ("flatten", True, flatten_storage),
@@ -140,6 +141,11 @@ def check_schedule(sched: Schedule, target: Target) -> None:
                     + (f"use tensorize(..., {usable[0]!r}) there" if usable else
                        "it has no tensor-core instructions, so leave the nest to the CUDA cores"))
     copied = [c.name for c in sched.caches if c.name in sched.pipelines and c.loc == "shared"]
+    bulk = [c for c in copied if sched.pipeline_producer.get(c) == "tma"]
+    if bulk and not target.has("tma"):
+        raise LoweringError(f"pipeline of {', '.join(bulk)} with producer='tma' fills shared memory with the tensor "
+                            f"memory accelerator, which the target ({target.key}) lacks; build for sm_90 or newer, or "
+                            "use producer='threads'")
     if copied and not target.has("cp.async"):
         raise LoweringError(f"pipeline of {', '.join(copied)} fills shared memory with cp.async, which the target "
                             f"({target.key}) lacks; build for sm_80 or newer, or do not pipeline the caches")

@@ -19,13 +19,21 @@ if TYPE_CHECKING:
 
 
 @transactional
-def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stage:
+def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0, producer: str = "threads") -> Stage:
     """Keep ``stages`` copies of cache buffer ``cache`` and load ``stages - 1`` iterations ahead.
 
     ``inflight``: for warpgroup MMA (``tensorize(..., "wgmma_m64nNk16")``), how many of the
     asynchronous MMA groups of earlier iterations may still run while an iteration issues its own;
     the copies then run ``stages - 1 - inflight`` iterations ahead (a slot is refilled only once
-    the group that read it has completed)."""
+    the group that read it has completed).
+
+    ``producer``: who fills the slots. ``"threads"`` (default): every thread of the block issues
+    ``cp.async`` copies, waited for by commit group and a barrier. ``"tma"`` (sm_90, for the
+    128-byte swizzled operand tiles of a wgmma nest): one thread issues the tensor memory
+    accelerator's bulk tensor copies (``cp.async.bulk.tensor``, a tensor map per operand made on the
+    host, zeros past the tensor's end) that complete on a per-slot mbarrier with the slot's byte
+    count; the consumers wait on its phase and release the slot on a second mbarrier once their MMA
+    groups that read it have completed."""
     sched = self.schedule
     spec = next((c for c in sched.caches if c.name == cache), None)
     if spec is None and cache.endswith("_frag"):
@@ -47,9 +55,44 @@ def pipeline(self: Stage, cache: str, stages: int, *, inflight: int = 0) -> Stag
     if inflight and not any(t.asynchronous for t in tensorized):
         raise ScheduleError(f"pipeline of {cache}: inflight applies to asynchronous MMA groups; tensorize "
                             f"{self.name} with 'wgmma_m64nNk16' first")
+    if producer not in PRODUCERS:
+        raise ScheduleError(f"pipeline of {cache}: producer must be one of {', '.join(map(repr, PRODUCERS))}, "
+                            f"got {producer!r}")
+    if producer == "tma":
+        reason = _tma_rejection(self, spec, stages, tensorized)
+        if reason:
+            raise ScheduleError(f"pipeline of {cache} with producer='tma': {reason}")
     sched.pipelines[cache] = stages
     sched.pipeline_inflight[cache] = inflight
+    if producer == "tma":
+        sched.pipeline_producer[cache] = producer
+    else:
+        sched.pipeline_producer.pop(cache, None)
     return self
+
+
+PRODUCERS = ("threads", "tma")
+"""Who fills a pipelined shared buffer: the block's threads (cp.async) or the tensor memory accelerator."""
+
+
+def _tma_rejection(stage: Stage, spec, stages: int, tensorized: list) -> str | None:  # noqa: ANN001 - a CacheSpec
+    """Why a cache cannot be filled by TMA copies (None when it can, as far as the schedule tells;
+    the lowering checks the copy itself: lowering/passes/tma.py)."""
+    if spec.loc != "shared":
+        return f"the tensor memory accelerator copies into shared memory; {spec.name} lives in {spec.loc} memory"
+    if stages < 2:
+        return "a TMA pipeline needs at least 2 stages"
+    if not any(t.warpgroup for t in tensorized):
+        return (f"TMA copies fill the 128-byte swizzled operand tiles of warpgroup MMA: tensorize {stage.name} "
+                "with 'wgmma_m64nNk16' first")
+    if spec.swizzle != 128:
+        return (f"{spec.name} is not stored in 128-byte swizzled rows (its tile has fewer than 64 16-bit "
+                "columns); use 64-wide K tiles and a multiple of 64 columns, or producer='threads'")
+    ndim = len(stage.schedule.func.tensor(spec.tensor).shape)
+    if ndim != 2:
+        return (f"{spec.tensor} has {ndim} dimensions; TMA pipelines copy tiles of 2-D tensors (batched "
+                "products and convolutions take producer='threads')")
+    return None
 
 
 def rejection(stage: Stage, spec) -> str | None:  # noqa: ANN001 - a CacheSpec

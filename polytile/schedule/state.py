@@ -78,6 +78,7 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
+        self.pipeline_producer: dict[str, str] = {}  # cache buffer -> "tma" (absent: the threads' copies)
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()
