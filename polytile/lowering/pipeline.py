@@ -141,11 +141,6 @@ def check_schedule(sched: Schedule, target: Target) -> None:
                     + (f"use tensorize(..., {usable[0]!r}) there" if usable else
                        "it has no tensor-core instructions, so leave the nest to the CUDA cores"))
     copied = [c.name for c in sched.caches if c.name in sched.pipelines and c.loc == "shared"]
-    bulk = [c for c in copied if sched.pipeline_producer.get(c) == "tma"]
-    if bulk and not target.has("tma"):
-        raise LoweringError(f"pipeline of {', '.join(bulk)} with producer='tma' fills shared memory with the tensor "
-                            f"memory accelerator, which the target ({target.key}) lacks; build for sm_90 or newer, or "
-                            "use producer='threads'")
     if copied and not target.has("cp.async"):
         raise LoweringError(f"pipeline of {', '.join(copied)} fills shared memory with cp.async, which the target "
                             f"({target.key}) lacks; build for sm_80 or newer, or do not pipeline the caches")
