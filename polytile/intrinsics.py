@@ -10,7 +10,8 @@ exact name (``instruction``) — nothing recognizes an intrinsic by the spelling
 
 Registered: ``mma_m16n8k16`` (mma.sync, sm_80+), ``wgmma_m64nNk16`` (Hopper's warpgroup MMA, sm_90a),
 ``ldmatrix`` (the operand loads of mma.sync), ``cp.async`` (asynchronous global-to-shared copies) and
-``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90).
+``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90) and ``setmaxnreg`` (warpgroups
+trading registers, sm_90a).
 """
 
 from __future__ import annotations
@@ -116,6 +117,13 @@ TMA = Intrinsic(
         Instruction("pt_mbar_arrive", "tma", addresses=True),
         Instruction("pt_mbar_wait", "tma", addresses=True)))
 
+SETMAXNREG = Intrinsic(
+    "setmaxnreg", "setmaxnreg.inc/dec.sync.aligned.u32", ("setmaxnreg",),
+    "a warpgroup sets its registers per thread (warp specialization: the producer gives registers up, the "
+    "consumers take them); the kernel needs a register cap at entry (__launch_bounds__(threads, 1))", (
+        Instruction("pt_setmaxnreg_inc", "setmaxnreg", constant_arg=True),
+        Instruction("pt_setmaxnreg_dec", "setmaxnreg", constant_arg=True)))
+
 MMA_M16N8K16 = TensorIntrinsic(
     "mma_m16n8k16", "mma.sync.aligned.m16n8k16.row.col.f32", ("mma.sync", "ldmatrix"),
     "a warp multiplies a 16x16 by a 16x8 tile of fp16/bf16 from registers (loaded with ldmatrix), "
@@ -139,7 +147,7 @@ WGMMA_M64NNK16 = TensorIntrinsic(
     products={(d, n): f"pt_wgmma_m64n{n}k16_{s}" for d, s in _SUFFIX.items() for n in WGMMA_N})
 
 INTRINSICS: Mapping[str, Intrinsic] = MappingProxyType(
-    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, TMA)})
+    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, TMA, SETMAXNREG)})
 """Every registered intrinsic, by name."""
 
 _INSTRUCTIONS: Mapping[str, Instruction] = MappingProxyType(

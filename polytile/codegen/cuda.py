@@ -267,6 +267,25 @@ __device__ __forceinline__ void pt_mbar_wait(void* bar, int parity) {
 __device__ __forceinline__ void pt_mbar_wait(void*, int) { __trap(); }
 #endif
 """),
+    Helper("pt_setmaxnreg_inc", r"""
+// warp specialization (sm_90a): the warpgroup's registers per thread become N (more: inc, fewer: dec)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+#else
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_inc() { __trap(); }
+#endif
+"""),
+    Helper("pt_setmaxnreg_dec", r"""
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+#else
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() { __trap(); }
+#endif
+"""),
     Helper("pt_block_allreduce", r"""
 // block-wide reductions: every thread of the block calls them (block size a multiple of 32)
 template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
@@ -381,6 +400,7 @@ class KernelSource:
     block: tuple[int, int, int]
     dynamic_shared: int
     tensor_maps: list[TensorMap] = field(default_factory=list)  # passed after the params, in this order
+    register_split: tuple[int, int] | None = None  # warp specialization: setmaxnreg's (producer, consumer) counts
 
 
 _RAW = {4: ("unsigned", "0u"), 8: ("uint2", "make_uint2(0u, 0u)"), 16: ("uint4", "make_uint4(0u, 0u, 0u, 0u)")}
@@ -596,6 +616,11 @@ class CUDAPrinter(CLikePrinter):
                 f"const {self.storage_type(b.dtype)}* __restrict__ {b.name}" for b in bufs.values()]
         args += [f"const {self.index_type()} {p.name}" for p in used]
         nthreads = k.block[0] * k.block[1] * k.block[2]
+        # setmaxnreg needs a register cap at entry: one block per SM
+        counts = {e.name: ir.eval_int(e.args[0], {}) for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
+                  and getattr(instruction(e.name), "intrinsic", None) == "setmaxnreg"}
+        split = (counts["pt_setmaxnreg_dec"], counts["pt_setmaxnreg_inc"]) if counts else None
+        cap = ", 1" if counts else ""
         header = len(self.lines)
         self.tensor_maps = {}
         self.depth += 1
@@ -607,9 +632,10 @@ class CUDAPrinter(CLikePrinter):
         self.emit("")
         # the tensor maps the body's TMA copies use (known once it is printed) come after the parameters
         args += [f"const __grid_constant__ pt_tensor_map {m.name}" for m in self.tensor_maps.values()]
-        self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}) '
+        self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}{cap}) '
                                   f'{k.name}({", ".join(args)}) {{')
-        return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn, list(self.tensor_maps.values()))
+        return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn, list(self.tensor_maps.values()),
+                            split)
 
     def source(self, f: ir.LoweredFunc) -> tuple[str, list[KernelSource]]:
         self.lines = []

@@ -176,7 +176,8 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
-               stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads") -> None:
+               stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
+               specialize: bool = False) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
@@ -185,7 +186,8 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     registers (bn/2 per thread); ``inflight`` MMA groups of earlier K tiles may run while the next
     is issued (the copies then run stages − 1 − inflight tiles ahead). ``producer="tma"``: the
     operand tiles are loaded by TMA bulk tensor copies on mbarrier rings (``pipeline``; sm_90,
-    128-byte swizzled tiles: bk and bn multiples of 64, rows of A and B multiples of 16 bytes)."""
+    128-byte swizzled tiles: bk and bn multiples of 64, rows of A and B multiples of 16 bytes), with
+    ``specialize``: by a producer warpgroup of their own (warp specialization, ``setmaxnreg``)."""
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -203,8 +205,8 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     st.cache_write("wi", loc="fragment")
     st.tensorize("i3", "wgmma_m64nNk16")
     if stages > 1:
-        st.pipeline(f"{a}_shared", stages, inflight=inflight, producer=producer)
-        st.pipeline(f"{b}_shared", stages, inflight=inflight, producer=producer)
+        st.pipeline(f"{a}_shared", stages, inflight=inflight, producer=producer, specialize=specialize)
+        st.pipeline(f"{b}_shared", stages, inflight=inflight, producer=producer, specialize=specialize)
     elif producer != "threads":
         raise ScheduleError(f"gemm_wgmma: producer={producer!r} fills pipelined tiles; it needs stages >= 2")
 

@@ -600,6 +600,14 @@ def build_cuda_kernel(sched: object, lowered: ir.LoweredFunc, target: CUDATarget
                              f"memory, more than the {target.shared_per_block} a block of {target.name} "
                              f"({target.arch}) can have; use smaller tiles or fewer pipeline stages")
     cubin, resources = compile_cuda(source, target.arch)
+    for k in kernels:
+        used = resources.get(k.name)
+        if k.register_split is not None and used is not None and not \
+                k.register_split[0] <= used.registers <= k.register_split[1]:
+            p, c = k.register_split
+            raise BuildError(f"{lowered.name}: kernel {k.name} starts with {used.registers} registers per thread, "
+                             f"outside its warp specialization's split ({p} for the producer, {c} for the consumers): "
+                             "setmaxnreg cannot reach it; ask for other registers (pipeline(..., registers=...))")
     func = sched.func  # type: ignore[attr-defined]
     has_checks = any(t.value_range is not None or t.monotonic for t in func.inputs)
     check_cubin = compile_cuda(DEVICE_SOURCE, target.arch)[0] if has_checks else None

@@ -1,5 +1,6 @@
 """On a Hopper GPU: GEMMs whose operand tiles are loaded by TMA copies on mbarrier rings
-(``gemm_wgmma(..., producer="tma")``) against a float64 reference on fresh random inputs: sizes that
+(``gemm_wgmma(..., producer="tma")``, issued by one thread or by a producer warpgroup) against a float64
+reference on fresh random inputs: sizes that
 do not divide the tiles (partial boxes zero-filled by the copy engine), rows that are not 16-byte
 aligned (copied aligned first), several stage counts and groups in flight, float16 and bfloat16."""
 
@@ -28,6 +29,11 @@ def _tma_gemm(M, N, K, dtype, **cfg):
     return pt.build(s, "cuda")
 
 
+@pytest.fixture(params=[False, True], ids=["one-thread", "specialized"])
+def specialize(request):
+    return request.param
+
+
 def _check(kern, M, N, K, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = (torch.rand((M, K), device="cuda", generator=g) * 2 - 1).to(TORCH_DTYPES[dtype])
@@ -49,14 +55,15 @@ SIZES = [
 
 @pytest.mark.parametrize("dims,cfg", SIZES, ids=[f"{d[0]}x{d[1]}x{d[2]}" for d, _ in SIZES])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_tma_matmul(dims, cfg, dtype):
+def test_tma_matmul(dims, cfg, dtype, specialize):
     M, N, K = dims
-    _check(_tma_gemm(M, N, K, dtype, **cfg), M, N, K, dtype, seed=M + N + K)
+    _check(_tma_gemm(M, N, K, dtype, specialize=specialize, **cfg), M, N, K, dtype, seed=M + N + K)
 
 
 @pytest.mark.parametrize("stages,inflight", [(2, 0), (3, 0), (4, 0), (6, 0), (3, 1), (4, 1), (4, 2), (6, 2)])
-def test_tma_pipeline_stages(stages, inflight):
+def test_tma_pipeline_stages(stages, inflight, specialize):
     M, N, K = 333, 264, 1000  # 16 K tiles: every slot is refilled several times, parities flip
-    kern = _tma_gemm(M, N, K, "bfloat16", bm=128, bn=128, bk=64, stages=stages, inflight=inflight)
+    kern = _tma_gemm(M, N, K, "bfloat16", bm=128, bn=128, bk=64, stages=stages, inflight=inflight,
+                     specialize=specialize)
     for seed in (1, 2):  # a second call reuses the tensor maps of the same arrays... and new ones
         _check(kern, M, N, K, "bfloat16", seed)

@@ -35,11 +35,12 @@ running after the loop are waited for before the accumulators are read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ... import dtypes
 from ...errors import LoweringError
 from ...intrinsics import instruction
+from ...schedule.pipeline import Producer
 from .. import loopir as ir
 from .barriers import SYNC, thread_dependent_vars
 from .kernels import thread_var
@@ -182,9 +183,30 @@ class _Piped:
 
 
     def tma_stmt(self, ring: TmaRing) -> ir.Stmt:
-        """The loop with TMA copies on full/empty mbarrier rings (module docstring)."""
+        """The loop with TMA copies on full/empty mbarrier rings (module docstring); specialized, the
+        consumers' loop, the producer's left in ``ring`` for the kernel (``_specialize``)."""
         S, A, n = self.stages, self.ahead, self.inflight
         rel = self.rel
+        used = ir.BinOp("-", rel, ir.const(n)) if n else rel
+        release: ir.Stmt = ir.If(ring.lane0(), ring.arrive(ring.empty, ir.BinOp("%", used, ir.const(S))))
+        if n:
+            release = ir.If(ir.Cmp(">=", rel, ir.const(n)), release)
+        consume = [ring.wait(ring.full, ir.BinOp("%", rel, ir.const(S)),
+                             ir.BinOp("%", ir.BinOp("div", rel, ir.const(S)), ir.const(2))),
+                   self.compute(), release]
+        after = [ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32))] if n else []
+        if ring.producer is not None:
+            refill = ir.block([
+                ir.If(ir.Cmp(">=", rel, ir.const(S)),  # refilled: wait until the slot's last readers released it
+                      ring.wait(ring.empty, ir.BinOp("%", rel, ir.const(S)),
+                                ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", rel, ir.const(S)), ir.const(1)),
+                                         ir.const(2)))),
+                self.produce(self.loop.var, ir.BinOp("%", rel, ir.const(S)))])
+            ring.loop = replace(self.loop, body=refill)
+            ring.buffers = [self.enlarged[b.name] for b in self.allocs if b.name in self.enlarged]
+            ring.stages = S
+            others = [b for b in self.allocs if b.name not in self.enlarged]
+            return self.wrap(ir.block([replace(self.loop, body=ir.block(consume)), *after]), others)
         ahead = ir.BinOp("+", rel, ir.const(A))
         refill = ir.block([
             ir.If(ir.Cmp(">=", ahead, ir.const(S)),  # refilled: wait until the slot's last readers released it
@@ -193,16 +215,8 @@ class _Piped:
                                      ir.const(2)))),
             self.produce(ir.BinOp("+", self.loop.var, ir.const(A)), ir.BinOp("%", ahead, ir.const(S)))])
         issue = ir.If(ring.leader(), ir.If(ir.Cmp("<", ir.BinOp("+", self.loop.var, ir.const(A)), self.end), refill))
-        used = ir.BinOp("-", rel, ir.const(n)) if n else rel
-        release = ir.If(ring.lane0(), ring.arrive(ring.empty, ir.BinOp("%", used, ir.const(S))))
-        if n:
-            release = ir.If(ir.Cmp(">=", rel, ir.const(n)), release)
-        body = [issue, ring.wait(ring.full, ir.BinOp("%", rel, ir.const(S)),
-                                 ir.BinOp("%", ir.BinOp("div", rel, ir.const(S)), ir.const(2))),
-                self.compute(), release]
-        after = [ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32))] if n else []
         start = ir.block([ir.If(ring.leader(), ir.block([*ring.init(S), *self.prologue()])), SYNC])
-        loop = replace(self.loop, body=ir.block(body))
+        loop = replace(self.loop, body=ir.block([issue, *consume]))
         return self.wrap(ir.block([start, loop, *after]), [*self.allocs, ring.full, ring.empty])
 
 
@@ -216,6 +230,10 @@ class TmaRing:
     empty: ir.Buffer
     threads: int
     tid: ir.Expr
+    producer: Producer | None = None  # warp specialization: the producer warpgroup's registers
+    loop: ir.For | None = None  # specialized: the producer's loop of copies, placed by ``_specialize``
+    buffers: list[ir.Buffer] = field(default_factory=list)  # specialized: the slots, allocated by the kernel
+    stages: int = 0
 
     def leader(self) -> ir.Expr:
         return ir.Cmp("==", self.tid, ir.const(0))
@@ -261,7 +279,7 @@ def _in_flight(body: ir.Stmt, n: int) -> ir.Stmt:
 
 
 def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[str, int],
-           producer: dict[str, str], kernel: _KernelScope | None) -> _Piped | None:
+           producer: dict[str, Producer], kernel: _KernelScope | None) -> _Piped | None:
     allocs, inner = _peel_allocates(body)
     piped = [b for b in allocs if b.name in stages]
     if not piped:
@@ -300,16 +318,17 @@ def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[s
     if n and S - 1 - n < 1:
         raise LoweringError(f"loop {loop.var.name}: {S} stages leave no slot to load ahead with {n} MMA groups in "
                             f"flight; use at least {n + 2} stages")
-    kinds = {producer.get(b.name, "threads") for b in piped}
+    kinds = {producer.get(b.name) for b in piped}
     if len(kinds) != 1:
         raise LoweringError(f"buffers {', '.join(b.name for b in piped)} of loop {loop.var.name} ask for different "
-                            "producers (TMA and the threads' copies); give them the same")
-    ring = _tma_ring(loop, piped, producers, kernel, S) if kinds.pop() == "tma" else None
+                            "producers (TMA or the threads' copies, specialized or not); give them the same")
+    kind = kinds.pop()
+    ring = _tma_ring(loop, piped, producers, kernel, S, kind) if kind is not None else None
     return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy, n, ring)
 
 
 def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], kernel: _KernelScope | None,
-              stages: int) -> TmaRing:
+              stages: int, kind: Producer) -> TmaRing:
     names = ", ".join(b.name for b in piped)
     if kernel is None:
         raise LoweringError(f"pipeline of {names} with producer='tma': loop {loop.var.name} is not in a kernel")
@@ -327,10 +346,13 @@ def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], ke
         if len(copy) != 1:
             raise LoweringError(f"pipeline of {b.name} with producer='tma': {len(copy)} copies fill it; TMA "
                                 "replaces one")
-        tiles.append(tma_tile(copy[0], b, kernel.block))
+        tiles.append(tma_tile(copy[0], b, kernel.block, kernel.thread_vars))
+    if kind.specialize and kernel.nested:
+        raise LoweringError(f"pipeline of {names} with specialize=True: loop {loop.var.name} is inside another loop "
+                            "or a condition of its kernel; a producer warpgroup runs a kernel's top-level loop only")
     first = piped[0].name
-    ring = [ir.Buffer(f"{first}_{kind}", dtypes.int64, (ir.const(stages),), "shared") for kind in ("full", "empty")]
-    return TmaRing(tiles, *ring, threads, kernel.tid)
+    ring = [ir.Buffer(f"{first}_{r}", dtypes.int64, (ir.const(stages),), "shared") for r in ("full", "empty")]
+    return TmaRing(tiles, *ring, threads, kernel.tid, kind if kind.specialize else None)
 
 
 @dataclass
@@ -340,7 +362,10 @@ class _KernelScope:
 
     block: tuple[int, int, int]
     tid: ir.Expr
+    thread_vars: frozenset[str] = frozenset()  # variables whose values differ between threads
     divergent: str = ""
+    nested: int = 0  # loops and conditions around the statement being lowered
+    rings: list[TmaRing] = field(default_factory=list)  # the TMA rings made in the kernel
 
 
 def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
@@ -378,43 +403,59 @@ def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
 
 
 class _Pipeline(ir.Mutator):
-    def __init__(self, stages: dict[str, int], inflight: dict[str, int], producer: dict[str, str]):
+    def __init__(self, stages: dict[str, int], inflight: dict[str, int], producer: dict[str, Producer]):
         self.stages = stages
         self.inflight = inflight
         self.producer = producer
         self.kernel: _KernelScope | None = None
-        self.divergent: set[str] = set()  # variables that differ between the threads of the kernel
         # pipelined loops already transformed, by the id of their result; the result is kept with it, so
         # that its id cannot be reused by a later statement (ids of freed objects are, and a false match
         # fused the wrong loops: found by the exhaustive tuning run, 17 of 2706 convolutions)
         self.pieces: dict[int, tuple[ir.Stmt, _Piped]] = {}
 
     def visit_Kernel(self, s: ir.Kernel) -> ir.Stmt:
-        outer, self.divergent = (self.kernel, self.divergent)
-        self.kernel = _KernelScope(s.block, _linear_thread(s.block))
-        self.divergent = thread_dependent_vars(s.body)
+        outer = self.kernel
+        divergent = thread_dependent_vars(s.body)
+        self.kernel = scope = _KernelScope(s.block, _linear_thread(s.block), frozenset(divergent))
         try:
-            return replace(s, body=self.stmt(s.body))
+            body = self.stmt(s.body)
         finally:
-            self.kernel, self.divergent = outer, set()
+            self.kernel = outer
+        special = [r for r in scope.rings if r.producer is not None]
+        if not special:
+            return replace(s, body=body)
+        if len(scope.rings) > 1:
+            raise LoweringError(f"kernel {s.name}: a specialized TMA pipeline must be the kernel's only one "
+                                f"({len(scope.rings)} loops are pipelined with TMA)")
+        body, block = _specialize(s.name, body, special[0], s.block)
+        return replace(s, body=body, block=block)
 
     def visit_If(self, s: ir.If) -> ir.Stmt:
         kernel = self.kernel
-        if kernel is None or not any(isinstance(n, ir.Var) and (n.name.startswith("threadIdx") or
-                                                                n.name in self.divergent)
-                                     for n in ir.walk_expr(s.cond)):
+        if kernel is None:
             return self.default_stmt(s)
-        self.kernel = replace(kernel, divergent=kernel.divergent or ir.expr_text(s.cond))
+        thread = any(isinstance(n, ir.Var) and (n.name.startswith("threadIdx") or n.name in kernel.thread_vars)
+                     for n in ir.walk_expr(s.cond))
+        self.kernel = replace(kernel, divergent=kernel.divergent or (ir.expr_text(s.cond) if thread else ""),
+                              nested=kernel.nested + 1)
         try:
             return self.default_stmt(s)
         finally:
             self.kernel = kernel
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
-        body = self.stmt(s.body)
+        kernel = self.kernel
+        if kernel is not None:
+            self.kernel = replace(kernel, nested=kernel.nested + 1)
+        try:
+            body = self.stmt(s.body)
+        finally:
+            self.kernel = kernel
         if s.kind != "serial":
             return replace(s, body=body)
         piped = _split(s, body, self.stages, self.inflight, self.producer, self.kernel)
+        if piped is not None and piped.tma is not None and self.kernel is not None:
+            self.kernel.rings.append(piped.tma)
         if piped is None:
             return replace(s, body=body)
         inner = self.pieces.get(id(piped.consumers[0])) if len(piped.consumers) == 1 else None
@@ -439,10 +480,69 @@ def _linear_thread(block: tuple[int, int, int]) -> ir.Expr:
 
 
 def pipeline_buffers(s: ir.Stmt, stages: dict[str, int], inflight: dict[str, int] | None = None,
-                     producer: dict[str, str] | None = None) -> ir.Stmt:
+                     producer: dict[str, Producer] | None = None) -> ir.Stmt:
     """Multi-buffer the requested buffers across the iterations of their load–use loops
     (``inflight``: asynchronous MMA groups left running, per buffer; ``producer``: "tma" for the
     buffers filled by TMA copies)."""
     if not stages:
         return s
     return _Pipeline(stages, inflight or {}, producer or {}).stmt(s)
+
+
+REGISTERS = 64 * 1024  # 32-bit registers of an SM, shared by the warps of a block that fills it
+PRODUCER_WARPS = 4  # the producer warpgroup
+PRODUCER_REGISTERS = 40  # per producer thread, unless asked
+
+
+def register_split(consumer_warps: int, asked: tuple[int, int] | None, where: str) -> tuple[int, int]:
+    """(producer, consumer) registers per thread for a producer warpgroup beside ``consumer_warps``
+    warps: as asked, or 40 and the most (a multiple of 8, at most 256) the consumers can have — never
+    fewer than the kernel starts with (the SM's registers shared by all its threads, the cap that
+    ``__launch_bounds__(threads, 1)`` sets), which ``setmaxnreg.inc`` cannot go below. A split above
+    the SM's registers is refused: ``setmaxnreg.inc`` would wait forever."""
+    producers, consumers = 32 * PRODUCER_WARPS, 32 * consumer_warps
+    p, c = asked or (PRODUCER_REGISTERS, min(256, (REGISTERS - producers * PRODUCER_REGISTERS) // consumers // 8 * 8))
+    total = producers * p + consumers * c
+    if total > REGISTERS or c < 24:
+        raise LoweringError(f"{where}: {producers} producer threads × {p} registers + {consumers} consumer threads × "
+                            f"{c} = {total} registers, more than the {REGISTERS} of an SM: setmaxnreg would hang the "
+                            "GPU; ask for fewer registers (pipeline(..., registers=(producer, consumer))) or fewer "
+                            "consumer warps")
+    return p, c
+
+
+def _specialize(name: str, body: ir.Stmt, ring: TmaRing, block: tuple[int, int, int]
+                ) -> tuple[ir.Stmt, tuple[int, int, int]]:
+    """Warp specialization of kernel ``name``: after the kernel's leading lets, the slots and
+    barriers are allocated and initialized for the whole block, then a producer warpgroup (four
+    more warps, threadIdx.z from the consumers' count on) gives up registers and issues the copies
+    from one thread, while the consumer warps take the registers and run the kernel's body."""
+    where = f"kernel {name} with a specialized TMA pipeline"
+    bx, by, warps = block
+    if bx != 32 or by != 1:
+        raise LoweringError(f"{where}: its warps must be numbered along threadIdx.z (block (32, 1, z)), got {block}")
+    assert ring.producer is not None and ring.loop is not None
+    p, c = register_split(warps, ring.producer.registers, where)
+    lets: list[ir.LetStmt] = []
+    rest = body
+    while isinstance(rest, ir.LetStmt):
+        lets.append(rest)
+        rest = rest.body
+    known = {let.var.name for let in lets} | {ring.loop.var.name}
+    local = {st.var.name for st in ir.walk_stmt(rest) if isinstance(st, (ir.LetStmt, ir.For))}
+    missing = sorted({n.name for n in ir.all_exprs(ring.loop) if isinstance(n, ir.Var)} & local - known)
+    if missing:
+        raise LoweringError(f"{where}: the copies use {', '.join(missing)}, defined inside the kernel's body; the "
+                            "producer warpgroup sees the kernel's leading definitions only")
+    z = ir.Cast(dtypes.INDEX, thread_var("threadIdx.z"))
+    lane = ir.Cast(dtypes.INDEX, thread_var("threadIdx.x"))
+    issuer = ir.Logic("&&", (ir.Cmp("==", z, ir.const(warps)), ir.Cmp("==", lane, ir.const(0))))
+    producer = ir.block([ir.call_stmt("pt_setmaxnreg_dec", ir.const(p, dtypes.int32)), ir.If(issuer, ring.loop)])
+    consumer = ir.block([ir.call_stmt("pt_setmaxnreg_inc", ir.const(c, dtypes.int32)), rest])
+    out: ir.Stmt = ir.block([ir.If(ring.leader(), ir.block(ring.init(ring.stages))), SYNC,
+                             ir.If(ir.Cmp(">=", z, ir.const(warps)), producer, consumer)])
+    for b in reversed([*ring.buffers, ring.full, ring.empty]):
+        out = ir.Allocate(b, out)
+    for let in reversed(lets):
+        out = replace(let, body=out)
+    return out, (bx, by, warps + PRODUCER_WARPS)

@@ -164,9 +164,11 @@ def _inside(cond: ir.Expr, index: tuple[ir.Expr, ...], shape: tuple[ir.Expr, ...
     return True
 
 
-def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int]) -> TmaTile:
+def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
+             thread_vars: frozenset[str] = frozenset()) -> TmaTile:
     """The TMA boxes that fill ``cache`` as the threads' copy ``copy`` does (``block``: the kernel's
-    threads); raises LoweringError saying why when the copy is not one TMA can do."""
+    threads; ``thread_vars``: variables outside the copy whose values differ between threads);
+    raises LoweringError saying why when the copy is not one TMA can do."""
     where = f"TMA copy of {cache.name}"
     found = _the_store(copy, cache.name, where)
     value = found.store.value
@@ -203,6 +205,9 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int]) -> Tm
     index = [_scalar(i) for i in found.store.index]
     source = [_scalar(i) for i in value.index]
     outer = _outer_vars(copy)
+    if set(outer) & thread_vars:
+        raise LoweringError(f"{where}: the copy depends on {', '.join(sorted(set(outer) & thread_vars))}, which differ "
+                            "between threads; one thread issues the whole tile")
     threads = _thread_env(block)
     lane = np.arange(lanes, dtype=np.int64).reshape(1, lanes)
     geometry: tuple[int, int] | None = None
