@@ -44,6 +44,17 @@ def test_golden_tma_ir():
     assert got == path.read_text()
 
 
+def test_golden_specialized_tma_ir():
+    # the same GEMM with a producer warpgroup: threadIdx.z 4..7 give registers up and one thread of
+    # warp 4 issues every copy; warps 0..3 take the registers and run the kernel's body
+    s = _sched(M=128, N=128, K=320, bm=64, bn=64, bk=64, stages=3, inflight=1, specialize=True)
+    got = str(pt.lower(s, SM90A)) + "\n"
+    path = GOLDEN / "tma_specialized_gemm.txt"
+    if os.environ.get("POLYTILE_REGEN_GOLDEN"):
+        path.write_text(got)
+    assert got == path.read_text()
+
+
 def _calls(s, name):
     return [st.call for st in ir.walk_stmt(pt.lower(s, SM90A).body)
             if isinstance(st, ir.Evaluate) and st.call.name == name]
@@ -139,6 +150,42 @@ def test_copy_proof_finds_a_misplaced_element():
         tma_tile(copy((row, col), guarded), cache, (128, 1, 1))
 
 
+def test_register_splits_over_the_sm_are_refused():
+    # 12 consumer warps × 32 × 232 + 128 × 40 = 94208 registers: setmaxnreg.inc would never return
+    s = _sched(M=1000, N=1000, K=520, bm=192, bn=128, bk=64, stages=3)
+    s["C"].pipeline("A_shared", 3, producer="tma", specialize=True, registers=(40, 232))
+    s["C"].pipeline("B_shared", 3, producer="tma", specialize=True, registers=(40, 232))
+    with pytest.raises(LoweringError, match=r"128 producer threads × 40 registers \+ 384 consumer threads × 232 = "
+                                            r"94208 registers, more than the 65536 of an SM: setmaxnreg would hang"):
+        pt.lower(s, SM90A)
+    # the default split for 12 consumer warps: 152 registers each, 40 for the producer
+    s["C"].pipeline("A_shared", 3, producer="tma", specialize=True)
+    s["C"].pipeline("B_shared", 3, producer="tma", specialize=True)
+    inc = [ir.eval_int(c.args[0], {}) for c in _calls(s, "pt_setmaxnreg_inc")]
+    assert inc == [152] and [ir.eval_int(c.args[0], {}) for c in _calls(s, "pt_setmaxnreg_dec")] == [40]
+
+
+def test_register_split_arguments_are_checked():
+    s = _sched(bm=128, bn=128, bk=64, stages=3)
+    with pytest.raises(ScheduleError, match=r"registers=\(40, 230\) must be \(producer, consumer\) registers"):
+        s["C"].pipeline("A_shared", 3, producer="tma", specialize=True, registers=(40, 230))
+    with pytest.raises(ScheduleError, match="specialize and registers apply to producer='tma'"):
+        s["C"].pipeline("A_shared", 3, specialize=True)
+
+
+@pytest.mark.needs_nvcc
+def test_unreachable_entry_registers_are_refused_at_build():
+    # the kernel needs more registers per thread than a consumer count of 24 (ptxas reports 90):
+    # setmaxnreg.inc cannot lower them
+    from polytile.errors import BuildError
+    s = _sched(M=512, N=512, K=256, bm=128, bn=128, bk=64, stages=3)
+    for c in ("A_shared", "B_shared"):
+        s["C"].pipeline(c, 3, producer="tma", specialize=True, registers=(24, 24))
+    with pytest.raises(BuildError, match=r"starts with \d+ registers per thread, outside its warp specialization's "
+                                         r"split \(24 for the producer, 24 for the consumers\)"):
+        pt.build(s, SM90A)
+
+
 # --- nvcc ------------------------------------------------------------------------------------------
 
 @pytest.mark.needs_nvcc
@@ -156,6 +203,24 @@ def test_tma_compiles_to_utmaldg(dtype, cfg):
     text = _sass(cubin)
     assert "UTMALDG.2D" in text and "SYNCS.ARRIVE.TRANS64" in text and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text
     assert "HGMMA.64x" in text
+    assert not re.search(r"\bLDGSTS\b|\bLDL\b|\bSTL\b", text)
+    assert all(r.stack_bytes == 0 and r.spill_stores == 0 for r in resources.values())
+
+
+@pytest.mark.needs_nvcc
+def test_specialized_tma_compiles_to_setmaxnreg():
+    from test_wgmma import _sass
+
+    from polytile.runtime.cuda import compile_cuda
+    kern = pt.build(_sched(M=4096, N=4096, K=4096, dtype="bfloat16", bm=128, bn=256, bk=64, stages=4, inflight=1,
+                           specialize=True), SM90A)
+    assert "__launch_bounds__(384, 1)" in kern.source and kern.kernels[0].block == (32, 1, 12)
+    assert kern.kernels[0].register_split == (40, 232)
+    cubin, resources = compile_cuda(kern.source, "sm_90a")
+    text = _sass(cubin)
+    # (ptxas drops setmaxnreg, warning C7508, where a warpgroup's role is not one branch of an if/else)
+    assert "USETMAXREG.DEALLOC.CTAPOOL" in text and "USETMAXREG.TRY_ALLOC.CTAPOOL" in text
+    assert "UTMALDG.2D" in text and "HGMMA.64x256x16" in text
     assert not re.search(r"\bLDGSTS\b|\bLDL\b|\bSTL\b", text)
     assert all(r.stack_bytes == 0 and r.spill_stores == 0 for r in resources.values())
 
