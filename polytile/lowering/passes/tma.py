@@ -243,8 +243,9 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
         r0, c0 = int(rows_at[flat == 0][0]), int(cols_at[flat == 0][0])
         r, c = rows_at - r0, cols_at - c0
         rows, cols = int(r.max()) + 1, int(c.max()) + 1
-        if r.min() < 0 or c.min() < 0 or cols % width or rows * cols != total or rows > MAX_BOX:
-            raise LoweringError(f"{where}: the copy does not read one box of {tensor.name} with whole 128-byte rows "
+        if r.min() < 0 or c.min() < 0 or cols % width or rows * cols != total or rows > MAX_BOX or rows % 8:
+            raise LoweringError(f"{where}: the copy does not read one box of {tensor.name} with whole 128-byte rows, "
+                                f"a multiple of 8 and at most {MAX_BOX} of them "
                                 f"(rows {int(r.min())}..{rows - 1}, columns {int(c.min())}..{cols - 1} from the "
                                 f"first element; {total} elements)")
         want = (c // width) * rows * width + r * width + c % width
