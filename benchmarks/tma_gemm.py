@@ -43,7 +43,7 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         M, N, K = (int(x) for x in shape.split("x"))
-        cfg = {k: v for k, v in wgmma_gemm_config(M, N, K, target=target).items() if k not in ("producer", "specialize")}
+        cfg = {k: v for k, v in wgmma_gemm_config(M, N, K, target=target).items() if k != "producer"}
         if args.stages:
             cfg["stages"] = args.stages
         g = torch.Generator(device="cuda").manual_seed(M + N + K)

@@ -493,10 +493,11 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     if kernel != "gemv" and unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
         # the second kernel's cost is an estimate: split only for a clear gain (a GEMV streams B with
         # few warps when unsplit: every measured GEMV was faster split, gemv_variants-20261127-*.json)
-        return unsplit
-    chunk = K // best.split
-    if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
-        best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
+        best = unsplit
+    else:
+        chunk = K // best.split
+        if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
+            best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
     if kernel == "wgmma" and tma_fits(best.params, M, N, K, it, batch, best.split):
         best = replace(best, params={**best.params, "producer": "tma"})
     return best

@@ -276,3 +276,19 @@ def test_unaligned_rows_are_refused_at_the_call():
         _tensor_map_encoder(TensorMap("pt_tmap_A_128x64", A, 128, 64), None, Sig, "matmul")
     Sig.params = {"K": 104}
     assert callable(_tensor_map_encoder(TensorMap("pt_tmap_A_128x64", A, 128, 64), None, Sig, "matmul"))
+
+
+def test_default_gemms_load_with_tma_where_the_rows_allow():
+    from polytile.dtypes import as_dtype
+    from polytile.ops.gpu_schedules import gemm_choice
+
+    def producer(M, N, K, **kw):
+        return gemm_choice(SM90A, M, N, K, as_dtype("bfloat16"), **kw).params.get("producer", "threads")
+
+    assert producer(4096, 4096, 4096) == "tma" and producer(300, 264, 200) == "tma"
+    assert producer(1000, 1500, 700) == "threads"  # rows of 1400 and 3000 bytes: read in pieces, in place
+    assert producer(17, 64, 64) == "threads"  # fewer rows than one block tile
+    assert producer(4096, 4096, 4096, batch=4) == "threads"  # batched: 3-D operands
+    assert producer(4096, 4096, 4096, split_k=2) == "threads"  # split: partial products
+    src = ops.matmul(300, 264, 200, "bfloat16").build("cuda:sm_90a").source
+    assert "pt_tma_load_2d(" in src and "pt_cp_async" not in body(src)
