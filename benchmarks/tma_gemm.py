@@ -1,5 +1,6 @@
 """TMA-pipelined warpgroup-MMA GEMMs (``gemm_wgmma(..., producer="tma")``, issued by one thread or by a
-producer warpgroup: ``specialize=True``) against the same tiles with cp.async copies and against
+producer warpgroup: ``specialize=True``; blocks ordered down the columns of tiles: ``raster="columns"``)
+against the same tiles with cp.async copies and against
 torch.matmul (cuBLAS), in one run on one GPU: each kernel is checked against torch on fresh random
 inputs first, then timed (CUDA events, L2 flushed, median).
 
@@ -19,7 +20,7 @@ from polytile.runtime.cuda_device import cuda_target
 from polytile.runtime.timing import time_gpu
 
 VARIANTS = {"cp.async": dict(producer="threads"), "tma": dict(producer="tma"),
-            "tma-ws": dict(producer="tma", specialize=True)}
+            "tma-ws": dict(producer="tma", specialize=True), "tma-cols": dict(producer="tma", raster="columns")}
 
 
 def build(M: int, N: int, K: int, dtype: str, variant: str, cfg: dict[str, int]):  # noqa: ANN201 - a kernel

@@ -178,7 +178,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
                stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
-               specialize: bool = False) -> None:
+               specialize: bool = False, raster: str = "rows") -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
@@ -188,7 +188,10 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     is issued (the copies then run stages − 1 − inflight tiles ahead). ``producer="tma"``: the
     operand tiles are loaded by TMA bulk tensor copies on mbarrier rings (``pipeline``; sm_90,
     128-byte swizzled tiles: bk and bn multiples of 64, rows of A and B multiples of 16 bytes), with
-    ``specialize``: by a producer warpgroup of their own (warp specialization, ``setmaxnreg``)."""
+    ``specialize``: by a producer warpgroup of their own (warp specialization, ``setmaxnreg``).
+    ``raster``: the order of the block tiles, "rows" (consecutive blocks along a row of tiles:
+    blockIdx.x over the column tiles) or "columns" (blockIdx.x over the row tiles: a wave of blocks
+    shares few column tiles of B, for products much wider than tall)."""
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -200,7 +203,10 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     st.reorder(*lead, "bi", "bj", "wi", "ko", "kk", "nj", "i3", "j3", "k3")
     if batch:
         st.bind(batch, "blockIdx.z")
-    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z")
+    if raster not in ("rows", "columns"):
+        raise ScheduleError(f"gemm_wgmma: raster must be 'rows' or 'columns', got {raster!r}")
+    fast, slow = ("bj", "bi") if raster == "rows" else ("bi", "bj")
+    st.bind(slow, "blockIdx.y").bind(fast, "blockIdx.x").bind("wi", "threadIdx.z")
     st.cache(a, "ko", loc="shared", name=f"{a}_shared")
     st.cache(b, "ko", loc="shared", name=f"{b}_shared")
     st.cache_write("wi", loc="fragment")

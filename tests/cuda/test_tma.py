@@ -292,3 +292,12 @@ def test_default_gemms_load_with_tma_where_the_rows_allow():
     assert producer(4096, 4096, 4096, split_k=2) == "threads"  # split: partial products
     src = ops.matmul(300, 264, 200, "bfloat16").build("cuda:sm_90a").source
     assert "pt_tma_load_2d(" in src and "pt_cp_async" not in body(src)
+
+
+def test_column_raster_binds_the_row_tiles_to_blockidx_x():
+    s = _sched(M=2048, N=8192, K=256, bm=128, bn=256, bk=64, stages=3, raster="columns")
+    (k,) = [st for st in ir.walk_stmt(pt.lower(s, SM90A).body) if isinstance(st, ir.Kernel)]
+    assert [ir.eval_int(g, {}) for g in k.grid] == [16, 32, 1]  # 16 row tiles along x, 32 column tiles along y
+    assert "let bi = int64(blockIdx.x)" in str(pt.lower(s, SM90A))
+    with pytest.raises(ScheduleError, match="raster must be 'rows' or 'columns'"):
+        _sched(bm=128, bn=128, bk=64, stages=3, raster="diagonal")
