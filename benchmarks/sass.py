@@ -178,12 +178,18 @@ def polytile_workloads() -> list[Workload]:
     but for the copies) — built for the GPU present (sm_90a without one), checked against the
     operator's float64 reference."""
     import polytile as pt
-    from polytile.ops.gpu_schedules import gemm_tensorcore
+    from polytile.ops.gpu_schedules import gemm_tensorcore, gemm_wgmma, wgmma_gemm_config
     from polytile.target import as_target
 
     def mma_sync(op: ops.Op):  # noqa: ANN202 - a CUDA kernel
         s = pt.Schedule(op.func)
         gemm_tensorcore(s, "C", "A", "B", bm=128, bn=256, wm=64, wn=64, bk=64, stages=3, reg_stages=2)
+        return pt.build(s, "cuda")
+
+    def wgmma_cp_async(op: ops.Op):  # noqa: ANN202 - the default tiles, loaded by cp.async (the SASS
+        s = pt.Schedule(op.func)  # optimizer's launches pass no TMA tensor maps)
+        cfg = wgmma_gemm_config(*(op.shape[d] for d in "MNK"), target=as_target("cuda"))
+        gemm_wgmma(s, "C", "A", "B", **{**cfg, "producer": "threads"})
         return pt.build(s, "cuda")
 
     rng = np.random.default_rng(0)
@@ -192,7 +198,7 @@ def polytile_workloads() -> list[Workload]:
     for name, op, build in (
         ("polytile-matmul", ops.matmul(1024, 1024, 1024, "float32"), None),
         ("polytile-matmul-tc", ops.matmul(2048, 2048, 2048, "float16"), mma_sync),
-        ("polytile-matmul-wgmma", ops.matmul(2048, 2048, 2048, "float16"), None if hopper else False),
+        ("polytile-matmul-wgmma", ops.matmul(2048, 2048, 2048, "float16"), wgmma_cp_async if hopper else False),
         ("polytile-softmax", ops.softmax(2048, 4096, "float32"), None),
         ("polytile-layernorm", ops.layernorm(2048, 4096, "float32"), None),
     ):

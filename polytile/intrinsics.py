@@ -9,7 +9,9 @@ intrinsic the target lacks, and the later passes and the CUDA code generator loo
 exact name (``instruction``) — nothing recognizes an intrinsic by the spelling of a name.
 
 Registered: ``mma_m16n8k16`` (mma.sync, sm_80+), ``wgmma_m64nNk16`` (Hopper's warpgroup MMA, sm_90a),
-``ldmatrix`` (the operand loads of mma.sync) and ``cp.async`` (asynchronous global-to-shared copies).
+``ldmatrix`` (the operand loads of mma.sync), ``cp.async`` (asynchronous global-to-shared copies) and
+``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90) and ``setmaxnreg`` (warpgroups
+trading registers, sm_90a).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Instruction:
     warp: bool = False  # all 32 lanes of a warp execute it together (the lane is threadIdx.x)
     async_proxy: bool = False  # reads shared memory through the async proxy (fence.proxy.async first)
     descriptors: bool = False  # reads its shared operands through descriptors of unswizzled addresses
+    hardware_swizzle: bool = False  # takes unswizzled shared addresses: the hardware applies the buffer's swizzle
     loads_fragment: bool = False  # fills registers (its first argument) from shared memory
     shape: tuple[int, int, int] | None = None  # (m, n, k) of a matrix product
     dtype: str | None = None  # operand type of a matrix product
@@ -101,6 +104,26 @@ CP_ASYNC = Intrinsic(
         Instruction("pt_cp_async_commit", "cp.async"),
         Instruction("pt_cp_async_wait", "cp.async", constant_arg=True)))
 
+TMA = Intrinsic(
+    "tma", "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes; mbarrier.init, "
+    "arrive(.expect_tx), try_wait.parity", ("tma",),
+    "the tensor memory accelerator copies a 2-D box of a tensor (described by a tensor map made on the host) "
+    "into shared memory, 128-byte swizzled, zeros past the tensor's end, and completes on an mbarrier that "
+    "counts the bytes; mbarriers also count the warps' arrivals", (
+        Instruction("pt_tma_load_2d", "tma", addresses=True, async_proxy=True, hardware_swizzle=True),
+        Instruction("pt_mbar_init", "tma", addresses=True),
+        Instruction("pt_fence_mbar_init", "tma"),
+        Instruction("pt_mbar_expect_tx", "tma", addresses=True),
+        Instruction("pt_mbar_arrive", "tma", addresses=True),
+        Instruction("pt_mbar_wait", "tma", addresses=True)))
+
+SETMAXNREG = Intrinsic(
+    "setmaxnreg", "setmaxnreg.inc/dec.sync.aligned.u32", ("setmaxnreg",),
+    "a warpgroup sets its registers per thread (warp specialization: the producer gives registers up, the "
+    "consumers take them); the kernel needs a register cap at entry (__launch_bounds__(threads, 1))", (
+        Instruction("pt_setmaxnreg_inc", "setmaxnreg", constant_arg=True),
+        Instruction("pt_setmaxnreg_dec", "setmaxnreg", constant_arg=True)))
+
 MMA_M16N8K16 = TensorIntrinsic(
     "mma_m16n8k16", "mma.sync.aligned.m16n8k16.row.col.f32", ("mma.sync", "ldmatrix"),
     "a warp multiplies a 16x16 by a 16x8 tile of fp16/bf16 from registers (loaded with ldmatrix), "
@@ -115,7 +138,8 @@ WGMMA_M64NNK16 = TensorIntrinsic(
     "four warps (a warpgroup) multiply a 64x16 by a 16xN tile of fp16/bf16 read from shared memory "
     "through matrix descriptors, accumulating in float32; asynchronous, in commit groups",
     (*(Instruction(f"pt_wgmma_m64n{n}k16_{s}", "wgmma_m64nNk16", addresses=True, warp=True, async_proxy=True,
-                   descriptors=True, shape=(64, n, 16), dtype=d) for d, s in _SUFFIX.items() for n in WGMMA_N),
+                   descriptors=True, hardware_swizzle=True, shape=(64, n, 16), dtype=d)
+       for d, s in _SUFFIX.items() for n in WGMMA_N),
      Instruction("pt_wgmma_fence", "wgmma_m64nNk16"), Instruction("pt_wgmma_commit", "wgmma_m64nNk16"),
      Instruction("pt_wgmma_wait", "wgmma_m64nNk16", constant_arg=True),
      Instruction("pt_fence_proxy_async", "wgmma_m64nNk16")),
@@ -123,7 +147,7 @@ WGMMA_M64NNK16 = TensorIntrinsic(
     products={(d, n): f"pt_wgmma_m64n{n}k16_{s}" for d, s in _SUFFIX.items() for n in WGMMA_N})
 
 INTRINSICS: Mapping[str, Intrinsic] = MappingProxyType(
-    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC)})
+    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, TMA, SETMAXNREG)})
 """Every registered intrinsic, by name."""
 
 _INSTRUCTIONS: Mapping[str, Instruction] = MappingProxyType(

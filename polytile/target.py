@@ -45,6 +45,7 @@ FEATURES: Mapping[str, str] = MappingProxyType({
     "cp.async": "cp.async: asynchronous global-to-shared copies in commit groups (sm_80 and newer)",
     "tma": "cp.async.bulk.tensor: the tensor memory accelerator's bulk copies (sm_90 and newer)",
     "wgmma": "wgmma.mma_async: warpgroup tensor-core products from shared memory (sm_90a only)",
+    "setmaxnreg": "setmaxnreg: a warpgroup gives registers to (or takes them from) the others (sm_90a only)",
 })
 """Every feature a target may have, with what it means. ``has`` refuses names not listed here."""
 
@@ -132,7 +133,7 @@ cross-compiling); a GPU present is read from the driver instead (``runtime.cuda_
 # the first compute capability with each feature
 _SINCE = {"fp16": 53, "ldmatrix": 75, "bf16": 80, "mma.sync": 80, "cp.async": 80, "tma": 90}
 # features of one architecture only (the "a" targets: code built for them runs on that one)
-_ARCH_SPECIFIC = {"sm_90a": ("wgmma",)}
+_ARCH_SPECIFIC = {"sm_90a": ("wgmma", "setmaxnreg")}
 
 _GPU_LOCATIONS = MappingProxyType({"auto": "auto", "global": "global", "shared": "shared", "local": "local",
                                    "heap": "global", "fragment": "fragment"})

@@ -7,7 +7,7 @@ arithmetic is 32-bit when every buffer is small enough, else 64-bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..dtypes import DType, float32
 from ..errors import LoweringError
@@ -196,6 +196,96 @@ __device__ __forceinline__ void pt_fence_proxy_async() {
 __device__ __forceinline__ void pt_fence_proxy_async() { __trap(); }
 #endif
 """),
+    Helper("pt_tensor_map", r"""
+// a tensor map (CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled on the host), passed to the
+// kernel by value as a __grid_constant__ parameter
+struct __align__(64) pt_tensor_map { unsigned long long opaque[16]; };
+"""),
+    Helper("pt_tma_load_2d", r"""
+// the tensor memory accelerator (sm_90): a box of the tensor at (x, y) (x the contiguous dimension) into
+// shared memory, swizzled as the map says, zeros past the tensor's end; completes on mbarrier ``bar``
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_tma_load_2d(void* dst, const pt_tensor_map* map, void* bar, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4}], [%2];\n"
+               :: "r"(pt_smem(dst)), "l"((unsigned long long)map), "r"(pt_smem(bar)), "r"(x), "r"(y) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_tma_load_2d(void*, const pt_tensor_map*, void*, int, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_mbar_init", r"""
+// mbarriers (sm_90): a phase completes when ``count`` arrivals and the expected bytes have come
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_mbar_init(void* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(pt_smem(bar)), "r"(count) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_mbar_init(void*, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_fence_mbar_init", r"""
+// the initialized mbarriers become visible to the other threads and to the async proxy (TMA)
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+#else
+__device__ __forceinline__ void pt_fence_mbar_init() { __trap(); }
+#endif
+"""),
+    Helper("pt_mbar_expect_tx", r"""
+// the issuing thread's arrival, with the bytes the phase must still receive
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_mbar_expect_tx(void* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(pt_smem(bar)), "r"(bytes) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_mbar_expect_tx(void*, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_mbar_arrive", r"""
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_mbar_arrive(void* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(pt_smem(bar)) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_mbar_arrive(void*) { __trap(); }
+#endif
+"""),
+    Helper("pt_mbar_wait", r"""
+// waits until the phase of parity ``parity`` has completed
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_mbar_wait(void* bar, int parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(pt_smem(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+#else
+__device__ __forceinline__ void pt_mbar_wait(void*, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_setmaxnreg_inc", r"""
+// warp specialization (sm_90a): the warpgroup's registers per thread become N (more: inc, fewer: dec)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+#else
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_inc() { __trap(); }
+#endif
+"""),
+    Helper("pt_setmaxnreg_dec", r"""
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+#else
+template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() { __trap(); }
+#endif
+"""),
     Helper("pt_block_allreduce", r"""
 // block-wide reductions: every thread of the block calls them (block size a multiple of 32)
 template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
@@ -289,6 +379,18 @@ def _statements(s: ir.Stmt) -> int:
     return sum(_statements(c) for c in children) + (1 if isinstance(s, ir.If) else 0)
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map parameter of a kernel: 2-D ``buffer`` (a kernel argument) read in boxes of
+    ``rows`` × ``width`` elements (``width`` along the contiguous dimension), 128-byte swizzled."""
+
+    name: str
+    buffer: ir.Buffer
+    rows: int
+    width: int
+    swizzle: int = 128
+
+
 @dataclass
 class KernelSource:
     name: str
@@ -297,6 +399,8 @@ class KernelSource:
     grid: tuple[ir.Expr, ir.Expr, ir.Expr]
     block: tuple[int, int, int]
     dynamic_shared: int
+    tensor_maps: list[TensorMap] = field(default_factory=list)  # passed after the params, in this order
+    register_split: tuple[int, int] | None = None  # warp specialization: setmaxnreg's (producer, consumer) counts
 
 
 _RAW = {4: ("unsigned", "0u"), 8: ("uint2", "make_uint2(0u, 0u)"), 16: ("uint4", "make_uint4(0u, 0u, 0u, 0u)")}
@@ -311,6 +415,7 @@ class CUDAPrinter(CLikePrinter):
         self.dynamic: dict[str, int] = {}
         self.written: dict[str, bool] = {}
         self.shared_global: set[str] = set()
+        self.tensor_maps: dict[str, TensorMap] = {}
 
     # --- types ----------------------------------------------------------------------------------
     def half_type(self) -> str:
@@ -369,6 +474,14 @@ class CUDAPrinter(CLikePrinter):
                 src_ptr = f"(({inside}) ? (const void*){self.address(src)} : (const void*){src.buffer.name})"
                 return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {src_ptr}, {inside})"
             return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
+        if e.name == "pt_tma_load_2d":
+            dst, tensor, bar, x, y, width, rows = e.args
+            assert isinstance(dst, ir.Load) and isinstance(tensor, ir.Load) and isinstance(bar, ir.Load)
+            tmap = TensorMap(f"pt_tmap_{tensor.buffer.name}_{ir.eval_int(rows, {})}x{ir.eval_int(width, {})}",
+                             tensor.buffer, ir.eval_int(rows, {}), ir.eval_int(width, {}))
+            self.tensor_maps.setdefault(tmap.name, tmap)
+            return (f"pt_tma_load_2d({self.address(dst)}, &{tmap.name}, {self.address(bar)}, {self.expr(x)}, "
+                    f"{self.expr(y)})")
         if e.name == "pt_store_pair":
             dst, a, b = e.args
             assert isinstance(dst, ir.Load)
@@ -504,7 +617,13 @@ class CUDAPrinter(CLikePrinter):
                 f"const {self.storage_type(b.dtype)}* __restrict__ {b.name}" for b in bufs.values()]
         args += [f"const {self.index_type()} {p.name}" for p in used]
         nthreads = k.block[0] * k.block[1] * k.block[2]
-        self.emit(f'extern "C" __global__ void __launch_bounds__({nthreads}) {k.name}({", ".join(args)}) {{')
+        # setmaxnreg needs a register cap at entry: one block per SM
+        counts = {e.name: ir.eval_int(e.args[0], {}) for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
+                  and getattr(instruction(e.name), "intrinsic", None) == "setmaxnreg"}
+        split = (counts["pt_setmaxnreg_dec"], counts["pt_setmaxnreg_inc"]) if counts else None
+        cap = ", 1" if counts else ""
+        header = len(self.lines)
+        self.tensor_maps = {}
         self.depth += 1
         if self.dynamic:
             self.emit("extern __shared__ __align__(1024) char pt_dynamic_smem[];")
@@ -512,7 +631,12 @@ class CUDAPrinter(CLikePrinter):
         self.depth -= 1
         self.emit("}")
         self.emit("")
-        return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn)
+        # the tensor maps the body's TMA copies use (known once it is printed) come after the parameters
+        args += [f"const __grid_constant__ pt_tensor_map {m.name}" for m in self.tensor_maps.values()]
+        self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}{cap}) '
+                                  f'{k.name}({", ".join(args)}) {{')
+        return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn, list(self.tensor_maps.values()),
+                            split)
 
     def source(self, f: ir.LoweredFunc) -> tuple[str, list[KernelSource]]:
         self.lines = []

@@ -42,7 +42,7 @@ CALL_COUNT_WEIGHTS = (2, 4, 5, 5, 4, 3, 3, 2, 1.5, 1, 1)
 def snapshot(s: Schedule) -> tuple:
     """Everything a primitive may change, as comparable values (functions by identity)."""
     return (_freeze(s.states), _freeze(s.caches), tuple(s.inlined), tuple(s.virtual), _freeze(s.pipelines),
-            _freeze(s.pipeline_inflight), tuple(s.stage_names()))
+            _freeze(s.pipeline_inflight), _freeze(s.pipeline_producer), tuple(s.stage_names()))
 
 
 def _freeze(x: object) -> object:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.cuda import KernelSource, cuda_source
+from ..codegen.cuda import KernelSource, TensorMap, cuda_source
 from ..dtypes import uint8
 from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
@@ -156,27 +156,54 @@ def _synchronize_device(dev: Device) -> None:
             dev.leave()
 
 
+TENSOR_MAPS_KEPT = 64  # tensor maps kept per launch and tensor, by the tensor's address
+
+
+class _TensorMaps:
+    """The tensor maps of one TMA operand of a launch, made once per address of the call's array
+    (``cuTensorMapEncodeTiled``, some microseconds) and copied into the launch's arguments."""
+
+    __slots__ = ("array", "slot", "encode", "made")
+
+    def __init__(self, array: int, slot: int, encode: Callable[[int], bytes]):
+        self.array, self.slot, self.encode = array, slot, encode
+        self.made: dict[int, bytes] = {}
+
+    def get(self, ptr: int) -> bytes:
+        data = self.made.get(ptr)
+        if data is None:
+            if len(self.made) >= TENSOR_MAPS_KEPT:
+                self.made.clear()
+            data = self.made[ptr] = self.encode(ptr)
+        return data
+
+
 class _Launch:
     """One kernel launch of a signature: its arguments packed once, the call's pointers written into
-    them per call with one ``struct.pack_into``."""
+    them per call with one ``struct.pack_into`` (and the tensor maps of its TMA operands, made once
+    per array address)."""
 
-    __slots__ = ("name", "device", "params", "write", "pick", "start")
+    __slots__ = ("name", "device", "params", "write", "pick", "start", "maps")
 
     def __init__(self, name: str, dev: Device, function: object, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared_bytes: int, values: list[tuple[str, int | float]],
-                 pointers: Sequence[tuple[int, int]]):
+                 pointers: Sequence[tuple[int, int]], maps: Sequence[tuple[int, Callable[[int], bytes]]] = ()):
         """``values``: the arguments as ``KernelParams`` takes them; ``pointers``: (argument position,
-        index of the call's array) of the arguments set per call."""
-        params = KernelParams(values, [slot for slot, _ in pointers])
+        index of the call's array) of the arguments set per call; ``maps``: (index of the call's
+        array, its tensor map for an address) of the tensor-map arguments that follow the values."""
+        params = KernelParams(values, [slot for slot, _ in pointers], len(maps))
         self.params = params  # owns the array that the driver reads at every launch
         self.name = name
         self.device = dev
         self.write = params.write
         self.pick = _picker([k for _, k in pointers])
+        self.maps = tuple(_TensorMaps(k, slot, encode) for slot, (k, encode) in enumerate(maps))
         self.start = dev.launcher(function, grid, block, shared_bytes, params)
 
     def run(self, pointers: Sequence[int], stream: int) -> None:
         self.write(*self.pick(pointers))
+        for m in self.maps:
+            self.params.set_tensor_map(m.slot, m.get(pointers[m.array]))
         status = self.start(stream)
         if status:
             raise DeviceError(f"kernel {self.name} could not be launched: cuLaunchKernel failed: "
@@ -488,8 +515,10 @@ class CUDAKernel(Kernel):
         values: list[tuple[str, int | float]] = [("pointer", 0) for _ in k.args]
         values += [("int32" if self.index32 else "int64", sig.params[p.name]) for p in k.params]
         pointers = [(slot, index[b.name]) for slot, b in enumerate(k.args)]
+        maps = [(index[m.buffer.name], _tensor_map_encoder(m, dev, sig, self.func.name)) for m in k.tensor_maps]
         function = self._function(dev, k.name, self.cubin, k.dynamic_shared)
-        return _Launch(k.name, dev, function, grid, k.block, k.dynamic_shared, values, pointers)  # type: ignore[arg-type]
+        return _Launch(k.name, dev, function, grid, k.block, k.dynamic_shared, values, pointers,  # type: ignore[arg-type]
+                       maps)
 
     def _check_launch(self, chk: IndexCheck, dev: Device, reports: DeviceReports) -> _Launch:
         if self.check_cubin is None:
@@ -532,6 +561,19 @@ def _staged(plan: _CUDAPlan, arrays: Sequence[object], stream: int | None) -> It
     yield [b.ptr for b in buffers], 0 if stream is None else stream
 
 
+def _tensor_map_encoder(m: TensorMap, dev: Device, sig: Signature, func: str) -> Callable[[int], bytes]:
+    """The tensor map of ``m``'s tensor at an address, for this signature's sizes; refuses rows that
+    TMA cannot address (their stride must be a multiple of 16 bytes)."""
+    rows, cols = (eval_expr(d, sig.params) for d in m.buffer.shape)
+    row_bytes = cols * m.buffer.dtype.itemsize
+    if row_bytes % 16:
+        raise InputError(f"{func}: {m.buffer.name} has rows of {cols} {m.buffer.dtype} elements ({row_bytes} bytes), "
+                         "which TMA copies cannot read (rows must be multiples of 16 bytes); build it with "
+                         "pipeline(..., producer='threads') or pad the rows")
+    dtype, box = m.buffer.dtype.name, (m.rows, m.width)
+    return lambda ptr: dev.tensor_map_2d(ptr, dtype, (rows, cols), row_bytes, box, m.swizzle)
+
+
 def _pointer_device(ptr: int) -> int:
     return gpu(0).pointer_device(ptr)
 
@@ -558,6 +600,14 @@ def build_cuda_kernel(sched: object, lowered: ir.LoweredFunc, target: CUDATarget
                              f"memory, more than the {target.shared_per_block} a block of {target.name} "
                              f"({target.arch}) can have; use smaller tiles or fewer pipeline stages")
     cubin, resources = compile_cuda(source, target.arch)
+    for k in kernels:
+        used = resources.get(k.name)
+        if k.register_split is not None and used is not None and not \
+                k.register_split[0] <= used.registers <= k.register_split[1]:
+            p, c = k.register_split
+            raise BuildError(f"{lowered.name}: kernel {k.name} starts with {used.registers} registers per thread, "
+                             f"outside its warp specialization's split ({p} for the producer, {c} for the consumers): "
+                             "setmaxnreg cannot reach it; ask for other registers (pipeline(..., registers=...))")
     func = sched.func  # type: ignore[attr-defined]
     has_checks = any(t.value_range is not None or t.monotonic for t in func.inputs)
     check_cubin = compile_cuda(DEVICE_SOURCE, target.arch)[0] if has_checks else None

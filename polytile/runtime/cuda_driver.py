@@ -187,6 +187,27 @@ class Device:
             )
         return module, function
 
+    def tensor_map_2d(self, ptr: int, dtype: str, shape: tuple[int, int], row_bytes: int, box: tuple[int, int],
+                      swizzle: int = 128) -> bytes:
+        """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of the row-major 2-D tensor at
+        ``ptr`` of ``shape`` (rows, columns) with rows ``row_bytes`` apart, read in boxes of ``box``
+        (rows, columns) elements, ``swizzle``-byte swizzled in shared memory, zeros past its end."""
+        cu = self.cu
+        kind = {"float16": "FLOAT16", "bfloat16": "BFLOAT16"}[dtype]
+        u64 = getattr(cu, "cuuint64_t", int)
+        u32 = getattr(cu, "cuuint32_t", int)
+        result = cu.cuTensorMapEncodeTiled(
+            getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), 2, ptr,
+            [u64(shape[1]), u64(shape[0])], [u64(row_bytes)], [u32(box[1]), u32(box[0])], [u32(1), u32(1)],
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        (tmap,) = self._check(result, f"cuTensorMapEncodeTiled({dtype} {shape[0]}x{shape[1]}, box {box[0]}x{box[1]})")
+        if hasattr(tmap, "getPtr"):
+            return ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES)
+        return struct.pack(f"<{TENSOR_MAP_BYTES // 8}Q", *tmap.opaque)
+
     def unload(self, module) -> None:
         self._check(self.cu.cuModuleUnload(module), "cuModuleUnload")
 
@@ -238,6 +259,7 @@ class Device:
         return statistics.median(times)
 
 
+TENSOR_MAP_BYTES = 128  # a CUtensorMap, passed to kernels by value (64-byte aligned)
 MEMHOSTALLOC_PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context
 MEMHOSTALLOC_DEVICEMAP = 0x02  # CU_MEMHOSTALLOC_DEVICEMAP: mapped into the device address space
 
@@ -262,14 +284,17 @@ class KernelParams:
         "float64": ctypes.c_double,
     }
 
-    def __init__(self, values: list[tuple[str, int | float]], per_call: Sequence[int] = ()) -> None:
+    def __init__(self, values: list[tuple[str, int | float]], per_call: Sequence[int] = (), tensor_maps: int = 0
+                 ) -> None:
         """`values`: (ctype name or "pointer", value) in parameter order; `per_call`: the positions
-        of the pointer arguments that `write` sets."""
+        of the pointer arguments that `write` sets; `tensor_maps`: how many 128-byte tensor maps
+        follow the values (set by `set_tensor_map`)."""
         if any(values[k][0] != "pointer" for k in per_call) or len(set(per_call)) != len(per_call):
             raise ValueError(f"per-call arguments {list(per_call)} must be distinct pointers of {values}")
         order = [*per_call, *(k for k in range(len(values)) if k not in set(per_call))]
         slot = {k: n for n, k in enumerate(order)}
-        self._buffer = (ctypes.c_uint64 * max(1, len(values)))()
+        words = TENSOR_MAP_BYTES // 8
+        self._buffer = (ctypes.c_uint64 * (max(1, len(values)) + (tensor_maps + 1) * words))()
         self._holders = [
             (ctypes.c_uint64 if kind == "pointer" else self._CTYPES[kind]).from_buffer(self._buffer, 8 * slot[k])
             for k, (kind, _) in enumerate(values)
@@ -277,7 +302,10 @@ class KernelParams:
         for holder, (kind, v) in zip(self._holders, values):
             holder.value = int(v) if kind == "pointer" else v
         base = ctypes.addressof(self._buffer)
-        self._array = (ctypes.c_void_p * max(1, len(values)))(*[base + 8 * slot[k] for k in range(len(values))])
+        first = -(-(base + 8 * max(1, len(values))) // 64) * 64  # tensor maps are 64-byte aligned
+        self.tensor_maps = [first + TENSOR_MAP_BYTES * k for k in range(tensor_maps)]
+        self._array = (ctypes.c_void_p * max(1, len(values) + tensor_maps))(
+            *[base + 8 * slot[k] for k in range(len(values))], *self.tensor_maps)
         self.address = ctypes.addressof(self._array)
         # write(*pointers) sets the `per_call` arguments, in their order (no Python frame per call)
         self.write: Callable[..., None] = functools.partial(
@@ -285,6 +313,9 @@ class KernelParams:
 
     def set(self, index: int, value: int) -> None:
         self._holders[index].value = value
+
+    def set_tensor_map(self, index: int, data: bytes) -> None:
+        ctypes.memmove(self.tensor_maps[index], data, TENSOR_MAP_BYTES)
 
     def values(self) -> list[int | float]:
         return [h.value for h in self._holders]

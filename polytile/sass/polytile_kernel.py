@@ -48,6 +48,10 @@ def polytile_launch(
     except InputError as exc:
         raise LaunchError(f"{func.name}: {exc}") from exc
     source = _pick_kernel(kernel, plan, kernel_name)
+    if any(k.name == source.kernel and k.tensor_maps for k in kernel.kernels):
+        raise LaunchError(f"{func.name}: kernel {source.kernel} reads its operands through TMA tensor maps, which the "
+                          "SASS optimizer's launches do not pass; optimize a build with pipeline(..., "
+                          "producer='threads')")
     later_reads = _check_data_flow(kernel, plan, source)
     given = {t.name: a for t, a in zip(func.inputs, arrays, strict=False)}
     args: list[Buffer | Scalar | Scratch] = [_argument(b, given, later_reads) for b in source.buffers]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..lang.expr import Expr
@@ -22,6 +23,9 @@ from ..poly.schedule import LoopSchedule
 from ..toolchain import quick_builds
 from .memory import check_memory
 from .transaction import transactional
+
+if TYPE_CHECKING:
+    from .pipeline import Producer
 
 LOOP_TAGS = ("parallel", "vectorize", "unroll", "serial",
              "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -78,6 +82,7 @@ class Schedule:
         self.caches: list[CacheSpec] = []
         self.pipelines: dict[str, int] = {}  # cache buffer -> stages
         self.pipeline_inflight: dict[str, int] = {}  # cache buffer -> wgmma groups left running
+        self.pipeline_producer: dict[str, Producer] = {}  # cache buffer -> TMA copies (absent: the threads')
         self._build_program()
         self.states: dict[str, StageState] = self._identity_states()
         self._original = self.stage_schedules()

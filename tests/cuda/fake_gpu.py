@@ -52,6 +52,11 @@ class FakeDriver:
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
         CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE=38)
     CUfunction_attribute = types.SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+    CUtensorMapDataType = types.SimpleNamespace(CU_TENSOR_MAP_DATA_TYPE_FLOAT16=6, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16=9)
+    CUtensorMapInterleave = types.SimpleNamespace(CU_TENSOR_MAP_INTERLEAVE_NONE=0)
+    CUtensorMapSwizzle = types.SimpleNamespace(CU_TENSOR_MAP_SWIZZLE_128B=3)
+    CUtensorMapL2promotion = types.SimpleNamespace(CU_TENSOR_MAP_L2_PROMOTION_L2_256B=3)
+    CUtensorMapFloatOOBfill = types.SimpleNamespace(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE=0)
 
     def __init__(self) -> None:
         self.launches: list[Launch] = []
@@ -62,6 +67,7 @@ class FakeDriver:
         self.behaviour: dict[str, Callable[[list[int]], None]] = {}  # what a launch of a kernel does
         self.capturing = False
         self.loads = 0
+        self.tensor_maps: list[tuple] = []  # the arguments of every cuTensorMapEncodeTiled call
         self._memory: dict[int, ctypes.Array] = {}
         self._local = threading.local()
 
@@ -176,6 +182,10 @@ class FakeDriver:
         args = []
         for k, kind in enumerate(kinds):
             slot = ctypes.c_void_p.from_address(params + 8 * k).value
+            if kind == "tensormap":  # 128 bytes, 64-byte aligned: decoded as the fake encoded them
+                assert slot % 64 == 0
+                args.append(tuple(np.frombuffer(ctypes.string_at(slot, 128), dtype=np.uint64)[:8].tolist()))
+                continue
             args.append(int(_CTYPES[kind].from_address(slot).value))
         self.launches.append(Launch(f.name, (gx, gy, gz), (bx, by, bz), shared, int(stream), args, params,
                                     self.current()))
@@ -184,6 +194,13 @@ class FakeDriver:
         elif f.name in self.behaviour:
             self.behaviour[f.name](args)
         return (0,)
+
+    # tensor maps: the opaque words hold the arguments, so that a launch shows which map it got
+    def cuTensorMapEncodeTiled(self, dtype, rank, ptr, dims, strides, box, element_strides, interleave, swizzle,
+                               l2, oob):
+        args = (dtype, rank, int(ptr), *dims, *strides, *box, *element_strides, interleave, swizzle, l2, oob)
+        self.tensor_maps.append(args)
+        return 0, types.SimpleNamespace(opaque=([int(ptr), *dims, *strides, *box, swizzle] + [0] * 16)[:16])
 
     # events
     def cuEventCreate(self, flags):

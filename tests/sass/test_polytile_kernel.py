@@ -155,3 +155,14 @@ def test_optimized_softmax_computes_what_the_original_does():
     want = kern(x)
     np.testing.assert_array_equal(result.kernel(x), want)  # a legal reordering: the same bits
     assert ops.rel_error(want, op.reference(x)) < op.tolerance
+
+
+def test_tma_kernels_are_refused_clearly():
+    # the optimizer's launches pass pointers and scalars, not the tensor maps a TMA kernel reads through
+    from polytile.ops.gpu_schedules import gemm_wgmma
+    s = pt.Schedule(ops.matmul(256, 256, 256, "float16").func)
+    gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=64, stages=3, producer="tma")
+    kern = pt.build(s, ARCH)
+    a = np.zeros((256, 256), dtype=np.float16)
+    with pytest.raises(LaunchError, match="reads its operands through TMA tensor maps.*producer='threads'"):
+        polytile_launch(kern, [a, a])

@@ -17,6 +17,15 @@ loads its first fragments, so the inner prologue runs inside the outer loop, ove
 last products of the current tile; when that is not possible (an odd number of inner steps) the
 inner prologue stays right after the outer wait.
 
+Buffers asked with ``producer="tma"`` are filled by the tensor memory accelerator instead
+(``passes/tma.py`` proves the copy is one TMA does): one thread (the block's first) issues bulk
+tensor copies that complete on the slot's *full* mbarrier, armed with the slot's byte count
+(``mbarrier.arrive.expect_tx``); iteration ``ko`` waits for the phase ``(ko − lo) / S`` of its
+slot's full barrier (``mbarrier.try_wait.parity``) instead of a commit group and a barrier, and once
+its MMA groups that read a slot have completed each warp arrives on that slot's *empty* mbarrier,
+on which the issuing thread waits before it refills the slot. The prologue and the distance ahead
+are the same as with cp.async.
+
 Asynchronous consumers (wgmma groups) may be left running across iterations (``inflight`` groups,
 asked with ``pipeline(..., inflight=1)``): their ``wgmma.wait_group 0`` becomes ``wait_group
 inflight``, the copies run S−1−inflight iterations ahead — so that the slot refilled at iteration
@@ -26,14 +35,17 @@ running after the loop are waited for before the accumulators are read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ... import dtypes
 from ...errors import LoweringError
 from ...intrinsics import instruction
+from ...schedule.pipeline import Producer
 from .. import loopir as ir
-from .barriers import SYNC
+from .barriers import SYNC, thread_dependent_vars
+from .kernels import thread_var
 from .simplify import simplify_expr
+from .tma import TmaTile, tile_loads, tma_tile
 
 COMMIT = ir.call_stmt("pt_cp_async_commit")
 
@@ -107,6 +119,7 @@ class _Piped:
     enlarged: dict[str, ir.Buffer]
     async_copy: bool
     inflight: int = 0  # asynchronous MMA groups left running across iterations
+    tma: TmaRing | None = None  # filled by TMA copies on an mbarrier ring (None: the threads' copies)
 
     @property
     def ahead(self) -> int:
@@ -122,6 +135,8 @@ class _Piped:
         return ir.BinOp("+", self.loop.lo, self.loop.extent)
 
     def produce(self, iteration: ir.Expr, slot: ir.Expr) -> ir.Stmt:
+        if self.tma is not None:
+            return self.tma.produce(self.enlarged, {self.loop.var.name: iteration}, slot)
         moved = [ir.substitute(p, {self.loop.var.name: iteration}) for p in self.producers]
         return _Reslot(self.enlarged, slot, self.async_copy).stmt(ir.block(moved))  # type: ignore[arg-type]
 
@@ -130,7 +145,7 @@ class _Piped:
         for s in range(self.ahead):
             it = ir.BinOp("+", self.loop.lo, ir.const(s))
             out.append(ir.If(ir.Cmp("<", it, self.end), self.produce(it, ir.const(s))))
-            if self.async_copy:
+            if self.async_copy and self.tma is None:
                 out.append(COMMIT)
         return out
 
@@ -155,6 +170,8 @@ class _Piped:
         return st
 
     def stmt(self) -> ir.Stmt:
+        if self.tma is not None:
+            return self.tma_stmt(self.tma)
         if self.async_copy:
             body = [_wait(self.ahead - 1), SYNC, self.issue(), COMMIT, self.compute()]
             after = [_wait(0)]
@@ -163,6 +180,86 @@ class _Piped:
         if self.inflight:
             after.insert(0, ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32)))
         return self.wrap(ir.block([*self.prologue(), replace(self.loop, body=ir.block(body)), *after]))
+
+
+    def tma_stmt(self, ring: TmaRing) -> ir.Stmt:
+        """The loop with TMA copies on full/empty mbarrier rings (module docstring); specialized, the
+        consumers' loop, the producer's left in ``ring`` for the kernel (``_specialize``)."""
+        S, A, n = self.stages, self.ahead, self.inflight
+        rel = self.rel
+        used = ir.BinOp("-", rel, ir.const(n)) if n else rel
+        release: ir.Stmt = ir.If(ring.lane0(), ring.arrive(ring.empty, ir.BinOp("%", used, ir.const(S))))
+        if n:
+            release = ir.If(ir.Cmp(">=", rel, ir.const(n)), release)
+        consume = [ring.wait(ring.full, ir.BinOp("%", rel, ir.const(S)),
+                             ir.BinOp("%", ir.BinOp("div", rel, ir.const(S)), ir.const(2))),
+                   self.compute(), release]
+        after = [ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32))] if n else []
+        if ring.producer is not None:
+            refill = ir.block([
+                ir.If(ir.Cmp(">=", rel, ir.const(S)),  # refilled: wait until the slot's last readers released it
+                      ring.wait(ring.empty, ir.BinOp("%", rel, ir.const(S)),
+                                ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", rel, ir.const(S)), ir.const(1)),
+                                         ir.const(2)))),
+                self.produce(self.loop.var, ir.BinOp("%", rel, ir.const(S)))])
+            ring.loop = replace(self.loop, body=refill)
+            ring.buffers = [self.enlarged[b.name] for b in self.allocs if b.name in self.enlarged]
+            ring.stages = S
+            others = [b for b in self.allocs if b.name not in self.enlarged]
+            return self.wrap(ir.block([replace(self.loop, body=ir.block(consume)), *after]), others)
+        ahead = ir.BinOp("+", rel, ir.const(A))
+        refill = ir.block([
+            ir.If(ir.Cmp(">=", ahead, ir.const(S)),  # refilled: wait until the slot's last readers released it
+                  ring.wait(ring.empty, ir.BinOp("%", ahead, ir.const(S)),
+                            ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", ahead, ir.const(S)), ir.const(1)),
+                                     ir.const(2)))),
+            self.produce(ir.BinOp("+", self.loop.var, ir.const(A)), ir.BinOp("%", ahead, ir.const(S)))])
+        issue = ir.If(ring.leader(), ir.If(ir.Cmp("<", ir.BinOp("+", self.loop.var, ir.const(A)), self.end), refill))
+        start = ir.block([ir.If(ring.leader(), ir.block([*ring.init(S), *self.prologue()])), SYNC])
+        loop = replace(self.loop, body=ir.block([issue, *consume]))
+        return self.wrap(ir.block([start, loop, *after]), [*self.allocs, ring.full, ring.empty])
+
+
+@dataclass
+class TmaRing:
+    """The TMA copies of one pipelined loop and its two rings of mbarriers (one per slot): *full*,
+    completed by the copies' bytes, and *empty*, completed when every warp released the slot."""
+
+    tiles: list[TmaTile]
+    full: ir.Buffer
+    empty: ir.Buffer
+    threads: int
+    tid: ir.Expr
+    producer: Producer | None = None  # warp specialization: the producer warpgroup's registers
+    loop: ir.For | None = None  # specialized: the producer's loop of copies, placed by ``_specialize``
+    buffers: list[ir.Buffer] = field(default_factory=list)  # specialized: the slots, allocated by the kernel
+    stages: int = 0
+
+    def leader(self) -> ir.Expr:
+        return ir.Cmp("==", self.tid, ir.const(0))
+
+    def lane0(self) -> ir.Expr:
+        return ir.Cmp("==", ir.BinOp("mod", self.tid, ir.const(32)), ir.const(0))
+
+    def init(self, stages: int) -> list[ir.Stmt]:
+        out = []
+        for s in range(stages):
+            out.append(ir.call_stmt("pt_mbar_init", ir.Load(self.full, (ir.const(s),)), ir.const(1, dtypes.int32)))
+            out.append(ir.call_stmt("pt_mbar_init", ir.Load(self.empty, (ir.const(s),)),
+                                    ir.const(self.threads // 32, dtypes.int32)))
+        return [*out, ir.call_stmt("pt_fence_mbar_init")]
+
+    def wait(self, ring: ir.Buffer, slot: ir.Expr, parity: ir.Expr) -> ir.Stmt:
+        return ir.call_stmt("pt_mbar_wait", ir.Load(ring, (slot,)), ir.Cast(dtypes.int32, parity))
+
+    def arrive(self, ring: ir.Buffer, slot: ir.Expr) -> ir.Stmt:
+        return ir.call_stmt("pt_mbar_arrive", ir.Load(ring, (slot,)))
+
+    def produce(self, enlarged: dict[str, ir.Buffer], at: dict[str, ir.Expr], slot: ir.Expr) -> ir.Stmt:
+        bar = ir.Load(self.full, (slot,))
+        nbytes = sum(t.nbytes for t in self.tiles)
+        loads = [st for t in self.tiles for st in tile_loads(t, enlarged[t.cache.name], slot, bar, at)]
+        return ir.block([ir.call_stmt("pt_mbar_expect_tx", bar, ir.const(nbytes, dtypes.int32)), *loads])
 
 
 def _in_flight(body: ir.Stmt, n: int) -> ir.Stmt:
@@ -181,7 +278,8 @@ def _in_flight(body: ir.Stmt, n: int) -> ir.Stmt:
     return out
 
 
-def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[str, int]) -> _Piped | None:
+def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[str, int],
+           producer: dict[str, Producer], kernel: _KernelScope | None) -> _Piped | None:
     allocs, inner = _peel_allocates(body)
     piped = [b for b in allocs if b.name in stages]
     if not piped:
@@ -220,7 +318,54 @@ def _split(loop: ir.For, body: ir.Stmt, stages: dict[str, int], inflight: dict[s
     if n and S - 1 - n < 1:
         raise LoweringError(f"loop {loop.var.name}: {S} stages leave no slot to load ahead with {n} MMA groups in "
                             f"flight; use at least {n + 2} stages")
-    return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy, n)
+    kinds = {producer.get(b.name) for b in piped}
+    if len(kinds) != 1:
+        raise LoweringError(f"buffers {', '.join(b.name for b in piped)} of loop {loop.var.name} ask for different "
+                            "producers (TMA or the threads' copies, specialized or not); give them the same")
+    kind = kinds.pop()
+    ring = _tma_ring(loop, piped, producers, kernel, S, kind) if kind is not None else None
+    return _Piped(loop, S, producers, consumers, allocs, enlarged, async_copy, n, ring)
+
+
+def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], kernel: _KernelScope | None,
+              stages: int, kind: Producer) -> TmaRing:
+    names = ", ".join(b.name for b in piped)
+    if kernel is None:
+        raise LoweringError(f"pipeline of {names} with producer='tma': loop {loop.var.name} is not in a kernel")
+    if kernel.divergent:
+        raise LoweringError(f"pipeline of {names} with producer='tma': loop {loop.var.name} runs under a condition "
+                            f"on the threads ({kernel.divergent}); every warp of the block must run it, since each "
+                            "releases the slots it read")
+    threads = kernel.block[0] * kernel.block[1] * kernel.block[2]
+    if threads % 32:
+        raise LoweringError(f"pipeline of {names} with producer='tma': the block of {threads} threads is not "
+                            "whole warps")
+    tiles = []
+    for b in piped:
+        copy = [p for p in producers if b.name in _stores_to(p)]
+        if len(copy) != 1:
+            raise LoweringError(f"pipeline of {b.name} with producer='tma': {len(copy)} copies fill it; TMA "
+                                "replaces one")
+        tiles.append(tma_tile(copy[0], b, kernel.block, kernel.thread_vars))
+    if kind.specialize and kernel.nested:
+        raise LoweringError(f"pipeline of {names} with specialize=True: loop {loop.var.name} is inside another loop "
+                            "or a condition of its kernel; a producer warpgroup runs a kernel's top-level loop only")
+    first = piped[0].name
+    ring = [ir.Buffer(f"{first}_{r}", dtypes.int64, (ir.const(stages),), "shared") for r in ("full", "empty")]
+    return TmaRing(tiles, *ring, threads, kernel.tid, kind if kind.specialize else None)
+
+
+@dataclass
+class _KernelScope:
+    """The kernel a loop is in: its block, its linear thread index, and the condition on the threads
+    that the loop runs under (empty: every thread runs it)."""
+
+    block: tuple[int, int, int]
+    tid: ir.Expr
+    thread_vars: frozenset[str] = frozenset()  # variables whose values differ between threads
+    divergent: str = ""
+    nested: int = 0  # loops and conditions around the statement being lowered
+    rings: list[TmaRing] = field(default_factory=list)  # the TMA rings made in the kernel
 
 
 def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
@@ -258,19 +403,59 @@ def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
 
 
 class _Pipeline(ir.Mutator):
-    def __init__(self, stages: dict[str, int], inflight: dict[str, int]):
+    def __init__(self, stages: dict[str, int], inflight: dict[str, int], producer: dict[str, Producer]):
         self.stages = stages
         self.inflight = inflight
+        self.producer = producer
+        self.kernel: _KernelScope | None = None
         # pipelined loops already transformed, by the id of their result; the result is kept with it, so
         # that its id cannot be reused by a later statement (ids of freed objects are, and a false match
         # fused the wrong loops: found by the exhaustive tuning run, 17 of 2706 convolutions)
         self.pieces: dict[int, tuple[ir.Stmt, _Piped]] = {}
 
+    def visit_Kernel(self, s: ir.Kernel) -> ir.Stmt:
+        outer = self.kernel
+        divergent = thread_dependent_vars(s.body)
+        self.kernel = scope = _KernelScope(s.block, _linear_thread(s.block), frozenset(divergent))
+        try:
+            body = self.stmt(s.body)
+        finally:
+            self.kernel = outer
+        special = [r for r in scope.rings if r.producer is not None]
+        if not special:
+            return replace(s, body=body)
+        if len(scope.rings) > 1:
+            raise LoweringError(f"kernel {s.name}: a specialized TMA pipeline must be the kernel's only one "
+                                f"({len(scope.rings)} loops are pipelined with TMA)")
+        body, block = _specialize(s.name, body, special[0], s.block)
+        return replace(s, body=body, block=block)
+
+    def visit_If(self, s: ir.If) -> ir.Stmt:
+        kernel = self.kernel
+        if kernel is None:
+            return self.default_stmt(s)
+        thread = any(isinstance(n, ir.Var) and (n.name.startswith("threadIdx") or n.name in kernel.thread_vars)
+                     for n in ir.walk_expr(s.cond))
+        self.kernel = replace(kernel, divergent=kernel.divergent or (ir.expr_text(s.cond) if thread else ""),
+                              nested=kernel.nested + 1)
+        try:
+            return self.default_stmt(s)
+        finally:
+            self.kernel = kernel
+
     def visit_For(self, s: ir.For) -> ir.Stmt:
-        body = self.stmt(s.body)
+        kernel = self.kernel
+        if kernel is not None:
+            self.kernel = replace(kernel, nested=kernel.nested + 1)
+        try:
+            body = self.stmt(s.body)
+        finally:
+            self.kernel = kernel
         if s.kind != "serial":
             return replace(s, body=body)
-        piped = _split(s, body, self.stages, self.inflight)
+        piped = _split(s, body, self.stages, self.inflight, self.producer, self.kernel)
+        if piped is not None and piped.tma is not None and self.kernel is not None:
+            self.kernel.rings.append(piped.tma)
         if piped is None:
             return replace(s, body=body)
         inner = self.pieces.get(id(piped.consumers[0])) if len(piped.consumers) == 1 else None
@@ -283,9 +468,81 @@ class _Pipeline(ir.Mutator):
         return out
 
 
-def pipeline_buffers(s: ir.Stmt, stages: dict[str, int], inflight: dict[str, int] | None = None) -> ir.Stmt:
+def _linear_thread(block: tuple[int, int, int]) -> ir.Expr:
+    """The linear index of a thread in a block of ``block`` threads."""
+    bx, by, _ = block
+    tid: ir.Expr = ir.Cast(dtypes.INDEX, thread_var("threadIdx.x"))
+    if block[1] > 1:
+        tid = ir.BinOp("+", tid, ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("threadIdx.y")), ir.const(bx)))
+    if block[2] > 1:
+        tid = ir.BinOp("+", tid, ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("threadIdx.z")), ir.const(bx * by)))
+    return tid
+
+
+def pipeline_buffers(s: ir.Stmt, stages: dict[str, int], inflight: dict[str, int] | None = None,
+                     producer: dict[str, Producer] | None = None) -> ir.Stmt:
     """Multi-buffer the requested buffers across the iterations of their load–use loops
-    (``inflight``: asynchronous MMA groups left running, per buffer)."""
+    (``inflight``: asynchronous MMA groups left running, per buffer; ``producer``: "tma" for the
+    buffers filled by TMA copies)."""
     if not stages:
         return s
-    return _Pipeline(stages, inflight or {}).stmt(s)
+    return _Pipeline(stages, inflight or {}, producer or {}).stmt(s)
+
+
+REGISTERS = 64 * 1024  # 32-bit registers of an SM, shared by the warps of a block that fills it
+PRODUCER_WARPS = 4  # the producer warpgroup
+PRODUCER_REGISTERS = 40  # per producer thread, unless asked
+
+
+def register_split(consumer_warps: int, asked: tuple[int, int] | None, where: str) -> tuple[int, int]:
+    """(producer, consumer) registers per thread for a producer warpgroup beside ``consumer_warps``
+    warps: as asked, or 40 and the most (a multiple of 8, at most 256) the consumers can have — never
+    fewer than the kernel starts with (the SM's registers shared by all its threads, the cap that
+    ``__launch_bounds__(threads, 1)`` sets), which ``setmaxnreg.inc`` cannot go below. A split above
+    the SM's registers is refused: ``setmaxnreg.inc`` would wait forever."""
+    producers, consumers = 32 * PRODUCER_WARPS, 32 * consumer_warps
+    p, c = asked or (PRODUCER_REGISTERS, min(256, (REGISTERS - producers * PRODUCER_REGISTERS) // consumers // 8 * 8))
+    total = producers * p + consumers * c
+    if total > REGISTERS or c < 24:
+        raise LoweringError(f"{where}: {producers} producer threads × {p} registers + {consumers} consumer threads × "
+                            f"{c} = {total} registers, more than the {REGISTERS} of an SM: setmaxnreg would hang the "
+                            "GPU; ask for fewer registers (pipeline(..., registers=(producer, consumer))) or fewer "
+                            "consumer warps")
+    return p, c
+
+
+def _specialize(name: str, body: ir.Stmt, ring: TmaRing, block: tuple[int, int, int]
+                ) -> tuple[ir.Stmt, tuple[int, int, int]]:
+    """Warp specialization of kernel ``name``: after the kernel's leading lets, the slots and
+    barriers are allocated and initialized for the whole block, then a producer warpgroup (four
+    more warps, threadIdx.z from the consumers' count on) gives up registers and issues the copies
+    from one thread, while the consumer warps take the registers and run the kernel's body."""
+    where = f"kernel {name} with a specialized TMA pipeline"
+    bx, by, warps = block
+    if bx != 32 or by != 1:
+        raise LoweringError(f"{where}: its warps must be numbered along threadIdx.z (block (32, 1, z)), got {block}")
+    assert ring.producer is not None and ring.loop is not None
+    p, c = register_split(warps, ring.producer.registers, where)
+    lets: list[ir.LetStmt] = []
+    rest = body
+    while isinstance(rest, ir.LetStmt):
+        lets.append(rest)
+        rest = rest.body
+    known = {let.var.name for let in lets} | {ring.loop.var.name}
+    local = {st.var.name for st in ir.walk_stmt(rest) if isinstance(st, (ir.LetStmt, ir.For))}
+    missing = sorted({n.name for n in ir.all_exprs(ring.loop) if isinstance(n, ir.Var)} & local - known)
+    if missing:
+        raise LoweringError(f"{where}: the copies use {', '.join(missing)}, defined inside the kernel's body; the "
+                            "producer warpgroup sees the kernel's leading definitions only")
+    z = ir.Cast(dtypes.INDEX, thread_var("threadIdx.z"))
+    lane = ir.Cast(dtypes.INDEX, thread_var("threadIdx.x"))
+    issuer = ir.Logic("&&", (ir.Cmp("==", z, ir.const(warps)), ir.Cmp("==", lane, ir.const(0))))
+    producer = ir.block([ir.call_stmt("pt_setmaxnreg_dec", ir.const(p, dtypes.int32)), ir.If(issuer, ring.loop)])
+    consumer = ir.block([ir.call_stmt("pt_setmaxnreg_inc", ir.const(c, dtypes.int32)), rest])
+    out: ir.Stmt = ir.block([ir.If(ring.leader(), ir.block(ring.init(ring.stages))), SYNC,
+                             ir.If(ir.Cmp(">=", z, ir.const(warps)), producer, consumer)])
+    for b in reversed([*ring.buffers, ring.full, ring.empty]):
+        out = ir.Allocate(b, out)
+    for let in reversed(lets):
+        out = replace(let, body=out)
+    return out, (bx, by, warps + PRODUCER_WARPS)

@@ -4,8 +4,8 @@ speed, conflict-free for the copies too).
 
 The layouts before this pass are affine (isl's, checked by the earlier passes); the XOR is applied
 last, to the flat index of every load and store of a swizzled buffer — vector accesses keep their
-16-byte chunk whole. The operands of wgmma instructions are left alone: their descriptors hold the
-unswizzled address and the hardware applies the swizzle.
+16-byte chunk whole. The operands of wgmma instructions and the destinations of TMA copies are left
+alone: they take the unswizzled address and the hardware applies the swizzle.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class _Swizzle(ir.Mutator):
         return ir.Store(s.buffer, idx, self.expr(s.value))
 
     def visit_Evaluate(self, s: ir.Evaluate) -> ir.Stmt:
-        if getattr(instruction(s.call.name), "descriptors", False):
-            return s  # the descriptors hold the unswizzled address: the hardware applies the swizzle
+        if getattr(instruction(s.call.name), "hardware_swizzle", False):
+            return s  # wgmma's descriptors and TMA copies take the unswizzled address: the hardware swizzles
         return self.default_stmt(s)
 
 
