@@ -153,6 +153,10 @@ MAX_OFFSET_PIECES = 8
 """The most pieces of a footprint's lowest index that the cache primitives try one by one as its
 offset."""
 
+MAX_FOOTPRINT_DIVISIONS = 24
+"""The most integer divisions (over all pieces) of a footprint that the cache primitives bound (the
+test suite's footprints have at most 7)."""
+
 
 @dataclass
 class _Box:
@@ -200,6 +204,13 @@ def _computed_box_dim(f: isl.Map, d: int, what: str,
     tight as the footprint (the lowest index is periodic in a fused loop, e.g. 64·(x mod 4), and isl
     returns it as one piece per residue), the index accessed at the first inner iteration
     (``origin``) is tried as well. Every candidate is checked exactly."""
+    divisions = sum(bm.dim(isl.dim_type.div) for bm in f.get_basic_maps())
+    if divisions > MAX_FOOTPRINT_DIVISIONS:
+        # modular constraints of skewed, separated tiles (28 pieces with 51 divisions, fuzz seed 109
+        # case 1366): every bound of such a footprint is a parametric optimization of minutes
+        raise ScheduleError(f"{what}: the footprint is too complex for the polyhedral analysis ({f.n_basic_map()} "
+                            f"pieces with {divisions} integer divisions); cache at another loop, or without the "
+                            "skew or separation of the loops it spans")
     n_out = f.dim(isl.dim_type.out)
     proj = f.project_out(isl.dim_type.out, d + 1, n_out - d - 1).project_out(isl.dim_type.out, 0, d)
     lo = proj.dim_min(0)

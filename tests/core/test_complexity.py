@@ -430,3 +430,36 @@ def test_the_runs_of_a_cache_copy_over_a_footprint_in_pieces_are_checked_on_time
         ref = [[sum(max(a[j, 2 * i] if 2 * i < 8 else 0.0, a[k - 1, i] if 1 <= k < 9 else -0.5) for k in range(n))
                 for j in range(8)] for i in range(8)]
         np.testing.assert_allclose(kern(a, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cache_of_a_footprint_of_many_divisions_is_refused_at_once():
+    # fuzz seed 109 case 1366: skewed, tiled and separated loops give A's footprint 28 pieces with 51
+    # integer divisions; bounding it ran past two minutes (the fuzzer's hang); the primitive refuses
+    # it at once and leaves the schedule as it was
+    run_within("""
+import polytile as pt
+N = pt.param("N")
+A = pt.placeholder((N + 2, N), "float32", "A")
+T = pt.compute((N, 7), lambda i, j: ((pt.cast("float32", pt.cast("int32", i)) > 2.0) & (j < 5)), "T")
+def f_U(i, j, h):
+    a = pt.select((i >= 2) & (i - 2 < N + 2), A[i - 2, h % 1], 1.0)
+    b = pt.select(i < N + 2, A[i, N - 1 - h], 1.0)
+    c = pt.select(i + 2 < N + 2, A[i + 2, h], -0.5)
+    s = pt.cast("int16", a) + pt.cast("int16", b) + pt.cast("int16", c)
+    return pt.maximum(A[j, N - 1 - j] / (pt.abs(pt.cast("float32", s)) + 1.0),
+                      pt.cast("float32", pt.select(i + 1 < 7, T[j, i + 1], False)))
+U = pt.compute((7, N, N), f_U, "U", where=lambda i, j, h: h >= j - 1)
+s = pt.create_schedule(pt.Func([A], [U], constraints=[N >= 1]))
+s["T"].skew("i", "j", 1)
+s["U"].tile("i", "j", 7, 3)
+s["U"].separate("ji")
+s["U"].split("io", 3)
+caches = list(s.caches)
+try:
+    s["U"].cache("A", "h", layout=lambda a, b: (b, a))
+    raise SystemExit("accepted")
+except pt.ScheduleError as err:
+    assert "integer divisions" in str(err), err
+assert list(s.caches) == caches
+pt.build(s)
+""", 60)
