@@ -41,7 +41,6 @@ class GraphedForward:
         self.copied: list[bool] = []  # which inputs are copied in before a replay
         self.outputs: Any = None
         self.failed = False
-        self.replays = 0
 
     def __call__(self, *args: Any) -> Any:
         if torch.cuda.is_current_stream_capturing():  # inside the caller's own graph: a part of it
@@ -56,7 +55,6 @@ class GraphedForward:
             if self.copied[k]:
                 self.inputs[k].copy_(a)
         self.graph.replay()  # type: ignore[union-attr]
-        self.replays += 1
         if self.report is not None:
             self.report.cuda_graph_replays += 1
         return type(self.outputs)(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)

@@ -8,6 +8,7 @@ contexts are tracked per thread, and every synchronization is counted.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import types
 from collections.abc import Callable, Hashable
@@ -20,6 +21,7 @@ from polytile.dtypes import DType
 from polytile.runtime.args import ArrayInfo, dtype_name
 from polytile.runtime.cuda_driver import Device
 from polytile.runtime.frameworks import Framework
+from polytile.target import DATASHEETS, CUDATarget
 
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 _CHECK_KINDS = {"range": ["pointer", "int64", "int64", "int64", "pointer"],
@@ -245,6 +247,11 @@ def fake_devices(monkeypatch, count: int = 1) -> FakeDriver:  # noqa: ANN001 - p
     driver.cuCtxSetCurrent(0x1000)
     monkeypatch.setattr(cuda, "_DEVICES", devices)
     monkeypatch.setattr(cuda_device, "device", lambda: devices[0])
+    # the present GPU's facts are cached for the process: the fake reports none of the sizes, so it
+    # gets the datasheet facts of the architecture in a cache of its own (was: a fake test run first
+    # failed reading them, and a real GPU's facts cached before would have stood for the fake)
+    monkeypatch.setattr(cuda_device, "cuda_target", functools.cache(
+        lambda arch=None: CUDATarget(arch=arch or "sm_90a", name=str(DATASHEETS[arch or "sm_90a"]["name"]))))
     return driver
 
 
@@ -284,3 +291,12 @@ class FakeFramework(Framework):
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int | None) -> Any:
         self.allocations.append((shape, dtype.name, device, stream))
         return FakeArray(np.full(shape, 7, dtype=dtype.numpy), device)
+
+
+def fake_framework(monkeypatch) -> FakeFramework:  # noqa: ANN001 - pytest's monkeypatch
+    """A ``FakeFramework`` registered for ``FakeArray`` arguments for the test's duration."""
+    from polytile.runtime import frameworks
+    fake = FakeFramework()
+    monkeypatch.setitem(frameworks._BY_TYPE, FakeArray, fake)
+    monkeypatch.setitem(frameworks.KEY_OF, FakeArray, fake.key)
+    return fake

@@ -9,13 +9,12 @@ import threading
 
 import numpy as np
 import pytest
-from fake_gpu import FakeArray, FakeFramework, fake_devices
+from fake_gpu import FakeArray, FakeFramework, fake_devices, fake_framework
 
 import polytile as pt
 from polytile import ops
 from polytile.errors import BuildError
 from polytile.runtime import cuda as rc
-from polytile.runtime import frameworks
 from polytile.runtime.cuda import CUDAKernel, nvcc
 
 ARCH = "cuda:sm_90a"
@@ -31,10 +30,7 @@ def needs_nvcc() -> None:
 
 @pytest.fixture
 def fw(monkeypatch) -> FakeFramework:
-    fake = FakeFramework()
-    monkeypatch.setitem(frameworks._BY_TYPE, FakeArray, fake)
-    monkeypatch.setitem(frameworks.KEY_OF, FakeArray, fake.key)
-    return fake
+    return fake_framework(monkeypatch)
 
 
 def declare(driver, kern: CUDAKernel) -> None:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fake_gpu import FakeArray, FakeFramework, fake_devices
+from fake_gpu import FakeArray, FakeFramework, fake_devices, fake_framework
 from source_text import body
 
 import polytile as pt
@@ -234,11 +234,7 @@ def test_tma_source_holds_only_what_it_uses():
 
 @pytest.fixture
 def fw(monkeypatch) -> FakeFramework:
-    from polytile.runtime import frameworks
-    fake = FakeFramework()
-    monkeypatch.setitem(frameworks._BY_TYPE, FakeArray, fake)
-    monkeypatch.setitem(frameworks.KEY_OF, FakeArray, fake.key)
-    return fake
+    return fake_framework(monkeypatch)
 
 
 @pytest.mark.needs_nvcc
