@@ -696,7 +696,38 @@ def spmm(sched: Schedule, target: CUDATarget, rows: int, cols: int, n: int, nnz:
 
 
 def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, K: int, R: int, S: int,
-           stride: int, padding: int, dilation: int) -> None:
+           stride: int, padding: int, dilation: int) -> Schedule | None:
+    """NCHW convolutions whose GEMM takes the CUDA cores (float32 operands: ``gemm_choice``) run as one
+    implicit GEMM (``ops.conv.conv2d_gemm_func``: the K × C·R·S filter times the gathered C·R·S × N·P·Q
+    input) on ``gemm_cuda``'s tiles and split of the reduction, chosen for the product's shape as a
+    matmul's (``gemm_choice``): the filter and input tiles are gathered by the shared tiles' copies,
+    then one small kernel writes O (summing the split's chunks). Before, every convolution was
+    direct — 128 pixels a block, 8 channels a thread, the reduction in one thread: ResNet-50's
+    1×1 C1024→256 on 14×14 in 199 µs and 3×3 512→512 on 7×7 in 584 µs on an H100 (0.22× and
+    0.28× cuDNN), few blocks and long serial sums. Other operand types (tensor-core GEMMs) and
+    convolutions of at most ``GEMV_ROWS`` filters stay direct (``conv2d_direct``)."""
+    from .conv import conv2d_gemm_func, conv_out
+    P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
+    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
+    choice = gemm_choice(target, K, N * P * Q, C * R * S, dtype)
+    if choice.kernel != "cuda":
+        conv2d_direct(sched, N, K)
+        return None
+    gemm = Schedule(conv2d_gemm_func(N, C, H, W, K, R, S, stride, padding, dilation, dtype.name, out.name,
+                                     choice.split))
+    if choice.split > 1:
+        gemm_cuda(gemm, "P", "A", "B", batch="s", **choice.params)
+    else:
+        gemm_cuda(gemm, "G", "A", "B", **choice.params)
+    gemm["A"].compute_inline()  # after caching: the tiles' copies gather the filter and the input
+    gemm["B"].compute_inline()
+    st = gemm["O"]
+    st.fuse("n", "k", "nk").fuse("p", "q", "pq").fuse("nk", "pq", "x").split("x", 256, "bx", "tx")
+    st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+    return gemm
+
+
+def conv2d_direct(sched: Schedule, N: int, K: int) -> None:
     """Direct convolution: 128 output pixels per block, each thread an 8-channel register tile, the
     block's weights staged in shared memory; the padded input is its own small kernel."""
     kt = 8 if K >= 8 else K

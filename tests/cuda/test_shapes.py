@@ -495,6 +495,63 @@ def test_fp32_gemm_products_have_no_guards(dims):
     assert res.spill_stores == 0 and res.stack_bytes == 0
 
 
+NCHW_GEMMS = [((3, 40, 7, 9, 12, 1, 1, 1, 0, 1), 4),       # a 1×1 convolution
+              ((1, 24, 7, 7, 20, 3, 3, 1, 1, 1), 8),        # 49 pixels, a split reduction
+              ((2, 5, 13, 11, 20, 3, 3, 2, 1, 1), 1),       # odd sizes, stride 2, padding
+              ((2, 5, 13, 11, 20, 3, 3, 2, 1, 1), 3),
+              ((1, 7, 9, 10, 6, 2, 3, 1, 2, 2), 7)]         # dilation 2, a 2×3 filter
+
+
+@pytest.mark.parametrize("dims,split", NCHW_GEMMS, ids=["1x1", "3x3-7x7", "odd", "odd-split", "dilated"])
+def test_nchw_convolution_as_one_gemm_is_the_convolution(dims, split):
+    # the algorithm the CUDA default restructures conv2d into (the filter as a K × C·R·S matrix times
+    # the gathered input, split in chunks of the taps), unscheduled on the CPU, against NumPy
+    from polytile.ops.conv import conv2d_gemm_func, conv2d_reference
+    N, C, H, W, K, R, S, stride, pad, dil = dims
+    rng = np.random.default_rng(split)
+    i = rng.uniform(-1, 1, (N, C, H, W)).astype(np.float32)
+    w = rng.uniform(-1, 1, (K, C, R, S)).astype(np.float32)
+    kern = pt.build(pt.Schedule(conv2d_gemm_func(*dims, split_k=split)), "cpu")
+    np.testing.assert_allclose(kern(i, w), conv2d_reference(i, w, stride, pad, dil), rtol=1e-4, atol=1e-4)
+    with pytest.raises(pt.PolytileError, match="split_k=4 must divide the reduction C·R·S = 45"):
+        conv2d_gemm_func(1, 5, 9, 9, 4, 3, 3, split_k=4)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims", [(1, 1024, 14, 14, 256, 1, 1, 1, 0), (1, 512, 7, 7, 512, 3, 3, 1, 1),
+                                  (3, 17, 9, 11, 40, 5, 5, 2, 2)], ids=["1x1", "3x3-7x7", "odd"])
+def test_nchw_float32_convolution_is_a_cuda_core_gemm(dims):
+    # float32 NCHW convolutions take gemm_cuda's tiles and split (gemm_choice on K × N·P·Q × C·R·S),
+    # the filter and input gathered by the shared tiles' copies, the products from shared memory.
+    # Before: a direct convolution (ResNet-50's 1×1 C1024→256 at 14×14 in 199 µs, cuDNN 43 µs)
+    N, C, H, W, K, R, S, stride, pad = dims
+    P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
+    choice = gemm_choice(SM90A, K, N * P * Q, C * R * S, as_dtype("float32"))
+    op = ops.conv2d(*dims)
+    sched = op.schedule(SM90A)
+    assert ("P" in sched.stage_names()) == (choice.split > 1)
+    kern = pt.build(sched, SM90A)
+    gemm, rest = kern.kernels
+    ops_ = _opcodes(_sass(kern, gemm.name))
+    step = choice.params["bk"] * choice.params["tm"] * choice.params["tn"]
+    assert ops_.count("FFMA") % step == 0
+    # the operands of the products come from the shared tiles, which the asynchronous copies gather:
+    # no other global load (before the lowering fix, the register copies of the inlined filter
+    # re-gathered it from global memory, with 192 bytes of local memory)
+    assert "LDGSTS" in " ".join(ops_) and not any(o.startswith("LDG.") for o in ops_)
+    assert sum(o.startswith(("LDS.128", "LDS.64")) for o in ops_) >= ops_.count("FFMA") // step * choice.params["bk"]
+    res = kern.resources[gemm.name]
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+    assert rest.block == (256, 1, 1)
+
+
+def test_small_nchw_convolutions_stay_direct():
+    # at most GEMV_ROWS filters (the GEMM's rows) or tensor-core operand types: the direct kernel
+    assert "Ipad" in ops.conv2d(2, 5, 9, 7, 11, 3, 3, 1, 1).schedule(SM90A).stage_names()
+    assert "O" in ops.conv2d(1, 8, 9, 7, 32, 3, 3, 1, 1, dtype="float16").schedule(SM90A).stage_names()
+    assert "B" not in ops.conv2d(1, 8, 9, 7, 32, 3, 3, 1, 1, dtype="float16").schedule(SM90A).stage_names()
+
+
 def test_fp32_gemm_ir_products_are_whole():
     from polytile.ops.gpu_schedules import gemm_cuda
     s = pt.Schedule(ops.matmul(129, 131, 37, "float32").func)

@@ -87,6 +87,26 @@ def test_conv_three_channels(dims):
     assert _err(kern(x, w), ref) <= op.tolerance
 
 
+NCHW = [(1, 1024, 14, 14, 256, 1, 1, 1, 0, 1),   # ResNet-50 l3.reduce: split reduction, a 1×1 filter
+        (1, 512, 7, 7, 512, 3, 3, 1, 1, 1),      # l4 3×3: 49 pixels
+        (3, 17, 9, 11, 40, 5, 5, 2, 2, 1),       # odd sizes, stride 2, padding 2
+        (2, 13, 15, 13, 24, 3, 3, 1, 2, 2),      # dilation 2
+        (2, 5, 9, 7, 11, 3, 3, 1, 1, 1)]         # 11 filters: the direct kernel
+
+
+@pytest.mark.parametrize("dims", NCHW, ids=["1x1", "3x3-7x7", "odd-stride2", "dilated", "direct"])
+@pytest.mark.parametrize("pad_stage", [True, False], ids=["pad-stage", "pad-select"])
+def test_conv_nchw_float32(dims, pad_stage):
+    N, C, H, W, K, R, S, stride, pad, dil = dims
+    op = ops.conv2d(N, C, H, W, K, R, S, stride, pad, dil, pad_stage=pad_stage)
+    kern = op.build("cuda")
+    x, w = _inputs(op, sum(dims))
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=pad, dilation=dil)
+    out = kern(x, w)
+    assert out.shape == ref.shape
+    assert _err(out, ref) <= op.tolerance
+
+
 @pytest.mark.parametrize("M,N", [(1, 128256), (8, 50257), (3, 30522), (5, 70001)])
 def test_wide_softmax(M, N):
     op = ops.softmax(M, N)
