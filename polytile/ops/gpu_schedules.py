@@ -326,6 +326,30 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
 MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)
 
 
+def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
+               padding: int, dtype: str, out_dtype: str) -> Schedule:
+    """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
+    the input and filter copied once with the channels padded to 4 or 8 and the image padded,
+    then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
+    (``igemm_tensorcore``: the filter rows are the taps, the runs in K tiles of 32 or 16, copied as
+    vectors), the two copies elementwise kernels of their own. Before: the CUDA cores
+    (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs)."""
+    from .igemm import conv2d_igemm_rows_func, padded_channels
+    P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    cp, Sp = padded_channels(C, S)
+    run = Sp * cp
+    rows = Schedule(conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype))
+    tiles = _gemm_tiles(N * P * Q, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)
+    bk = 32 if run % 32 == 0 else MMA_K
+    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **tiles)
+    for name in ("X", "Wf"):
+        st = rows[name]
+        a, b, c = st.loops[:3]
+        st.fuse(a, b, "ab").fuse("ab", c, "x").split("x", 256, "bx", "tx")
+        st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+    return rows
+
+
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int) -> None:
     if C < MMA_K:
         # pixels per thread and output channels per block: as many as divide the output evenly (no
@@ -340,9 +364,13 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
 
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
-                 stride: int, padding: int) -> None:
+                 stride: int, padding: int) -> Schedule | None:
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    dtype = sched.func.tensor("I").dtype
+    if C < MMA_K and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
+        return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, sched.func.tensor("O").dtype.name)
     _igemm(sched, target, ["r", "s"], N * P * Q, C, K)
+    return None
 
 
 def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,

@@ -20,6 +20,7 @@ from polytile.target import CUDATarget
 
 SM90A = CUDATarget(arch="sm_90a")  # the datasheets' H100 and A100
 SM80 = CUDATarget(arch="sm_80")
+SM75 = CUDATarget(arch="sm_75")  # tensor cores without mma.sync.m16n8k16
 needs_nvcc = pytest.mark.needs_nvcc
 
 
@@ -358,10 +359,44 @@ def test_odd_k_and_n_use_16_byte_copies():
 @needs_nvcc
 @pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
 def test_three_channel_convolution_builds(target):
-    # ResNet-50's first layer: C = 3 is less than a tensor-core K step (was: a ScheduleError)
+    # ResNet-50's first layer: C = 3 is less than a tensor-core K step (was: a ScheduleError); it
+    # runs on the tensor cores over the padded copies of the input and the filter
     kern = ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(target)
     sass = _sass(kern)
-    assert "HMMA" not in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert "HMMA" in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert "HMMA" not in _sass(ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(SM75))  # the CUDA cores
+
+
+@pytest.mark.parametrize("dims", [(2, 13, 11, 3, 8, 7, 7, 2, 3), (1, 9, 10, 3, 5, 3, 3, 2, 1),
+                                  (2, 8, 7, 5, 6, 3, 3, 1, 1), (1, 7, 9, 1, 4, 5, 5, 1, 2),
+                                  (1, 6, 6, 12, 3, 2, 2, 1, 0)],
+                         ids=["7x7s2", "3x3s2", "c5", "c1-5x5", "c12-2x2"])
+def test_few_channel_convolution_rows_are_the_convolution(dims):
+    # the algorithm of the default for few channels (input and filter copied with the channels padded
+    # to 4, 8 or 16 and the image padded; a filter row's taps × channels one run), unscheduled on
+    # the CPU, against NumPy
+    from polytile.ops.igemm import conv2d_igemm_rows_func
+    op = ops.conv2d_igemm(*dims, dtype="float32")
+    kern = pt.build(pt.Schedule(conv2d_igemm_rows_func(*dims, dtype="float32")), "cpu")
+    i, w = op.make_inputs(np.random.default_rng(sum(dims)))
+    assert ops.rel_error(kern(i, w), op.reference(i, w)) < 1e-6
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims,width", [((32, 224, 224, 3, 64, 7, 7, 2, 3), 16), ((8, 96, 96, 3, 32, 5, 5, 1, 2), 8),
+                                        ((1, 224, 224, 3, 32, 3, 3, 2, 1), 16)],
+                         ids=["resnet-stem-n32", "5x5s1", "mobilenet-stem"])
+def test_few_channel_convolution_copies_are_vectors(dims, width):
+    # the padded input's rows are 16-byte aligned and a filter row's run starts at q·stride·4
+    # elements: 16-byte asynchronous copies at stride 2, 8-byte at stride 1; no scalar gather (the
+    # CUDA-core kernel before: one 2-byte load per tap and channel and pixel, 0.13× cuDNN)
+    kern = ops.conv2d_igemm(*dims).build(SM90A)
+    pad_input, pad_filter, gemm = kern.kernels
+    ops_ = _opcodes(_sass(kern, gemm.name))
+    copies = [o.rsplit(".", 1)[-1] for o in ops_ if o.startswith("LDGSTS")]
+    assert copies and min(int(b) if b.isdigit() else 32 for b in copies) == width * 8
+    assert not any(o.startswith(("LDG.E.U16", "LDL", "STL")) for o in ops_)
+    assert "HMMA.16816.F32" in ops_
 
 
 @needs_nvcc
@@ -587,7 +622,7 @@ def test_three_channel_convolution_products_from_registers(dims, per_thread, cha
     # vectors) for per_thread × channels products. Before: one pixel and 16 channels per thread, the
     # gather and a 2-byte shared load redone for every product (ResNet-50's stem at batch 32:
     # 16 LDG.U16 + 16 LDS.U16 per 16 FFMA; 1687 µs on the H100, cuDNN 0.05×)
-    kern = ops.conv2d_igemm(*dims).build(SM90A)
+    kern = ops.conv2d_igemm(*dims).build(SM75)  # without mma.sync: the CUDA cores
     (k,) = kern.kernels
     ops_ = _opcodes(_sass(kern, k.name))
     products = ops_.count("FFMA")

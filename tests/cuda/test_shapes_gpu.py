@@ -75,7 +75,10 @@ def test_default_batch_gemv(dims):
                                   (1, 16, 16, 3, 8, 3, 3, 1, 1),    # 2 pixels per thread
                                   (2, 64, 64, 3, 20, 5, 5, 2, 2),   # 4 pixels, 4 channels (20 = 5 × 4)
                                   (3, 19, 23, 3, 20, 5, 5, 2, 2),   # partial pixel tiles
-                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3)])
+                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3),
+                                  (2, 17, 19, 1, 16, 5, 5, 1, 2),   # one channel (padded to 4)
+                                  (1, 21, 18, 5, 24, 3, 3, 2, 1),   # five channels (padded to 8)
+                                  (2, 9, 11, 12, 40, 2, 2, 1, 0)])  # twelve (padded to 16), an even filter
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
