@@ -220,11 +220,13 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
 
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
                      bn: int = 128, bk: int = 32, wm: int = 64, wn: int = 64, stages: int = 3,
-                     reg_stages: int = 1) -> None:
+                     reg_stages: int = 1, batch: str | None = None) -> None:
     """Schedule an implicit-GEMM convolution ``out[m, k] = sum col[m, *taps, c] * w[*taps, c, k]`` on
     tensor cores like ``gemm_tensorcore``: the filter taps and the channel chunks form one sequential
     K loop (pipelined), the gathered input ``col`` is cached in shared memory as an [m][c] tile and
-    then inlined into its copies (zero-filling asynchronous copies straight from the input)."""
+    then inlined into its copies (zero-filling asynchronous copies straight from the input). With
+    ``batch`` (the chunks of a split reduction, ``out[batch, m, k]``) the blocks also run along
+    blockIdx.z."""
     if bm % wm or bn % wn or wm % 16 or wn % 8 or bk % 16:
         raise ScheduleError(f"igemm_tensorcore: tiles {bm}×{bn}×{bk} with warp tiles {wm}×{wn} do not fit "
                             "mma.m16n8k16")
@@ -233,11 +235,11 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
     st.split("i1", wm, "wi", "i2").split("j1", wn, "wj", "j2")
     st.split("i2", 16, "mi", "i3").split("j2", 8, "nj", "j3")
     st.split("c", bk, "co", "c1").split("c1", 16, "kk", "k3")
-    st.reorder("bi", "bj", "wi", "wj", *taps, "co", "kk", "mi", "nj", "i3", "j3", "k3")
-    k_loop = taps[0]
-    for t in [*taps[1:], "co"]:  # one sequential loop over the taps and channel chunks
-        st.fuse(k_loop, t, f"{k_loop}_{t}")
-        k_loop = f"{k_loop}_{t}"
+    lead = [batch] if batch else []
+    st.reorder(*lead, "bi", "bj", "wi", "wj", *taps, "co", "kk", "mi", "nj", "i3", "j3", "k3")
+    k_loop = _k_loop(st, taps)
+    if batch:
+        st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
     st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", pad=(0, 8), name=f"{col}_shared")
     st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", pad=(0, 8), name=f"{w}_shared")
@@ -251,22 +253,23 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
 
 
 def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128, bn: int = 128,
-                bk: int = 64, stages: int = 4, inflight: int = 1) -> None:
+                bk: int = 64, stages: int = 4, inflight: int = 1, batch: str | None = None) -> None:
     """Schedule an implicit-GEMM convolution like ``igemm_tensorcore`` on Hopper's warpgroup MMA:
     bm/64 warpgroups issue ``wgmma.m64n{bn}k16`` on the gathered [m][c] tile and the [c][k] filter
     tile (both in 128-byte swizzled rows: ``bk`` and ``bn`` multiples of 64), the taps and channel
-    chunks one pipelined K loop with ``inflight`` MMA groups left running."""
+    chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch`` as in
+    ``igemm_tensorcore``."""
     if bm % 64 or bn % 64 or bk % 64:
         raise ScheduleError(f"igemm_wgmma: bm, bn and bk must be multiples of 64 (got {bm}, {bn}, {bk})")
     st = sched[out]
     st.split("m", bm, "bi", "i1").split("k", bn, "bj", "j1")
     st.split("i1", 16, "wi", "i3").split("j1", 8, "nj", "j3")
     st.split("c", bk, "co", "c1").split("c1", 16, "kk", "k3")
-    st.reorder("bi", "bj", "wi", *taps, "co", "kk", "nj", "i3", "j3", "k3")
-    k_loop = taps[0]
-    for t in [*taps[1:], "co"]:  # one sequential loop over the taps and channel chunks
-        st.fuse(k_loop, t, f"{k_loop}_{t}")
-        k_loop = f"{k_loop}_{t}"
+    lead = [batch] if batch else []
+    st.reorder(*lead, "bi", "bj", "wi", *taps, "co", "kk", "nj", "i3", "j3", "k3")
+    k_loop = _k_loop(st, taps)
+    if batch:
+        st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z")
     st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", name=f"{col}_shared")
     st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", name=f"{w}_shared")
@@ -275,6 +278,15 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
     sched[col].compute_inline()  # after caching: the copies gather the input themselves
     if stages > 1:
         st.pipeline(f"{col}_shared", stages, inflight=inflight).pipeline(f"{w}_shared", stages, inflight=inflight)
+
+
+def _k_loop(st: object, taps: list[str]) -> str:
+    """Fuse the taps and the channel chunks "co" into one sequential K loop; its name."""
+    k_loop = taps[0]
+    for t in [*taps[1:], "co"]:
+        st.fuse(k_loop, t, f"{k_loop}_{t}")  # type: ignore[attr-defined]
+        k_loop = f"{k_loop}_{t}"
+    return k_loop
 
 
 def _gemm_tiles(M: int, N: int) -> dict[str, int]:
@@ -365,12 +377,73 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
                  stride: int, padding: int) -> Schedule | None:
+    """The default 2-D implicit GEMM: few channels on ``igemm_rows``; otherwise ``_igemm``'s kernel,
+    its reduction split over filter rows and channel chunks where the output tiles leave SMs idle
+    (``igemm_split``: ``ops.igemm.conv2d_igemm_split_func``, then the chunks summed)."""
+    from .igemm import conv2d_igemm_split_func
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-    dtype = sched.func.tensor("I").dtype
+    M = N * P * Q
+    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     if C < MMA_K and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
-        return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, sched.func.tensor("O").dtype.name)
-    _igemm(sched, target, ["r", "s"], N * P * Q, C, K)
-    return None
+        return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, out.name)
+    kernel, params = _igemm_kernel(target, M, C, K)
+    rows, chunks = (False, 1) if kernel == "cuda" else igemm_split(target, kernel, params, M, K, C, R, S,
+                                                                   dtype.itemsize)
+    if not rows and chunks == 1:
+        _igemm(sched, target, ["r", "s"], M, C, K)
+        return None
+    return igemm_split_schedule(conv2d_igemm_split_func(N, H, W, C, K, R, S, stride, padding, dtype.name, out.name,
+                                                        rows, chunks), kernel, params, rows)
+
+
+def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows: bool) -> Schedule:
+    """Schedule a split implicit GEMM (``ops.igemm.conv2d_igemm_split_func``): the partial products on
+    ``kernel`` ("wgmma" or "mma") with the chunks along blockIdx.z, then their sum."""
+    split = Schedule(func)  # type: ignore[arg-type]
+    fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
+    fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp", **params)  # type: ignore[operator]
+    sum_partials(split, "O")
+    return split
+
+
+def _igemm_kernel(target: CUDATarget, M: int, C: int, K: int) -> tuple[str, dict[str, int]]:
+    """``_igemm``'s kernel ("cuda", "wgmma" or "mma") and the parameters of the tensor-core ones."""
+    if C < MMA_K:
+        return "cuda", {}
+    if _wgmma(target) and min(C, K) >= 64:
+        params = wgmma_igemm_config(M, K, sms=target.sms)
+        return "wgmma", dict(params, bm=64) if M <= 64 else params
+    return "mma", dict(bk=32, stages=3, reg_stages=2, **_gemm_tiles(M, K))
+
+
+def igemm_split(target: CUDATarget, kernel: str, params: dict[str, int], M: int, K: int, C: int, R: int, S: int,
+                itemsize: int) -> tuple[bool, int]:
+    """How an implicit GEMM's reduction (R·S taps × C channels) is split: (one chunk per filter row,
+    channel chunks), predicted fastest by the analytical model's wave quantization as a GEMM's split
+    is (``gemm_choice``; each chunk at least two K tiles of whole channel tiles, at most ``MAX_SPLIT``
+    chunks, and only for a clear gain, ``SPLIT_MARGIN``). ResNet-50's 3×3 512→512 on 7×7 at batch 1 ran
+    in 8 blocks of 128×64 (35 µs on an H100, cuDNN 15.5 µs)."""
+    hw = Hardware.of(target)
+    bm, bn, bk, stages = params["bm"], params["bn"], params["bk"], params["stages"]
+    if kernel == "wgmma":
+        cfg: object = WgmmaConfig(bm, bn, bk, stages, params.get("inflight", 0))
+        flops = hw.wgmma_flops
+    else:
+        cfg = TileConfig(bm, bn, bk, params["wm"], params["wn"], stages, params.get("reg_stages", 1))
+        flops = hw.mma_flops
+    resident = occupancy(cfg, hw, itemsize, gather=True).blocks  # type: ignore[arg-type]
+    tiles = -(-M // bm) * -(-K // bn)
+    options: dict[tuple[bool, int], float] = {}
+    for rows in ((False, True) if R > 1 else (False,)):
+        for chunks in range(1, C // bk + 1):
+            split = (R if rows else 1) * chunks
+            steps = (S if rows else R * S) * (C // chunks // bk)
+            if split > 1 and (C % (chunks * bk) or split > MAX_SPLIT or steps < 2):
+                continue
+            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages)
+            options[(rows, chunks)] = gemm_seconds(plan, target, M, K, R * S * C, 1, split)
+    best = min(options, key=options.__getitem__)
+    return best if options[best] < SPLIT_MARGIN * options[(False, 1)] else (False, 1)
 
 
 def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,

@@ -587,6 +587,53 @@ def test_small_nchw_convolutions_stay_direct():
     assert "B" not in ops.conv2d(1, 8, 9, 7, 32, 3, 3, 1, 1, dtype="float16").schedule(SM90A).stage_names()
 
 
+@pytest.mark.parametrize("dims,rows,chunks", [((1, 7, 7, 8, 6, 3, 3, 1, 1), True, 2),
+                                              ((2, 5, 6, 6, 5, 3, 3, 2, 1), False, 3),
+                                              ((1, 4, 5, 4, 3, 1, 1, 1, 0), False, 4),
+                                              ((1, 6, 5, 4, 3, 3, 2, 1, 1), True, 1)],
+                         ids=["rows-and-channels", "channels-stride2", "1x1", "rows-3x2"])
+def test_split_implicit_gemm_is_the_convolution(dims, rows, chunks):
+    # the split-K algorithm (a chunk per filter row and/or channel chunks, then their sum),
+    # unscheduled on the CPU, against NumPy
+    from polytile.ops.igemm import conv2d_igemm_split_func
+    op = ops.conv2d_igemm(*dims, dtype="float32")
+    kern = pt.build(pt.Schedule(conv2d_igemm_split_func(*dims, dtype="float32", rows=rows, channel_chunks=chunks)),
+                    "cpu")
+    i, w = op.make_inputs(np.random.default_rng(sum(dims)))
+    assert ops.rel_error(kern(i, w), op.reference(i, w)) < 1e-6
+    with pytest.raises(pt.PolytileError, match="channel_chunks=4 must divide the 6 input channels"):
+        conv2d_igemm_split_func(1, 5, 5, 6, 4, 3, 3, channel_chunks=4)
+
+
+def test_implicit_gemms_of_few_tiles_split_their_reduction():
+    # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
+    # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
+    # 16 SMs splits less
+    from polytile.ops.gpu_schedules import _igemm_kernel, igemm_split
+
+    def split(target, N, H, C, K, R):
+        M = N * H * H
+        kernel, params = _igemm_kernel(target, M, C, K)
+        rows, chunks = igemm_split(target, kernel, params, M, K, C, R, R, 2)
+        return (R if rows else 1) * chunks
+    assert split(SM90A, 1, 7, 512, 512, 3) >= 8
+    assert split(SM90A, 32, 56, 64, 256, 1) == 1
+    assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
+    sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
+    assert sched.stage_names() == ["P", "O"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+def test_split_implicit_gemm_builds(target):
+    op = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1)
+    kern = op.build(target)
+    partials, total = kern.kernels
+    assert int(partials.grid[2].value) > 1  # the chunks along blockIdx.z
+    sass = _sass(kern, partials.name)
+    assert ("HGMMA" if target is SM90A else "HMMA") in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
 def test_fp32_gemm_ir_products_are_whole():
     from polytile.ops.gpu_schedules import gemm_cuda
     s = pt.Schedule(ops.matmul(129, 131, 37, "float32").func)

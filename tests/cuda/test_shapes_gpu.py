@@ -5,6 +5,7 @@ too wide for shared memory."""
 
 import pytest
 
+import polytile as pt
 from polytile import ops
 
 pytestmark = pytest.mark.gpu
@@ -88,6 +89,39 @@ def test_conv_three_channels(dims):
                                      padding=pad)
     ref = ref.permute(0, 2, 3, 1).reshape(-1, K)
     assert _err(kern(x, w), ref) <= op.tolerance
+
+
+def _conv_nhwc_ref(x, w, stride, pad):
+    K = w.shape[-1]
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(3, 2, 0, 1), stride=stride,
+                                     padding=pad)
+    return ref.permute(0, 2, 3, 1).reshape(-1, K)
+
+
+SPLITS = [((1, 7, 7, 512, 512, 3, 3, 1, 1), None),            # the default's split (ResNet-50 l4 at batch 1)
+          ((1, 9, 11, 128, 72, 3, 3, 2, 1), (True, 1)),       # odd sizes, stride 2: a chunk per filter row
+          ((2, 5, 7, 128, 136, 3, 3, 1, 1), (True, 2)),       # rows and channel chunks, partial tiles
+          ((1, 13, 13, 256, 64, 1, 1, 1, 0), (False, 4)),     # a 1×1 convolution in channel chunks
+          ((3, 6, 5, 64, 40, 3, 2, 1, 1), (True, 1))]         # mma.sync (40 filters), a 3×2 filter
+
+
+@pytest.mark.parametrize("dims,split", SPLITS, ids=["default-l4", "rows-odd", "rows-channels", "1x1", "mma-3x2"])
+def test_conv_split_reduction(dims, split):
+    from polytile.ops.gpu_schedules import _igemm_kernel, igemm_split_schedule
+    from polytile.ops.igemm import conv2d_igemm_split_func
+    from polytile.target import as_target
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(*dims)
+    if split is None:
+        kern = op.build("cuda")
+        assert len(kern.kernels) == 2
+    else:
+        P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
+        kernel, params = _igemm_kernel(as_target("cuda"), N * P * Q, C, K)
+        func = conv2d_igemm_split_func(*dims, rows=split[0], channel_chunks=split[1])
+        kern = pt.build(igemm_split_schedule(func, kernel, params, split[0]), "cuda")
+    x, w = _inputs(op, sum(dims))
+    assert _err(kern(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
 
 
 NCHW = [(1, 1024, 14, 14, 256, 1, 1, 1, 0, 1),   # ResNet-50 l3.reduce: split reduction, a 1×1 filter
