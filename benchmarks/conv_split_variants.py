@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import MAX_SPLIT, _igemm_kernel, igemm_split, igemm_split_schedule  # noqa: E402
+from polytile.ops.gpu_schedules import MAX_SPLIT, igemm_kernel, igemm_split, igemm_split_schedule  # noqa: E402
 from polytile.ops.igemm import conv2d_igemm_split_func  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 
@@ -35,7 +35,7 @@ CONVS = {"resnet50.l4.3x3.n1": (1, 7, 7, 512, 512, 3, 3, 1, 1),
 def variants(target: object, dims: tuple[int, ...]) -> list[tuple[bool, int]]:
     N, H, W, C, K, R, S, stride, pad = dims
     P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
-    kernel, params = _igemm_kernel(target, N * P * Q, C, K)  # type: ignore[arg-type]
+    kernel, params = igemm_kernel(target, N * P * Q, C, K, R * S)  # type: ignore[arg-type]
     out = []
     for rows in ((False, True) if R > 1 else (False,)):
         for chunks in range(1, C // params["bk"] + 1):
@@ -61,7 +61,7 @@ def main() -> int:
         N, H, W, C, K, R, S, stride, pad = dims
         P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
         op = ops.conv2d_igemm(*dims)
-        kernel, params = _igemm_kernel(target, N * P * Q, C, K)
+        kernel, params = igemm_kernel(target, N * P * Q, C, K, R * S)
         choice = igemm_split(target, kernel, params, N * P * Q, K, C, R, S, 2)
         g = torch.Generator(device="cuda").manual_seed(len(rows) + 1)
         x = torch.rand((N, H, W, C), device="cuda", generator=g).half() - 0.5
@@ -77,7 +77,7 @@ def main() -> int:
         if choice != (False, 1):
             unsplit = pt.Schedule(op.func)
             from polytile.ops.gpu_schedules import _igemm
-            _igemm(unsplit, target, ["r", "s"], N * P * Q, C, K)
+            _igemm(unsplit, target, ["r", "s"], N * P * Q, C, K, R * S)
             kerns.append(("unsplit", pt.build(unsplit, "cuda")))
         for v in variants(target, dims):
             if v != choice:

@@ -362,17 +362,17 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     return rows
 
 
-def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int) -> None:
-    if C < MMA_K:
+def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int) -> None:
+    kernel, params = igemm_kernel(target, M, C, K, tap_count)
+    if kernel == "cuda":
         # pixels per thread and output channels per block: as many as divide the output evenly (no
         # partial register tiles, whose tests would surround the products)
         per_thread = next(p for p in (4, 2, 1) if M % (128 * p) == 0 or p == 1)
         channels = next(c for c in (16, 8, 4, 2, 1) if K % c == 0)
         igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
-    elif _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
-        igemm_wgmma(sched, "O", "col", "Wt", taps, **wgmma_igemm_config(M, K, sms=target.sms))
     else:
-        igemm_tensorcore(sched, "O", "col", "Wt", taps, bk=32, stages=3, reg_stages=2, **_gemm_tiles(M, K))
+        fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
+        fn(sched, "O", "col", "Wt", taps, **params)  # type: ignore[operator]
 
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
@@ -386,11 +386,11 @@ def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C:
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     if C < MMA_K and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
         return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, out.name)
-    kernel, params = _igemm_kernel(target, M, C, K)
+    kernel, params = igemm_kernel(target, M, C, K, R * S)
     rows, chunks = (False, 1) if kernel == "cuda" else igemm_split(target, kernel, params, M, K, C, R, S,
                                                                    dtype.itemsize)
     if not rows and chunks == 1:
-        _igemm(sched, target, ["r", "s"], M, C, K)
+        _igemm(sched, target, ["r", "s"], M, C, K, R * S)
         return None
     return igemm_split_schedule(conv2d_igemm_split_func(N, H, W, C, K, R, S, stride, padding, dtype.name, out.name,
                                                         rows, chunks), kernel, params, rows)
@@ -400,20 +400,32 @@ def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows
     """Schedule a split implicit GEMM (``ops.igemm.conv2d_igemm_split_func``): the partial products on
     ``kernel`` ("wgmma" or "mma") with the chunks along blockIdx.z, then their sum."""
     split = Schedule(func)  # type: ignore[arg-type]
+    *taps, channels = (int(a.hi.value) for a in split.computation("P").reduce_axes)  # type: ignore[attr-defined]
+    steps = math.prod(taps) * -(-channels // params["bk"])  # a pipeline no deeper than a chunk's K loop
     fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
-    fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp", **params)  # type: ignore[operator]
+    fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp",  # type: ignore[operator]
+       **dict(params, stages=min(params["stages"], steps)))
     sum_partials(split, "O")
     return split
 
 
-def _igemm_kernel(target: CUDATarget, M: int, C: int, K: int) -> tuple[str, dict[str, int]]:
-    """``_igemm``'s kernel ("cuda", "wgmma" or "mma") and the parameters of the tensor-core ones."""
+def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> tuple[str, dict[str, int]]:
+    """The implicit GEMM's kernel — "cuda" for fewer channels than a tensor-core K step, "wgmma" where
+    the target has it and the swizzled tiles fit (64 channels and filters), else "mma" — and the
+    tensor-core kernels' parameters: 64-row wgmma tiles for at most 64 pixels; a pipeline no deeper
+    than the K loop (``tap_count`` taps × channel tiles): deeper stages only take shared memory, and
+    with it resident blocks (a 1×1 convolution of 64 channels is one K step: 4 stages held one
+    block of 128×128 per SM)."""
     if C < MMA_K:
         return "cuda", {}
-    if _wgmma(target) and min(C, K) >= 64:
-        params = wgmma_igemm_config(M, K, sms=target.sms)
-        return "wgmma", dict(params, bm=64) if M <= 64 else params
-    return "mma", dict(bk=32, stages=3, reg_stages=2, **_gemm_tiles(M, K))
+    if _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
+        kernel, params = "wgmma", wgmma_igemm_config(M, K, sms=target.sms)
+        if M <= 64:
+            params["bm"] = 64
+    else:
+        kernel, params = "mma", dict(bk=32, stages=3, reg_stages=2, **_gemm_tiles(M, K))
+    params["stages"] = max(1, min(params["stages"], tap_count * -(-C // params["bk"])))
+    return kernel, params
 
 
 def igemm_split(target: CUDATarget, kernel: str, params: dict[str, int], M: int, K: int, C: int, R: int, S: int,
@@ -450,7 +462,7 @@ def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W:
                  R: int, S: int, stride: int, padding: int) -> None:
     Z = (D + 2 * padding - T) // stride + 1
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-    _igemm(sched, target, ["t", "r", "s"], N * Z * P * Q, C, K)
+    _igemm(sched, target, ["t", "r", "s"], N * Z * P * Q, C, K, T * R * S)
 
 
 def _wgmma(target: CUDATarget) -> bool:

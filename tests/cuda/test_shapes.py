@@ -609,11 +609,11 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
     # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
     # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
     # 16 SMs splits less
-    from polytile.ops.gpu_schedules import _igemm_kernel, igemm_split
+    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split
 
     def split(target, N, H, C, K, R):
         M = N * H * H
-        kernel, params = _igemm_kernel(target, M, C, K)
+        kernel, params = igemm_kernel(target, M, C, K, R * R)
         rows, chunks = igemm_split(target, kernel, params, M, K, C, R, R, 2)
         return (R if rows else 1) * chunks
     assert split(SM90A, 1, 7, 512, 512, 3) >= 8
@@ -621,6 +621,19 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
     assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
     sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
     assert sched.stage_names() == ["P", "O"]
+
+
+@needs_nvcc
+def test_implicit_gemm_pipelines_no_deeper_than_their_k_loop():
+    # a 1×1 convolution of 64 channels is one K step: one stage of shared tiles (4 held one
+    # 128×128 block per SM); a 3×3 one keeps the default depth
+    from polytile.ops.gpu_schedules import igemm_kernel
+    assert igemm_kernel(SM90A, 100352, 64, 256, 1)[1]["stages"] == 1
+    assert igemm_kernel(SM90A, 100352, 64, 256, 9)[1]["stages"] == 4
+    assert igemm_kernel(SM80, 100352, 144, 24, 1)[1]["stages"] == 3  # 5 K steps of 32 channels
+    kern = ops.conv2d_igemm(2, 14, 14, 64, 256, 1, 1).build(SM90A)
+    (k,) = kern.kernels
+    assert k.dynamic_shared <= 2 * 128 * 64 * 2 + 1024
 
 
 @needs_nvcc

@@ -107,7 +107,7 @@ SPLITS = [((1, 7, 7, 512, 512, 3, 3, 1, 1), None),            # the default's sp
 
 @pytest.mark.parametrize("dims,split", SPLITS, ids=["default-l4", "rows-odd", "rows-channels", "1x1", "mma-3x2"])
 def test_conv_split_reduction(dims, split):
-    from polytile.ops.gpu_schedules import _igemm_kernel, igemm_split_schedule
+    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split_schedule
     from polytile.ops.igemm import conv2d_igemm_split_func
     from polytile.target import as_target
     N, H, W, C, K, R, S, stride, pad = dims
@@ -117,7 +117,7 @@ def test_conv_split_reduction(dims, split):
         assert len(kern.kernels) == 2
     else:
         P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
-        kernel, params = _igemm_kernel(as_target("cuda"), N * P * Q, C, K)
+        kernel, params = igemm_kernel(as_target("cuda"), N * P * Q, C, K, R * S)
         func = conv2d_igemm_split_func(*dims, rows=split[0], channel_chunks=split[1])
         kern = pt.build(igemm_split_schedule(func, kernel, params, split[0]), "cuda")
     x, w = _inputs(op, sum(dims))
