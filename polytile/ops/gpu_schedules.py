@@ -9,9 +9,15 @@ transposed so that each thread reads its rows as 16-byte vectors). Among each ke
 and splits of K (split-K: partial products over chunks of K, then their sum), the analytical
 model's wave quantization (``tune.analytical.gemm_seconds``: SMs, resident blocks from shared
 memory and registers, DRAM bandwidth) picks the fastest for the shape. Tensor-core operands whose
-rows are not 16-byte aligned are copied aligned first (``align_operands``). Implicit-GEMM
-convolutions of fewer than 16 input channels run on the CUDA cores (``igemm_cuda``); softmax and
-layernorm take one block per row, its width in threads, the row in shared memory where it fits."""
+rows are not 16-byte aligned are copied aligned first (``align_operands``).
+
+Convolutions: NHWC implicit GEMMs on the tensor cores (``igemm_kernel``), their reduction split over
+filter rows and channel chunks where the output tiles leave SMs idle (``igemm_split``, the same
+model); fewer than 16 input channels (an image's colors) over a channel-padded copy of the input on
+mma.sync (``igemm_rows``; the CUDA cores, ``igemm_cuda``, without mma.sync); NCHW ``conv2d`` whose
+GEMM takes the CUDA cores (float32) as one implicit GEMM on ``gemm_cuda`` with ``gemm_choice``'s
+tiles and split. Softmax and layernorm take one block per row, its width in threads, the row in
+shared memory where it fits."""
 
 from __future__ import annotations
 
