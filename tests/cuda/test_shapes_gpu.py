@@ -124,6 +124,19 @@ def test_conv_split_reduction(dims, split):
     assert _err(kern(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
 
 
+NARROW = [(3, 17, 19, 16, 24, 3, 3, 2, 1),    # 16 channels (K tiles of 16), 24 filters (32-wide tiles)
+          (2, 15, 13, 144, 24, 1, 1, 1, 0),  # MobileNet-v2's projection, off the tiles
+          (2, 21, 19, 16, 96, 1, 1, 1, 0)]   # its expansion
+
+
+@pytest.mark.parametrize("dims", NARROW, ids=["3x3-c16-k24", "1x1-c144-k24", "1x1-c16-k96"])
+def test_conv_mma_narrow(dims):
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(*dims)
+    x, w = _inputs(op, sum(dims))
+    assert _err(op.build("cuda")(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
+
+
 NCHW = [(1, 1024, 14, 14, 256, 1, 1, 1, 0, 1),   # ResNet-50 l3.reduce: split reduction, a 1×1 filter
         (1, 512, 7, 7, 512, 3, 3, 1, 1, 1),      # l4 3×3: 49 pixels
         (3, 17, 9, 11, 40, 5, 5, 2, 2, 1),       # odd sizes, stride 2, padding 2
