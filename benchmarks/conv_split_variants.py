@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import MAX_SPLIT, igemm_kernel, igemm_split, igemm_split_schedule  # noqa: E402
+from polytile.ops.gpu_schedules import igemm_kernel, igemm_split, igemm_split_schedule, igemm_splits  # noqa: E402
 from polytile.ops.igemm import conv2d_igemm_split_func  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 
@@ -35,14 +35,8 @@ CONVS = {"resnet50.l4.3x3.n1": (1, 7, 7, 512, 512, 3, 3, 1, 1),
 def variants(target: object, dims: tuple[int, ...]) -> list[tuple[bool, int]]:
     N, H, W, C, K, R, S, stride, pad = dims
     P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
-    kernel, params = igemm_kernel(target, N * P * Q, C, K, R * S)  # type: ignore[arg-type]
-    out = []
-    for rows in ((False, True) if R > 1 else (False,)):
-        for chunks in range(1, C // params["bk"] + 1):
-            split = (R if rows else 1) * chunks
-            if C % (chunks * params["bk"]) == 0 and 1 < split <= MAX_SPLIT:
-                out.append((rows, chunks))
-    return out
+    _, params = igemm_kernel(target, N * P * Q, C, K, R * S)  # type: ignore[arg-type]
+    return igemm_splits(C, R, S, params["bk"])[1:]
 
 
 def main() -> int:

@@ -299,9 +299,12 @@ def _gemm_tiles(M: int, N: int) -> dict[str, int]:
     """Block and warp tiles for a tensor-core GEMM of M × N outputs (the implicit-GEMM convolutions'):
     128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise; for at
     most 32 columns 32 wide (a 64-wide tile would compute 40 zero columns of MobileNet-v2's 24-filter
-    projections), 128 or 64 rows by the same rule."""
+    projections), 128 or 64 rows by the same rule; 128×64 (warp tiles of 64×32) for at most 64
+    columns and many row tiles (ResNet-50's stem at batch 32: 401,408 rows, 176 µs in 64×64 tiles)."""
     if N <= 32:
         return dict(bm=128 if M // 128 >= 96 else 64, bn=32, wm=32, wn=32)
+    if N <= 64 and M // 128 >= 4 * 96:
+        return dict(bm=128, bn=64, wm=64, wn=32)
     if (M // 128) * (N // 128) >= 96:
         return dict(bm=128, bn=128, wm=64, wn=64)
     return dict(bm=64, bn=64, wm=32, wn=32)
@@ -414,7 +417,7 @@ def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows
     steps = math.prod(taps) * -(-channels // params["bk"])  # a pipeline no deeper than a chunk's K loop
     fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
     fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp",  # type: ignore[operator]
-       **dict(params, stages=min(params["stages"], steps)))
+       **_no_deeper(params, steps))
     sum_partials(split, "O")
     return split
 
@@ -436,19 +439,48 @@ def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> 
         # K tiles of 16 channels for 16 (MobileNet-v2's expansions: 32 would copy and multiply zeros)
         bk = MMA_K if C <= MMA_K else 32
         kernel, params = "mma", dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K))
-    params["stages"] = max(1, min(params["stages"], tap_count * -(-C // params["bk"])))
-    return kernel, params
+    return kernel, _no_deeper(params, tap_count * -(-C // params["bk"]))
+
+
+def _no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
+    """``params`` with a pipeline no deeper than a K loop of ``steps`` steps (and the wgmma groups
+    left in flight that its stages allow: inflight + 2 at most)."""
+    stages = max(1, min(params["stages"], steps))
+    out = dict(params, stages=stages)
+    if "inflight" in params:
+        out["inflight"] = min(params["inflight"], max(0, stages - 2))
+    return out
+
+
+def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
+    """The splits of an implicit GEMM's reduction (R·S taps × C channels in K tiles of ``bk``
+    channels) that ``igemm_split`` considers, as (one chunk per filter row, channel chunks): (False, 1)
+    (none), and chunks of whole channel tiles, at least two K tiles each, at most ``MAX_SPLIT``."""
+    out = [(False, 1)]
+    for rows in ((False, True) if R > 1 else (False,)):
+        for chunks in range(1, C // bk + 1):
+            split = (R if rows else 1) * chunks
+            steps = (S if rows else R * S) * (C // chunks // bk)
+            if split > 1 and C % (chunks * bk) == 0 and split <= MAX_SPLIT and steps >= 2:
+                out.append((rows, chunks))
+    return out
 
 
 def igemm_split(target: CUDATarget, kernel: str, params: dict[str, int], M: int, K: int, C: int, R: int, S: int,
                 itemsize: int) -> tuple[bool, int]:
-    """How an implicit GEMM's reduction (R·S taps × C channels) is split: (one chunk per filter row,
-    channel chunks), predicted fastest by the analytical model's wave quantization as a GEMM's split
-    is (``gemm_choice``; each chunk at least two K tiles of whole channel tiles, at most ``MAX_SPLIT``
-    chunks, and only for a clear gain, ``SPLIT_MARGIN``). ResNet-50's 3×3 512→512 on 7×7 at batch 1 ran
-    in 8 blocks of 128×64 (35 µs on an H100, cuDNN 15.5 µs)."""
+    """How an implicit GEMM's reduction (R·S taps × C channels) is split (``igemm_splits``): none when
+    the output tiles fill at least half the SMs, otherwise the split the analytical model's wave
+    quantization predicts fastest (``gemm_seconds``, as ``gemm_choice``'s), without a margin over the
+    unsplit kernel: the model underestimates a long serial K loop in few blocks. Measured on an H100
+    (``benchmarks/conv_split_variants.py``, 2026-11-28): ResNet-50's 3×3 512→512 on 7×7 at batch 1,
+    8 tiles, 34.7 µs unsplit, 15.2 µs in the model's 12 chunks (3 filter rows × 4 channel chunks;
+    cuDNN 15.7); 3×3 128→128 on 28×28, 14 tiles, 22.6 µs unsplit (the model's margin kept it), 12.6 µs
+    in 6 chunks, the model's best; at batch 32 (104 tiles on 132 SMs) 2 chunks took 50 µs, unsplit 46."""
     hw = Hardware.of(target)
     bm, bn, bk, stages = params["bm"], params["bn"], params["bk"], params["stages"]
+    tiles = -(-M // bm) * -(-K // bn)
+    if 2 * tiles >= hw.sms:
+        return (False, 1)
     if kernel == "wgmma":
         cfg: object = WgmmaConfig(bm, bn, bk, stages, params.get("inflight", 0))
         flops = hw.wgmma_flops
@@ -456,18 +488,13 @@ def igemm_split(target: CUDATarget, kernel: str, params: dict[str, int], M: int,
         cfg = TileConfig(bm, bn, bk, params["wm"], params["wn"], stages, params.get("reg_stages", 1))
         flops = hw.mma_flops
     resident = occupancy(cfg, hw, itemsize, gather=True).blocks  # type: ignore[arg-type]
-    tiles = -(-M // bm) * -(-K // bn)
     options: dict[tuple[bool, int], float] = {}
-    for rows in ((False, True) if R > 1 else (False,)):
-        for chunks in range(1, C // bk + 1):
-            split = (R if rows else 1) * chunks
-            steps = (S if rows else R * S) * (C // chunks // bk)
-            if split > 1 and (C % (chunks * bk) or split > MAX_SPLIT or steps < 2):
-                continue
-            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages)
-            options[(rows, chunks)] = gemm_seconds(plan, target, M, K, R * S * C, 1, split)
-    best = min(options, key=options.__getitem__)
-    return best if options[best] < SPLIT_MARGIN * options[(False, 1)] else (False, 1)
+    for rows, chunks in igemm_splits(C, R, S, bk):
+        split = (R if rows else 1) * chunks
+        steps = (S if rows else R * S) * -(-C // chunks // bk)
+        plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages)
+        options[(rows, chunks)] = gemm_seconds(plan, target, M, K, R * S * C, 1, split)
+    return min(options, key=options.__getitem__)
 
 
 def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,

@@ -618,9 +618,23 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
         return (R if rows else 1) * chunks
     assert split(SM90A, 1, 7, 512, 512, 3) >= 8
     assert split(SM90A, 32, 56, 64, 256, 1) == 1
+    assert split(SM90A, 32, 7, 512, 512, 3) == 1  # 104 tiles: 2 chunks measured 50 µs, unsplit 46
     assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
     sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
     assert sched.stage_names() == ["P", "O"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("C", [8, 16, 24, 32])
+def test_one_by_one_convolutions_of_few_channels_build(C):
+    # MobileNet-v2's expansion (1×1, 16 → 96 on 112×112) failed to build: fewer channels than a K
+    # tile left the split choice no option at all (not even "no split"); fp16 on the GPU (lead's run
+    # of 8dc97fc, 2026-11-28)
+    from polytile.ops.gpu_schedules import igemm_split
+    mma = dict(bm=64, bn=64, bk=32, wm=32, wn=32, stages=1, reg_stages=2)
+    assert igemm_split(SM90A, "mma", mma, 12544, 96, C, 1, 1, 2) == (False, 1)
+    kern = ops.conv2d_igemm(1, 112, 112, C, 96, 1, 1).build(SM90A)
+    assert all(kern.resources[k.name].stack_bytes == 0 for k in kern.kernels)
 
 
 @needs_nvcc
