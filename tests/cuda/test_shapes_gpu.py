@@ -157,6 +157,15 @@ def test_conv_nchw_float32(dims, pad_stage):
     assert _err(out, ref) <= op.tolerance
 
 
+def test_conv_nchw_int8_gemm():
+    # int8 operands take the CUDA-core GEMM too (24 filters: not the direct kernel): exact int32 sums
+    import numpy as np
+    op = ops.conv2d(2, 5, 9, 7, 24, 3, 3, 1, 1, dtype="int8")
+    rng = np.random.default_rng(3)
+    inputs = [rng.integers(-128, 128, a.shape).astype(np.int8) for a in op.make_inputs(rng)]
+    np.testing.assert_array_equal(np.asarray(op.build("cuda")(*inputs)), op.reference(*inputs))
+
+
 @pytest.mark.parametrize("M,N", [(1, 128256), (8, 50257), (3, 30522), (5, 70001)])
 def test_wide_softmax(M, N):
     op = ops.softmax(M, N)
