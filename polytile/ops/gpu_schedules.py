@@ -299,12 +299,9 @@ def _gemm_tiles(M: int, N: int) -> dict[str, int]:
     """Block and warp tiles for a tensor-core GEMM of M × N outputs (the implicit-GEMM convolutions'):
     128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise; for at
     most 32 columns 32 wide (a 64-wide tile would compute 40 zero columns of MobileNet-v2's 24-filter
-    projections), 128 or 64 rows by the same rule; 128×64 (warp tiles of 64×32) for at most 64
-    columns and many row tiles (ResNet-50's stem at batch 32: 401,408 rows, 176 µs in 64×64 tiles)."""
+    projections), 128 or 64 rows by the same rule."""
     if N <= 32:
         return dict(bm=128 if M // 128 >= 96 else 64, bn=32, wm=32, wn=32)
-    if N <= 64 and M // 128 >= 4 * 96:
-        return dict(bm=128, bn=64, wm=64, wn=32)
     if (M // 128) * (N // 128) >= 96:
         return dict(bm=128, bn=128, wm=64, wn=64)
     return dict(bm=64, bn=64, wm=32, wn=32)
