@@ -297,11 +297,7 @@ def _k_loop(st: object, taps: list[str]) -> str:
 
 def _gemm_tiles(M: int, N: int) -> dict[str, int]:
     """Block and warp tiles for a tensor-core GEMM of M × N outputs (the implicit-GEMM convolutions'):
-    128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise; for at
-    most 32 columns 32 wide (a 64-wide tile would compute 40 zero columns of MobileNet-v2's 24-filter
-    projections), 128 or 64 rows by the same rule."""
-    if N <= 32:
-        return dict(bm=128 if M // 128 >= 96 else 64, bn=32, wm=32, wn=32)
+    128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
     if (M // 128) * (N // 128) >= 96:
         return dict(bm=128, bn=128, wm=64, wn=64)
     return dict(bm=64, bn=64, wm=32, wn=32)
@@ -362,7 +358,7 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     cp, Sp = padded_channels(C, S)
     run = Sp * cp
     rows = Schedule(conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype))
-    tiles = _gemm_tiles(N * P * Q, K)
+    tiles = _gemm_tiles(N * P * Q, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)
     bk = 32 if run % 32 == 0 else MMA_K
     igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **tiles)
     # the padded input: a thread per pixel, its cp channels unrolled (one gather of the pixel's index)
