@@ -498,7 +498,9 @@ class IRBuilder:
             return ir.Store(cbuf, cidx, ir.Const(plan.fill_value, cbuf.dtype))  # type: ignore[arg-type]
         if plan.kind == "copy_in":
             value: ir.Expr
-            if tensor in self.virtual:  # computed while copying (inlined into the cache)
+            if tensor in self.virtual and tensor not in conv.rewrites:
+                # computed while copying (inlined into the cache); a cache chained inside another
+                # one of the same tensor (shared, then registers) copies from that one instead
                 comp, body = self.virtual[tensor]
                 value = conv.convert(body, {id(a): i for a, i in zip(comp.axes, elem)})
                 if value.dtype != comp.dtype:

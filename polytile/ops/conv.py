@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import lang
 from ..dtypes import as_dtype, tolerance
+from ..errors import PolytileError
 from ..lang.expr import select
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
@@ -74,6 +75,48 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
         op.baseline, op.baseline_name = base
     _add_cuda(op, "conv2d", (N, C, H, W, K, R, S, stride, padding, dilation))
     return op
+
+
+def conv2d_gemm_func(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
+                     dilation: int = 1, dtype: str = "float32", out_dtype: str | None = None, split_k: int = 1
+                     ) -> Func:
+    """``conv2d``'s algorithm as one GEMM (an implicit GEMM in NCHW): ``G[k, j] = sum_t A[k, t] · B[t, j]``
+    over the filter's C·R·S taps t, where ``A`` is the filter viewed as a K × C·R·S matrix (its own
+    memory order), ``B[t, j]`` the input element that tap t meets at output pixel j (n, p, q
+    flattened; zero in the padding), then ``O[n, k, p, q] = G[k, n·P·Q + p·Q + q]``. A schedule
+    caches A and B in the GEMM's tiles and inlines them into the copies. With ``split_k`` > 1 the
+    taps are summed in that many chunks first (``P[s, k, j]``, C·R·S a multiple of split_k), and O
+    sums the chunks. Same inputs and output as ``conv2d``."""
+    P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
+    taps, pixels, RS = C * R * S, N * P * Q, R * S
+    if split_k < 1 or taps % split_k:
+        raise PolytileError(f"conv2d: split_k={split_k} must divide the reduction C·R·S = {taps}")
+    I = placeholder((N, C, H, W), dtype, "I")
+    Wt = placeholder((K, C, R, S), dtype, "Wt")
+    A = compute((K, taps), lambda k, t: Wt[k, t // RS, (t // S) % R, t % S], "A")
+
+    def gather(t, j):  # noqa: ANN001, ANN202 - iterators
+        n, p, q = j // (P * Q), (j // Q) % P, j % Q
+        h = p * stride + (t // S) % R * dilation - padding
+        w = q * stride + t % S * dilation - padding
+        if padding == 0:
+            return I[n, t // RS, h, w]
+        return select((h >= 0) & (h < H) & (w >= 0) & (w < W), I[n, t // RS, h, w], 0)
+
+    B = compute((taps, pixels), gather, "B")
+    out = output_dtype("conv2d", dtype, out_dtype)
+    chunk = taps // split_k
+    t = reduce_axis(chunk, "k")
+    if split_k == 1:
+        G = compute((K, pixels), lambda i, j: lang.tensor.sum(product(A[i, t], B[t, j], dtype), axis=t), "G")
+        O = compute((N, K, P, Q), lambda n, k, p, q: G[k, n * P * Q + p * Q + q], "O", store_dtype=out)
+    else:
+        Pt = compute((split_k, K, pixels), lambda s, i, j: lang.tensor.sum(
+            product(A[i, s * chunk + t], B[s * chunk + t, j], dtype), axis=t), "P")
+        ks = reduce_axis(split_k, "ks")
+        O = compute((N, K, P, Q), lambda n, k, p, q: lang.tensor.sum(Pt[ks, k, n * P * Q + p * Q + q], axis=ks),
+                    "O", store_dtype=out)
+    return Func([I, Wt], [O], name="conv2d")
 
 
 def schedule_conv2d_default_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, taps: int, stride: int,

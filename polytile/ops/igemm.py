@@ -10,10 +10,14 @@ the input directly, as a zero-filling asynchronous copy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import lang
 from ..dtypes import tolerance
+from ..errors import PolytileError
+from ..intrinsics import MMA_M16N8K16
 from ..lang.expr import select
 from ..lang.func import Func
 from ..lang.tensor import compute, placeholder, reduce_axis
@@ -22,6 +26,8 @@ from ..target import CPUTarget
 from .base import Op, output_dtype, random_array, reference_type
 from .conv import conv_bytes, conv_out
 from .matmul import _add_cuda, product
+
+MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction
 
 
 def _cpu(sched: Schedule, target: CPUTarget) -> None:
@@ -40,13 +46,7 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
     M = N * P * Q
     I = placeholder((N, H, W, C), dtype, "I")
     Wt = placeholder((R, S, C, K), dtype, "Wt")
-
-    def gather(m, r, s, c):  # noqa: ANN001, ANN202 - iterators
-        n, p, q = m // (P * Q), (m // Q) % P, m % Q
-        h, w = p * stride + r - padding, q * stride + s - padding
-        return select((h >= 0) & (h < H) & (w >= 0) & (w < W), I[n, h, w, c], 0)
-
-    col = compute((M, R, S, C), gather, "col")
+    col = compute((M, R, S, C), _gather(H, W, P, Q, stride, padding, I), "col")
     r, s, c = reduce_axis(R, "r"), reduce_axis(S, "s"), reduce_axis(C, "c")
     O = compute((M, K), lambda m, k: lang.tensor.sum(product(col[m, r, s, c], Wt[r, s, c, k], dtype), axis=[r, s, c]),
                 "O", store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
@@ -71,6 +71,85 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
         op.shape["out_dtype"] = O.dtype.name  # type: ignore[assignment]
     _add_cuda(op, "conv2d_igemm", (N, H, W, C, K, R, S, stride, padding))
     return op
+
+
+def conv2d_igemm_split_func(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1,
+                            padding: int = 0, dtype: str = "float16", out_dtype: str | None = None,
+                            rows: bool = False, channel_chunks: int = 1) -> Func:
+    """``conv2d_igemm``'s algorithm with its reduction split (split-K): partial products
+    ``P[sp, m, k]`` over chunk ``sp`` of the taps and channels — one filter row each (``rows``) and/or
+    ``channel_chunks`` equal ranges of the channels — then ``O[m, k] = sum_sp P[sp, m, k]``. Same
+    inputs and output as ``conv2d_igemm``; the partial sums stay in the summation type."""
+    if channel_chunks < 1 or C % channel_chunks:
+        raise PolytileError(f"conv2d_igemm: channel_chunks={channel_chunks} must divide the {C} input channels")
+    P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
+    M, Cs = N * P * Q, C // channel_chunks
+    chunks = (R if rows else 1) * channel_chunks
+    I = placeholder((N, H, W, C), dtype, "I")
+    Wt = placeholder((R, S, C, K), dtype, "Wt")
+    col = compute((M, R, S, C), _gather(H, W, P, Q, stride, padding, I), "col")
+    s, c = reduce_axis(S, "s"), reduce_axis(Cs, "c")
+    r = None if rows else reduce_axis(R, "r")
+
+    def partial(sp, m, k):  # noqa: ANN001, ANN202 - iterators
+        rr = sp // channel_chunks if rows else r
+        cc = sp % channel_chunks * Cs + c
+        return lang.tensor.sum(product(col[m, rr, s, cc], Wt[rr, s, cc, k], dtype), axis=[s, c] if rows else [r, s, c])
+
+    Pt = compute((chunks, M, K), partial, "P")
+    sp = reduce_axis(chunks, "ks")
+    O = compute((M, K), lambda i, j: lang.tensor.sum(Pt[sp, i, j], axis=sp), "O",
+                store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
+    return Func([I, Wt], [O], name="conv2d_igemm")
+
+
+def _gather(H: int, W: int, P: int, Q: int, stride: int, padding: int, I: object):  # noqa: ANN202
+    """``col[m, r, s, c]``: the input element output pixel m (n, p, q flattened) meets through tap (r, s)."""
+    def gather(m, r, s, c):  # noqa: ANN001, ANN202 - iterators
+        n, p, q = m // (P * Q), (m // Q) % P, m % Q
+        h, w = p * stride + r - padding, q * stride + s - padding
+        return select((h >= 0) & (h < H) & (w >= 0) & (w < W), I[n, h, w, c], 0)  # type: ignore[index]
+    return gather
+
+
+def padded_channels(C: int, S: int) -> tuple[int, int]:
+    """The channels ``cp`` (a power of two, at least 4: 8-byte pieces) a few-channel input is padded
+    to, and the taps ``Sp`` ≥ S of a filter row read as one run of Sp·cp elements, a multiple of the
+    tensor cores' K step (16); see ``conv2d_igemm_rows_func``."""
+    cp = max(4, 1 << (C - 1).bit_length())
+    return cp, -(-S * cp // MMA_K) * MMA_K // cp
+
+
+def conv2d_igemm_rows_func(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1,
+                           padding: int = 0, dtype: str = "float16", out_dtype: str | None = None) -> Func:
+    """``conv2d_igemm``'s algorithm for inputs of few channels (an image's 3 colors), in the form the
+    tensor cores take: the input copied once into ``X[n, h, w·cp + c]`` — zero padding around the
+    image, channels padded to ``cp`` (``padded_channels``), rows 16-byte aligned — so that a filter
+    row at one output pixel reads one contiguous run of Sp·cp elements ``X[n, p·st + r, q·st·cp + u]``
+    (the taps and channels of the row jointly: the reduction is R × Sp·cp, whole tensor-core K steps,
+    vector copies without bounds tests); the filter likewise as ``Wf[r, u, k]`` (zeros for the padded
+    channels and taps). Same inputs and output as ``conv2d_igemm``."""
+    P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
+    cp, Sp = padded_channels(C, S)
+    Hp = H + 2 * padding
+    Wp = max(W + 2 * padding, (Q - 1) * stride + Sp)
+    Wp += -Wp % (8 // math.gcd(8, cp))  # rows of a multiple of 16 bytes (of 16-bit elements)
+    I = placeholder((N, H, W, C), dtype, "I")
+    Wt = placeholder((R, S, C, K), dtype, "Wt")
+
+    def padded(n, h, v):  # noqa: ANN001, ANN202 - iterators
+        hh, w, c = h - padding, v // cp - padding, v % cp
+        return select((hh >= 0) & (hh < H) & (w >= 0) & (w < W) & (c < C), I[n, hh, w, c], 0)
+
+    X = compute((N, Hp, Wp * cp), padded, "X")
+    Wf = compute((R, Sp * cp, K), lambda r, u, k: select((u < S * cp) & (u % cp < C), Wt[r, u // cp, u % cp, k], 0),
+                 "Wf")
+    col = compute((N * P * Q, R, Sp * cp),
+                  lambda m, r, u: X[m // (P * Q), (m // Q) % P * stride + r, m % Q * stride * cp + u], "col")
+    r, u = reduce_axis(R, "r"), reduce_axis(Sp * cp, "c")
+    O = compute((N * P * Q, K), lambda m, k: lang.tensor.sum(product(col[m, r, u], Wf[r, u, k], dtype), axis=[r, u]),
+                "O", store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
+    return Func([I, Wt], [O], name="conv2d_igemm")
 
 
 def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int, S: int, stride: int = 1,

@@ -20,6 +20,7 @@ from polytile.target import CUDATarget
 
 SM90A = CUDATarget(arch="sm_90a")  # the datasheets' H100 and A100
 SM80 = CUDATarget(arch="sm_80")
+SM75 = CUDATarget(arch="sm_75")  # tensor cores without mma.sync.m16n8k16
 needs_nvcc = pytest.mark.needs_nvcc
 
 
@@ -358,10 +359,44 @@ def test_odd_k_and_n_use_16_byte_copies():
 @needs_nvcc
 @pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
 def test_three_channel_convolution_builds(target):
-    # ResNet-50's first layer: C = 3 is less than a tensor-core K step (was: a ScheduleError)
+    # ResNet-50's first layer: C = 3 is less than a tensor-core K step (was: a ScheduleError); it
+    # runs on the tensor cores over the padded copies of the input and the filter
     kern = ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(target)
     sass = _sass(kern)
-    assert "HMMA" not in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert "HMMA" in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert "HMMA" not in _sass(ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(SM75))  # the CUDA cores
+
+
+@pytest.mark.parametrize("dims", [(2, 13, 11, 3, 8, 7, 7, 2, 3), (1, 9, 10, 3, 5, 3, 3, 2, 1),
+                                  (2, 8, 7, 5, 6, 3, 3, 1, 1), (1, 7, 9, 1, 4, 5, 5, 1, 2),
+                                  (1, 6, 6, 12, 3, 2, 2, 1, 0)],
+                         ids=["7x7s2", "3x3s2", "c5", "c1-5x5", "c12-2x2"])
+def test_few_channel_convolution_rows_are_the_convolution(dims):
+    # the algorithm of the default for few channels (input and filter copied with the channels padded
+    # to 4, 8 or 16 and the image padded; a filter row's taps × channels one run), unscheduled on
+    # the CPU, against NumPy
+    from polytile.ops.igemm import conv2d_igemm_rows_func
+    op = ops.conv2d_igemm(*dims, dtype="float32")
+    kern = pt.build(pt.Schedule(conv2d_igemm_rows_func(*dims, dtype="float32")), "cpu")
+    i, w = op.make_inputs(np.random.default_rng(sum(dims)))
+    assert ops.rel_error(kern(i, w), op.reference(i, w)) < 1e-6
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims,width", [((32, 224, 224, 3, 64, 7, 7, 2, 3), 16), ((8, 96, 96, 3, 32, 5, 5, 1, 2), 8),
+                                        ((1, 224, 224, 3, 32, 3, 3, 2, 1), 16)],
+                         ids=["resnet-stem-n32", "5x5s1", "mobilenet-stem"])
+def test_few_channel_convolution_copies_are_vectors(dims, width):
+    # the padded input's rows are 16-byte aligned and a filter row's run starts at q·stride·4
+    # elements: 16-byte asynchronous copies at stride 2, 8-byte at stride 1; no scalar gather (the
+    # CUDA-core kernel before: one 2-byte load per tap and channel and pixel, 0.13× cuDNN)
+    kern = ops.conv2d_igemm(*dims).build(SM90A)
+    pad_input, pad_filter, gemm = kern.kernels
+    ops_ = _opcodes(_sass(kern, gemm.name))
+    copies = [o.rsplit(".", 1)[-1] for o in ops_ if o.startswith("LDGSTS")]
+    assert copies and min(int(b) if b.isdigit() else 32 for b in copies) == width * 8
+    assert not any(o.startswith(("LDG.E.U16", "LDL", "STL")) for o in ops_)
+    assert "HMMA.16816.F32" in ops_
 
 
 @needs_nvcc
@@ -495,6 +530,139 @@ def test_fp32_gemm_products_have_no_guards(dims):
     assert res.spill_stores == 0 and res.stack_bytes == 0
 
 
+NCHW_GEMMS = [((3, 40, 7, 9, 12, 1, 1, 1, 0, 1), 4),       # a 1×1 convolution
+              ((1, 24, 7, 7, 20, 3, 3, 1, 1, 1), 8),        # 49 pixels, a split reduction
+              ((2, 5, 13, 11, 20, 3, 3, 2, 1, 1), 1),       # odd sizes, stride 2, padding
+              ((2, 5, 13, 11, 20, 3, 3, 2, 1, 1), 3),
+              ((1, 7, 9, 10, 6, 2, 3, 1, 2, 2), 7)]         # dilation 2, a 2×3 filter
+
+
+@pytest.mark.parametrize("dims,split", NCHW_GEMMS, ids=["1x1", "3x3-7x7", "odd", "odd-split", "dilated"])
+def test_nchw_convolution_as_one_gemm_is_the_convolution(dims, split):
+    # the algorithm the CUDA default restructures conv2d into (the filter as a K × C·R·S matrix times
+    # the gathered input, split in chunks of the taps), unscheduled on the CPU, against NumPy
+    from polytile.ops.conv import conv2d_gemm_func, conv2d_reference
+    N, C, H, W, K, R, S, stride, pad, dil = dims
+    rng = np.random.default_rng(split)
+    i = rng.uniform(-1, 1, (N, C, H, W)).astype(np.float32)
+    w = rng.uniform(-1, 1, (K, C, R, S)).astype(np.float32)
+    kern = pt.build(pt.Schedule(conv2d_gemm_func(*dims, split_k=split)), "cpu")
+    np.testing.assert_allclose(kern(i, w), conv2d_reference(i, w, stride, pad, dil), rtol=1e-4, atol=1e-4)
+    with pytest.raises(pt.PolytileError, match="split_k=4 must divide the reduction C·R·S = 45"):
+        conv2d_gemm_func(1, 5, 9, 9, 4, 3, 3, split_k=4)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims", [(1, 1024, 14, 14, 256, 1, 1, 1, 0), (1, 512, 7, 7, 512, 3, 3, 1, 1),
+                                  (3, 17, 9, 11, 40, 5, 5, 2, 2)], ids=["1x1", "3x3-7x7", "odd"])
+def test_nchw_float32_convolution_is_a_cuda_core_gemm(dims):
+    # float32 NCHW convolutions take gemm_cuda's tiles and split (gemm_choice on K × N·P·Q × C·R·S),
+    # the filter and input gathered by the shared tiles' copies, the products from shared memory.
+    # Before: a direct convolution (ResNet-50's 1×1 C1024→256 at 14×14 in 199 µs, cuDNN 43 µs)
+    N, C, H, W, K, R, S, stride, pad = dims
+    P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
+    choice = gemm_choice(SM90A, K, N * P * Q, C * R * S, as_dtype("float32"))
+    op = ops.conv2d(*dims)
+    sched = op.schedule(SM90A)
+    assert ("P" in sched.stage_names()) == (choice.split > 1)
+    kern = pt.build(sched, SM90A)
+    gemm, rest = kern.kernels
+    ops_ = _opcodes(_sass(kern, gemm.name))
+    step = choice.params["bk"] * choice.params["tm"] * choice.params["tn"]
+    assert ops_.count("FFMA") % step == 0
+    # the operands of the products come from the shared tiles, which the asynchronous copies gather:
+    # no other global load (before the lowering fix, the register copies of the inlined filter
+    # re-gathered it from global memory, with 192 bytes of local memory)
+    assert "LDGSTS" in " ".join(ops_) and not any(o.startswith("LDG.") for o in ops_)
+    assert sum(o.startswith(("LDS.128", "LDS.64")) for o in ops_) >= ops_.count("FFMA") // step * choice.params["bk"]
+    res = kern.resources[gemm.name]
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+    assert rest.block == (256, 1, 1)
+
+
+def test_small_nchw_convolutions_stay_direct():
+    # at most GEMV_ROWS filters (the GEMM's rows) or tensor-core operand types: the direct kernel
+    assert "Ipad" in ops.conv2d(2, 5, 9, 7, 11, 3, 3, 1, 1).schedule(SM90A).stage_names()
+    assert "O" in ops.conv2d(1, 8, 9, 7, 32, 3, 3, 1, 1, dtype="float16").schedule(SM90A).stage_names()
+    assert "B" not in ops.conv2d(1, 8, 9, 7, 32, 3, 3, 1, 1, dtype="float16").schedule(SM90A).stage_names()
+
+
+@pytest.mark.parametrize("dims,rows,chunks", [((1, 7, 7, 8, 6, 3, 3, 1, 1), True, 2),
+                                              ((2, 5, 6, 6, 5, 3, 3, 2, 1), False, 3),
+                                              ((1, 4, 5, 4, 3, 1, 1, 1, 0), False, 4),
+                                              ((1, 6, 5, 4, 3, 3, 2, 1, 1), True, 1)],
+                         ids=["rows-and-channels", "channels-stride2", "1x1", "rows-3x2"])
+def test_split_implicit_gemm_is_the_convolution(dims, rows, chunks):
+    # the split-K algorithm (a chunk per filter row and/or channel chunks, then their sum),
+    # unscheduled on the CPU, against NumPy
+    from polytile.ops.igemm import conv2d_igemm_split_func
+    op = ops.conv2d_igemm(*dims, dtype="float32")
+    kern = pt.build(pt.Schedule(conv2d_igemm_split_func(*dims, dtype="float32", rows=rows, channel_chunks=chunks)),
+                    "cpu")
+    i, w = op.make_inputs(np.random.default_rng(sum(dims)))
+    assert ops.rel_error(kern(i, w), op.reference(i, w)) < 1e-6
+    with pytest.raises(pt.PolytileError, match="channel_chunks=4 must divide the 6 input channels"):
+        conv2d_igemm_split_func(1, 5, 5, 6, 4, 3, 3, channel_chunks=4)
+
+
+def test_implicit_gemms_of_few_tiles_split_their_reduction():
+    # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
+    # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
+    # 16 SMs splits less
+    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split
+
+    def split(target, N, H, C, K, R):
+        M = N * H * H
+        kernel, params = igemm_kernel(target, M, C, K, R * R)
+        rows, chunks = igemm_split(target, kernel, params, M, K, C, R, R, 2)
+        return (R if rows else 1) * chunks
+    assert split(SM90A, 1, 7, 512, 512, 3) >= 8
+    assert split(SM90A, 32, 56, 64, 256, 1) == 1
+    assert split(SM90A, 32, 7, 512, 512, 3) == 1  # 104 tiles: 2 chunks measured 50 µs, unsplit 46
+    assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
+    sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
+    assert sched.stage_names() == ["P", "O"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("C", [8, 16, 24, 32])
+def test_one_by_one_convolutions_of_few_channels_build(C):
+    # MobileNet-v2's expansion (1×1, 16 → 96 on 112×112) failed to build: fewer channels than a K
+    # tile left the split choice no option at all (not even "no split"); fp16 on the GPU (lead's run
+    # of 8dc97fc, 2026-11-28)
+    from polytile.ops.gpu_schedules import igemm_split
+    mma = dict(bm=64, bn=64, bk=32, wm=32, wn=32, stages=1, reg_stages=2)
+    assert igemm_split(SM90A, "mma", mma, 12544, 96, C, 1, 1, 2) == (False, 1)
+    kern = ops.conv2d_igemm(1, 112, 112, C, 96, 1, 1).build(SM90A)
+    assert all(kern.resources[k.name].stack_bytes == 0 for k in kern.kernels)
+
+
+@needs_nvcc
+def test_implicit_gemm_pipelines_no_deeper_than_their_k_loop():
+    # a 1×1 convolution of 64 channels is one K step: one stage of shared tiles (4 held one
+    # 128×128 block per SM); a 3×3 one keeps the default depth
+    from polytile.ops.gpu_schedules import igemm_kernel
+    assert igemm_kernel(SM90A, 100352, 64, 256, 1)[1]["stages"] == 1
+    assert igemm_kernel(SM90A, 100352, 64, 256, 9)[1]["stages"] == 4
+    assert igemm_kernel(SM80, 100352, 144, 24, 1)[1]["stages"] == 3  # 5 K steps of 32 channels
+    # 16 channels: K tiles of 16 (not 32, half zeros)
+    assert igemm_kernel(SM90A, 401408, 16, 96, 1)[1]["bk"] == 16
+    kern = ops.conv2d_igemm(2, 14, 14, 64, 256, 1, 1).build(SM90A)
+    (k,) = kern.kernels
+    assert k.dynamic_shared <= 2 * 128 * 64 * 2 + 1024
+
+
+@needs_nvcc
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+def test_split_implicit_gemm_builds(target):
+    op = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1)
+    kern = op.build(target)
+    partials, total = kern.kernels
+    assert int(partials.grid[2].value) > 1  # the chunks along blockIdx.z
+    sass = _sass(kern, partials.name)
+    assert ("HGMMA" if target is SM90A else "HMMA") in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
 def test_fp32_gemm_ir_products_are_whole():
     from polytile.ops.gpu_schedules import gemm_cuda
     s = pt.Schedule(ops.matmul(129, 131, 37, "float32").func)
@@ -530,7 +698,7 @@ def test_three_channel_convolution_products_from_registers(dims, per_thread, cha
     # vectors) for per_thread × channels products. Before: one pixel and 16 channels per thread, the
     # gather and a 2-byte shared load redone for every product (ResNet-50's stem at batch 32:
     # 16 LDG.U16 + 16 LDS.U16 per 16 FFMA; 1687 µs on the H100, cuDNN 0.05×)
-    kern = ops.conv2d_igemm(*dims).build(SM90A)
+    kern = ops.conv2d_igemm(*dims).build(SM75)  # without mma.sync: the CUDA cores
     (k,) = kern.kernels
     ops_ = _opcodes(_sass(kern, k.name))
     products = ops_.count("FFMA")

@@ -5,6 +5,7 @@ too wide for shared memory."""
 
 import pytest
 
+import polytile as pt
 from polytile import ops
 
 pytestmark = pytest.mark.gpu
@@ -75,7 +76,10 @@ def test_default_batch_gemv(dims):
                                   (1, 16, 16, 3, 8, 3, 3, 1, 1),    # 2 pixels per thread
                                   (2, 64, 64, 3, 20, 5, 5, 2, 2),   # 4 pixels, 4 channels (20 = 5 × 4)
                                   (3, 19, 23, 3, 20, 5, 5, 2, 2),   # partial pixel tiles
-                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3)])
+                                  (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3),
+                                  (2, 17, 19, 1, 16, 5, 5, 1, 2),   # one channel (padded to 4)
+                                  (1, 21, 18, 5, 24, 3, 3, 2, 1),   # five channels (padded to 8)
+                                  (2, 9, 11, 12, 40, 2, 2, 1, 0)])  # twelve (padded to 16), an even filter
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
@@ -85,6 +89,81 @@ def test_conv_three_channels(dims):
                                      padding=pad)
     ref = ref.permute(0, 2, 3, 1).reshape(-1, K)
     assert _err(kern(x, w), ref) <= op.tolerance
+
+
+def _conv_nhwc_ref(x, w, stride, pad):
+    K = w.shape[-1]
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(3, 2, 0, 1), stride=stride,
+                                     padding=pad)
+    return ref.permute(0, 2, 3, 1).reshape(-1, K)
+
+
+SPLITS = [((1, 7, 7, 512, 512, 3, 3, 1, 1), None),            # the default's split (ResNet-50 l4 at batch 1)
+          ((1, 9, 11, 128, 72, 3, 3, 2, 1), (True, 1)),       # odd sizes, stride 2: a chunk per filter row
+          ((2, 5, 7, 128, 136, 3, 3, 1, 1), (True, 2)),       # rows and channel chunks, partial tiles
+          ((1, 13, 13, 256, 64, 1, 1, 1, 0), (False, 4)),     # a 1×1 convolution in channel chunks
+          ((3, 6, 5, 64, 40, 3, 2, 1, 1), (True, 1))]         # mma.sync (40 filters), a 3×2 filter
+
+
+@pytest.mark.parametrize("dims,split", SPLITS, ids=["default-l4", "rows-odd", "rows-channels", "1x1", "mma-3x2"])
+def test_conv_split_reduction(dims, split):
+    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split_schedule
+    from polytile.ops.igemm import conv2d_igemm_split_func
+    from polytile.target import as_target
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(*dims)
+    if split is None:
+        kern = op.build("cuda")
+        assert len(kern.kernels) == 2
+    else:
+        P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
+        kernel, params = igemm_kernel(as_target("cuda"), N * P * Q, C, K, R * S)
+        func = conv2d_igemm_split_func(*dims, rows=split[0], channel_chunks=split[1])
+        kern = pt.build(igemm_split_schedule(func, kernel, params, split[0]), "cuda")
+    x, w = _inputs(op, sum(dims))
+    assert _err(kern(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
+
+
+NARROW = [(3, 17, 19, 16, 24, 3, 3, 2, 1),    # 16 channels (K tiles of 16), 24 filters (32-wide tiles)
+          (2, 15, 13, 144, 24, 1, 1, 1, 0),  # MobileNet-v2's projection, off the tiles
+          (2, 21, 19, 16, 96, 1, 1, 1, 0)]   # its expansion
+
+
+@pytest.mark.parametrize("dims", NARROW, ids=["3x3-c16-k24", "1x1-c144-k24", "1x1-c16-k96"])
+def test_conv_mma_narrow(dims):
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(*dims)
+    x, w = _inputs(op, sum(dims))
+    assert _err(op.build("cuda")(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
+
+
+NCHW = [(1, 1024, 14, 14, 256, 1, 1, 1, 0, 1),   # ResNet-50 l3.reduce: split reduction, a 1×1 filter
+        (1, 512, 7, 7, 512, 3, 3, 1, 1, 1),      # l4 3×3: 49 pixels
+        (3, 17, 9, 11, 40, 5, 5, 2, 2, 1),       # odd sizes, stride 2, padding 2
+        (2, 13, 15, 13, 24, 3, 3, 1, 2, 2),      # dilation 2
+        (2, 5, 9, 7, 11, 3, 3, 1, 1, 1)]         # 11 filters: the direct kernel
+
+
+@pytest.mark.parametrize("dims", NCHW, ids=["1x1", "3x3-7x7", "odd-stride2", "dilated", "direct"])
+@pytest.mark.parametrize("pad_stage", [True, False], ids=["pad-stage", "pad-select"])
+def test_conv_nchw_float32(dims, pad_stage):
+    N, C, H, W, K, R, S, stride, pad, dil = dims
+    op = ops.conv2d(N, C, H, W, K, R, S, stride, pad, dil, pad_stage=pad_stage)
+    kern = op.build("cuda")
+    x, w = _inputs(op, sum(dims))
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=pad, dilation=dil)
+    out = kern(x, w)
+    assert out.shape == ref.shape
+    assert _err(out, ref) <= op.tolerance
+
+
+def test_conv_nchw_int8_gemm():
+    # int8 operands take the CUDA-core GEMM too (24 filters: not the direct kernel): exact int32 sums
+    import numpy as np
+    op = ops.conv2d(2, 5, 9, 7, 24, 3, 3, 1, 1, dtype="int8")
+    rng = np.random.default_rng(3)
+    inputs = [rng.integers(-128, 128, a.shape).astype(np.int8) for a in op.make_inputs(rng)]
+    np.testing.assert_array_equal(np.asarray(op.build("cuda")(*inputs)), op.reference(*inputs))
 
 
 @pytest.mark.parametrize("M,N", [(1, 128256), (8, 50257), (3, 30522), (5, 70001)])
