@@ -307,22 +307,6 @@ def test_short_loops_unroll_only_within_a_code_budget():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("dims,dtype", [((1, 50257, 768), "float16"), ((1, 4097, 4096), "bfloat16"),
-                                        ((13, 1001, 999), "float16")])
-def test_gemv_reads_2_byte_aligned_rows_of_b_in_place(dims, dtype):
-    # an odd number of 16-bit columns: B was copied aligned first (a pass over B: GPT-2's vocabulary
-    # 1×50257×768 at 0.16× torch); the direct GEMV reads it in place, straight into registers
-    kern = ops.matmul(*dims, dtype).build(SM90A)
-    assert "B_aligned" not in kern.source
-    bodies = {k.name: kern.source.split(f" {k.name}(")[1].split("__global__")[0] for k in kern.kernels}
-    (gemv,) = [n for n, body in bodies.items() if "B_local" in body]
-    sass = _sass(kern, gemv)
-    assert not re.search(r"\bLDL\b|\bSTL\b", sass)
-    # B's 2-byte elements are loaded into registers (no asynchronous copy of B, no copy kernel)
-    assert re.search(r"\bLDG\.E\.U16", sass)
-
-
-@needs_nvcc
 def test_gemv_copies_4_byte_aligned_rows_in_4_byte_pieces():
     # BERT's vocabulary (30522 16-bit columns: rows 4-byte but not 8-byte aligned); before: one
     # element at a time, synchronously
