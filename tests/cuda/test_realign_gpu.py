@@ -86,3 +86,13 @@ def test_views_are_refused_or_read_right():
         except InputError:
             continue
         assert torch.equal(out, (a.double() @ b.double()).float())
+
+
+@pytest.mark.parametrize("dims,dtype", [((128, 50257, 768), "float16"), ((33, 1001, 999), "bfloat16"),
+                                        ((4095, 4097, 1023), "float16"), ((127, 255, 4096), "bfloat16")])
+def test_aligned_operand_copies_are_exact(dims, dtype):
+    # tensor-core GEMMs read aligned copies of rows that are not 4-byte aligned; each thread of the copy
+    # kernel moves 16 bytes (a realigned load), zeros past a row's end
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, dtype).build("cuda")
+    _exact(kern, _ints((M, K), dtype, 6), _ints((K, N), dtype, 7))

@@ -151,3 +151,20 @@ def test_gemv_reads_2_byte_aligned_rows_in_aligned_chunks(dims, dtype):
     assert re.search(r"\bLDG\.E\.(128|64)", sass) and re.search(r"\bSHF\.R\.U64\b|\bSHF\.R\.W\b", sass)
     if dims[0] == 1:  # A arrives by asynchronous copies: every 2-byte global load was one of B's
         assert not re.search(r"\bLDG\.E\.U16\b", sass)
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("dims,dtype", [((128, 50257, 768), "float16"), ((4095, 4097, 1023), "float16")])
+def test_aligned_copies_of_operands_move_16_bytes_per_thread(dims, dtype):
+    # the copy of B's 2-byte aligned rows into rows of whole 16-byte chunks (tensor-core operands):
+    # one element per thread before (GPT-2's vocabulary at 128 tokens: the copy of its 77 MB weight
+    # in one LDG.E.U16 and one STG.E.U16 per element); now a realigned load and one 16-byte store
+    kern = ops.matmul(*dims, dtype).build(SM90A)
+    copies = [k for k in kern.kernels if "_aligned" in kern.source.split(f" {k.name}(")[1].split(")")[0]
+              and "__shared__" not in kern.source.split(f" {k.name}(")[1].split("__global__")[0]]
+    assert copies
+    for k in copies:
+        body = kern.source.split(f" {k.name}(")[1].split("__global__")[0]
+        assert re.search(r"\*\(uint4\*\)&\w+_aligned\[.*\] = pt_ldg_realign16<2, int>", body), body
+        sass = _sass(kern).split(f".text.{k.name}:")[1].split(".section")[0]
+        assert re.search(r"\bSTG\.E\.128\b", sass) and not re.search(r"\b(LDG|STG)\.E\.U16\b", sass)

@@ -25,8 +25,11 @@ as it was.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import loopir as ir
-from .combine_loads import LocalCopy, guard_terms, local_copy
+from .combine_loads import guard_terms, local_copy
+from .gpu_vectorize import aligned
 from .simplify import simplify_expr
 
 REALIGN = {16: "pt_ldg_realign16", 8: "pt_ldg_realign8"}  # bytes of the run: the realigned load
@@ -41,60 +44,93 @@ def _step(a: ir.Expr, b: ir.Expr) -> int | None:
     return int(d.value) if isinstance(d, ir.Const) else None
 
 
-def _count(first: ir.Expr | None, others: list[ir.Expr | None], n: int) -> ir.Expr | None:
-    """The lanes a zero-filling run keeps (lanes from it on are zeros), given the guards of its lanes
-    (lane 0's, then lanes 1 … n − 1); None where the guards are not of that form."""
-    if first is None:
-        return ir.const(n) if all(o is None for o in others) else None
-    terms = guard_terms(first)
-    common: list[ir.Expr] = []
-    counts: list[ir.Expr] = []
-    lanes = [guard_terms(o) if o is not None else [] for o in others]
-    if any(len(t) != len(terms) for t in lanes):
+def _count(guards: list[ir.Expr | None], n: int) -> ir.Expr | None:
+    """The lanes a zero-filling run keeps (lanes from it on are zeros), from the guards of its n
+    lanes; None where they are not of that form. A term the same in every lane must hold for any lane
+    to be kept; the others are ``e + k < R`` in lane k. The first lanes may lack those (the
+    simplifier dropped a bound it proved: lane 0 of a row that starts inside it) and are kept."""
+    lanes = [guard_terms(g) if g is not None else [] for g in guards]
+    texts = [[ir.expr_text(t) for t in terms] for terms in lanes]
+    common = [t for t, x in zip(lanes[0], texts[0], strict=True) if all(x in other for other in texts)]
+    shared = {ir.expr_text(t) for t in common}
+    varying = [[t for t, x in zip(terms, xs, strict=True) if x not in shared] for terms, xs in zip(lanes, texts)]
+    if any(len(v) != len(set(map(ir.expr_text, v))) for v in varying):
         return None
-    for j, t0 in enumerate(terms):
-        if all(ir.expr_text(t[j]) == ir.expr_text(t0) for t in lanes):
-            common.append(t0)
-            continue
+    first = next((k for k, v in enumerate(varying) if v), n)
+    if any(not v for v in varying[first:]) or any(len(t) != len(shared) for t in texts[:first]):
+        return None
+    counts: list[ir.Expr] = []
+    for j, t0 in enumerate(varying[first] if first < n else []):
         if not (isinstance(t0, ir.Cmp) and t0.op == "<"):
             return None
-        for k, t in enumerate(lanes, start=1):
-            tk = t[j]
-            if not (isinstance(tk, ir.Cmp) and tk.op == "<" and ir.expr_text(tk.b) == ir.expr_text(t0.b)
-                    and _step(t0.a, tk.a) == k):
+        for k in range(first + 1, n):
+            if len(varying[k]) != len(varying[first]):
                 return None
-        counts.append(simplify_expr(ir.BinOp("-", t0.b, t0.a)))
+            tk = varying[k][j]
+            if not (isinstance(tk, ir.Cmp) and tk.op == "<" and ir.expr_text(tk.b) == ir.expr_text(t0.b)
+                    and _step(t0.a, tk.a) == k - first):
+                return None
+        counts.append(simplify_expr(ir.BinOp("+", ir.BinOp("-", t0.b, t0.a), ir.const(first))))
     count: ir.Expr = counts[0] if counts else ir.const(n)
     for c in counts[1:]:
         count = ir.BinOp("min", count, c)
+    if 0 < first < n:
+        count = ir.BinOp("max", count, ir.const(first))
     if common:
         cond = common[0] if len(common) == 1 else ir.Logic("&&", tuple(common))
         count = ir.Select(cond, count, ir.const(0))
     return count
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """A scalar copy ``dst[at] = [cond ?] src[index] [: 0]`` into a thread's local array (``at`` a
+    constant) or into global memory."""
+
+    dst: ir.Buffer
+    at: ir.Expr
+    src: ir.Buffer
+    index: ir.Expr
+    cond: ir.Expr | None
+
+
+def _copy(s: ir.Stmt) -> _Copy | None:
+    local = local_copy(s)
+    if local is not None:
+        return _Copy(local.local, ir.const(local.offset), local.src, local.index, local.cond)
+    if not (isinstance(s, ir.Store) and s.buffer.scope == "global" and len(s.index) == 1 and s.index[0].lanes == 1):
+        return None
+    value, cond = s.value, None
+    if isinstance(value, ir.Select) and ir.is_const(value.b, 0):
+        value, cond = value.a, value.cond
+    if not (isinstance(value, ir.Load) and value.lanes == 1 and len(value.index) == 1
+            and value.buffer.dtype == s.buffer.dtype):
+        return None
+    return _Copy(s.buffer, s.index[0], value.buffer, value.index[0], cond)
+
+
 def _run(stmts: tuple[ir.Stmt, ...], start: int, written: set[str]) -> tuple[int, ir.Stmt] | None:
     """The realigned load that replaces the copies from ``start`` on, and how many it replaces."""
-    first = local_copy(stmts[start])
+    first = _copy(stmts[start])
     if first is None or first.src.scope != "arg" or first.src.name in written:
         return None
-    itemsize = first.local.dtype.itemsize
+    itemsize = first.dst.dtype.itemsize
     if itemsize not in (2, 4):
         return None
     for nbytes, name in REALIGN.items():
         n = nbytes // itemsize
-        if start + n > len(stmts) or first.offset % n:
+        if start + n > len(stmts) or not aligned(first.at, n):
             continue
-        copies: list[LocalCopy] = [first]
+        copies: list[_Copy] = [first]
         for k in range(1, n):
-            c = local_copy(stmts[start + k])
-            if (c is None or c.local is not first.local or c.offset != first.offset + k or c.src is not first.src
+            c = _copy(stmts[start + k])
+            if (c is None or c.dst is not first.dst or _step(first.at, c.at) != k or c.src is not first.src
                     or _step(first.index, c.index) != k):
                 break
             copies.append(c)
         if len(copies) < n:
             continue
-        count = _count(first.cond, [c.cond for c in copies[1:]], n)
+        count = _count([c.cond for c in copies], n)
         if count is None:
             continue
         size: ir.Expr = ir.const(1)
@@ -102,7 +138,7 @@ def _run(stmts: tuple[ir.Stmt, ...], start: int, written: set[str]) -> tuple[int
             size = ir.BinOp("*", size, d)
         value = ir.Call(name, (ir.Load(first.src, (ir.Ramp(first.index, ir.const(1), n),)), simplify_expr(size),
                                count), first.src.dtype)
-        return n, ir.Store(first.local, (ir.Ramp(ir.const(first.offset), ir.const(1), n),), value)
+        return n, ir.Store(first.dst, (ir.Ramp(first.at, ir.const(1), n),), value)
     return None
 
 
