@@ -426,8 +426,10 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
         # B's rows are only 2-byte aligned: no asynchronous copy can read them, and an aligned copy
         # of B costs a pass over it (GPT-2's vocabulary 1×50257×768: 0.16× torch): B is read in place,
         # straight into registers, 16 bytes of columns per thread (8 with more than 4 rows: registers
-        # for M × vec accumulators) in K steps of 8 rows; the staged kernels below stay candidates,
-        # on an aligned copy of B (gemm_choice adds the copy)
+        # for M × vec accumulators) in K steps of 8 rows, each as the aligned chunks around it shifted
+        # into place (lowering/passes/realign_loads.py; 2-byte loads before: 1×4097×4093 at 0.14×
+        # torch); the staged kernels below stay candidates, on an aligned copy of B (gemm_choice adds
+        # the copy)
         dvec = (16 if M <= 4 else 8) // it
         for threads in (128, 64):
             params = dict(bn=threads * dvec, vec=dvec, bk=8, stages=3, direct=True)

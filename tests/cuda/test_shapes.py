@@ -172,7 +172,7 @@ def test_cache_whole_needs_one_granule_per_dimension():
         s["C"].cache("A", None, loc="global", whole=(8,))
 
 
-def test_aligned_copy_is_one_kernel_of_one_thread_per_element():
+def test_aligned_copy_is_one_kernel_of_16_bytes_per_thread():
     s = pt.Schedule(ops.matmul(255, 257, 127, "float16").func)
     from polytile.ops.gpu_schedules import align_operands, gemm_wgmma
     assert align_operands(s, "C") == ["A", "B"]
@@ -181,7 +181,9 @@ def test_aligned_copy_is_one_kernel_of_one_thread_per_element():
     text = str(low)
     assert "allocate A_aligned[255, 128] float16 in global" in text
     assert "allocate B_aligned[127, 264] float16 in global" in text
-    assert "kernel matmul_kernel0 grid=(128, 1, 1) block=(256, 1, 1)" in text  # 255 × 128 elements
+    # 255 × 128 elements, 8 per thread (one 16-byte store each: a realigned load of A's 254-byte rows)
+    assert "kernel matmul_kernel0 grid=(16, 1, 1) block=(256, 1, 1)" in text
+    assert re.search(r"A_aligned\[ramp\(.*, 1, 8\)\] = pt_ldg_realign16\(A\[ramp", text)
     # the GEMM's tiles are read from the aligned copies with 16-byte asynchronous copies
     assert re.search(r"pt_cp_async_zfill\(B_shared\[ramp\(.*\), 1, 8\)\], B_aligned\[ramp", text)
 
