@@ -94,14 +94,14 @@ __device__ __forceinline__ void pt_cp_async4_zfill(void* s, const void* g, bool 
 """),
     Helper("pt_funnel", r"""
 // 16 or 8 bytes at an address aligned only to their elements, read as the aligned chunks holding them
-// and realigned in registers (lowering/passes/realign_loads.py). pt_funnel: the 32 bits from bit
-// ``bits`` (0..31) on of hi:lo; pt_keep: the mask of the bytes of the word at byte ``at`` that lie
-// before byte ``n``
+// and realigned in registers (lowering/passes/realign_loads.py). Here: the 32 bits from bit ``bits``
+// (0..31) on of hi:lo
 __device__ __forceinline__ unsigned pt_funnel(unsigned lo, unsigned hi, unsigned bits) {
   return (unsigned)((((unsigned long long)hi << 32) | lo) >> bits);
 }
 """),
     Helper("pt_keep", r"""
+// the mask of the bytes of the word at byte ``at`` that lie before byte ``n``
 __device__ __forceinline__ unsigned pt_keep(int n, int at) {
   return n >= at + 4 ? ~0u : n <= at ? 0u : (1u << (8 * (n - at))) - 1u;
 }
