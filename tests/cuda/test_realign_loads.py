@@ -168,3 +168,16 @@ def test_aligned_copies_of_operands_move_16_bytes_per_thread(dims, dtype):
         assert re.search(r"\*\(uint4\*\)&\w+_aligned\[.*\] = pt_ldg_realign16<2, int>", body), body
         sass = _sass(kern).split(f".text.{k.name}:")[1].split(".section")[0]
         assert re.search(r"\bSTG\.E\.128\b", sass) and not re.search(r"\b(LDG|STG)\.E\.U16\b", sass)
+
+
+def test_gemv_of_unaligned_rows_is_split_into_enough_steps():
+    # measured on an H100 (gemv_variants, b2-results/align-gemv.json): the direct GEMV's time follows
+    # its K steps per warp until DRAM-bound: 1×50257×768 took 93 µs split in 3 (the default then),
+    # 44-45 µs split in 8 or more (torch 45); 1×4097×4096 split in 16 took 67 µs in steps of 16 rows,
+    # 77 in steps of 8; the staged kernel on an aligned copy of B was slower in both (162, 95 µs)
+    from polytile.ops.gpu_schedules import gemm_choice
+    vocab = gemm_choice(SM90A, 1, 50257, 768, as_dtype("float16"))
+    assert vocab.kernel == "gemv" and vocab.params.get("direct") and vocab.split >= 8, vocab
+    for K in (4096, 4093):  # a prime K: chunks of unequal length
+        odd = gemm_choice(SM90A, 1, 4097, K, as_dtype("bfloat16"))
+        assert odd.params.get("direct") and odd.params["bk"] == 16 and odd.split == 16, odd
