@@ -9,7 +9,8 @@ intrinsic the target lacks, and the later passes and the CUDA code generator loo
 exact name (``instruction``) — nothing recognizes an intrinsic by the spelling of a name.
 
 Registered: ``mma_m16n8k16`` (mma.sync, sm_80+), ``wgmma_m64nNk16`` (Hopper's warpgroup MMA, sm_90a),
-``ldmatrix`` (the operand loads of mma.sync), ``cp.async`` (asynchronous global-to-shared copies) and
+``ldmatrix`` (the operand loads of mma.sync), ``cp.async`` (asynchronous global-to-shared copies),
+``realigned_load`` (16- or 8-byte register loads at addresses aligned only to their elements) and
 ``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90) and ``setmaxnreg`` (warpgroups
 trading registers, sm_90a).
 """
@@ -104,6 +105,14 @@ CP_ASYNC = Intrinsic(
         Instruction("pt_cp_async_commit", "cp.async"),
         Instruction("pt_cp_async_wait", "cp.async", constant_arg=True)))
 
+REALIGNED_LOAD = Intrinsic(
+    "realigned_load", "ld.global.v4.u32 / .v2.u32 (two aligned chunks), shf.r (funnel shifts)", ("gpu",),
+    "a thread reads 16 or 8 bytes of a tensor at an address aligned only to its elements as the aligned "
+    "chunks holding them, realigned in registers by the address's offset in its chunk (known at run time); "
+    "lanes past a count are zeros (lowering/passes/realign_loads.py)", (
+        Instruction("pt_ldg_realign16", "realigned_load"),
+        Instruction("pt_ldg_realign8", "realigned_load")))
+
 TMA = Intrinsic(
     "tma", "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes; mbarrier.init, "
     "arrive(.expect_tx), try_wait.parity", ("tma",),
@@ -147,7 +156,7 @@ WGMMA_M64NNK16 = TensorIntrinsic(
     products={(d, n): f"pt_wgmma_m64n{n}k16_{s}" for d, s in _SUFFIX.items() for n in WGMMA_N})
 
 INTRINSICS: Mapping[str, Intrinsic] = MappingProxyType(
-    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, TMA, SETMAXNREG)})
+    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, REALIGNED_LOAD, TMA, SETMAXNREG)})
 """Every registered intrinsic, by name."""
 
 _INSTRUCTIONS: Mapping[str, Instruction] = MappingProxyType(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..dtypes import DType, float32
 from ..errors import LoweringError
-from ..intrinsics import WGMMA_M64NNK16, instruction
+from ..intrinsics import REALIGNED_LOAD, WGMMA_M64NNK16, instruction
 from ..lowering import loopir as ir
 from ..lowering.passes.gpu_vectorize import lane
 from ..lowering.passes.pair_stores import memory_accesses
@@ -90,6 +90,79 @@ __device__ __forceinline__ void pt_cp_async8_zfill(void* s, const void* g, bool 
     Helper("pt_cp_async4_zfill", r"""
 __device__ __forceinline__ void pt_cp_async4_zfill(void* s, const void* g, bool inside) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(pt_smem(s)), "l"(g), "r"(inside ? 4 : 0));
+}
+"""),
+    Helper("pt_funnel", r"""
+// 16 or 8 bytes at an address aligned only to their elements, read as the aligned chunks holding them
+// and realigned in registers (lowering/passes/realign_loads.py). Here: the 32 bits from bit ``bits``
+// (0..31) on of hi:lo
+__device__ __forceinline__ unsigned pt_funnel(unsigned lo, unsigned hi, unsigned bits) {
+  return (unsigned)((((unsigned long long)hi << 32) | lo) >> bits);
+}
+"""),
+    Helper("pt_keep", r"""
+// the mask of the bytes of the word at byte ``at`` that lie before byte ``n``
+__device__ __forceinline__ unsigned pt_keep(int n, int at) {
+  return n >= at + 4 ? ~0u : n <= at ? 0u : (1u << (8 * (n - at))) - 1u;
+}
+"""),
+    Helper("pt_ld_nc16", r"""
+// a 16- or 8-byte load through the read-only path, kept whole (of a plain vector load whose words are
+// then selected, nvcc may make narrower loads from selected addresses)
+__device__ __forceinline__ uint4 pt_ld_nc16(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+"""),
+    Helper("pt_ld_nc8", r"""
+__device__ __forceinline__ uint2 pt_ld_nc8(const uint2* p) {
+  uint2 r;
+  asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+"""),
+    Helper("pt_chunk", r"""
+// the chunk (of P elements) that element x lies in, clamped to the tensor's chunks 0 … last
+template <int P, typename I> __device__ __forceinline__ I pt_chunk(I x, I last) {
+  const I c = x >> (P == 8 ? 3 : P == 4 ? 2 : P == 2 ? 1 : 0);
+  return c < 0 ? (I)0 : c > last ? last : c;
+}
+"""),
+    Helper("pt_ldg_realign16", r"""
+// V bytes of a tensor of ``size`` elements of E bytes, from its element ``off`` on, where that address
+// is only E-byte aligned: the aligned V-byte chunks holding the first and the last of those bytes are
+// read whole and shifted into place in registers; elements from ``count`` on are zeros. This relies on
+// what the launch checks (runtime.cuda.ALIGNMENT): a tensor starts 16-byte aligned, and allocations are
+// whole 16-byte granules, so the chunk holding any byte of a tensor lies inside its allocation. A chunk
+// past the tensor's last one is read as the last one (its bytes are past the end: ``count`` must zero
+// them), one before the first as the first.
+template <int E, typename I> __device__ __forceinline__ uint4 pt_ldg_realign16(const void* t, I off, I size, I count) {
+  constexpr int P = 16 / E;
+  const uint4* q = (const uint4*)t;
+  const I last = (size - 1) >> (P == 8 ? 3 : 2);
+  const uint4 lo = pt_ld_nc16(q + pt_chunk<P>(off, last)), hi = pt_ld_nc16(q + pt_chunk<P>(off + (P - 1), last));
+  const unsigned s = (unsigned)(off & (P - 1)) * E, bits = (s & 3u) * 8u;
+  const bool two = s & 8u, one = s & 4u;  // whole words to skip
+  const unsigned a0 = two ? lo.z : lo.x, a1 = two ? lo.w : lo.y, a2 = two ? hi.x : lo.z, a3 = two ? hi.y : lo.w,
+                 a4 = two ? hi.z : hi.x, a5 = two ? hi.w : hi.y;
+  const unsigned b0 = one ? a1 : a0, b1 = one ? a2 : a1, b2 = one ? a3 : a2, b3 = one ? a4 : a3, b4 = one ? a5 : a4;
+  const int n = (count < 0 ? 0 : count < P ? (int)count : P) * E;  // bytes kept
+  return make_uint4(pt_funnel(b0, b1, bits) & pt_keep(n, 0), pt_funnel(b1, b2, bits) & pt_keep(n, 4),
+                    pt_funnel(b2, b3, bits) & pt_keep(n, 8), pt_funnel(b3, b4, bits) & pt_keep(n, 12));
+}
+"""),
+    Helper("pt_ldg_realign8", r"""
+template <int E, typename I> __device__ __forceinline__ uint2 pt_ldg_realign8(const void* t, I off, I size, I count) {
+  constexpr int P = 8 / E;
+  const uint2* q = (const uint2*)t;
+  const I last = (size - 1) >> (P == 4 ? 2 : 1);
+  const uint2 lo = pt_ld_nc8(q + pt_chunk<P>(off, last)), hi = pt_ld_nc8(q + pt_chunk<P>(off + (P - 1), last));
+  const unsigned s = (unsigned)(off & (P - 1)) * E, bits = (s & 3u) * 8u;
+  const bool one = s & 4u;
+  const unsigned b0 = one ? lo.y : lo.x, b1 = one ? hi.x : lo.y, b2 = one ? hi.y : hi.x;
+  const int n = (count < 0 ? 0 : count < P ? (int)count : P) * E;
+  return make_uint2(pt_funnel(b0, b1, bits) & pt_keep(n, 0), pt_funnel(b1, b2, bits) & pt_keep(n, 4));
 }
 """),
     Helper("pt_cp_async_commit", r"""
@@ -542,6 +615,17 @@ class CUDAPrinter(CLikePrinter):
                 self.emit(f"{dst} = ({self.expr(lane(value.cond, 0))}) ? {load} : {zero};")
             else:
                 self.emit(f"{dst} = {load};")
+            return
+        if isinstance(idx, ir.Ramp) and isinstance(value, ir.Call) and nbytes in _RAW and \
+                getattr(instruction(value.name), "intrinsic", None) == REALIGNED_LOAD.name:
+            src, size, count = value.args
+            assert isinstance(src, ir.Load)
+            (sidx,) = src.index
+            base = sidx.base if isinstance(sidx, ir.Ramp) else sidx
+            t = self.index_type()
+            args = ", ".join(f"({t})({self.expr(a)})" for a in (base, size, count))
+            self.emit(f"*({_RAW[nbytes][0]}*)&{buf.name}[{self.expr(idx.base)}] = "
+                      f"{value.name}<{buf.dtype.itemsize}, {t}>({src.buffer.name}, {args});")
             return
         raise LoweringError(f"unsupported vector store to {buf.name} with {lanes} lanes")
 

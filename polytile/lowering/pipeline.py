@@ -30,6 +30,7 @@ from .passes.gpu_vectorize import vectorize_copies
 from .passes.kernels import outline_kernels
 from .passes.pair_stores import pair_stores
 from .passes.pipeline import pipeline_buffers
+from .passes.realign_loads import realign_loads
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
 from .passes.swizzle import swizzle_shared
@@ -108,6 +109,7 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
         ("simplify", target.has("simd"), simplify),
         ("combine-loads", gpu, combine_loads),
         ("gpu-vectorize", gpu, vectorize_copies),
+        ("realign-loads", gpu, realign_loads),
         ("registers", True, promote_registers),
         ("barriers", gpu, insert_barriers),
         ("async-proxy", target.has("wgmma"), async_proxy_fences),

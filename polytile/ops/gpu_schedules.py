@@ -31,7 +31,6 @@ from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 from ..tune.analytical import (
-    LAUNCH_SECONDS,
     WARP_FLOPS,
     BlockPlan,
     Hardware,
@@ -507,6 +506,10 @@ def _wgmma(target: CUDATarget) -> bool:
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
+# a K step of the direct GEMV (B's loads straight into registers, not pipelined), in idle DRAM latencies:
+# fitted to the H100's direct GEMVs of odd N (2 to 4 µs a step, 8 or 16 rows, 1 to 16 chunks: it picks
+# the measured best splits of 1×50257×768 and 1×4097×4096)
+DIRECT_STEP_LATENCY = 10.0
 
 
 @dataclass(frozen=True)
@@ -574,14 +577,23 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
         # B's rows are only 2-byte aligned: no asynchronous copy can read them, and an aligned copy
         # of B costs a pass over it (GPT-2's vocabulary 1×50257×768: 0.16× torch): B is read in place,
         # straight into registers, 16 bytes of columns per thread (8 with more than 4 rows: registers
-        # for M × vec accumulators) in K steps of 8 rows; the staged kernels below stay candidates,
-        # on an aligned copy of B (gemm_choice adds the copy)
+        # for M × vec accumulators) in K steps of 8 or 16 rows, each as the aligned chunks around it
+        # shifted into place (lowering/passes/realign_loads.py; 2-byte loads before: 1×4097×4093 at
+        # 0.14× torch). The staged kernels are not candidates: on an aligned copy of B they measured
+        # slower (1×50257×768: 162 µs against 44; 1×4097×4096: 95 against 68). B's loads are not
+        # pipelined (only A's shared tile is): each K step waits for its own loads
+        # (DIRECT_STEP_LATENCY). Measured on an H100 (gemv_variants, 2026-11-28 02:21,
+        # b2-results/align-gemv.json): time ∝ K steps per warp until DRAM-bound — 1×50257×768 in
+        # 93 µs split in 3 (32 steps of 8 rows), 44 µs in 12 (torch 45); 1×4097×4096 split in 16:
+        # 77 µs in steps of 8 rows, 67 µs in steps of 16
         dvec = (16 if M <= 4 else 8) // it
-        for threads in (128, 64):
-            params = dict(bn=threads * dvec, vec=dvec, bk=8, stages=3, direct=True)
-            resident = block_occupancy(hw, threads, 3 * 8 * M * it, M * dvec + 8 * dvec * it // 4 + 32).blocks
-            out.append((params, BlockPlan(M, threads * dvec, 8, 0, 0, resident, hw.fma_flops, it, 3,
-                                          max(1, threads // 32), WARP_FLOPS * M / (M + 2), streaming=True)))
+        for threads, bk in ((128, 8), (64, 8), (128, 16), (64, 16)):
+            params = dict(bn=threads * dvec, vec=dvec, bk=bk, stages=3, direct=True)
+            resident = block_occupancy(hw, threads, 3 * bk * M * it, M * dvec + bk * dvec * it // 4 + 32).blocks
+            out.append((params, BlockPlan(M, threads * dvec, bk, 0, 0, resident, hw.fma_flops, it, 1,
+                                          max(1, threads // 32), WARP_FLOPS * M / (M + 2), streaming=True,
+                                          step_latency=DIRECT_STEP_LATENCY * hw.dram_latency)))
+        return out
     for threads in (128, 64, 32):
         bn = threads * vec
         if bn // 2 >= N and threads > 32:
@@ -648,8 +660,6 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk))
             t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
-            if kernel == "gemv" and not params.get("direct") and (N * it) % 4:
-                t += 2 * batch * K * N * it / target.dram_bandwidth + LAUNCH_SECONDS  # B copied aligned first
             if split in more:
                 if uneven is None or t < uneven.seconds:
                     uneven = GemmChoice(kernel, params, split, t)

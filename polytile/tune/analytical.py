@@ -497,6 +497,7 @@ class BlockPlan:
     warps: int = 0  # CUDA cores: the warps of a block, whose issue rate bounds its products (0: tensor cores)
     warp_flops: float = 0.0  # the FLOP per cycle one warp sustains (default WARP_FLOPS)
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
+    step_latency: float = 0.0  # cycles a K step waits for its loads, when not the pipeline's (0: from stages)
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
@@ -508,7 +509,8 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
     tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
     flops = 2.0 * plan.bm * plan.bn * plan.bk
-    latency = (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
+    latency = plan.step_latency or \
+        (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
 
     def step(blocks: int) -> float:
         """One K step of ``blocks`` blocks resident on one SM."""

@@ -28,7 +28,7 @@ SOURCES = ("arg", "global", "shared")
 
 
 @dataclass(frozen=True)
-class _Copy:
+class LocalCopy:
     local: ir.Buffer
     offset: int
     src: ir.Buffer
@@ -36,7 +36,7 @@ class _Copy:
     cond: ir.Expr | None  # a zero-filling copy's guard
 
 
-def _copy(s: ir.Stmt) -> _Copy | None:
+def local_copy(s: ir.Stmt) -> LocalCopy | None:
     """The scalar copy into a local buffer that ``s`` is (plain or zero-filling), or None."""
     if not (isinstance(s, ir.Store) and s.buffer.scope == "local"):
         return None
@@ -50,12 +50,12 @@ def _copy(s: ir.Stmt) -> _Copy | None:
         return None
     if value.buffer.scope not in SOURCES or value.buffer.dtype != s.buffer.dtype:
         return None
-    return _Copy(s.buffer, int(idx.value), value.buffer, value.index[0], cond)
+    return LocalCopy(s.buffer, int(idx.value), value.buffer, value.index[0], cond)
 
 
-def _terms(cond: ir.Expr) -> list[ir.Expr]:
+def guard_terms(cond: ir.Expr) -> list[ir.Expr]:
     if isinstance(cond, ir.Logic) and cond.op == "&&":
-        return [t for a in cond.args for t in _terms(a)]
+        return [t for a in cond.args for t in guard_terms(a)]
     return [cond]
 
 
@@ -64,7 +64,7 @@ def _same_for_the_vector(first: ir.Expr | None, other: ir.Expr | None, k: int, n
     vectors of n lanes starting at multiples of n."""
     if first is None or other is None:
         return first is None and other is None
-    a, b = _terms(first), _terms(other)
+    a, b = guard_terms(first), guard_terms(other)
     if len(a) != len(b):
         return False
     for t0, tk in zip(a, b, strict=True):
@@ -82,7 +82,7 @@ def _same_for_the_vector(first: ir.Expr | None, other: ir.Expr | None, k: int, n
 
 def _run(stmts: tuple[ir.Stmt, ...], start: int) -> int:
     """The most copies from ``start`` on that form one aligned vector copy (1: none)."""
-    first = _copy(stmts[start])
+    first = local_copy(stmts[start])
     if first is None:
         return 1
     for nbytes in VECTOR_BYTES:
@@ -91,7 +91,7 @@ def _run(stmts: tuple[ir.Stmt, ...], start: int) -> int:
             continue
         ok = True
         for k in range(1, n):
-            c = _copy(stmts[start + k])
+            c = local_copy(stmts[start + k])
             if (c is None or c.local is not first.local or c.offset != first.offset + k or c.src is not first.src
                     or not _same_for_the_vector(first.cond, c.cond, k, n)):
                 ok = False
@@ -116,7 +116,7 @@ class _Combine(ir.Mutator):
                 out.append(stmts[i])
                 i += 1
                 continue
-            c = _copy(stmts[i])
+            c = local_copy(stmts[i])
             assert c is not None
             value: ir.Expr = ir.Load(c.src, (ir.Ramp(c.index, ir.const(1), n),))
             if c.cond is not None:  # all lanes or none: the codegen tests lane 0

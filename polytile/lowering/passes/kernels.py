@@ -94,7 +94,10 @@ def _is_global_copy(st: ir.Stmt) -> bool:
 
 def copy_kernel(st: ir.For, name: str) -> ir.Kernel:
     """A top-level copy nest as a kernel: one thread per element of its (rectangular) iteration
-    space, consecutive threads along the innermost loop (coalesced)."""
+    space, or per 16 bytes of elements where the innermost loop's extent is a constant multiple of
+    that (an aligned operand's rows, rounded up to 16 bytes: one vector store each, its elements
+    read by a realigned load, ``realign_loads``); consecutive threads along the innermost loop
+    (coalesced)."""
     loops: list[ir.For] = []
     inner: ir.Stmt = st
     while isinstance(inner, ir.For):
@@ -103,18 +106,30 @@ def copy_kernel(st: ir.For, name: str) -> ir.Kernel:
     if any(_uses_any(lp.lo, loops) or _uses_any(lp.extent, loops) for lp in loops):
         raise LoweringError(f"kernel {name}: the copy of a global cache must run over a box (its loops' bounds "
                             "depend on each other); cache a rectangular region")
+    itemsize = max(x.buffer.dtype.itemsize for x in ir.walk_stmt(st) if isinstance(x, ir.Store))
+    group = 16 // itemsize if 16 % itemsize == 0 else 1
+    last = simplify_expr(loops[-1].extent)
+    if not (isinstance(last, ir.Const) and int(last.value) % group == 0):
+        group = 1
+    # each thread: one step of the outer loops and `group` consecutive steps of the innermost
+    steps = [lp.extent for lp in loops[:-1]] + [ir.BinOp("//", loops[-1].extent, ir.const(group))]
     total: ir.Expr = ir.const(1)
-    for lp in loops:
-        total = ir.BinOp("*", total, lp.extent)
+    for extent in steps:
+        total = ir.BinOp("*", total, extent)
     flat = ir.Var(f"{loops[-1].var.name}_flat")
     mapping: dict[str, ir.Expr] = {}
     rest: ir.Expr = flat
-    for lp in reversed(loops):
-        mapping[lp.var.name] = ir.BinOp("+", lp.lo, ir.BinOp("%", rest, lp.extent))
-        rest = ir.BinOp("//", rest, lp.extent)
+    for lp, extent in reversed(list(zip(loops, steps, strict=True))):
+        mapping[lp.var.name] = ir.BinOp("%", rest, extent)
+        rest = ir.BinOp("//", rest, extent)
+    for lp in loops[:-1]:
+        mapping[lp.var.name] = ir.BinOp("+", lp.lo, mapping[lp.var.name])
+    innermost = loops[-1].var.name
+    start = ir.BinOp("+", loops[-1].lo, ir.BinOp("*", ir.const(group), mapping[innermost]))
+    elements = [ir.substitute(inner, {**mapping, innermost: ir.BinOp("+", start, ir.const(k))}) for k in range(group)]
     tid = ir.BinOp("+", ir.BinOp("*", ir.Cast(dtypes.INDEX, thread_var("blockIdx.x")), ir.const(COPY_THREADS)),
                    ir.Cast(dtypes.INDEX, thread_var("threadIdx.x")))
-    body = ir.LetStmt(flat, tid, ir.If(ir.Cmp("<", flat, total), ir.substitute(inner, mapping)))  # type: ignore[arg-type]
+    body = ir.LetStmt(flat, tid, ir.If(ir.Cmp("<", flat, total), ir.block(elements)))  # type: ignore[arg-type]
     grid = simplify_expr(ir.BinOp("//", ir.BinOp("+", total, ir.const(COPY_THREADS - 1)), ir.const(COPY_THREADS)))
     return ir.Kernel(name, (grid, ir.const(1), ir.const(1)), (COPY_THREADS, 1, 1), body)
 

@@ -20,11 +20,28 @@ class _Unroll(ir.Mutator):
             return replace(s, body=body)
         ext = simplify_expr(s.extent)
         if not isinstance(ext, ir.Const) or int(ext.value) > MAX_UNROLL:
-            # a partial tile: its extent is not constant, so it stays a loop
-            return replace(s, body=body, kind="serial")
+            # a partial tile: its extent is not constant, so it stays a loop; one that indexes a
+            # thread's register array by its variable stays marked for unrolling (the backend's
+            # compiler unrolls it up to its bound: indexed by a variable, the array would live in local
+            # memory — a GEMV's partial K tile of realigned loads of B, 13×1001×999)
+            return replace(s, body=body, kind="unroll" if _indexes_registers(body, s.var) else "serial")
         copies = [ir.substitute(body, {s.var.name: ir.BinOp("+", s.lo, ir.const(k))})
                   for k in range(int(ext.value))]
         return ir.block(copies)  # type: ignore[arg-type]
+
+
+def _indexes_registers(body: ir.Stmt, var: ir.Var) -> bool:
+    """Whether ``body`` loads or stores a thread's local array at an index that depends on ``var``."""
+    def uses(idx: ir.Expr) -> bool:
+        return any(isinstance(n, ir.Var) and n.name == var.name for n in ir.walk_expr(idx))
+    for st in ir.walk_stmt(body):
+        if isinstance(st, ir.Store) and st.buffer.scope == "local" and any(uses(i) for i in st.index):
+            return True
+        for e in ir.stmt_exprs(st):
+            for n in ir.walk_expr(e):
+                if isinstance(n, ir.Load) and n.buffer.scope == "local" and any(uses(i) for i in n.index):
+                    return True
+    return False
 
 
 def unroll_loops(s: ir.Stmt, kinds: tuple[str, ...] = ("unroll",)) -> ir.Stmt:
