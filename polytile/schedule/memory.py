@@ -37,7 +37,9 @@ def _level(stage: Stage, at: str | None) -> str | None:
 
 
 def _tensor_name(stage: Stage, tensor: Tensor | str) -> str:
-    name = tensor if isinstance(tensor, str) else tensor.name
+    name = tensor if isinstance(tensor, str) else getattr(tensor, "name", None)
+    if not isinstance(name, str):
+        raise ScheduleError(f"cache for {stage.name}: {tensor!r} is not a tensor; pass a tensor it reads or its name")
     comp = stage.schedule.computation(stage.name)
     if not any(t.name == name for t in comp.inputs()) and name not in _inlined_reads(stage):
         raise ScheduleError(f"computation {stage.name} does not read {name}; nothing to cache")
@@ -60,7 +62,7 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
         base, k = cname, 1
         while cname in taken:
             cname, k = f"{base}{k}", k + 1
-    if not cname.isidentifier():
+    if not isinstance(cname, str) or not cname.isidentifier():
         raise ScheduleError(f"cache name {cname!r} is not an identifier")
     if cname in taken:
         raise ScheduleError(f"the name {cname!r} is already used; pass name= to the cache primitive")

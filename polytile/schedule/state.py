@@ -109,7 +109,10 @@ class Schedule:
 
     # --- access ---------------------------------------------------------------------------------
     def __getitem__(self, key: Tensor | str) -> Stage:
-        name = key if isinstance(key, str) else key.name
+        name = key if isinstance(key, str) else getattr(key, "name", None)
+        if not isinstance(name, str):
+            raise ScheduleError(f"{key!r} is not a computation of Func {self.func.name}: index the schedule "
+                                f"by a tensor or its name (computations: {', '.join(self.states)})")
         if name in self.inlined or name in self.virtual:
             raise ScheduleError(f"computation {name} was inlined; schedule its consumers instead")
         if name not in self.states:
