@@ -17,6 +17,7 @@ from ..poly.materialize import Plan, materialize
 from ..schedule.memory import cache_requests, folded_name
 from ..schedule.state import Schedule
 from ..schedule.tensorize import check_whole_products
+from ..schedule.transaction import restore, snapshot
 from ..target import FEATURES, Target
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
@@ -67,7 +68,17 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
     """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer.
 
     One list of passes for every target; a pass that only some targets need is guarded by a
-    feature of the target (``target.has``), and runs only where the guard holds."""
+    feature of the target (``target.has``), and runs only where the guard holds. What the lowering
+    adds to the schedule (the write cache of sums stored narrower) is its own: the caller's
+    schedule is left as it was, so that it can take more primitives and be built again."""
+    saved = snapshot(sched)
+    try:
+        return _lower(sched, target, name)
+    finally:
+        restore(sched, saved)
+
+
+def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     func = sched.func
     name = name or func.name
     log = _Log(name)
