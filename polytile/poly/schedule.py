@@ -229,25 +229,46 @@ class LoopSchedule:
         return _const_of(image.dim_min(pos)), _const_of(image.dim_max(pos))
 
     def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
-        """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""
-        return any(d in self._involved[pos] for d in dims)
+        """Whether loop ``pos`` varies with the domain dimensions ``dims``: fixing the others leaves
+        its value undetermined. Taken jointly: where the domain ties dimensions together (a
+        reduction's ``where=k5 == 5 - k4``), each of them alone is redundant, yet the loop varies
+        with the two."""
+        if any(d in self._involved[pos] for d in dims):
+            return True
+        ks = sorted({self.dims.index(d) for d in dims if d in self.dims}, reverse=True)
+        if len(ks) < 2:
+            return False
+        key = (pos, tuple(ks))
+        if key not in self._joint:
+            graph = self._graphs[pos]
+            for k in ks:
+                graph = graph.project_out(isl.dim_type.in_, k, 1)
+            self._joint[key] = not graph.is_single_valued()
+        return self._joint[key]
 
     @cached_property
-    def _involved(self) -> list[set[str]]:
-        """For each loop, the domain dimensions it varies with: those whose removal leaves the loop's
-        value undetermined (computed once: schedules are immutable). Over the statement's instances
-        only, where compositions of floors and fusions are simple, unlike over every integer point
-        (where extracting the functions can take isl minutes)."""
+    def _joint(self) -> dict[tuple[int, tuple[int, ...]], bool]:
+        return {}
+
+    @cached_property
+    def _graphs(self) -> list[isl.Map]:
+        """For each loop, its value as a relation of the domain dimensions. Over the statement's
+        instances only, where compositions of floors and fusions are simple, unlike over every
+        integer point (where extracting the functions can take isl minutes)."""
         rel = self.rel.intersect_domain(self.domain).detect_equalities()
         if rel.is_empty():  # no instance: what the loops vary with over every point
             rel = self.rel
         n = len(self.names)
-        out = []
-        for pos in range(n):
-            graph = rel.project_out(isl.dim_type.out, pos + 1, n - pos - 1).project_out(isl.dim_type.out, 0, pos)
-            out.append({d for k, d in enumerate(self.dims) if graph.involves_dims(isl.dim_type.in_, k, 1)
-                        and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()})
-        return out
+        return [rel.project_out(isl.dim_type.out, pos + 1, n - pos - 1).project_out(isl.dim_type.out, 0, pos)
+                for pos in range(n)]
+
+    @cached_property
+    def _involved(self) -> list[set[str]]:
+        """For each loop, the domain dimensions it varies with one by one: those whose removal leaves
+        the loop's value undetermined (computed once: schedules are immutable)."""
+        return [{d for k, d in enumerate(self.dims) if graph.involves_dims(isl.dim_type.in_, k, 1)
+                 and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()}
+                for graph in self._graphs]
 
     def __repr__(self) -> str:
         return f"LoopSchedule({self.owner}: {self.rel} names={self.names})"
