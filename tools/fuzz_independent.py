@@ -425,7 +425,7 @@ class Gen:
             if c is None or a is None or b is None or "bool" in (a.dtype, b.dtype):
                 return a or b
             dt = self.combine(a, b)
-            if dt is None:
+            if dt is None or not self.fits(dt, min(a.lo, b.lo), max(a.hi, b.hi)):
                 return a
             x = Node("select", (c, a, b), dt, min(a.lo, b.lo), max(a.hi, b.hi))
         if x is not None and want == "float" and x.dtype not in FLOATS and x.dtype != "bool":
@@ -434,6 +434,8 @@ class Gen:
 
     def math(self, x):
         r = self.rng
+        if x.dtype in INTS and x.lo <= irange(x.dtype)[0]:
+            x = self.cast(x, "float64")  # abs(MIN) is MIN: keep NaNs from sqrt out of the program
         fdt = x.dtype if x.dtype in FLOATS else "float32"
         m = max(abs(x.lo), abs(x.hi))
         f = r.choice(["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "abs", "pow"])
@@ -464,7 +466,9 @@ class Gen:
         return Node("call", ("pow", a1, e), fdt, 1, hi)
 
     def call1(self, f, x):
-        if f == "abs":
+        if f == "abs":  # abs(MIN) == MIN, as NumPy's: an integer type's MIN stays in the interval
+            if x.dtype in INTS and x.lo <= irange(x.dtype)[0]:
+                return Node("call", ("abs", x), x.dtype, irange(x.dtype)[0], irange(x.dtype)[1])
             return Node("call", ("abs", x), x.dtype, 0, max(abs(x.lo), abs(x.hi)))
         raise AssertionError(f)
 
@@ -822,19 +826,28 @@ class PTBuild:
             return f"~{self.src(n.args)}"
         if k == "red":
             kind, body, axes, where = n.args
-            parts = []
-            for name, b in axes:
+            ax = "[" + ", ".join(name for name, _ in axes) + "]"
+            w = f", where={self.src(where)}" if where is not None else ""
+            return f"pt.{kind}({self.src(body)}, axis={ax}{w})"
+        raise AssertionError(k)
+
+    def axes_src(self, n) -> list[str]:
+        """The statements defining the reduce axes of the reductions in ``n``, outermost first."""
+        if isinstance(n, (list, tuple)):
+            return [line for a in n for line in self.axes_src(a)]
+        if not isinstance(n, Node):
+            return []
+        out = []
+        if n.kind == "red":
+            for name, b in n.args[2]:
                 if b[0] in ("const", "sym"):
                     ext = str(b[1])
                 elif b[0] == "tri":
                     ext = f"({b[1]}, {b[2]})"
                 else:
                     ext = f"({self.src(b[1])}, {self.src(b[2])})"
-                parts.append(f"pt.reduce_axis({ext}, {name!r})")
-            ax = "[" + ", ".join(parts) + "]"
-            w = f", where={self.src(where)}" if where is not None else ""
-            return f"pt.{kind}({self.src(body)}, axis={ax}{w})"
-        raise AssertionError(k)
+                out.append(f"{name} = pt.reduce_axis({ext}, {name!r})")
+        return out + self.axes_src(n.args)
 
     def build_stage(self, t: Tensor):
         pt = self.pt
@@ -855,9 +868,14 @@ class PTBuild:
         if t.store_dtype:
             kw["store_dtype"] = t.store_dtype
             kws += f", store_dtype={t.store_dtype!r}"
-        # the source text names reduce axes inside the body; a replay script defines them inline
-        self.lines.append(f"{t.name} = pt.compute({self.shape_src(t.shape)}, lambda {', '.join(names)}: "
-                          f"{self.src(t.body)}, {t.name!r}{kws})")
+        axes = self.axes_src(t.body)
+        if axes:  # reduce axes whose bounds read the loop variables are made inside the function
+            self.lines.append(f"def {t.name}_fn({', '.join(names)}):")
+            self.lines += [f"    {line}" for line in axes] + [f"    return {self.src(t.body)}"]
+            self.lines.append(f"{t.name} = pt.compute({self.shape_src(t.shape)}, {t.name}_fn, {t.name!r}{kws})")
+        else:
+            self.lines.append(f"{t.name} = pt.compute({self.shape_src(t.shape)}, lambda {', '.join(names)}: "
+                              f"{self.src(t.body)}, {t.name!r}{kws})")
         ts = pt.compute(self.shape_pt(t.shape), fn, t.name, **kw)
         if t.store_dtype:
             pass
@@ -1048,7 +1066,8 @@ class Ref:
             f, a, *rest = n.args
             x, ex, _ = self.ev(a, env)
             if n.dtype not in FLOATS:
-                return np.abs(np.asarray(x, np.int64)), None, None
+                v = np.abs(np.asarray(x, np.int64))
+                return np.where(v > irange(n.dtype)[1], irange(n.dtype)[0], v), None, None
             x = np.asarray(x, np.float64)
             u = UNIT[n.dtype]
             ex = np.asarray(ex if ex is not None else 0.0)
@@ -1265,6 +1284,7 @@ class Scheduler:
         self.gpu = False
         self.refused = 0
         self.accepted = 0
+        self.skip = False
 
     def loops(self, t):
         try:
@@ -1421,6 +1441,8 @@ class Scheduler:
         if prim == "cache" and "layout" in kw:
             kwsrc["layout"] = kws["layout"]
         call = f"{st_src}.{prim}({', '.join(srcargs + [f'{k}={v}' for k, v in kwsrc.items()])})"
+        if self.skip:
+            return
         before = self.snapshot()
         lowered = None
         check_lower = r.random() < 0.1
@@ -1433,7 +1455,7 @@ class Scheduler:
             getattr(self.s[t], prim)(*args, **kw)
         except pt.PolytileError as e:
             self.refused += 1
-            self.log.append(f"{call}  # refused: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+            self.log.append(f"# {call}  refused: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
             after = self.snapshot()
             if after != before:
                 raise NonTransactional(f"{call} refused but changed the loops: {before} -> {after}") from None
@@ -1480,7 +1502,7 @@ def compare(prog, t, got, ref, err, mask, sentinel, run):
             tiny = np.finfo(np.float16).tiny if t.dtype == "float16" else 1e-30
             tol = 2.0 * err + tiny + 1e-12 * np.abs(ref)
             inf = np.isinf(ref)
-            bad = mask & ~(inf & (g == ref)) & ~(np.abs(g - ref) <= tol)
+            bad = mask & ~(inf & (g == ref)) & ~(np.abs(g - ref) <= tol) & ~(np.isnan(g) & np.isnan(ref))
             bad = bad | (mask & np.isnan(g) & ~np.isnan(ref))
     else:
         bad = mask & (g != ref)
@@ -1530,9 +1552,22 @@ def run_program_case(seed, k, rng, nrng, verbose, script):
         return {"outcome": "invalid", "detail": "no bfloat16 arrays without ml_dtypes", **info}
     sched = Scheduler(pt, rng, func, b, prog, log)
     n_prims = rng.choice([0, 1, 2, 3, 4, 5, 6, 8, 10, 12])
+    keep = os.environ.get("INDEP_FUZZ_KEEP")  # minimizing: apply only these primitives ("0,3,4")
+    keep = None if keep is None else {int(x) for x in keep.split(",") if x}
+    mid_at = rng.randrange(n_prims) if n_prims and rng.random() < 0.15 else None
+    mid = None
     try:
-        for _ in range(n_prims):
+        for q in range(n_prims):
+            if keep is not None and q not in keep:
+                sched.skip = True
+            if q == mid_at and not sched.skip:  # a build between primitives must not change the schedule
+                log.append("kern_mid = pt.build(s)")
+                try:
+                    mid = pt.build(sched.s, "cpu")
+                except pt.PolytileError as e:
+                    log[-1] = f"# kern_mid = pt.build(s)  refused: {type(e).__name__}: {str(e).splitlines()[0][:150]}"
             sched.step()
+            sched.skip = False
     except NonTransactional as e:
         return {"outcome": "internal", "detail": f"non-transactional primitive: {e}", "program": b.lines,
                 "schedule": log, **info}
@@ -1552,7 +1587,7 @@ def run_program_case(seed, k, rng, nrng, verbose, script):
                 "schedule": log, **info}
     # two calls: given outputs filled with a sentinel, then allocated outputs (other parameter values);
     # sometimes the default schedule's kernel of the same Func too (built in the same process)
-    kernels = [(1, kern), (2, kern)]
+    kernels = [(1, kern), (2, kern)] + ([(4, mid)] if mid is not None else [])
     if rng.random() < 0.15:
         try:
             kernels.append((3, pt.build(func, "cpu")))
