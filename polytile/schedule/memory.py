@@ -170,7 +170,8 @@ def store_at(self: Stage, level: str) -> Stage:
 
 
 def set_loc(self: Stage, loc: str) -> Stage:
-    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local."""
+    """Where this computation's buffer lives: heap, stack (up to 1 MB of constant size; a larger or
+    parametric buffer lives on the heap, which cannot overflow), or on a GPU global, shared, local."""
     st = self.schedule.state_copy(self.name)
     st.loc = _check_loc(self, loc)
     self.schedule.commit(self.name, st)
