@@ -185,10 +185,6 @@ class Gen:
         return t
 
     # ---- index expressions
-    def vars_max(self, env):
-        """(name, largest value: int or 'P-1' for a param P) of each variable in scope."""
-        return [(n, m) for n, m in env]
-
     def index_for(self, S, env):
         """An index node into a dimension of size ``S`` from the variables in ``env``, or None."""
         r, p = self.rng, self.p
@@ -355,8 +351,6 @@ class Gen:
                 return None
             x, y = w
             dt = promote(x.dtype, y.dtype)
-        if dt in INTS and op in ("//", "%") and (x.dtype != y.dtype):
-            pass
         if not self.fits(dt, lo, hi):
             return None
         return Node("bin", (op, x, y), dt, lo, hi)
@@ -877,11 +871,9 @@ class PTBuild:
             self.lines.append(f"{t.name} = pt.compute({self.shape_src(t.shape)}, lambda {', '.join(names)}: "
                               f"{self.src(t.body)}, {t.name!r}{kws})")
         ts = pt.compute(self.shape_pt(t.shape), fn, t.name, **kw)
-        if t.store_dtype:
-            pass
-        elif t.body.kind == "const" and not t.dtype_kw:  # a bare Python number: polytile's default type
+        if t.body.kind == "const" and not t.dtype_kw and not t.store_dtype:  # a bare number: polytile's type
             t.dtype = str(ts.dtype)
-        elif str(ts.dtype) != t.dtype:
+        elif str(ts.dtype) != t.dtype and not t.store_dtype:
             raise Invalid(f"typing: {t.name} is {ts.dtype} in polytile, {t.dtype} in the generator")
         self.tensors[t.name] = ts
         return ts

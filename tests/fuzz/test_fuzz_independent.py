@@ -19,14 +19,14 @@ def _env() -> dict:
 
 def test_independent_fuzzer_smoke(tmp_path):
     out = tmp_path / "indep.json"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--seed", "3", "--cases", "6", "--jobs", "2",
+    p = subprocess.run([sys.executable, str(SCRIPT), "--seed", "3", "--cases", "4", "--jobs", "2",
                         "--timeout", "120", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     rec = json.loads(out.read_text())
-    assert rec["cases"] == 6 and rec["findings"] == 0
-    assert sum(rec["counts"].values()) == 6
-    assert rec["counts"].get("ok", 0) >= 4, rec["counts"]
+    assert rec["cases"] == 4 and rec["findings"] == 0
+    assert sum(rec["counts"].values()) == 4
+    assert rec["counts"].get("ok", 0) >= 3, rec["counts"]
 
 
 def test_independent_fuzzer_replays_a_case():
