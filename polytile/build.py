@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import PolytileError
+from .errors import BuildError, PolytileError
 from .lang.func import Func
 from .lang.names import check_function_name
 from .schedule.state import Schedule
@@ -26,6 +26,10 @@ def build(obj: Func | Schedule, target: object = "cpu", *, name: str | None = No
     Schedule to control loops and memory.
     """
     from .lowering.pipeline import lower as _lower
+    if (isinstance(extra_flags, (str, bytes)) or not isinstance(extra_flags, Sequence)
+            or not all(isinstance(f, str) for f in extra_flags)):
+        raise BuildError(f"extra_flags must be a list of compiler flags (strings), e.g. ['-O2'], "
+                         f"got {extra_flags!r}")
     sched = obj if isinstance(obj, Schedule) else Schedule(_func(obj))
     tgt = as_target(target)
     lowered = _lower(sched, tgt, name=check_function_name(name) if name is not None else None)

@@ -54,7 +54,8 @@ _SHARED_HELPERS = {
   return pt_floormod_nz(a, b);
 }
 """,
-    "pt_iabs": """template <typename T> INLINE T pt_iabs(T a) { return a < 0 ? -a : a; }
+    # NumPy's rule: abs(MIN) == MIN (it wraps; -MIN overflows, which C leaves undefined)
+    "pt_iabs": """template <typename T> INLINE T pt_iabs(T a) { return a < 0 ? (T)(0ULL - (unsigned long long)a) : a; }
 """,
 }
 

@@ -135,6 +135,11 @@ def vector_math(text: str) -> str:
 STACK_LIMIT = 64 * 1024
 """Constant-size buffers up to this many bytes live on the stack; larger ones on the heap."""
 
+STACK_REQUEST_LIMIT = 1024 * 1024
+"""Buffers placed on the stack (``set_loc("stack")``) up to this many bytes live there; larger or
+parametric ones on the heap: a thread's stack (8 MB, less for OpenMP's) would overflow, which kills
+the process (a 3000² float32 intermediate did)."""
+
 
 class CPUPrinter(CLikePrinter):
     """Prints a lowered function as a C++ translation unit with an ``extern "C"`` entry point."""
@@ -192,8 +197,9 @@ class CPUPrinter(CLikePrinter):
         const_size = _const_elems(b)
         self.emit("{")
         self.depth += 1
-        if b.scope in ("stack", "register") or (b.scope == "auto" and const_size is not None
-                                                 and const_size * b.dtype.itemsize <= STACK_LIMIT):
+        nbytes = None if const_size is None else const_size * b.dtype.itemsize
+        if b.scope == "register" or (nbytes is not None and nbytes <= {"stack": STACK_REQUEST_LIMIT,
+                                                                    "auto": STACK_LIMIT}.get(b.scope, -1)):
             self.emit(f"alignas(64) {t} {b.name}[{size}];")
             self.stmt(s.body)
         else:

@@ -7,6 +7,7 @@ comparison node, so expressions are never used as truth values (``if a == b`` ra
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Union
 
@@ -260,9 +261,12 @@ def reduce_identity(op: str, dtype: DType) -> Const:
 # --- construction helpers -----------------------------------------------------------------------
 
 def as_expr(value: ExprLike, like: DType | None = None) -> Expr:
-    """Wrap a Python number as a constant, typed like ``like`` when given (weak scalar typing)."""
+    """Wrap a Python number as a constant, typed like ``like`` when given (weak scalar typing).
+    NumPy's scalars (``np.int64(5)``, a size from ``a.shape[0] // 2``) are numbers too."""
     if isinstance(value, Expr):
         return value
+    if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)) and hasattr(value, "item"):
+        value = value.item()
     if isinstance(value, bool):
         return Const(value, dtypes.bool_)
     if isinstance(value, int):

@@ -257,6 +257,8 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
     ``store_dtype`` once complete (float32 sums of float16 products stored as float16, as a GEMM
     with a float16 output does): a schedule then accumulates it in a write cache of the summation
     type that holds all of its reduction (``cache_write``; the lowering adds one where there is none).
+    A scalar (0-d) takes no write cache: its reduction becomes a scalar of its own (``<name>_red``,
+    summed in its type) that this one rounds, as with ``dtype``.
     """
     name = check_name(name, "tensor") if name is not None else _fresh("compute")
     dims = _shape(shape, f"compute {name}")
@@ -276,6 +278,8 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
         stored = dtypes.as_dtype(store_dtype)
         if not isinstance(body, Reduce):
             body, stored = cast(stored, body), None
+        elif not dims:
+            body, stored = _hoist_nested_reductions(cast(stored, body), dims, axes, name, cond), None
     return ComputeTensor(name, dims, axes, body, cond, stored)
 
 

@@ -14,9 +14,10 @@ from ..errors import LoweringError, ScheduleError
 from ..intrinsics import tensor_intrinsic
 from ..lang import expr as lx
 from ..poly.materialize import Plan, materialize
-from ..schedule.memory import cache_requests, folded_name
+from ..schedule.memory import cache_requests, check_narrowed_write_caches, folded_name, reduction_start
 from ..schedule.state import Schedule
 from ..schedule.tensorize import check_whole_products
+from ..schedule.transaction import restore, snapshot
 from ..target import FEATURES, Target
 from . import loopir as ir
 from .from_ast import IRBuilder, aexpr
@@ -68,7 +69,17 @@ def lower(sched: Schedule, target: Target, name: str | None = None) -> ir.Lowere
     """The loop IR of ``sched`` for ``target``: the whole compiler between schedule and printer.
 
     One list of passes for every target; a pass that only some targets need is guarded by a
-    feature of the target (``target.has``), and runs only where the guard holds."""
+    feature of the target (``target.has``), and runs only where the guard holds. What the lowering
+    adds to the schedule (the write cache of sums stored narrower) is its own: the caller's
+    schedule is left as it was, so that it can take more primitives and be built again."""
+    saved = snapshot(sched)
+    try:
+        return _lower(sched, target, name)
+    finally:
+        restore(sched, saved)
+
+
+def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     func = sched.func
     name = name or func.name
     log = _Log(name)
@@ -131,26 +142,15 @@ def cache_narrowed_sums(sched: Schedule) -> None:
     """Give each reduction stored narrower than it sums (``compute(store_dtype=)``) a write cache that
     holds all of its reduction, so that its sums are rounded once, when complete (as NumPy's float32
     product cast to float16): one at the loop just outside its reduction loops where it has none
-    (added to ``sched``); a write cache that holds only part of the reduction is refused."""
+    (added to ``sched``, which ``lower`` restores); a write cache that holds only part of the
+    reduction was refused by the primitive that made it so (``check_narrowed_write_caches``)."""
     for comp in sched.computations:
         if comp.reduction is None or not comp.narrowed:
             continue
-        loops = sched.states[comp.name].loops
-        reduce_dims = sched.program.statements[comp.name].reduce_dims
-        first = next((k for k in range(len(loops.names)) if loops.depends_on(k, reduce_dims)), len(loops.names))
-        writes = [c for c in sched.caches if c.kind == "write" and c.consumer == comp.name]
-        if not writes:
-            sched[comp.name].cache_write(loops.names[first - 1] if first else None)
-            continue
-        if not any(c.level is None or loops.index(c.level) < first for c in writes):
-            outer = ", ".join(n for k, n in enumerate(loops.names) if loops.depends_on(k, reduce_dims)
-                              and k <= max(loops.index(c.level) for c in writes if c.level is not None))
-            raise ScheduleError(
-                f"{comp.name} sums in {comp.value_dtype} and is stored as {comp.dtype}: its sums are rounded "
-                f"once, when complete, but its write cache(s) {', '.join(c.name for c in writes)} hold only part "
-                f"of the reduction (loop(s) {outer} run outside them). Place the write cache at a loop outside "
-                f"every reduction loop ({loops.names[first - 1] if first else 'at the top'} or above), or "
-                f"move the reduction loops inside it")
+        if not any(c.kind == "write" and c.consumer == comp.name for c in sched.caches):
+            first = reduction_start(sched, comp.name)
+            sched[comp.name].cache_write(sched.states[comp.name].loops.names[first - 1] if first else None)
+    check_narrowed_write_caches(sched)
 
 
 def check_schedule(sched: Schedule, target: Target) -> None:

@@ -8,12 +8,23 @@ interleaves the two.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from functools import cached_property
 
 import islpy as isl
+import numpy as np
 
 from ..errors import ScheduleError
+
+
+def integer_argument(value: object, what: str, positive: bool = False) -> int:
+    """``value`` as a Python int: an integer (NumPy's included), not a bool, a float or a string."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        value = int(value)
+        if not positive or value >= 1:
+            return value
+    raise ScheduleError(f"{what} must be {'a positive' if positive else 'an'} integer, got {value!r}")
 
 
 def _xs(n: int, prefix: str = "x") -> list[str]:
@@ -57,6 +68,8 @@ class LoopSchedule:
         return self.names.index(name)
 
     def _fresh(self, wanted: str | None, default: str, taken: set[str]) -> str:
+        if wanted is not None and not isinstance(wanted, str):
+            raise ScheduleError(f"loop name {wanted!r} of {self.owner} is not a string")
         name = wanted or default
         if not wanted:
             k = 1
@@ -90,9 +103,7 @@ class LoopSchedule:
 
     # --- primitives -----------------------------------------------------------------------------
     def split(self, name: str, factor: int, outer: str | None = None, inner: str | None = None) -> LoopSchedule:
-        if not isinstance(factor, int) or factor < 1:
-            raise ScheduleError(f"split of loop {name} of {self.owner}: the factor must be a positive integer, "
-                                f"got {factor!r}")
+        factor = integer_argument(factor, f"split of loop {name} of {self.owner}: the factor", positive=True)
         p = self.index(name)
         taken = set(self.names) - {name}
         o = self._fresh(outer, f"{name}o", taken)
@@ -134,6 +145,7 @@ class LoopSchedule:
         return self._compose(outs, self.names[:p] + [f] + self.names[q + 1:], undo)
 
     def skew(self, outer: str, inner: str, factor: int) -> LoopSchedule:
+        factor = integer_argument(factor, f"skew of {self.owner}: the factor")
         p, q = self.index(outer), self.index(inner)
         if p >= q:
             raise ScheduleError(f"skew of {self.owner}: loop {outer} must be outside {inner}")
@@ -145,6 +157,7 @@ class LoopSchedule:
         return self._compose(outs, self.names, undo)
 
     def shift(self, name: str, offset: int) -> LoopSchedule:
+        offset = integer_argument(offset, f"shift of loop {name} of {self.owner}: the offset")
         p = self.index(name)
         xs = _xs(len(self.names))
         outs = list(xs)
@@ -164,6 +177,9 @@ class LoopSchedule:
 
     def apply(self, text: str, names: Sequence[str] | None = None) -> LoopSchedule:
         """Compose a user's isl map over the current loops (input dimensions matched by position)."""
+        if not isinstance(text, str):
+            raise ScheduleError(f"apply_sch on {self.owner}: the map must be isl text such as "
+                                f"'{{ [i, j] -> [j, i] }}', got {text!r}")
         try:
             t = isl.Map(text)
         except isl.Error as err:
@@ -183,6 +199,7 @@ class LoopSchedule:
         out_names = list(names) if names else [t.get_dim_name(isl.dim_type.out, k) or f"t{k}" for k in range(n_out)]
         if len(out_names) != n_out or len(set(out_names)) != n_out:
             raise ScheduleError(f"apply_sch on {self.owner}: give {n_out} distinct names for the new loops")
+        out_names = [self._fresh(n, n, set()) for n in out_names]
         for k in range(n_out):
             t = t.set_dim_name(isl.dim_type.out, k, f"y{k}")
         for k in range(n_in):
@@ -190,6 +207,13 @@ class LoopSchedule:
         rel = self.rel.apply_range(t)
         if rel.is_empty() and not self.rel.is_empty():
             raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} drops every iteration")
+        loops = self.domain.apply(self.rel)  # the iterations, as values of the current loops
+        undefined = loops.subtract(t.domain().align_params(loops.get_space()))
+        if not undefined.is_empty():  # e.g. [a] -> [a/2] only holds for even a
+            point = undefined.sample_point()
+            example = [point.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_in)]
+            raise ScheduleError(f"apply_sch on {self.owner}: the map {text!r} is not defined at every iteration "
+                                f"(not at {dict(zip(self.names, example))}); give a map of every integer point")
         # the user's map is injective: its inverse is a function on its image
         return LoopSchedule(self.owner, self.dims, rel, out_names, self.domain, self._then(t),
                             self._undo(isl.PwMultiAff.from_map(t.reverse())))
@@ -205,25 +229,46 @@ class LoopSchedule:
         return _const_of(image.dim_min(pos)), _const_of(image.dim_max(pos))
 
     def depends_on(self, pos: int, dims: Sequence[str]) -> bool:
-        """Whether loop ``pos`` varies with any of the domain dimensions ``dims``."""
-        return any(d in self._involved[pos] for d in dims)
+        """Whether loop ``pos`` varies with the domain dimensions ``dims``: fixing the others leaves
+        its value undetermined. Taken jointly: where the domain ties dimensions together (a
+        reduction's ``where=k5 == 5 - k4``), each of them alone is redundant, yet the loop varies
+        with the two."""
+        if any(d in self._involved[pos] for d in dims):
+            return True
+        ks = sorted({self.dims.index(d) for d in dims if d in self.dims}, reverse=True)
+        if len(ks) < 2:
+            return False
+        key = (pos, tuple(ks))
+        if key not in self._joint:
+            graph = self._graphs[pos]
+            for k in ks:
+                graph = graph.project_out(isl.dim_type.in_, k, 1)
+            self._joint[key] = not graph.is_single_valued()
+        return self._joint[key]
 
     @cached_property
-    def _involved(self) -> list[set[str]]:
-        """For each loop, the domain dimensions it varies with: those whose removal leaves the loop's
-        value undetermined (computed once: schedules are immutable). Over the statement's instances
-        only, where compositions of floors and fusions are simple, unlike over every integer point
-        (where extracting the functions can take isl minutes)."""
+    def _joint(self) -> dict[tuple[int, tuple[int, ...]], bool]:
+        return {}
+
+    @cached_property
+    def _graphs(self) -> list[isl.Map]:
+        """For each loop, its value as a relation of the domain dimensions. Over the statement's
+        instances only, where compositions of floors and fusions are simple, unlike over every
+        integer point (where extracting the functions can take isl minutes)."""
         rel = self.rel.intersect_domain(self.domain).detect_equalities()
         if rel.is_empty():  # no instance: what the loops vary with over every point
             rel = self.rel
         n = len(self.names)
-        out = []
-        for pos in range(n):
-            graph = rel.project_out(isl.dim_type.out, pos + 1, n - pos - 1).project_out(isl.dim_type.out, 0, pos)
-            out.append({d for k, d in enumerate(self.dims) if graph.involves_dims(isl.dim_type.in_, k, 1)
-                        and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()})
-        return out
+        return [rel.project_out(isl.dim_type.out, pos + 1, n - pos - 1).project_out(isl.dim_type.out, 0, pos)
+                for pos in range(n)]
+
+    @cached_property
+    def _involved(self) -> list[set[str]]:
+        """For each loop, the domain dimensions it varies with one by one: those whose removal leaves
+        the loop's value undetermined (computed once: schedules are immutable)."""
+        return [{d for k, d in enumerate(self.dims) if graph.involves_dims(isl.dim_type.in_, k, 1)
+                 and not graph.project_out(isl.dim_type.in_, k, 1).is_single_valued()}
+                for graph in self._graphs]
 
     def __repr__(self) -> str:
         return f"LoopSchedule({self.owner}: {self.rel} names={self.names})"

@@ -306,6 +306,7 @@ class CPUKernel(Kernel):
                   flush_cache: bool = False, **params: object) -> float:
         """Median wall time in seconds of one call (after ``warmup`` calls; at least ``repeat`` runs
         or ``min_time`` seconds). ``flush_cache`` writes a buffer larger than the caches before each run."""
+        self._check_timing(repeat, warmup, min_time)
         plan = self._plan(self._key(arrays, params), arrays, params)
         args, _, _alive = plan.arguments(arrays)
         values = plan.values

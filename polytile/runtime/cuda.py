@@ -423,6 +423,7 @@ class CUDAKernel(Kernel):
         seconds or that much time has passed (``CPUKernel.benchmark`` counts the latter). ``flush_cache``
         writes a buffer twice the L2 size before each run. The index-array checks run once, before the timing."""
         from .timing import time_gpu
+        self._check_timing(repeat, warmup, min_time)
         plan = self._plan(self._key(arrays, params), arrays, params)
         handle = None if stream is None else stream_handle(stream)
         dev = plan.device

@@ -16,10 +16,12 @@ dict. ``cache_info()`` counts the misses.
 
 from __future__ import annotations
 
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..errors import InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from .args import Signature
@@ -66,6 +68,17 @@ class Kernel(ABC):
                   flush_cache: bool = False, **params: object) -> float:
         """Median seconds of one run after ``warmup`` runs: at least ``repeat`` timed runs, more
         until they add up to ``min_time`` seconds; ``flush_cache`` evicts the caches before each."""
+
+    def _check_timing(self, repeat: object, warmup: object, min_time: object) -> None:
+        """``benchmark``'s counts are integers (``repeat`` at least 1) and ``min_time`` is a number of
+        seconds, none negative (``repeat=-1`` used to end in statistics' error on no runs)."""
+        def count(v: object) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        if not (count(repeat) and repeat >= 1 and count(warmup) and warmup >= 0  # type: ignore[operator]
+                and isinstance(min_time, numbers.Real) and not isinstance(min_time, bool) and min_time >= 0):
+            raise InputError(f"benchmark of {self.lowered.name}: repeat must be an integer >= 1, warmup >= 0 and "
+                             f"min_time a number of seconds >= 0; got repeat={repeat!r}, warmup={warmup!r}, "
+                             f"min_time={min_time!r}")
 
     @abstractmethod
     def synchronize(self) -> None:

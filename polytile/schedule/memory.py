@@ -37,7 +37,9 @@ def _level(stage: Stage, at: str | None) -> str | None:
 
 
 def _tensor_name(stage: Stage, tensor: Tensor | str) -> str:
-    name = tensor if isinstance(tensor, str) else tensor.name
+    name = tensor if isinstance(tensor, str) else getattr(tensor, "name", None)
+    if not isinstance(name, str):
+        raise ScheduleError(f"cache for {stage.name}: {tensor!r} is not a tensor; pass a tensor it reads or its name")
     comp = stage.schedule.computation(stage.name)
     if not any(t.name == name for t in comp.inputs()) and name not in _inlined_reads(stage):
         raise ScheduleError(f"computation {stage.name} does not read {name}; nothing to cache")
@@ -60,7 +62,7 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
         base, k = cname, 1
         while cname in taken:
             cname, k = f"{base}{k}", k + 1
-    if not cname.isidentifier():
+    if not isinstance(cname, str) or not cname.isidentifier():
         raise ScheduleError(f"cache name {cname!r} is not an identifier")
     if cname in taken:
         raise ScheduleError(f"the name {cname!r} is already used; pass name= to the cache primitive")
@@ -78,6 +80,7 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
     spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad), whole)
     sched.caches.append(spec)
     try:
+        check_narrowed_write_caches(sched)
         relaxed = frozenset(n for n, st in sched.states.items() if st.reassociate)
         check_memory(sched, sched._original, sched.stage_schedules(), relaxed)
     except BaseException:
@@ -168,7 +171,8 @@ def store_at(self: Stage, level: str) -> Stage:
 
 
 def set_loc(self: Stage, loc: str) -> Stage:
-    """Where this computation's buffer lives: heap, stack, or on a GPU global, shared, local."""
+    """Where this computation's buffer lives: heap, stack (up to 1 MB of constant size; a larger or
+    parametric buffer lives on the heap, which cannot overflow), or on a GPU global, shared, local."""
     st = self.schedule.state_copy(self.name)
     st.loc = _check_loc(self, loc)
     self.schedule.commit(self.name, st)
@@ -218,6 +222,39 @@ def _not_scalar(sched: Schedule, tensor: str, what: str) -> None:
     if sched.func.tensor(tensor).ndim == 0:
         raise ScheduleError(f"{what}: {tensor} is a scalar (0-d), one element that the compiler keeps in a "
                             "register; it takes no buffer or layout of its own")
+
+
+def reduction_start(sched: Schedule, name: str) -> int:
+    """The position of the first loop of computation ``name`` that runs over its reduction axes (the
+    number of its loops when none does): a write cache holds all of its reduction at a loop before it."""
+    loops = sched.states[name].loops
+    reduce_dims = sched.program.statements[name].reduce_dims
+    return next((k for k in range(len(loops.names)) if loops.depends_on(k, reduce_dims)), len(loops.names))
+
+
+def check_narrowed_write_caches(sched: Schedule) -> None:
+    """A reduction stored narrower than it sums (``compute(store_dtype=)``) rounds its sums once, when
+    complete: refuse write caches of it of which none holds all of its reduction (checked by every
+    primitive, so that the one that makes it so is refused, not the build)."""
+    for comp in sched.computations:
+        if comp.reduction is None or not comp.narrowed:
+            continue
+        writes = [c for c in sched.caches if c.kind == "write" and c.consumer == comp.name]
+        loops = sched.states[comp.name].loops
+        if not writes or any(c.level is None or c.level not in loops.names for c in writes):
+            continue  # no cache yet, or a cache at a loop that no longer exists (refused by cache_requests)
+        first = reduction_start(sched, comp.name)
+        if any(loops.index(c.level) < first for c in writes):
+            continue
+        last = max(loops.index(c.level) for c in writes)
+        outer = ", ".join(n for k, n in enumerate(loops.names)
+                          if k <= last and loops.depends_on(k, sched.program.statements[comp.name].reduce_dims))
+        raise ScheduleError(
+            f"{comp.name} sums in {comp.value_dtype} and is stored as {comp.dtype}: its sums are rounded "
+            f"once, when complete, but its write cache(s) {', '.join(c.name for c in writes)} hold only part "
+            f"of the reduction (loop(s) {outer} run outside them). Place the write cache at a loop outside "
+            f"every reduction loop ({loops.names[first - 1] if first else 'at the top'} or above), or "
+            f"move the reduction loops inside it")
 
 
 def check_memory(sched: Schedule, original: dict[str, StageSchedule], scheds: dict[str, StageSchedule],

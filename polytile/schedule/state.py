@@ -21,7 +21,7 @@ from ..poly.model import INIT_SUFFIX
 from ..poly.program import STATIC_SCALE, PolyProgram, StageSchedule
 from ..poly.schedule import LoopSchedule
 from ..toolchain import quick_builds
-from .memory import check_memory
+from .memory import check_memory, check_narrowed_write_caches
 from .transaction import transactional
 
 if TYPE_CHECKING:
@@ -109,7 +109,10 @@ class Schedule:
 
     # --- access ---------------------------------------------------------------------------------
     def __getitem__(self, key: Tensor | str) -> Stage:
-        name = key if isinstance(key, str) else key.name
+        name = key if isinstance(key, str) else getattr(key, "name", None)
+        if not isinstance(name, str):
+            raise ScheduleError(f"{key!r} is not a computation of Func {self.func.name}: index the schedule "
+                                f"by a tensor or its name (computations: {', '.join(self.states)})")
         if name in self.inlined or name in self.virtual:
             raise ScheduleError(f"computation {name} was inlined; schedule its consumers instead")
         if name not in self.states:
@@ -196,6 +199,7 @@ class Schedule:
                 raise ScheduleError(f"the schedule breaks a dependence: {v.describe()}"
                                     + self._at_loop(v.dim, scheds, v.sink))
         self._check_shared_loop_tags(scheds)
+        check_narrowed_write_caches(self)
         if not known:
             unbounded = self.program.unbounded_loop(scheds)
             if unbounded is not None:

@@ -16,6 +16,7 @@ operations it does not import runs those parts in torch, with the reason in the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -76,6 +77,12 @@ class Options:
             raise PolytileError(f"backend option cuda_graphs={self.cuda_graphs!r}: use True, False or None")
         if self.attention not in ATTENTION:
             raise PolytileError(f"backend option attention={self.attention!r}: use one of {', '.join(ATTENTION)}")
+        if self.target is not None:
+            from ..target import as_target
+            try:
+                as_target(self.target)
+            except PolytileError as err:
+                raise PolytileError(f"backend option target={self.target!r}: {err}") from None
         if self.records is not None:
             if not Path(self.records).exists():
                 raise PolytileError(f"backend option records={str(self.records)!r}: no such file; tune the model "
@@ -87,13 +94,21 @@ class Options:
 def backend(**options: Any) -> Callable[..., Any]:
     """A ``torch.compile`` backend with these ``Options``: ``torch.compile(m, backend=pt.torch.backend(
     records="model.jsonl"))``."""
-    opts = Options(**options)
-    return functools.partial(_compile, opts=opts)
+    return functools.partial(_compile, opts=_options(options))
 
 
 def polytile_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
     """The backend registered as "polytile" (``torch.compile(m, backend="polytile", options={...})``)."""
-    return _compile(gm, example_inputs, opts=Options(**(options or {})))
+    return _compile(gm, example_inputs, opts=_options(options or {}))
+
+
+def _options(options: dict[str, Any]) -> Options:
+    known = [f.name for f in dataclasses.fields(Options)]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise PolytileError(f"unknown backend option(s) {', '.join(map(repr, unknown))}; the options are "
+                            f"{', '.join(known)}")
+    return Options(**options)
 
 
 def _compile(gm: fx.GraphModule, example_inputs: list[Any], opts: Options) -> Any:

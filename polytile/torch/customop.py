@@ -104,7 +104,9 @@ def custom_op(kernel: Any, name: str | None = None) -> Any:
     and return it. Its arguments are the Func's inputs (any layout: non-contiguous tensors are
     copied), its results the Func's outputs (a tensor, or a tuple). ``name`` defaults to the Func's
     name; registering another kernel under a name in use is an error."""
-    func: Func = kernel.func
+    func = getattr(kernel, "func", None)
+    if not isinstance(func, Func) or not callable(kernel):
+        raise PolytileError(f"custom_op takes a kernel built by pt.build, got {type(kernel).__name__}")
     name = name or func.name
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise PolytileError(f"custom op name {name!r} is not an identifier")

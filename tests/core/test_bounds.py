@@ -558,3 +558,26 @@ print("ok")
 '''
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("schedule", ["default", "split", "reorder"])
+def test_a_reductions_where_tying_its_axes_together(schedule, rng):
+    """``where=k5 == 5 - k4`` ties the two reduction axes: each alone determines the loops, so neither
+    seemed to vary with the reduction and its initialization was placed inside both loops —
+    ``create_schedule`` refused the program (independent fuzzer, seed 12 case 152). A loop varies
+    with the reduction axes taken together."""
+    A = pt.placeholder((13, 5), "float32", "A")
+    k4, k5 = pt.reduce_axis(13, "k4"), pt.reduce_axis(5, "k5")
+    S = pt.compute((), lambda: pt.sum(A[k4, k5], axis=[k4, k5], where=k5 == 5 - k4), "S")
+    i, j = pt.reduce_axis(13, "i"), pt.reduce_axis(5, "j")
+    T = pt.compute((4,), lambda r: pt.sum(A[i, j] * r, axis=[i, j], where=j == 5 - i), "T")
+    s = pt.create_schedule(pt.Func([A], [S, T]))
+    if schedule == "split":
+        s[T].split("i", 2)
+    elif schedule == "reorder":
+        s[T].reassociate().reorder("j", "i")
+    a = rng.random((13, 5), dtype=np.float32)
+    total = sum(a[k, 5 - k] for k in range(1, 6))
+    got_s, got_t = pt.build(s)(a)
+    np.testing.assert_allclose(got_s, total, rtol=1e-5)
+    np.testing.assert_allclose(got_t, total * np.arange(4), rtol=1e-5)

@@ -130,18 +130,28 @@ def test_a_write_cache_outside_the_reduction_rounds_once():
 
 
 def test_a_write_cache_inside_the_reduction_is_refused():
-    """Partial sums would be stored rounded to float16 between K blocks."""
+    """Partial sums would be stored rounded to float16 between K blocks. Refused by the primitive that
+    makes it so, the cache or a later reorder (it was refused at the build: independent fuzzer, seed
+    14 case 10), and the schedule is left as it was."""
     s = pt.Schedule(_hgemm())
-    s["C"].split("k", 64, "ko", "ki").reorder("ko", "i", "j", "ki").cache_write("j")
+    s["C"].split("k", 64, "ko", "ki").reorder("ko", "i", "j", "ki")
     with pytest.raises(ScheduleError, match=r"C sums in float32 and is stored as float16.*loop\(s\) ko run outside"):
-        pt.build(s, "cpu")
+        s["C"].cache_write("j")
+    assert s.caches == []
+    s = pt.Schedule(_hgemm())
+    s["C"].split("k", 64, "ko", "ki").cache_write("j")
+    with pytest.raises(ScheduleError, match=r"C sums in float32 and is stored as float16.*loop\(s\) ko run outside"):
+        s["C"].reorder("ko", "i", "j", "ki")
+    assert s["C"].loops == ["i", "j", "ko", "ki"]
+    assert _check(s) <= 1.0
 
 
 def test_reduction_loops_outside_the_data_loops_get_a_whole_cache():
     s = pt.Schedule(_hgemm())
     s["C"].reorder("k", "i", "j")
     assert _check(s) <= 1.0
-    assert s.caches[0].level is None  # the whole result, in float32
+    assert "allocate C_local[21, 13] float32" in str(pt.lower(s))  # the whole result, in float32
+    assert s.caches == []  # the lowering's cache, not the caller's schedule's
 
 
 # --- the tuning templates ----------------------------------------------------------------------------
@@ -193,3 +203,21 @@ def test_shape_suite_writes_the_input_dtype_like_torch_with_half_out():
     small = shapes.Workload("t", "conv2d_igemm", (("N", 1), ("H", 5), ("W", 5), ("C", 16), ("K", 8), ("R", 1),
                                                   ("S", 1)), "float16", "conv", half_out=True)
     assert small.op().func.outputs[0].dtype.name == "float16"
+
+
+def test_building_leaves_the_schedule_as_it_was(rng):
+    """The write cache that the lowering adds for sums stored narrower belongs to that build: it
+    stayed in the caller's schedule, so a schedule built (or lowered) once and then reordered was
+    refused at its next build — the stale cache held only part of the reduction (independent fuzzer,
+    seed 13 case 82, where ``pt.lower`` ran between primitives)."""
+    A = pt.placeholder((5, 4), "float32", "A")
+    k = pt.reduce_axis(5, "k")
+    T = pt.compute((32, 4), lambda n, y: pt.sum(A[k, y] * n, axis=k), "T", store_dtype="bfloat16")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    pt.lower(s)
+    pt.build(s)
+    assert s.caches == []
+    s[T].reorder("k", "y", "n")
+    a = rng.random((5, 4), dtype=np.float32)
+    got = np.asarray(pt.build(s)(a), np.float32)
+    np.testing.assert_allclose(got, np.arange(32)[:, None] * a.sum(0)[None, :], rtol=1e-2)

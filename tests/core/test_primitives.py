@@ -119,6 +119,22 @@ def test_set_loc(rng):
         pt.build(s2)
 
 
+@pytest.mark.parametrize("n, place", [(100, "stack"), (600, "heap")])
+def test_a_stack_buffer_too_large_for_a_stack_goes_to_the_heap(n, place):
+    """``set_loc("stack")`` put any intermediate on the thread's stack: a 3000² float32 one (36 MB,
+    in the independent fuzzer's probes) killed the process with SIGSEGV. Past 1 MB (600² float32
+    is 1.4 MB), or of a parametric size, it lives on the heap."""
+    f, T, Y = producer_consumer(n, n)
+    s = pt.create_schedule(f)
+    s[T].set_loc("stack")
+    kern = pt.build(s)
+    src = body(kern.source)
+    assert (f"alignas(64) float T[({n}) * ({n})]" in src) == (place == "stack")
+    assert ("T = (float*)pt_alloc(" in src) == (place == "heap")
+    x = np.ones((n, n), np.float32)
+    np.testing.assert_allclose(kern(x), pc_reference(x), rtol=1e-5, atol=1e-5)
+
+
 def test_constant_memory_is_not_a_location():
     """GPU constant memory is written only by the host, so a computed buffer cannot live there; the
     location is refused where it is asked for (it used to be accepted and never emitted)."""

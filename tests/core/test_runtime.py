@@ -70,6 +70,17 @@ def test_kernel_introspection_and_benchmark(rng):
     assert 0 < t < 1
 
 
+@pytest.mark.parametrize("timing", [dict(repeat=0), dict(repeat=-1, min_time=-1), dict(repeat=2.5),
+                                    dict(warmup=-1), dict(min_time="1")])
+def test_benchmark_counts_are_checked(timing, rng):
+    """``benchmark(repeat=-1, min_time=-1)`` ended in statistics' error on no runs and ``repeat=0``
+    timed one run anyway (independent fuzzer's probes): an InputError names the arguments."""
+    kern = pt.build(scale_func())
+    with pytest.raises(pt.InputError, match="repeat must be an integer >= 1"):
+        kern.benchmark(rng.standard_normal((8, 8)).astype("float32"), **timing)
+    assert kern.benchmark(rng.standard_normal((8, 8)).astype("float32"), repeat=np.int64(2), min_time=0) > 0
+
+
 def test_build_cache_reuses_library(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYTILE_CACHE_DIR", str(tmp_path))
     k1 = pt.build(scale_func())

@@ -47,6 +47,21 @@ def test_scalar_max_over_a_parameter_size_and_an_empty_input(rng):
     assert out == 17  # where= fails: not written
 
 
+@pytest.mark.parametrize("stored", ["float16", "bfloat16"])
+def test_a_scalar_sum_stored_narrower_sums_in_its_own_type(stored):
+    """Independent fuzzer, seed 11 case 72: a 0-d reduction with ``store_dtype`` was refused at the
+    build (the write cache the lowering adds for narrowed sums is no buffer for a scalar), and summed
+    in the narrow type without it (3072 ones gave 2048 in float16)."""
+    A = pt.placeholder((3072,), "float32", "A")
+    k = pt.reduce_axis(3072, "k")
+    S = pt.compute((), lambda: pt.sum(A[k], axis=k), "S", store_dtype=stored)
+    T = pt.compute((2,), lambda i: S[()] * 2.0, "T")
+    s = pt.create_schedule(pt.Func([A], [S, T]))
+    total, twice = pt.build(s)(np.ones(3072, np.float32))  # a float16 sum of ones stops at 2048
+    assert str(total.dtype) == stored and float(total) == 3072.0
+    np.testing.assert_array_equal(np.asarray(twice, np.float32), [6144.0, 6144.0])
+
+
 def test_buffers_of_a_scalar_are_refused_at_the_primitive():
     f, S, F, C = total_and_centered(5)
     s = pt.create_schedule(f)

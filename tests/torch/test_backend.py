@@ -88,6 +88,12 @@ def test_bad_options_are_polytile_errors(tmp_path: object) -> None:
         ptt.backend(records=str(weights))
     with pytest.raises(PolytileError, match="is a directory"):
         ptt.backend(records=str(tmp_path))
+    # an unknown target or option name (a TypeError of the options' class, and a target refused only
+    # when the first graph compiled: independent fuzzer's probes)
+    with pytest.raises(PolytileError, match="backend option target='tpu': unknown target"):
+        ptt.backend(target="tpu")
+    with pytest.raises(PolytileError, match="unknown backend option.*'bogus'.*the options are target"):
+        ptt.backend(bogus=1)
 
 
 def test_a_group_whose_result_differs_is_left_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,3 +75,11 @@ def test_the_operator_on_the_gpu_in_a_cuda_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert_close(y, _reference(x))
+
+
+@pytest.mark.parametrize("kernel", [5, None, "scaled_rows"])
+def test_custom_op_of_something_not_a_kernel(kernel: object) -> None:
+    """An AttributeError before (independent fuzzer's probes)."""
+    from polytile.torch import custom_op
+    with pytest.raises(PolytileError, match="custom_op takes a kernel built by pt.build"):
+        custom_op(kernel)
