@@ -34,6 +34,7 @@ from ..tune.analytical import (
     block_occupancy,
     gemm_seconds,
     occupancy,
+    raster_group,
 )
 
 
@@ -178,7 +179,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
                stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
-               specialize: bool = False, raster: str = "rows") -> None:
+               specialize: bool = False, raster: str = "rows", group: int = 1) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
@@ -191,7 +192,9 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     ``specialize``: by a producer warpgroup of their own (warp specialization, ``setmaxnreg``).
     ``raster``: the order of the block tiles, "rows" (consecutive blocks along a row of tiles:
     blockIdx.x over the column tiles) or "columns" (blockIdx.x over the row tiles: a wave of blocks
-    shares few column tiles of B, for products much wider than tall)."""
+    shares few column tiles of B, for products much wider than tall); ``group`` > 1: in groups of that
+    many rows of tiles (``Stage.raster``: down a group's rows column by column, the next group after;
+    ``gemm_choice`` sizes it to the L2: ``raster_group``)."""
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -207,6 +210,8 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
         raise ScheduleError(f"gemm_wgmma: raster must be 'rows' or 'columns', got {raster!r}")
     fast, slow = ("bj", "bi") if raster == "rows" else ("bi", "bj")
     st.bind(slow, "blockIdx.y").bind(fast, "blockIdx.x").bind("wi", "threadIdx.z")
+    if group > 1:
+        st.raster(group)
     st.cache(a, "ko", loc="shared", name=f"{a}_shared")
     st.cache(b, "ko", loc="shared", name=f"{b}_shared")
     st.cache_write("wi", loc="fragment")
@@ -385,7 +390,11 @@ def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tup
             if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn // 2 >= N) or (pieces and bm * bn > 128 * 128):
                 continue  # a tile twice the matrix only repeats a smaller one's work
             bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
-            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=1)
+            # no more stages than K tiles to hold (shared memory that lets more blocks reside: a
+            # short reduction's blocks then overlap each other's write-back); one tile: no group in flight
+            steps = -(-K // bk)
+            stages, inflight = (2, 0) if steps == 1 else (max(3, min(stages, steps + 1)), 1)
+            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=inflight)
             resident = occupancy(WgmmaConfig(**params), hw, it).blocks
             out.append((params, BlockPlan(bm, bn, bk, 0, 0, resident, hw.wgmma_flops, it, stages)))
     return out
@@ -497,19 +506,21 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False)
         for split in splits + more:
             chunk = -(-K // split)
+            group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
-                            steps=-(-chunk // plan.bk))
+                            steps=-(-chunk // plan.bk), group=group, out_bytes=4 if split > 1 else out_bytes)
             t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             if kernel == "gemv" and not params.get("direct") and (N * it) % 4:
                 t += 2 * batch * K * N * it / target.dram_bandwidth + LAUNCH_SECONDS  # B copied aligned first
+            chosen = {**params, "group": group} if group > 1 else params
             if split in more:
                 if uneven is None or t < uneven.seconds:
-                    uneven = GemmChoice(kernel, params, split, t)
+                    uneven = GemmChoice(kernel, chosen, split, t)
                 continue
             if best is None or t < best.seconds:
-                best = GemmChoice(kernel, params, split, t)
+                best = GemmChoice(kernel, chosen, split, t)
             if split == 1 and (unsplit is None or t < unsplit.seconds):
-                unsplit = GemmChoice(kernel, params, 1, t)
+                unsplit = GemmChoice(kernel, chosen, 1, t)
     if best is not None and uneven is not None and uneven.seconds < SPLIT_MARGIN * best.seconds:
         # chunks of unequal length (a GEMV over a prime K had no split and 17 blocks: 1×4097×4093 at
         # 0.04× torch), only for a clear gain over the chunks of one length
