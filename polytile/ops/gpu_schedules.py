@@ -383,7 +383,7 @@ def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tup
     128-wide in 5 stages for the small tiles of a deep reduction (tuned: BERT's 512×768×3072 in
     0.014 ms instead of 0.023). Operands read in 4- or 8-byte pieces (rows not 16-byte aligned) take
     4 to 2 times the copy instructions: tiles up to 128×128 (128×256 spills its accumulators)."""
-    pieces = (K * it) % 16 or (N * it) % 16
+    pieces = _in_pieces(K * it) or _in_pieces(N * it)
     out = []
     for bm in (128, 64):
         for bn in (256, 192, 128, 64):
@@ -542,14 +542,23 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
 
 def tma_fits(params: dict[str, int], M: int, N: int, K: int, itemsize: int, batch: int = 1, split: int = 1) -> bool:
     """Whether the default warpgroup-MMA GEMM loads its tiles with TMA (``producer="tma"``): one
-    unsplit 2-D product whose rows of A and B are multiples of 16 bytes (read in place: TMA needs
-    16-byte row strides) and at least one tile long each way (whole 128-byte swizzled tiles).
+    unsplit 2-D product whose rows of A and B are multiples of 16 bytes as the kernel reads them
+    (TMA needs 16-byte row strides: in place, or the aligned copy of rows that are only 2-byte
+    aligned, GPT-2's vocabulary of 50257) and at least one tile long each way (whole 128-byte
+    swizzled tiles).
     Measured on an H200 against the same tiles with cp.async (bf16, benchmarks/tma_gemm.py): 4096³
     0.191 ms instead of 0.235 (0.91× torch instead of 0.74×), 2048×6144×4096 0.145 instead of 0.183,
     2048×28672×4096 0.965 instead of 0.941 (both 0.62×: bound by the order of the blocks, not the
     copies); a producer warpgroup (``specialize=True``) measured the same as one issuing thread."""
-    return (batch == 1 and split == 1 and (K * itemsize) % 16 == 0 and (N * itemsize) % 16 == 0
+    return (batch == 1 and split == 1 and not _in_pieces(K * itemsize) and not _in_pieces(N * itemsize)
             and M >= params["bm"] and N >= params["bn"] and K >= params["bk"])
+
+
+def _in_pieces(row_bytes: int) -> bool:
+    """Whether the default GEMM reads rows of ``row_bytes`` in place in 4- or 8-byte pieces (rows of
+    16-byte multiples are read whole; 2-byte aligned ones are copied 16-byte aligned first:
+    ``align_operands`` with granule 4), which TMA cannot do and which take more copy instructions."""
+    return row_bytes % 16 != 0 and row_bytes % 4 == 0
 
 
 def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str, int]:

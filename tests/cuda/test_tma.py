@@ -288,6 +288,18 @@ def test_default_gemms_load_with_tma_where_the_rows_allow():
     assert producer(4096, 4096, 4096, split_k=2) == "threads"  # split: partial products
     src = ops.matmul(300, 264, 200, "bfloat16").build("cuda:sm_90a").source
     assert "pt_tma_load_2d(" in src and "pt_cp_async" not in body(src)
+    # rows only 2-byte aligned (GPT-2's vocabulary, N = 50257) are copied 16-byte aligned first:
+    # TMA reads the copy, and the tiles may be as wide as for aligned rows (no 4-byte pieces)
+    assert producer(128, 50257, 768) == "tma" and producer(997, 1009, 1013) == "tma"
+    loads = _calls(_default_sched(128, 50257, 768), "pt_tma_load_2d")
+    assert {c.args[1].buffer.name for c in loads} == {"A", "B_aligned"}
+
+
+def _default_sched(M, N, K, dtype="bfloat16"):
+    from polytile.ops.gpu_schedules import matmul as default_matmul
+    s = pt.Schedule(ops.matmul(M, N, K, dtype).func)
+    assert default_matmul(s, SM90A, M, N, K) is None
+    return s
 
 
 def test_column_raster_binds_the_row_tiles_to_blockidx_x():

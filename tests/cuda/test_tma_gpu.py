@@ -105,3 +105,12 @@ def test_grouped_batched_gemm(dims):
     kern(a, b, out)
     ref = a.double() @ b.double()
     assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [(130, 1001, 200), (97, 2049, 513)], ids=["130x1001x200", "97x2049x513"])
+def test_default_gemm_loads_aligned_copies_with_tma(dims):
+    # rows of B (and of A with K = 513) only 2-byte aligned: copied 16-byte aligned, then TMA reads them
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, "float16").build("cuda")
+    assert "pt_tma_load_2d(" in kern.source
+    _check(kern, M, N, K, "float16", seed=M + N + K)
