@@ -498,7 +498,6 @@ class BlockPlan:
     warp_flops: float = 0.0  # the FLOP per cycle one warp sustains (default WARP_FLOPS)
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
     group: int = 1  # rows of blocks launched together (``raster_group``; 1: row by row)
-    out_bytes: int = 0  # bytes of one result written by the epilogue (0: the epilogue is not modeled)
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
@@ -506,11 +505,7 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     K step takes the longest of the products of the blocks resident on an SM (on the CUDA cores
     bounded by their warps' issue rate too), their operand loads through the SM's L2 port, and one
     tile's loaded memory latency and transfer spread over the stages in flight (which the resident
-    blocks overlap); a last, partial wave holds fewer blocks per SM. A lone resident block writes its
-    results (``out_bytes`` each) at its SM's share of DRAM bandwidth after its last step, with no
-    other block's products to overlap (a short reduction with wide results is bound by that:
-    32×2048×2048×128 bf16 wrote float32 in 241 µs on an H100, its DRAM traffic 160 µs); resident
-    blocks in several overlap each other's writes.
+    blocks overlap); a last, partial wave holds fewer blocks per SM.
     Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
     tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
     flops = 2.0 * plan.bm * plan.bn * plan.bk
@@ -528,10 +523,7 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     cycles = full * plan.steps * step(plan.resident)
     if rest:
         cycles += plan.steps * step(-(-rest // hw.sms))
-    waves = full + (1 if rest else 0)
-    if plan.resident == 1 and plan.out_bytes:
-        cycles += waves * plan.bm * plan.bn * plan.out_bytes * hw.sms / hw.dram_bytes_per_cycle
-    return cycles + hw.dram_latency * waves
+    return cycles + hw.dram_latency * (full + (1 if rest else 0))
 
 
 def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, batch: int = 1,

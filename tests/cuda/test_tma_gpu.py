@@ -107,10 +107,49 @@ def test_grouped_batched_gemm(dims):
     assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
 
 
-@pytest.mark.parametrize("dims", [(130, 1001, 200), (97, 2049, 513)], ids=["130x1001x200", "97x2049x513"])
+@pytest.mark.parametrize("dims", [(130, 1001, 200), (97, 2049, 513), (1000, 1024, 128)],
+                         ids=["130x1001x200", "97x2049x513", "1000x1024x128"])
 def test_default_gemm_loads_aligned_copies_with_tma(dims):
-    # rows of B (and of A with K = 513) only 2-byte aligned: copied 16-byte aligned, then TMA reads them
+    # rows of B (and of A with K = 513) only 2-byte aligned: copied 16-byte aligned, then TMA reads them;
+    # 1000 rows: a partial row tile over two whole K tiles
     M, N, K = dims
     kern = ops.matmul(M, N, K, "float16").build("cuda")
     assert "pt_tma_load_2d(" in kern.source
     _check(kern, M, N, K, "float16", seed=M + N + K)
+
+
+BATCHED = [
+    ((3, 300, 264, 200), dict(bm=128, bn=128, bk=64, stages=3, inflight=1)),  # partial tiles in every batch
+    ((5, 129, 1000, 520), dict(bm=64, bn=256, bk=64, stages=4, inflight=1, group=2)),  # grouped
+    ((12, 1024, 1024, 128), dict(bm=128, bn=128, bk=64, stages=3, inflight=1)),  # two K tiles
+    ((2, 70, 64, 100), dict(bm=64, bn=64, bk=64, stages=2)),  # the second K tile mostly outside
+]
+
+
+@pytest.mark.parametrize("dims,cfg", BATCHED, ids=["x".join(map(str, d)) for d, _ in BATCHED])
+def test_batched_tma(dims, cfg, specialize):
+    # 3-D tensor maps, one batch per box: rows past a batch's end read zeros, not the next batch's rows
+    batch, M, N, K = dims
+    s = pt.Schedule(ops.batch_matmul(batch, M, N, K, "bfloat16").func)
+    align_operands(s, "C", ("A", "B"), granule=16)
+    gemm_wgmma(s, "C", "A", "B", batch="bb", producer="tma", specialize=specialize, **cfg)
+    kern = pt.build(s, "cuda")
+    assert "pt_tma_load_3d(" in kern.source
+    g = torch.Generator(device="cuda").manual_seed(batch + M + N + K)
+    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    kern(a, b, out)
+    ref = a.double() @ b.double()
+    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [(32, 256, 384, 128), (12, 200, 200, 64)], ids=["32x256x384x128", "12x200x200x64"])
+def test_default_batched_gemm(dims):
+    batch, M, N, K = dims
+    kern = ops.batch_matmul(batch, M, N, K, "float16").build("cuda")
+    g = torch.Generator(device="cuda").manual_seed(sum(dims))
+    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).half()
+    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
+    ref = a.double() @ b.double()
+    assert float((kern(a, b).double() - ref).norm() / ref.norm()) < 1e-5
