@@ -262,19 +262,21 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages and MMA groups left in
-    flight (``gemm_wgmma``'s parameters)."""
+    """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages, MMA groups left in
+    flight and rows of blocks launched together (``gemm_wgmma``'s parameters)."""
 
     bm: int
     bn: int
     bk: int
     stages: int = 1
     inflight: int = 0
+    group: int = 1
 
     @staticmethod
     def of(values: dict[str, object]) -> WgmmaConfig:
         names = ("bm", "bn", "bk", "stages", "inflight")
-        return WgmmaConfig(**{k: int(values[k]) for k in names})  # type: ignore[call-overload]
+        return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
+                           group=int(values.get("group", 1) or 1))  # type: ignore[call-overload]
 
     @property
     def warps(self) -> int:
@@ -451,11 +453,15 @@ def estimate(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> Estimat
 def _dram_bytes(shape: GemmShape, cfg: GemmSchedule, hw: Hardware, concurrent: int, batches: int,
                 steps: int) -> float:
     """DRAM reads of the whole kernel: the compulsory bytes when the operands fit in half the L2 (the
-    rest holds other data), else each batch's distinct rows of A and columns of B (blocks are
-    launched row by row, blockIdx.x along n)."""
+    rest holds other data); for warpgroup MMA in groups of rows of blocks (``raster_group``) as
+    ``operand_traffic`` counts them; else each batch's distinct rows of A and columns of B (blocks
+    are launched row by row, blockIdx.x along n)."""
     compulsory = shape.operand_bytes
     if compulsory <= hw.l2_bytes / 2:
         return compulsory
+    if isinstance(cfg, WgmmaConfig) and cfg.group > 1 and shape.input_bytes is None:
+        return max(compulsory, operand_traffic(shape.m, shape.n, shape.k * shape.taps, shape.itemsize, cfg.bm,
+                                               cfg.bn, cfg.group, hw.l2_bytes, shape.batch))
     grid_n = -(-shape.n // cfg.bn)
     rows = min(-(-concurrent // grid_n), -(-shape.m // cfg.bm) * shape.batch)
     cols = min(concurrent, grid_n)

@@ -148,3 +148,18 @@ def test_grouped_tma_gemm_compiles_without_local_memory():
     assert "UTMALDG.2D" in text and "HGMMA.64x256x16" in text
     assert not re.search(r"\bLDL\b|\bSTL\b", text)
     assert all(r.stack_bytes == 0 and r.spill_stores == 0 for r in resources.values())
+
+
+def test_the_wgmma_tuning_space_chooses_the_block_order():
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, M=2048, N=28672, K=4096, dtype="bfloat16")
+    assert task.template.name == "matmul_wgmma"
+    base = dict(bm=128, bn=256, bk=64, stages=4, inflight=1, split=1)
+    auto, rows, eight = task.predict([dict(base, group=0), dict(base, group=1), dict(base, group=8)])
+    assert auto < 0.8 * rows and eight < 0.8 * rows  # B re-read once per row of blocks, row by row
+    grids = {}
+    for group in (0, 1):  # 0: sized to the L2 (16 rows, down the columns); 1: row by row
+        (k,) = [st for st in ir.walk_stmt(pt.lower(task.schedule(dict(base, group=group)), SM90A).body)
+                if isinstance(st, ir.Kernel)]
+        grids[group] = [ir.eval_int(g, {}) for g in k.grid]
+    assert grids == {0: [1792, 1, 1], 1: [112, 16, 1]}
