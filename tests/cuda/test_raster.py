@@ -163,3 +163,26 @@ def test_the_wgmma_tuning_space_chooses_the_block_order():
                 if isinstance(st, ir.Kernel)]
         grids[group] = [ir.eval_int(g, {}) for g in k.grid]
     assert grids == {0: [1792, 1, 1], 1: [112, 16, 1]}
+
+
+def test_raster_of_parametric_sizes():
+    # the grid's extents are expressions of the sizes: the grouping reads them at run time
+    M, N = pt.param("M"), pt.param("N")
+    A = pt.placeholder((M, 64), "float32", "A")
+    B = pt.placeholder((64, N), "float32", "B")
+    k = pt.reduce_axis(64, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k] * B[k, j], axis=k), "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C]
+    st.split("i", 16, "bi", "ii").split("j", 16, "bj", "jj").reorder("bi", "bj", "ii", "jj", "k")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ii", "threadIdx.y").bind("jj", "threadIdx.x")
+    st.raster(3)
+    k = _kernel(s)
+    lets = {x.var.name: x.value for x in ir.walk_stmt(k.body)
+            if isinstance(x, ir.LetStmt) and x.var.name in ("bi", "bj")}
+    for m, n in ((50, 70), (16, 16), (100, 20)):
+        env = {"M": m, "N": n}
+        grid = ir.eval_int(k.grid[0], env)
+        blocks = sorted(tuple(ir.eval_int(lets[n], {**env, "blockIdx.x": x}) for n in ("bi", "bj"))
+                        for x in range(grid))
+        assert blocks == [(i, j) for i in range(-(-m // 16)) for j in range(-(-n // 16))]
