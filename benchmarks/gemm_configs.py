@@ -6,8 +6,9 @@ then timed (CUDA events, L2 flushed, median) in the same run as torch (cuBLAS) o
         --configs default,128x256x64/4/1,128x128x64/3/1/g8,128x128x64/2/0/threads [--dtype bfloat16]
 
 A case is MxNxK or BATCHxMxNxK. A configuration is ``default`` or bm x bn x bk / stages / inflight,
-then optionally ``/gG`` (blocks launched in groups of G rows: ``Stage.raster``) and ``/threads`` or
-``/tma`` (the producer; default: TMA where ``tma_fits`` allows, cp.async otherwise). Results are
+then optionally ``/gG`` (blocks launched in groups of G rows: ``Stage.raster``), ``/sS`` (K split in
+S chunks, unbatched products) and ``/threads`` or ``/tma`` (the producer; default: TMA where
+``tma_fits`` allows, cp.async otherwise). Results are
 written in float32 (as ``benchmarks/shapes.py`` does by default); torch writes the input dtype.
 """
 
@@ -20,7 +21,7 @@ import time
 import polytile as pt
 from polytile import ops
 from polytile.dtypes import as_dtype
-from polytile.ops.gpu_schedules import align_operands, gemm_choice, gemm_wgmma, tma_fits
+from polytile.ops.gpu_schedules import align_operands, gemm_choice, gemm_wgmma, sum_partials, tma_fits
 from polytile.runtime.cuda_device import cuda_target
 from polytile.runtime.timing import time_gpu
 
@@ -33,6 +34,8 @@ def parse_config(text: str) -> dict[str, object]:
     for extra in parts[3:]:
         if extra.startswith("g"):
             cfg["group"] = int(extra[1:])
+        elif extra.startswith("s"):
+            cfg["split"] = int(extra[1:])
         elif extra in ("threads", "tma"):
             cfg["producer"] = extra
         else:
@@ -43,16 +46,26 @@ def parse_config(text: str) -> dict[str, object]:
 def build(dims: tuple[int, ...], dtype: str, config: str, target: object):  # noqa: ANN201 - a kernel
     *lead, M, N, K = dims
     batch = lead[0] if lead else 1
-    op = ops.batch_matmul(batch, M, N, K, dtype) if lead else ops.matmul(M, N, K, dtype)
     if config == "default":
-        return op.build(target), dict(gemm_choice(target, M, N, K, as_dtype(dtype), batch=batch).params)
+        op = ops.batch_matmul(batch, M, N, K, dtype) if lead else ops.matmul(M, N, K, dtype)
+        choice = gemm_choice(target, M, N, K, as_dtype(dtype), batch=batch)
+        return op.build(target), dict(choice.params, split=choice.split)
     cfg = parse_config(config)
+    split = int(cfg.pop("split", 1))  # type: ignore[call-overload]
     if "producer" not in cfg:
-        cfg["producer"] = "tma" if tma_fits(cfg, M, N, K, as_dtype(dtype).itemsize, batch) else "threads"
+        cfg["producer"] = "tma" if tma_fits(cfg, M, N, K, as_dtype(dtype).itemsize, batch, split) else "threads"
+    if lead:
+        op = ops.batch_matmul(batch, M, N, K, dtype, split_k=split if split > 1 else None)
+    else:
+        op = ops.matmul(M, N, K, dtype, split_k=split if split > 1 else None)
     s = pt.Schedule(op.func)
-    align_operands(s, "C", ("A", "B"), granule=16 if cfg["producer"] == "tma" else 4)
-    gemm_wgmma(s, "C", "A", "B", batch="bb" if lead else None, **cfg)
-    return pt.build(s, target), cfg
+    out = "P" if split > 1 else "C"  # a split reduction: partial products P over the chunks, then their sum
+    align_operands(s, out, ("A", "B"), granule=16 if cfg["producer"] == "tma" else 4)
+    loops = tuple(x for x in ("bb" if lead else None, "s" if split > 1 else None) if x)
+    gemm_wgmma(s, out, "A", "B", batch=(loops[0] if len(loops) == 1 else None), **cfg)
+    if split > 1:
+        sum_partials(s, "C", batch="bb" if lead else None)
+    return pt.build(s, target), dict(cfg, split=split)
 
 
 def main() -> None:

@@ -541,9 +541,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
 
 
 def tma_fits(params: dict[str, int], M: int, N: int, K: int, itemsize: int, batch: int = 1, split: int = 1) -> bool:
-    """Whether the default warpgroup-MMA GEMM loads its tiles with TMA (``producer="tma"``): an
-    unsplit product (batched ones through 3-D tensor maps, one batch per box) whose rows of A and B
-    are multiples of 16 bytes as the kernel reads them
+    """Whether the default warpgroup-MMA GEMM loads its tiles with TMA (``producer="tma"``): a
+    product (batched ones through 3-D tensor maps, one batch per box; a split one in chunks of whole
+    K tiles, which no box crosses) whose rows of A and B are multiples of 16 bytes as the kernel
+    reads them
     (TMA needs 16-byte row strides: in place, or the aligned copy of rows that are only 2-byte
     aligned, GPT-2's vocabulary of 50257) and at least one tile long each way (whole 128-byte
     swizzled tiles).
@@ -551,7 +552,7 @@ def tma_fits(params: dict[str, int], M: int, N: int, K: int, itemsize: int, batc
     0.191 ms instead of 0.235 (0.91× torch instead of 0.74×), 2048×6144×4096 0.145 instead of 0.183,
     2048×28672×4096 0.965 instead of 0.941 (both 0.62×: bound by the order of the blocks, not the
     copies); a producer warpgroup (``specialize=True``) measured the same as one issuing thread."""
-    return (split == 1 and not _in_pieces(K * itemsize) and not _in_pieces(N * itemsize)
+    return (not _in_pieces(K * itemsize) and not _in_pieces(N * itemsize)
             and M >= params["bm"] and N >= params["bn"] and K >= params["bk"])
 
 

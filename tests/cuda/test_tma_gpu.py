@@ -153,3 +153,13 @@ def test_default_batched_gemm(dims):
     b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
     ref = a.double() @ b.double()
     assert float((kern(a, b).double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims,split", [((127, 255, 4096), None), ((256, 520, 8192), 2), ((300, 264, 1024), 4)],
+                         ids=["127x255x4096-default", "256x520x8192-s2", "300x264x1024-s4"])
+def test_split_gemm_loads_chunks_with_tma(dims, split):
+    # the chunks of K are whole K tiles: each chunk's boxes start at its own column of A and row of B
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, "bfloat16", split_k=split).build("cuda")
+    assert "pt_tma_load_2d(" in kern.source and len(kern.kernels) >= 2
+    _check(kern, M, N, K, "bfloat16", seed=M + N + K)
