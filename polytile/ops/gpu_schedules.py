@@ -387,8 +387,12 @@ def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tup
     out = []
     for bm in (128, 64):
         for bn in (256, 192, 128, 64):
-            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn // 2 >= N) or (pieces and bm * bn > 128 * 128):
-                continue  # a tile twice the matrix only repeats a smaller one's work
+            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn >= N + 64) or (pieces and bm * bn > 128 * 128):
+                # a tile twice the matrix's rows only repeats a smaller one's work; one 64 columns wider
+                # than the matrix computes them for nothing and leaves TMA out (a box wider than the
+                # tensor): 32×2048×128×2048 in 128×192 tiles with cp.async took 134.5 µs, 128×128 with
+                # TMA 127.1 (H100)
+                continue
             bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
             # one K tile: nothing to pipeline, two stages' shared memory (more blocks resident; measured
             # on an H100, 12×1024×1024×64: 28.0 µs, with four stages 29.4); two K tiles keep 4 stages (3:

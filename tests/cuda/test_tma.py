@@ -327,6 +327,9 @@ def test_default_gemms_load_with_tma_where_the_rows_allow():
     assert producer(1000, 1500, 700) == "threads"  # rows of 1400 and 3000 bytes: read in pieces, in place
     assert producer(17, 64, 64) == "threads"  # fewer rows than one block tile
     assert producer(4096, 4096, 4096, batch=4) == "tma"  # batched: 3-D tensor maps
+    # attention's context product (N = 128): no 192-wide tile past the matrix's columns, which left TMA out
+    ctx = gemm_choice(SM90A, 2048, 128, 2048, as_dtype("bfloat16"), batch=32).params
+    assert ctx["bn"] == 128 and ctx["producer"] == "tma"
     assert producer(4096, 4096, 4096, split_k=2) == "tma"  # split in chunks of whole K tiles
     src = ops.matmul(300, 264, 200, "bfloat16").build("cuda:sm_90a").source
     assert "pt_tma_load_2d(" in src and "pt_cp_async" not in body(src)
