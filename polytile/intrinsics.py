@@ -114,12 +114,14 @@ REALIGNED_LOAD = Intrinsic(
         Instruction("pt_ldg_realign8", "realigned_load")))
 
 TMA = Intrinsic(
-    "tma", "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes; mbarrier.init, "
+    "tma", "cp.async.bulk.tensor.{2,3}d.shared::cluster.global.mbarrier::complete_tx::bytes; mbarrier.init, "
     "arrive(.expect_tx), try_wait.parity", ("tma",),
-    "the tensor memory accelerator copies a 2-D box of a tensor (described by a tensor map made on the host) "
+    "the tensor memory accelerator copies a box of a tensor (2-D, or 3-D with one index of the outer dimension: "
+    "a batch; described by a tensor map made on the host) "
     "into shared memory, 128-byte swizzled, zeros past the tensor's end, and completes on an mbarrier that "
     "counts the bytes; mbarriers also count the warps' arrivals", (
         Instruction("pt_tma_load_2d", "tma", addresses=True, async_proxy=True, hardware_swizzle=True),
+        Instruction("pt_tma_load_3d", "tma", addresses=True, async_proxy=True, hardware_swizzle=True),
         Instruction("pt_mbar_init", "tma", addresses=True),
         Instruction("pt_fence_mbar_init", "tma"),
         Instruction("pt_mbar_expect_tx", "tma", addresses=True),

@@ -287,6 +287,20 @@ __device__ __forceinline__ void pt_tma_load_2d(void* dst, const pt_tensor_map* m
 __device__ __forceinline__ void pt_tma_load_2d(void*, const pt_tensor_map*, void*, int, int) { __trap(); }
 #endif
 """),
+    Helper("pt_tma_load_3d", r"""
+// a box of a 3-D tensor at (x, y, z) (x the contiguous dimension; a box of extent 1 along z: one batch)
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_tma_load_3d(void* dst, const pt_tensor_map* map, void* bar, int x, int y,
+                                               int z) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5}], [%2];\n"
+               :: "r"(pt_smem(dst)), "l"((unsigned long long)map), "r"(pt_smem(bar)), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+#else
+__device__ __forceinline__ void pt_tma_load_3d(void*, const pt_tensor_map*, void*, int, int, int) { __trap(); }
+#endif
+"""),
     Helper("pt_mbar_init", r"""
 // mbarriers (sm_90): a phase completes when ``count`` arrivals and the expected bytes have come
 #if __CUDA_ARCH__ >= 900
@@ -454,8 +468,9 @@ def _statements(s: ir.Stmt) -> int:
 
 @dataclass(frozen=True)
 class TensorMap:
-    """A TMA tensor map parameter of a kernel: 2-D ``buffer`` (a kernel argument) read in boxes of
-    ``rows`` × ``width`` elements (``width`` along the contiguous dimension), 128-byte swizzled."""
+    """A TMA tensor map parameter of a kernel: ``buffer`` (a kernel argument of 2 or more dimensions)
+    read in boxes of ``rows`` × ``width`` elements of its last two dimensions (``width`` along the
+    contiguous one), one index of each other dimension, 128-byte swizzled."""
 
     name: str
     buffer: ir.Buffer
@@ -547,14 +562,14 @@ class CUDAPrinter(CLikePrinter):
                 src_ptr = f"(({inside}) ? (const void*){self.address(src)} : (const void*){src.buffer.name})"
                 return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {src_ptr}, {inside})"
             return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
-        if e.name == "pt_tma_load_2d":
-            dst, tensor, bar, x, y, width, rows = e.args
+        if e.name in ("pt_tma_load_2d", "pt_tma_load_3d"):
+            dst, tensor, bar, *coords, width, rows = e.args
             assert isinstance(dst, ir.Load) and isinstance(tensor, ir.Load) and isinstance(bar, ir.Load)
             tmap = TensorMap(f"pt_tmap_{tensor.buffer.name}_{ir.eval_int(rows, {})}x{ir.eval_int(width, {})}",
                              tensor.buffer, ir.eval_int(rows, {}), ir.eval_int(width, {}))
             self.tensor_maps.setdefault(tmap.name, tmap)
-            return (f"pt_tma_load_2d({self.address(dst)}, &{tmap.name}, {self.address(bar)}, {self.expr(x)}, "
-                    f"{self.expr(y)})")
+            return (f"{e.name}({self.address(dst)}, &{tmap.name}, {self.address(bar)}, "
+                    f"{', '.join(self.expr(c) for c in coords)})")
         if e.name == "pt_store_pair":
             dst, a, b = e.args
             assert isinstance(dst, ir.Load)

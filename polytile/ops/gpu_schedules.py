@@ -39,6 +39,7 @@ from ..tune.analytical import (
     block_occupancy,
     gemm_seconds,
     occupancy,
+    raster_group,
 )
 
 
@@ -183,7 +184,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
                stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
-               specialize: bool = False, raster: str = "rows") -> None:
+               specialize: bool = False, raster: str = "rows", group: int = 1) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
@@ -196,7 +197,9 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     ``specialize``: by a producer warpgroup of their own (warp specialization, ``setmaxnreg``).
     ``raster``: the order of the block tiles, "rows" (consecutive blocks along a row of tiles:
     blockIdx.x over the column tiles) or "columns" (blockIdx.x over the row tiles: a wave of blocks
-    shares few column tiles of B, for products much wider than tall)."""
+    shares few column tiles of B, for products much wider than tall); ``group`` > 1: in groups of that
+    many rows of tiles (``Stage.raster``: down a group's rows column by column, the next group after;
+    ``gemm_choice`` sizes it to the L2: ``raster_group``)."""
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -212,6 +215,8 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
         raise ScheduleError(f"gemm_wgmma: raster must be 'rows' or 'columns', got {raster!r}")
     fast, slow = ("bj", "bi") if raster == "rows" else ("bi", "bj")
     st.bind(slow, "blockIdx.y").bind(fast, "blockIdx.x").bind("wi", "threadIdx.z")
+    if group > 1:
+        st.raster(group)
     st.cache(a, "ko", loc="shared", name=f"{a}_shared")
     st.cache(b, "ko", loc="shared", name=f"{b}_shared")
     st.cache_write("wi", loc="fragment")
@@ -529,14 +534,22 @@ def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tup
     128-wide in 5 stages for the small tiles of a deep reduction (tuned: BERT's 512×768×3072 in
     0.014 ms instead of 0.023). Operands read in 4- or 8-byte pieces (rows not 16-byte aligned) take
     4 to 2 times the copy instructions: tiles up to 128×128 (128×256 spills its accumulators)."""
-    pieces = (K * it) % 16 or (N * it) % 16
+    pieces = _in_pieces(K * it) or _in_pieces(N * it)
     out = []
     for bm in (128, 64):
         for bn in (256, 192, 128, 64):
-            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn // 2 >= N) or (pieces and bm * bn > 128 * 128):
-                continue  # a tile twice the matrix only repeats a smaller one's work
+            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn >= N + 64) or (pieces and bm * bn > 128 * 128):
+                # a tile twice the matrix's rows only repeats a smaller one's work; one 64 columns wider
+                # than the matrix computes them for nothing and leaves TMA out (a box wider than the
+                # tensor): 32×2048×128×2048 in 128×192 tiles with cp.async took 134.5 µs, 128×128 with
+                # TMA 127.1 (H100)
+                continue
             bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
-            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=1)
+            # one K tile: nothing to pipeline, two stages' shared memory (more blocks resident; measured
+            # on an H100, 12×1024×1024×64: 28.0 µs, with four stages 29.4); two K tiles keep 4 stages (3:
+            # 32×2048×2048×128 in 268 µs instead of 240, the second tile no longer loaded ahead)
+            stages, inflight = (2, 0) if K <= bk else (stages, 1)
+            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=inflight)
             resident = occupancy(WgmmaConfig(**params), hw, it).blocks
             out.append((params, BlockPlan(bm, bn, bk, 0, 0, resident, hw.wgmma_flops, it, stages)))
     return out
@@ -657,17 +670,19 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False)
         for split in splits + more:
             chunk = -(-K // split)
+            group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
-                            steps=-(-chunk // plan.bk))
+                            steps=-(-chunk // plan.bk), group=group)
             t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
+            chosen = {**params, "group": group} if group > 1 else params
             if split in more:
                 if uneven is None or t < uneven.seconds:
-                    uneven = GemmChoice(kernel, params, split, t)
+                    uneven = GemmChoice(kernel, chosen, split, t)
                 continue
             if best is None or t < best.seconds:
-                best = GemmChoice(kernel, params, split, t)
+                best = GemmChoice(kernel, chosen, split, t)
             if split == 1 and (unsplit is None or t < unsplit.seconds):
-                unsplit = GemmChoice(kernel, params, 1, t)
+                unsplit = GemmChoice(kernel, chosen, 1, t)
     if best is not None and uneven is not None and uneven.seconds < SPLIT_MARGIN * best.seconds:
         # chunks of unequal length (a GEMV over a prime K had no split and 17 blocks: 1×4097×4093 at
         # 0.04× torch), only for a clear gain over the chunks of one length
@@ -688,15 +703,26 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
 
 
 def tma_fits(params: dict[str, int], M: int, N: int, K: int, itemsize: int, batch: int = 1, split: int = 1) -> bool:
-    """Whether the default warpgroup-MMA GEMM loads its tiles with TMA (``producer="tma"``): one
-    unsplit 2-D product whose rows of A and B are multiples of 16 bytes (read in place: TMA needs
-    16-byte row strides) and at least one tile long each way (whole 128-byte swizzled tiles).
+    """Whether the default warpgroup-MMA GEMM loads its tiles with TMA (``producer="tma"``): a
+    product (batched ones through 3-D tensor maps, one batch per box; a split one in chunks of whole
+    K tiles, which no box crosses) whose rows of A and B are multiples of 16 bytes as the kernel
+    reads them
+    (TMA needs 16-byte row strides: in place, or the aligned copy of rows that are only 2-byte
+    aligned, GPT-2's vocabulary of 50257) and at least one tile long each way (whole 128-byte
+    swizzled tiles).
     Measured on an H200 against the same tiles with cp.async (bf16, benchmarks/tma_gemm.py): 4096³
     0.191 ms instead of 0.235 (0.91× torch instead of 0.74×), 2048×6144×4096 0.145 instead of 0.183,
     2048×28672×4096 0.965 instead of 0.941 (both 0.62×: bound by the order of the blocks, not the
     copies); a producer warpgroup (``specialize=True``) measured the same as one issuing thread."""
-    return (batch == 1 and split == 1 and (K * itemsize) % 16 == 0 and (N * itemsize) % 16 == 0
+    return (not _in_pieces(K * itemsize) and not _in_pieces(N * itemsize)
             and M >= params["bm"] and N >= params["bn"] and K >= params["bk"])
+
+
+def _in_pieces(row_bytes: int) -> bool:
+    """Whether the default GEMM reads rows of ``row_bytes`` in place in 4- or 8-byte pieces (rows of
+    16-byte multiples are read whole; 2-byte aligned ones are copied 16-byte aligned first:
+    ``align_operands`` with granule 4), which TMA cannot do and which take more copy instructions."""
+    return row_bytes % 16 != 0 and row_bytes % 4 == 0
 
 
 def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str, int]:

@@ -565,14 +565,15 @@ def _staged(plan: _CUDAPlan, arrays: Sequence[object], stream: int | None) -> It
 def _tensor_map_encoder(m: TensorMap, dev: Device, sig: Signature, func: str) -> Callable[[int], bytes]:
     """The tensor map of ``m``'s tensor at an address, for this signature's sizes; refuses rows that
     TMA cannot address (their stride must be a multiple of 16 bytes)."""
-    rows, cols = (eval_expr(d, sig.params) for d in m.buffer.shape)
+    shape = tuple(int(eval_expr(d, sig.params)) for d in m.buffer.shape)
+    cols = shape[-1]
     row_bytes = cols * m.buffer.dtype.itemsize
     if row_bytes % 16:
         raise InputError(f"{func}: {m.buffer.name} has rows of {cols} {m.buffer.dtype} elements ({row_bytes} bytes), "
                          "which TMA copies cannot read (rows must be multiples of 16 bytes); build it with "
                          "pipeline(..., producer='threads') or pad the rows")
     dtype, box = m.buffer.dtype.name, (m.rows, m.width)
-    return lambda ptr: dev.tensor_map_2d(ptr, dtype, (rows, cols), row_bytes, box, m.swizzle)
+    return lambda ptr: dev.tensor_map(ptr, dtype, shape, row_bytes, box, m.swizzle)
 
 
 def _pointer_device(ptr: int) -> int:

@@ -187,23 +187,31 @@ class Device:
             )
         return module, function
 
-    def tensor_map_2d(self, ptr: int, dtype: str, shape: tuple[int, int], row_bytes: int, box: tuple[int, int],
-                      swizzle: int = 128) -> bytes:
-        """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of the row-major 2-D tensor at
-        ``ptr`` of ``shape`` (rows, columns) with rows ``row_bytes`` apart, read in boxes of ``box``
-        (rows, columns) elements, ``swizzle``-byte swizzled in shared memory, zeros past its end."""
+    def tensor_map(self, ptr: int, dtype: str, shape: tuple[int, ...], row_bytes: int, box: tuple[int, int],
+                   swizzle: int = 128) -> bytes:
+        """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of the row-major tensor at ``ptr``
+        of ``shape`` (2 to 5 dimensions, outermost first; rows ``row_bytes`` apart, the outer
+        dimensions packed), read in boxes of ``box`` (rows, columns) elements of its last two
+        dimensions and one index of the others, ``swizzle``-byte swizzled in shared memory, zeros past
+        its end."""
         cu = self.cu
         kind = {"float16": "FLOAT16", "bfloat16": "BFLOAT16"}[dtype]
         u64 = getattr(cu, "cuuint64_t", int)
         u32 = getattr(cu, "cuuint32_t", int)
+        dims = list(reversed(shape))  # the contiguous dimension first
+        strides = [row_bytes]
+        for d in dims[1:-1]:
+            strides.append(strides[-1] * d)
+        boxes = [box[1], box[0]] + [1] * (len(dims) - 2)
         result = cu.cuTensorMapEncodeTiled(
-            getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), 2, ptr,
-            [u64(shape[1]), u64(shape[0])], [u64(row_bytes)], [u32(box[1]), u32(box[0])], [u32(1), u32(1)],
+            getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(dims), ptr,
+            [u64(d) for d in dims], [u64(s) for s in strides], [u32(b) for b in boxes], [u32(1)] * len(dims),
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-        (tmap,) = self._check(result, f"cuTensorMapEncodeTiled({dtype} {shape[0]}x{shape[1]}, box {box[0]}x{box[1]})")
+        (tmap,) = self._check(result, f"cuTensorMapEncodeTiled({dtype} {'x'.join(map(str, shape))}, box "
+                                      f"{box[0]}x{box[1]})")
         if hasattr(tmap, "getPtr"):
             return ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES)
         return struct.pack(f"<{TENSOR_MAP_BYTES // 8}Q", *tmap.opaque)

@@ -114,9 +114,9 @@ def _tma_rejection(stage: Stage, spec, stages: int, tensorized: list) -> str | N
         return (f"{spec.name} is not stored in 128-byte swizzled rows (its tile has fewer than 64 16-bit "
                 "columns); use 64-wide K tiles and a multiple of 64 columns, or producer='threads'")
     ndim = len(stage.schedule.func.tensor(spec.tensor).shape)
-    if ndim != 2:
-        return (f"{spec.tensor} has {ndim} dimensions; TMA pipelines copy tiles of 2-D tensors (batched "
-                "products and convolutions take producer='threads')")
+    if not 2 <= ndim <= 5:
+        return (f"{spec.tensor} has {ndim} dimensions; TMA pipelines copy tiles of tensors of 2 to 5 dimensions "
+                "(take producer='threads')")
     return None
 
 

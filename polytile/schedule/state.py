@@ -70,6 +70,7 @@ class StageState:
     store_level: str | None = None
     loc: str = "auto"
     reassociate: bool = False  # the reduction's accumulation order may change
+    raster: int = 0  # the blocks run in groups of this many rows of blocks (``raster``; 0: row by row)
 
 
 class Schedule:
@@ -329,7 +330,7 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .pipeline import pipeline  # noqa: E402
-    from .tags import bind, parallel, tag, unroll, vectorize  # noqa: E402
+    from .tags import bind, parallel, raster, tag, unroll, vectorize  # noqa: E402
     from .tensorize import tensorize  # noqa: E402
 
     @transactional

@@ -56,3 +56,26 @@ def bind(self: Stage, loop: str, thread_axis: str) -> Stage:
     if not thread_axis.startswith(("blockIdx.", "threadIdx.")):
         raise ScheduleError(f"bind of {self.name}: {thread_axis!r} is not blockIdx.x/y/z or threadIdx.x/y/z")
     return tag(self, loop, thread_axis)
+
+
+@transactional
+def raster(self: Stage, group: int) -> Stage:
+    """Launch the blocks of this computation's loops bound to blockIdx.y (rows of blocks) and
+    blockIdx.x (columns) in groups of ``group`` rows: the launch order runs down the ``group`` rows
+    of a group one column after the other, then on to the next group (the last group may be
+    shorter). A wave of resident blocks then reads ``group`` row tiles of one operand and few
+    column tiles of the other, which stay in L2, where row by row it would read a tile of every
+    column (Triton's GROUP_M, CUTLASS's threadblock swizzle). The grid becomes one-dimensional
+    along x (rows × columns blocks; blockIdx.z unchanged). Blocks are independent (their binding
+    is checked), so any order computes the same result; ``group=1`` is the row-by-row order."""
+    if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+        raise ScheduleError(f"raster of {self.name}: group must be a positive integer (rows of blocks), got {group!r}")
+    st = self.schedule.state_copy(self.name)
+    bound = set(st.tags.values())
+    missing = [axis for axis in ("blockIdx.y", "blockIdx.x") if axis not in bound]
+    if missing:
+        raise ScheduleError(f"raster of {self.name}: it orders the blocks of the loops bound to blockIdx.y and "
+                            f"blockIdx.x; bind a loop to {' and '.join(missing)} first")
+    st.raster = group
+    self.schedule.commit(self.name, st)
+    return self

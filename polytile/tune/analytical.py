@@ -262,19 +262,21 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages and MMA groups left in
-    flight (``gemm_wgmma``'s parameters)."""
+    """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages, MMA groups left in
+    flight and rows of blocks launched together (``gemm_wgmma``'s parameters)."""
 
     bm: int
     bn: int
     bk: int
     stages: int = 1
     inflight: int = 0
+    group: int = 1
 
     @staticmethod
     def of(values: dict[str, object]) -> WgmmaConfig:
         names = ("bm", "bn", "bk", "stages", "inflight")
-        return WgmmaConfig(**{k: int(values[k]) for k in names})  # type: ignore[call-overload]
+        return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
+                           group=int(values.get("group", 1) or 1))  # type: ignore[call-overload]
 
     @property
     def warps(self) -> int:
@@ -451,11 +453,15 @@ def estimate(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> Estimat
 def _dram_bytes(shape: GemmShape, cfg: GemmSchedule, hw: Hardware, concurrent: int, batches: int,
                 steps: int) -> float:
     """DRAM reads of the whole kernel: the compulsory bytes when the operands fit in half the L2 (the
-    rest holds other data), else each batch's distinct rows of A and columns of B (blocks are
-    launched row by row, blockIdx.x along n)."""
+    rest holds other data); for warpgroup MMA in groups of rows of blocks (``raster_group``) as
+    ``operand_traffic`` counts them; else each batch's distinct rows of A and columns of B (blocks
+    are launched row by row, blockIdx.x along n)."""
     compulsory = shape.operand_bytes
     if compulsory <= hw.l2_bytes / 2:
         return compulsory
+    if isinstance(cfg, WgmmaConfig) and cfg.group > 1 and shape.input_bytes is None:
+        return max(compulsory, operand_traffic(shape.m, shape.n, shape.k * shape.taps, shape.itemsize, cfg.bm,
+                                               cfg.bn, cfg.group, hw.l2_bytes, shape.batch))
     grid_n = -(-shape.n // cfg.bn)
     rows = min(-(-concurrent // grid_n), -(-shape.m // cfg.bm) * shape.batch)
     cols = min(concurrent, grid_n)
@@ -498,6 +504,7 @@ class BlockPlan:
     warp_flops: float = 0.0  # the FLOP per cycle one warp sustains (default WARP_FLOPS)
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
     step_latency: float = 0.0  # cycles a K step waits for its loads, when not the pipeline's (0: from stages)
+    group: int = 1  # rows of blocks launched together (``raster_group``; 1: row by row)
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
@@ -535,11 +542,42 @@ def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, ba
     (float32) and the second kernel that sums them."""
     hw = Hardware.of(target)
     written = 4 if split > 1 else out_bytes
-    dram = (batch * (m * k + k * n) * plan.itemsize + batch * m * n * written) / hw.dram_bytes_per_cycle
+    reads = operand_traffic(m, n, -(-k // split), plan.itemsize, plan.bm, plan.bn, plan.group, hw.l2_bytes,
+                            batch * split)
+    dram = (reads + batch * m * n * written) / hw.dram_bytes_per_cycle
     if plan.streaming:
         dram /= stream_efficiency(plan, hw)
     return (max(wave_cycles(plan, hw), dram) / hw.clock_hz + LAUNCH_SECONDS
             + split_seconds(target, m, n, batch, split, out_bytes))
+
+
+def raster_group(m: int, n: int, k: int, itemsize: int, bm: int, l2_bytes: int) -> int:
+    """Rows of bm × bn blocks to launch together (``Stage.raster``) in an m × k by k × n product: 1
+    (row by row) while B fits in half the L2, where it stays as the rows go by; otherwise as many
+    rows as half the L2 holds of A's row panels (bm × k each), which then stay in L2 while the
+    group's blocks go through the columns: A is read once and B once per group of rows. Row by
+    row, 2048×28672×4096 bf16 read its 235 MB B once per row of 128×256 blocks (3.8 GB, 1.37 ms on
+    an H100: 0.47× cuBLAS)."""
+    share = l2_bytes // 2
+    if n * k * itemsize <= share:
+        return 1
+    return max(1, min(-(-m // bm), share // (bm * k * itemsize)))
+
+
+def operand_traffic(m: int, n: int, k: int, itemsize: int, bm: int, bn: int, group: int, l2_bytes: int,
+                    batch: int = 1) -> float:
+    """DRAM bytes the operands of ``batch`` m × k by k × n products cost in bm × bn blocks launched
+    in groups of ``group`` rows (``raster_group``; a batch after the other): each once when both
+    fit in half the L2; else A once while a group's row panels fit there (its panels again for
+    every column otherwise), and B once while it fits there, else once per group of rows."""
+    share = l2_bytes / 2
+    a, b = m * k * itemsize, n * k * itemsize
+    if a + b <= share:
+        return float(batch * (a + b))
+    rows = -(-m // bm)
+    a_reads = 1 if group * bm * k * itemsize <= share else -(-n // bn)
+    b_reads = 1 if b <= share else -(-rows // group)
+    return float(batch * (a * a_reads + b * b_reads))
 
 
 def stream_efficiency(plan: BlockPlan, hw: Hardware) -> float:

@@ -108,10 +108,21 @@ def test_tma_refuses_unknown_producers_and_single_stages():
         _sched(bm=128, bn=128, bk=64, stages=1)
 
 
-def test_tma_refuses_batched_products():
-    s = pt.Schedule(ops.batch_matmul(4, 128, 128, 128, "float16").func)
-    with pytest.raises(ScheduleError, match="A has 3 dimensions; TMA pipelines copy tiles of 2-D tensors"):
-        gemm_wgmma(s, "C", "A", "B", bm=64, bn=64, bk=64, stages=3, batch="bb", producer="tma")
+def _batched(batch=3, M=200, N=136, K=200, **cfg):
+    s = pt.Schedule(ops.batch_matmul(batch, M, N, K, "float16").func)
+    gemm_wgmma(s, "C", "A", "B", batch="bb", producer="tma", **cfg)
+    return s
+
+
+def test_batched_products_load_3d_boxes_of_one_batch():
+    # A[bb, i, k] and B[bb, k, j]: boxes of the last two dimensions at batch bb (blockIdx.z)
+    loads = _calls(_batched(bm=64, bn=64, bk=64, stages=3, inflight=1), "pt_tma_load_3d")
+    assert loads and not _calls(_batched(bm=64, bn=64, bk=64, stages=3), "pt_tma_load_2d")
+    for c in loads:
+        assert ir.expr_text(c.args[5]) == "int32(bb)"
+        x, y = (ir.eval_int(c.args[k], {"bi": 2, "bj": 1, "ko": 0}) for k in (3, 4))
+        # B's box at column 64 bj, A's at row 64 bi; K tile 0 (prologue) or ko + 1 (ahead)
+        assert (x, y in (0, 64)) == (64, True) if c.args[1].buffer.name == "B" else (y, x in (0, 64)) == (128, True)
 
 
 def test_tma_refuses_rows_that_are_not_16_byte_multiples():
@@ -208,6 +219,20 @@ def test_tma_compiles_to_utmaldg(dtype, cfg):
 
 
 @pytest.mark.needs_nvcc
+def test_batched_tma_compiles_to_3d_copies():
+    from test_wgmma import _sass
+
+    from polytile.runtime.cuda import compile_cuda
+    src = pt.build(_batched(batch=12, M=1000, N=1024, K=128, bm=128, bn=128, bk=64, stages=3, inflight=1, group=4),
+                   SM90A).source
+    cubin, resources = compile_cuda(src, "sm_90a")
+    text = _sass(cubin)
+    assert "UTMALDG.3D" in text and "UTMALDG.2D" not in text and "HGMMA.64x128x16" in text
+    assert not re.search(r"\bLDGSTS\b|\bLDL\b|\bSTL\b", text)
+    assert all(r.stack_bytes == 0 and r.spill_stores == 0 for r in resources.values())
+
+
+@pytest.mark.needs_nvcc
 def test_specialized_tma_compiles_to_setmaxnreg():
     from test_wgmma import _sass
 
@@ -258,6 +283,23 @@ def test_tensor_maps_are_made_once_per_address(monkeypatch, fw, rng):
     assert all(m[1][:7] == b_map for m in maps)
 
 
+@pytest.mark.needs_nvcc
+def test_batched_tensor_maps_have_a_batch_dimension(monkeypatch, fw, rng):
+    kern = pt.build(_batched(batch=3, M=200, N=136, K=200, bm=64, bn=64, bk=64, stages=3), SM90A)
+    driver = fake_devices(monkeypatch)
+    (k,) = kern.kernels
+    driver.kinds[k.name] = ["pointer"] * len(k.args) + ["int32"] * len(k.params) + ["tensormap"] * 2
+    a = FakeArray(rng.standard_normal((3, 200, 200)).astype("float16"))
+    b = FakeArray(rng.standard_normal((3, 200, 136)).astype("float16"))
+    kern(a, b)
+    # rank 3: (columns, rows, batch), strides of a row and of a batch, boxes of one batch
+    ranks = {m[1] for m in driver.tensor_maps}
+    assert ranks == {3}
+    by_ptr = {m[2]: m[3:] for m in driver.tensor_maps}
+    assert by_ptr[a.data.ctypes.data][:10] == (200, 200, 3, 400, 400 * 200, 64, 64, 1, 1, 1)
+    assert by_ptr[b.data.ctypes.data][:10] == (136, 200, 3, 272, 272 * 200, 64, 64, 1, 1, 1)
+
+
 def test_unaligned_rows_are_refused_at_the_call():
     # a parametric K: whether A's rows are 16-byte multiples is known only at the call
     from polytile.codegen.cuda import TensorMap
@@ -284,10 +326,33 @@ def test_default_gemms_load_with_tma_where_the_rows_allow():
     assert producer(4096, 4096, 4096) == "tma" and producer(300, 264, 200) == "tma"
     assert producer(1000, 1500, 700) == "threads"  # rows of 1400 and 3000 bytes: read in pieces, in place
     assert producer(17, 64, 64) == "threads"  # fewer rows than one block tile
-    assert producer(4096, 4096, 4096, batch=4) == "threads"  # batched: 3-D operands
-    assert producer(4096, 4096, 4096, split_k=2) == "threads"  # split: partial products
+    assert producer(4096, 4096, 4096, batch=4) == "tma"  # batched: 3-D tensor maps
+    # attention's context product (N = 128): no 192-wide tile past the matrix's columns, which left TMA out
+    ctx = gemm_choice(SM90A, 2048, 128, 2048, as_dtype("bfloat16"), batch=32).params
+    assert ctx["bn"] == 128 and ctx["producer"] == "tma"
+    assert producer(4096, 4096, 4096, split_k=2) == "tma"  # split in chunks of whole K tiles
     src = ops.matmul(300, 264, 200, "bfloat16").build("cuda:sm_90a").source
     assert "pt_tma_load_2d(" in src and "pt_cp_async" not in body(src)
+    # rows only 2-byte aligned (GPT-2's vocabulary, N = 50257) are copied 16-byte aligned first:
+    # TMA reads the copy, and the tiles may be as wide as for aligned rows (no 4-byte pieces)
+    assert producer(128, 50257, 768) == "tma" and producer(997, 1009, 1013) == "tma"
+    loads = _calls(_default_sched(128, 50257, 768), "pt_tma_load_2d")
+    assert {c.args[1].buffer.name for c in loads} == {"A", "B_aligned"}
+
+
+def test_guard_of_partial_row_tiles_with_whole_k_tiles():
+    # 1000 rows (a partial last row tile) and K = 128 (two whole K tiles): the copy of A guards its
+    # rows only; the proof sampled the K loop past K (ko = 5) and refused the guard, so the default
+    # 1000×1024×128 GEMM did not build for sm_90a
+    src = ops.matmul(1000, 1024, 128, "float16").build(SM90A).source
+    assert "pt_tma_load_2d(" in src
+
+
+def _default_sched(M, N, K, dtype="bfloat16"):
+    from polytile.ops.gpu_schedules import matmul as default_matmul
+    s = pt.Schedule(ops.matmul(M, N, K, dtype).func)
+    assert default_matmul(s, SM90A, M, N, K) is None
+    return s
 
 
 def test_column_raster_binds_the_row_tiles_to_blockidx_x():

@@ -67,3 +67,99 @@ def test_tma_pipeline_stages(stages, inflight, specialize):
                      specialize=specialize)
     for seed in (1, 2):  # a second call reuses the tensor maps of the same arrays... and new ones
         _check(kern, M, N, K, "bfloat16", seed)
+
+
+GROUPED = [
+    ((1000, 1000, 520), dict(bm=128, bn=128, bk=64, stages=4, inflight=1, group=3)),  # 8 rows: groups 3, 3, 2
+    ((700, 4000, 200), dict(bm=64, bn=256, bk=64, stages=3, inflight=1, group=11)),  # one group, all rows
+    ((333, 264, 1000), dict(bm=128, bn=64, bk=64, stages=3, group=2)),  # 3 rows: groups 2, 1
+]
+
+
+@pytest.mark.parametrize("dims,cfg", GROUPED, ids=[f"{d[0]}x{d[1]}x{d[2]}-g{c['group']}" for d, c in GROUPED])
+def test_grouped_block_order(dims, cfg):
+    # blocks launched in groups of rows (Stage.raster): every output tile written once, at odd sizes
+    M, N, K = dims
+    kern = _tma_gemm(M, N, K, "bfloat16", **cfg)
+    out = torch.full((M, N), float("nan"), device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = (torch.rand((M, K), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    b = (torch.rand((K, N), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    kern(a, b, out)
+    ref = a.double() @ b.double()
+    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [(3, 300, 520, 64), (5, 129, 1000, 200)], ids=["3x300x520x64", "5x129x1000x200"])
+def test_grouped_batched_gemm(dims):
+    # the batch along blockIdx.z, each batch's tiles in groups of 2 rows (cp.async copies)
+    batch, M, N, K = dims
+    s = pt.Schedule(ops.batch_matmul(batch, M, N, K, "float16").func)
+    align_operands(s, "C", ("A", "B"), granule=4)
+    gemm_wgmma(s, "C", "A", "B", bm=64, bn=128, bk=64, stages=3, inflight=1, batch="bb", group=2)
+    kern = pt.build(s, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(batch + M + N + K)
+    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).half()
+    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    kern(a, b, out)
+    ref = a.double() @ b.double()
+    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [(130, 1001, 200), (97, 2049, 513), (1000, 1024, 128)],
+                         ids=["130x1001x200", "97x2049x513", "1000x1024x128"])
+def test_default_gemm_loads_aligned_copies_with_tma(dims):
+    # rows of B (and of A with K = 513) only 2-byte aligned: copied 16-byte aligned, then TMA reads them;
+    # 1000 rows: a partial row tile over two whole K tiles
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, "float16").build("cuda")
+    assert "pt_tma_load_2d(" in kern.source
+    _check(kern, M, N, K, "float16", seed=M + N + K)
+
+
+BATCHED = [
+    ((3, 300, 264, 200), dict(bm=128, bn=128, bk=64, stages=3, inflight=1)),  # partial tiles in every batch
+    ((5, 129, 1000, 520), dict(bm=64, bn=256, bk=64, stages=4, inflight=1, group=2)),  # grouped
+    ((12, 1024, 1024, 128), dict(bm=128, bn=128, bk=64, stages=3, inflight=1)),  # two K tiles
+    ((2, 70, 64, 100), dict(bm=64, bn=64, bk=64, stages=2)),  # the second K tile mostly outside
+]
+
+
+@pytest.mark.parametrize("dims,cfg", BATCHED, ids=["x".join(map(str, d)) for d, _ in BATCHED])
+def test_batched_tma(dims, cfg, specialize):
+    # 3-D tensor maps, one batch per box: rows past a batch's end read zeros, not the next batch's rows
+    batch, M, N, K = dims
+    s = pt.Schedule(ops.batch_matmul(batch, M, N, K, "bfloat16").func)
+    align_operands(s, "C", ("A", "B"), granule=16)
+    gemm_wgmma(s, "C", "A", "B", batch="bb", producer="tma", specialize=specialize, **cfg)
+    kern = pt.build(s, "cuda")
+    assert "pt_tma_load_3d(" in kern.source
+    g = torch.Generator(device="cuda").manual_seed(batch + M + N + K)
+    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    kern(a, b, out)
+    ref = a.double() @ b.double()
+    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [(32, 256, 384, 128), (12, 200, 200, 64)], ids=["32x256x384x128", "12x200x200x64"])
+def test_default_batched_gemm(dims):
+    batch, M, N, K = dims
+    kern = ops.batch_matmul(batch, M, N, K, "float16").build("cuda")
+    g = torch.Generator(device="cuda").manual_seed(sum(dims))
+    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).half()
+    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
+    ref = a.double() @ b.double()
+    assert float((kern(a, b).double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("dims,split", [((127, 255, 4096), None), ((256, 520, 8192), 2), ((300, 264, 1024), 4)],
+                         ids=["127x255x4096-default", "256x520x8192-s2", "300x264x1024-s4"])
+def test_split_gemm_loads_chunks_with_tma(dims, split):
+    # the chunks of K are whole K tiles: each chunk's boxes start at its own column of A and row of B
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, "bfloat16", split_k=split).build("cuda")
+    assert "pt_tma_load_2d(" in kern.source and len(kern.kernels) >= 2
+    _check(kern, M, N, K, "bfloat16", seed=M + N + K)

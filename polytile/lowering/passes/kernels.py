@@ -35,11 +35,12 @@ def _same(a: ir.Expr, b: ir.Expr) -> bool:
     return ir.expr_text(simplify_expr(a)) == ir.expr_text(simplify_expr(b))
 
 
-def _bound_index(loop: ir.For) -> tuple[ir.Expr, ir.Expr | None]:
-    """The loop variable's value from the hardware index, and the guard keeping it in the loop."""
+def _bound_index(loop: ir.For, index: ir.Expr | None = None) -> tuple[ir.Expr, ir.Expr | None]:
+    """The loop variable's value from the hardware index (or ``index``, its position in the grid or
+    block), and the guard keeping it in the loop."""
     assert loop.bounds is not None
     lo_g, hi_g = loop.bounds
-    value = ir.BinOp("+", lo_g, ir.Cast(dtypes.INDEX, thread_var(loop.kind)))
+    value = ir.BinOp("+", lo_g, index if index is not None else ir.Cast(dtypes.INDEX, thread_var(loop.kind)))
     end = ir.BinOp("+", loop.lo, loop.extent)
     exact = _same(loop.lo, lo_g) and _same(ir.BinOp("-", end, ir.const(1)), hi_g)
     if exact:
@@ -55,9 +56,11 @@ def _extent_of(loop: ir.For) -> ir.Expr:
     return simplify_expr(ir.BinOp("+", ir.BinOp("-", hi_g, lo_g), ir.const(1)))
 
 
-def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
+def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dict[str, int] | None = None
+                    ) -> ir.Stmt:
     """Replace every nest of blockIdx-bound loops by a Kernel; everything else must be host-level
-    allocation of temporaries."""
+    allocation of temporaries. ``rasters``: loops bound to blockIdx.y whose blocks run in groups of
+    that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``)."""
     counter = [0]
 
     def top(st: ir.Stmt) -> ir.Stmt:
@@ -73,7 +76,7 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str) -> ir.Stmt:
         name = f"{func_name}_kernel{counter[0] - 1}"
         if _is_global_copy(st):
             return copy_kernel(st, name)
-        return make_kernel(st, name, target)
+        return make_kernel(st, name, target, rasters or {})
 
     return top(s)
 
@@ -134,8 +137,32 @@ def copy_kernel(st: ir.For, name: str) -> ir.Kernel:
     return ir.Kernel(name, (grid, ir.const(1), ir.const(1)), (COPY_THREADS, 1, 1), body)
 
 
-def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
+def grouped_blocks(rows: ir.Expr, cols: ir.Expr, group: int, pid: ir.Expr) -> tuple[ir.Expr, ir.Expr]:
+    """(row, column) of block ``pid`` of a rows × cols grid launched in groups of ``group`` rows:
+    down the rows of a group column by column, then the next group; the last group holds the rows
+    left (Triton's grouped ordering). A bijection of [0, rows · cols) onto the grid."""
+    width = ir.BinOp("*", ir.const(group), cols)
+    first = ir.BinOp("*", ir.BinOp("div", pid, width), ir.const(group))
+    size = simplify_expr(ir.BinOp("min", ir.BinOp("-", rows, first), ir.const(group)))
+    if isinstance(rows, ir.Const) and int(rows.value) % group == 0:
+        size = ir.const(group)
+    within = ir.BinOp("mod", pid, width)
+    return (simplify_expr(ir.BinOp("+", first, ir.BinOp("mod", within, size))),
+            simplify_expr(ir.BinOp("div", within, size)))
+
+
+def _block_loop(st: ir.Stmt, kind: str) -> ir.For | None:
+    """The loop bound to ``kind`` in ``st`` (outside any thread loop), if any."""
+    for x in ir.walk_stmt(st):
+        if isinstance(x, ir.For) and x.kind == kind:
+            return x
+    return None
+
+
+def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str, int] | None = None
+                ) -> ir.Kernel:
     grid: dict[str, ir.Expr] = {}
+    grouped: dict[str, ir.Expr] = {}  # loop bound to blockIdx.x -> its index in a grouped grid
     info = _KernelInfo()
     _collect_threads(root, info, inside_thread=False)
     if any(_warp_call(e) for e in ir.all_exprs(root)) or any(
@@ -153,10 +180,24 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget) -> ir.Kernel:
     def blocks(st: ir.Stmt) -> ir.Stmt:
         if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
             axis = st.kind[-1]
-            if axis in grid:
+            if axis in grid and st.var.name not in grouped:
                 raise LoweringError(f"kernel {name}: two loops are bound to {st.kind}")
-            grid[axis] = _extent_of(st)
-            value, guard = _bound_index(st)
+            index = None
+            group = (rasters or {}).get(st.var.name, 0) if axis == "y" else 0
+            if group:
+                inner = _block_loop(st.body, "blockIdx.x")
+                if inner is None:
+                    raise LoweringError(f"kernel {name}: the blocks of loop {st.var.name} run in groups of rows "
+                                        "(raster), which needs a loop inside it bound to blockIdx.x")
+                rows, cols = _extent_of(st), _extent_of(inner)
+                pid = ir.Cast(dtypes.INDEX, thread_var("blockIdx.x"))
+                index, grouped[inner.var.name] = grouped_blocks(rows, cols, group, pid)
+                grid["x"] = simplify_expr(ir.BinOp("*", rows, cols))
+            elif axis == "x" and st.var.name in grouped:
+                index = grouped[st.var.name]
+            else:
+                grid[axis] = _extent_of(st)
+            value, guard = _bound_index(st, index)
             body = blocks(st.body)
             if guard is not None:
                 body = ir.If(guard, body)

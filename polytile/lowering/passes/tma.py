@@ -1,14 +1,17 @@
 """Tensor-memory-accelerator copies (sm_90): the cooperative copy of a pipelined shared tile
-becomes bulk tensor copies (``cp.async.bulk.tensor.2d``) that one thread issues.
+becomes bulk tensor copies (``cp.async.bulk.tensor.2d``, ``.3d`` …) that one thread issues.
 
 ``tma_tile`` reads what the copy does — it is left as the threads' copy loop by the earlier passes
-— and proves that one 2-D tensor map with 128-byte swizzling fills the buffer exactly as the copy
-would: the copy reads a box of ``rows`` × ``boxes`` · W elements of a 2-D tensor (W: 128 bytes of
+— and proves that one tensor map with 128-byte swizzling fills the buffer exactly as the copy
+would: the copy reads a box of ``rows`` × ``boxes`` · W elements of the last two dimensions of a
+tensor (W: 128 bytes of
 elements, the widest box inner dimension the 128-byte swizzle takes) starting at an origin that
 depends only on the loops outside it, stores element (r, c) of the box at (c // W) · rows · W +
 r · W + c % W (the boxes of W columns one after the other, each row-major: TMA's layout before
-its swizzle, which is the buffer's own: ``passes/swizzle.py``), and reads zeros exactly where the
-element lies outside the tensor (TMA's out-of-bounds fill). The proof evaluates every element of
+its swizzle, which is the buffer's own: ``passes/swizzle.py``), one index along each leading
+dimension (a batch: a box of extent 1 there, up to 5 dimensions in all), and reads zeros exactly
+where the element lies outside the tensor (TMA's out-of-bounds fill: past the rows of one batch
+it reads zeros, not the next batch's rows). The proof evaluates every element of
 the copy (all threads, all lanes) at a few values of the outer loops; anything it cannot prove is
 refused with the reason.
 """
@@ -26,13 +29,15 @@ from .simplify import simplify_expr
 
 SWIZZLE_BYTES = 128  # the swizzle mode the tensor maps use (CU_TENSOR_MAP_SWIZZLE_128B)
 MAX_BOX = 256  # the most elements of a box along one dimension
+MAX_RANK = 5  # the most dimensions of a tensor map
 
 
 @dataclass(frozen=True)
 class TmaTile:
     """What one copy of a pipelined tile reads: a box of ``rows`` × ``boxes`` · ``width`` elements of
-    the 2-D ``tensor`` at (``row``, ``col``) (expressions over the loops outside the copy), copied
-    as ``boxes`` TMA boxes of ``rows`` × ``width`` into ``cache``."""
+    the last two dimensions of ``tensor`` at (``row``, ``col``), at index ``lead`` of its leading
+    dimensions (expressions over the loops outside the copy), copied as ``boxes`` TMA boxes of
+    ``rows`` × ``width`` into ``cache``."""
 
     cache: ir.Buffer
     tensor: ir.Buffer
@@ -41,6 +46,7 @@ class TmaTile:
     rows: int
     width: int
     boxes: int
+    lead: tuple[ir.Expr, ...] = ()
 
     @property
     def box_elems(self) -> int:
@@ -145,23 +151,26 @@ def _outer_vars(st: ir.Stmt) -> list[str]:
     return sorted(n for n in names - bound if not n.startswith("threadIdx") and n != LANE)
 
 
-def _inside(cond: ir.Expr, index: tuple[ir.Expr, ...], shape: tuple[ir.Expr, ...]) -> bool:
-    """Whether ``cond`` is exactly the test that ``index`` lies inside a tensor of ``shape``
-    (``index[d] < shape[d]`` for some dimensions, ``0 <= index[d]`` perhaps; the indices never
-    fall below zero for the rest)."""
+def _guarded(cond: ir.Expr, index: tuple[ir.Expr, ...], shape: tuple[ir.Expr, ...]) -> set[int] | None:
+    """The dimensions that ``cond`` tests ``index`` inside a tensor of ``shape`` along, when it is
+    exactly such a test (``index[d] < shape[d]`` for some dimensions, ``0 <= index[d]`` perhaps;
+    the indices never fall below zero for the rest), else None."""
     terms = list(cond.args) if isinstance(cond, ir.Logic) and cond.op == "&&" else [cond]
     texts = [ir.expr_text(i) for i in index]
+    dims: set[int] = set()
     for t in terms:
         if not isinstance(t, ir.Cmp):
-            return False
+            return None
         a, b = ir.expr_text(t.a), ir.expr_text(t.b)
         if t.op == "<" and a in texts and ir.expr_text(simplify_expr(t.b)) == \
                 ir.expr_text(simplify_expr(shape[texts.index(a)])):
+            dims.add(texts.index(a))
             continue
         if t.op == "<=" and b in texts and ir.is_const(simplify_expr(t.a), 0):
+            dims.add(texts.index(b))
             continue
-        return False
-    return True
+        return None
+    return dims
 
 
 def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
@@ -178,17 +187,19 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
     if not isinstance(value, ir.Load) or value.buffer.scope not in ("arg", "global"):
         raise LoweringError(f"{where}: the copy does not read a tensor in global memory element for element")
     tensor = value.buffer
-    if len(tensor.shape) != 2:
-        raise LoweringError(f"{where}: {tensor.name} has {len(tensor.shape)} dimensions; TMA pipelines copy tiles "
-                            "of 2-D tensors")
-    row = simplify_expr(tensor.shape[1])
+    rank = len(tensor.shape)
+    if not 2 <= rank <= MAX_RANK:
+        raise LoweringError(f"{where}: {tensor.name} has {rank} dimensions; TMA pipelines copy tiles of tensors of "
+                            f"2 to {MAX_RANK} dimensions")
+    row = simplify_expr(tensor.shape[-1])
     if isinstance(row, ir.Const) and int(row.value) * tensor.dtype.itemsize % 16:
         raise LoweringError(f"{where}: the rows of {tensor.name} are {int(row.value)} elements "
                             f"({int(row.value) * tensor.dtype.itemsize} bytes) long; TMA reads tensors whose rows are "
                             "multiples of 16 bytes: copy it aligned first (align_operands) or use producer='threads'")
     if tensor.dtype != cache.dtype:
         raise LoweringError(f"{where}: the copy converts {tensor.dtype} to {cache.dtype}")
-    if cond is not None and not _inside(cond, value.index, tensor.shape):
+    guarded = _guarded(cond, value.index, tensor.shape) if cond is not None else set()
+    if guarded is None:
         raise LoweringError(f"{where}: the copy reads zeros where {tensor.name} has elements (a guard of its own, "
                             f"{ir.expr_text(cond)}); TMA fills zeros only past the tensor's end")
     if cache.swizzle != SWIZZLE_BYTES:
@@ -216,17 +227,25 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
         env: dict[str, object] = {**threads, LANE: lane,
                                   **{n: np.asarray(0 if sample == 0 else sample * (k + 1) + 1, dtype=np.int64)
                                      for k, n in enumerate(outer)}}
-        flat_parts, r_parts, c_parts, at0 = [], [], [], None
+        flat_parts, r_parts, c_parts, lead_parts, at0 = [], [], [], [], None
         for pts in _points(found, env, lanes):
             mask = pts.pop("pt_mask")
             flat = np.zeros(mask.shape, dtype=np.int64)
             for i, d in zip(index, dims):
                 flat = flat * d + ir.eval_int_array(i, pts)
-            r, c = (np.broadcast_to(ir.eval_int_array(i, pts), mask.shape) for i in source)
+            at_dims = [np.broadcast_to(ir.eval_int_array(i, pts), mask.shape) for i in source]
+            *lead, r, c = at_dims
+            for d, at in enumerate(lead):
+                if len(np.unique(at[mask])) > 1:
+                    raise LoweringError(f"{where}: the copy reads several indices of {tensor.name}'s dimension {d}; "
+                                        "TMA boxes span the last two dimensions, one index of each other")
+            # the guard tests the tensor's bounds along its dimensions; along the others the tile lies
+            # inside the tensor over the loops' real ranges, which the sample values of the outer
+            # loops may leave (a 1000×1024×128 GEMM's second K tile sampled at ko = 5)
             sizes = [int(ir.eval_int_array(d, pts)) for d in tensor.shape]
-            inside = (r >= 0) & (r < sizes[0]) & (c >= 0) & (c < sizes[1])
-            # (without a guard the tile lies inside the tensor over the loops' real ranges, which
-            # the sample values of the outer loops may leave)
+            inside = np.ones(mask.shape, dtype=bool)
+            for d in guarded:
+                inside &= (at_dims[d] >= 0) & (at_dims[d] < sizes[d])
             if cond is not None and ((ir.eval_int_array(_scalar(cond), pts) != 0) != inside)[mask].any():
                 raise LoweringError(f"{where}: the copy's guard does not match {tensor.name}'s bounds")
             hit = np.argwhere(mask & (flat == 0))
@@ -236,11 +255,17 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
             flat_parts.append(flat[mask])
             r_parts.append(r[mask])
             c_parts.append(c[mask])
+            lead_parts.append([int(at[mask][0]) if mask.any() else None for at in lead])
         flat = np.concatenate(flat_parts) if flat_parts else np.zeros(0, dtype=np.int64)
         if at0 is None or len(flat) != total or len(np.unique(flat)) != total:
             raise LoweringError(f"{where}: the copy does not write each of the {total} elements of {cache.name} once")
         rows_at, cols_at = np.concatenate(r_parts), np.concatenate(c_parts)
         r0, c0 = int(rows_at[flat == 0][0]), int(cols_at[flat == 0][0])
+        leads = {tuple(p) for p in lead_parts if None not in p}
+        if len(leads) > 1:
+            raise LoweringError(f"{where}: the copy reads several indices of {tensor.name}'s leading dimensions; TMA "
+                                "boxes span the last two dimensions, one index of each other")
+        lead0 = list(leads.pop()) if leads else []
         r, c = rows_at - r0, cols_at - c0
         rows, cols = int(r.max()) + 1, int(c.max()) + 1
         if r.min() < 0 or c.min() < 0 or cols % width or rows * cols != total or rows > MAX_BOX or rows % 8:
@@ -262,11 +287,11 @@ def tma_tile(copy: ir.Stmt, cache: ir.Buffer, block: tuple[int, int, int],
             origin = tuple(simplify_expr(_inline_lets(i, found, fixed)) for i in source)  # type: ignore[assignment]
         assert origin is not None
         got = [int(ir.eval_int_array(o, {n: env[n] for n in outer})) for o in origin]
-        if got != [r0, c0]:
+        if got != [*lead0, r0, c0]:
             raise LoweringError(f"{where}: the box's origin is not a function of the loops outside the copy")
     assert geometry is not None and origin is not None
     rows, cols = geometry
-    return TmaTile(cache, tensor, origin[0], origin[1], rows, width, cols // width)
+    return TmaTile(cache, tensor, origin[-2], origin[-1], rows, width, cols // width, tuple(origin[:-2]))
 
 
 def _inline_lets(e: ir.Expr, found: _Store, fixed: dict[str, ir.Expr]) -> ir.Expr:
@@ -286,6 +311,9 @@ def tile_loads(tile: TmaTile, slot_buffer: ir.Buffer, slot: ir.Expr, barrier: ir
     dims = [int(simplify_expr(d).value) for d in tile.cache.shape]  # type: ignore[attr-defined]
     row = simplify_expr(ir.substitute(tile.row, at))  # type: ignore[arg-type]
     col = simplify_expr(ir.substitute(tile.col, at))  # type: ignore[arg-type]
+    # the leading dimensions' indices, innermost first (TMA's coordinates run from the contiguous one)
+    lead = [ir.Cast(dtypes.int32, simplify_expr(ir.substitute(e, at))) for e in reversed(tile.lead)]  # type: ignore[arg-type]
+    rank = 2 + len(lead)
     out = []
     for b in range(tile.boxes):
         offset, index = b * tile.box_elems, []
@@ -294,7 +322,7 @@ def tile_loads(tile: TmaTile, slot_buffer: ir.Buffer, slot: ir.Expr, barrier: ir
             offset //= d
         dst = ir.Load(slot_buffer, (slot, *reversed(index)))
         x = simplify_expr(ir.BinOp("+", col, ir.const(b * tile.width)))
-        out.append(ir.call_stmt("pt_tma_load_2d", dst, ir.Load(tile.tensor, (ir.const(0), ir.const(0))), barrier,
-                                ir.Cast(dtypes.int32, x), ir.Cast(dtypes.int32, row),
+        out.append(ir.call_stmt(f"pt_tma_load_{rank}d", dst, ir.Load(tile.tensor, (ir.const(0),) * rank), barrier,
+                                ir.Cast(dtypes.int32, x), ir.Cast(dtypes.int32, row), *lead,
                                 ir.const(tile.width, dtypes.int32), ir.const(tile.rows, dtypes.int32)))
     return out

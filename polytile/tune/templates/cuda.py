@@ -9,7 +9,7 @@ implicit-GEMM convolutions (conv2d_igemm, conv3d_igemm) use tensor cores (``gemm
 register stages 1–2 (ALCOP's space); these templates carry ALCOP's analytical model
 (``tune.analytical``) for the analytical tuners. On sm_90a, matmul and batch_matmul come first
 with the warpgroup-MMA templates (``matmul_wgmma``, ``batch_matmul_wgmma``: block tile, K tile,
-stages, MMA groups in flight), which carry the same model's warpgroup-MMA form (``WgmmaConfig``);
+stages, MMA groups in flight, block order), which carry the same model's warpgroup-MMA form (``WgmmaConfig``);
 name ``matmul_tensorcore`` to tune the mma.sync space there.
 Products of at most ``GEMV_ROWS`` rows (decoding: matrix–vector-like) come first with the GEMV
 templates (``matmul_gemv``, ``batch_matmul_gemv``: threads per block, K tile, stages). An unbatched
@@ -46,7 +46,7 @@ from ...ops.gpu_schedules import (
     sum_partials,
 )
 from ...target import Target
-from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, split_seconds
+from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, raster_group, split_seconds
 from ..space import TemplateConfig
 from ..task import template
 
@@ -236,12 +236,16 @@ def wgmma_op(op: Any, target: Target) -> bool:
 
 
 def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
-    """Block tile bm × bn (bm/64 warpgroups issuing wgmma.m64n{bn}k16), K tile bk, shared stages and
-    the MMA groups left in flight; the first choices are the library's default (wgmma_gemm_config)."""
+    """Block tile bm × bn (bm/64 warpgroups issuing wgmma.m64n{bn}k16), K tile bk, shared stages,
+    the MMA groups left in flight and the block order (``group`` rows of blocks launched together:
+    0 sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row); the first
+    choices are the library's default (wgmma_gemm_config)."""
     t = {"bm": int(cfg.knob("bm", [128, 64, 256])), "bn": int(cfg.knob("bn", [256, 128, 64, 192])),  # type: ignore[call-overload]
          "bk": int(cfg.knob("bk", [64, 128, 32]))}  # type: ignore[call-overload]
     t["stages"] = cfg.integer("stages", 1, 6, default=4)
     t["inflight"] = cfg.integer("inflight", 0, 2, default=1)
+    group = int(cfg.knob("group", [0, 1, 8, 16]))  # type: ignore[call-overload]
+    t["group"] = group or raster_group(shape.m, shape.n, shape.k, shape.itemsize, t["bm"], cfg.target.l2_bytes)
     cfg.require(t["inflight"] == 0 or t["stages"] >= t["inflight"] + 2,
                 "groups in flight need stages ≥ inflight + 2 (a slot to load ahead)")
     cfg.require(t["bm"] // 2 < shape.m or t["bm"] == 64, "the block tile is twice the matrix's rows")
@@ -261,7 +265,10 @@ def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
     shape = gemm_shape(op)
     split = _split_built(op, int(values.get("split", 1)))  # type: ignore[call-overload]
     chunks = replace(shape, k=shape.k // split, batch=shape.batch * split)
-    return predict(chunks, WgmmaConfig.of(values), target) + split_seconds(target, shape.m, shape.n, shape.batch, split)
+    cfg = WgmmaConfig.of(values)
+    if not values.get("group"):  # 0: sized to the L2 as the template builds it
+        cfg = replace(cfg, group=raster_group(shape.m, shape.n, shape.k, shape.itemsize, cfg.bm, target.l2_bytes))
+    return predict(chunks, cfg, target) + split_seconds(target, shape.m, shape.n, shape.batch, split)
 
 
 @template("matmul", "cuda", name="matmul_wgmma", model=wgmma_model, applies=wgmma_op)
