@@ -463,3 +463,24 @@ except pt.ScheduleError as err:
 assert list(s.caches) == caches
 pt.build(s)
 """, 60)
+
+
+def test_a_separated_loop_with_nothing_to_unroll_inside_isolates_nothing(rng):
+    # fuzz seed 97 case 8543: ki separated with no unrolled or vectorized loop inside it, so every
+    # tile is full: isolating the whole image split every statement of the band, and with A's
+    # cache under the skewed, reversed and fused loops isl's AST ran past its operation budget
+    # (a refusal at the build; 30 s without the fusion)
+    A = pt.placeholder((9,), "float32", "A")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((pt.maximum(i - 2, 0), pt.minimum(i + 2, 7)), "k")
+        return pt.sum(pt.select(j >= 1, A[j - 1], -0.5) - pt.maximum(A[k], A[i]), axis=k)
+
+    T = pt.compute((7, 7), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].tile("i", "j", 2, 5).split("k", 16).separate("ki").skew("jo", "ji", 1).reverse("ji")
+    s[T].reorder("ii", "jo", "io").fuse("ii", "jo").cache_identity(A, "ki")
+    a = rng.standard_normal(9).astype(np.float32)
+    ref = [[sum((a[j - 1] if j >= 1 else -0.5) - max(a[k], a[i]) for k in range(max(i - 2, 0), min(i + 2, 7)))
+            for j in range(7)] for i in range(7)]
+    np.testing.assert_allclose(pt.build(s)(a), np.array(ref, np.float32), rtol=1e-5, atol=1e-5)
