@@ -463,3 +463,49 @@ except pt.ScheduleError as err:
 assert list(s.caches) == caches
 pt.build(s)
 """, 60)
+
+
+def test_a_separated_loop_with_nothing_to_unroll_inside_isolates_nothing(rng):
+    # fuzz seed 97 case 8543: ki separated with no unrolled or vectorized loop inside it, so every
+    # tile is full: isolating the whole image split every statement of the band, and with A's
+    # cache under the skewed, reversed and fused loops isl's AST ran past its operation budget
+    # (a refusal at the build; 30 s without the fusion)
+    A = pt.placeholder((9,), "float32", "A")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((pt.maximum(i - 2, 0), pt.minimum(i + 2, 7)), "k")
+        return pt.sum(pt.select(j >= 1, A[j - 1], -0.5) - pt.maximum(A[k], A[i]), axis=k)
+
+    T = pt.compute((7, 7), f_T, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].tile("i", "j", 2, 5).split("k", 16).separate("ki").skew("jo", "ji", 1).reverse("ji")
+    s[T].reorder("ii", "jo", "io").fuse("ii", "jo").cache_identity(A, "ki")
+    a = rng.standard_normal(9).astype(np.float32)
+    ref = [[sum((a[j - 1] if j >= 1 else -0.5) - max(a[k], a[i]) for k in range(max(i - 2, 0), min(i + 2, 7)))
+            for j in range(7)] for i in range(7)]
+    np.testing.assert_allclose(pt.build(s)(a), np.array(ref, np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_the_copies_of_a_cache_keep_the_pieces_of_its_footprint(rng):
+    # fuzz seed 31 case 244: the copies' domain, the footprint (2 pieces under a where= with an
+    # "or") intersected again with the iterations of the skewed tiles (8 pieces), came in 15
+    # pieces, and isl's AST took 2.3 times as long (a build of ~50 s on a loaded machine)
+    from polytile.lowering.pipeline import build_plan
+    N = pt.param("N")
+    B = pt.placeholder((N, 4), "float32", "B")
+
+    def f_T(i, j):
+        k = pt.reduce_axis((i, i + 2), "k")
+        return pt.sum(B[j, i] + pt.cast("float32", k), axis=k, where=(j != k + 1))
+
+    T = pt.compute((4, N), f_T, "T")
+    s = pt.create_schedule(pt.Func([B], [T], constraints=[N >= 2]))
+    s[T].apply_sch("{ [x0, x1, x2] -> [x0 + x1 + x2, x1, -x1 + x2] }", ["t1_0", "t1_1", "t1_2"])
+    s[T].tile("t1_0", "t1_1", 4, 16).cache_write("t1_1o")
+    copies = [it.stmt for it in build_plan(s).items if "__copy" in it.stmt.name]
+    assert copies and all(st.domain.n_basic_set() <= 2 for st in copies), [str(st.domain) for st in copies]
+    kern = pt.build(s)
+    for n in (2, 5, 19):
+        b = rng.standard_normal((n, 4)).astype(np.float32)
+        ref = [[sum(b[j, i] + k for k in range(i, i + 2) if j != k + 1) for j in range(n)] for i in range(4)]
+        np.testing.assert_allclose(kern(b, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-5)
