@@ -1492,9 +1492,12 @@ def compare(prog, t, got, ref, err, mask, sentinel, run):
     if t.dtype in FLOATS:
         with np.errstate(all="ignore"):
             tiny = np.finfo(np.float16).tiny if t.dtype == "float16" else 1e-30
-            tol = 2.0 * err + tiny + 1e-12 * np.abs(ref)
-            inf = np.isinf(ref)
-            bad = mask & ~(inf & (g == ref)) & ~(np.abs(g - ref) <= tol) & ~(np.isnan(g) & np.isnan(ref))
+            # the propagated bound can come out negative or NaN (inf - inf, 0 * inf in its terms): its
+            # magnitude bounds the error, a NaN bound none (the GPU host's seed-5 campaign flagged
+            # equal results as wrong under bounds of -0.225 and NaN)
+            tol = 2.0 * np.abs(err) + tiny + 1e-12 * np.abs(ref)
+            unbounded = np.isnan(err)
+            bad = mask & ~(g == ref) & ~(np.abs(g - ref) <= tol) & ~unbounded & ~(np.isnan(g) & np.isnan(ref))
             bad = bad | (mask & np.isnan(g) & ~np.isnan(ref))
     else:
         bad = mask & (g != ref)

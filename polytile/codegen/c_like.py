@@ -67,6 +67,11 @@ def shared_helpers(inline: str) -> list[Helper]:
     return [Helper(name, text.replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
 
 
+def _narrow_int(d: DType) -> bool:
+    """An integer type that C promotes to int before computing on it."""
+    return not d.is_float and not d.is_bool and d.itemsize < 4
+
+
 class CLikePrinter:
     """Prints a ``LoweredFunc`` as C-family source."""
 
@@ -143,6 +148,14 @@ class CLikePrinter:
         return e.name
 
     def e_BinOp(self, e: ir.BinOp) -> str:
+        text = self._binop(e)
+        if e.lanes == 1 and _narrow_int(e.dtype) and e.op not in ("min", "max"):
+            # C computes on 8- and 16-bit integers as int: the result wraps to its own type, as
+            # NumPy's does (int8 MIN // -1 == MIN even where it is then cast to a float)
+            return f"(({self.type_name(e.dtype)}){text})"
+        return text
+
+    def _binop(self, e: ir.BinOp) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         if e.a.lanes != e.b.lanes:
             lanes = e.lanes

@@ -127,3 +127,23 @@ def test_abs_of_min_wraps_as_numpy_without_undefined_behaviour(tmp_path):
     env = {**os.environ, "POLYTILE_CACHE_DIR": str(tmp_path)}
     p = subprocess.run([sys.executable, "-c", ABS_OF_MIN], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint8"])
+def test_narrow_integer_results_wrap_before_a_cast(dtype, rng):
+    # C computes on 8- and 16-bit integers as int: int8 MIN // -1 cast to a float gave 128 where NumPy
+    # gives -128, and 127 + 1 gave 128 (independent fuzzer, seed 5 case 343: a sign flipped in a min)
+    info = np.iinfo(dtype)
+    n = 37
+    x = rng.integers(info.min, info.max, size=n, endpoint=True).astype(dtype)
+    x[:3] = [info.min, info.max, info.max - 1]
+    X = pt.placeholder((n,), dtype, "X")
+    Q = pt.compute((n,), lambda i: pt.cast("float64", X[i] // -1 if info.min < 0 else X[i] * 3), "Q")
+    S = pt.compute((n,), lambda i: pt.cast("float32", X[i] + X[i]), "S")
+    kern = pt.build(pt.create_schedule(pt.Func([X], [Q, S])))
+    q, s = kern(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_q = (x // x.dtype.type(-1) if info.min < 0 else x * x.dtype.type(3)).astype(np.float64)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(s, (x + x).astype(np.float32))
