@@ -91,7 +91,8 @@ def test_faulty_candidates_are_survived_and_recorded(tmp_path):
     records = tmp_path / "faulty.jsonl"
     task = make_task(faulty.make_func(), "cpu", template=faulty.faulty)
     assert task.space.size == 5
-    opts = MeasureOptions(builders=2, run_timeout=8.0, repeat=3, min_time=0.0, before_run=faulty.misbehave)
+    opts = MeasureOptions(builders=2, run_timeout=8.0, repeat=3, min_time=0.0, result_cache=False,
+                          before_run=faulty.misbehave)
     result = tune_task(task, trials=5, records=records, tuner="grid", batch_size=5, measure=opts,
                        progress=False, verify=False)
     by_mode = {r.config["mode"]: r for r in result.records}
