@@ -32,7 +32,8 @@ SHAPES = "1,4096,4096,bfloat16;8,4096,4096,bfloat16;1,28672,4096,bfloat16;8,768,
 
 
 def _configs(K: int) -> list[dict[str, object]]:
-    splits = [s for s in (1, 2, 4, 8, 12, 16) if K % s == 0]
+    from polytile.tune.templates.cuda import GEMV_SPLITS
+    splits = [s for s in GEMV_SPLITS if (s - 1) * -(-K // s) < K]
     out = []
     for direct, threads, bk, split in itertools.product((False, True), (64, 128, 256), (8, 16, 32), splits):
         if direct and bk > 16:

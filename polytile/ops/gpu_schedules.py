@@ -510,6 +510,12 @@ def _wgmma(target: CUDATarget) -> bool:
 
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
+# the most chunks of a GEMV's split: its partial products are M ≤ GEMV_ROWS rows (a 64-way split of
+# 1×4097×4093 writes 1 MB of them while streaming 33 MB of B), and more chunks are more warps
+# streaming B. Measured on an H100 (benchmarks/results/gemv_split-20261128-0505-h100.json): 1×4097×4093
+# bf16 77 µs in 16 chunks, 38 in 32, 30 in 64 (torch 24); 1×3001×2999 fp16 98 µs in 16, 33 in 64
+# (torch 16); 4×1000×1999 fp16 27 µs in 16, 16 in 48; staged GEMVs of aligned rows within ±5%
+GEMV_MAX_SPLIT = 64
 SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
 # a K step of the direct GEMV (B's loads straight into registers, not pipelined), in idle DRAM latencies:
 # fitted to the H100's direct GEMVs of odd N (2 to 4 µs a step, 8 or 16 rows, 1 to 16 chunks: it picks
@@ -622,15 +628,15 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
-def _splits(K: int, bk: int, whole_tiles: bool, even: bool = True) -> list[int]:
-    """Chunk counts of a split reduction leaving every chunk at least two K tiles: divisors of K
-    (each chunk the same length; whole K tiles for the tensor cores and the CUDA cores, which compute
-    whole tiles), or with ``even`` False the counts that do not divide K (chunks of ⌈K/S⌉, the last
-    one shorter and not empty), for the kernels of partial K tiles."""
+def _splits(K: int, bk: int, whole_tiles: bool, even: bool = True, most: int = MAX_SPLIT) -> list[int]:
+    """Chunk counts of a split reduction, at most ``most``, leaving every chunk at least two K tiles:
+    divisors of K (each chunk the same length; whole K tiles for the tensor cores and the CUDA cores,
+    which compute whole tiles), or with ``even`` False the counts that do not divide K (chunks of
+    ⌈K/S⌉, the last one shorter and not empty), for the kernels of partial K tiles."""
     if not even:
-        return [] if whole_tiles else [s for s in range(2, MAX_SPLIT + 1)
+        return [] if whole_tiles else [s for s in range(2, most + 1)
                                        if K % s and -(-K // s) >= 2 * bk and (s - 1) * -(-K // s) < K]
-    return [s for s in range(1, MAX_SPLIT + 1)
+    return [s for s in range(1, most + 1)
             if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
 
 
@@ -665,9 +671,11 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
         whole = kernel in ("wgmma", "mma", "cuda")
+        most = GEMV_MAX_SPLIT if kernel == "gemv" else MAX_SPLIT
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
-                  else _splits(K, plan.bk, whole) or [1])
-        more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False)
+                  else _splits(K, plan.bk, whole, most=most) or [1])
+        more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False,
+                                                                                 most=most)
         for split in splits + more:
             chunk = -(-K // split)
             group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1

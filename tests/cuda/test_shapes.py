@@ -103,6 +103,28 @@ def test_a_gemv_over_a_prime_k_is_split_in_chunks_of_unequal_length():
     assert 4096 % gemm_choice(SM90A, 1, 4096, 4096, as_dtype("bfloat16")).split == 0
 
 
+def test_a_gemv_of_unaligned_rows_is_split_past_sixteen_chunks():
+    # the direct GEMV (rows 2-byte aligned) waits for each K step's loads: more chunks are more warps
+    # streaming B (H100: 1×4097×4093 77 µs in 16 chunks, 30 µs in 64; torch 24)
+    from polytile.ops.gpu_schedules import GEMV_MAX_SPLIT, MAX_SPLIT
+    choice = gemm_choice(SM90A, 1, 4097, 4093, as_dtype("bfloat16"))
+    assert choice.params.get("direct") and MAX_SPLIT < choice.split <= GEMV_MAX_SPLIT
+    # the tensor-core kernels keep MAX_SPLIT
+    assert gemm_choice(SM90A, 127, 255, 4096, as_dtype("bfloat16")).split <= MAX_SPLIT
+
+
+def test_gemv_template_offers_uneven_splits_past_sixteen():
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, M=1, N=4097, K=4093, dtype="bfloat16", template="matmul_gemv")
+    splits = next(d for d in task.space.decisions if d.name == "split").choices
+    assert 1 in splits and 64 in splits and 48 in splits  # 4093 is prime: every split > 1 is uneven
+    assert task._check(dict(threads=128, bk=16, stages=3, direct=True, split=64)) is None
+    # chunks of fewer than two K tiles are refused; a divisor of K past GEMV_SPLITS stays (records)
+    assert "two K tiles" in task._check(dict(threads=128, bk=64, stages=3, direct=False, split=64))
+    task = make_task("matmul", SM90A, M=5, N=1001, K=777, dtype="float16", template="matmul_gemv")
+    assert task._check(dict(threads=64, bk=16, stages=2, direct=True, split=7)) is None
+
+
 def test_split_matmul_on_the_cpu(rng):
     # the restructured algorithm is the same function (checked where it can run here)
     for op in [ops.matmul(37, 53, 132, split_k=4), ops.matmul(5, 64, 100, split_k=5),

@@ -34,6 +34,7 @@ from typing import Any
 
 from ...intrinsics import MMA_M16N8K16
 from ...ops.gpu_schedules import (
+    GEMV_MAX_SPLIT,
     GEMV_ROWS,
     MAX_SPLIT,
     align_operands,
@@ -118,6 +119,28 @@ def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int, batch_loops: int = 
     return sched, "P", (batch, "s") if batch else "s"
 
 
+GEMV_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""The GEMV template's splits of K besides K's divisors: chunks of ⌈K/S⌉ (the last one shorter: the
+GEMV sums partial K tiles), up to ``GEMV_MAX_SPLIT`` (its partial products are a few rows)."""
+
+
+def _gemv_split(cfg: TemplateConfig, op: Any, bk: int) -> int:
+    """The GEMV's split of K: the operator's own; else (an unbatched matmul) one of ``GEMV_SPLITS``
+    leaving no chunk empty, in chunks of at least two K tiles; applied at a size where it leaves a
+    chunk empty, 1."""
+    K = op.shape["K"]
+    if op.name != "matmul" or op.shape.get("split_k") is not None:
+        return _split_built(op, 1)
+    # and the divisors of K up to MAX_SPLIT (chunks of one length: the space before GEMV_SPLITS)
+    fits = sorted({s for s in GEMV_SPLITS if s <= GEMV_MAX_SPLIT and (s - 1) * -(-K // s) < K}
+                  | {d for d in range(1, MAX_SPLIT + 1) if K % d == 0})
+    split = int(cfg.knob("split", fits))  # type: ignore[call-overload]
+    if (split - 1) * -(-K // split) >= K:
+        split = 1
+    cfg.require(split == 1 or -(-K // split) >= 2 * bk, "chunks of fewer than two K tiles")
+    return split
+
+
 def _gemv_op(op: Any, target: Target) -> bool:
     """A matrix–vector-like product (at most GEMV_ROWS rows) on a GPU: the GEMV template applies first."""
     return target.has("gpu") and op.shape.get("M", GEMV_ROWS + 1) <= GEMV_ROWS
@@ -133,7 +156,7 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     stages = cfg.integer("stages", 2, 6, default=4)
     direct = bool(cfg.knob("direct", [False, True]))
     vec = (16 if direct else 8) // itemsize
-    split = _split(cfg, op)
+    split = _gemv_split(cfg, op, bk)
     M = op.shape["M"]
     cfg.require(threads == 32 or threads * vec // 2 < op.shape["N"], "the block is twice the matrix's columns")
     b_tile = 0 if direct else threads * vec  # B in registers (direct) or in shared tiles
