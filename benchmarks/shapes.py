@@ -249,8 +249,22 @@ def cpu_suite(quick: bool = False) -> list[Workload]:
 
 def offsuite() -> list[Workload]:
     """Shapes that are not in the suite, for checking that a change to the defaults holds up away from
-    it (``--offsuite``): float32 GEMMs off every tile, 3-channel convolutions of other filters."""
-    return [_w("off.fp32.777x1531x999", "matmul", "float32", "awkward", M=777, N=1531, K=999),
+    it (``--offsuite``): float32 GEMMs off every tile, 3-channel convolutions of other filters, GEMVs
+    of odd sizes, 16-bit GEMMs and batched products of sizes no model has, convolutions of odd
+    spatial sizes and channel counts, row operators of odd widths."""
+    gemms = [(1, 3001, 2999, "float16"), (4, 1000, 1999, "float16"), (3, 5000, 777, "bfloat16"),
+             (12, 2222, 3333, "bfloat16"), (1234, 2345, 777, "float16"), (300, 5003, 640, "bfloat16"),
+             (2500, 96, 1536, "float16"), (61, 61, 8191, "bfloat16")]
+    convs = [(3, 45, 45, 96, 160, 3, 3, 1, 1), (8, 33, 33, 256, 384, 1, 1, 1, 0), (2, 64, 64, 48, 72, 5, 5, 2, 2),
+             (16, 15, 15, 320, 320, 3, 3, 1, 1)]
+    return [*(_w(f"off.gemm.{M}x{N}x{K}", "matmul", dt, "awkward", M=M, N=N, K=K) for M, N, K, dt in gemms),
+            _w("off.bmm.7x333x555x96", "batch_matmul", "bfloat16", "attention", batch=7, M=333, N=555, K=96),
+            _w("off.bmm.20x1x1500x80", "batch_matmul", "float16", "attention", batch=20, M=1, N=1500, K=80),
+            *(_w(f"off.conv.{N}x{H}x{W}x{C}x{K}x{R}x{S}s{st}", "conv2d_igemm", "float16", "conv", N=N, H=H, W=W, C=C,
+                 K=K, R=R, S=S, stride=st, padding=pad) for N, H, W, C, K, R, S, st, pad in convs),
+            _w("off.softmax.777x12345", "softmax", "float32", "rows", M=777, N=12345),
+            _w("off.layernorm.5x70001", "layernorm", "float32", "rows", M=5, N=70001),
+            _w("off.fp32.777x1531x999", "matmul", "float32", "awkward", M=777, N=1531, K=999),
             _w("off.fp32.256x3000x2000", "matmul", "float32", "awkward", M=256, N=3000, K=2000),
             _w("off.fp32.129x4095x1023", "matmul", "float32", "awkward", M=129, N=4095, K=1023),
             _w("off.conv.5x5s1.c3.n8", "conv2d_igemm", "float16", "conv", N=8, H=96, W=96, C=3, K=32, R=5, S=5,
