@@ -592,7 +592,11 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block)."""
     vec = 8 // it
     out = []
-    if (N * it) % 4:
+    if (N * it) % 8:
+        # B's rows 4-byte aligned: 4-byte asynchronous copies, four per 16 bytes, starved the staged
+        # kernel (H100, benchmarks/results/gemv_align-20261128-0600-h100.json: 8×4098×4096 bf16 152 µs
+        # staged, 54 direct in 63 chunks; 1×50258×768 fp16 79 against 46; an aligned copy of B no
+        # better than in place): they are read directly like 2-byte aligned ones.
         # B's rows are only 2-byte aligned: no asynchronous copy can read them, and an aligned copy
         # of B costs a pass over it (GPT-2's vocabulary 1×50257×768: 0.16× torch): B is read in place,
         # straight into registers, 16 bytes of columns per thread (8 with more than 4 rows: registers

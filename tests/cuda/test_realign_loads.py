@@ -180,4 +180,5 @@ def test_gemv_of_unaligned_rows_is_split_into_enough_steps():
     assert vocab.kernel == "gemv" and vocab.params.get("direct") and vocab.split >= 8, vocab
     for K in (4096, 4093):  # a prime K: chunks of unequal length
         odd = gemm_choice(SM90A, 1, 4097, K, as_dtype("bfloat16"))
-        assert odd.params.get("direct") and odd.params["bk"] == 16 and odd.split == 16, odd
+        # (16 chunks then; 64 since GEMV_MAX_SPLIT: 1×4097×4093 77 µs in 16, 30 µs in 64)
+        assert odd.params.get("direct") and odd.params["bk"] == 16 and odd.split >= 16, odd

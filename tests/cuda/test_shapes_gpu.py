@@ -250,6 +250,7 @@ def test_fp32_batch_matmul_and_dense_whole_tiles():
     ((1, 4097, 4093), "bfloat16", dict(threads=128, bk=16, stages=3, direct=True, split=64)),  # 64 uneven chunks
     ((4, 1000, 1999), "float16", dict(threads=64, bk=16, stages=3, direct=True, split=48)),
     ((2, 600, 2999), "float16", dict(threads=64, bk=8, stages=4, direct=False, split=24)),
+    ((3, 2222, 3333), "bfloat16", dict(threads=128, bk=16, stages=3, direct=True, split=53)),  # 4-byte rows
 ])
 def test_gemv_template_variants(dims, dtype, cfg):
     from polytile.build import build
