@@ -25,12 +25,17 @@ _MATH.update({"sigmoid": ("pt_sigmoid", "pt_sigmoid"), "rsqrt": ("pt_rsqrt", "pt
 
 
 _SHARED_HELPERS = {
+    # NumPy's minimum and maximum: a NaN operand, in either place, gives NaN (``a < b ? a : b`` alone
+    # drops a NaN ``a``, so a reduction's result would depend on its order). ``x != x`` folds away for
+    # integers; on floats it costs a compare and a select (on vectors GCC blends instead of vmaxps)
     "pt_min": """template <typename A, typename B> INLINE auto pt_min(A a, B b) -> decltype(a + b) {
-  return a < b ? (decltype(a + b))a : (decltype(a + b))b;
+  typedef decltype(a + b) T; const T x = a, y = b;
+  return x != x ? x : x < y ? x : y;
 }
 """,
     "pt_max": """template <typename A, typename B> INLINE auto pt_max(A a, B b) -> decltype(a + b) {
-  return a > b ? (decltype(a + b))a : (decltype(a + b))b;
+  typedef decltype(a + b) T; const T x = a, y = b;
+  return x != x ? x : x > y ? x : y;
 }
 """,
     # integer floor division and modulo by a divisor known to be a constant other than 0 and -1
@@ -60,11 +65,14 @@ _SHARED_HELPERS = {
 }
 
 
-def shared_helpers(inline: str) -> list[Helper]:
-    """The helpers both backends define alike (integer min/max, scalar floor division and modulo,
-    integer abs); ``inline`` is how a backend declares an inline function. Each backend defines
+def shared_helpers(inline: str, overloads: dict[str, str] | None = None) -> list[Helper]:
+    """The helpers both backends define alike (min/max, scalar floor division and modulo, integer
+    abs); ``inline`` is how a backend declares an inline function, ``overloads`` what it adds to a
+    helper's definition (faster forms for some types). Each backend defines
     ``pt_floordiv``/``pt_floormod`` for the operands it computes on over ``pt_floordiv1``/``pt_floormod1``."""
-    return [Helper(name, text.replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
+    extra = overloads or {}
+    return [Helper(name, (text + extra.get(name, "")).replace("INLINE", inline))
+            for name, text in _SHARED_HELPERS.items()]
 
 
 def _narrow_int(d: DType) -> bool:

@@ -341,10 +341,8 @@ def _fold(op: str, a: ir.Const, b: ir.Const, dtype: dtypes.DType) -> ir.Const | 
             v = x // y
         elif op in ("%", "mod"):
             v = x % y
-        elif op == "min":
-            v = min(x, y)
-        elif op == "max":
-            v = max(x, y)
+        elif op in ("min", "max"):  # a NaN operand gives NaN, as the generated code's (codegen.c_like)
+            v = x if x != x else y if y != y else min(x, y) if op == "min" else max(x, y)
         else:
             return None
     except (ZeroDivisionError, OverflowError):
