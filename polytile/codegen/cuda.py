@@ -34,7 +34,12 @@ __device__ __forceinline__ float pt_{op}(float a, float b) {{
 """ for op in ("min", "max")}
 
 HELPERS = Helpers([
-    *shared_helpers("__device__ __forceinline__", _NAN_MINMAX),
+    *shared_helpers("__device__ __forceinline__", r"""
+template <typename T> struct pt_unsigned_of {};  // defined for the types below
+template <> struct pt_unsigned_of<int> { typedef unsigned type; };
+template <> struct pt_unsigned_of<long> { typedef unsigned long type; };
+template <> struct pt_unsigned_of<long long> { typedef unsigned long long type; };
+""", _NAN_MINMAX),
     Helper("pt_floordiv", r"""
 template <typename A, typename B> __device__ __forceinline__ auto pt_floordiv(A a, B b) -> decltype(a + b) {
   return pt_floordiv1<decltype(a + b)>(a, b);
@@ -605,7 +610,7 @@ class CUDAPrinter(CLikePrinter):
         return f"{buf.name}[{idx}]"
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
-        text = self.expr(_unrounded(value, buf.dtype))
+        text = self.value_expr(_unrounded(value, buf.dtype))
         if buf.dtype.name == "bfloat16":
             return f"__float2bfloat16({text})"
         if buf.dtype.name == "float16":
@@ -665,7 +670,7 @@ class CUDAPrinter(CLikePrinter):
         self.emit("{")
         self.depth += 1
         t = self.index_type() if s.var.dtype.is_int and s.var.dtype.bits == 64 else self.type_name(s.var.dtype)
-        self.emit(f"const {t} {s.var.name} = {self.expr(s.value)};")
+        self.emit(f"const {t} {s.var.name} = {self.let_value(s)};")
         self.stmt(s.body)
         self.depth -= 1
         self.emit("}")

@@ -347,6 +347,8 @@ def _fold(op: str, a: ir.Const, b: ir.Const, dtype: dtypes.DType) -> ir.Const | 
             return None
     except (ZeroDivisionError, OverflowError):
         return None
+    if not dtype.is_float and not dtype.is_bool:  # integers wrap to their type, as the generated code's
+        v = dtypes.wrap_int(int(v), dtype)
     return ir.Const(v, dtype)
 
 
