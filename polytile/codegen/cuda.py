@@ -50,11 +50,6 @@ template <typename A, typename B> __device__ __forceinline__ auto pt_floormod(A 
   return pt_floormod1<decltype(a + b)>(a, b);
 }
 """),
-    Helper("pt_inf", r"""
-template <typename T> __device__ __forceinline__ T pt_inf() { return (T)INFINITY; }
-template <> __device__ __forceinline__ int pt_inf<int>() { return 2147483647; }
-template <> __device__ __forceinline__ long long pt_inf<long long>() { return 9223372036854775807LL; }
-"""),
     Helper("pt_sigmoid", r"""
 __device__ __forceinline__ float pt_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ double pt_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -387,7 +382,9 @@ template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() { __trap();
 #endif
 """),
     Helper("pt_block_allreduce", r"""
-// block-wide reductions: every thread of the block calls them (block size a multiple of 32)
+// block-wide reductions: every thread of the block calls them (block size a multiple of 32); the
+// lanes past the last warp's partial combine ``identity`` (for a maximum or minimum, the thread's
+// own value: -INT_MAX stood for the lowest int, and INT_MIN values came out -INT_MAX)
 template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const int nt = blockDim.x * blockDim.y * blockDim.z;
@@ -428,12 +425,12 @@ template <typename T> __device__ __forceinline__ T pt_block_allreduce_prod(T v) 
 """),
     Helper("pt_block_allreduce_max", r"""
 template <typename T> __device__ __forceinline__ T pt_block_allreduce_max(T v) {
-  return pt_block_allreduce(v, -pt_inf<T>(), pt_op_max());
+  return pt_block_allreduce(v, v, pt_op_max());
 }
 """),
     Helper("pt_block_allreduce_min", r"""
 template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) {
-  return pt_block_allreduce(v, pt_inf<T>(), pt_op_min());
+  return pt_block_allreduce(v, v, pt_op_min());
 }
 """),
 ], generate=lambda name: wgmma_definition(name))  # defined below

@@ -86,10 +86,10 @@ def test_folded_constants_propagate_nan(op):
         assert isinstance(e, ir.Const) and np.isnan(e.value)
 
 
-def cuda_nan_kernel():
-    """Row maxima and minima of 8 rows of 300, a row per block, reduced across its threads (a tree of
-    warp shuffles)."""
-    A = pt.placeholder((8, 300), "float32", "A")
+def cuda_nan_kernel(dtype="float32"):
+    """Row maxima and minima of 8 rows of 300, a row per block, reduced across its 64 threads (a
+    tree of warp shuffles, then of the warps' results)."""
+    A = pt.placeholder((8, 300), dtype, "A")
     k = pt.reduce_axis(300, "k")
     Mx = pt.compute((8,), lambda i: pt.max(A[i, k], axis=k), "Mx")
     Mn = pt.compute((8,), lambda i: pt.min(A[i, k], axis=k), "Mn")
@@ -106,6 +106,7 @@ def test_cuda_minmax_use_the_nan_instructions():
     assert kern.cubin[:4] == b"\x7fELF"
     assert "max.NaN.f32" in kern.source and "min.NaN.f32" in kern.source
     assert "pt_block_allreduce_max(" in kern.source and "pt_block_allreduce_min(" in kern.source
+    assert pt.build(cuda_nan_kernel("int32"), "cuda:sm_80").cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.gpu
@@ -117,3 +118,15 @@ def test_cuda_reductions_propagate_nan(rng):
     mx, mn = pt.build(cuda_nan_kernel(), "cuda")(a)
     assert_same(mx, a.max(axis=1))
     assert_same(mn, a.min(axis=1))
+
+
+@pytest.mark.gpu
+def test_cuda_int_extremes_survive_the_block_tree():
+    # the lanes past the last warp combined -INT_MAX as the lowest int: a row of INT_MIN had maximum
+    # -INT_MAX
+    info = np.iinfo(np.int32)
+    a = np.full((8, 300), info.min, np.int32)
+    a[1::2] = info.max
+    mx, mn = pt.build(cuda_nan_kernel("int32"), "cuda")(a)
+    np.testing.assert_array_equal(np.asarray(mx), a.max(axis=1))
+    np.testing.assert_array_equal(np.asarray(mn), a.min(axis=1))
