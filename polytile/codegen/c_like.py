@@ -363,7 +363,7 @@ class CLikePrinter:
     def s_Declare(self, s: ir.Declare) -> None:
         decls = []
         while isinstance(s, ir.Declare):  # one scope for a run of declarations
-            self.data_vars.add(s.var.name)  # a register: an accumulator, a pipeline's stage
+            self.data_vars.add(s.var.name)  # a register: an accumulator, a partial result
             init = f" = {self.value_expr(s.value)}" if s.value is not None else ""
             decls.append(f"{self.type_name(s.var.dtype, s.var.lanes)} {s.var.name}{init};")
             s = s.body  # type: ignore[assignment]
