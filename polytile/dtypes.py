@@ -95,6 +95,13 @@ def as_dtype(value: object) -> DType:
     raise LanguageError(f"unknown dtype {value!r}; use one of {names}")
 
 
+def wrap_int(value: int, dtype: DType) -> int:
+    """``value`` wrapped into the integer type ``dtype`` (two's complement), as NumPy's integer
+    arithmetic and polytile's generated code wrap."""
+    value &= (1 << dtype.bits) - 1
+    return value - (1 << dtype.bits) if dtype.kind == "int" and value >> (dtype.bits - 1) else value
+
+
 def promote(a: DType, b: DType) -> DType:
     """The common type of a binary operation: floats over ints, wider over narrower."""
     if a == b:

@@ -6,8 +6,11 @@ it shares nothing with ``polytile/fuzz/``, so its blind spots differ. Each case 
 program (multi-stage pipelines with several consumers and outputs, nested reductions, triangular
 and data-dependent bounds, gathers, ``where=`` domains, 0-d scalars, ``pt.param`` sizes bound by
 arrays or keywords, 1-element, prime and zero-size dimensions, every documented dtype mixed with
-casts, integer ``//`` and ``%`` by zero and ``MIN // -1``) under a random sequence of the CPU
-schedule primitives with random — also nonsensical — arguments, built for the CPU and run twice
+casts, integer ``//`` and ``%`` by zero and ``MIN // -1``; in some cases integer ``+ - *`` that
+overflow and wrap, and NaN inputs to programs with a float maximum or minimum, both as NumPy
+defines them, drawn from a generator of their own so that other cases stay as they were) under
+a random sequence of the CPU schedule primitives with random — also nonsensical — arguments,
+built for the CPU and run twice
 (given outputs pre-filled with a sentinel, then allocated outputs and other parameter values)
 against a NumPy reference evaluated from the algorithm with a running error bound per element.
 A few cases misuse the public API or the command line instead (bad calls, targets, arguments).
@@ -59,6 +62,16 @@ GPU_ONLY = ("bind", "blockIdx", "threadIdx", "shared", "local", "global", "tenso
 def irange(dtype: str) -> tuple[int, int]:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+def wrap(v, dtype: str):
+    """Integers ``v`` (int64) wrapped into ``dtype`` (two's complement), as NumPy's integer arrays and
+    polytile's generated code wrap (int64 arithmetic in NumPy wraps by itself)."""
+    if dtype not in INTS or dtype == "int64":
+        return v
+    bits = np.iinfo(dtype).bits
+    v = np.asarray(v, np.int64) & ((1 << bits) - 1)
+    return np.where(v >= 1 << (bits - 1), v - (1 << bits), v) if dtype != "uint8" else v
 
 
 def round_to(dtype: str, v: np.ndarray) -> np.ndarray:
@@ -127,6 +140,8 @@ class Program:
         self.outputs: list[Tensor] = []
         self.malformed = None
         self.name = "func"
+        self.wraps = False  # integer + - * may overflow their type (and wrap, as NumPy's do)
+        self.nans = False  # float inputs hold NaNs (a program with a float maximum or minimum)
 
 
 def size_max(p: Program, s) -> int:
@@ -140,8 +155,9 @@ def size_val(s, pv: dict) -> int:
 class Gen:
     """Draws one random program."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, modes: random.Random):
         self.rng = rng
+        self.modes = modes  # the draws of the modes (overflow, NaN): cases without them stay as they were
         self.p = Program()
         self.counter = 0
         self.in_reduction = False
@@ -175,7 +191,7 @@ class Gen:
             t = Tensor(name, shape, "bool", 0, 1, True)
         else:
             dt = r.choices(INTS, [2, 1.5, 3, 1.5, 1.5])[0]
-            if r.random() < 0.15:
+            if r.random() < 0.15 or (self.p.wraps and self.modes.random() < 0.7):
                 lo, hi = irange(dt)
                 t = Tensor(name, shape, dt, lo, hi, True, extreme=True)
             else:
@@ -345,6 +361,9 @@ class Gen:
                 lo, hi = max(lo, a), min(hi, b)
         else:
             raise AssertionError(op)
+        if dt in INTS and op not in ("//", "%") and not self.fits(dt, lo, hi) and self.p.wraps and \
+                self.modes.random() < 0.8:
+            lo, hi = irange(dt)  # overflows and wraps (polytile's rule and NumPy's)
         if dt in INTS and op not in ("//", "%") and not self.fits(dt, lo, hi):
             w = self.widen(x, y, lo, hi)
             if w is None:
@@ -567,6 +586,9 @@ class Gen:
         else:
             lo, hi = body.lo, body.hi
         dt = body.dtype
+        if dt in INTS and kind in ("sum", "prod") and not self.fits(dt, lo, hi) and self.p.wraps and \
+                self.modes.random() < 0.8:
+            lo, hi = irange(dt)  # the sum overflows its type and wraps
         if not self.fits(dt, lo, hi):
             if dt in INTS:
                 for w in ("int32", "int64"):
@@ -640,8 +662,24 @@ class Gen:
                         return True
         return False
 
+    @staticmethod
+    def float_minmax(p):
+        """Whether a stage of ``p`` takes a float maximum or minimum (elementwise or a reduction)."""
+        def walk(n):
+            if isinstance(n, Node):
+                if n.dtype in FLOATS and ((n.kind == "bin" and n.args[0] in ("max", "min")) or
+                                          (n.kind == "red" and n.args[0] in ("max", "min"))):
+                    return True
+                args = n.args if isinstance(n.args, (list, tuple)) else [n.args]
+                return any(walk(a) for a in args)
+            if isinstance(n, (list, tuple)):
+                return any(walk(a) for a in n)
+            return False
+        return any(walk(s.body) for s in p.stages)
+
     def program(self):
         r, p = self.rng, self.p
+        p.wraps = self.modes.random() < 0.3
         sizes = self.universe()
         for _ in range(r.randint(1, 3)):
             self.make_input([r.choice(sizes) for _ in range(r.choice([1, 1, 2, 2, 3]))])
@@ -684,6 +722,9 @@ class Gen:
             if not any(prm in map(str, t.shape) for t in p.inputs + p.stages):
                 if r.random() < 0.5:
                     p.keyword_params.append(prm)
+        # NaN inputs where a float maximum or minimum (elementwise or a reduction) must propagate them
+        if any(t.dtype in FLOATS for t in p.inputs) and self.float_minmax(p) and self.modes.random() < 0.5:
+            p.nans = True
         if r.random() < 0.03 and p.inputs:  # deliberately malformed: an input listed twice
             p.malformed = "duplicate input"
         elif r.random() < 0.03 and len(p.inputs) > 1:
@@ -986,7 +1027,7 @@ class Ref:
             return v, e
         if src in FLOATS:
             raise Invalid("float to int cast")
-        return v, None
+        return wrap(v, dt), None
 
     def ev(self, n: Node, env):
         """(value, error bound or None for exact integers/booleans, ambiguous-boolean mask or None)."""
@@ -1017,7 +1058,7 @@ class Ref:
             v, e, _ = self.ev(a, env)
             if dt in FLOATS:
                 return v.astype(np.float64), (e if e is not None else 0) + UNIT[dt] * np.abs(v), None
-            return v, None, None
+            return wrap(v, dt), None, None
         if k == "bin":
             op, a, b = n.args
             x, ex, _ = self.ev(a, env)
@@ -1029,7 +1070,7 @@ class Ref:
                     v = {"+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y,
                          "max": lambda: np.maximum(x, y), "min": lambda: np.minimum(x, y),
                          "//": lambda: int_floordiv(x, y, dt), "%": lambda: int_mod(x, y, dt)}[op]()
-                return v, None, None
+                return wrap(v, dt), None, None
             x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
             ex = np.asarray(ex if ex is not None else 0.0)
             ey = np.asarray(ey if ey is not None else 0.0)
@@ -1197,7 +1238,7 @@ class Ref:
         else:
             out = vv.min(axis=ax, keepdims=True) if vv.size else np.full(cnt.shape, ident)
         if not fl:
-            return out, None, None
+            return wrap(out, dt), None, None
         e = np.broadcast_to(np.asarray(e if e is not None else 0.0), full)
         if body.dtype not in FLOATS:
             e = e + UNIT[dt] * np.abs(v)
@@ -1237,6 +1278,8 @@ def make_data(prog: Program, rng: np.random.Generator, pv: dict) -> dict:
             a = rng.random(shape) < 0.5
         elif t.dtype in FLOATS:
             a = round_to(t.dtype, rng.uniform(-1, 1, shape))
+            if prog.nans:
+                a[rng.random(shape) < 0.15] = np.nan
             if t.dtype == "bfloat16":
                 a = a.astype(np.float32)  # passed as float32 bits? see below
             else:
@@ -1498,7 +1541,7 @@ def compare(prog, t, got, ref, err, mask, sentinel, run):
             tol = 2.0 * np.abs(err) + tiny + 1e-12 * np.abs(ref)
             unbounded = np.isnan(err)
             bad = mask & ~(g == ref) & ~(np.abs(g - ref) <= tol) & ~unbounded & ~(np.isnan(g) & np.isnan(ref))
-            bad = bad | (mask & np.isnan(g) & ~np.isnan(ref))
+            bad = bad | (mask & (np.isnan(g) != np.isnan(ref)))  # NaN where NumPy's is, and only there
     else:
         bad = mask & (g != ref)
     if bad.any():
@@ -1518,13 +1561,14 @@ def to_polytile_array(t, a):
 
 def run_program_case(seed, k, rng, nrng, verbose, script):
     import polytile as pt
-    gen = Gen(rng)
+    modes = random.Random(f"indep-modes/{seed}/{k}")
+    gen = Gen(rng, modes)
     prog = None
     for _ in range(5):
         prog = gen.program()
         if prog is not None:
             break
-        gen = Gen(rng)
+        gen = Gen(rng, modes)
     if prog is None:
         return {"outcome": "invalid", "detail": "no program"}
     log = []

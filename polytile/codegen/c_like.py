@@ -25,12 +25,17 @@ _MATH.update({"sigmoid": ("pt_sigmoid", "pt_sigmoid"), "rsqrt": ("pt_rsqrt", "pt
 
 
 _SHARED_HELPERS = {
+    # NumPy's minimum and maximum: a NaN operand, in either place, gives NaN (``a < b ? a : b`` alone
+    # drops a NaN ``a``, so a reduction's result would depend on its order). ``x != x`` folds away for
+    # integers; on floats it costs a compare and a select (on vectors GCC blends instead of vmaxps)
     "pt_min": """template <typename A, typename B> INLINE auto pt_min(A a, B b) -> decltype(a + b) {
-  return a < b ? (decltype(a + b))a : (decltype(a + b))b;
+  typedef decltype(a + b) T; const T x = a, y = b;
+  return x != x ? x : x < y ? x : y;
 }
 """,
     "pt_max": """template <typename A, typename B> INLINE auto pt_max(A a, B b) -> decltype(a + b) {
-  return a > b ? (decltype(a + b))a : (decltype(a + b))b;
+  typedef decltype(a + b) T; const T x = a, y = b;
+  return x != x ? x : x > y ? x : y;
 }
 """,
     # integer floor division and modulo by a divisor known to be a constant other than 0 and -1
@@ -54,17 +59,36 @@ _SHARED_HELPERS = {
   return pt_floormod_nz(a, b);
 }
 """,
+    # NumPy's integer + - * of 32 and 64 bits: two's complement, wrapping (C leaves a signed overflow
+    # undefined; the same instructions, computed on the unsigned type of the width, pt_unsigned_of)
+    "pt_wadd": """template <typename A, typename B> INLINE auto pt_wadd(A a, B b) -> decltype(a + b) {
+  typedef decltype(a + b) T; typedef typename pt_unsigned_of<T>::type U; return (T)((U)a + (U)b);
+}
+""",
+    "pt_wsub": """template <typename A, typename B> INLINE auto pt_wsub(A a, B b) -> decltype(a + b) {
+  typedef decltype(a + b) T; typedef typename pt_unsigned_of<T>::type U; return (T)((U)a - (U)b);
+}
+""",
+    "pt_wmul": """template <typename A, typename B> INLINE auto pt_wmul(A a, B b) -> decltype(a + b) {
+  typedef decltype(a + b) T; typedef typename pt_unsigned_of<T>::type U; return (T)((U)a * (U)b);
+}
+""",
     # NumPy's rule: abs(MIN) == MIN (it wraps; -MIN overflows, which C leaves undefined)
     "pt_iabs": """template <typename T> INLINE T pt_iabs(T a) { return a < 0 ? (T)(0ULL - (unsigned long long)a) : a; }
 """,
 }
 
 
-def shared_helpers(inline: str) -> list[Helper]:
-    """The helpers both backends define alike (integer min/max, scalar floor division and modulo,
-    integer abs); ``inline`` is how a backend declares an inline function. Each backend defines
-    ``pt_floordiv``/``pt_floormod`` for the operands it computes on over ``pt_floordiv1``/``pt_floormod1``."""
-    return [Helper(name, text.replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
+def shared_helpers(inline: str, unsigned_of: str, overloads: dict[str, str] | None = None) -> list[Helper]:
+    """The helpers both backends define alike (min/max, scalar floor division and modulo, integer
+    abs, wrapping integer arithmetic); ``inline`` is how a backend declares an inline function,
+    ``unsigned_of`` its definition of ``pt_unsigned_of<T>::type`` (the unsigned integer type, or
+    vector type, of T's width), ``overloads`` what it adds to a helper's definition (faster forms for
+    some types). Each backend defines ``pt_floordiv``/``pt_floormod`` for the operands it computes on
+    over ``pt_floordiv1``/``pt_floormod1``."""
+    extra = overloads or {}
+    return [Helper("pt_unsigned_of", unsigned_of)] + [
+        Helper(name, (text + extra.get(name, "")).replace("INLINE", inline)) for name, text in _SHARED_HELPERS.items()]
 
 
 def _narrow_int(d: DType) -> bool:
@@ -81,6 +105,8 @@ class CLikePrinter:
         self.lines: list[str] = []
         self.depth = 0
         self.vector_types: set[tuple[str, int]] = set()
+        self.wrapping = False  # printing a statement's value or condition, not an index (value_expr)
+        self.data_vars: set[str] = set()  # variables holding values computed from data (registers)
 
     # --- types ----------------------------------------------------------------------------------
     def scalar_type(self, d: DType) -> str:
@@ -177,10 +203,18 @@ class CLikePrinter:
             return f"({a} % {b})"
         if e.op == "/" and not e.dtype.is_float:
             raise LoweringError("true division of integers")
+        if self.wrapping and e.op in _WRAPPING and e.dtype.name in ("int32", "int64") and self.on_data(e):
+            return f"{_WRAPPING[e.op]}({a}, {b})"
         return f"({a} {e.op} {b})"
 
     def minmax(self, op: str, a: str, b: str, e: ir.BinOp) -> str:
         return f"pt_{op}({a}, {b})"
+
+    def on_data(self, e: ir.Expr) -> bool:
+        """Whether ``e`` computes on data: it reads a tensor or a variable holding data (index
+        arithmetic, on loop and thread indices, does neither)."""
+        return any(isinstance(x, ir.Load) or (isinstance(x, ir.Var) and x.name in self.data_vars)
+                   for x in ir.walk_expr(e))
 
     def e_Cmp(self, e: ir.Cmp) -> str:
         return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
@@ -225,10 +259,25 @@ class CLikePrinter:
         return f"(({self.type_name(d)}){single}({conv}))"
 
     def e_Load(self, e: ir.Load) -> str:
-        (idx,) = e.index
-        if idx.lanes > 1:
-            return self.vector_load(e.buffer, idx)
-        return self.scalar_load(e.buffer, self.expr(idx))
+        wrapping, self.wrapping = self.wrapping, False  # index arithmetic stays as isl made it
+        try:
+            (idx,) = e.index
+            if idx.lanes > 1:
+                return self.vector_load(e.buffer, idx)
+            return self.scalar_load(e.buffer, self.expr(idx))
+        finally:
+            self.wrapping = wrapping
+
+    def value_expr(self, e: ir.Expr) -> str:
+        """What a statement stores, assigns or tests: its 32- and 64-bit integer ``+ - *`` on data
+        (``on_data``) wrap as NumPy's do (``pt_wadd``...); index arithmetic (isl's, the indices of
+        its loads, the guards of a tile's edges) does not overflow and stays plain for the
+        compiler's analyses."""
+        wrapping, self.wrapping = self.wrapping, True
+        try:
+            return self.expr(e)
+        finally:
+            self.wrapping = wrapping
 
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
         if buf.dtype.name == "bfloat16":
@@ -258,7 +307,7 @@ class CLikePrinter:
             self.stmt(x)
 
     def s_If(self, s: ir.If) -> None:
-        self.emit(f"if ({self.expr(s.cond)}) {{")
+        self.emit(f"if ({self.value_expr(s.cond)}) {{")
         self.depth += 1
         self.stmt(s.then)
         self.depth -= 1
@@ -290,7 +339,7 @@ class CLikePrinter:
         self.emit(f"{s.buffer.name}[{self.expr(idx)}] = {self.store_value(s.buffer, s.value)};")
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
-        text = self.expr(value)
+        text = self.value_expr(value)
         if buf.dtype.name == "bfloat16":
             return f"pt_f32_to_bf16({text})"
         return text
@@ -301,15 +350,21 @@ class CLikePrinter:
     def s_LetStmt(self, s: ir.LetStmt) -> None:
         self.emit("{")
         self.depth += 1
-        self.emit(f"const {self.type_name(s.var.dtype, s.var.lanes)} {s.var.name} = {self.expr(s.value)};")
+        self.emit(f"const {self.type_name(s.var.dtype, s.var.lanes)} {s.var.name} = {self.let_value(s)};")
         self.stmt(s.body)
         self.depth -= 1
         self.emit("}")
 
+    def let_value(self, s: ir.LetStmt) -> str:
+        if self.on_data(s.value):
+            self.data_vars.add(s.var.name)
+        return self.value_expr(s.value)
+
     def s_Declare(self, s: ir.Declare) -> None:
         decls = []
         while isinstance(s, ir.Declare):  # one scope for a run of declarations
-            init = f" = {self.expr(s.value)}" if s.value is not None else ""
+            self.data_vars.add(s.var.name)  # a register: an accumulator, a partial result
+            init = f" = {self.value_expr(s.value)}" if s.value is not None else ""
             decls.append(f"{self.type_name(s.var.dtype, s.var.lanes)} {s.var.name}{init};")
             s = s.body  # type: ignore[assignment]
         self.emit("{")
@@ -321,7 +376,7 @@ class CLikePrinter:
         self.emit("}")
 
     def s_Assign(self, s: ir.Assign) -> None:
-        self.emit(f"{s.var.name} = {self.expr(s.value)};")
+        self.emit(f"{s.var.name} = {self.value_expr(s.value)};")
 
     def s_Evaluate(self, s: ir.Evaluate) -> None:
         self.emit(f"{self.expr(s.call)};")
@@ -332,6 +387,10 @@ class CLikePrinter:
     # --- buffers --------------------------------------------------------------------------------
     def buffer_elems(self, buf: ir.Buffer) -> str:
         return " * ".join(f"({self.expr(d)})" for d in buf.shape) or "1"
+
+
+_WRAPPING = {"+": "pt_wadd", "-": "pt_wsub", "*": "pt_wmul"}
+"""The helpers of integer arithmetic that wraps (``CLikePrinter.value_expr``)."""
 
 
 def _constant_value(e: ir.Expr) -> int | float | bool | None:

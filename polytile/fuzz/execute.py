@@ -30,7 +30,7 @@ from . import inputs, reference, schedules
 from .programs import generate
 from .spec import Case, fence_at_start, inputs_source, program_source
 
-PROGRAM, SCHEDULE = 0, 1  # random streams of a case
+PROGRAM, SCHEDULE, MODES = 0, 1, 2  # random streams of a case
 
 
 @dataclass
@@ -52,7 +52,7 @@ def generate_case(seed: int, index: int) -> Case:
     """Case ``index`` of seed ``seed`` without its schedule (drawn while it runs: each primitive's
     arguments come from the schedule's state after the calls before it)."""
     rng = case_rng(seed, index, PROGRAM)
-    program = generate(rng)
+    program = generate(rng, case_rng(seed, index, MODES))
     return Case(seed, index, program, int(rng.integers(2 ** 31)))
 
 

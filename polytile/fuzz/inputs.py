@@ -28,6 +28,13 @@ def uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: fl
     return rng.uniform(lo, hi, size=shape).astype(_np_dtype(dtype))
 
 
+def uniform_nan(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: float, hi: float) -> np.ndarray:
+    """``uniform``, with about one element in six NaN."""
+    a = uniform(rng, shape, dtype, lo, hi)
+    a[rng.random(shape) < 1 / 6] = np.nan
+    return a
+
+
 def integers(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, lo: int, hi: int) -> np.ndarray:
     """Integers drawn uniformly from [lo, hi]."""
     return rng.integers(lo, hi, size=shape, endpoint=True).astype(_np_dtype(dtype))

@@ -45,6 +45,9 @@ DTYPE_WEIGHTS = (36, 10, 10, 8, 14, 6, 6, 4, 6)
 _LIMIT = {"bool": 1, "float16": 2000.0, "bfloat16": 1e6, "float32": 1e9, "float64": 1e14, "int8": 127, "int16": 32767,
           "int32": 2 ** 31 - 1, "int64": 2 ** 40, "uint8": 255}
 _LOW = {"uint8": 0, "bool": 0}
+_BIG = {"int8": (17, 100, -90), "int16": (300, 1001, -257), "int32": (65537, 1 << 20, -100003, 46341),
+        "uint8": (17, 100, 200)}
+"""Integer constants of programs whose arithmetic may overflow (``ProgramGenerator.wraps``)."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,12 @@ def idx_add(a: Node, c: int) -> Node:
 class ProgramGenerator:
     """Draws one program from ``rng`` (a NumPy Generator); the same stream gives the same program."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, modes: np.random.Generator | None = None):
         self.rng = rng
+        # the draws of the modes, apart (a program without them is the one ``rng`` always gave):
+        # integer arithmetic that overflows and wraps (NumPy's rule and polytile's)
+        self.modes = modes
+        self.wraps = modes is not None and bool(modes.random() < 0.3)
         self.extents: dict[str, Extent] = {}
         self.inputs: list[InputSpec] = []
         self.sources: list[Source] = []
@@ -139,6 +146,12 @@ class ProgramGenerator:
         self.theme = "float32"
 
     # --- random helpers ---------------------------------------------------------------------------
+    def may_wrap(self, dtype: str, p: float = 0.8) -> bool:
+        """Whether integers of ``dtype`` may overflow here (in a program that lets them; int64, whose
+        intervals this generator bounds at 2^40, is left out)."""
+        return (self.wraps and dtype not in FLOAT_DTYPES and dtype not in ("bool", "int64")
+                and bool(self.modes.random() < p))  # type: ignore[union-attr]
+
     def chance(self, p: float) -> bool:
         return bool(self.rng.random() < p)
 
@@ -189,6 +202,8 @@ class ProgramGenerator:
     # --- the program --------------------------------------------------------------------------------
     def generate(self) -> Program:
         self.theme = self.pick(DTYPES, DTYPE_WEIGHTS)
+        if self.wraps and self.modes.random() < 0.6:  # type: ignore[union-attr]
+            self.theme = str(self.modes.choice(list(_BIG)))  # type: ignore[union-attr]  # integers to overflow
         pool = [self.new_extent() for _ in range(int(self.pick([2, 3, 4], [4, 4, 2])))]
         for k in range(int(self.pick([1, 2, 3], [4, 4, 2]))):
             rank = int(self.pick([1, 2, 3], [4, 5, 2]))
@@ -232,6 +247,8 @@ class ProgramGenerator:
         else:
             lo, hi = self.pick([(-5, 5), (0, 9), (1, 4)], [5, 3, 2]) if dtype != "uint8" else self.pick(
                 [(0, 9), (1, 20)])
+            if self.may_wrap(dtype, 0.5):  # values whose sums and products overflow
+                lo, hi = _LOW.get(dtype, -_LIMIT[dtype] - 1), _LIMIT[dtype]
             spec = InputSpec(name, dims, dtype, "integers", lo, hi)
         self.inputs.append(spec)
         src = Source(name, dims, dtype, Ival(spec.lo, spec.hi))
@@ -449,6 +466,8 @@ class ProgramGenerator:
             v = float(self.pick([0.5, 1.5, 2.0, -1.0, 3.0, 0.25, -2.5]))
         else:
             v = int(self.pick([1, 2, 3, -1, 7])) if dtype != "uint8" else int(self.pick([1, 2, 3, 7]))
+            if self.may_wrap(dtype, 0.5):  # a factor that makes products overflow
+                v = int(self.modes.choice(_BIG[dtype]))  # type: ignore[union-attr]
         return const(v, dtype), Ival(v, v)
 
     def try_value(self, dtype: str, scope: Scope, prefer: Source | None, depth: int) -> tuple[Node, Ival] | None:
@@ -476,6 +495,8 @@ class ProgramGenerator:
             else:
                 ps = [ia.lo * ib.lo, ia.lo * ib.hi, ia.hi * ib.lo, ia.hi * ib.hi]
                 iv = Ival(min(ps), max(ps))
+            if not fits(iv, dtype) and self.may_wrap(dtype):
+                iv = _type_ival(dtype)  # it overflows and wraps
             return node("bin", a, b, attr=op, dtype=dtype), iv
         if kind == "divide":
             return self.divide(dtype, scope, prefer, sub)
@@ -686,7 +707,10 @@ class ProgramGenerator:
             body, iv = self.reduce_body(dtype, rscope, op, length)
         args = (body,) + ((where,) if where is not None else ())
         red = Node("reduce", args, op, dtype, tuple(axes))
-        return red, _reduce_ival(op, iv, length, may_be_empty, dtype)
+        total = _reduce_ival(op, iv, length, may_be_empty, dtype)
+        if op in ("sum", "prod") and not fits(total, dtype) and self.wraps and dtype not in (*FLOAT_DTYPES, "int64"):
+            total = _type_ival(dtype)  # reduce_body let it overflow: it wraps
+        return red, total
 
     def reduce_body(self, dtype: str, scope: Scope, op: str, length: int) -> tuple[Node, Ival | None]:
         cands = [s for s in scope.sources if s.dims and s.dtype != "bool"]
@@ -696,7 +720,7 @@ class ProgramGenerator:
             extra, ie = self.load(self.pick(cands), dtype, scope)
             body, iv = self.combine(self.pick(["+", "max"]), body, iv, extra, ie, dtype)
         total = _reduce_ival(op, iv, length, True, dtype)
-        if op in ("sum", "prod") and not fits(total, dtype):
+        if op in ("sum", "prod") and not fits(total, dtype) and not self.may_wrap(dtype):
             body, iv = self.squash(body, iv, dtype, op)
             if not fits(_reduce_ival(op, iv, length, True, dtype), dtype):  # e.g. 2 * 289 terms in uint8
                 return body, None
@@ -764,6 +788,11 @@ def _int_div_ival(a: Ival, b: Ival, op: str) -> Ival:
     return Ival(float(min(qs)), float(max(qs)))
 
 
+def _type_ival(dtype: str) -> Ival:
+    """Every value of integer type ``dtype``."""
+    return Ival(_LOW.get(dtype, -_LIMIT[dtype] - 1), _LIMIT[dtype])
+
+
 def _reduce_ival(op: str, iv: Ival, length: int, may_be_empty: bool, dtype: str) -> Ival:
     if op == "sum":
         return Ival(length * min(iv.lo, 0), length * max(iv.hi, 0))
@@ -796,6 +825,19 @@ def _reads(c: CompSpec) -> set[str]:
     return out
 
 
-def generate(rng: np.random.Generator) -> Program:
-    """A random valid program drawn from ``rng``."""
-    return ProgramGenerator(rng).generate()
+def generate(rng: np.random.Generator, modes: np.random.Generator | None = None) -> Program:
+    """A random valid program drawn from ``rng``; ``modes``, where given, draws the modes that
+    programs without them do not draw: integer overflow (``ProgramGenerator.wraps``) and NaN inputs
+    to half the programs with a float maximum or minimum (NaN must propagate through them)."""
+    program = ProgramGenerator(rng, modes).generate()
+    if modes is not None and _float_minmax(program) and modes.random() < 0.5:
+        program = replace(program, inputs=tuple(replace(t, dist="uniform_nan") if t.dist == "uniform" else t
+                                                for t in program.inputs))
+    return program
+
+
+def _float_minmax(p: Program) -> bool:
+    """Whether a computation of ``p`` takes a float maximum or minimum (elementwise or a reduction)."""
+    return any(n.dtype in FLOAT_DTYPES and (n.op == "bin" and n.attr in ("max", "min") or
+                                            n.op == "reduce" and n.attr in ("max", "min"))
+               for c in p.comps for n in _walk(c.body))

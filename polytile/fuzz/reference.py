@@ -11,9 +11,13 @@ within that bound for floats. Where a discontinuous operation (a comparison, a f
 cast, ``floor``) meets an argument too close to its threshold for the bound to decide, the
 result is marked unknown and not compared.
 
+Integer ``+ - *`` (and sums and products) wrap to their type, as NumPy's and polytile's do
+(``wrapped``). NaN propagates where inputs hold NaN, and an output must be NaN exactly where the
+reference is.
+
 The evaluator also checks that the program means something on the given inputs: every read it
-needs lies inside its tensor and was written, no integer leaves its type, no float overflows or
-becomes NaN. A program that fails this is the generator's fault (``InvalidProgram``), not
+needs lies inside its tensor and was written, no float overflows or becomes NaN from inputs
+without NaN. A program that fails this is the generator's fault (``InvalidProgram``), not
 polytile's.
 """
 
@@ -58,6 +62,14 @@ _TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149,
 _MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
         "float64": 1.7976931348623157e308}
 _FN_ULPS = 8  # libm and vector-math functions are within a few ulps; half precision rounds once more
+
+
+def wrapped(v: np.ndarray, d: DType) -> np.ndarray:
+    """Integers ``v`` (int64, where int64 arithmetic wraps by itself) wrapped into ``d``'s range."""
+    if d.bits >= 64 or d.is_bool:
+        return v
+    lo, hi = int_range(d)
+    return (v - lo) % (hi - lo + 1) + lo
 
 
 def int_range(d: DType) -> tuple[int, int]:
@@ -128,10 +140,12 @@ class Evaluator:
         self.func = func
         self.params = dict(params)
         self.tensors: dict[int, TensorValue] = {}
+        self.nan_inputs = False  # NaN in the inputs: NaN results mean something
         for t, a in zip(func.inputs, args):
             d = t.dtype
             arr = np.asarray(a)
             vals = arr.astype(np.float64) if d.is_float else arr.astype(np.int64) if d.is_int else arr.astype(bool)
+            self.nan_inputs |= bool(d.is_float and np.isnan(vals).any())
             self.tensors[id(t)] = TensorValue(vals, np.zeros(arr.shape), np.ones(arr.shape, bool), d)
         for comp in func.computations:
             self.tensors[id(comp)] = self.computation(comp)
@@ -184,7 +198,7 @@ class Evaluator:
     def check_float(self, v: np.ndarray, mask: np.ndarray, d: DType, what: str) -> None:
         vb = np.broadcast_to(v, np.broadcast_shapes(v.shape, mask.shape))
         m = np.broadcast_to(mask, vb.shape)
-        if (m & np.isnan(vb)).any():
+        if not self.nan_inputs and (m & np.isnan(vb)).any():
             raise InvalidProgram(f"{what}: NaN")
         big = m & np.isfinite(vb) & (np.abs(vb) > _MAX[d.name])
         if big.any():
@@ -271,7 +285,8 @@ class Evaluator:
             if op in ("//", "%"):
                 v = int_divide(x, y, op)
             else:
-                v = {"+": np.add, "-": np.subtract, "*": np.multiply}[op](x, y)
+                with np.errstate(over="ignore"):
+                    v = wrapped({"+": np.add, "-": np.subtract, "*": np.multiply}[op](x, y), d)
             err = _as_int(a.e + b.e)
             self.check_int(v, err, mask, d, str(e))
             return Val(v, err, d)
@@ -316,11 +331,7 @@ class Evaluator:
             if np.broadcast_to(bad, np.broadcast_shapes(bad.shape, mask.shape)).any():
                 raise InvalidProgram(f"{what}: a float outside {d} is cast to it")
             return Val(np.where(np.isfinite(v), v, 0).astype(np.int64), np.where(unk, np.inf, 0.0), d)
-        v = a.v.astype(np.int64)
-        if d.bits < 64:
-            lo, hi = int_range(d)
-            v = (v - lo) % (hi - lo + 1) + lo  # integers wrap modulo 2^bits
-        return Val(v, a.e, d)
+        return Val(wrapped(a.v.astype(np.int64), d), a.e, d)
 
     def call(self, e: lx.Call, args: list[Val], mask: np.ndarray) -> Val:
         d, name = e.dtype, e.name
@@ -330,7 +341,7 @@ class Evaluator:
             err = np.maximum(args[0].e, args[1].e)
             return Val(v, err if d.is_float else _as_int(err), d)
         if name == "abs" and not d.is_float:
-            v = np.abs(args[0].v.astype(np.int64))
+            v = wrapped(np.abs(args[0].v.astype(np.int64)), d)  # abs(MIN) == MIN
             self.check_int(v, args[0].e, mask, d, str(e))
             return Val(v, args[0].e, d)
         x = [a.v.astype(np.float64) for a in args]
@@ -425,6 +436,7 @@ class Evaluator:
         if d.is_float:
             self.check_float(v, mask, d, str(r))
         else:
+            v = wrapped(v, d)
             self.check_int(v, err, mask, d, str(r))
         return Val(v, err, d)
 
@@ -547,7 +559,8 @@ def _wrong(r: TensorValue, got: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     with np.errstate(invalid="ignore"):
         close = (g == expected) | (np.abs(g - expected) <= np.maximum(tol, 4.0 * _TINY[r.dtype.name]))
     close |= np.isinf(err)
-    close &= ~np.isnan(g)
+    nan_got, nan_expected = np.isnan(g), np.isnan(expected)
+    close = np.where(nan_got | nan_expected, nan_got & nan_expected, close)  # NaN exactly where NumPy's is
     return ~close, expected, tol
 
 

@@ -57,8 +57,9 @@ class Node:
 @dataclass(frozen=True)
 class InputSpec:
     """A placeholder and how its random values are drawn: ``dist`` is "uniform" (floats in
-    [lo, hi]), "integers" (in [lo, hi]), "offsets" (non-decreasing in [lo, hi]: CSR row offsets)
-    or "indices" (an index array in [lo, hi], unordered). Index arrays declare the range as
+    [lo, hi]), "uniform_nan" (the same, one in six NaN), "integers" (in [lo, hi]), "offsets"
+    (non-decreasing in [lo, hi]: CSR row offsets) or "indices" (an index array in [lo, hi],
+    unordered). Index arrays declare the range as
     ``value_range`` (``hi_dim`` ties its upper end to an extent) and offsets are ``monotonic``."""
 
     name: str
@@ -365,8 +366,8 @@ def input_call(p: Program, t: InputSpec) -> str:
     """The ``polytile.fuzz.inputs`` call that draws input ``t`` (``rng`` in scope)."""
     shape = p.shape(t.dims)
     hi = p.size(t.range_dim) if t.range_dim is not None else t.hi
-    if t.dist == "uniform":
-        return f'inputs.uniform(rng, {shape!r}, "{t.dtype}", {float(t.lo)!r}, {float(hi)!r})'
+    if t.dist in ("uniform", "uniform_nan"):
+        return f'inputs.{t.dist}(rng, {shape!r}, "{t.dtype}", {float(t.lo)!r}, {float(hi)!r})'
     return f'inputs.{t.dist}(rng, {shape!r}, "{t.dtype}", {int(t.lo)}, {int(hi)})'
 
 

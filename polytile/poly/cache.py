@@ -623,6 +623,20 @@ def _union_all(maps: list[isl.Map]) -> isl.Map:
     return out
 
 
+def _size_dependence(boxes: list[_Box], data: list[str]) -> str:
+    """What the parametric extents of ``boxes`` depend on, for a message: the data (a dynamic
+    parameter of ``data``, values read from a tensor) or the size parameters they name."""
+    names: set[str] = set()
+    for b in boxes:
+        pa = b.size_pa
+        if b.size is None and pa is not None:
+            names |= {pa.get_dim_name(isl.dim_type.param, k) for k in range(pa.dim(isl.dim_type.param))
+                      if pa.involves_dims(isl.dim_type.param, k, 1)}
+    if names & set(data) or not names:
+        return "the data"
+    return ("the parameter " if len(names) == 1 else "the parameters ") + ", ".join(sorted(names))
+
+
 def _buffer_shape(program: PolyProgram, site: _Site, ctx: isl.Set) -> list[AExpr]:
     """The buffer's extents: the layout's image of the footprint (or of the whole box, where the
     copies run over it) when the box has a constant size, else the box's parametric extents."""
@@ -630,7 +644,7 @@ def _buffer_shape(program: PolyProgram, site: _Site, ctx: isl.Set) -> list[AExpr
     if any(b.size is None for b in boxes):
         if req.layout is not None:
             raise ScheduleError(f"{site.what}: a layout needs a footprint of constant size; it depends on "
-                                "the data here")
+                                f"{_size_dependence(boxes, site.keep)} here")
         return [AExpr("int", value=b.size) if b.size is not None else _expr(b.size_pa, [], ctx) for b in boxes]
     # the buffer spans the layout's image of what is accessed (relative to the origin)
     region = site.fp

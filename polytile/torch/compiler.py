@@ -91,6 +91,14 @@ class Options:
             RecordLog(self.records).check()  # another file, or a folder: a clear error now, not per graph
 
 
+def check_model(model: Any, caller: str) -> None:
+    """A ``PolytileError`` naming the argument unless ``model`` is something ``torch.compile`` takes
+    (a module or a function; torch's own check is a bare AssertionError)."""
+    if not callable(model):
+        raise PolytileError(f"{caller}: model must be a torch.nn.Module or a function, got "
+                            f"{type(model).__name__} {model!r:.60}")
+
+
 def backend(**options: Any) -> Callable[..., Any]:
     """A ``torch.compile`` backend with these ``Options``: ``torch.compile(m, backend=pt.torch.backend(
     records="model.jsonl"))``."""

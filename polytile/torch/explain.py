@@ -84,7 +84,8 @@ def explain(model: Any, *example_inputs: Any, **options: Any) -> Report:
     backend's (``polytile.torch.backend``)."""
     import torch
 
-    from .compiler import backend
+    from .compiler import backend, check_model
+    check_model(model, "explain")
     report = Report()
     compiled = torch.compile(model, backend=backend(report=report, **options), dynamic=False)
     torch._dynamo.reset()

@@ -84,7 +84,7 @@ def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = No
     from torch._dynamo.backends.common import aot_autograd
 
     from ..tune import TuneError, make_task
-    from .compiler import Options, _target_of, extract, template_name
+    from .compiler import Options, _target_of, check_model, extract, template_name
     tasks: dict[str, ModelTask] = {}
 
     def collect(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
@@ -101,6 +101,7 @@ def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = No
                 tasks[task.key] = ModelTask(task, 1, g.kind, g.ops)
         return gm.forward
 
+    check_model(model, "extract_tasks")
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collect), dynamic=False)
     with torch.no_grad():

@@ -661,3 +661,15 @@ def test_copy_of_a_cache_computing_an_inlined_producer_waits_for_what_it_reads(s
 ])
 def test_cache_computing_an_inlined_producer_computes_right(steps):
     _run_virtual(steps)
+
+
+def test_store_layout_of_a_parametric_footprint_names_the_parameter():
+    # the footprint's size depends on pt.param N, not on data (the message said "the data")
+    N = pt.param("N")
+    A = pt.placeholder((N, 8), "float32", "A")
+    T = pt.compute((N, 8), lambda i, j: A[i, j] * 2.0, "T")
+    Y = pt.compute((N, 8), lambda i, j: T[i, j] + 1.0, "Y")
+    s = pt.create_schedule(pt.Func([A], [Y]))
+    with pytest.raises(pt.ScheduleError, match="store of T: a layout needs a footprint of constant size; "
+                                               "it depends on the parameter N here"):
+        s[T].store(lambda i, j: (j, i))

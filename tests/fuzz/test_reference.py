@@ -103,11 +103,34 @@ def test_uncertain_comparisons_are_not_compared():
     assert np.isinf(ref.err[0]) and ref.err[1] == 0
 
 
-def test_invalid_programs_are_reported():
+def test_integer_overflow_wraps_as_numpy():
     A = pt.placeholder((4,), "int8", "A")
+    B = pt.placeholder((4,), "int32", "B")
+    k = pt.reduce_axis(4, "k")
     T = pt.compute((4,), lambda i: A[i] * A[i], "T")
-    with pytest.raises(reference.InvalidProgram, match="leaves int8"):
-        reference.evaluate(pt.Func([A], [T]), [np.array([1, 2, 12, 3], np.int8)])
+    S = pt.compute((), lambda: pt.sum(B[k] * 3, axis=k), "S")
+    a, b = np.array([1, 2, 12, -128], np.int8), np.full(4, 2 ** 30, np.int32)
+    ref = reference.evaluate(pt.Func([A, B], [T, S]), [a, b])
+    assert ref["T"].value.tolist() == (a * a).tolist()  # 144 wraps to -112, (-128)^2 to 0
+    assert ref["S"].value == (b * np.int32(3)).sum(dtype=np.int32)
+
+
+def test_nan_inputs_must_stay_nan_where_numpy_has_them():
+    A = pt.placeholder((2, 3), "float32", "A")
+    k = pt.reduce_axis(3, "k")
+    T = pt.compute((2,), lambda i: pt.max(A[i, k], axis=k), "T")
+    func = pt.Func([A], [T])
+    a = np.array([[np.nan, 1.0, 2.0], [0.0, 1.0, 2.0]], np.float32)
+    assert reference.differences(func, [a], [np.array([np.nan, 2.0], np.float32)]) == []
+    assert reference.differences(func, [a], [np.array([2.0, 2.0], np.float32)]) != []  # a dropped NaN
+    assert reference.differences(func, [a], [np.array([np.nan, np.nan], np.float32)]) != []
+
+
+def test_invalid_programs_are_reported():
+    A = pt.placeholder((4,), "float16", "A")
+    T = pt.compute((4,), lambda i: A[i] * 1000.0, "T")
+    with pytest.raises(reference.InvalidProgram, match="overflows float16"):
+        reference.evaluate(pt.Func([A], [T]), [np.array([1, 2, 300, 3], np.float16)])
     idx = pt.placeholder((2,), "int32", "idx")
     B = pt.placeholder((3,), "float32", "B")
     U = pt.compute((2,), lambda i: B[idx[i]], "U")

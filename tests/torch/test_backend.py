@@ -202,3 +202,10 @@ def test_the_registered_backend_name_with_options() -> None:
     compiled = torch.compile(lambda x: torch.tanh(x) * 3, backend="polytile", options={"choose": "always"})
     with torch.no_grad():
         assert_close(compiled(x), torch.tanh(x) * 3)
+
+
+@pytest.mark.parametrize("model", [None, 3, "relu"])
+def test_explain_of_a_non_callable_names_the_argument(model) -> None:
+    # torch.compile's own check of its argument is a bare AssertionError
+    with pytest.raises(PolytileError, match=r"explain: model must be a torch.nn.Module or a function, got"):
+        ptt.explain(model, torch.ones(3))

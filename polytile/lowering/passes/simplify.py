@@ -341,14 +341,14 @@ def _fold(op: str, a: ir.Const, b: ir.Const, dtype: dtypes.DType) -> ir.Const | 
             v = x // y
         elif op in ("%", "mod"):
             v = x % y
-        elif op == "min":
-            v = min(x, y)
-        elif op == "max":
-            v = max(x, y)
+        elif op in ("min", "max"):  # a NaN operand gives NaN, as the generated code's (codegen.c_like)
+            v = x if x != x else y if y != y else min(x, y) if op == "min" else max(x, y)
         else:
             return None
     except (ZeroDivisionError, OverflowError):
         return None
+    if not dtype.is_float and not dtype.is_bool:  # integers wrap to their type, as the generated code's
+        v = dtypes.wrap_int(int(v), dtype)
     return ir.Const(v, dtype)
 
 
