@@ -108,14 +108,18 @@ def time_call(fn, args: Sequence[object], repeat: int = 10, warmup: int = 2,  # 
               min_time: float = 0.0) -> float:
     """Median wall time in seconds of ``fn(*args)`` after ``warmup`` calls: at least ``repeat`` runs
     or ``min_time`` seconds (the protocol of ``CPUKernel.benchmark``)."""
-    for _ in range(warmup):
-        fn(*args)
+    from .runtime.interrupts import raise_if_interrupted, watching_ctrl_c
     times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
+    with watching_ctrl_c():
+        for _ in range(warmup):
+            fn(*args)
+            raise_if_interrupted()
+        start = time.perf_counter()
+        while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t0)
+            raise_if_interrupted()
     return float(np.median(times))
 
 
@@ -284,7 +288,13 @@ def _main(argv: Sequence[str] | None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             shape = parse_shape(args.op, args.shape)
             dtype = shape.pop("dtype", None) or (as_dtype(args.dtype).name if args.dtype else None)
-            return run_op(args.op, shape, as_target(args.target), args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
+            from .runtime.interrupts import raise_if_interrupted, watching_ctrl_c
+            # a Ctrl-C whose KeyboardInterrupt is lost anywhere in the run (e.g. in NumPy's lazy import
+            # of numpy.random) still stops the next timing loop, or the run at its end
+            with watching_ctrl_c():
+                status = run_op(args.op, shape, as_target(args.target), args.show_source, args.repeat, dtype)  # type: ignore[arg-type]
+                raise_if_interrupted()
+            return status
         if args.command == "tune":
             from .tune.cli import tune_main
             return tune_main(rest)

@@ -613,7 +613,31 @@ def _footprint(req: CacheRequest, names: list[str], by_name: dict[str, Scheduled
     # "or", a skewed or split loop) yields overlapping disjuncts, one per pair of pieces, which every
     # copy statement carries and which make isl's AST generator give up (or, coalesced only, run
     # for minutes where its operation budget does not reach)
-    return acc, fp.make_disjoint().coalesce()
+    return acc, _coalesced(fp.make_disjoint())
+
+
+def _coalesced(fp: isl.Map) -> isl.Map:
+    """``fp`` coalesced where that does not make a piece more complex. Merging neighbouring pieces (a
+    stencil's reads, a box and the triangle beside it) keeps about the constraints of the largest
+    piece; where isl can make two pieces one only by wrapping them in new constraints, the merged
+    piece is much harder for everything after it: two pieces of 21 constraints (reads of A[k-2, k-1,
+    k] and A[i, j, j] under split loops) became one of 33, whose lowest index came out in 145 pieces
+    after 17 s or more of isl's work, and whose copy's AST took minutes more (fuzz seed 131 case
+    140). Both forms are the same set: the footprint stays exact.
+
+    A merged piece may have one constraint per tensor dimension more than the largest piece (the
+    test suite's merges add at most one; the wrapped piece above 12 to a 3-d footprint)."""
+    merged = fp.coalesce()
+    if merged.n_basic_map() == fp.n_basic_map():
+        return merged
+    most = max(_n_constraints(bm) for bm in fp.get_basic_maps())
+    if all(_n_constraints(bm) <= most + fp.dim(isl.dim_type.out) for bm in merged.get_basic_maps()):
+        return merged
+    return fp
+
+
+def _n_constraints(bm: isl.BasicMap) -> int:
+    return len(bm.get_constraints())
 
 
 def _union_all(maps: list[isl.Map]) -> isl.Map:

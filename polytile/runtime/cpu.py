@@ -31,6 +31,7 @@ from ..target import CPUTarget, cpu_target
 from ..toolchain import cxx_workarounds, quick_builds
 from .args import Signature, bind, numpy_info
 from .index_checks import HostScan, host_scans, run_host_scans
+from .interrupts import raise_if_interrupted, watching_ctrl_c
 from .kernel import Kernel, Plan
 
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno",
@@ -311,14 +312,17 @@ class CPUKernel(Kernel):
         args, _, _alive = plan.arguments(arrays)
         values = plan.values
         flush = np.empty(64 * 1024 * 1024 // 8) if flush_cache else None
-        for _ in range(warmup):
-            self._fn(args, values)
         times: list[float] = []
-        start = time.perf_counter()
-        while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
-            if flush is not None:
-                flush.fill(1.0)
-            t0 = time.perf_counter()
-            self._fn(args, values)
-            times.append(time.perf_counter() - t0)
+        with watching_ctrl_c():  # Ctrl-C stops the runs even where its KeyboardInterrupt was lost
+            for _ in range(warmup):
+                self._fn(args, values)
+                raise_if_interrupted()
+            start = time.perf_counter()
+            while len(times) < repeat or (time.perf_counter() - start < min_time and len(times) < 10000):
+                if flush is not None:
+                    flush.fill(1.0)
+                t0 = time.perf_counter()
+                self._fn(args, values)
+                times.append(time.perf_counter() - t0)
+                raise_if_interrupted()
         return statistics.median(times)

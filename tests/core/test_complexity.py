@@ -509,3 +509,48 @@ def test_the_copies_of_a_cache_keep_the_pieces_of_its_footprint(rng):
         b = rng.standard_normal((n, 4)).astype(np.float32)
         ref = [[sum(b[j, i] + k for k in range(i, i + 2) if j != k + 1) for j in range(n)] for i in range(4)]
         np.testing.assert_allclose(kern(b, N=n), np.array(ref, np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_of_reads_that_isl_would_wrap_into_one_piece_builds_at_once():
+    # fuzz seed 131 case 140, reduced: the footprint of A[k - 2, k - 1, k] and A[i, j, j] in a tile
+    # of the split loops is two pieces of 21 constraints; isl's coalesce made them one piece of 33
+    # (new wrapping constraints), whose lowest index took isl 145 pieces and minutes at the split,
+    # and the AST of its copy minutes more. The footprint keeps its two pieces.
+    run_within("""
+import numpy as np
+import polytile as pt
+from polytile.lowering.pipeline import build_plan
+A = pt.placeholder((11, 11, 11), "float32", "A")
+def f_T(i, j):
+    k = pt.reduce_axis((j, 11), "k")
+    return pt.sum(pt.select(k >= 2, A[k - 2, k - 1, k], 1.0) * A[i, j, j], axis=k)
+func = pt.Func([A], [pt.compute((11, 11), f_T, "T")], name="wrap")
+s = pt.create_schedule(func)
+s["T"].split("k", 3).cache("A", "ki")
+s["T"].split("j", 3).split("ko", 8)
+copies = [it.stmt for it in build_plan(s).items if "__copy" in it.stmt.name]
+assert copies and all(st.domain.n_basic_set() == 2 for st in copies), [str(st.domain) for st in copies]
+a = np.random.default_rng(0).uniform(0.5, 1.5, (11, 11, 11)).astype(np.float32)
+np.testing.assert_allclose(pt.build(s)(a), pt.build(pt.create_schedule(func))(a), rtol=1e-5)
+""", 60)
+
+
+def test_a_footprint_is_coalesced_where_that_keeps_its_pieces_simple():
+    # a stencil's reads of neighbouring elements are one box; two reads along different lines
+    # (seed 131 case 140 above) stay two pieces rather than one wrapped in new constraints
+    import islpy as isl
+
+    import polytile.poly.cache as cache
+    stencil = isl.Map("[n] -> { [p] -> X[o] : 0 <= p < n and o = p - 1; [p] -> X[o] : 0 <= p < n and o = p; "
+                      "[p] -> X[o] : 0 <= p < n and o = p + 1 }").make_disjoint()
+    assert cache._coalesced(stencil).n_basic_map() == 1
+    lines = isl.Map(
+        "[N] -> { [8, i1, 8, i3, 8, i5, 8, i7, 8, i9, 8, i11] -> A[o0 = i1, o1, o2 = o1] : (-i5 + o1) mod 3 = 0 and "
+        "0 <= i1 <= 10 and 0 <= i5 <= 2 and 0 <= i9 <= 7 and 0 <= i11 <= 10 - 24i7 - 3i9 and i11 <= 2 and "
+        "o1 >= 3i3 and o1 >= 0 and 11 - i1 <= o1 <= 10 and o1 <= 24i7 + 3i9 + i11 and o1 <= 2 + 3i3; "
+        "[8, i1, 8, i3, 8, i5, 8, 0, 8, i9, 8, i11] -> A[o0, o1 = 1 + o0, o2 = 2 + o0] : "
+        "(-1 - i11 + o0) mod 3 = 0 and 0 <= i1 <= 10 and i3 >= 0 and i5 >= 0 and 11 - i1 - 3i3 <= i5 <= 10 - 3i3 "
+        "and i5 <= 2 and 0 <= i11 <= 2 and o0 >= -2 + 3i3 + i5 and o0 >= -2 + 3i9 and 0 <= o0 <= 8 and o0 <= 3i9 }")
+    assert lines.coalesce().n_basic_map() == 1  # what isl would make of it
+    kept = cache._coalesced(lines)
+    assert kept.n_basic_map() == 2 and kept.is_equal(lines)
