@@ -241,3 +241,16 @@ def test_tiles_past_the_whole_groups_keep_their_loop():
     expected, _ = _stores(cut, 1)
     got, widths = _stores(out, 1)
     assert got == expected and 16 in widths
+
+
+def test_golden_exchange_ir():
+    """The write-back of 4 tiles into rows of 72 elements before and after the pass (16-byte stores, a
+    partial column chunk: 70 columns). Regenerate after a reviewed change with POLYTILE_REGEN_GOLDEN=1."""
+    import os
+    from pathlib import Path
+    kernel = _write_back(72, 13, 70, 4)
+    got = f"{kernel}\n--- exchange-stores ---\n{exchange_stores(kernel)}\n"
+    path = Path(__file__).parent / "golden" / "exchange_stores.txt"
+    if os.environ.get("POLYTILE_REGEN_GOLDEN"):
+        path.write_text(got)
+    assert got == path.read_text()

@@ -181,9 +181,14 @@ def _same(a: ir.Expr | None, b: ir.Expr | None) -> bool:
 
 
 def _all(conds: list[ir.Expr | None]) -> ir.Expr | None:
+    """The conjunction of ``conds`` (None: true), each condition once."""
     seen: dict[str, ir.Expr] = {}
-    for c in conds:
-        if c is not None:
+    todo = [c for c in conds if c is not None]
+    while todo:
+        c = todo.pop(0)
+        if isinstance(c, ir.Logic) and c.op == "&&":
+            todo[:0] = c.args
+        else:
             seen.setdefault(ir.expr_text(c), c)
     if not seen:
         return None
