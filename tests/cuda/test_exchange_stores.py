@@ -254,3 +254,33 @@ def test_golden_exchange_ir():
     if os.environ.get("POLYTILE_REGEN_GOLDEN"):
         path.write_text(got)
     assert got == path.read_text()
+
+
+def _sass(cubin):
+    import subprocess
+    import tempfile
+
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("name", ["wgmma-whole", "mma"])
+def test_sass_has_16_byte_stores_and_no_local_memory(name):
+    """Whole tiles (wgmma, 256 × 256 per product) and partial ones (mma.sync, 300 × 264): the 16-bit
+    write-back stores 16 bytes a lane, exchanges by butterfly shuffles, keeps everything in registers and
+    needs no more registers than the float32 one (a few more at most where partial chunks add edge code)."""
+    make, target = {"wgmma-whole": (lambda o: ops.batch_matmul(2, 256, 256, 64, "bfloat16", out_dtype=o), SM90A),
+                    "mma": OPS["mma"]}[name]
+    half = make("float16" if name == "mma" else "bfloat16").build(target)
+    wide = make(None).build(target)
+    text = _sass(half.cubin)
+    assert re.search(r"\bSTG\.E\.128\b", text) and re.search(r"\bSHFL\.BFLY\b", text)
+    assert not re.search(r"\bLDL\b|\bSTL\b", text)
+    if name == "wgmma-whole":  # nothing narrower than 16 bytes
+        assert not re.search(r"\bSTG\.E(\.U16)?\s", text)
+    regs = [max(r.registers for r in k.resources.values()) for k in (half, wide)]
+    assert regs[0] <= regs[1] + 8, regs
