@@ -20,11 +20,11 @@ interleaved with torch in the same process (BENCHMARKING.md):
 
 Ratios are torch time / polytile time (above 1: polytile is faster). GEMMs and convolutions of
 16-bit inputs sum in float32 and, by default, write float32 (the accumulator: twice the bytes of
-torch's results, which are in the input dtype; polytile's 16-bit epilogues store half 32-byte
-sectors and are slower still, docs/shapes-notes.md); ``--half-out`` has them write the input dtype,
-as torch does (the operators' ``out_dtype``); each is checked against the float64 reference with
-the tolerance of its output type, which holds the
-output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
+torch's results, which are in the input dtype; the records stay comparable with the earlier ones);
+``--half-out`` has them write the input dtype, as torch does (the operators' ``out_dtype``; whole
+32-byte sectors since the exchanged stores, docs/shapes-notes.md); each is checked against the
+float64 reference with the tolerance of its output type, which holds the output's rounding (half a
+float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
                                 [--workers N] [--out FILE.json]
@@ -557,8 +557,8 @@ def main() -> int:
                         "this many trials (default: the default schedules)")
     parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
     parser.add_argument("--half-out", action="store_true", help="16-bit GEMMs and convolutions write the input "
-                        "dtype (out_dtype), as torch does, instead of float32 (the accumulator; the default: "
-                        "polytile's 16-bit epilogues store half 32-byte sectors and are slower, docs/shapes-notes.md)")
+                        "dtype (out_dtype), as torch does, instead of float32 (the accumulator; the default, so that "
+                        "records stay comparable)")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
