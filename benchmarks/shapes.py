@@ -19,11 +19,11 @@ interleaved with torch in the same process (BENCHMARKING.md):
           returns it; ``a @ b`` for torch), synchronized at the end, per call.
 
 Ratios are torch time / polytile time (above 1: polytile is faster). GEMMs and convolutions of
-16-bit inputs sum in float32 and, by default, write float32 (the accumulator: twice the bytes of
-torch's results, which are in the input dtype; polytile's 16-bit epilogues store half 32-byte
-sectors and are slower still, docs/shapes-notes.md); ``--half-out`` has them write the input dtype,
-as torch does (the operators' ``out_dtype``); each is checked against the float64 reference with
-the tolerance of its output type, which holds the
+16-bit inputs sum in float32 and write the input dtype, as torch does (the operators' ``out_dtype``;
+since 2026-11-28, when the 16-bit write-back came to store whole 32-byte sectors: 0.95× against
+0.70× over the 11 output-heavy workloads on an H200, docs/shapes-notes.md); ``--float32-out`` has
+them write float32 (the accumulator: twice the bytes; the records before that date). Each is
+checked against the float64 reference with the tolerance of its output type, which holds the
 output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is recorded beside it.
 
     python benchmarks/shapes.py [--quick] [--only PATTERN[,PATTERN]] [--repeat 20] [--rounds 3]
@@ -33,7 +33,7 @@ output's rounding (half a float16 or bfloat16 epsilon), and torch's own error is
     python benchmarks/shapes.py --offsuite [--only ...]            # shapes not in the suite
     python benchmarks/shapes.py --list [--cpu]                     # the workloads, nothing run
     python benchmarks/shapes.py --build-only [--target cuda:sm_90a] # fill the kernel cache (no GPU)
-    python benchmarks/shapes.py --half-out ...                     # 16-bit GEMMs/convs write the input dtype
+    python benchmarks/shapes.py --float32-out ...                  # 16-bit GEMMs/convs write float32
     python benchmarks/shapes.py --table RECORD.json                # the README's markdown table
 
 PATTERN is a shell-style pattern or a substring of workload names (``llama*t1``, ``softmax``).
@@ -152,7 +152,7 @@ class Workload:
     dims: tuple[tuple[str, int], ...]
     dtype: str
     family: str
-    half_out: bool = False  # 16-bit GEMMs and convolutions write the input dtype, as torch (--half-out)
+    half_out: bool = True  # 16-bit GEMMs and convolutions write the input dtype, as torch (not: --float32-out)
 
     def arguments(self) -> dict[str, object]:
         """The operator's arguments: sizes, dtype, and for 16-bit GEMMs and convolutions ``out_dtype``."""
@@ -570,17 +570,20 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
                         "this many trials (default: the default schedules)")
     parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
-    parser.add_argument("--half-out", action="store_true", help="16-bit GEMMs and convolutions write the input "
-                        "dtype (out_dtype), as torch does, instead of float32 (the accumulator; the default: "
-                        "polytile's 16-bit epilogues store half 32-byte sectors and are slower, docs/shapes-notes.md)")
+    parser.add_argument("--half-out", dest="half_out", action="store_true", default=True,
+                        help="16-bit GEMMs and convolutions write the input dtype (out_dtype), as torch does "
+                        "(the default)")
+    parser.add_argument("--float32-out", dest="half_out", action="store_false",
+                        help="16-bit GEMMs and convolutions write float32 (the accumulator), as the records "
+                        "before 2026-11-28 did")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
                 args.only)
-    if args.half_out:
-        ws = [dataclasses.replace(w, half_out=True) for w in ws]
+    if not args.half_out:
+        ws = [dataclasses.replace(w, half_out=False) for w in ws]
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")

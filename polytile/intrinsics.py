@@ -11,8 +11,9 @@ exact name (``instruction``) — nothing recognizes an intrinsic by the spelling
 Registered: ``mma_m16n8k16`` (mma.sync, sm_80+), ``wgmma_m64nNk16`` (Hopper's warpgroup MMA, sm_90a),
 ``ldmatrix`` (the operand loads of mma.sync), ``cp.async`` (asynchronous global-to-shared copies),
 ``realigned_load`` (16- or 8-byte register loads at addresses aligned only to their elements) and
-``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90) and ``setmaxnreg`` (warpgroups
-trading registers, sm_90a).
+``tma`` (bulk tensor copies and the mbarriers they complete on, sm_90), ``setmaxnreg`` (warpgroups
+trading registers, sm_90a) and ``packed_stores`` (16-bit results exchanged within a quad of lanes and
+stored as whole sectors).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Instruction:
     descriptors: bool = False  # reads its shared operands through descriptors of unswizzled addresses
     hardware_swizzle: bool = False  # takes unswizzled shared addresses: the hardware applies the buffer's swizzle
     loads_fragment: bool = False  # fills registers (its first argument) from shared memory
+    stores: bool = False  # writes its first argument (a buffer element, passed by address)
     shape: tuple[int, int, int] | None = None  # (m, n, k) of a matrix product
     dtype: str | None = None  # operand type of a matrix product
 
@@ -135,6 +137,16 @@ SETMAXNREG = Intrinsic(
         Instruction("pt_setmaxnreg_inc", "setmaxnreg", constant_arg=True),
         Instruction("pt_setmaxnreg_dec", "setmaxnreg", constant_arg=True)))
 
+PACKED_STORES = Intrinsic(
+    "packed_stores", "cvt.rn.{f16x2,bf16x2}.f32, shfl.sync.bfly.b32, st.global.{v4,v2,}.b32 / .b16", ("gpu",),
+    "16-bit results packed in pairs into 32-bit words, exchanged between the lanes of a quad (butterfly "
+    "shuffles) and stored 16, 8, 4 or 2 bytes at once (lowering/passes/exchange_stores.py)", (
+        Instruction("pt_pack_f16x2", "packed_stores"),
+        Instruction("pt_pack_bf16x2", "packed_stores"),
+        Instruction("pt_shfl_xor", "packed_stores", warp=True),
+        Instruction("pt_store_packed", "packed_stores", addresses=True, stores=True),
+        Instruction("pt_store_packed_half", "packed_stores", addresses=True, stores=True)))
+
 MMA_M16N8K16 = TensorIntrinsic(
     "mma_m16n8k16", "mma.sync.aligned.m16n8k16.row.col.f32", ("mma.sync", "ldmatrix"),
     "a warp multiplies a 16x16 by a 16x8 tile of fp16/bf16 from registers (loaded with ldmatrix), "
@@ -158,7 +170,8 @@ WGMMA_M64NNK16 = TensorIntrinsic(
     products={(d, n): f"pt_wgmma_m64n{n}k16_{s}" for d, s in _SUFFIX.items() for n in WGMMA_N})
 
 INTRINSICS: Mapping[str, Intrinsic] = MappingProxyType(
-    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, REALIGNED_LOAD, TMA, SETMAXNREG)})
+    {i.name: i for i in (MMA_M16N8K16, WGMMA_M64NNK16, LDMATRIX, CP_ASYNC, REALIGNED_LOAD, TMA, SETMAXNREG,
+                         PACKED_STORES)})
 """Every registered intrinsic, by name."""
 
 _INSTRUCTIONS: Mapping[str, Instruction] = MappingProxyType(

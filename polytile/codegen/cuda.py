@@ -190,6 +190,34 @@ __device__ __forceinline__ void pt_store_pair(__nv_bfloat16* p, float a, float b
   *(__nv_bfloat162*)p = __floats2bfloat162_rn(a, b);
 }
 """),
+    Helper("pt_pack_f16x2", r"""
+// 16-bit results as packed pairs, exchanged within a quad and stored whole (lowering/passes/exchange_stores.py)
+__device__ __forceinline__ unsigned pt_pack_f16x2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *(const unsigned*)&h;
+}
+"""),
+    Helper("pt_pack_bf16x2", r"""
+__device__ __forceinline__ unsigned pt_pack_bf16x2(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *(const unsigned*)&h;
+}
+"""),
+    Helper("pt_shfl_xor", r"""
+__device__ __forceinline__ unsigned pt_shfl_xor(unsigned v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+"""),
+    Helper("pt_store_packed", r"""
+__device__ __forceinline__ void pt_store_packed(void* p, unsigned a) { *(unsigned*)p = a; }
+__device__ __forceinline__ void pt_store_packed(void* p, unsigned a, unsigned b) { *(uint2*)p = make_uint2(a, b); }
+__device__ __forceinline__ void pt_store_packed(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  *(uint4*)p = make_uint4(a, b, c, d);
+}
+"""),
+    Helper("pt_store_packed_half", r"""
+__device__ __forceinline__ void pt_store_packed_half(void* p, unsigned w, int high) {
+  *(unsigned short*)p = (unsigned short)(high ? w >> 16 : w);
+}
+"""),
     Helper("pt_ldmatrix_a", r"""
 // tensor cores: ldmatrix operand fragments and mma.sync.m16n8k16 with float32 accumulation
 __device__ __forceinline__ void pt_ldmatrix_a(unsigned* r, const void* tile, int ld) {
@@ -527,6 +555,8 @@ class CUDAPrinter(CLikePrinter):
     def scalar_type(self, d: DType) -> str:
         if d.name == "int64" and self.index32:
             return "int"
+        if d.name == "uint32":
+            return "unsigned"
         return super().scalar_type(d)
 
     def storage_type(self, d: DType) -> str:

@@ -25,6 +25,7 @@ from .passes.allocate import allocate_intermediates
 from .passes.allreduce import cross_thread_reductions
 from .passes.barriers import insert_barriers
 from .passes.combine_loads import combine_loads
+from .passes.exchange_stores import exchange_stores
 from .passes.flatten import flatten_storage
 from .passes.fragments import distribute_fragments
 from .passes.gpu_vectorize import vectorize_copies
@@ -127,6 +128,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("barriers", gpu, insert_barriers),
         ("async-proxy", target.has("wgmma"), async_proxy_fences),
         ("simplify", True, simplify),
+        ("exchange-stores", gpu, exchange_stores),
         ("pair-stores", gpu, pair_stores),
         ("swizzle", gpu, swizzle_shared),
     ]

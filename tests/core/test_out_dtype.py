@@ -184,24 +184,23 @@ def test_cpu_template_configurations_round_once(name, dims):
     assert seen
 
 
-def test_shape_suite_writes_the_input_dtype_like_torch_with_half_out():
-    """benchmarks/shapes.py --half-out: 16-bit GEMMs and convolutions store their input dtype (torch's
-    output), float32 workloads and the row operators keep theirs; by default they write float32."""
+def test_shape_suite_writes_the_input_dtype_like_torch():
+    """benchmarks/shapes.py: 16-bit GEMMs and convolutions store their input dtype (torch's output) by
+    default, float32 workloads and the row operators keep theirs; with --float32-out they write float32."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
     import shapes
-    assert "out_dtype" not in {w.name: w for w in shapes.gpu_suite()}["llama3-8b.attn_scores.s2048"].arguments()
-    suite = {w.name: dataclasses.replace(w, half_out=True) for w in shapes.gpu_suite()}  # --half-out
+    suite = {w.name: w for w in shapes.gpu_suite()}
     scores = suite["llama3-8b.attn_scores.s2048"]
     assert scores.arguments()["out_dtype"] == "bfloat16"
     assert "out_dtype" not in suite["bert-large.q.t128"].arguments()
     assert "out_dtype" not in suite["softmax.awkward.3000x1000"].arguments()
     conv = suite["mobilenetv2.b2.expand.n32"]
     assert conv.arguments()["out_dtype"] == "float16"
-    assert "out_dtype" not in dataclasses.replace(conv, half_out=False).arguments()  # the default
+    assert "out_dtype" not in dataclasses.replace(conv, half_out=False).arguments()  # --float32-out
     small = shapes.Workload("t", "conv2d_igemm", (("N", 1), ("H", 5), ("W", 5), ("C", 16), ("K", 8), ("R", 1),
-                                                  ("S", 1)), "float16", "conv", half_out=True)
+                                                  ("S", 1)), "float16", "conv")
     assert small.op().func.outputs[0].dtype.name == "float16"
 
 

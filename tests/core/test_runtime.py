@@ -124,7 +124,7 @@ def test_one_pass_list_guarded_by_target_features(tmp_path, monkeypatch):
     assert [p for p, _ in gpu] == ["ast-to-ir", "allocate", "simplify", "tensorize", "whole-tiles", "fragments",
                                    "allreduce", "kernels", "pipeline", "simplify", "unroll", "flatten",
                                    "simplify", "combine-loads", "gpu-vectorize", "realign-loads", "registers",
-                                   "barriers", "simplify", "pair-stores", "swizzle"]
+                                   "barriers", "simplify", "exchange-stores", "pair-stores", "swizzle"]
     assert dict(gpu)["tensorize"] == "(unchanged)\n" and "kernel" in dict(gpu)["kernels"]
     monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path / "sm_90a"))
     pt.lower(s, CUDATarget(arch="sm_90a"))

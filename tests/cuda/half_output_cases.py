@@ -53,4 +53,17 @@ CASES = [
     ("igemm-c3", lambda d: ops.conv2d_igemm(2, 23, 23, 3, 24, 7, 7, 2, 3, d, out_dtype=d), _default),
     ("igemm-3d", lambda d: ops.conv3d_igemm(1, 5, 9, 7, 32, 40, 3, 3, 3, 1, 1, d, out_dtype=d), _default),
     ("conv2d-nchw", lambda d: ops.conv2d(2, 5, 9, 7, 11, 3, 3, 1, 1, dtype=d, out_dtype=d), _default),
+    # the quads' exchanged stores (lowering/passes/exchange_stores.py): 16 or 17 rows (fewer take the
+    # GEMV kernel), partial column chunks, rows aligned to 16 bytes (16-byte stores) or to 8 only
+    # (N = 100: 8-byte stores)
+    ("mma-m16", lambda d: ops.matmul(16, 40, 24, d, out_dtype=d),
+     _scheduled(gemm_tensorcore, bm=64, bn=64, wm=32, wn=32, stages=2)),
+    ("mma-m17-n100", lambda d: ops.matmul(17, 100, 40, d, out_dtype=d),
+     _scheduled(gemm_tensorcore, bm=64, bn=64, wm=32, wn=32, stages=2)),
+    ("wgmma-m17", lambda d: ops.matmul(17, 264, 72, d, out_dtype=d),
+     _scheduled(gemm_wgmma, bm=64, bn=128, bk=64, stages=2)),
+    ("wgmma-m17-n100", lambda d: ops.matmul(17, 100, 72, d, out_dtype=d),
+     _scheduled(gemm_wgmma, bm=64, bn=128, bk=64, stages=2)),
+    ("batch-default-m17", lambda d: ops.batch_matmul(3, 17, 200, 64, d, out_dtype=d), _default),
+    ("igemm-1x1-k100", lambda d: ops.conv2d_igemm(1, 5, 7, 32, 100, 1, 1, 1, 0, d, out_dtype=d), _default),
 ]

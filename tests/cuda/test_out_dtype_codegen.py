@@ -1,7 +1,8 @@
 """Float16 / bfloat16 outputs (``out_dtype``) without a GPU: every template's kernel compiled by nvcc
 (sm_90a, and sm_90 for mma.sync) stores the output type, converts the float32 accumulators once,
-stores the tensor cores' accumulator pairs two halves at a time (``pt_store_pair``: one 4-byte store,
-the partial tiles' last columns included) and keeps everything in registers (no local memory)."""
+stores the tensor cores' accumulators as whole sectors (the lanes of a quad exchange packed pairs:
+``pt_store_packed``, 16-byte stores where the rows are 16-byte aligned, 8-byte ones where only 8; the
+partial tiles' last columns included) and keeps everything in registers (no local memory)."""
 
 import re
 import subprocess
@@ -14,10 +15,15 @@ from polytile.target import CUDATarget
 
 pytestmark = pytest.mark.needs_nvcc
 SM90A = CUDATarget(arch="sm_90a")
-# the tensor-core results stored in pairs (rows of an odd length are not: every other row starts at an odd,
-# misaligned element); a split product pairs its float32 partial sums, its final sum is one per thread
-PAIRED = {"mma": "C", "mma-template": "C", "wgmma": "C", "split-k-mma": "P", "batch-default": "C", "batch-mma": "C",
-          "igemm-3x3": "O", "igemm-3x3-mma": "O", "igemm-1x1": "O", "igemm-3d": "O"}
+# the tensor-core results stored whole: (output, the widest store in bytes), 16 for rows of a multiple of 8
+# elements, 8 for a multiple of 4 (rows of an odd length are stored element by element: every other row
+# starts at an odd, misaligned element); a split product pairs its float32 partial sums (a sector per quad
+# row already), its final sum is one per thread
+WHOLE = {"mma": ("C", 16), "mma-template": ("C", 16), "wgmma": ("C", 16), "batch-default": ("C", 16),
+         "batch-mma": ("C", 16), "igemm-3x3": ("O", 16), "igemm-3x3-mma": ("O", 16), "igemm-1x1": ("O", 16),
+         "igemm-3d": ("O", 16), "mma-m17-n100": ("C", 8), "wgmma-m17": ("C", 16), "wgmma-m17-n100": ("C", 8),
+         "batch-default-m17": ("C", 16), "igemm-1x1-k100": ("O", 8)}
+PAIRED = {"split-k-mma": "P"}
 STORAGE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
@@ -44,6 +50,10 @@ def test_half_output_kernel(case, dtype):
     if name in PAIRED:
         assert f"pt_store_pair(&{PAIRED[name]}[" in src
     text = _sass(kern.cubin)
+    if name in WHOLE:
+        whole, width = WHOLE[name]
+        assert f"pt_store_packed(&{whole}[" in src and "pt_shfl_xor(" in src
+        assert re.search(rf"\bSTG\.E\.{8 * width}\b", text)
     if name != "conv2d-nchw":  # the direct NCHW convolution's CUDA schedule spills for any output type
         assert not re.search(r"\bLDL\b|\bSTL\b", text)
     assert "F2FP" in text  # float32 → 16-bit conversions (paired: F2FP.*PACK_AB)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...intrinsics import instruction
 from .. import loopir as ir
 from .gpu_vectorize import aligned
 from .simplify import simplify_expr
@@ -23,7 +24,7 @@ PAIRABLE = ("float32", "int32", "float16", "bfloat16")
 MAX_EXTENT = 32
 
 
-def _inline_lets(s: ir.Stmt) -> tuple[ir.Expr | None, ir.Store] | None:
+def inline_lets(s: ir.Stmt) -> tuple[ir.Expr | None, ir.Store] | None:
     """(guard or None, store) of a body made of lets, at most one guard without else, and a store;
     the lets substituted into both."""
     env: dict[str, ir.Expr] = {}
@@ -52,7 +53,7 @@ def _pair(loop: ir.For) -> ir.Stmt | None:
     n = int(ext.value)
     if n % 2 or not 2 <= n <= MAX_EXTENT:
         return None
-    parts = _inline_lets(loop.body)
+    parts = inline_lets(loop.body)
     if parts is None:
         return None
     _, store = parts
@@ -62,7 +63,7 @@ def _pair(loop: ir.For) -> ir.Stmt | None:
         return None
     out: list[ir.Stmt] = []
     for k in range(0, n, 2):
-        (ca, sa), (cb, sb) = (_inline_lets(ir.substitute(loop.body, {loop.var.name: ir.const(j)}))
+        (ca, sa), (cb, sb) = (inline_lets(ir.substitute(loop.body, {loop.var.name: ir.const(j)}))
                               for j in (k, k + 1))
         ia, ib = simplify_expr(sa.index[0]), simplify_expr(sb.index[0])
         step = simplify_expr(ir.BinOp("-", ib, ia))
@@ -96,6 +97,12 @@ def pair_stores(s: ir.Stmt) -> ir.Stmt:
     return _PairStores().stmt(s)
 
 
+def _stores(name: str) -> bool:
+    """Whether a call of ``name`` writes its first argument (a paired or packed store)."""
+    ins = instruction(name)
+    return name == "pt_store_pair" or (ins is not None and ins.stores)
+
+
 def memory_accesses(body: ir.Stmt, scopes: tuple[str, ...] = ("arg", "global")) -> tuple[dict[str, ir.Buffer],
                                                                                       dict[str, ir.Buffer]]:
     """The buffers in `scopes` that `body` writes (stores and paired stores) and reads (loads other
@@ -103,7 +110,7 @@ def memory_accesses(body: ir.Stmt, scopes: tuple[str, ...] = ("arg", "global")) 
     written: dict[str, ir.Buffer] = {}
     destinations: set[int] = set()
     for st in ir.walk_stmt(body):
-        if isinstance(st, ir.Evaluate) and st.call.name == "pt_store_pair":
+        if isinstance(st, ir.Evaluate) and _stores(st.call.name):
             destinations.add(id(st.call.args[0]))
             buf = st.call.args[0].buffer
         elif isinstance(st, ir.Store):
