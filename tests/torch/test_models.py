@@ -42,3 +42,16 @@ def test_unknown_models_and_sizes_are_refused() -> None:
         zoo.model("vgg")
     with pytest.raises(PolytileError, match="size must be"):
         zoo.model("bert-base", size="huge")
+
+
+@pytest.mark.gpu
+def test_bert_base_at_batch_1_compiled_on_the_gpu_matches_eager() -> None:
+    # full widths: the linear layers' transposed weights on warpgroup MMA (K-major B, TMA tiles)
+    import polytile.torch as ptt
+    model, inputs = zoo.model("bert-base", batch=1, device="cuda")
+    report = ptt.Report()
+    compiled = torch.compile(model, backend=ptt.backend(choose="always", report=report, cuda_graphs=False),
+                             dynamic=False)
+    with torch.no_grad():
+        assert_close(compiled(*inputs).float(), model(*inputs).float(), 3e-2)
+    assert sum(g.kind == "gemm" for g in report.taken) >= 48, report
