@@ -202,13 +202,15 @@ _KERNELS: dict[tuple[str, str, str], Any] = {}
 
 
 def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None
-            ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str]]:
-    """The groups of an aten graph that import, and the operations left with their reasons (those of
-    ``exclude`` with the reason given there)."""
+            ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str], dict[fx.Node, str]]:
+    """The groups of an aten graph that import, the operations left with their reasons (those of
+    ``exclude`` with the reason given there), and the anchors of groups that did not import but fused
+    more than their anchor (with the reason): without them, another partition may fuse the rest."""
     part = partition(gm, target.kind, exclude)
     left = dict(part.left)
     graph_outputs = _graph_outputs(gm)
     imported = []
+    unimported: dict[fx.Node, str] = {}
     for g in part.groups:
         try:
             imp = import_group(g.nodes, group_outputs(g, graph_outputs), g.kind,
@@ -217,9 +219,11 @@ def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None 
             for n in g.nodes:
                 if node_kind(n) not in ("view", "getitem"):
                     left[n] = f"not imported: {err}"
+            if g.anchor is not None and len(_ops_of(g)) > 1:
+                unimported[g.anchor] = f"not imported: {err}"
             continue
         imported.append((g, imp))
-    return imported, left
+    return imported, left, unimported
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, report: Report,
@@ -273,17 +277,19 @@ epilogues and prologues can still be fused into elementwise or reduction groups.
 def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, excluded: dict[fx.Node, str]
             ) -> tuple[list[Candidate], dict[fx.Node, str], dict[fx.Node, str]]:
     """One round: partition (without ``excluded``), import, build, check and decide. Returns the chosen
-    groups, the operations left with their reasons, and the anchors of rejected groups that fused more
-    than their anchor (with the reason): without them, the next round may fuse the rest."""
-    imported, left = extract(gm, target, excluded)
+    groups, the operations left with their reasons, and the anchors of groups that did not import,
+    build or win but fused more than their anchor (with the reason): without them, the next round may
+    fuse the rest."""
+    imported, left, rejected = extract(gm, target, excluded)
     chosen: list[Candidate] = []
-    rejected: dict[fx.Node, str] = {}
     built = build_groups([imp.func for _, imp in imported], target, records)
     for (g, imp), (kernel, origin) in zip(imported, built):
         if isinstance(kernel, PolytileError):
             first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
             for n in _ops_of(g):
                 left[n] = f"polytile could not build the group: {first}"
+            if g.anchor is not None and len(_ops_of(g)) > 1:
+                rejected[g.anchor] = left[g.anchor]
             continue
         shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
         cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin)

@@ -107,6 +107,15 @@ def test_a_group_whose_result_differs_is_left_to_torch(monkeypatch: pytest.Monke
     assert any("differs" in str(w.message) for w in caught)
 
 
+def test_the_epilogue_of_a_product_that_does_not_import_is_fused_on_its_own() -> None:
+    # BERT's attention products (operands in layouts the importer refused) took their scale, mask add
+    # and casts down with them: 170 µs a forward of torch's elementwise kernels on an H100
+    x = torch.randn(16, 16)
+    report = compile_and_compare(lambda x: torch.sigmoid(x @ x * 2 + 1), x)
+    assert [g.ops for g in report.taken] == [["mul", "add", "sigmoid"]]
+    assert [r.op for r in report.left] == ["mm"] and "not imported" in report.left[0].reason
+
+
 def test_measure_keeps_only_what_is_faster() -> None:
     x, w = torch.randn(16, 24), torch.randn(24)
     report = compile_and_compare(lambda x, w: F.layer_norm(x * w + 1, (24,)) * torch.sigmoid(x), x, w,
