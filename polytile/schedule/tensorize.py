@@ -242,8 +242,9 @@ def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:
 def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_dims: list[str]) -> None:
     """wgmma reads A K-major (the row axis i among its indices, a reduction axis last: [..., i, k] or
     an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j]) or K-major ([..., j, k]: a linear
-    layer's weight, transposed in the instruction). The reduction index may be offset
-    by batch axes, which are fixed within a block (the chunks of a split reduction: [i, s·Kc + k])."""
+    layer's weight, transposed in the instruction). The reduction index, and B's column index, may be
+    offset by batch axes, which are fixed within a block (the chunks of a split reduction: [i, s·Kc + k];
+    attention's heads inside a row: [k, bb·N + j])."""
     def axes(e: Expr) -> set[str]:
         return {v.name for v in walk(e) if isinstance(v, IterVar)}
 
@@ -256,8 +257,11 @@ def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_d
     def is_a(op: Load) -> bool:
         return len(op.indices) >= 2 and reduces(op.indices[-1]) and any(axes(i) == {row} for i in op.indices[:-1])
 
+    def columns(e: Expr) -> bool:  # the column axis, offset by batch axes ([k, bb·N + j]: a batch per block)
+        return col in axes(e) and axes(e) <= {col} | set(data[:-2])
+
     def is_b(op: Load) -> bool:
-        n_major = axes(op.indices[-1]) == {col} and reduces(op.indices[-2])
+        n_major = columns(op.indices[-1]) and reduces(op.indices[-2])
         k_major = reduces(op.indices[-1]) and axes(op.indices[-2]) == {col}  # a transposed weight: B[..., j, k]
         return len(op.indices) >= 2 and (n_major or k_major)
 

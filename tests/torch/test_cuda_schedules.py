@@ -126,3 +126,23 @@ def test_linear_layers_with_epilogues_compile_to_hgmma(nvcc: str) -> None:
             f.flush()
             sass = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
         assert "HGMMA.64x" in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
+@pytest.mark.needs_nvcc
+def test_attention_products_on_warpgroup_mma(nvcc: str) -> None:
+    # BERT-base's heads (128 tokens, 12 heads of 64): the scores read K [tokens][heads · 64] K-major,
+    # the context reads V N-major, each head a batch (blockIdx.z) at its columns of the width
+    import re
+
+    from source_text import body
+    from test_importer import heads_attention, heads_inputs
+
+    from polytile.torch.compiler import build_groups
+    groups = [g for g in _groups(lambda *a: heads_attention(*a, heads=12), *heads_inputs(128, 12, 64, torch.half))
+              if g.kind == "gemm" and len(g.func.tensor("C").shape) == 3]  # type: ignore[attr-defined]
+    assert len(groups) == 2
+    built = build_groups([g.func for g in groups], pt.CUDATarget(arch="sm_90a"))  # type: ignore[attr-defined]
+    for (kern, _), trans_b in zip(built, (0, 1)):
+        src = body(kern.source)  # type: ignore[attr-defined]
+        assert re.search(rf"pt_wgmma_m64n\d+k16_f16\(.*, {trans_b}\);", src), src
+        assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in kern.resources.values())  # type: ignore[attr-defined]
