@@ -58,6 +58,7 @@ def main() -> int:
         err = float(torch.linalg.vector_norm(got.double() - want.double()) / torch.linalg.vector_norm(want.double()))
         print(f"relative error vs eager {err:.2e}")
         print(report)
+        print("operations taken:", dict(report.taken_ops))
         for _ in range(3):
             compiled(*inputs)
         print(f"{torch.cuda.get_device_name()}: polytile {_ms(compiled, inputs, 20):.3f} ms, "
