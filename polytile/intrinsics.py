@@ -93,10 +93,11 @@ class TensorIntrinsic(Intrinsic):
 _SUFFIX = {"float16": "f16", "bfloat16": "bf16"}
 
 LDMATRIX = Intrinsic(
-    "ldmatrix", "ldmatrix.sync.aligned.m8n8.x4 / .x2.trans / .x4.trans .shared.b16", ("ldmatrix",),
+    "ldmatrix", "ldmatrix.sync.aligned.m8n8.x2 / .x4 / .x2.trans / .x4.trans .shared.b16", ("ldmatrix",),
     "a warp loads 16-bit 8x8 matrices from shared memory into the register fragments mma.sync takes",
     tuple(Instruction(n, "ldmatrix", addresses=True, warp=True, loads_fragment=True)
-          for n in ("pt_ldmatrix_a", "pt_ldmatrix_b_trans", "pt_ldmatrix_b_trans_x4")))
+          for n in ("pt_ldmatrix_a", "pt_ldmatrix_b", "pt_ldmatrix_b_x4", "pt_ldmatrix_b_trans",
+                    "pt_ldmatrix_b_trans_x4")))
 
 CP_ASYNC = Intrinsic(
     "cp.async", "cp.async.ca/cg.shared.global (4, 8, 16 bytes), commit_group, wait_group", ("cp.async",),

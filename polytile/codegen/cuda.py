@@ -246,6 +246,24 @@ __device__ __forceinline__ void pt_ldmatrix_b_trans_x4(unsigned* r, const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(pt_smem(p)));
 }
 """),
+    Helper("pt_ldmatrix_b", r"""
+__device__ __forceinline__ void pt_ldmatrix_b(unsigned* r, const void* tile, int ld) {
+  // a 16×8 tile (k × n) stored k-contiguous ([n][k]): lanes 0-7 rows n at k 0, 8-15 at k 8
+  const int lane = threadIdx.x & 31;
+  const char* p = (const char*)tile + ((lane & 7) * ld + ((lane >> 3) & 1) * 8) * 2;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(pt_smem(p)));
+}
+"""),
+    Helper("pt_ldmatrix_b_x4", r"""
+__device__ __forceinline__ void pt_ldmatrix_b_x4(unsigned* r, const void* tile, int ld) {
+  // two adjacent 16×8 tiles (k × n, k contiguous): lanes 0-15 the first 8 rows n, 16-31 the next 8
+  const int lane = threadIdx.x & 31;
+  const char* p = (const char*)tile + (((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8) * 2;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(pt_smem(p)));
+}
+"""),
     Helper("pt_mma_m16n8k16_f16", r"""
 __device__ __forceinline__ void pt_mma_m16n8k16_f16(float* c, const unsigned* a, const unsigned* b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -815,17 +833,23 @@ def wgmma_definition(name: str) -> str | None:
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    def mma(trans_b: int) -> str:  # the transpose of B is an immediate of the instruction
+        return (f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+                f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{d}}}, %{regs}, %{regs + 1}, '
+                f'p, 1, 1, 0, {trans_b};\\n}}\\n"\n'
+                f'               : {outs}\n'
+                '               : "l"(da), "l"(db), "r"(1));\n')
     return (
         f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b, "
-        "int lbo_a, int sbo_a, int mode_a, int lbo_b, int sbo_b, int mode_b) {\n"
+        "int lbo_a, int sbo_a, int mode_a, int lbo_b, int sbo_b, int mode_b, int trans_b) {\n"
         "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
         "  const unsigned long long da = pt_wgmma_desc(a, lbo_a, sbo_a, mode_a);\n"
         "  const unsigned long long db = pt_wgmma_desc(b, lbo_b, sbo_b, mode_b);\n"
-        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-        f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{d}}}, %{regs}, %{regs + 1}, p, '
-        '1, 1, 0, 1;\\n}\\n"\n'
-        f'               : {outs}\n'
-        '               : "l"(da), "l"(db), "r"(1));\n'
+        "  if (trans_b) {  // B N-major ([k][n]); otherwise K-major ([n][k]), as A\n"
+        f"{mma(1)}"
+        "  } else {\n"
+        f"{mma(0)}"
+        "  }\n"
         "#else\n"
         "  __trap();  // wgmma needs sm_90a\n"
         "#endif\n"

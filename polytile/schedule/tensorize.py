@@ -15,9 +15,10 @@ accumulator must be a ``cache_write(..., loc="fragment")`` of the warp's tile (k
 distributed over the warp's lanes as the instruction does: wgmma's accumulator is mma.m16n8's,
 repeated over N/8 columns). For wgmma the instruction also sets the operand caches' layouts, copied
 in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
-N-major; an operand whose contiguous extent (A's K tile, B's N tile) is a multiple of 64 is stored
-in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by the row number (the
-layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64]); other tiles in
+N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K tile) is a
+multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by
+the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64] or
+[k/64][j][k%64]); other tiles in
 unswizzled 8×8 "core matrices" of 16 contiguous bytes per row ([r/8][c/8][r%8][c%8]), which wgmma
 reads at about a third of the speed (measured on an H100).
 """
@@ -240,8 +241,10 @@ def _wgmma_cache(name: str, c: CacheSpec, contiguous: int) -> CacheSpec:
 
 def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_dims: list[str]) -> None:
     """wgmma reads A K-major (the row axis i among its indices, a reduction axis last: [..., i, k] or
-    an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j]). The reduction index may be offset
-    by batch axes, which are fixed within a block (the chunks of a split reduction: [i, s·Kc + k])."""
+    an implicit GEMM's [i, taps..., c]) and B N-major ([..., k, j]) or K-major ([..., j, k]: a linear
+    layer's weight, transposed in the instruction). The reduction index, and B's column index, may be
+    offset by batch axes, which are fixed within a block (the chunks of a split reduction: [i, s·Kc + k];
+    attention's heads inside a row: [k, bb·N + j])."""
     def axes(e: Expr) -> set[str]:
         return {v.name for v in walk(e) if isinstance(v, IterVar)}
 
@@ -254,11 +257,17 @@ def _check_wgmma_operands(name: str, a: Load, b: Load, data: list[str], reduce_d
     def is_a(op: Load) -> bool:
         return len(op.indices) >= 2 and reduces(op.indices[-1]) and any(axes(i) == {row} for i in op.indices[:-1])
 
+    def columns(e: Expr) -> bool:  # the column axis, offset by batch axes ([k, bb·N + j]: a batch per block)
+        return col in axes(e) and axes(e) <= {col} | set(data[:-2])
+
     def is_b(op: Load) -> bool:
-        return len(op.indices) >= 2 and axes(op.indices[-1]) == {col} and reduces(op.indices[-2])
+        n_major = columns(op.indices[-1]) and reduces(op.indices[-2])
+        k_major = reduces(op.indices[-1]) and axes(op.indices[-2]) == {col}  # a transposed weight: B[..., j, k]
+        return len(op.indices) >= 2 and (n_major or k_major)
 
     if not ((is_a(a) and is_b(b)) or (is_a(b) and is_b(a))):
         raise ScheduleError(f"tensorize of {name} with wgmma: the operands must be read as A[..., {row}, k] "
-                            f"(k contiguous) and B[..., k, {col}] ({col} contiguous); got "
+                            f"(k contiguous) and B[..., k, {col}] ({col} contiguous) or B[..., {col}, k] "
+                            "(k contiguous); got "
                             f"{a.tensor.name}{list(map(str, a.indices))} and "
                             f"{b.tensor.name}{list(map(str, b.indices))}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -200,11 +200,15 @@ class InputAdapter:
     """How a group input (a torch tensor of shape ``shape``) is passed to the kernel: dimensions in
     ``narrowed`` (expanded: stride 0) are cut to one element, the rest permuted by ``perm`` (to the
     order of decreasing strides), then made contiguous when they are not (a copy only when the
-    strides are not those of a permuted dense array)."""
+    strides are not those of a permuted dense array). With ``merged`` (a position in the permuted
+    order), that dimension and the next one are one dimension of the kernel's array (a view: they
+    are dense): a batched product's operand whose batch lies inside a row (attention's heads, split
+    from the model's width) is a matrix whose columns hold the batches one after the other."""
 
     shape: tuple[int, ...]
     narrowed: tuple[int, ...]
     perm: tuple[int, ...]
+    merged: int | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.shape:  # a single value: an array of one element (polytile has no rank-0 arrays)
@@ -213,17 +217,26 @@ class InputAdapter:
             for d in self.narrowed:
                 x = x.narrow(d, 0, 1)
             x = x.permute(self.perm)
-        return x if x.is_contiguous() else x.contiguous()
+        x = x if x.is_contiguous() else x.contiguous()
+        return x if self.merged is None else x.reshape(self.kernel_shape)
 
     @property
     def kernel_shape(self) -> tuple[int, ...]:
-        return tuple(1 if d in self.narrowed else self.shape[d] for d in self.perm) or (1,)
+        dims = [1 if d in self.narrowed else self.shape[d] for d in self.perm]
+        if self.merged is not None:
+            m = self.merged
+            dims[m:m + 2] = [dims[m] * dims[m + 1]]
+        return tuple(dims) or (1,)
 
     def index(self, idx: Index) -> Index:
         """The kernel array's index of element ``idx`` of the tensor."""
         if not self.shape:
             return (lx.Const(0, dtypes.INDEX),)
-        return tuple(lx.Const(0, dtypes.INDEX) if d in self.narrowed else idx[d] for d in self.perm)
+        out = [lx.Const(0, dtypes.INDEX) if d in self.narrowed else idx[d] for d in self.perm]
+        if self.merged is not None:
+            m = self.merged
+            out[m:m + 2] = [out[m] * self.shape[self.perm[m + 1]] + out[m + 1]]
+        return tuple(out)
 
     @staticmethod
     def of(t: torch.Tensor, permute: bool = True) -> InputAdapter:
@@ -237,6 +250,21 @@ class InputAdapter:
                                            perm):
             perm = identity  # not a permuted dense array: copied in its own order
         return InputAdapter(shape, narrowed, perm)
+
+
+def product_operand(t: torch.Tensor, role: str) -> InputAdapter:
+    """How operand ``role`` ("A" or "B") of a matrix product is passed: in its storage order where the
+    GEMM kernels read it that way — A with k contiguous, B with n or k contiguous (transposed), a
+    batch outermost or inside the rows (merged with the next dimension: attention's heads split from
+    the model's width, [tokens][heads · head size]) — else copied row-major."""
+    ad = InputAdapter.of(t)
+    n = t.ndim
+    if n == 3 and not ad.narrowed and ad.perm[0] != 0 and ad.perm[1] == 0:
+        ad = replace(ad, merged=1)
+    contiguous = ad.perm[-1] == n - 1 or (role == "B" and ad.perm[-1] == n - 2)
+    if not contiguous or (n == 3 and ad.perm[0] != 0 and ad.merged is None):
+        return InputAdapter.of(t, permute=False)
+    return ad
 
 
 def _stride_order(shape: tuple[int, ...], strides: tuple[int, ...], fixed: tuple[int, ...]) -> tuple[int, ...]:
@@ -332,10 +360,13 @@ class Lowering:
             return self._reduce(node, idx)
         raise Unsupported(f"{_name(node)} is not imported")
 
-    def input(self, node: fx.Node, permute: bool = True) -> tuple[Placeholder, InputAdapter]:
+    def input(self, node: fx.Node, permute: bool = True, adapter: InputAdapter | None = None
+              ) -> tuple[Placeholder, InputAdapter]:
+        """The kernel array of group input ``node`` and how it is passed (``adapter``, else in its storage
+        order with ``permute``, as given otherwise); the first use decides."""
         if node not in self.inputs:
             t = meta(node)
-            adapter = InputAdapter.of(t, permute)
+            adapter = adapter or InputAdapter.of(t, permute)
             ph = placeholder(adapter.kernel_shape, pt_dtype(t.dtype, _name(node)), f"in{len(self.inputs)}")
             self.inputs[node] = (ph, adapter)
         return self.inputs[node]
@@ -486,17 +517,19 @@ class Lowering:
         from ..ops.norm import lanewise_row_reduce
         if a in self.members or b in self.members or a is b:
             raise Unsupported(f"{_name(node)}: operands computed in the same kernel")
-        A, ad = self.input(a, permute=False)
-        B, bd = self.input(b)
+        A, ad = self.input(a, adapter=product_operand(meta(a), "A"))
+        B, bd = self.input(b, adapter=product_operand(meta(b), "B"))
         batched = meta(node).ndim == 3
-        if bd.perm not in ((0, 1), (1, 0), (0, 1, 2), (0, 2, 1)) or (A.ndim != B.ndim):
-            raise Unsupported(f"{_name(node)}: operand layouts other than row-major and transposed")
+        n = len(bd.shape)
+        if ad.perm[-1] != n - 1 or bd.perm[-1] not in (n - 1, n - 2):
+            raise Unsupported(f"{_name(node)}: an operand is also read elsewhere in the group in a layout the product "
+                              "does not read (A with k contiguous, B with k or n contiguous)")
         A.name, B.name = "A", "B"
         shape = tuple(meta(node).shape)
         K = meta(a).shape[-1]
         k = reduce_axis(K, "k")
         dt = A.dtype
-        b_transposed = bd.perm[-2:] != tuple(range(len(bd.perm)))[-2:]
+        b_transposed = bd.perm[-1] == n - 2  # k contiguous: B stored [n][k] (a linear layer's weight)
         # a linear layer's few rows (B transposed, on the CPU): dot products over K in vector lanes
         dot = bool(self.lanes) and b_transposed and not batched and dot_form_fits(shape[-2], K, self.lanes or 0)
         if batched:

@@ -7,8 +7,8 @@ process or in a tuning worker that unpickled the Func — knows the structure wi
 
 Anchors that are operators of ``polytile.ops`` get that library's recipes: a matrix product the
 BLIS-shaped CPU schedule (``ops.matmul.schedule_gemm_cpu``) or the CUDA GEMMs
-(``ops.gpu_schedules``: tensor cores / warpgroup MMA for 16-bit row-major operands, CUDA cores
-otherwise), a convolution the direct-convolution schedules of ``ops.conv2d``. Everything else gets
+(``ops.gpu_schedules``: tensor cores / warpgroup MMA for 16-bit operands, B row-major or transposed;
+CUDA cores otherwise), a convolution the direct-convolution schedules of ``ops.conv2d``. Everything else gets
 a generic schedule: elementwise stages run their rows in parallel and vectorize the last dimension
 (CPU) or run one thread per element (CUDA); reductions over rows follow ``ops.softmax`` /
 ``ops.layernorm``: on the CPU the row's stages share one parallel row loop, on CUDA one block per
@@ -124,11 +124,25 @@ def gemm_dot_tiles(st: StageInfo, target: CPUTarget) -> dict[str, Any]:
     return tiles
 
 
+def gemm_cuda_kernel(func: Func, st: StageInfo, target: CUDATarget) -> str:
+    """The kernel of a GEMM stage's default CUDA schedule: the operator library's choice
+    (``ops.gpu_schedules.gemm_choice``, unsplit: "wgmma", "mma" or "gemv") for 16-bit operands on
+    tensor-core targets — B row-major or transposed (a linear layer's weight, read K-major by the
+    tensor cores), except on the GEMV kernel, which streams row-major B — else "cuda" (the CUDA
+    cores' ``gemm_cuda``)."""
+    from ..ops import gpu_schedules as gs
+    dtype = func.tensor("A").dtype
+    if st["a_broadcast"] or st["b_broadcast"] or dtype.name not in MMA_M16N8K16.operand_dtypes \
+            or not target.has("mma.sync"):
+        return "cuda"
+    kernel = gs.gemm_choice(target, st["M"], st["N"], st["K"], dtype, batch=st["batch"] or 1, split_k=1,
+                            out_bytes=func.tensor("C").dtype.itemsize).kernel
+    return "cuda" if kernel == "gemv" and st["b_transposed"] else kernel
+
+
 def _gemm_cuda(sched: Schedule, st: StageInfo, target: CUDATarget, k: Knobs) -> None:
     from ..ops import gpu_schedules as gs
-    plain = not st["b_transposed"] and not st["a_broadcast"] and not st["b_broadcast"]
-    tensor_cores = sched.func.tensor("A").dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-    if plain and k.gemm_cuda is None and tensor_cores:
+    if k.gemm_cuda is None and gemm_cuda_kernel(sched.func, st, target) != "cuda":
         # the operator library's choice of kernel and tile, unsplit: a split of K would restructure the
         # algorithm into partial products and lose the group's prologue and epilogue
         if st["batch"] is None:

@@ -89,7 +89,7 @@ def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = No
 
     def collect(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         tgt = as_target(target) if target is not None else _target_of(gm, Options())
-        imported, _ = extract(gm, tgt)
+        imported, _, _ = extract(gm, tgt)
         for g, imp in imported:
             try:
                 task = make_task(imp.func, tgt, template=template_name(tgt))

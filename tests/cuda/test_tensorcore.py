@@ -15,20 +15,17 @@ from polytile.errors import ScheduleError
 from polytile.ops.gpu_schedules import gemm_tensorcore
 
 
-def _hgemm(M, N, K, dtype="float16", acc="float32"):
+def _hgemm(M, N, K, dtype="float16", acc="float32", b_transposed=False):
     A = pt.placeholder((M, K), dtype, "A")
-    B = pt.placeholder((K, N), dtype, "B")
+    B = pt.placeholder((N, K) if b_transposed else (K, N), dtype, "B")
     k = pt.reduce_axis(K, "k")
-    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k].astype(acc) * B[k, j].astype(acc), axis=k), "C")
+    C = pt.compute((M, N), lambda i, j: pt.sum(
+        A[i, k].astype(acc) * (B[j, k] if b_transposed else B[k, j]).astype(acc), axis=k), "C")
     return pt.Func([A, B], [C], name="hgemm")
 
 
 def _sass_ops(cubin: bytes) -> dict[str, int]:
-    from polytile.sass.disasm import find_nvdisasm
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    text = _sass_text(cubin)
     counts: dict[str, int] = {}
     for op in re.findall(r"\b(HGMMA|HMMA|LDGSTS|LDSM|LDL|STL)\b", text):
         counts[op] = counts.get(op, 0) + 1
@@ -135,6 +132,33 @@ def test_tensor_core_gemm_sass(arch, dtype):
     sass = _sass_ops(kern.cubin)
     assert sass.get("HMMA", 0) >= 64 and sass.get("LDGSTS", 0) > 0 and sass.get("LDSM", 0) > 0
     assert not sass.get("LDL") and not sass.get("STL")
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_tensor_core_gemm_of_a_transposed_b(arch):
+    # B stored [n][k] (a linear layer's weight): its tiles are copied as stored and its fragments
+    # loaded by ldmatrix without .trans, as A's (LDSM, never LDSM.T)
+    s = pt.Schedule(_hgemm(128, 768, 768, b_transposed=True))
+    gemm_tensorcore(s, "C", "A", "B", bk=64, stages=3, reg_stages=2)
+    kern = pt.build(s, f"cuda:{arch}")
+    src = body(kern.source)
+    assert "pt_ldmatrix_b_x4(" in src and "pt_ldmatrix_b_trans" not in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in header(kern.source)
+    (res,) = kern.resources.values()
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+    sass = _sass_ops(kern.cubin)
+    assert sass.get("HMMA", 0) >= 64 and sass.get("LDGSTS", 0) > 0 and sass.get("LDSM", 0) > 0
+    assert not sass.get("LDL") and not sass.get("STL")
+    assert "LDSM.16.MT88" not in _sass_text(kern.cubin)
+
+
+def _sass_text(cubin: bytes) -> str:
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.needs_nvcc

@@ -43,6 +43,19 @@ def test_tensor_core_matmul(M, N, K, dtype):
     assert _err(out, a.double() @ b.double()) < 1e-5
 
 
+@pytest.mark.parametrize("M,N,K", [(345, 567, 789), (128, 768, 768), (64, 48, 32)])
+def test_tensor_core_matmul_of_a_transposed_b(M, N, K):
+    # B stored [n][k] (a linear layer's weight): fragments loaded by ldmatrix without .trans
+    A = pt.placeholder((M, K), "float16", "A")
+    B = pt.placeholder((N, K), "float16", "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k].astype("float32") * B[j, k].astype("float32"), axis=k), "C")
+    s = pt.Schedule(pt.Func([A, B], [C], name="hgemm_bt"))
+    gemm_tensorcore(s, "C", "A", "B", bm=64, bn=64, wm=32, wn=32, bk=32, stages=3, reg_stages=2)
+    a, b = _inputs(M + N + K, [(M, K), (N, K)], "float16")
+    assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double().T) < 1e-5
+
+
 _UNPIPELINED: dict = {}
 
 

@@ -67,9 +67,29 @@ def test_wgmma_refuses_a_layout_of_the_users():
         s["C"].tensorize("i3", "wgmma_m64nNk16")
 
 
-def test_wgmma_needs_b_n_major():
+def test_wgmma_reads_a_transposed_b_k_major():
+    # B stored [n][k] (a linear layer's weight): its tile in 128-byte swizzled rows of k, read by
+    # the instruction K-major (as A: LBO 16, 8-row groups 1024 B apart) without its transpose flag
     s = _manual(b_transposed=True)
-    with pytest.raises(ScheduleError, match="B\\[..., k, j\\]"):
+    s["C"].tensorize("i3", "wgmma_m64nNk16")
+    assert {c.name: c.swizzle for c in s.caches}["B_shared"] == 128
+    src = body(pt.build(s, SM90A).source)
+    assert re.search(r"pt_wgmma_m64n64k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 16, 1024, 1, 0\);", src)
+    src = body(pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source)
+    assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 1\);", src)  # N-major B: transposed
+
+
+def test_wgmma_needs_a_k_major():
+    A = pt.placeholder((64, 64), "float16", "A")
+    B = pt.placeholder((64, 64), "float16", "B")
+    k = pt.reduce_axis(64, "k")
+    C = pt.compute((64, 64), lambda i, j: pt.sum(A[k, i].astype("float32") * B[k, j].astype("float32"), axis=k), "C")
+    s = pt.Schedule(pt.Func([A, B], [C], name="at"))
+    st = s["C"]
+    st.split("i", 16, "wi", "i3").split("j", 8, "nj", "j3").split("k", 16, "kk", "k3")
+    st.reorder("wi", "kk", "nj", "i3", "j3", "k3").bind("wi", "threadIdx.z")
+    st.cache("A", "wi", loc="shared").cache("B", "wi", loc="shared").cache_write("wi", loc="fragment")
+    with pytest.raises(ScheduleError, match="A\\[..., i, k\\]"):
         s["C"].tensorize("i3", "wgmma_m64nNk16")
 
 
@@ -108,11 +128,11 @@ def test_wgmma_descriptors_match_the_layouts():
     src = body(pt.build(_sched(M=512, N=512, K=256, bm=128, bn=256, bk=64, stages=3), SM90A).source)
     # A: K-major, 128-byte swizzle, 8-row groups 1024 B apart; B: N-major, 64-column groups of
     # 64 rows × 128 B (8192 B) apart, 8-row groups 1024 B apart
-    assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 8192, 1024, 1\);", src)
+    assert re.search(r"pt_wgmma_m64n256k16_f16\(&C_local\[0\], .*, 16, 1024, 1, 8192, 1024, 1, 1\);", src)
     src = body(pt.build(_sched(M=512, N=40, K=64, bm=64, bn=40, bk=32, stages=2), SM90A).source)
     # unswizzled core matrices: A's k groups 128 B apart, row groups 4 × 128 B; B's k groups
     # 5 × 128 B apart, column groups 128 B
-    assert re.search(r"pt_wgmma_m64n40k16_f16\(&C_local\[0\], .*, 128, 512, 0, 640, 128, 0\);", src)
+    assert re.search(r"pt_wgmma_m64n40k16_f16\(&C_local\[0\], .*, 128, 512, 0, 640, 128, 0, 1\);", src)
 
 
 def test_golden_wgmma_ir():

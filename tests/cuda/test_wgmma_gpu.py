@@ -113,3 +113,32 @@ def test_default_conv3d_is_wgmma():
     x, w = _inputs(3, [(1, 6, 7, 7, 64), (3, 3, 3, 64, 64)], "bfloat16")
     ref = torch.from_numpy(op.reference(x.float().cpu().numpy(), w.float().cpu().numpy())).cuda()
     assert _err(kern(x, w), ref) < 1e-5
+
+
+def _gemm_bt(M, N, K, dtype):
+    """C = A · Bᵀ with B stored [n][k] (a linear layer's weight): wgmma reads it K-major."""
+    A = pt.placeholder((M, K), dtype, "A")
+    B = pt.placeholder((N, K), dtype, "B")
+    k = pt.reduce_axis(K, "k")
+    C = pt.compute((M, N), lambda i, j: pt.sum(A[i, k].astype("float32") * B[j, k].astype("float32"), axis=k), "C")
+    return pt.Func([A, B], [C], name="hgemm_bt")
+
+
+# swizzled K-major B (bk 64 or 128, through TMA or cp.async), core matrices (bk 32), N = 8
+BT_CONFIGS = [
+    ((345, 567, 789), dict(bm=128, bn=128, bk=64, stages=3, inflight=1)),
+    ((128, 768, 768), dict(bm=64, bn=64, bk=64, stages=4, inflight=1, producer="tma")),
+    ((128, 768, 3072), dict(bm=64, bn=64, bk=128, stages=5, inflight=1, producer="tma")),
+    ((300, 264, 200), dict(bm=64, bn=128, bk=32, stages=4)),
+    ((70, 8, 20), dict(bm=64, bn=8, bk=16, stages=2)),
+]
+
+
+@pytest.mark.parametrize("dims,cfg", BT_CONFIGS, ids=[f"{d[0]}x{d[1]}x{d[2]}" for d, _ in BT_CONFIGS])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_matmul_of_a_transposed_b(dims, cfg, dtype):
+    M, N, K = dims
+    s = pt.Schedule(_gemm_bt(M, N, K, dtype))
+    gemm_wgmma(s, "C", "A", "B", **cfg)
+    a, b = _inputs(M + N + K, [(M, K), (N, K)], dtype)
+    assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double().T) < 1e-5

@@ -76,3 +76,73 @@ def test_cuda_schedule_of_a_convolution_with_its_epilogue_compiles(nvcc: str) ->
     conv = torch.nn.Conv2d(8, 16, 3, padding=1).eval()
     sources = _sources(lambda x, r: F.relu(conv(x) + r), torch.randn(1, 8, 10, 10), torch.randn(1, 16, 10, 10))
     assert "conv" in sources and "__global__" in sources["conv"][0]
+
+
+def _bert_layer(x: torch.Tensor, wq: torch.Tensor, bq: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
+                w2: torch.Tensor, b2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A BERT layer's linear layers (weights [out, in]: the product reads them transposed) with their
+    epilogues: bias and scale, bias and GELU, bias and residual add."""
+    q = F.linear(x, wq, bq) * 0.125
+    h = F.gelu(F.linear(x, w1, b1))
+    return q, h, F.linear(h, w2, b2) + x
+
+
+def _bert_inputs() -> list[torch.Tensor]:
+    return [t.half() for t in (torch.randn(128, 96), torch.randn(96, 96), torch.randn(96), torch.randn(192, 96),
+                               torch.randn(192), torch.randn(96, 192), torch.randn(96))]
+
+
+@pytest.mark.parametrize("arch,kernel,call", [("sm_90a", "wgmma", "pt_wgmma_m64n"),
+                                              ("sm_80", "mma", "pt_mma_m16n8k16_f16(")])
+def test_linear_layers_with_epilogues_take_the_tensor_cores(arch: str, kernel: str, call: str) -> None:
+    # BERT's linear layers at batch 1 ran on the CUDA cores (135 µs each on an H100; cuBLAS 5-8 µs):
+    # a transposed weight was not taken by the tensor-core schedules
+    from polytile.torch.schedules import gemm_cuda_kernel, group_info
+    target = pt.CUDATarget(arch=arch)  # type: ignore[attr-defined]
+    groups = [g for g in _groups(_bert_layer, *_bert_inputs()) if g.kind == "gemm"]  # type: ignore[attr-defined]
+    assert len(groups) == 3
+    for g in groups:
+        (st,) = group_info(g.func).of_kind("gemm")  # type: ignore[attr-defined]
+        assert st["b_transposed"] and gemm_cuda_kernel(g.func, st, target) == kernel  # type: ignore[attr-defined]
+
+
+@pytest.mark.needs_nvcc
+def test_linear_layers_with_epilogues_compile_to_hgmma(nvcc: str) -> None:
+    import re
+    import subprocess
+    import tempfile
+
+    from source_text import body
+
+    from polytile.sass.disasm import find_nvdisasm
+    from polytile.torch.compiler import build_groups
+    groups = [g for g in _groups(_bert_layer, *_bert_inputs()) if g.kind == "gemm"]  # type: ignore[attr-defined]
+    for kern, origin in build_groups([g.func for g in groups], pt.CUDATarget(arch="sm_90a")):  # type: ignore[attr-defined]
+        assert origin == "default"
+        assert re.search(r"pt_wgmma_m64n\d+k16_f16\(.*, 0\);", body(kern.source))  # B read K-major
+        assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in kern.resources.values())
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kern.cubin)
+            f.flush()
+            sass = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+        assert "HGMMA.64x" in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
+@pytest.mark.needs_nvcc
+def test_attention_products_on_warpgroup_mma(nvcc: str) -> None:
+    # BERT-base's heads (128 tokens, 12 heads of 64): the scores read K [tokens][heads · 64] K-major,
+    # the context reads V N-major, each head a batch (blockIdx.z) at its columns of the width
+    import re
+
+    from source_text import body
+    from test_importer import heads_attention, heads_inputs
+
+    from polytile.torch.compiler import build_groups
+    groups = [g for g in _groups(lambda *a: heads_attention(*a, heads=12), *heads_inputs(128, 12, 64, torch.half))
+              if g.kind == "gemm" and len(g.func.tensor("C").shape) == 3]  # type: ignore[attr-defined]
+    assert len(groups) == 2
+    built = build_groups([g.func for g in groups], pt.CUDATarget(arch="sm_90a"))  # type: ignore[attr-defined]
+    for (kern, _), trans_b in zip(built, (0, 1)):
+        src = body(kern.source)  # type: ignore[attr-defined]
+        assert re.search(rf"pt_wgmma_m64n\d+k16_f16\(.*, {trans_b}\);", src), src
+        assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in kern.resources.values())  # type: ignore[attr-defined]

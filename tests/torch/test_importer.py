@@ -136,6 +136,36 @@ def test_attention_as_its_pieces() -> None:
     assert "bmm" not in _taken(whole) and any("scaled_dot_product" in x.op for x in whole.left)
 
 
+def heads_attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, mask: torch.Tensor,
+                    heads: int) -> torch.Tensor:
+    """BERT's self-attention written out: the heads split from the width by views and permutes, so the
+    batched products read [tokens][heads · head size] matrices, K transposed."""
+    (_, s, width), d = x.shape, x.shape[-1] // heads
+    q, k, v = (F.linear(x, w).view(1, s, heads, d).permute(0, 2, 1, 3) for w in (wq, wk, wv))
+    p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / d ** 0.5 + mask, -1)
+    return torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(1, s, width)
+
+
+def heads_inputs(tokens: int, heads: int, d: int, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu") -> list[torch.Tensor]:
+    w = heads * d
+    shapes = [(1, tokens, w), (w, w), (w, w), (w, w), (1, 1, 1, tokens)]
+    return [torch.randn(s, device=device).to(dtype) for s in shapes]
+
+
+def test_attention_products_read_the_heads_in_place() -> None:
+    # the heads inside a row (batch stride: the head size; row stride: the width) were refused as
+    # "operand layouts other than row-major and transposed": BERT-base left its 24 bmm to torch
+    from polytile.torch.importer import InputAdapter, product_operand
+    x = torch.randn(1, 10, 4, 8).permute(0, 2, 1, 3).reshape(4, 10, 8)  # a view: [10][4 · 8] in memory
+    for role, t in (("A", x), ("B", x), ("B", x.transpose(1, 2))):
+        ad = product_operand(t, role)
+        assert ad.merged == 1 and ad.kernel_shape == (10, 32) and ad(t).data_ptr() == t.data_ptr()
+    assert product_operand(x.transpose(1, 2), "A") == InputAdapter.of(x.transpose(1, 2), permute=False)  # copied
+    report = compile_and_compare(lambda *a: heads_attention(*a, heads=4), *heads_inputs(10, 4, 8))
+    assert report.taken_ops["bmm"] == 2 and not report.left_ops["bmm"]
+
+
 def test_cpu_row_reductions_use_vector_partial_results() -> None:
     """A row's sum is accumulated in one vector of partial sums (then summed), not one dependent
     addition per column; 45 columns: a partial last vector."""

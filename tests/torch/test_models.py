@@ -42,3 +42,24 @@ def test_unknown_models_and_sizes_are_refused() -> None:
         zoo.model("vgg")
     with pytest.raises(PolytileError, match="size must be"):
         zoo.model("bert-base", size="huge")
+
+
+@pytest.mark.gpu
+def test_bert_base_at_batch_1_compiled_on_the_gpu_matches_eager() -> None:
+    # full widths: the linear layers' transposed weights on warpgroup MMA (K-major B, TMA tiles)
+    import polytile.torch as ptt
+    model, inputs = zoo.model("bert-base", batch=1, device="cuda")
+    report = ptt.Report()
+    compiled = torch.compile(model, backend=ptt.backend(choose="always", report=report, cuda_graphs=False),
+                             dynamic=False)
+    with torch.no_grad():
+        assert_close(compiled(*inputs).float(), model(*inputs).float(), 3e-2)
+    assert sum(g.kind == "gemm" for g in report.taken) >= 48, report
+
+
+@pytest.mark.gpu
+def test_attention_with_heads_split_by_views_compiled_on_the_gpu_matches_eager() -> None:
+    from test_importer import heads_attention, heads_inputs
+    inputs = heads_inputs(128, 12, 64, torch.float16, "cuda")
+    report = compile_and_compare(lambda *a: heads_attention(*a, heads=12), *inputs, tol=3e-2)
+    assert report.taken_ops["bmm"] == 2, report

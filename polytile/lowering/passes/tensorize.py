@@ -1,6 +1,7 @@
 """Tensor cores: the loop nests tagged with a tensor intrinsic (``polytile.intrinsics``) become its
 instructions. ``mma_m16n8k16`` nests become ``mma.sync.m16n8k16`` instructions whose operands are
-loaded from shared memory with ``ldmatrix``.
+loaded from shared memory with ``ldmatrix`` (B transposed when stored [k][n], as it is when stored
+[n][k]: a linear layer's weight).
 
 Within the two loops around a nest (the warp's tiles along m and n), the operand fragments are
 loaded once per tile row and per tile column into registers and reused by every product:
@@ -67,8 +68,12 @@ class _Nest:
         if _coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1:
             raise LoweringError(f"operand {a.buffer.name} must be stored row by row with k contiguous "
                                 "(layout [m][k])")
-        if _coefficient(b.index[-1], jv) != 1 or _coefficient(b.index[-2], kv) != 1:
-            raise LoweringError(f"operand {b.buffer.name} must be stored with n contiguous (layout [k][n])")
+        # B stored [k][n] (n contiguous) is loaded transposed; [n][k] (k contiguous: a transposed
+        # weight) as it is, like A
+        self.b_k_major = _coefficient(b.index[-1], kv) == 1 and _coefficient(b.index[-2], jv) == 1
+        if not self.b_k_major and (_coefficient(b.index[-1], jv) != 1 or _coefficient(b.index[-2], kv) != 1):
+            raise LoweringError(f"operand {b.buffer.name} must be stored with n or k contiguous (layout [k][n] or "
+                                "[n][k])")
         self.dtype = a.buffer.dtype
         self.names = names
         self.accesses = [ir.Load(st.buffer, st.index), a, b]  # over the whole nest
@@ -258,7 +263,7 @@ class _Tensorize(ir.Mutator):
         zero = (ir.const(0), ir.const(0))
         body = ir.block([
             ir.call_stmt("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
-            ir.call_stmt("pt_ldmatrix_b_trans", ir.Load(bfrag, zero), nest.b, nest.ldb),
+            ir.call_stmt(_load_b(nest, 1), ir.Load(bfrag, zero), nest.b, nest.ldb),
             ir.call_stmt(nest.instruction, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
         ])
         return ir.Allocate(afrag, ir.Allocate(bfrag, body))
@@ -287,15 +292,22 @@ class _Tensorize(ir.Mutator):
             pair = ir.Var(f"{nj.name}_pair")
             col = ir.BinOp("+", inner.lo, ir.BinOp("*", pair, ir.const(2)))
             load_b = ir.For(pair, ir.const(0), ir.const(ext // 2), ir.call_stmt(
-                "pt_ldmatrix_b_trans_x4", ir.Load(bfrag, (ir.BinOp("*", pair, ir.const(2)), ir.const(0))),
+                _load_b(nest, 2), ir.Load(bfrag, (ir.BinOp("*", pair, ir.const(2)), ir.const(0))),
                 ir.substitute(nest.b, {nj.name: col}), nest.ldb), "unroll")  # type: ignore[arg-type]
         else:
             load_b = replace(inner, kind="unroll", body=ir.call_stmt(
-                "pt_ldmatrix_b_trans", ir.Load(bfrag, (b_rel, ir.const(0))), nest.b, nest.ldb))
+                _load_b(nest, 1), ir.Load(bfrag, (b_rel, ir.const(0))), nest.b, nest.ldb))
         mma = ir.call_stmt(nest.instruction, nest.acc, ir.Load(afrag, (a_rel, ir.const(0))),
                            ir.Load(bfrag, (b_rel, ir.const(0))))
         products = replace(outer, body=replace(inner, body=mma, kind="unroll"), kind="unroll")
         return ir.Allocate(afrag, ir.Allocate(bfrag, ir.block([load_a, load_b, products])))
+
+
+def _load_b(nest: _Nest, tiles: int) -> str:
+    """The ldmatrix that loads ``tiles`` (1 or 2) adjacent 16×8 tiles of B's fragments: transposed
+    from [k][n], as stored from [n][k]."""
+    name = "pt_ldmatrix_b" if nest.b_k_major else "pt_ldmatrix_b_trans"
+    return name + ("_x4" if tiles == 2 else "")
 
 
 def tensorize_nests(s: ir.Stmt) -> ir.Stmt:

@@ -5,7 +5,8 @@ tiles (N = 8 × its extent), and the four warps of a warpgroup are four consecut
 the loop bound to ``threadIdx.z``. The loop and the nest become one ``wgmma.m64nNk16`` that the
 warpgroup issues together: A and B are read from shared memory through matrix descriptors (start
 address, and the byte strides between 8×8 core matrices along the leading and the strided
-dimension: LBO, SBO), the accumulator is the warp's fragment — mma.m16n8's register layout repeated
+dimension: LBO, SBO; B stored N-major, [k][n], is transposed by the instruction, K-major, [n][k], as A
+is not), the accumulator is the warp's fragment — mma.m16n8's register layout repeated
 over N/8 tiles, which is wgmma's.
 
 Operand tiles are stored in one of wgmma's two layouts, chosen by ``tensorize``: rows of 128 bytes
@@ -202,10 +203,18 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
     def b_at(g: int):  # noqa: ANN202
         return lambda r, c: {w: g, kv: r, jv: c % 8, **({col: c // 8} if col else {})}
 
+    def b_k_major_at(g: int):  # noqa: ANN202 - B stored [n][k] (a transposed weight): rows n, columns k
+        return lambda r, c: {w: g, kv: c, jv: r % 8, **({col: r // 8} if col else {})}
+
+    origin0 = {**envs[0], w: 0, iv: 0, jv: 0, kv: 0, **({col: 0} if col else {})}
+    k_major = _flat(nest.b, {**origin0, kv: 1}) - _flat(nest.b, origin0) == 1  # k contiguous in B's tile
     a_strides, b_strides = set(), set()
     for g in groups:
         a_strides.add(_check_layout(nest.a, a_at(g), 64, 16, envs, where))
-        b_strides.add(_check_layout(nest.b, b_at(g), 16, n, envs, where))
+        if k_major:
+            b_strides.add(_check_layout(nest.b, b_k_major_at(g), n, 16, envs, where))
+        else:
+            b_strides.add(_check_layout(nest.b, b_at(g), 16, n, envs, where))
         for env in envs:
             base = _flat(nest.b, {**env, **b_at(g)(0, 0)})
             if any(_flat(nest.b, {**env, **b_at(g + d)(0, 0)}) != base for d in range(1, 4)):
@@ -215,15 +224,19 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
         raise LoweringError(f"{where}: the operands' layouts differ between warpgroups; one descriptor layout "
                             "must serve them all")
     (sbo_a, lbo_a), (sbo_b, lbo_b) = a_strides.pop(), b_strides.pop()
-    # K-major A: SBO between 8-row groups, LBO between the two 8-column (k) groups (unused when
-    # swizzled: 16); N-major B: unswizzled, LBO between the two 8-row (k) groups and SBO between
+    # K-major A (and B): SBO between 8-row groups, LBO between the two 8-column (k) groups (unused
+    # when swizzled: 16); N-major B: unswizzled, LBO between the two 8-row (k) groups and SBO between
     # 8-column (n) groups; swizzled, SBO between 8-row (k) groups and LBO between 64-column groups
-    if not nest.b.buffer.swizzle:
-        sbo_b, lbo_b = lbo_b, sbo_b
     if nest.a.buffer.swizzle:
         lbo_a = 16
-    if nest.b.buffer.swizzle and n <= 64:
-        lbo_b = 16
+    if k_major:
+        if nest.b.buffer.swizzle:
+            lbo_b = 16
+    else:
+        if not nest.b.buffer.swizzle:
+            sbo_b, lbo_b = lbo_b, sbo_b
+        if nest.b.buffer.swizzle and n <= 64:
+            lbo_b = 16
 
     group_base = ir.BinOp("*", ir.const(4), ir.BinOp("div", warp.var, ir.const(4)))
     origin = {iv: ir.const(0), jv: ir.const(0), kv: ir.const(0), **({col: ir.const(0)} if col else {})}
@@ -234,7 +247,7 @@ def warpgroup_mma(nest: WgmmaNest, nj: ir.For | None, warp: ir.For | None, other
     mode = {0: 0, 128: 1}  # the descriptor's layout type: interleaved (none), 128-byte swizzle
     return ir.call_stmt(WGMMA_M64NNK16.product(nest.dtype.name, n).name, acc0, a0, b0, ir.const(lbo_a), ir.const(sbo_a),
                  ir.const(mode[nest.a.buffer.swizzle]), ir.const(lbo_b), ir.const(sbo_b),
-                 ir.const(mode[nest.b.buffer.swizzle]))
+                 ir.const(mode[nest.b.buffer.swizzle]), ir.const(0 if k_major else 1))
 
 
 def wgmma_group(body: ir.Stmt) -> ir.Stmt:
