@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -78,7 +79,7 @@ class Record:
 
 
 class RecordLog:
-    """The records file at ``path`` (created on first append)."""
+    """The records file at ``path`` (its folders made by ``check(writable=True)``, the file on first append)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -113,9 +114,27 @@ class RecordLog:
             raise TuneError(f"{what} cannot be created: {folder} is not a directory")
         if not os.access(folder, os.W_OK | os.X_OK):
             raise TuneError(f"{what} cannot be created: folder {folder} is not writable; give another path")
+        # permissions do not tell everything (root passes os.access; /proc or a read-only mount refuse
+        # anyway): the file's folders are made now and a scratch file written there and removed
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.path.parent):
+                pass
+        except OSError as err:
+            raise TuneError(f"{what} cannot be created in {self.path.parent} ({err.strerror}); give another "
+                            "path") from None
 
     def append(self, rec: Record) -> None:
-        """Add one record durably (locked, flushed and fsynced)."""
+        """Add one record durably (locked, flushed and fsynced); a file that cannot be written (a full
+        disk, a folder removed during the run) raises ``TuneError``: the records written so far stay."""
+        try:
+            self._append(rec)
+        except OSError as err:
+            raise TuneError(f"records file {self.path} could not be written ({err.strerror}): the records "
+                            "written before are kept; free space or give another path and run again to "
+                            "resume") from None
+
+    def _append(self, rec: Record) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = rec.to_line() + "\n"
         with open(self.path, "a+b") as f:

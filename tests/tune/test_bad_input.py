@@ -100,6 +100,28 @@ def test_an_unwritable_records_path_is_refused_before_the_first_trial(tmp_path, 
     assert path.exists() == existing and (not existing or path.read_text() == "")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_records_folder_that_cannot_be_made_is_refused_before_the_first_trial(capsys):
+    # root passes os.access on /proc, whose folders cannot be made: the first append raised
+    # FileNotFoundError with a traceback after one trial (independent fuzzer, seed 7 case 1003)
+    path = Path("/proc/nope-polytile/r.jsonl")
+    assert tune_main([*TUNE, "--records", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert f"records file {path} cannot be created" in _one_error_line(err)
+    assert "polytile tuned" not in out
+
+
+def test_a_records_file_that_fails_mid_run_is_a_clear_error(tmp_path, monkeypatch):
+    from polytile.tune.records import Record, RecordLog
+    log = RecordLog(tmp_path / "r.jsonl")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(RecordLog, "_append", full)
+    with pytest.raises(TuneError, match="could not be written \\(No space left on device\\): the records written"):
+        log.append(Record.__new__(Record))
+
+
 def test_torn_lines_of_a_killed_run_are_still_records(tmp_path):
     path = tmp_path / "r.jsonl"
     tune("softmax", M=8, N=16, trials=1, records=path, measure=FAST, progress=False, verify=False)
