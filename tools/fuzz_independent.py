@@ -1057,7 +1057,9 @@ class Ref:
             dt, a = n.args
             v, e, _ = self.ev(a, env)
             if dt in FLOATS:
-                return v.astype(np.float64), (e if e is not None else 0) + UNIT[dt] * np.abs(v), None
+                # the magnitude as a float: np.abs of int64's MIN is MIN, a negative bound (1130)
+                v = v.astype(np.float64)
+                return v, (e if e is not None else 0) + UNIT[dt] * np.abs(v), None
             return wrap(v, dt), None, None
         if k == "bin":
             op, a, b = n.args

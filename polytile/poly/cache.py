@@ -450,8 +450,13 @@ class _Builder:
         self.plan.buffers.append(buf)
         use = CacheUse(req.name, req.kind, req.tensor, req.consumer, req.level, site.m)
         self.plan.uses.append(use)
+        init_name = req.consumer + INIT_SUFFIX
         if fill:
-            self.plan.dropped.add(req.consumer + INIT_SUFFIX)
+            self.plan.dropped.add(init_name)
+        elif req.kind == "write" and init_name in redirected:
+            # a buffer further out was filled in place of the initialization; this one holds the
+            # values from the initialization on, so the initialization runs again, into it (2614)
+            self.plan.dropped.discard(init_name)
         _redirect(site, redirected, self.by_name, self.plan.rewrites, ctx)
         if req.kind == "fold":  # its scope spans the copies chained to it: made in finish
             self.folds.append((site, use))

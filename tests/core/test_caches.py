@@ -2,6 +2,7 @@
 against NumPy on random data: a schedule they accept computes the algorithm's result, and one they
 cannot build right is refused at the primitive, naming the buffer, the computations and the loop."""
 
+import re
 import textwrap
 
 import numpy as np
@@ -112,6 +113,25 @@ def test_nested_write_caches_chain(levels, rng):
     s[T].split("k", 3)
     for level in levels:
         s[T].cache_write(level)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["whole first", "whole last"])
+def test_whole_write_cache_around_an_inner_write_cache_starts_the_inner_one(order, rng):
+    """A whole write cache starts filled with the identity, in place of the initialization; an inner
+    write cache of the same computation still needs it: the initialization runs into the inner
+    buffer (fuzz_independent seed 7 case 2614: it was dropped, the sums started from garbage)."""
+    f, T = row_sum(5, 7)
+    s = pt.create_schedule(f)
+    if order == "whole first":
+        s[T].cache_write(None, whole=(4,))
+        s[T].cache_write("i")
+    else:
+        s[T].cache_write("i")
+        s[T].cache_write(None, whole=(4,))
+    inner = s.caches[0 if order == "whole last" else 1].name
+    assert re.search(rf"^ *{inner}\w* = 0\.0$", str(pt.lower(s, pt.cpu_target())), re.M), "inner buffer never set"
     a = rng.standard_normal((5, 7)).astype(np.float32)
     np.testing.assert_allclose(pt.build(s)(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
 

@@ -34,3 +34,23 @@ def test_independent_fuzzer_replays_a_case():
                        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "pt.create_schedule(f)" in p.stdout and '"outcome": "ok"' in p.stdout
+
+
+def test_reference_bound_of_a_cast_of_the_most_negative_integer_is_positive():
+    """float64(int64 MIN) is rounded by up to 2^-53 of its magnitude: the reference's bound must be
+    that, not a negative number from np.abs(MIN) == MIN, which then passed through tanh and a
+    minimum and left a float32 log checked to 8.8e-16 (seed 7 case 1130, a fuzzer bug)."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import fuzz_independent as fi
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    x = fi.Tensor("x", (2,), "int64", -2 ** 63, 2 ** 63 - 1, True)
+    ref = fi.Ref.__new__(fi.Ref)
+    ref.pv, ref.nd, ref.base, ref.slot = {}, 1, [2], 1
+    ref.vals = {"x": (np.array([-2 ** 63, 7], np.int64), None)}
+    node = fi.Node("cast", ("float64", fi.Node("load", (x, []), "int64", -2 ** 63, 2 ** 63 - 1)), "float64", 0, 0)
+    v, e, _ = ref.ev(node, {})
+    np.testing.assert_array_equal(v, [-2.0 ** 63, 7.0])
+    np.testing.assert_allclose(e, [2.0 ** 10, 7 * 2.0 ** -53])
