@@ -495,8 +495,8 @@ class ProgramGenerator:
             else:
                 ps = [ia.lo * ib.lo, ia.lo * ib.hi, ia.hi * ib.lo, ia.hi * ib.hi]
                 iv = Ival(min(ps), max(ps))
-            if not fits(iv, dtype) and self.may_wrap(dtype):
-                iv = _type_ival(dtype)  # it overflows and wraps
+            if not fits(iv, dtype) and any(n.op == "load" for x in (a, b) for n in _walk(x)) and self.may_wrap(dtype):
+                iv = _type_ival(dtype)  # it overflows and wraps (values read from tensors: polytile's rule)
             return node("bin", a, b, attr=op, dtype=dtype), iv
         if kind == "divide":
             return self.divide(dtype, scope, prefer, sub)
