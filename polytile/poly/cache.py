@@ -853,15 +853,21 @@ def _fold_scope(site: _Site, use: CacheUse, uses: list[CacheUse], scheds: Mappin
 def _all_threads(prefixes: isl.Set, block_dims: frozenset[int]) -> isl.Set:
     """``prefixes`` with each thread-bound dimension ranging over all its values in the kernel."""
     out = prefixes
+    n = prefixes.dim(isl.dim_type.set)
     for d in sorted(block_dims):
-        if d >= out.dim(isl.dim_type.set):
+        if d >= n:
             continue
         flat = prefixes.project_out(isl.dim_type.param, 0, prefixes.dim(isl.dim_type.param))
-        lo, hi = flat.dim_min_val(d).to_python(), flat.dim_max_val(d).to_python()
+        lo, hi = flat.dim_min_val(d), flat.dim_max_val(d)
         out = out.project_out(isl.dim_type.set, d, 1).insert_dims(isl.dim_type.set, d, 1)
-        n = out.dim(isl.dim_type.set)
-        names = [f"x{k}" for k in range(n)]
-        box = isl.Set(f"{{ [{', '.join(names)}] : {lo} <= x{d} <= {hi} }}")
+        if lo.is_int() and hi.is_int():
+            names = [f"x{k}" for k in range(n)]
+            box = isl.Set(f"{{ [{', '.join(names)}] : {lo.to_python()} <= x{d} <= {hi.to_python()} }}")
+        else:  # a thread loop whose extent is a parameter's (seed 7 case 2189): its range at each value
+            values = prefixes.project_out(isl.dim_type.set, d + 1, n - d - 1).project_out(isl.dim_type.set, 0, d)
+            box = isl.Set.from_basic_set(values.simple_hull()).insert_dims(isl.dim_type.set, 0, d) \
+                .add_dims(isl.dim_type.set, n - d - 1).reset_tuple_id()
+            box = box.align_params(out.get_space())
         out = out.intersect(box.set_tuple_id(out.get_tuple_id()) if out.has_tuple_id() else box)
     return out
 

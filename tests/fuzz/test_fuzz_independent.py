@@ -54,3 +54,14 @@ def test_reference_bound_of_a_cast_of_the_most_negative_integer_is_positive():
     v, e, _ = ref.ev(node, {})
     np.testing.assert_array_equal(v, [-2.0 ** 63, 7.0])
     np.testing.assert_allclose(e, [2.0 ** 10, 7 * 2.0 ** -53])
+
+
+def test_select_between_nan_and_number_at_a_tie_is_not_judged():
+    """Seed 7 case 4636: ``select(S3[...] > out6[4], -out2[2], S3[...])`` compares a float32 with a
+    float16 within rounding, where one branch is NaN: NumPy's reference took the NaN branch, polytile
+    (rightly, in float32) the number. The reference cannot decide NaN or not there: the case is invalid,
+    not a wrong result."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--seed", "7", "--case", "4636"],
+                       capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '"outcome": "invalid"' in p.stdout and "a NaN and a number" in p.stdout, p.stdout[-2000:]
