@@ -30,7 +30,7 @@ from ... import dtypes
 from .. import loopir as ir
 from .fragments import LANE
 from .gpu_vectorize import aligned
-from .pair_stores import MAX_EXTENT, inline_lets
+from .pair_stores import even_extent, inline_lets
 from .simplify import Simplifier, simplify_expr
 
 HALVES = ("float16", "bfloat16")
@@ -101,11 +101,8 @@ def _pairs(tiles: ir.For) -> tuple[ir.Buffer, list[_Pair]] | None:
         inner = inner.body[0]
     if not isinstance(inner, ir.For) or inner.kind not in ("serial", "unroll"):
         return None
-    n = simplify_expr(inner.extent)
-    if not (isinstance(n, ir.Const) and ir.is_const(simplify_expr(inner.lo), 0)):
-        return None
-    n = int(n.value)
-    if n % 2 or not 2 <= n <= MAX_EXTENT:
+    n = even_extent(inner)
+    if n is None:
         return None
     buf: ir.Buffer | None = None
     out: list[_Pair] = []

@@ -46,12 +46,19 @@ def inline_lets(s: ir.Stmt) -> tuple[ir.Expr | None, ir.Store] | None:
     return cond, store
 
 
-def _pair(loop: ir.For) -> ir.Stmt | None:
+def even_extent(loop: ir.For) -> int | None:
+    """The extent of ``loop`` when it runs from 0 over a constant, even number of iterations, at most
+    ``MAX_EXTENT`` (an element loop whose stores go in pairs); else None."""
     ext = simplify_expr(loop.extent)
     if not (isinstance(ext, ir.Const) and ir.is_const(simplify_expr(loop.lo), 0)):
         return None
     n = int(ext.value)
-    if n % 2 or not 2 <= n <= MAX_EXTENT:
+    return n if n % 2 == 0 and 2 <= n <= MAX_EXTENT else None
+
+
+def _pair(loop: ir.For) -> ir.Stmt | None:
+    n = even_extent(loop)
+    if n is None:
         return None
     parts = inline_lets(loop.body)
     if parts is None:
