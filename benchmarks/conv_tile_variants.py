@@ -61,6 +61,8 @@ def build(job):
 
 
 def main():
+    if not os.environ.get("CP_LIST") and (len(sys.argv) != 2 or sys.argv[1].startswith("-")):
+        sys.exit("usage: python benchmarks/conv_tile_variants.py OUT.json (the JSON record of the rows)")
     js = jobs()
     if os.environ.get("CP_LIST"):
         print(len(js))

@@ -39,6 +39,8 @@ def build(job):
 
 
 def main():
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        sys.exit("usage: python benchmarks/gemv_splits.py OUT.json (the JSON record of the rows)")
     jobs = [(*sh, s) for sh in SHAPES for s in SPLITS]
     with ProcessPoolExecutor(int(os.environ.get("GV_WORKERS", "14"))) as pool:
         built = list(pool.map(build, jobs, chunksize=1))
