@@ -34,13 +34,30 @@ def specialize(request):
     return request.param
 
 
-def _check(kern, M, N, K, dtype, seed):
+def _operands(batch, M, N, K, dtype, seed):
+    """Fresh random A (``batch`` x M x K, no batch dimension for None) and B in [-1, 1)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    a = (torch.rand((M, K), device="cuda", generator=g) * 2 - 1).to(TORCH_DTYPES[dtype])
-    b = (torch.rand((K, N), device="cuda", generator=g) * 2 - 1).to(TORCH_DTYPES[dtype])
-    out = kern(a, b)
+    lead = () if batch is None else (batch,)
+    return [(torch.rand((*lead, *shape), device="cuda", generator=g) * 2 - 1).to(TORCH_DTYPES[dtype])
+            for shape in ((M, K), (K, N))]
+
+
+def _assert_product(out, a, b):
+    """``out`` is A @ B (against float64) and no element was left unwritten (NaN-filled outputs)."""
     ref = a.double() @ b.double()
-    assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
+    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+def _run_into_nan(kern, a, b):
+    """Call ``kern`` on an output filled with NaN, so that a tile it skips shows."""
+    out = torch.full((*a.shape[:-1], b.shape[-1]), float("nan"), device="cuda")
+    kern(a, b, out)
+    return out
+
+
+def _check(kern, M, N, K, dtype, seed):
+    a, b = _operands(None, M, N, K, dtype, seed)
+    _assert_product(kern(a, b), a, b)
 
 
 SIZES = [
@@ -81,13 +98,8 @@ def test_grouped_block_order(dims, cfg):
     # blocks launched in groups of rows (Stage.raster): every output tile written once, at odd sizes
     M, N, K = dims
     kern = _tma_gemm(M, N, K, "bfloat16", **cfg)
-    out = torch.full((M, N), float("nan"), device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(M + N + K)
-    a = (torch.rand((M, K), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-    b = (torch.rand((K, N), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-    kern(a, b, out)
-    ref = a.double() @ b.double()
-    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+    a, b = _operands(None, M, N, K, "bfloat16", M + N + K)
+    _assert_product(_run_into_nan(kern, a, b), a, b)
 
 
 @pytest.mark.parametrize("dims", [(3, 300, 520, 64), (5, 129, 1000, 200)], ids=["3x300x520x64", "5x129x1000x200"])
@@ -98,13 +110,8 @@ def test_grouped_batched_gemm(dims):
     align_operands(s, "C", ("A", "B"), granule=4)
     gemm_wgmma(s, "C", "A", "B", bm=64, bn=128, bk=64, stages=3, inflight=1, batch="bb", group=2)
     kern = pt.build(s, "cuda")
-    g = torch.Generator(device="cuda").manual_seed(batch + M + N + K)
-    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).half()
-    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
-    out = torch.full((batch, M, N), float("nan"), device="cuda")
-    kern(a, b, out)
-    ref = a.double() @ b.double()
-    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+    a, b = _operands(batch, M, N, K, "float16", batch + M + N + K)
+    _assert_product(_run_into_nan(kern, a, b), a, b)
 
 
 @pytest.mark.parametrize("dims", [(130, 1001, 200), (97, 2049, 513), (1000, 1024, 128)],
@@ -135,24 +142,16 @@ def test_batched_tma(dims, cfg, specialize):
     gemm_wgmma(s, "C", "A", "B", batch="bb", producer="tma", specialize=specialize, **cfg)
     kern = pt.build(s, "cuda")
     assert "pt_tma_load_3d(" in kern.source
-    g = torch.Generator(device="cuda").manual_seed(batch + M + N + K)
-    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
-    out = torch.full((batch, M, N), float("nan"), device="cuda")
-    kern(a, b, out)
-    ref = a.double() @ b.double()
-    assert not out.isnan().any() and float((out.double() - ref).norm() / ref.norm()) < 1e-5
+    a, b = _operands(batch, M, N, K, "bfloat16", batch + M + N + K)
+    _assert_product(_run_into_nan(kern, a, b), a, b)
 
 
 @pytest.mark.parametrize("dims", [(32, 256, 384, 128), (12, 200, 200, 64)], ids=["32x256x384x128", "12x200x200x64"])
 def test_default_batched_gemm(dims):
     batch, M, N, K = dims
     kern = ops.batch_matmul(batch, M, N, K, "float16").build("cuda")
-    g = torch.Generator(device="cuda").manual_seed(sum(dims))
-    a = (torch.rand((batch, M, K), device="cuda", generator=g) * 2 - 1).half()
-    b = (torch.rand((batch, K, N), device="cuda", generator=g) * 2 - 1).half()
-    ref = a.double() @ b.double()
-    assert float((kern(a, b).double() - ref).norm() / ref.norm()) < 1e-5
+    a, b = _operands(batch, M, N, K, "float16", sum(dims))
+    _assert_product(kern(a, b), a, b)
 
 
 @pytest.mark.parametrize("dims,split", [((127, 255, 4096), None), ((256, 520, 8192), 2), ((300, 264, 1024), 4)],
