@@ -82,7 +82,16 @@ from .space import TuneError
 # fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at 1.83 GHz); wgmma_latency:
 # cycles from issuing a K tile's group to its completion (approximate: microbenchmarks of
 # wgmma.m64nNk16 report on the order of a hundred cycles). Archs without the wgmma facts have no
-# warpgroup MMA (``Hardware.wgmma_flops`` is 0).
+# warpgroup MMA (``Hardware.wgmma_flops`` is 0). gather_bytes_per_cycle: the operand bytes one SM
+# gathers per cycle for an implicit GEMM (``wave_cycles``); archs without it are not modeled so.
+# sm_90: each zero-filling 16-byte copy of a gathered pixel's channels costs its thread the pixel's
+# and tap's address arithmetic and bounds tests — 250 to 290 instructions per warp per K step of
+# 128×64, 128×128 and 64×64 wgmma tiles in their SASS, at about 2 instructions per cycle per SM —
+# so a 128-row tile of 64 channels (16 KiB) takes ~1,200 cycles of an SM whatever the filter tile.
+# Measured on an H100 (ResNet-50's 3×3 512→512 on 7×7 at batch 32, lead's probe 2026-11-28): 0.62
+# µs a K step for 128×64 and for 128×128 tiles, one block per SM; two 128×64 blocks on an SM (2
+# channel chunks) took as long as one after the other (50.3 µs against 45.9 unsplit); its 3×3 64→64
+# on 56×56 (784 blocks of 128×64, 2 per SM, 9 K steps) 31.6 µs, as 16 KiB / 14 B a cycle predicts.
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
                   dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=128),
@@ -92,7 +101,7 @@ ARCH_FACTS: dict[str, dict[str, float]] = {
                   dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
                   dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256,
-                  wgmma_flops=4096, wgmma_latency=128),
+                  wgmma_flops=4096, wgmma_latency=128, gather_bytes_per_cycle=14),
 }
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
@@ -127,6 +136,7 @@ class Hardware:
     shared_latency: float
     wgmma_flops: float = 0.0
     wgmma_latency: float = 0.0
+    gather_bytes_per_cycle: float = 0.0  # an implicit GEMM's gathered operand per SM (0: not modeled)
 
     @staticmethod
     def of(target: CUDATarget) -> Hardware:
@@ -154,7 +164,8 @@ class Hardware:
                 dram_bytes_per_cycle=target.dram_bandwidth / target.clock_hz, l2_bytes=target.l2_bytes,
                 l2_latency=facts["l2_latency"], dram_latency=facts["dram_latency"],
                 shared_latency=facts["shared_latency"], wgmma_flops=facts.get("wgmma_flops", 0.0),
-                wgmma_latency=facts.get("wgmma_latency", 0.0))
+                wgmma_latency=facts.get("wgmma_latency", 0.0),
+                gather_bytes_per_cycle=facts.get("gather_bytes_per_cycle", 0.0))
         return hw
 
 
@@ -505,26 +516,32 @@ class BlockPlan:
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
     step_latency: float = 0.0  # cycles a K step waits for its loads, when not the pipeline's (0: from stages)
     group: int = 1  # rows of blocks launched together (``raster_group``; 1: row by row)
+    lookahead: int = 0  # K tiles the copies run ahead (0: stages − 1; wgmma: stages − 1 − groups in flight)
+    gathered: int = 0  # bytes of its K tile a block gathers (an implicit GEMM's input tile; 0: none)
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     """Cycles of the kernel by wave quantization: the tiles run in waves of SMs × resident blocks. A
     K step takes the longest of the products of the blocks resident on an SM (on the CUDA cores
     bounded by their warps' issue rate too), their operand loads through the SM's L2 port, and one
-    tile's loaded memory latency and transfer spread over the stages in flight (which the resident
-    blocks overlap); a last, partial wave holds fewer blocks per SM.
+    tile's loaded memory latency and transfer spread over the tiles loaded ahead (which the resident
+    blocks overlap), and where the target's rate is known the gathered operand tiles of an implicit
+    GEMM (``Hardware.gather_bytes_per_cycle``: its copies' address arithmetic, which the resident
+    blocks do not overlap); a last, partial wave holds fewer blocks per SM.
     Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
     tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
     flops = 2.0 * plan.bm * plan.bn * plan.bk
     latency = plan.step_latency or \
-        (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
+        (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / \
+        max(1, plan.lookahead or plan.stages - 1)
+    gather = plan.gathered / hw.gather_bytes_per_cycle if plan.gathered and hw.gather_bytes_per_cycle else 0.0
 
     def step(blocks: int) -> float:
         """One K step of ``blocks`` blocks resident on one SM."""
         rate = plan.flops_per_cycle
         if plan.warps:  # CUDA cores: each warp issues at most one FMA per cycle, half of them in practice
             rate = min(rate, (plan.warp_flops or WARP_FLOPS) * plan.warps * blocks)
-        return max(blocks * flops / rate, blocks * tile_bytes / hw.sm_l2_bytes_per_cycle, latency)
+        return max(blocks * flops / rate, blocks * tile_bytes / hw.sm_l2_bytes_per_cycle, blocks * gather, latency)
 
     per_wave = hw.sms * plan.resident
     full, rest = divmod(plan.tiles, per_wave)

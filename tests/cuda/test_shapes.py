@@ -631,19 +631,40 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
     # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
     # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
     # 16 SMs splits less
-    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split
+    from polytile.ops.gpu_schedules import igemm_choice
 
     def split(target, N, H, C, K, R):
-        M = N * H * H
-        kernel, params = igemm_kernel(target, M, C, K, R * R)
-        rows, chunks = igemm_split(target, kernel, params, M, K, C, R, R, 2)
-        return (R if rows else 1) * chunks
+        c = igemm_choice(target, N * H * H, C, K, R, R, 2)
+        return (R if c.rows else 1) * c.chunks
     assert split(SM90A, 1, 7, 512, 512, 3) >= 8
     assert split(SM90A, 32, 56, 64, 256, 1) == 1
-    assert split(SM90A, 32, 7, 512, 512, 3) == 1  # 104 tiles: 2 chunks measured 50 µs, unsplit 46
     assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
     sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
     assert sched.stage_names() == ["P", "O"]
+
+
+def test_implicit_gemm_model_counts_the_gathered_tiles():
+    # ResNet-50's 3×3 512→512 on 7×7 at batch 32, measured on an H100 (lead's probe, 2026-11-28):
+    # 128×64 tiles 45.9 µs unsplit, 50.3 in 2 channel chunks (two blocks an SM: their gathered input
+    # tiles do not overlap), 128×128 tiles in 2 chunks 32.7 (cuDNN 20.4). The model without the
+    # gather rate ranked 2 chunks of 128×64 first (25 µs against 30 unsplit) and never weighed 128×128
+    from polytile.ops.gpu_schedules import igemm_choice, igemm_options
+    seconds = {(o.params["bm"], o.params["bn"], o.rows, o.chunks): o.seconds
+               for o in igemm_options(SM90A, 1568, 512, 512, 3, 3, 2)}
+    assert seconds[(128, 128, False, 2)] < seconds[(128, 64, False, 1)] < seconds[(128, 64, False, 2)]
+    choice = igemm_choice(SM90A, 1568, 512, 512, 3, 3, 2)
+    assert (choice.params["bm"], choice.params["bn"], choice.rows, choice.chunks) == (128, 128, False, 2)
+    # a target without the gather rate keeps the tiles of igemm_kernel and splits only few tiles
+    sm80 = igemm_choice(SM80, 1568, 512, 512, 3, 3, 2)
+    assert (sm80.params["bm"], sm80.params["bn"], sm80.rows, sm80.chunks) == (64, 64, False, 1)
+
+
+def test_implicit_gemm_filter_tiles_follow_the_filter_count():
+    # 96 → 160 channels on 45×45 (off-suite, 0.38× cuDNN on an H200 with 3 tiles of 64 filters,
+    # the last half empty, each gathering the same input tile): 2 tiles of 128 filters
+    from polytile.ops.gpu_schedules import igemm_choice
+    choice = igemm_choice(SM90A, 3 * 45 * 45, 96, 160, 3, 3, 2)
+    assert choice.kernel == "wgmma" and choice.params["bn"] == 128
 
 
 @needs_nvcc
@@ -652,9 +673,9 @@ def test_one_by_one_convolutions_of_few_channels_build(C):
     # MobileNet-v2's expansion (1×1, 16 → 96 on 112×112) failed to build: fewer channels than a K
     # tile left the split choice no option at all (not even "no split"); fp16 on the GPU (lead's run
     # of 8dc97fc, 2026-11-28)
-    from polytile.ops.gpu_schedules import igemm_split
-    mma = dict(bm=64, bn=64, bk=32, wm=32, wn=32, stages=1, reg_stages=2)
-    assert igemm_split(SM90A, "mma", mma, 12544, 96, C, 1, 1, 2) == (False, 1)
+    from polytile.ops.gpu_schedules import igemm_choice
+    choice = igemm_choice(SM90A, 12544, C, 96, 1, 1, 2)
+    assert (choice.rows, choice.chunks) == (False, 1)
     kern = ops.conv2d_igemm(1, 112, 112, C, 96, 1, 1).build(SM90A)
     assert all(kern.resources[k.name].stack_bytes == 0 for k in kern.kernels)
 
