@@ -46,10 +46,10 @@ def candidates(target: object, w: shapes.Workload, top: int) -> list[tuple[str, 
     """(label, choice): the default, the model's next ``top`` − 1, and the choice without the gather rate."""
     N, H, W, C, K, R, S, st, pad = geometry(w)
     M = N * ((H + 2 * pad - R) // st + 1) * ((W + 2 * pad - S) // st + 1)
-    it = 2
-    ranked = igemm_options(target, M, C, K, R, S, it)  # type: ignore[arg-type]
+    out_bytes = 2 if w.half_out else 4
+    ranked = igemm_options(target, M, C, K, R, S, 2, N * H * W, out_bytes)  # type: ignore[arg-type]
     before = dataclasses.replace(target, extra={**target.extra, "gather_bytes_per_cycle": 0})  # type: ignore[type-var]
-    old = igemm_options(before, M, C, K, R, S, it)[0]
+    old = igemm_options(before, M, C, K, R, S, 2)[0]
     out = [("default", ranked[0])] + [(f"model#{i + 1}", c) for i, c in enumerate(ranked[1:top])]
     same = [lab for lab, c in out if (c.kernel, c.params, c.rows, c.chunks) == (old.kernel, old.params, old.rows,
                                                                                  old.chunks)]

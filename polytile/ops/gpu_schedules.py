@@ -400,8 +400,8 @@ def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C:
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     if C < MMA_K and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
         return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, out.name)
-    return igemm_schedule(sched, target, igemm_choice(target, M, C, K, R, S, dtype.itemsize), N, H, W, C, K, R, S,
-                          stride, padding)
+    choice = igemm_choice(target, M, C, K, R, S, dtype.itemsize, N * H * W, out.itemsize)
+    return igemm_schedule(sched, target, choice, N, H, W, C, K, R, S, stride, padding)
 
 
 def igemm_schedule(sched: Schedule, target: CUDATarget, choice: IgemmChoice, N: int, H: int, W: int, C: int, K: int,
@@ -514,12 +514,13 @@ class IgemmChoice:
     seconds: float = 0.0
 
 
-def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int) -> IgemmChoice:
+def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
+                 out_bytes: int = 4) -> IgemmChoice:
     """The implicit GEMM's default schedule: the first of ``igemm_options``, unless it leaves
     ``igemm_kernel``'s tiles for a predicted gain under ``TILE_MARGIN`` (the model's tiles are
     calibrated on few measurements; most layers have been measured with those tiles): then the best
     split of those tiles."""
-    options = igemm_options(target, M, C, K, R, S, itemsize)
+    options = igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
     tiles = igemm_kernel(target, M, C, K, R * S)[1]
     usual = [o for o in options if tiles and all(o.params[k] == tiles[k] for k in ("bm", "bn", "bk"))]
     if usual and options[0].seconds > TILE_MARGIN * usual[0].seconds:
@@ -527,12 +528,14 @@ def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, ite
     return options[0]
 
 
-def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int) -> list[IgemmChoice]:
+def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
+                  out_bytes: int = 4) -> list[IgemmChoice]:
     """The kernels, block tiles and splits of an implicit GEMM's reduction (R·S taps × C channels,
     ``igemm_splits``) fastest first, as the analytical model's wave quantization predicts them (``gemm_seconds``,
     as ``gemm_choice``'s; no margin for the split). Where the target's gather rate is known
     (``Hardware.gather_bytes_per_cycle``: sm_90) the model weighs the tiles of ``igemm_tiles`` and
-    counts each block's gathered input tile and the K tiles its copies run ahead; elsewhere the
+    counts each block's gathered input tile, the K tiles its copies run ahead, and DRAM reads of the
+    input (``pixels`` × C: N·H·W, M by default) and filter, not of the gathered matrix; elsewhere the
     tiles are ``igemm_kernel``'s and the reduction is split only when they leave half the SMs idle.
     Measured on an H100 (``benchmarks/conv_split_variants.py`` and the lead's probe, 2026-11-28):
     ResNet-50's 3×3 512→512 on 7×7 at batch 1, 8 tiles, 34.7 µs unsplit, 15.2 µs in 12 chunks (3
@@ -553,7 +556,9 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
             split = (R if rows else 1) * chunks
             steps = (S if rows else R * S) * -(-C // chunks // bk)
             chosen = _no_deeper(params, steps)
-            stages = chosen["stages"]
+            # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
+            # unsplit kernel's depth in the model, as their split rule was calibrated
+            stages = chosen["stages"] if modeled else params["stages"]
             if kernel == "wgmma":
                 cfg: object = WgmmaConfig(bm, bn, bk, stages, chosen["inflight"])
                 flops, lookahead = hw.wgmma_flops, max(1, stages - 1 - chosen["inflight"])
@@ -566,7 +571,8 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
             tiles = -(-M // bm) * -(-K // bn)
             plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
                              lookahead=lookahead if modeled else 0, gathered=bm * bk * itemsize if modeled else 0)
-            t = gemm_seconds(plan, target, M, K, R * S * C, 1, split)
+            reads = (C * (pixels or M) + R * S * C * K) * itemsize if modeled else None
+            t = gemm_seconds(plan, target, M, K, R * S * C, 1, split, out_bytes if modeled else 4, reads)
             options.append(IgemmChoice(kernel, params if split > 1 else chosen, rows, chunks, t))
     if not options:
         raise ScheduleError(f"no {kernel} implicit-GEMM tile fits one block of {target.name} ({M}×{K}, {C} channels)")

@@ -552,15 +552,17 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
 
 
 def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, batch: int = 1,
-                 split: int = 1, out_bytes: int = 4) -> float:
+                 split: int = 1, out_bytes: int = 4, operand_bytes: float | None = None) -> float:
     """Predicted seconds of a GEMM (``batch`` products of m × k by k × n, 16-bit or float32 operands,
     results of ``out_bytes`` bytes: float32, or 16-bit with ``out_dtype``) built as ``plan``: the waves,
     at least the compulsory DRAM traffic, and with ``split`` > 1 the partial products' round trip
-    (float32) and the second kernel that sums them."""
+    (float32) and the second kernel that sums them. ``operand_bytes``: the operands' DRAM reads when
+    not those of the two matrices (an implicit GEMM reads its input and filter once, not the m × k
+    matrix it gathers: 9 times the input for a 3×3 filter)."""
     hw = Hardware.of(target)
     written = 4 if split > 1 else out_bytes
-    reads = operand_traffic(m, n, -(-k // split), plan.itemsize, plan.bm, plan.bn, plan.group, hw.l2_bytes,
-                            batch * split)
+    reads = operand_bytes if operand_bytes is not None else \
+        operand_traffic(m, n, -(-k // split), plan.itemsize, plan.bm, plan.bn, plan.group, hw.l2_bytes, batch * split)
     dram = (reads + batch * m * n * written) / hw.dram_bytes_per_cycle
     if plan.streaming:
         dram /= stream_efficiency(plan, hw)
