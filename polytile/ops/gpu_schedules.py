@@ -519,12 +519,18 @@ def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, ite
     """The implicit GEMM's default schedule: the first of ``igemm_options``, unless it leaves
     ``igemm_kernel``'s tiles for a predicted gain under ``TILE_MARGIN`` (the model's tiles are
     calibrated on few measurements; most layers have been measured with those tiles): then the best
-    split of those tiles."""
+    of those tiles; and where the gather rate is modeled, a split only for a clear gain over the
+    best unsplit kernel of those tiles (``SPLIT_MARGIN``, as ``gemm_choice``'s: the second kernel's
+    cost is an estimate)."""
     options = igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
     tiles = igemm_kernel(target, M, C, K, R * S)[1]
     usual = [o for o in options if tiles and all(o.params[k] == tiles[k] for k in ("bm", "bn", "bk"))]
     if usual and options[0].seconds > TILE_MARGIN * usual[0].seconds:
-        return usual[0]
+        options = usual
+    unsplit = next((o for o in options if not o.rows and o.chunks == 1), None)
+    if Hardware.of(target).gather_bytes_per_cycle and unsplit is not None and \
+            options[0].seconds > SPLIT_MARGIN * unsplit.seconds:
+        return unsplit
     return options[0]
 
 
