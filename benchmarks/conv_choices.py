@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import shapes  # noqa: E402
 
 import polytile as pt  # noqa: E402
-from polytile.ops.gpu_schedules import IgemmChoice, igemm_options, igemm_schedule  # noqa: E402
+from polytile.ops.gpu_schedules import IgemmChoice, igemm_choice, igemm_options, igemm_schedule  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 
 
@@ -43,11 +43,14 @@ def geometry(w: shapes.Workload) -> tuple[int, ...]:
 
 
 def candidates(target: object, w: shapes.Workload, top: int) -> list[tuple[str, IgemmChoice]]:
-    """(label, choice): the default, the model's next ``top`` − 1, and the choice without the gather rate."""
+    """(label, choice): the default (``igemm_choice``), the model's best ``top`` − 1 others, and the choice
+    without the gather rate."""
     N, H, W, C, K, R, S, st, pad = geometry(w)
     M = N * ((H + 2 * pad - R) // st + 1) * ((W + 2 * pad - S) // st + 1)
     out_bytes = 2 if w.half_out else 4
-    ranked = igemm_options(target, M, C, K, R, S, 2, N * H * W, out_bytes)  # type: ignore[arg-type]
+    default = igemm_choice(target, M, C, K, R, S, 2, N * H * W, out_bytes)  # type: ignore[arg-type]
+    ranked = [default] + [c for c in igemm_options(target, M, C, K, R, S, 2, N * H * W, out_bytes)  # type: ignore[arg-type]
+                          if c != default]
     before = dataclasses.replace(target, extra={**target.extra, "gather_bytes_per_cycle": 0})  # type: ignore[type-var]
     old = igemm_options(before, M, C, K, R, S, 2)[0]
     out = [("default", ranked[0])] + [(f"model#{i + 1}", c) for i, c in enumerate(ranked[1:top])]

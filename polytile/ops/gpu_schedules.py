@@ -32,6 +32,7 @@ from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 from ..tune.analytical import (
+    LOADED_LATENCY,
     WARP_FLOPS,
     BlockPlan,
     Hardware,
@@ -457,9 +458,13 @@ def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
     """The block tiles ``igemm_choice`` weighs for an implicit GEMM of M pixels, C channels and K
     filters on ``kernel``: for warpgroup MMA 128 or 64 rows × 128 or 64 filters (tiles no taller or
     wider than the matrix needs: 96→160 channels in 2 tiles of 128 filters rather than 3 of 64,
-    each of which gathers the same input tile again); for mma.sync 128×128, 64×64 and 64×32 (24 to 48
-    filters leave 64-wide tiles half empty), in K tiles of 32 channels, or of 16 where the channels
-    are an odd multiple of 16 (48: 32-channel tiles would copy and multiply a third zeros)."""
+    each of which gathers the same input tile again); for mma.sync ``igemm_kernel``'s tiles in K
+    tiles of 32 channels, or of 16 where the channels are an odd multiple of 16 (48: 32-channel
+    tiles would copy and multiply a third zeros, and no split into channel chunks is whole).
+    Measured on an H200 (``benchmarks/conv_choices.py``, 2026-11-28): 48→72 channels, 5×5 stride 2
+    on 2×64×64, 64×64 tiles: 25.1 µs unsplit in K tiles of 32, 13.7 µs in tiles of 16 split over
+    the filter rows (cuDNN 12.3); 128×128 tiles 16.3 µs; MobileNet-v2's 1×1 144→24 at batch 32:
+    38.5 µs in K tiles of 32, 41.8 in tiles of 16, 64×32 tiles no faster."""
     out = []
     if kernel == "wgmma":
         for bm in (128, 64):
@@ -469,12 +474,7 @@ def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
                 out.append(dict(bm=bm, bn=bn, bk=64, stages=4, inflight=1))
         return out
     bks = [MMA_K] if C <= MMA_K else [32, MMA_K] if C % 32 == MMA_K else [32]
-    for bm, bn, wm, wn in ((128, 128, 64, 64), (64, 64, 32, 32), (64, 32, 32, 32)):
-        if (bn > 64 and K <= 64) or (bn < 64 and K > 48):
-            continue
-        for bk in bks:
-            out.append(dict(bm=bm, bn=bn, wm=wm, wn=wn, bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1))
-    return out
+    return [dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K)) for bk in bks]
 
 
 def _no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
@@ -575,9 +575,19 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
             if resident == 0:
                 continue
             tiles = -(-M // bm) * -(-K // bn)
-            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
-                             lookahead=lookahead if modeled else 0, gathered=bm * bk * itemsize if modeled else 0)
             reads = (C * (pixels or M) + R * S * C * K) * itemsize if modeled else None
+            latency = 0.0
+            if modeled:
+                # a K tile's loads wait for the L2 where input and filter fit in half of it (the gather
+                # reads each input pixel once per tap), else for DRAM; the copies run lookahead tiles
+                # ahead; a step is no shorter than a thread's gathered copies (gather_copy_cycles)
+                wait = hw.l2_latency if reads <= hw.l2_bytes / 2 else hw.dram_latency
+                tile_bytes = (bm + bn) * bk * itemsize
+                copies = -(-bm * bk * itemsize // (16 * cfg.threads))  # type: ignore[attr-defined]
+                latency = max((LOADED_LATENCY * wait + tile_bytes / hw.sm_l2_bytes_per_cycle) / lookahead,
+                              copies * hw.gather_copy_cycles)
+            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
+                             step_latency=latency, gathered=bm * bk * itemsize if modeled else 0)
             t = gemm_seconds(plan, target, M, K, R * S * C, 1, split, out_bytes if modeled else 4, reads)
             options.append(IgemmChoice(kernel, params if split > 1 else chosen, rows, chunks, t))
     if not options:
@@ -604,8 +614,8 @@ MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 # bf16 77 µs in 16 chunks, 38 in 32, 30 in 64 (torch 24); 1×3001×2999 fp16 98 µs in 16, 33 in 64
 # (torch 16); 4×1000×1999 fp16 27 µs in 16, 16 in 48; staged GEMVs of aligned rows within ±5%
 GEMV_MAX_SPLIT = 64
-# other implicit-GEMM tiles than ``igemm_kernel``'s are chosen when predicted at least 10% faster
-TILE_MARGIN = 0.9
+# other implicit-GEMM tiles than ``igemm_kernel``'s are chosen when predicted at least 15% faster
+TILE_MARGIN = 0.85
 SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
 # a K step of the direct GEMV (B's loads straight into registers, not pipelined), in idle DRAM latencies:
 # fitted to the H100's direct GEMVs of odd N (2 to 4 µs a step, 8 or 16 rows, 1 to 16 chunks: it picks

@@ -92,6 +92,9 @@ from .space import TuneError
 # µs a K step for 128×64 and for 128×128 tiles, one block per SM; two 128×64 blocks on an SM (2
 # channel chunks) took as long as one after the other (50.3 µs against 45.9 unsplit); its 3×3 64→64
 # on 56×56 (784 blocks of 128×64, 2 per SM, 9 K steps) 31.6 µs, as 16 KiB / 14 B a cycle predicts.
+# gather_copy_cycles: one thread's gathered 16-byte copy in a K step (its dependent address
+# arithmetic): a K step of a block is no shorter than its threads' copies (each copies 4 in the wgmma
+# tiles: 954 cycles a step measured for 64×64 tiles of ResNet-50's 3×3 512→512 at batch 1, unsplit).
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
                   dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=128),
@@ -101,7 +104,8 @@ ARCH_FACTS: dict[str, dict[str, float]] = {
                   dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
                   dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256,
-                  wgmma_flops=4096, wgmma_latency=128, gather_bytes_per_cycle=14),
+                  wgmma_flops=4096, wgmma_latency=128, gather_bytes_per_cycle=14,
+                  gather_copy_cycles=240),
 }
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
@@ -137,6 +141,7 @@ class Hardware:
     wgmma_flops: float = 0.0
     wgmma_latency: float = 0.0
     gather_bytes_per_cycle: float = 0.0  # an implicit GEMM's gathered operand per SM (0: not modeled)
+    gather_copy_cycles: float = 0.0  # one thread's gathered 16-byte copy, in its K step's critical path
 
     @staticmethod
     def of(target: CUDATarget) -> Hardware:
@@ -165,7 +170,8 @@ class Hardware:
                 l2_latency=facts["l2_latency"], dram_latency=facts["dram_latency"],
                 shared_latency=facts["shared_latency"], wgmma_flops=facts.get("wgmma_flops", 0.0),
                 wgmma_latency=facts.get("wgmma_latency", 0.0),
-                gather_bytes_per_cycle=facts.get("gather_bytes_per_cycle", 0.0))
+                gather_bytes_per_cycle=facts.get("gather_bytes_per_cycle", 0.0),
+                gather_copy_cycles=facts.get("gather_copy_cycles", 0.0))
         return hw
 
 

@@ -668,12 +668,20 @@ def test_implicit_gemm_reads_its_input_not_the_gathered_matrix():
     assert seconds[(128, 64, False, 1)] < 40e-6
 
 
-def test_implicit_gemm_filter_tiles_follow_the_filter_count():
-    # 96 → 160 channels on 45×45 (off-suite, 0.38× cuDNN on an H200 with 3 tiles of 64 filters,
-    # the last half empty, each gathering the same input tile): 2 tiles of 128 filters
+def test_implicit_gemm_tiles_follow_the_channel_and_filter_counts():
+    # measured on an H200 (benchmarks/conv_choices.py, 2026-11-28): 96 → 160 channels on 45×45 in 3
+    # tiles of 64 filters (the last half empty, each gathering the same input tile) 41.5 µs, in 2
+    # tiles of 128 25.8 (cuDNN 15.9); 48 → 72, 5×5 stride 2 on mma.sync: K tiles of 32 (a third
+    # zeros, no whole channel chunks) unsplit 25.1 µs, K tiles of 16 split over the filter rows 13.7
+    # (cuDNN 12.3); ResNet-50's 3×3 128→128 on 28×28 at batch 1: 6 chunks (3 K steps each) 11.5 µs,
+    # 3 chunks 13.4 — the loads of these L2-resident operands wait for the L2, not DRAM
     from polytile.ops.gpu_schedules import igemm_choice
-    choice = igemm_choice(SM90A, 3 * 45 * 45, 96, 160, 3, 3, 2)
+    choice = igemm_choice(SM90A, 3 * 45 * 45, 96, 160, 3, 3, 2, 3 * 45 * 45, 2)
     assert choice.kernel == "wgmma" and choice.params["bn"] == 128
+    choice = igemm_choice(SM90A, 2 * 32 * 32, 48, 72, 5, 5, 2, 2 * 64 * 64, 2)
+    assert (choice.kernel, choice.params["bk"], choice.rows, choice.chunks) == ("mma", 16, True, 1)
+    choice = igemm_choice(SM90A, 784, 128, 128, 3, 3, 2, 784, 2)
+    assert (choice.rows, choice.chunks) == (True, 2)
 
 
 @needs_nvcc
