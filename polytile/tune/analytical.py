@@ -91,7 +91,8 @@ from .space import TuneError
 # Measured on an H100 (ResNet-50's 3×3 512→512 on 7×7 at batch 32, lead's probe 2026-11-28): 0.62
 # µs a K step for 128×64 and for 128×128 tiles, one block per SM; two 128×64 blocks on an SM (2
 # channel chunks) took as long as one after the other (50.3 µs against 45.9 unsplit); its 3×3 64→64
-# on 56×56 (784 blocks of 128×64, 2 per SM, 9 K steps) 31.6 µs, as 16 KiB / 14 B a cycle predicts.
+# on 56×56 (784 blocks of 128×64, 2 per SM, 9 K steps) 31.6 µs, as 16 KiB / 14 B a cycle gives for
+# its 53.5 block-steps per SM (the whole model, with its overlap and DRAM terms: 35.8 µs).
 # gather_copy_cycles: one thread's gathered 16-byte copy in a K step (its dependent address
 # arithmetic): a K step of a block is no shorter than its threads' copies (each copies 4 in the wgmma
 # tiles: 954 cycles a step measured for 64×64 tiles of ResNet-50's 3×3 512→512 at batch 1, unsplit).
@@ -522,7 +523,6 @@ class BlockPlan:
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
     step_latency: float = 0.0  # cycles a K step waits for its loads, when not the pipeline's (0: from stages)
     group: int = 1  # rows of blocks launched together (``raster_group``; 1: row by row)
-    lookahead: int = 0  # K tiles the copies run ahead (0: stages − 1; wgmma: stages − 1 − groups in flight)
     gathered: int = 0  # bytes of its K tile a block gathers (an implicit GEMM's input tile; 0: none)
 
 
@@ -530,16 +530,16 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     """Cycles of the kernel by wave quantization: the tiles run in waves of SMs × resident blocks. A
     K step takes the longest of the products of the blocks resident on an SM (on the CUDA cores
     bounded by their warps' issue rate too), their operand loads through the SM's L2 port, and one
-    tile's loaded memory latency and transfer spread over the tiles loaded ahead (which the resident
-    blocks overlap), and where the target's rate is known the gathered operand tiles of an implicit
-    GEMM (``Hardware.gather_bytes_per_cycle``: its copies' address arithmetic, which the resident
-    blocks do not overlap); a last, partial wave holds fewer blocks per SM.
+    tile's loaded memory latency and transfer spread over the stages in flight (which the resident
+    blocks overlap; or the plan's ``step_latency``), and where the target's rate is known the
+    gathered operand tiles of an implicit GEMM (``Hardware.gather_bytes_per_cycle``: its copies'
+    address arithmetic, which the resident blocks do not overlap); a last, partial wave holds fewer
+    blocks per SM.
     Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
     tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
     flops = 2.0 * plan.bm * plan.bn * plan.bk
     latency = plan.step_latency or \
-        (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / \
-        max(1, plan.lookahead or plan.stages - 1)
+        (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
     gather = plan.gathered / hw.gather_bytes_per_cycle if plan.gathered and hw.gather_bytes_per_cycle else 0.0
 
     def step(blocks: int) -> float:
