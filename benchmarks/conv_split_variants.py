@@ -1,5 +1,5 @@
 """Split reductions of implicit-GEMM convolutions on the GPU (issue 15): for convolutions whose output
-tiles leave most SMs idle (ResNet-50's late layers at batch 1), the default (``gpu_schedules.igemm_split``'s
+tiles leave most SMs idle (ResNet-50's late layers at batch 1), the default (``gpu_schedules.igemm_choice``'s
 choice) beside every split it considers — one chunk per filter row and/or equal channel chunks —
 and torch (cuDNN), in the same process; each checked against a float64 torch reference and timed
 with CUDA events after an L2 flush. The measurements calibrate the choice.
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import igemm_kernel, igemm_split, igemm_split_schedule, igemm_splits  # noqa: E402
+from polytile.ops.gpu_schedules import igemm_choice, igemm_kernel, igemm_split_schedule, igemm_splits  # noqa: E402
 from polytile.ops.igemm import conv2d_igemm_split_func  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 
@@ -56,7 +56,8 @@ def main() -> int:
         P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
         op = ops.conv2d_igemm(*dims)
         kernel, params = igemm_kernel(target, N * P * Q, C, K, R * S)
-        choice = igemm_split(target, kernel, params, N * P * Q, K, C, R, S, 2)
+        chosen = igemm_choice(target, N * P * Q, C, K, R, S, 2)
+        choice = (chosen.rows, chosen.chunks)
         g = torch.Generator(device="cuda").manual_seed(len(rows) + 1)
         x = torch.rand((N, H, W, C), device="cuda", generator=g).half() - 0.5
         w = torch.rand((R, S, C, K), device="cuda", generator=g).half() - 0.5

@@ -82,7 +82,20 @@ from .space import TuneError
 # fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at 1.83 GHz); wgmma_latency:
 # cycles from issuing a K tile's group to its completion (approximate: microbenchmarks of
 # wgmma.m64nNk16 report on the order of a hundred cycles). Archs without the wgmma facts have no
-# warpgroup MMA (``Hardware.wgmma_flops`` is 0).
+# warpgroup MMA (``Hardware.wgmma_flops`` is 0). gather_bytes_per_cycle: the operand bytes one SM
+# gathers per cycle for an implicit GEMM (``wave_cycles``); archs without it are not modeled so.
+# sm_90: each zero-filling 16-byte copy of a gathered pixel's channels costs its thread the pixel's
+# and tap's address arithmetic and bounds tests — 250 to 290 instructions per warp per K step of
+# 128×64, 128×128 and 64×64 wgmma tiles in their SASS, at about 2 instructions per cycle per SM —
+# so a 128-row tile of 64 channels (16 KiB) takes ~1,200 cycles of an SM whatever the filter tile.
+# Measured on an H100 (ResNet-50's 3×3 512→512 on 7×7 at batch 32, lead's probe 2026-11-28): 0.62
+# µs a K step for 128×64 and for 128×128 tiles, one block per SM; two 128×64 blocks on an SM (2
+# channel chunks) took as long as one after the other (50.3 µs against 45.9 unsplit); its 3×3 64→64
+# on 56×56 (784 blocks of 128×64, 2 per SM, 9 K steps) 31.6 µs, as 16 KiB / 14 B a cycle gives for
+# its 53.5 block-steps per SM (the whole model, with its overlap and DRAM terms: 35.8 µs).
+# gather_copy_cycles: one thread's gathered 16-byte copy in a K step (its dependent address
+# arithmetic): a K step of a block is no shorter than its threads' copies (each copies 4 in the wgmma
+# tiles: 954 cycles a step measured for 64×64 tiles of ResNet-50's 3×3 512→512 at batch 1, unsplit).
 ARCH_FACTS: dict[str, dict[str, float]] = {
     "sm_80": dict(mma_flops=2048, l2_bytes_per_cycle=3400, sm_l2_bytes_per_cycle=64, l2_latency=260,
                   dram_latency=560, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=128),
@@ -92,7 +105,8 @@ ARCH_FACTS: dict[str, dict[str, float]] = {
                   dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
                   dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256,
-                  wgmma_flops=4096, wgmma_latency=128),
+                  wgmma_flops=4096, wgmma_latency=128, gather_bytes_per_cycle=14,
+                  gather_copy_cycles=240),
 }
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
@@ -127,6 +141,8 @@ class Hardware:
     shared_latency: float
     wgmma_flops: float = 0.0
     wgmma_latency: float = 0.0
+    gather_bytes_per_cycle: float = 0.0  # an implicit GEMM's gathered operand per SM (0: not modeled)
+    gather_copy_cycles: float = 0.0  # one thread's gathered 16-byte copy, in its K step's critical path
 
     @staticmethod
     def of(target: CUDATarget) -> Hardware:
@@ -154,7 +170,9 @@ class Hardware:
                 dram_bytes_per_cycle=target.dram_bandwidth / target.clock_hz, l2_bytes=target.l2_bytes,
                 l2_latency=facts["l2_latency"], dram_latency=facts["dram_latency"],
                 shared_latency=facts["shared_latency"], wgmma_flops=facts.get("wgmma_flops", 0.0),
-                wgmma_latency=facts.get("wgmma_latency", 0.0))
+                wgmma_latency=facts.get("wgmma_latency", 0.0),
+                gather_bytes_per_cycle=facts.get("gather_bytes_per_cycle", 0.0),
+                gather_copy_cycles=facts.get("gather_copy_cycles", 0.0))
         return hw
 
 
@@ -505,6 +523,7 @@ class BlockPlan:
     streaming: bool = False  # B streamed once by every warp's own copies (GEMV): bandwidth needs warps
     step_latency: float = 0.0  # cycles a K step waits for its loads, when not the pipeline's (0: from stages)
     group: int = 1  # rows of blocks launched together (``raster_group``; 1: row by row)
+    gathered: int = 0  # bytes of its K tile a block gathers (an implicit GEMM's input tile; 0: none)
 
 
 def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
@@ -512,19 +531,23 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
     K step takes the longest of the products of the blocks resident on an SM (on the CUDA cores
     bounded by their warps' issue rate too), their operand loads through the SM's L2 port, and one
     tile's loaded memory latency and transfer spread over the stages in flight (which the resident
-    blocks overlap); a last, partial wave holds fewer blocks per SM.
+    blocks overlap; or the plan's ``step_latency``), and where the target's rate is known the
+    gathered operand tiles of an implicit GEMM (``Hardware.gather_bytes_per_cycle``: its copies'
+    address arithmetic, which the resident blocks do not overlap); a last, partial wave holds fewer
+    blocks per SM.
     Memory-bound kernels are floored by DRAM separately (``gemm_seconds``)."""
     tile_bytes = (plan.bm + plan.bn) * plan.bk * plan.itemsize
     flops = 2.0 * plan.bm * plan.bn * plan.bk
     latency = plan.step_latency or \
         (LOADED_LATENCY * hw.dram_latency + tile_bytes / hw.sm_l2_bytes_per_cycle) / max(1, plan.stages - 1)
+    gather = plan.gathered / hw.gather_bytes_per_cycle if plan.gathered and hw.gather_bytes_per_cycle else 0.0
 
     def step(blocks: int) -> float:
         """One K step of ``blocks`` blocks resident on one SM."""
         rate = plan.flops_per_cycle
         if plan.warps:  # CUDA cores: each warp issues at most one FMA per cycle, half of them in practice
             rate = min(rate, (plan.warp_flops or WARP_FLOPS) * plan.warps * blocks)
-        return max(blocks * flops / rate, blocks * tile_bytes / hw.sm_l2_bytes_per_cycle, latency)
+        return max(blocks * flops / rate, blocks * tile_bytes / hw.sm_l2_bytes_per_cycle, blocks * gather, latency)
 
     per_wave = hw.sms * plan.resident
     full, rest = divmod(plan.tiles, per_wave)
@@ -535,15 +558,17 @@ def wave_cycles(plan: BlockPlan, hw: Hardware) -> float:
 
 
 def gemm_seconds(plan: BlockPlan, target: CUDATarget, m: int, n: int, k: int, batch: int = 1,
-                 split: int = 1, out_bytes: int = 4) -> float:
+                 split: int = 1, out_bytes: int = 4, operand_bytes: float | None = None) -> float:
     """Predicted seconds of a GEMM (``batch`` products of m × k by k × n, 16-bit or float32 operands,
     results of ``out_bytes`` bytes: float32, or 16-bit with ``out_dtype``) built as ``plan``: the waves,
     at least the compulsory DRAM traffic, and with ``split`` > 1 the partial products' round trip
-    (float32) and the second kernel that sums them."""
+    (float32) and the second kernel that sums them. ``operand_bytes``: the operands' DRAM reads when
+    not those of the two matrices (an implicit GEMM reads its input and filter once, not the m × k
+    matrix it gathers: 9 times the input for a 3×3 filter)."""
     hw = Hardware.of(target)
     written = 4 if split > 1 else out_bytes
-    reads = operand_traffic(m, n, -(-k // split), plan.itemsize, plan.bm, plan.bn, plan.group, hw.l2_bytes,
-                            batch * split)
+    reads = operand_bytes if operand_bytes is not None else \
+        operand_traffic(m, n, -(-k // split), plan.itemsize, plan.bm, plan.bn, plan.group, hw.l2_bytes, batch * split)
     dram = (reads + batch * m * n * written) / hw.dram_bytes_per_cycle
     if plan.streaming:
         dram /= stream_efficiency(plan, hw)

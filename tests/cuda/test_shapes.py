@@ -631,19 +631,57 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
     # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
     # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
     # 16 SMs splits less
-    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split
+    from polytile.ops.gpu_schedules import igemm_choice
 
     def split(target, N, H, C, K, R):
-        M = N * H * H
-        kernel, params = igemm_kernel(target, M, C, K, R * R)
-        rows, chunks = igemm_split(target, kernel, params, M, K, C, R, R, 2)
-        return (R if rows else 1) * chunks
+        c = igemm_choice(target, N * H * H, C, K, R, R, 2)
+        return (R if c.rows else 1) * c.chunks
     assert split(SM90A, 1, 7, 512, 512, 3) >= 8
     assert split(SM90A, 32, 56, 64, 256, 1) == 1
-    assert split(SM90A, 32, 7, 512, 512, 3) == 1  # 104 tiles: 2 chunks measured 50 µs, unsplit 46
     assert split(dataclasses.replace(SM90A, sms=16), 1, 7, 512, 512, 3) < split(SM90A, 1, 7, 512, 512, 3)
     sched = ops.conv2d_igemm(1, 7, 7, 512, 512, 3, 3, 1, 1).schedule(SM90A)
     assert sched.stage_names() == ["P", "O"]
+
+
+def test_implicit_gemm_model_counts_the_gathered_tiles():
+    # ResNet-50's 3×3 512→512 on 7×7 at batch 32, measured on an H100 (lead's probe, 2026-11-28):
+    # 128×64 tiles 45.9 µs unsplit, 50.3 in 2 channel chunks (two blocks an SM: their gathered input
+    # tiles do not overlap), 128×128 tiles in 2 chunks 32.7 (cuDNN 20.4). The model without the
+    # gather rate ranked 2 chunks of 128×64 first (25 µs against 30 unsplit) and never weighed 128×128
+    from polytile.ops.gpu_schedules import igemm_choice, igemm_options
+    seconds = {(o.params["bm"], o.params["bn"], o.rows, o.chunks): o.seconds
+               for o in igemm_options(SM90A, 1568, 512, 512, 3, 3, 2)}
+    assert seconds[(128, 128, False, 2)] < seconds[(128, 64, False, 1)] < seconds[(128, 64, False, 2)]
+    choice = igemm_choice(SM90A, 1568, 512, 512, 3, 3, 2)
+    assert (choice.params["bm"], choice.params["bn"], choice.rows, choice.chunks) == (128, 128, False, 2)
+    # a target without the gather rate keeps the tiles of igemm_kernel and splits only few tiles
+    sm80 = igemm_choice(SM80, 1568, 512, 512, 3, 3, 2)
+    assert (sm80.params["bm"], sm80.params["bn"], sm80.rows, sm80.chunks) == (64, 64, False, 1)
+
+
+def test_implicit_gemm_reads_its_input_not_the_gathered_matrix():
+    # ResNet-50's 3×3 64→64 on 56×56 at batch 32 in 128×64 tiles took 31.6 µs on an H100: the
+    # model's DRAM floor counted the gathered 100352 × 576 matrix (115 MB, 9 times the input: 45 µs)
+    from polytile.ops.gpu_schedules import igemm_options
+    seconds = {(o.params["bm"], o.params["bn"], o.rows, o.chunks): o.seconds
+               for o in igemm_options(SM90A, 100352, 64, 64, 3, 3, 2, 100352, 2)}
+    assert seconds[(128, 64, False, 1)] < 40e-6
+
+
+def test_implicit_gemm_tiles_follow_the_channel_and_filter_counts():
+    # measured on an H200 (benchmarks/conv_choices.py, 2026-11-28): 96 → 160 channels on 45×45 in 3
+    # tiles of 64 filters (the last half empty, each gathering the same input tile) 41.5 µs, in 2
+    # tiles of 128 25.8 (cuDNN 15.9); 48 → 72, 5×5 stride 2 on mma.sync: K tiles of 32 (a third
+    # zeros, no whole channel chunks) unsplit 25.1 µs, K tiles of 16 split over the filter rows 13.7
+    # (cuDNN 12.3); ResNet-50's 3×3 128→128 on 28×28 at batch 1: 6 chunks (3 K steps each) 11.5 µs,
+    # 3 chunks 13.4 — the loads of these L2-resident operands wait for the L2, not DRAM
+    from polytile.ops.gpu_schedules import igemm_choice
+    choice = igemm_choice(SM90A, 3 * 45 * 45, 96, 160, 3, 3, 2, 3 * 45 * 45, 2)
+    assert choice.kernel == "wgmma" and choice.params["bn"] == 128
+    choice = igemm_choice(SM90A, 2 * 32 * 32, 48, 72, 5, 5, 2, 2 * 64 * 64, 2)
+    assert (choice.kernel, choice.params["bk"], choice.rows, choice.chunks) == ("mma", 16, True, 1)
+    choice = igemm_choice(SM90A, 784, 128, 128, 3, 3, 2, 784, 2)
+    assert (choice.rows, choice.chunks) == (True, 2)
 
 
 @needs_nvcc
@@ -652,9 +690,9 @@ def test_one_by_one_convolutions_of_few_channels_build(C):
     # MobileNet-v2's expansion (1×1, 16 → 96 on 112×112) failed to build: fewer channels than a K
     # tile left the split choice no option at all (not even "no split"); fp16 on the GPU (lead's run
     # of 8dc97fc, 2026-11-28)
-    from polytile.ops.gpu_schedules import igemm_split
-    mma = dict(bm=64, bn=64, bk=32, wm=32, wn=32, stages=1, reg_stages=2)
-    assert igemm_split(SM90A, "mma", mma, 12544, 96, C, 1, 1, 2) == (False, 1)
+    from polytile.ops.gpu_schedules import igemm_choice
+    choice = igemm_choice(SM90A, 12544, C, 96, 1, 1, 2)
+    assert (choice.rows, choice.chunks) == (False, 1)
     kern = ops.conv2d_igemm(1, 112, 112, C, 96, 1, 1).build(SM90A)
     assert all(kern.resources[k.name].stack_bytes == 0 for k in kern.kernels)
 

@@ -124,6 +124,33 @@ def test_conv_split_reduction(dims, split):
     assert _err(kern(x, w), _conv_nhwc_ref(x, w, stride, pad)) <= op.tolerance
 
 
+CHOICES = [(32, 7, 7, 512, 512, 3, 3, 1, 1),   # ResNet-50 l4 at batch 32: 128×128 tiles in 2 channel chunks
+           (3, 45, 45, 96, 160, 3, 3, 1, 1),  # 96 → 160: 128-wide filter tiles, half a K tile of zeros
+           (2, 64, 64, 48, 72, 5, 5, 2, 2),   # 48 → 72, 5×5 stride 2 (mma.sync): K tiles of 16
+           (3, 13, 11, 96, 136, 3, 3, 1, 1),  # odd map, filters off the 128-wide tiles
+           (2, 9, 7, 48, 40, 3, 3, 2, 1),     # 40 filters (32-wide tiles), 48 channels, stride 2
+           (4, 15, 15, 320, 200, 3, 3, 1, 1)]  # channels and filters off the tiles, several splits
+
+
+@pytest.mark.parametrize("dims", CHOICES, ids=["l4-n32", "c96-k160", "c48-k72-5x5s2", "c96-k136-odd", "c48-k40",
+                                               "c320-k200"])
+def test_conv_model_choices(dims):
+    # the default and the model's next two choices of tiles and split (igemm_options), each against
+    # float64: the tiles and splits the gather-rate model may pick elsewhere
+    from polytile.ops.gpu_schedules import igemm_options, igemm_schedule
+    from polytile.target import as_target
+    N, H, W, C, K, R, S, stride, pad = dims
+    op = ops.conv2d_igemm(*dims)
+    x, w = _inputs(op, sum(dims))
+    ref = _conv_nhwc_ref(x, w, stride, pad)
+    assert _err(op.build("cuda")(x, w), ref) <= op.tolerance
+    P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
+    for choice in igemm_options(as_target("cuda"), N * P * Q, C, K, R, S, 2)[1:3]:
+        sched = pt.Schedule(op.func)
+        kern = pt.build(igemm_schedule(sched, as_target("cuda"), choice, *dims) or sched, "cuda")
+        assert _err(kern(x, w), ref) <= op.tolerance, choice
+
+
 NARROW = [(3, 17, 19, 16, 24, 3, 3, 2, 1),    # 16 channels (K tiles of 16), 24 filters (32-wide tiles)
           (2, 15, 13, 144, 24, 1, 1, 1, 0),  # MobileNet-v2's projection, off the tiles
           (2, 21, 19, 16, 96, 1, 1, 1, 0)]   # its expansion
