@@ -1,8 +1,8 @@
 """Whole tiles: register products over constant loops without tests at the tensors' edges.
 
 A computation whose accumulator is a whole register tile (``cache_write(..., loc="local",
-whole=...)``) and whose operands come from whole shared tiles (``cache(..., whole=...)``: zeros past
-the tensors' ends) may compute its partial tiles whole: the extra products add zeros along the
+whole=...)``) and whose operands come from whole shared or register tiles (``cache(..., whole=...)``:
+zeros past the tensors' ends; the GEMV loads B straight into registers) may compute its partial tiles whole: the extra products add zeros along the
 reduction and fill accumulator elements past the tensor's end, which the write-back (with its own
 bounds test) leaves out. isl cuts the partial tiles exactly, with tests of many disjuncts around
 each product and loops of variable bounds (the register tile then cannot be indexed by constants);
@@ -63,7 +63,7 @@ class _Region:
             return False
         for ld in loads:
             name, scope = ld.buffer.name, ld.buffer.scope
-            if scope == "shared" and name in self.whole_reads:
+            if scope in ("shared", "local") and name in self.whole_reads:
                 continue
             if scope == "local" and (name in self.whole_writes or name in written):
                 continue
