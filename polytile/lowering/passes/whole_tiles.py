@@ -2,15 +2,15 @@
 
 A computation whose accumulator is a whole register tile (``cache_write(..., loc="local",
 whole=...)``) and whose operands come from whole shared or register tiles (``cache(..., whole=...)``:
-zeros past the tensors' ends; the GEMV loads B straight into registers) may compute its partial tiles whole: the extra products add zeros along the
-reduction and fill accumulator elements past the tensor's end, which the write-back (with its own
-bounds test) leaves out. isl cuts the partial tiles exactly, with tests of many disjuncts around
-each product and loops of variable bounds (the register tile then cannot be indexed by constants);
-this pass gives such regions back their full ranges, as ``tensorize`` does for the tensor cores.
+zeros past the tensors' ends; the GEMV loads B straight into registers) may compute its partial
+tiles whole: the extra products add zeros along the reduction and fill accumulator elements past the
+tensor's end, which the write-back (with its own bounds test) leaves out. isl cuts the partial tiles
+exactly, with tests of many disjuncts around each product and loops of variable bounds (the register
+tile then cannot be indexed by constants); this pass gives such regions back their full ranges, as ``tensorize`` does for the tensor cores.
 
-A region is a loop or test whose statements only write registers and only read whole shared tiles,
-the accumulator, and registers written in the region; each register buffer is written by one
-statement in the region, and an accumulation (a store that reads what it writes) by one statement
+A region is a loop or test whose statements only write registers and only read whole shared (or
+register) tiles, the accumulator, and registers written in the region; each register buffer is
+written by one statement in the region, and an accumulation (a store that reads what it writes) by one statement
 in the whole body (two copies of one statement, cut by isl for two parts of the domain, would both
 run over the whole range and add every product twice; copies of a copy store the same values).
 Its loops take their full constant ranges and its tests (with no else branch) go, when every
