@@ -5,9 +5,9 @@ float64 and timed after an L2 flush, torch in the same process (CUDA events, ran
   built in its own process; ``default``: this tree's.
 - Tensor-core GEMMs over a K without a good divisor (61×61×8191): fixed splits into chunks of whole
   K tiles besides (``S<chunks>x<length>/bk<K tile>``).
-- GEMVs of 8–16 rows (16×3002×1536, 12×2222×3333): ``default`` beside the tensor-core kernels the
-  model would pick for them (``wgmma``, ``mma``: the GEMV's row limit lifted), and mma.sync in 16-row
-  tiles (``mma16``: one m16n8k16 row of tiles, K split to fill the SMs).
+- GEMVs of 8–16 rows (16×3002×1536, 12×2222×3333): ``default`` beside given splits (``split``) and
+  the tensor-core kernels the model would pick for them (``wgmma``, ``mma``: the GEMV's row limit
+  lifted), and mma.sync in 16-row tiles (``mma16``: one m16n8k16 row of tiles, K split to fill the SMs).
 - Other shapes of the suite and off it (a batched GEMV: decoding attention), to catch regressions.
 
 Usage: python benchmarks/split_variants.py OUT.json [--only 61x61] (SV_TARGET=cuda:sm_90a: builds
@@ -38,9 +38,13 @@ def jobs(only: str) -> list[tuple]:
     for sh in SPLIT:
         out += [(sh, "before", None), (sh, "default", None)]
         out += [(sh, "fixed", f) for f in FIXED.get(sh, [])]
+        if sh[0] == 0 and sh[1] < 100:
+            out += [(sh, "mma", None)]
     for sh in GEMV:
         out += [(sh, "before", None), (sh, "default", None)]
         if sh[1] >= 8:
+            out += [(sh, "split", s) for s in (16, 24, 32, 64)]
+        if sh[1] == 16:
             out += [(sh, "wgmma", None), (sh, "mma", None), (sh, "mma16", None)]
     return [j for j in out if not only or any(p in _name(j[0]) for p in only.split(","))]
 
@@ -85,9 +89,11 @@ def build(job):
                 g.sum_partials(sched, "C")
             name = f"S{S}x{chunk}/bk{choice.params['bk']}"
             return pt.build(sched, target), name, ""
+        split = fixed if mode == "split" else None
         op = (ops.batch_matmul(batch, M, N, K, dt, out_dtype=dt) if batch else
-              ops.matmul(M, N, K, dt, out_dtype=dt))
-        choice = g.gemm_choice(target, M, N, K, op.func.inputs[0].dtype, batch=max(1, batch), out_bytes=2)
+              ops.matmul(M, N, K, dt, out_dtype=dt, split_k=split))
+        choice = g.gemm_choice(target, M, N, K, op.func.inputs[0].dtype, batch=max(1, batch), split_k=split,
+                               out_bytes=2)
         name = f"{choice.kernel}:S{choice.split}" + (f"x{choice.chunk}" if getattr(choice, "chunk", 0) else "") + \
             f" {','.join(f'{k}={v}' for k, v in choice.params.items())}"
         return op.build(target), name, ""
