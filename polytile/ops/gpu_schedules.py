@@ -673,9 +673,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     of K predicted fastest on this GPU's SMs, shared memory and bandwidth. ``split_k`` fixes the
     split (1: none); batched products are not split. ``out_bytes``: the size of a result (4: float32;
     2: stored as float16 or bfloat16, ``out_dtype``).
-    Splits: chunks of one length (K's divisors; whole K tiles for the tensor and CUDA cores), or
-    where clearly faster, chunks of unequal length: ⌈K/S⌉ for the GEMV (which sums partial K tiles),
-    whole K tiles but the last for the tensor cores (``tile_chunks``, up to one chunk per SM)."""
+    Splits: chunks of one length (K's divisors leaving whole K tiles), or where clearly faster, chunks
+    of whole K tiles but the last, which ends at K (``tile_chunks``: up to ``GEMV_MAX_SPLIT`` for the
+    GEMV, one chunk per SM for the tensor cores; not on the CUDA cores). A given ``split_k`` of
+    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole)."""
     hw = Hardware.of(target)
     it = dtype.itemsize
     if M <= GEMV_ROWS:
