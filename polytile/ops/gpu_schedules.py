@@ -1,6 +1,7 @@
 """Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``);
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``),
+but 16 rows of 16-bit operands fill mma.sync's tile and run on it;
 otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``; its tiles loaded by TMA
 where the rows allow: ``tma_fits``), mma.sync where it has
 ``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types
@@ -668,8 +669,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                 split_k: int | None = None, out_bytes: int = 4) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
-    at most ``GEMV_ROWS`` rows, warpgroup MMA where the target has ``wgmma``, mma.sync where it has
-    ``mma.sync``, for their operand types; the CUDA cores otherwise), then the block tile and split
+    at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
+    MMA for more than 16 rows where the target has ``wgmma``, mma.sync where it has ``mma.sync``, for
+    their operand types; the CUDA cores otherwise), then the block tile and split
     of K predicted fastest on this GPU's SMs, shared memory and bandwidth. ``split_k`` fixes the
     split (1: none); batched products are not split. ``out_bytes``: the size of a result (4: float32;
     2: stored as float16 or bfloat16, ``out_dtype``).
@@ -679,11 +681,18 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole)."""
     hw = Hardware.of(target)
     it = dtype.itemsize
-    if M <= GEMV_ROWS:
+    mma_rows = MMA_M16N8K16.shape[0]
+    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
+    # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
+    # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
+    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
+    # keep the GEMV (its split; not measured on mma.sync)
+    if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         kernel, found = "gemv", _gemv_candidates(M, N, K, it, hw)
-    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target):
+    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
         kernel, found = "wgmma", _wgmma_candidates(M, N, K, it, hw)
-    elif dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync"):
+    elif tensor_cores:
         kernel, found = "mma", _mma_candidates(M, N, K, it, hw)
     else:
         kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
@@ -778,7 +787,8 @@ def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str
     if not _wgmma(target):
         raise ScheduleError(f"{target.name} ({target.arch}) has no warpgroup MMA (wgmma): its GEMMs take "
                             "mma.sync or the CUDA cores (gemm_choice)")
-    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1), N, K, float16, split_k=1).params)
+    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16,
+                            split_k=1).params)
 
 
 def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", "B"), granule: int = 16) -> list[str]:
