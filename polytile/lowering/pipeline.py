@@ -101,7 +101,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
                      if c.name not in {o.name for o in func.outputs} and folded_name(c.name) not in buffers]
     # without SIMD vectors (GPUs), a vectorized loop is unrolled: each thread keeps its elements in registers
     unrolled = ("unroll",) if target.has("simd") else ("unroll", "vectorize")
-    whole_reads = {c.name for c in sched.caches if c.whole and c.kind == "read" and c.loc == "shared"}
+    whole_reads = {c.name for c in sched.caches if c.whole and c.kind == "read" and c.loc in ("shared", "local")}
     whole_writes = {c.name for c in sched.caches if c.whole and c.kind == "write" and c.loc == "local"}
     rasters = {loop: st.raster for st in sched.states.values() if st.raster
                for loop, tag in st.tags.items() if tag == "blockIdx.y"}

@@ -1,6 +1,7 @@
 """Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``);
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``),
+but 16 rows of 16-bit operands fill mma.sync's tile and run on it;
 otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``; its tiles loaded by TMA
 where the rows allow: ``tma_fits``), mma.sync where it has
 ``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types
@@ -97,7 +98,8 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
 
 
 def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: int = 2, bk: int = 32,
-              stages: int = 4, batch: str | tuple[str, ...] | None = None, direct: bool = False) -> None:
+              stages: int = 4, batch: str | tuple[str, ...] | None = None, direct: bool = False,
+              whole: bool = False) -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` for a few rows (M ≤ ``GEMV_ROWS``: decoding, a
     matrix–vector product): memory-bound on B, which is streamed once through shared memory in
     ``bk`` × ``bn`` tiles (16-byte asynchronous copies, ``stages`` deep); each of the bn/vec threads
@@ -109,7 +111,14 @@ def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: 
     ``direct``: B goes straight from global memory to registers, each thread loading its ``bk`` rows ×
     ``vec`` columns of a K step at once (16-byte loads where ``vec`` 16-bit columns are 16 bytes and
     the rows aligned: ``combine_loads``), no shared tile and no barrier for B — the loads of many
-    warps in flight hide the memory latency instead of a pipeline."""
+    warps in flight hide the memory latency instead of a pipeline.
+
+    ``whole``: the accumulators are a whole register tile and the products run over constant loops
+    (``lowering/passes/whole_tiles.py``; B's tiles hold zeros past its rows and columns); the K tiles
+    must not cross into the next chunk of a split reduction (chunks of whole K tiles, or the last one
+    ending at K). Without it isl cuts a partial column tile exactly, into loops of variable bounds:
+    16×3002×1536 bf16 spent 5,200 instructions a K step on 1,024 FFMA, 554 of them branches (0.33× torch
+    on an H100); whole, 2,032 and 13."""
     if bn % vec or (bn // vec) % 32 and bn // vec > 32:
         raise ScheduleError(f"gemv_cuda: bn={bn} must be a multiple of vec={vec}, in whole warps (got "
                             f"{bn // vec} threads)")
@@ -127,11 +136,11 @@ def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: 
     lead_b = (1,) * (len(sched.func.tensor(b).shape) - 2)
     st.cache(a, "ko", loc="shared", name=f"{a}_shared", whole=(*lead_a, rows, bk))
     if direct:
-        st.cache(b, "ko", loc="local", name=f"{b}_local", whole=(*lead_b, 1, vec))
+        st.cache(b, "ko", loc="local", name=f"{b}_local", whole=(*lead_b, bk if whole else 1, vec))
     else:
         st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
         st.cache_identity(b, "ki", loc="local")
-    st.cache_write("tx", loc="local")
+    st.cache_write("tx", loc="local", whole=(1,) * len(sched.func.tensor(out).shape) if whole else ())
     st.unroll("ki").unroll("i").unroll("jv")
     if stages > 1:
         st.pipeline(f"{a}_shared", stages)
@@ -632,6 +641,7 @@ class GemmChoice:
     params: dict[str, int]
     split: int
     seconds: float
+    chunk: int = 0  # the length of each chunk of K but the last (0: ⌈K/split⌉)
 
 
 def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
@@ -732,41 +742,69 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
-def _splits(K: int, bk: int, whole_tiles: bool, even: bool = True, most: int = MAX_SPLIT) -> list[int]:
-    """Chunk counts of a split reduction, at most ``most``, leaving every chunk at least two K tiles:
-    divisors of K (each chunk the same length; whole K tiles for the tensor cores and the CUDA cores,
-    which compute whole tiles), or with ``even`` False the counts that do not divide K (chunks of
-    ⌈K/S⌉, the last one shorter and not empty), for the kernels of partial K tiles."""
-    if not even:
-        return [] if whole_tiles else [s for s in range(2, most + 1)
-                                       if K % s and -(-K // s) >= 2 * bk and (s - 1) * -(-K // s) < K]
-    return [s for s in range(1, most + 1)
-            if K % s == 0 and K // s >= 2 * bk and (s == 1 or not whole_tiles or (K // s) % bk == 0)]
+def tile_chunks(K: int, bk: int, most: int) -> list[tuple[int, int]]:
+    """Splits of a reduction into chunks of whole K tiles of ``bk``, the last chunk shorter, for the
+    kernels that compute whole K tiles (the tensor cores; the GEMV's whole register tiles): (chunks,
+    chunk length) for at most ``most`` chunks of at least two K tiles. Each chunk but the last is
+    ⌈T/S⌉ of the T = ⌈K/bk⌉ tiles; the last one ends at K, where the whole tiles read zeros past the
+    tensors' ends (61×61×8191, a prime K: one 64×64 tile and no divisor to split by, 0.30× torch
+    unsplit)."""
+    tiles = -(-K // bk)
+    out: dict[int, int] = {}
+    for split in range(2, most + 1):
+        per = -(-tiles // split)
+        count = -(-tiles // per)
+        if per >= 2 and count >= 2:
+            out.setdefault(count, per * bk)
+    return sorted(out.items())
+
+
+def _splits(K: int, bk: int, most: int = MAX_SPLIT) -> list[int]:
+    """Chunk counts of a split reduction into chunks of one length, at most ``most``: the divisors of
+    K that leave every chunk whole K tiles, at least two (every kernel computes whole K tiles)."""
+    return [s for s in range(1, most + 1) if K % s == 0 and K // s >= 2 * bk and (s == 1 or (K // s) % bk == 0)]
 
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
-    at most ``GEMV_ROWS`` rows, warpgroup MMA where the target has ``wgmma``, mma.sync where it has
-    ``mma.sync``, for their operand types; the CUDA cores otherwise), then the block tile and split
+    at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
+    MMA for more than 16 rows where the target has ``wgmma``, mma.sync where it has ``mma.sync``, for
+    their operand types; the CUDA cores otherwise), then the block tile and split
     of K predicted fastest on this GPU's SMs, shared memory and bandwidth. ``split_k`` fixes the
     split (1: none); batched products are not split. ``out_bytes``: the size of a result (4: float32;
-    2: stored as float16 or bfloat16, ``out_dtype``)."""
+    2: stored as float16 or bfloat16, ``out_dtype``).
+    Splits: chunks of one length (K's divisors leaving whole K tiles), or where clearly faster, chunks
+    of whole K tiles but the last, which ends at K (``tile_chunks``: up to ``GEMV_MAX_SPLIT`` for the
+    GEMV, one chunk per SM for the tensor cores; not on the CUDA cores). A given ``split_k`` of
+    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole)."""
     hw = Hardware.of(target)
     it = dtype.itemsize
-    if split_k and K % split_k and M > GEMV_ROWS:
-        raise ScheduleError(f"split_k={split_k} does not divide K={K}: chunks of unequal length are summed only "
-                            f"by the GEMV kernel (at most {GEMV_ROWS} rows); the tensor-core and CUDA-core kernels "
-                            "compute whole K tiles: take a divisor of K")
-    if M <= GEMV_ROWS:
+    mma_rows = MMA_M16N8K16.shape[0]
+    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
+    # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
+    # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
+    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
+    # keep the GEMV (its split; not measured on mma.sync)
+    if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         kernel, found = "gemv", _gemv_candidates(M, N, K, it, hw)
-    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target):
+    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
         kernel, found = "wgmma", _wgmma_candidates(M, N, K, it, hw)
-    elif dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync"):
+    elif tensor_cores:
         kernel, found = "mma", _mma_candidates(M, N, K, it, hw)
     else:
         kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
+    if split_k and K % split_k and kernel != "gemv":
+        # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
+        chunk = -(-K // split_k)
+        found = [(p, plan) for p, plan in found if kernel != "cuda" and chunk % plan.bk == 0]
+        if not found:
+            raise ScheduleError(f"split_k={split_k} does not divide K={K}: its chunks of ⌈K/split_k⌉ = {chunk} are "
+                                f"not whole K tiles of the {kernel} kernel (chunks of unequal length are summed by "
+                                f"the GEMV kernel, at most {GEMV_ROWS} rows, and by the tensor cores in whole K "
+                                "tiles); take a divisor of K, or leave split_k unset for the default's chunks")
     best: GemmChoice | None = None
     unsplit: GemmChoice | None = None
     uneven: GemmChoice | None = None
@@ -774,22 +812,26 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         if plan.resident == 0:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
-        whole = kernel in ("wgmma", "mma", "cuda")
         most = GEMV_MAX_SPLIT if kernel == "gemv" else MAX_SPLIT
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
-                  else _splits(K, plan.bk, whole, most=most) or [1])
-        more = [] if split_k or (batch > 1 and kernel != "gemv") else _splits(K, plan.bk, whole, even=False,
-                                                                                 most=most)
-        for split in splits + more:
-            chunk = -(-K // split)
+                  else _splits(K, plan.bk, most) or [1])
+        more: list[tuple[int, int]] = []
+        if not split_k and kernel != "cuda" and (batch == 1 or kernel == "gemv"):
+            # a GEMV's partial products are few rows: up to GEMV_MAX_SPLIT chunks; a tensor-core
+            # GEMM's up to a chunk per SM, the model weighing their round trip
+            more = [(s, c) for s, c in tile_chunks(K, plan.bk, most if kernel == "gemv" else hw.sms)
+                    if s not in splits]
+        for split, chunk in [(s, -(-K // s)) for s in splits] + more:
             group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk), group=group)
             t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             chosen = {**params, "group": group} if group > 1 else params
-            if split in more:
+            if kernel == "gemv":  # whole register tiles where no K tile crosses into the next chunk
+                chosen = {**params, "whole": split == 1 or chunk % plan.bk == 0}
+            if (split, chunk) in more:
                 if uneven is None or t < uneven.seconds:
-                    uneven = GemmChoice(kernel, chosen, split, t)
+                    uneven = GemmChoice(kernel, chosen, split, t, chunk if chunk != -(-K // split) else 0)
                 continue
             if best is None or t < best.seconds:
                 best = GemmChoice(kernel, chosen, split, t)
@@ -797,7 +839,8 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                 unsplit = GemmChoice(kernel, chosen, 1, t)
     if best is not None and uneven is not None and uneven.seconds < SPLIT_MARGIN * best.seconds:
         # chunks of unequal length (a GEMV over a prime K had no split and 17 blocks: 1×4097×4093 at
-        # 0.04× torch), only for a clear gain over the chunks of one length
+        # 0.04× torch; a tensor-core GEMM of one tile, 61×61×8191, 0.30×), only for a clear gain over
+        # the chunks of one length
         best = uneven
     if best is None:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
@@ -809,7 +852,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         chunk = K // best.split
         if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
             best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
-    if kernel == "wgmma" and tma_fits(best.params, M, N, K, it, batch, best.split):
+    if kernel == "wgmma" and not best.chunk and tma_fits(best.params, M, N, K, it, batch, best.split):
         best = replace(best, params={**best.params, "producer": "tma"})
     return best
 
@@ -844,7 +887,8 @@ def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str
     if not _wgmma(target):
         raise ScheduleError(f"{target.name} ({target.arch}) has no warpgroup MMA (wgmma): its GEMMs take "
                             "mma.sync or the CUDA cores (gemm_choice)")
-    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1), N, K, float16, split_k=1).params)
+    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16,
+                            split_k=1).params)
 
 
 def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", "B"), granule: int = 16) -> list[str]:
@@ -884,8 +928,8 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
     return _scheduled(choice, sched, split_k, None,
-                      lambda s: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
-                                            sched.func.tensor("C").dtype.name))
+                      lambda s, c: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
+                                               sched.func.tensor("C").dtype.name, c))
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
@@ -894,13 +938,13 @@ def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
     return _scheduled(choice, sched, split_k, "bb",
-                      lambda s: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
-                                                  sched.func.tensor("C").dtype.name))
+                      lambda s, c: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
+                                                     sched.func.tensor("C").dtype.name, c))
 
 
 def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,
-               split_func: Callable[[int], object]) -> Schedule | None:
-    """Apply ``choice`` to ``sched``, or to a schedule of the split algorithm ``split_func(chunks)``
+               split_func: Callable[[int, int | None], object]) -> Schedule | None:
+    """Apply ``choice`` to ``sched``, or to a schedule of the split algorithm ``split_func(chunks, length)``
     when the choice splits an algorithm that is not split (returned: it replaces ``sched``)."""
     if choice.split == 1:
         _gemm_schedule(choice, sched, "C", batch)
@@ -908,7 +952,7 @@ def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: 
     if batch and choice.kernel != "gemv":
         raise ScheduleError(f"a batched product's reduction is split only on the GEMV kernel (at most {GEMV_ROWS} "
                             f"rows); its {choice.kernel} kernel takes one batch loop: leave split_k unset")
-    split = sched if split_k else Schedule(split_func(choice.split))  # type: ignore[arg-type]
+    split = sched if split_k else Schedule(split_func(choice.split, choice.chunk or None))  # type: ignore[arg-type]
     _gemm_schedule(choice, split, "P", (batch, "s") if batch else "s")  # type: ignore[arg-type]
     sum_partials(split, "C", batch=batch)
     return split if split is not sched else None

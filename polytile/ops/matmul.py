@@ -211,40 +211,44 @@ def _reference_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(wide), b.astype(wide))
 
 
-def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1, out_dtype: str | None = None
-                ) -> Func:
+def matmul_func(M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1, out_dtype: str | None = None,
+                chunk: int | None = None) -> Func:
     """The algorithm of ``matmul``. With ``split_k`` = S > 1 the reduction is split in S chunks of
-    ⌈K/S⌉ (the last one shorter where S does not divide K; none empty): ``P[s, i, j]`` sums chunk s,
-    and ``C[i, j] = sum_s P[s, i, j]`` — the same function, with S times more independent work for
-    small outputs over a long reduction (split-K).
+    ``chunk`` (by default ⌈K/S⌉; the last one shorter where S chunks overrun K; none empty):
+    ``P[s, i, j]`` sums chunk s, and ``C[i, j] = sum_s P[s, i, j]`` — the same function, with S times
+    more independent work for small outputs over a long reduction (split-K). A kernel that computes
+    whole K tiles takes a ``chunk`` that is a multiple of its K tile (``ops.gpu_schedules.tile_chunks``).
     The sums, the partial ones included, are of ``dtypes.accumulator(dtype)`` (16-bit floats in
     float32, 8- and 16-bit integers in int32); C is stored as ``out_dtype`` (by default that type),
     rounded once when complete."""
-    return _gemm_func("matmul", 0, M, N, K, dtype, split_k, out_dtype)
+    return _gemm_func("matmul", 0, M, N, K, dtype, split_k, out_dtype, chunk)
 
 
 def batch_matmul_func(batch: int, M: int, N: int, K: int, dtype: str = "float32", split_k: int = 1,
-                      out_dtype: str | None = None) -> Func:
+                      out_dtype: str | None = None, chunk: int | None = None) -> Func:
     """The algorithm of ``batch_matmul``, its reduction split as in ``matmul_func``
     (``P[bb, s, i, j]``, then ``C[bb, i, j] = sum_s P[bb, s, i, j]``)."""
-    return _gemm_func("batch_matmul", batch, M, N, K, dtype, split_k, out_dtype)
+    return _gemm_func("batch_matmul", batch, M, N, K, dtype, split_k, out_dtype, chunk)
 
 
-def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_k: int, out_dtype: str | None
-               ) -> Func:
+def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_k: int, out_dtype: str | None,
+               chunk: int | None = None) -> Func:
     out = output_dtype(name, dtype, out_dtype)
     lead = (batch,) if batch else ()
     A = placeholder((*lead, M, K), dtype, "A")
     B = placeholder((*lead, K, N), dtype, "B")
-    kc = -(-K // max(1, split_k))
+    kc = chunk or -(-K // max(1, split_k))
     if split_k < 1 or (split_k - 1) * kc >= K:
         raise PolytileError(f"{name}: split_k={split_k} must be between 1 (no split) and K={K}, and leave no chunk "
-                            f"of ⌈K/split_k⌉ = {kc} empty")
+                            f"of {'' if chunk else '⌈K/split_k⌉ = '}{kc} empty")
+    if split_k * kc < K:
+        raise PolytileError(f"{name}: {split_k} chunks of {kc} do not cover K={K}; take chunk ≥ ⌈K/split_k⌉ = "
+                            f"{-(-K // split_k)}")
     k = reduce_axis(kc if split_k > 1 else K, "k")
 
     def chunk_sum(lead: tuple[object, ...], i: object, j: object, s: object = 0) -> lang.expr.Expr:
         kk = s * kc + k if split_k > 1 else k  # type: ignore[operator]
-        where = kk < K if K % max(1, split_k) else None  # type: ignore[operator]
+        where = kk < K if split_k > 1 and split_k * kc > K else None  # type: ignore[operator]
         return lang.tensor.sum(product(A[(*lead, i, kk)], B[(*lead, kk, j)], dtype), axis=k, where=where)
 
     if split_k <= 1:

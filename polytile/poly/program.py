@@ -263,6 +263,36 @@ class PolyProgram:
         """Whether the statement's domain is a box: each dimension's range depends on the parameters
         only (not on the other dimensions), so that cutting it at the edges is all there is."""
         dom = self.statements[stmt].domain.intersect_params(self.context)
+        return self._box(dom).is_equal(dom)
+
+    def box_reads_past_ends(self, stmt: str, tensors: Sequence[str]) -> bool:
+        """Whether every instance of the box around the statement's domain (each dimension over its
+        own range) that lies outside the domain reads each of ``tensors`` past its bounds. Whole-tile
+        copies of those tensors read zeros there, so computing the box instead of the domain adds
+        only products of zeros: the last, shorter chunk of a split reduction (``s·Kc + k < K``, the
+        domain no box) reads A[i, s·Kc + k] and B[s·Kc + k, j] past K."""
+        st = self.statements[stmt]
+        dom = st.domain.intersect_params(self.context)
+        extra = self._box(dom).subtract(dom)
+        for name in tensors:
+            past = self.func.tensor(name)
+            inside = tensor_bounds(past, self.params)
+            for acc in st.reads:
+                if acc.tensor != name:
+                    continue
+                if not acc.exact:
+                    return False
+                # the access as a function on the whole box (its relation is cut to the domain)
+                reads = acc.relation.gist_domain(dom).intersect_domain(extra)
+                if not reads.domain().is_equal(extra):
+                    return False
+                if not reads.intersect_range(inside).is_empty():
+                    return False
+        return True
+
+    @staticmethod
+    def _box(dom: isl.Set) -> isl.Set:
+        """The smallest box around ``dom``: each dimension over its own range, the others projected out."""
         box = dom.universe(dom.get_space())
         for d in range(dom.dim(isl.dim_type.set)):
             others = dom.project_out(isl.dim_type.set, d + 1, dom.dim(isl.dim_type.set) - d - 1) \
@@ -270,7 +300,7 @@ class PolyProgram:
             box = box.intersect(others.insert_dims(isl.dim_type.set, 0, d)
                                 .add_dims(isl.dim_type.set, dom.dim(isl.dim_type.set) - d - 1)
                                 .set_tuple_id(dom.get_tuple_id()))
-        return box.is_equal(dom)
+        return box
 
     def runs(self, stmt: str) -> bool:
         """Whether some instance of ``stmt`` runs, for some parameter values (a where= that never

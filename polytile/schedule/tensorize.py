@@ -88,7 +88,10 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
         raise ScheduleError(f"tensorize of {self.name}: {intrinsic} accumulates in float32, the result is "
                             f"summed in {comp.value_dtype}")
     stmt = sched.program.statements[self.name]
-    if not sched.program.is_box(self.name):
+    if not sched.program.is_box(self.name) and \
+            not sched.program.box_reads_past_ends(self.name, [a.tensor.name, b.tensor.name]):
+        # a box but for instances whose operands both lie past their tensors' ends (where the whole
+        # tiles read zeros: a split reduction's last, shorter chunk) computes the same sums
         raise ScheduleError(f"tensorize of {self.name}: its iteration domain is not a box (a loop's bounds depend "
                             "on another loop); the instruction computes whole tiles")
     data = [d for d in stmt.dims if d not in stmt.reduce_dims]
@@ -164,21 +167,24 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
 
 def check_whole_products(sched: object, name: str) -> None:
     """The products of ``name`` into a whole register tile (``cache_write(..., whole=...)``) run over
-    whole tiles (``lowering/passes/whole_tiles.py``) where its operands come from whole shared
-    tiles: its domain must be a box, and along the reduction each K tile (what the loops inside the
-    operand cache's loop span) must stay inside the reduction's range, as for the tensor cores."""
+    whole tiles (``lowering/passes/whole_tiles.py``) where its operands come from whole shared (or
+    register) tiles: its domain must be a box, but for instances that read every operand past its
+    tensor's end (the last, shorter chunk of a split reduction), and along the reduction each K tile
+    (what the loops inside the operand cache's loop span) must stay inside the reduction's range, as
+    for the tensor cores."""
     from .state import Schedule
     assert isinstance(sched, Schedule)
-    if not sched.program.is_box(name):
+    body = sched.bodies[name]
+    reads = [n for n in walk(body) if isinstance(n, Load)]
+    operands = sorted({r.tensor.name for r in reads} - {name})
+    if not sched.program.is_box(name) and not sched.program.box_reads_past_ends(name, operands):
         raise ScheduleError(f"cache_write of {name} with whole=: its iteration domain is not a box (a loop's bounds "
                             "depend on another loop), so whole tiles would compute outside it; leave whole= out")
     comp = sched.computation(name)
-    body = sched.bodies[name]
     stmt = sched.program.statements[name]
     loops = sched.states[name].loops
-    reads = [n for n in walk(body) if isinstance(n, Load)]
     for c in sched.caches:
-        if c.kind != "read" or c.consumer != name or not c.whole or c.loc != "shared" or c.level is None:
+        if c.kind != "read" or c.consumer != name or not c.whole or c.loc not in ("shared", "local") or c.level is None:
             continue
         inside = loops.index(c.level) + 1
         k_dims = [d for d in stmt.reduce_dims if any(loops.depends_on(q, [d]) for q in range(inside, len(loops.names)))]

@@ -43,8 +43,14 @@ def _kernel_names(kern) -> list[str]:
 # --- the choice ------------------------------------------------------------------------------------
 
 def test_few_rows_stream_on_the_cuda_cores():
-    for M in (1, 8, GEMV_ROWS):
+    for M in (1, 8, 15):
         assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv"
+    # 16 rows fill mma.sync's tile (H200: 16×4096×4096 bf16 30.7 µs on the GEMV, 22.7 on mma.sync);
+    # float32 operands and batched products keep the GEMV
+    assert gemm_choice(SM90A, 16, 4096, 4096, as_dtype("bfloat16")).kernel == "mma"
+    assert gemm_choice(SM80, 16, 3002, 1536, as_dtype("float16")).kernel == "mma"
+    assert gemm_choice(SM90A, GEMV_ROWS, 4096, 4096, as_dtype("float32")).kernel == "gemv"
+    assert gemm_choice(SM90A, GEMV_ROWS, 128, 2048, as_dtype("float16"), batch=32).kernel == "gemv"
     assert gemm_choice(SM90A, GEMV_ROWS + 1, 4096, 4096, as_dtype("bfloat16")).kernel == "wgmma"
     assert gemm_choice(SM80, 512, 512, 512, as_dtype("float16")).kernel == "mma"
     assert gemm_choice(SM90A, 512, 512, 512, as_dtype("float32")).kernel == "cuda"
@@ -88,11 +94,53 @@ def test_split_must_leave_no_chunk_empty():
             ops.batch_matmul(2, 4, 4, 8, split_k=bad)
 
 
-def test_uneven_splits_only_on_the_gemv_kernel():
-    # the tensor-core and CUDA-core kernels compute whole K tiles of chunks of one length
+def test_given_uneven_splits_need_whole_k_tiles_off_the_gemv_kernel():
+    # the tensor-core and CUDA-core kernels compute whole K tiles: a given split into chunks of
+    # ⌈1000/3⌉ = 334 would cross them (the GEMV kernel then sums partial tiles)
     with pytest.raises(ScheduleError, match="split_k=3 does not divide K=1000.*take a divisor of K"):
         gemm_choice(SM90A, 64, 256, 1000, as_dtype("float16"), split_k=3)
-    assert gemm_choice(SM90A, 8, 256, 1000, as_dtype("float16"), split_k=3).split == 3
+    with pytest.raises(ScheduleError, match="split_k=3 does not divide K=1000.*take a divisor of K"):
+        gemm_choice(SM90A, 64, 256, 1000, as_dtype("float32"), split_k=3)
+    gemv = gemm_choice(SM90A, 8, 256, 1000, as_dtype("float16"), split_k=3)
+    assert gemv.split == 3 and not gemv.params["whole"]  # 334 is no whole number of K tiles
+    # chunks of ⌈1000/2⌉ = 500 are not whole 64-wide K tiles; of ⌈1025/2⌉ = 513 neither, of ⌈1023/2⌉ = 512 yes
+    assert gemm_choice(SM90A, 64, 256, 1023, as_dtype("float16"), split_k=2).split == 2
+
+
+def test_tile_chunks_are_whole_k_tiles_but_the_last():
+    from polytile.ops.gpu_schedules import tile_chunks
+    for K, bk in ((8191, 128), (8191, 64), (5003, 128), (4096, 64), (300, 16)):
+        found = tile_chunks(K, bk, 132)
+        assert found and len({s for s, _ in found}) == len(found)
+        for split, chunk in found:
+            assert chunk % bk == 0 and chunk >= 2 * bk and 2 <= split <= 132
+            assert (split - 1) * chunk < K <= split * chunk  # none empty, the last one ending at K
+    assert (32, 256) in tile_chunks(8191, 128, 132) and (64, 128) in tile_chunks(8191, 64, 132)
+
+
+def test_chunks_of_whole_k_tiles_are_the_matmul_on_the_cpu(rng):
+    # chunks of 32 over K = 100 (the last one 4 long), of 48 over K = 97 (the last one 1 long)
+    for M, N, K, split, chunk in ((3, 5, 100, 4, 32), (7, 9, 97, 3, 48), (4, 6, 97, 2, 64)):
+        op = ops.matmul(M, N, K)
+        x = op.make_inputs(rng)
+        kern = pt.build(pt.Schedule(ops.matmul_func(M, N, K, "float32", split, chunk=chunk)), "cpu")
+        assert ops.rel_error(kern(*x), op.reference(*x)) < 1e-6
+    with pytest.raises(pt.PolytileError, match="3 chunks of 32 do not cover K=100"):
+        ops.matmul_func(3, 5, 100, "float32", 3, chunk=32)
+    with pytest.raises(pt.PolytileError, match="leave no chunk of 64 empty"):
+        ops.matmul_func(3, 5, 100, "float32", 3, chunk=64)
+
+
+def test_a_tensor_core_gemm_over_a_prime_k_is_split_in_chunks_of_whole_k_tiles():
+    # 61×61×8191: one 64×64 output tile and no divisor of K (0.30× torch unsplit, one block on 132 SMs)
+    for target, kernel in ((SM90A, "wgmma"), (SM80, "mma")):
+        choice = gemm_choice(target, 61, 61, 8191, as_dtype("bfloat16"), out_bytes=2)
+        assert choice.kernel == kernel and choice.split >= 16, choice
+        assert choice.chunk % choice.params["bk"] == 0 and (choice.split - 1) * choice.chunk < 8191
+        assert "producer" not in choice.params  # cp.async: TMA's ring is not given a shorter last chunk
+    sched = ops.matmul(61, 61, 8191, "bfloat16").schedule(SM90A)
+    P = sched.func.computations[0]
+    assert P.name == "P" and int(P.shape[0].value) == gemm_choice(SM90A, 61, 61, 8191, as_dtype("bfloat16")).split
 
 
 def test_a_gemv_over_a_prime_k_is_split_in_chunks_of_unequal_length():
@@ -119,6 +167,23 @@ def test_a_gemv_of_rows_only_4_byte_aligned_reads_b_directly():
         assert gemm_choice(SM90A, M, N, K, as_dtype(dtype)).params.get("direct"), (M, N, K)
     # 8-byte aligned rows keep the staged kernel (8×4100×4096: 43 µs staged, 78 direct)
     assert not gemm_choice(SM90A, 8, 4100, 4096, as_dtype("bfloat16")).params.get("direct")
+
+
+@pytest.mark.parametrize("dims,dtype", [((15, 3002, 1536), "bfloat16"), ((12, 2222, 3333), "bfloat16"),
+                                        ((8, 4096, 4096), "bfloat16"), ((1, 4097, 4093), "bfloat16"),
+                                        ((5, 1001, 999), "float16")])
+def test_gemv_products_are_whole_register_tiles(dims, dtype):
+    # the accumulators of a partial column tile were loops of variable bounds (isl's exact cut): 16×3002×1536
+    # took 5,200 instructions a K step for 1,024 FFMA, 554 of them branches (0.33× torch); whole register
+    # tiles run the products over constant loops (zeros past the ends of B's columns and rows)
+    M, N, K = dims
+    choice = gemm_choice(SM90A, M, N, K, as_dtype(dtype))
+    assert choice.kernel == "gemv" and choice.params["whole"]
+    assert (choice.chunk or -(-K // choice.split)) % choice.params["bk"] == 0 or choice.split == 1  # whole K tiles
+    text = str(pt.lower(ops.matmul(M, N, K, dtype).schedule(SM90A), SM90A))
+    last = M * choice.params["vec"] - 1
+    assert re.search(rf"(P|C)_local_{last} = \((P|C)_local_{last} \+", text)
+    assert not re.search(r"(P|C)_local\[[^\]]*\] = \((P|C)_local\[", text)
 
 
 def test_gemv_template_offers_uneven_splits_past_sixteen():

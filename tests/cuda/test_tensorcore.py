@@ -103,6 +103,25 @@ def test_tensorize_rejects_a_domain_that_is_not_a_box():
         s["C"].tensorize("i3")
 
 
+def test_tensorize_accepts_a_last_chunk_that_ends_with_the_tensors():
+    # chunks of 64 over K = 100: the last chunk's k < 36 cuts the domain (not a box), but the box's
+    # extra instances read A and B past K, where the whole tiles hold zeros
+    A = pt.placeholder((64, 100), "float16", "A")
+    B = pt.placeholder((100, 64), "float16", "B")
+    k = pt.reduce_axis(64, "k")
+    P = pt.compute((2, 64, 64), lambda s, i, j: pt.sum(A[i, 64 * s + k].astype("float32")
+                                                       * B[64 * s + k, j].astype("float32"), axis=k,
+                                                       where=64 * s + k < 100), "C")
+    sched = _tiled(pt.Func([A, B], [P], name="chunks"))
+    sched["C"].tensorize("i3")
+    # a cut that ends inside the tensors is refused: the whole tiles would add A[i, 90..99] · B[90..99, j]
+    P = pt.compute((2, 64, 64), lambda s, i, j: pt.sum(A[i, 64 * s + k].astype("float32")
+                                                       * B[64 * s + k, j].astype("float32"), axis=k,
+                                                       where=64 * s + k < 90), "C")
+    with pytest.raises(ScheduleError, match="not a box"):
+        _tiled(pt.Func([A, B], [P], name="cut"))["C"].tensorize("i3")
+
+
 def test_fragment_caches_are_write_caches():
     s = pt.Schedule(_hgemm(64, 64, 64))
     with pytest.raises(ScheduleError, match="accumulator of a tensorized computation"):

@@ -1,22 +1,24 @@
 """Whole tiles: register products over constant loops without tests at the tensors' edges.
 
 A computation whose accumulator is a whole register tile (``cache_write(..., loc="local",
-whole=...)``) and whose operands come from whole shared tiles (``cache(..., whole=...)``: zeros past
-the tensors' ends) may compute its partial tiles whole: the extra products add zeros along the
-reduction and fill accumulator elements past the tensor's end, which the write-back (with its own
-bounds test) leaves out. isl cuts the partial tiles exactly, with tests of many disjuncts around
-each product and loops of variable bounds (the register tile then cannot be indexed by constants);
-this pass gives such regions back their full ranges, as ``tensorize`` does for the tensor cores.
+whole=...)``) and whose operands come from whole shared or register tiles (``cache(..., whole=...)``:
+zeros past the tensors' ends; the GEMV loads B straight into registers) may compute its partial
+tiles whole: the extra products add zeros along the reduction and fill accumulator elements past the
+tensor's end, which the write-back (with its own bounds test) leaves out. isl cuts the partial tiles
+exactly, with tests of many disjuncts around each product and loops of variable bounds (the register
+tile then cannot be indexed by constants); this pass gives such regions back their full ranges, as
+``tensorize`` does for the tensor cores.
 
-A region is a loop or test whose statements only write registers and only read whole shared tiles,
-the accumulator, and registers written in the region; each register buffer is written by one
-statement in the region, and an accumulation (a store that reads what it writes) by one statement
-in the whole body (two copies of one statement, cut by isl for two parts of the domain, would both
-run over the whole range and add every product twice; copies of a copy store the same values).
-Its loops take their full constant ranges and its tests (with no else branch) go, when every
-access then stays inside its buffer; otherwise the region is left as it was. The
+A region is a loop or test whose statements only write registers and only read whole shared (or
+register) tiles, the accumulator, and registers written in the region; each register buffer is
+written by one statement in the region, and an accumulation (a store that reads what it writes) by
+one statement in the whole body (two copies of one statement, cut by isl for two parts of the
+domain, would both run over the whole range and add every product twice; copies of a copy store the
+same values). Its loops take their full constant ranges and its tests (with no else branch) go,
+when every access then stays inside its buffer; otherwise the region is left as it was. The
 schedule checks the rest (``schedule.tensorize.check_whole_products``): the computation's domain is
-a box and its K tiles do not run into the next chunk of a split reduction.
+a box (but for instances reading every operand past its end) and its K tiles do not run into the
+next chunk of a split reduction.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class _Region:
             return False
         for ld in loads:
             name, scope = ld.buffer.name, ld.buffer.scope
-            if scope == "shared" and name in self.whole_reads:
+            if scope in ("shared", "local") and name in self.whole_reads:
                 continue
             if scope == "local" and (name in self.whole_writes or name in written):
                 continue

@@ -167,7 +167,10 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
     # a direct GEMV reads B's rows in place whatever their alignment (vectors where they allow)
     align_operands(sched, out, ("A",) if direct else ("A", "B"), granule=4)
-    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch, direct=direct)
+    # whole register tiles (products over constant loops) where no K tile crosses into the next chunk
+    whole = split == 1 or -(-op.shape["K"] // split) % bk == 0
+    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch, direct=direct,
+              whole=whole)
     return sched
 
 

@@ -1,0 +1,73 @@
+"""On a GPU: reductions split into chunks of whole K tiles, the last one shorter (the tensor cores'
+uneven split-K, ``gpu_schedules.tile_chunks``), and GEMVs over whole register tiles, against a float64
+torch reference on random non-zero inputs at sizes that divide no tile."""
+
+import pytest
+
+import polytile as pt
+from polytile import ops
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def _inputs(shapes, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tdt = getattr(torch, dtype)
+    out = []
+    for s in shapes:
+        mag = torch.rand(s, device="cuda", generator=g) + 0.5
+        sign = torch.randint(0, 2, s, device="cuda", generator=g) * 2 - 1
+        out.append((mag * sign).to(tdt))
+    return out
+
+
+def _err(out, ref):
+    assert torch.isfinite(out).all()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+DEFAULTS = [((61, 61, 8191), "bfloat16", "bfloat16"),  # one tile, a prime K: chunks of whole K tiles
+            ((37, 70, 5003), "bfloat16", "float32"),
+            ((40, 200, 4099), "float16", "float16"),
+            ((16, 3002, 1536), "bfloat16", "bfloat16"),  # GEMVs: whole register tiles, 4-byte aligned rows
+            ((12, 2222, 3333), "bfloat16", "bfloat16"),
+            ((9, 1001, 999), "float16", "float32"),
+            ((16, 4096, 4096), "bfloat16", "bfloat16")]
+
+
+@pytest.mark.parametrize("dims,dtype,out", DEFAULTS, ids=[f"{d[0]}x{d[1]}x{d[2]}-{t}-{o}" for d, t, o in DEFAULTS])
+def test_default_matmul(dims, dtype, out):
+    M, N, K = dims
+    op = ops.matmul(M, N, K, dtype, out_dtype=out)
+    a, b = _inputs([(M, K), (K, N)], dtype, M + N + K)
+    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
+
+
+# (chunks, chunk length, kernel, tile parameters): wgmma and mma.sync, K tiles of 64 and 128, the last chunk
+# from one K tile down to a single element of K
+FIXED = [(8191, 64, 128, "wgmma", dict(bm=64, bn=64, bk=64, stages=4, inflight=1)),
+         (8191, 32, 256, "wgmma", dict(bm=64, bn=64, bk=128, stages=5, inflight=1)),
+         (3265, 4, 1088, "wgmma", dict(bm=64, bn=128, bk=64, stages=4, inflight=1)),  # the last chunk: 1 element
+         (5003, 20, 256, "mma", dict(bm=64, bn=64, wm=32, wn=32, bk=64, stages=3, reg_stages=2)),
+         (3001, 12, 256, "mma", dict(bm=16, bn=128, wm=16, wn=32, bk=64, stages=3, reg_stages=2))]
+
+
+@pytest.mark.parametrize("K,split,chunk,kernel,params", FIXED, ids=[f"{f[3]}-K{f[0]}-S{f[1]}x{f[2]}" for f in FIXED])
+def test_tensor_core_chunks(K, split, chunk, kernel, params):
+    from polytile.ops import gpu_schedules as g
+    M, N = 61, 99
+    sched = pt.Schedule(ops.matmul_func(M, N, K, "bfloat16", split, "float32", chunk=chunk))
+    g._gemm_schedule(g.GemmChoice(kernel, params, split, 0.0, chunk), sched, "P", "s")
+    g.sum_partials(sched, "C")
+    kern = pt.build(sched, "cuda")
+    a, b = _inputs([(M, K), (K, N)], "bfloat16", K + split)
+    assert _err(kern(a, b), a.double() @ b.double()) <= 1e-4
+
+
+@pytest.mark.parametrize("dims", [(32, 1, 128, 2048), (20, 1, 1500, 80), (3, 5, 77, 300), (4, 16, 1001, 999)])
+def test_batch_gemv(dims):
+    batch, M, N, K = dims
+    op = ops.batch_matmul(batch, M, N, K, "float16")
+    a, b = _inputs([(batch, M, K), (batch, K, N)], "float16", sum(dims))
+    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
