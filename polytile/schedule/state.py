@@ -23,6 +23,7 @@ from ..poly.schedule import LoopSchedule
 from ..toolchain import quick_builds
 from .memory import check_memory, check_narrowed_write_caches
 from .transaction import transactional
+from .unrolling import check_unroll_budget
 
 if TYPE_CHECKING:
     from .pipeline import Producer
@@ -212,6 +213,7 @@ class Schedule:
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
                     self.check_parallel(name, loop, tag, scheds)
+            check_unroll_budget(self, name)
 
     def _placement(self, scheds: dict[str, StageSchedule]) -> tuple[object, ...]:
         """Everything the checks of the loop order and of the buffers read: the program, each stage's
