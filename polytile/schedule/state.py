@@ -259,6 +259,8 @@ class Schedule:
         pos = st.loops.index(loop)
         dim = 2 * pos + 1
         stmt = self.program.statements[name]
+        if tag.startswith("threadIdx"):
+            self._check_thread_extent(name, loop, tag)
         cross_thread = (tag.startswith("threadIdx") and bool(stmt.reduce_dims) and st.reassociate
                         and st.loops.depends_on(pos, stmt.reduce_dims)
                         and not st.loops.depends_on(pos, [d for d in stmt.dims if d not in stmt.reduce_dims]))
@@ -273,6 +275,15 @@ class Schedule:
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
                                 f"({v.describe()})")
+
+    def _check_thread_extent(self, name: str, loop: str, tag: str) -> None:
+        """A block has a fixed number of threads: a loop bound to threads needs bounds valid for every
+        parameter value (a parameter's or data-dependent extent, unless split by a constant, has none)."""
+        st = self.states[name]
+        if self.program.thread_bounds(name, st.loops, st.loops.index(loop)) is None:
+            raise ScheduleError(f"loop {loop} of {name} cannot be bound to {tag}: its extent is not a constant (a "
+                                "parameter's or data-dependent), and a block has a fixed number of threads; split "
+                                "it by a constant and bind the inner loop")
 
     def _at_loop(self, dim: int, scheds: dict[str, StageSchedule], stmt: str) -> str:
         name = stmt.split("[")[0]

@@ -151,13 +151,21 @@ def test_register_cache_inside_thread_loops_is_per_thread():
 
 
 def test_thread_loop_extent_must_be_constant():
+    """A loop of parametric extent bound to threads is refused at bind (it used to be accepted, and
+    refused only when lowered for a GPU), and the schedule is left as it was; the same loop split by
+    a constant binds its inner loop, builds, and computes the result."""
     N = pt.param("N")
     A = pt.placeholder((N,), "float32", "A")
     B = pt.compute((N,), lambda i: A[i] * 2.0, "B")
     s = pt.create_schedule(pt.Func([A], [B]))
-    s[B].split("i", 4, "io", "ii").reorder("ii", "io").bind("ii", "blockIdx.x").bind("io", "threadIdx.x")
-    with pytest.raises(pt.LoweringError, match="not a constant"):
-        pt.lower(s, "cuda:sm_90a")
+    s[B].split("i", 4, "io", "ii").reorder("ii", "io").bind("ii", "blockIdx.x")
+    with pytest.raises(pt.ScheduleError, match="loop io of B cannot be bound to threadIdx.x: its extent is not a "
+                                               "constant .* split it by a constant and bind the inner loop"):
+        s[B].bind("io", "threadIdx.x")
+    assert s[B].state.tags == {"ii": "blockIdx.x"}
+    s = pt.create_schedule(pt.Func([A], [B]))
+    s[B].split("i", 64, "bi", "ti").bind("bi", "blockIdx.x").bind("ti", "threadIdx.x")
+    assert "threadIdx.x" in str(pt.lower(s, "cuda:sm_90a"))
 
 
 def test_ptxas_report_parsed():
