@@ -53,7 +53,7 @@ def check_unroll_budget(sched: Schedule, name: str) -> None:
         raise ScheduleError(
             f"unrolling loop{'s' if len(loops) > 1 else ''} {', '.join(loops)} of {name} makes {what}: "
             f"{total} loops in all, over the budget of {MAX_UNROLLED_LOOPS}; unroll fewer or shorter loops "
-            "(split a loop and unroll its inner part), or unroll only loops with no loop inside them")
+            "(split a loop and unroll its inner part), or unroll the loops inside them first")
 
 
 def _unrolled_extent(sched: Schedule, name: str, pos: int) -> int | None:
