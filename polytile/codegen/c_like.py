@@ -211,9 +211,11 @@ class CLikePrinter:
         return f"pt_{op}({a}, {b})"
 
     def on_data(self, e: ir.Expr) -> bool:
-        """Whether ``e`` computes on data: it reads a tensor or a variable holding data (index
-        arithmetic, on loop and thread indices, does neither)."""
+        """Whether ``e`` computes on data: it reads a tensor or a variable holding data, or casts to
+        a narrower integer type (the algorithm's ``int32(j) * c``: index arithmetic, on loop and
+        thread indices, does none of these)."""
         return any(isinstance(x, ir.Load) or (isinstance(x, ir.Var) and x.name in self.data_vars)
+                   or isinstance(x, ir.Cast) and x.dtype.is_int and x.a.dtype.is_int and x.dtype.bits < x.a.dtype.bits
                    for x in ir.walk_expr(e))
 
     def e_Cmp(self, e: ir.Cmp) -> str:

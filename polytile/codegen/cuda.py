@@ -571,8 +571,8 @@ class CUDAPrinter(CLikePrinter):
         return "int" if self.index32 else "long long"
 
     def scalar_type(self, d: DType) -> str:
-        if d.name == "int64" and self.index32:
-            return "int"
+        if d.name == "int64":  # a value of data: 64 bits (index arithmetic uses ``index_type``)
+            return "long long"
         if d.name == "uint32":
             return "unsigned"
         return super().scalar_type(d)
@@ -600,6 +600,8 @@ class CUDAPrinter(CLikePrinter):
             return f"pt_bf16_round({inner})"
         if e.dtype.name == "float16":
             return f"pt_f16_round({inner})"
+        if e.dtype.name == "int64" and not self.on_data(e.a):
+            return f"(({self.index_type()}){inner})"  # index arithmetic: 32-bit where the buffers allow
         return f"(({self.type_name(e.dtype)}){inner})"
 
     def e_Call(self, e: ir.Call) -> str:
@@ -714,7 +716,8 @@ class CUDAPrinter(CLikePrinter):
     def s_LetStmt(self, s: ir.LetStmt) -> None:
         self.emit("{")
         self.depth += 1
-        t = self.index_type() if s.var.dtype.is_int and s.var.dtype.bits == 64 else self.type_name(s.var.dtype)
+        index = s.var.dtype.name == "int64" and not self.on_data(s.value)
+        t = self.index_type() if index else self.type_name(s.var.dtype)
         self.emit(f"const {t} {s.var.name} = {self.let_value(s)};")
         self.stmt(s.body)
         self.depth -= 1

@@ -92,7 +92,7 @@ def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: i
         st.cache_identity(b, "ki", loc="local", layout=lambda *e: (*e[:-2], e[-2], e[-1] // hn2, e[-1] % hn2))
     st.cache_write("tx", loc="local", layout=lambda *e: (*e[:-2], e[-2] // hb, e[-2] % hb, e[-1] // hn2, e[-1] % hn2),
                    whole=(1,) * len(sched.func.tensor(out).shape))
-    st.unroll("ki").unroll("ih").unroll("jh").unroll("il").unroll("jl")
+    st.unroll("jl").unroll("il").unroll("jh").unroll("ih").unroll("ki")  # inner first (unrolling.py)
     if stages > 1:
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
@@ -141,7 +141,7 @@ def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: 
         st.cache(b, "ko", loc="shared", name=f"{b}_shared", whole=(*lead_b, bk, bn))
         st.cache_identity(b, "ki", loc="local")
     st.cache_write("tx", loc="local", whole=(1,) * len(sched.func.tensor(out).shape) if whole else ())
-    st.unroll("ki").unroll("i").unroll("jv")
+    st.unroll("jv").unroll("i").unroll("ki")  # inner first (unrolling.py)
     if stages > 1:
         st.pipeline(f"{a}_shared", stages)
         if not direct:
@@ -353,7 +353,7 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
     st.cache(col, red, loc="local", layout=lambda m, *tc: (m // pixels, m % pixels))
     sched[col].compute_inline()  # after caching: the register copy gathers the input itself
     st.cache_write("mt", loc="local", layout=lambda m, k: (m // pixels, m % pixels, k))
-    st.unroll("mp").unroll("ki")
+    st.unroll("ki").unroll("mp")  # inner first (unrolling.py)
 
 
 MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)

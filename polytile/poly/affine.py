@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import dtypes
 from ..lang.expr import BinOp, Call, Cast, Cmp, Const, Expr, IterVar, Load, Logic, Not, Param, Var, walk
 from ..lang.printer import expr_str
 
@@ -76,7 +77,38 @@ Namer = Callable[[Var], str]
 
 def affine(e: Expr, name_of: Namer, dyn: DynParams | None = None, owner: str = "") -> Affine:
     """The affine form of integer expression ``e``; non-affine parts become dynamic parameters when
-    ``dyn`` is given, else raise NotAffine."""
+    ``dyn`` is given, else raise NotAffine.
+
+    isl computes exactly, but arithmetic and casts in a type narrower than the iterators' wrap (as
+    NumPy's do and the generated code does): ``int8(j) * 17`` is -120 at j = 8. Such a part is affine
+    only where it is a constant (wrapped here); otherwise it is computed at run time like a tensor's
+    value (project fuzzer seed 141 case 278, a ``where=`` of it kept 0 of the 5 elements NumPy keeps)."""
+    if not _may_wrap(e):
+        return _exact_affine(e, name_of, dyn, owner)
+    try:
+        form = _exact_affine(e, name_of, None, owner)
+    except NotAffine:
+        form = None
+    if form is not None and form.is_const:
+        return Affine.of({}, dtypes.wrap_int(form.const, e.dtype))
+    if dyn is not None:
+        return Affine.of({dyn.name_for(e, owner): 1}, 0)
+    raise NotAffine(f"{expr_str(e)} is computed in {e.dtype}, where it may wrap")
+
+
+def _may_wrap(e: Expr) -> bool:
+    """Whether ``e`` is integer arithmetic or a cast whose type may not hold its exact value."""
+    if not e.dtype.is_int or e.dtype.bits >= dtypes.INDEX.bits and e.dtype.kind == "int":
+        return False
+    if isinstance(e, Cast):
+        a = e.a.dtype
+        widening = a.is_bool or a.is_int and (a.kind == e.dtype.kind and a.bits <= e.dtype.bits
+                                                or a.kind == "uint" and a.bits < e.dtype.bits)
+        return not widening
+    return isinstance(e, BinOp)
+
+
+def _exact_affine(e: Expr, name_of: Namer, dyn: DynParams | None, owner: str) -> Affine:
     if isinstance(e, Const):
         if not (e.dtype.is_int or e.dtype.is_bool):
             raise NotAffine(f"{e} is not an integer")

@@ -19,7 +19,7 @@ import islpy as isl
 from ..errors import LoweringError
 from .astnodes import AExpr, AstBlock, AstFor, AstIf, AstMark, AstNode, AstUser, aid, aint, reads_any
 from .limits import isl_budget
-from .model import Statement, header, project_out_params
+from .model import Statement, constant_bounds, header, project_out_params
 
 _OPS = {
     isl.ast_expr_op_type.add: "add", isl.ast_expr_op_type.sub: "sub", isl.ast_expr_op_type.mul: "mul",
@@ -146,11 +146,9 @@ def dim_range(context: isl.Set, items: list[Scheduled], d: int, constant: bool =
         img = s if img is None else img.union(s)
     assert img is not None
     img = img.intersect_params(context)
-    if constant:
-        flat = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param))
-        lo_v, hi_v = flat.dim_min_val(0), flat.dim_max_val(0)
-        if not (lo_v.is_infty() or lo_v.is_neginfty() or hi_v.is_infty() or hi_v.is_neginfty()):
-            return aint(lo_v.to_python()), aint(hi_v.to_python())
+    bounds = constant_bounds(img) if constant else None
+    if bounds is not None:
+        return aint(bounds[0]), aint(bounds[1])
     lo = img.dim_min(0).coalesce()
     hi = img.dim_max(0).coalesce()
     return pw_aff_expr(lo, [], context), pw_aff_expr(hi, [], context)

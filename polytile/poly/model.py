@@ -51,6 +51,16 @@ class Statement:
         return project_out_params(self.domain, self.dyn_params)
 
 
+def constant_bounds(s: isl.Set) -> tuple[int, int] | None:
+    """The smallest and largest value of the one-dimensional set ``s`` over every value of its
+    parameters (None where one is unbounded): the fixed sizes a thread block needs."""
+    flat = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+    lo, hi = flat.dim_min_val(0), flat.dim_max_val(0)
+    if lo.is_infty() or lo.is_neginfty() or hi.is_infty() or hi.is_neginfty() or lo.is_nan() or hi.is_nan():
+        return None
+    return int(lo.to_python()), int(hi.to_python())
+
+
 def project_out_params(s: isl.Set | isl.Map, names: list[str]) -> isl.Set | isl.Map:
     for n in names:
         pos = s.find_dim_by_name(isl.dim_type.param, n)

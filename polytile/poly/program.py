@@ -21,7 +21,7 @@ from .affine import DynParams, NotAffine, affine
 from .astgen import Scheduled, binding_depth
 from .deps import Dependence, Violation, carried_violation, compute_dependences, first_violation
 from .limits import ISL_OPERATIONS, budget_spent
-from .model import INIT_SUFFIX, Namer, Statement, computation_statements, global_context, tensor_bounds
+from .model import INIT_SUFFIX, Namer, Statement, computation_statements, constant_bounds, global_context, tensor_bounds
 from .schedule import LoopSchedule, full_map
 
 STATIC_SCALE = 16
@@ -258,6 +258,14 @@ class PolyProgram:
 
     def loop_range(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int | None, int | None]:
         return loops.loop_range(pos, self.statements[stmt].over_domain())
+
+    def thread_bounds(self, stmt: str, loops: LoopSchedule, pos: int) -> tuple[int, int] | None:
+        """The bounds of loop ``pos`` valid for every parameter value (None where there are none), as
+        a loop bound to GPU threads gets them (``astgen.dim_range``)."""
+        image = self.statements[stmt].over_domain().apply(loops.rel)
+        n = image.dim(isl.dim_type.set)
+        image = image.project_out(isl.dim_type.set, pos + 1, n - pos - 1).project_out(isl.dim_type.set, 0, pos)
+        return constant_bounds(image.reset_tuple_id().intersect_params(self.context))
 
     def is_box(self, stmt: str) -> bool:
         """Whether the statement's domain is a box: each dimension's range depends on the parameters

@@ -17,6 +17,7 @@ from ..poly.cache import CacheRequest
 from ..poly.cache_check import check_buffers
 from ..poly.limits import isl_budget
 from ..poly.program import StageSchedule
+from .unrolling import check_unroll_budget
 
 if TYPE_CHECKING:
     from .state import Schedule, Stage
@@ -83,6 +84,8 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
         check_narrowed_write_caches(sched)
         relaxed = frozenset(n for n, st in sched.states.items() if st.reassociate)
         check_memory(sched, sched._original, sched.stage_schedules(), relaxed)
+        for consumer in (stage.name, *also):
+            check_unroll_budget(sched, consumer)  # its copy loops inside unrolled loops are copied too
     except BaseException:
         sched.caches.remove(spec)  # transactional: a refused cache leaves the schedule as it was
         raise

@@ -23,6 +23,7 @@ from ..poly.schedule import LoopSchedule
 from ..toolchain import quick_builds
 from .memory import check_memory, check_narrowed_write_caches
 from .transaction import transactional
+from .unrolling import check_unroll_budget
 
 if TYPE_CHECKING:
     from .pipeline import Producer
@@ -212,6 +213,7 @@ class Schedule:
             for loop, tag in st.tags.items():
                 if tag in PARALLEL_TAGS:
                     self.check_parallel(name, loop, tag, scheds)
+            check_unroll_budget(self, name)
 
     def _placement(self, scheds: dict[str, StageSchedule]) -> tuple[object, ...]:
         """Everything the checks of the loop order and of the buffers read: the program, each stage's
@@ -257,6 +259,8 @@ class Schedule:
         pos = st.loops.index(loop)
         dim = 2 * pos + 1
         stmt = self.program.statements[name]
+        if tag.startswith("threadIdx"):
+            self._check_thread_extent(name, loop, tag)
         cross_thread = (tag.startswith("threadIdx") and bool(stmt.reduce_dims) and st.reassociate
                         and st.loops.depends_on(pos, stmt.reduce_dims)
                         and not st.loops.depends_on(pos, [d for d in stmt.dims if d not in stmt.reduce_dims]))
@@ -271,6 +275,15 @@ class Schedule:
         if v is not None:
             raise ScheduleError(f"loop {loop} of {name} cannot be {tag}: it carries a dependence "
                                 f"({v.describe()})")
+
+    def _check_thread_extent(self, name: str, loop: str, tag: str) -> None:
+        """A block has a fixed number of threads: a loop bound to threads needs bounds valid for every
+        parameter value (a parameter's or data-dependent extent, unless split by a constant, has none)."""
+        st = self.states[name]
+        if self.program.thread_bounds(name, st.loops, st.loops.index(loop)) is None:
+            raise ScheduleError(f"loop {loop} of {name} cannot be bound to {tag}: its extent is not a constant (a "
+                                "parameter's or data-dependent), and a block has a fixed number of threads; split "
+                                "it by a constant and bind the inner loop")
 
     def _at_loop(self, dim: int, scheds: dict[str, StageSchedule], stmt: str) -> str:
         name = stmt.split("[")[0]

@@ -47,7 +47,9 @@ def vectorize(self: Stage, loop: str) -> Stage:
 
 
 def unroll(self: Stage, loop: str) -> Stage:
-    """Unroll ``loop`` completely where its extent is constant."""
+    """Unroll ``loop`` completely where its extent is constant (up to ``MAX_UNROLL`` iterations). The
+    loops left inside unrolled loops are copied with them: a schedule whose copies hold more than
+    ``MAX_UNROLLED_LOOPS`` loops is refused (``polytile.schedule.unrolling``)."""
     return tag(self, loop, "unroll")
 
 

@@ -124,3 +124,28 @@ def test_cuda_overflow_wraps_like_numpy(rng):
     want_c, want_total = numpy_wrapping(a, b)
     np.testing.assert_array_equal(np.asarray(c), want_c)
     assert np.asarray(total) == want_total
+
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "uint8"])
+def test_narrow_iterator_arithmetic_in_a_domain_wraps_like_numpy(dtype):
+    """Project fuzzer seed 141 case 278: ``where=int8(j) * 17 <= 0`` over iterators went to isl,
+    which computes exactly (136 > 0 at j = 8), where NumPy's int8 arithmetic (and the same
+    expression in a body) wraps (-120 <= 0). Narrow arithmetic of iterators is now computed at run
+    time, where it wraps; a narrow constant is folded wrapped."""
+    n = 24
+    bits = np.iinfo(dtype).bits
+    scale = (1 << bits) // 32 + 1  # j * scale passes the type's maximum (or its wrap) at j ≈ 16 (or 32)
+    A = pt.placeholder((n,), "int64", "A")
+    W = pt.compute((n,), lambda j: A[j] + 1, "W", where=lambda j: pt.cast(dtype, j) * scale < 64)
+    V = pt.compute((n,), lambda j: A[j] + 2, "V", where=lambda j: j < pt.cast("int64", pt.cast(dtype, 1 << bits) + 5))
+    U = pt.compute((n,), lambda j: pt.cast(dtype, j) * scale + A[j] * 0, "U")  # the same value in a body
+    a = np.arange(n, dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        narrow = np.arange(n).astype(dtype) * np.array(scale).astype(dtype)
+    w, v, u = np.full(n, 99, np.int64), np.full(n, 99, np.int64), np.full(n, 99, np.int64)
+    pt.build(pt.Func([A], [W, V, U]))(a, w, v, u)
+    np.testing.assert_array_equal(w, np.where(narrow < 64, a + 1, 99))
+    np.testing.assert_array_equal(v, np.where(a < 5, a + 2, 99))
+    np.testing.assert_array_equal(u, narrow)

@@ -151,13 +151,21 @@ def test_register_cache_inside_thread_loops_is_per_thread():
 
 
 def test_thread_loop_extent_must_be_constant():
+    """A loop of parametric extent bound to threads is refused at bind (it used to be accepted, and
+    refused only when lowered for a GPU), and the schedule is left as it was; the same loop split by
+    a constant binds its inner loop, builds, and computes the result."""
     N = pt.param("N")
     A = pt.placeholder((N,), "float32", "A")
     B = pt.compute((N,), lambda i: A[i] * 2.0, "B")
     s = pt.create_schedule(pt.Func([A], [B]))
-    s[B].split("i", 4, "io", "ii").reorder("ii", "io").bind("ii", "blockIdx.x").bind("io", "threadIdx.x")
-    with pytest.raises(pt.LoweringError, match="not a constant"):
-        pt.lower(s, "cuda:sm_90a")
+    s[B].split("i", 4, "io", "ii").reorder("ii", "io").bind("ii", "blockIdx.x")
+    with pytest.raises(pt.ScheduleError, match="loop io of B cannot be bound to threadIdx.x: its extent is not a "
+                                               "constant .* split it by a constant and bind the inner loop"):
+        s[B].bind("io", "threadIdx.x")
+    assert s[B].state.tags == {"ii": "blockIdx.x"}
+    s = pt.create_schedule(pt.Func([A], [B]))
+    s[B].split("i", 64, "bi", "ti").bind("bi", "blockIdx.x").bind("ti", "threadIdx.x")
+    assert "threadIdx.x" in str(pt.lower(s, "cuda:sm_90a"))
 
 
 def test_ptxas_report_parsed():
@@ -168,3 +176,25 @@ def test_ptxas_report_parsed():
             "ptxas info    : Used 40 registers, used 1 barriers, 8192 bytes smem, 400 bytes cmem[0]\n")
     r = parse_ptxas(text)["k0"]
     assert (r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores) == (40, 8192, 8, 4)
+
+
+@pytest.mark.needs_nvcc
+def test_int64_data_is_64_bit_under_32_bit_indexing():
+    """Kernels index with 32-bit ints where every buffer has fewer than 2^31 elements, but int64
+    values of data stay 64-bit: an int64 register accumulator was declared ``int`` and a cast to
+    int64 printed ``(int)`` (found reading the source; both truncated values past 2^31)."""
+    A = pt.placeholder((1000,), "int64", "A")
+    F = pt.placeholder((1000,), "float64", "F")
+    C = pt.compute((1000,), lambda i: pt.cast("int64", F[i]) + A[i] * A[i], "C")
+    k = pt.reduce_axis(64, "k")
+    S = pt.compute((1000,), lambda i: pt.sum(A[k] * A[i], axis=k), "S")
+    s = pt.create_schedule(pt.Func([A, F], [C, S]))
+    for st in (s[C], s[S]):
+        st.split("i", 128, "bi", "ti").bind("bi", "blockIdx.x").bind("ti", "threadIdx.x")
+    s[S].cache_write("ti", loc="local", name="acc")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert kern.index32
+    text = body(kern.source)
+    assert "const int ti = " in text  # indices: 32-bit
+    assert "long long acc_0;" in text and "((long long)__ldg(&F[" in text
+    assert not any(t in text for t in ("int acc", "(int)__ldg", "(int)F["))

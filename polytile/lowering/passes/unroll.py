@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...schedule.unrolling import MAX_UNROLL
 from .. import loopir as ir
 from .simplify import simplify_expr
-
-MAX_UNROLL = 512
 
 
 class _Unroll(ir.Mutator):
