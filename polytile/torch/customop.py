@@ -69,8 +69,9 @@ class KernelCall:
         # outputs written in another order than their dimensions' are returned as permuted views
         inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in out_orders or ()]
         self.out_views = [inv if inv != tuple(range(len(inv))) else None for inv in inverse] or None
-        self.reshaped = [tuple(r) if out_shapes is None or tuple(r) != tuple(s) else None
-                         for r, s in zip(stored_shapes, out_shapes or stored_shapes)] if stored_shapes else None
+        reshaped = [tuple(r) if out_shapes is None or tuple(r) != tuple(s) else None
+                    for r, s in zip(stored_shapes or (), out_shapes or stored_shapes or ())]
+        self.reshaped = reshaped if any(r is not None for r in reshaped) else None
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
         if len(tensors) != len(self.adapters):

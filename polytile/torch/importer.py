@@ -31,7 +31,7 @@ from ..errors import PolytileError
 from ..lang import expr as lx
 from ..lang.expr import Expr, call, select
 from ..lang.func import Func
-from ..lang.tensor import ComputeTensor, Placeholder, compute, placeholder, reduce_axis
+from ..lang.tensor import ComputeTensor, Placeholder, compute, placeholder, reduce_axis, with_epilogue
 from ..lang.tensor import max as pt_max
 from ..lang.tensor import min as pt_min
 from ..lang.tensor import sum as pt_sum
@@ -819,7 +819,6 @@ def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[Co
         # every read of the product is at the element being written (``_reads_in_place``)
         return lx.rebuild(out.body, lambda n: acc if isinstance(n, lx.Load) and n.tensor is C else at.get(id(n)))
 
-    from ..lang.tensor import with_epilogue
     fused = with_epilogue(C, epilogue)
     stage.tensor = fused
     low.stages[node] = fused

@@ -53,6 +53,8 @@ def test_the_epilogue_applies_to_complete_sums_in_one_loop_nest(dtype: str, sche
     tol = 1e-5 if dtype == "float32" else 4e-3
     np.testing.assert_allclose(out.astype(np.float64), _reference(*ins), rtol=tol, atol=tol)
     assert "R[" in kern.source and "bias[" in kern.source
+    from polytile.fuzz.reference import check
+    check(func, ins, [out])  # the fuzzer's independent evaluator applies the epilogue too
 
 
 def test_a_write_cache_holding_part_of_the_sums_is_refused() -> None:
