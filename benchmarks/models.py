@@ -137,7 +137,8 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
         res["rel_error"] = _rel(got, want)
         res["cuda_graphs"] = report.cuda_graphs
-        res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" for g in report.taken]
+        res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" + (f" ({g.kernels} kernels)" if g.kernels > 1
+                                                                          else "") for g in report.taken]
         res["kernels"] = report.kernels  # launched by the taken groups (an epilogue fused into its product: none)
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
         variants["polytile"] = compiled

@@ -791,38 +791,69 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
 RESHAPES = {aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze, aten.alias, aten.detach}
 """Views that keep every element's row-major position (its linear index)."""
 
+ENUMERATED_ELEMENTS = 1 << 22
+"""Outputs up to this many elements have their reads of the product checked element by element
+(``_enumerated_in_place``); larger ones only by the graph's structure (``_reads_in_place``)."""
+
 
 def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[ComputeTensor]
                      ) -> list[ComputeTensor]:
     """The outputs of a product's group with its epilogue moved into the product (``with_epilogue``):
     the output's value at each element, as a function of the product's sum at the same position, is
     then computed where the sum leaves the accumulator registers, and the product's sums are never
-    stored. Only where that holds by construction (``_reads_in_place``): one output, of the
-    product's number of elements, row-major, that reads the product through elementwise operations
-    of its own shape and reshapes only. Otherwise (several outputs — the raw product read outside
-    the group —, broadcasts, transposes, slices) ``out_tensors`` as they are: the epilogue is a
-    kernel of its own after the product's."""
+    stored. Only where every read of the product is at the element being written: one output, of the
+    product's number of elements, whose kernel array (in storage order, row-major) reads the product
+    at its own linear index — checked for every element (``_enumerated_in_place``: views to heads
+    and their permutes, written in the permuted storage order torch gives them), or for larger outputs
+    by structure (``_reads_in_place``: elementwise operations and reshapes, row-major). Otherwise
+    (several outputs — the raw product read outside the group —, broadcasts, transposes, slices)
+    ``out_tensors`` as they are: the epilogue is a kernel of its own after the product's."""
     products = [st for st in low.stage_list if st.kind == "gemm"]
     if len(products) != 1 or len(outputs) != 1 or out_tensors[0] is products[0].tensor:
         return out_tensors
     stage = products[0]
     (node,) = [n for n, t in low.stages.items() if t is stage.tensor]
     out, C = out_tensors[0], stage.tensor
-    if meta(outputs[0]).numel() != meta(node).numel() or storage_order(meta(outputs[0])) != tuple(
-            range(meta(outputs[0]).ndim)) or not _reads_in_place(outputs[0], node, low.members):
-        return out_tensors
     C_shape = [int(d.value) for d in C.shape]  # type: ignore[attr-defined]
     out_shape = [int(d.value) for d in out.shape]  # type: ignore[attr-defined]
+    if math.prod(out_shape) != math.prod(C_shape):
+        return out_tensors
+    if math.prod(out_shape) <= ENUMERATED_ELEMENTS:
+        in_place = _enumerated_in_place(out, C, C_shape, out_shape)
+    else:
+        in_place = storage_order(meta(outputs[0])) == tuple(range(len(out_shape))) and \
+            _reads_in_place(outputs[0], node, low.members)
+    if not in_place:
+        return out_tensors
 
     def epilogue(acc: Expr, *cidx: Expr) -> Expr:
         at = dict(zip((id(a) for a in out.axes), reshape_index(cidx, C_shape, out_shape)))
-        # every read of the product is at the element being written (``_reads_in_place``)
+        # every read of the product is at the element being written (checked above)
         return lx.rebuild(out.body, lambda n: acc if isinstance(n, lx.Load) and n.tensor is C else at.get(id(n)))
 
     fused = with_epilogue(C, epilogue)
     stage.tensor = fused
     low.stages[node] = fused
     return [fused]
+
+
+def _enumerated_in_place(out: ComputeTensor, C: ComputeTensor, C_shape: list[int], out_shape: list[int]) -> bool:
+    """Whether every read of ``C`` in ``out``'s body, at every element of ``out``, is at the element of
+    ``C`` with ``out``'s linear index (both row-major): the index expressions evaluated on all elements."""
+    import numpy as np
+    linear = np.arange(math.prod(out_shape), dtype=np.int64)
+    env = {id(a): v for a, v in zip(out.axes, np.unravel_index(linear, out_shape))}
+    reads = [n for n in lx.walk(out.body) if isinstance(n, lx.Load) and n.tensor is C]
+    try:
+        for r in reads:
+            idx = [np.broadcast_to(_index_values(i, env), linear.shape) for i in r.indices]
+            if any(((i < 0) | (i >= n)).any() for i, n in zip(idx, C_shape)):
+                return False
+            if not np.array_equal(np.ravel_multi_index(idx, C_shape), linear):
+                return False
+    except Unsupported:
+        return False
+    return True
 
 
 def _reads_in_place(output: fx.Node, product: fx.Node, members: set[fx.Node]) -> bool:
@@ -847,6 +878,21 @@ def _reads_in_place(output: fx.Node, product: fx.Node, members: set[fx.Node]) ->
             return False
         stack.extend(x for x in inner if isinstance(x, fx.Node) and x in members)
     return True
+
+
+def _index_values(e: Expr, env: dict[int, Any]) -> Any:
+    """An index expression (integers, axes, + - * // %) on arrays of the axes' values."""
+    if isinstance(e, lx.Const):
+        return e.value
+    if isinstance(e, lx.IterVar) and id(e) in env:
+        return env[id(e)]
+    if isinstance(e, lx.Cast) and e.dtype.is_int:
+        return _index_values(e.a, env)
+    if isinstance(e, lx.BinOp) and e.op in ("+", "-", "*", "//", "%"):
+        a, b = _index_values(e.a, env), _index_values(e.b, env)
+        return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
+                "//": lambda: a // b, "%": lambda: a % b}[e.op]()
+    raise Unsupported(f"index {e} is not an integer expression of the output's axes")
 
 
 def _reused_stage(stage: ComputeTensor, stages: list[Stage]) -> ComputeTensor | None:

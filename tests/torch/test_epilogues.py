@@ -40,11 +40,17 @@ def plain_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Te
     return x @ w.t()                                        # 16-bit: the cast to the output type alone
 
 
+def heads_scale(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    # attention's heads: [7, 77] viewed as [1, 7, 7, 11], permuted to [1, 7 heads, 7, 11] and scaled;
+    # torch stores the result in the permuted order, which is the product's own
+    return F.linear(x, w, b).view(1, 7, 7, 11).permute(0, 2, 1, 3) * 0.125
+
+
 def boolean_epilogue(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w, b) > r                            # stored as booleans
 
 
-FUSED = [linear_gelu_residual, mm_relu_bias, linear_3d, bmm_scale, plain_product, boolean_epilogue]
+FUSED = [linear_gelu_residual, mm_relu_bias, linear_3d, bmm_scale, plain_product, heads_scale, boolean_epilogue]
 
 
 def raw_product_read_twice(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor
@@ -156,7 +162,7 @@ def test_odd_shapes_with_epilogues_compile_for_the_tensor_cores(nvcc: str) -> No
 def all_cases(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Every case above in one graph (its groups are compiled together)."""
     out: list[torch.Tensor] = []
-    for fn in (linear_gelu_residual, mm_relu_bias, plain_product, *FALLBACKS):
+    for fn in (linear_gelu_residual, mm_relu_bias, plain_product, heads_scale, *FALLBACKS):
         y = fn(x, w, b, r)
         out.extend(y if isinstance(y, tuple) else (y,))
     return tuple(out)
@@ -171,7 +177,7 @@ def test_epilogues_on_the_gpu_match_eager(dtype: torch.dtype, rows: int) -> None
         x = torch.randn(rows, 129, device="cuda").to(dtype)
         r = (torch.randn(rows, 77, device="cuda") * 0.2).to(dtype)
     report = compile_and_compare(all_cases, x, w, b, r, cuda_graphs=False)
-    assert report.taken_ops["mm"] + report.taken_ops["addmm"] == 6, report
+    assert report.taken_ops["mm"] + report.taken_ops["addmm"] == 7, report
     if rows == 7:
         compile_and_compare(linear_3d, x, w, b, r, cuda_graphs=False)
         compile_and_compare(bmm_scale, x, w, b, r, cuda_graphs=False)
