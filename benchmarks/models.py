@@ -137,7 +137,9 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
         res["rel_error"] = _rel(got, want)
         res["cuda_graphs"] = report.cuda_graphs
-        res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" for g in report.taken]
+        res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" + (f" ({g.kernels} kernels)" if g.kernels > 1
+                                                                          else "") for g in report.taken]
+        res["kernels"] = report.kernels  # launched by the taken groups (an epilogue fused into its product: none)
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
         variants["polytile"] = compiled
         for peer, mode in INDUCTOR_MODES:
@@ -199,7 +201,7 @@ def _device_name(device: str) -> str:
 
 def print_table(results: list[dict[str, Any]], peers: list[str]) -> None:
     head = ["model", "dtype", "polytile ms"] + [f"{p} ms" for p in peers] + [f"vs {p}" for p in peers] + [
-        "compile s", "tune s", "rel. error", "groups taken"]
+        "compile s", "tune s", "rel. error", "groups taken", "kernels"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in results:
@@ -207,7 +209,7 @@ def print_table(results: list[dict[str, Any]], peers: list[str]) -> None:
         row += [f"{r['ms'][p]:.2f}" if p in r["ms"] else "-" for p in peers]
         row += [f"{r['speedup'][p]:.2f}×" if p in r["speedup"] else "-" for p in peers]
         row += [f"{r['compile_s']['polytile']:.0f}", f"{r['tune_s']:.0f}" if "tune_s" in r else "-",
-                f"{r['rel_error']:.1e}", str(len(r["taken"]))]
+                f"{r['rel_error']:.1e}", str(len(r["taken"])), str(r.get("kernels", "-"))]
         print("| " + " | ".join(row) + " |")
 
 

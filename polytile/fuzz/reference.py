@@ -169,6 +169,9 @@ class Evaluator:
             mask = mask & np.broadcast_to(w.v, mask.shape).astype(bool)
             mask = mask | unknown
         body = self.eval(comp.body, env, mask, ndim=ndim, ndata=len(shape))
+        if comp.epilogue is not None:  # what is stored: the epilogue of the complete sums
+            env[id(comp.accumulated)] = body
+            body = self.eval(comp.epilogue, env, mask, ndim=ndim, ndata=len(shape))
         d = comp.dtype
         v = np.broadcast_to(body.v, mask.shape).reshape(shape).copy()
         e = np.broadcast_to(body.e, mask.shape).reshape(shape).astype(np.float64)
@@ -212,7 +215,7 @@ class Evaluator:
                 return Val.exact(e.value, e.dtype)
             v = np.asarray(float(e.value))
             return Val(v, np.abs(v - v.astype(e.dtype.numpy).astype(np.float64)), e.dtype)
-        if isinstance(e, lx.IterVar):
+        if isinstance(e, lx.IterVar) or (isinstance(e, lx.Var) and id(e) in env):  # (an epilogue's sums)
             return env[id(e)]
         if isinstance(e, lx.Param):
             return Val.exact(np.int64(self.params[e.name]), e.dtype)

@@ -110,8 +110,9 @@ class Func:
                 visit(t.value_range[1])
         for comp in self.computations:
             visit(comp.body)
-            if comp.where is not None:
-                visit(comp.where)
+            for extra in (comp.where, comp.epilogue):
+                if extra is not None:
+                    visit(extra)
         for c in self.constraints:
             visit(c)
         return sorted(found.values(), key=lambda p: p.name)

@@ -17,6 +17,7 @@ from .expr import (
     Load,
     Param,
     Reduce,
+    Var,
     as_expr,
     cast,
     rebuild,
@@ -90,14 +91,19 @@ class ComputeTensor(Tensor):
     computed only where ``where`` holds (a non-rectangular domain). ``dtype`` is the type it is
     stored as: the body's type, or for a reduction stored narrower (``compute(store_dtype=...)``)
     another one, the sums rounded to it once, when they are complete (``value_dtype``: the type they
-    are summed in)."""
+    are summed in). A reduction with an ``epilogue`` stores that expression of its complete sums
+    (``accumulated``, a variable in it) and its data axes instead (``compute(epilogue=...)``), in the
+    epilogue's type."""
 
     def __init__(self, name: str, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
-                 where: Expr | None, dtype: DType | None = None):
-        super().__init__(name, shape, body.dtype if dtype is None else dtype)
+                 where: Expr | None, dtype: DType | None = None,
+                 epilogue: tuple[Var, Expr] | None = None):
+        stored = dtype if dtype is not None else epilogue[1].dtype if epilogue is not None else body.dtype
+        super().__init__(name, shape, stored)
         self.axes = axes
         self.body = body
         self.where = where
+        self.accumulated, self.epilogue = epilogue if epilogue is not None else (None, None)
 
     @property
     def value_dtype(self) -> DType:
@@ -108,6 +114,13 @@ class ComputeTensor(Tensor):
     def narrowed(self) -> bool:
         """Whether the sums of this reduction are stored in another type than they are summed in."""
         return self.dtype != self.body.dtype
+
+    @property
+    def finished(self) -> bool:
+        """Whether the sums of this reduction are finished once complete, before they are stored
+        (rounded to a narrower type, or through an epilogue): a schedule then accumulates them in a
+        write cache that holds all of its reduction."""
+        return self.reduction is not None and (self.narrowed or self.epilogue is not None)
 
     @property
     def reduction(self) -> Reduce | None:
@@ -129,6 +142,8 @@ class ComputeTensor(Tensor):
         red = self.reduction
         if red is not None and red.where is not None:
             roots.append(red.where)
+        if self.epilogue is not None:
+            roots.append(self.epilogue)
         for r in roots:
             for n in walk(r):
                 if isinstance(n, Load):
@@ -246,7 +261,7 @@ def _lambda_names(fn: Callable[..., object], ndim: int, name: str) -> list[str]:
 
 def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None, *,
             where: Callable[..., ExprLike] | None = None, dtype: object | None = None,
-            store_dtype: object | None = None) -> ComputeTensor:
+            store_dtype: object | None = None, epilogue: Callable[..., ExprLike] | None = None) -> ComputeTensor:
     """A tensor whose element at (i, j, …) is ``fn(i, j, …)``.
 
     ``where`` restricts the computed points to a sub-domain (e.g. ``lambda i, j: j <= i`` for a
@@ -259,6 +274,9 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
     type that holds all of its reduction (``cache_write``; the lowering adds one where there is none).
     A scalar (0-d) takes no write cache: its reduction becomes a scalar of its own (``<name>_red``,
     summed in its type) that this one rounds, as with ``dtype``.
+    ``epilogue(value, i, j, …)``: what is stored at (i, j, …) instead of the value (``with_epilogue``):
+    a reduction's complete sums go through it as they are written back (a GEMM's bias, activation,
+    residual and cast), in the registers that summed them.
     """
     name = check_name(name, "tensor") if name is not None else _fresh("compute")
     dims = _shape(shape, f"compute {name}")
@@ -280,7 +298,35 @@ def compute(shape: object, fn: Callable[..., ExprLike], name: str | None = None,
             body, stored = cast(stored, body), None
         elif not dims:
             body, stored = _hoist_nested_reductions(cast(stored, body), dims, axes, name, cond), None
-    return ComputeTensor(name, dims, axes, body, cond, stored)
+    out = ComputeTensor(name, dims, axes, body, cond, stored)
+    return out if epilogue is None else with_epilogue(out, epilogue)
+
+
+def with_epilogue(t: ComputeTensor, fn: Callable[..., ExprLike]) -> ComputeTensor:
+    """``t`` storing ``fn(value, *axes)`` in place of each of its values: for a reduction, its complete
+    sums (in ``t.value_dtype``) go through ``fn`` when they are written back, the result rounded to
+    ``t.dtype`` where ``t`` is stored narrower; otherwise ``fn`` is composed into the body. The
+    epilogue may read inputs (placeholders) only: a computation it would read is not ordered before
+    the write-back."""
+    red = t.reduction
+    acc = Var(f"{t.name}_acc", t.value_dtype if red is not None else t.dtype)
+    value = as_expr(fn(acc, *t.axes))  # type: ignore[arg-type]
+    own = {id(a) for a in t.axes}
+    for n in walk(value):
+        if isinstance(n, Load) and not isinstance(n.tensor, Placeholder):
+            raise LanguageError(f"the epilogue of {t.name} reads {n.tensor.name}, a computation; an epilogue reads "
+                                "inputs only: compute the expression as a computation of its own")
+        if isinstance(n, Reduce):
+            raise LanguageError(f"the epilogue of {t.name} has a reduction; compute it as a tensor of its own")
+        if isinstance(n, IterVar) and id(n) not in own:
+            raise LanguageError(f"the epilogue of {t.name} uses axis {n.name}, which is not one of {t.name}'s "
+                                "data axes")
+    if red is None:
+        return ComputeTensor(t.name, t.shape, t.axes, rebuild(value, lambda n: t.body if n is acc else None),
+                             t.where)
+    if t.narrowed:
+        value = cast(t.dtype, value)
+    return ComputeTensor(t.name, t.shape, t.axes, t.body, t.where, epilogue=(acc, value))
 
 
 def _hoist_nested_reductions(body: Expr, dims: tuple[Expr, ...], axes: tuple[IterVar, ...], name: str,

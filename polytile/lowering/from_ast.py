@@ -516,7 +516,14 @@ class IRBuilder:
             return ir.Store(cbuf, cidx, value)
         tbuf = self.buffers[tensor]
         dbuf, didx = conv.index_of(tensor, elem)  # the tensor, or the next buffer out of a chain
-        out: ir.Stmt = ir.Store(dbuf, didx, _converted(dbuf.dtype, ir.Load(cbuf, cidx)))  # sums rounded once
+        done: ir.Expr = ir.Load(cbuf, cidx)
+        comp = self.computations.get(tensor)
+        if comp is not None and comp.epilogue is not None and dbuf is tbuf:
+            # the complete sums, where they leave for the tensor itself: through the epilogue
+            env = {id(a): i for a, i in zip(comp.axes, elem)}
+            env[id(comp.accumulated)] = _converted(comp.value_dtype, done)
+            done = conv.convert(comp.epilogue, env)
+        out: ir.Stmt = ir.Store(dbuf, didx, _converted(dbuf.dtype, done))  # sums rounded once
         if plan.guard_inside:  # a whole tile written back: the elements inside the tensor
             inside = [ir.Cmp("<", i, d) for i, d in zip(elem, tbuf.shape)]
             out = ir.If(inside[0] if len(inside) == 1 else ir.Logic("&&", tuple(inside)), out)

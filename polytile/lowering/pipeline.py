@@ -143,13 +143,14 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
 
 
 def cache_narrowed_sums(sched: Schedule) -> None:
-    """Give each reduction stored narrower than it sums (``compute(store_dtype=)``) a write cache that
-    holds all of its reduction, so that its sums are rounded once, when complete (as NumPy's float32
-    product cast to float16): one at the loop just outside its reduction loops where it has none
+    """Give each reduction stored narrower than it sums (``compute(store_dtype=)``) or through an
+    epilogue (``compute(epilogue=)``) a write cache that holds all of its reduction, so that its sums
+    are finished once, when complete (as NumPy's float32 product cast to float16; the epilogue
+    applied as the cache is written back): one at the loop just outside its reduction loops where it has none
     (added to ``sched``, which ``lower`` restores); a write cache that holds only part of the
     reduction was refused by the primitive that made it so (``check_narrowed_write_caches``)."""
     for comp in sched.computations:
-        if comp.reduction is None or not comp.narrowed:
+        if not comp.finished:
             continue
         if not any(c.kind == "write" and c.consumer == comp.name for c in sched.caches):
             first = reduction_start(sched, comp.name)

@@ -236,11 +236,12 @@ def reduction_start(sched: Schedule, name: str) -> int:
 
 
 def check_narrowed_write_caches(sched: Schedule) -> None:
-    """A reduction stored narrower than it sums (``compute(store_dtype=)``) rounds its sums once, when
-    complete: refuse write caches of it of which none holds all of its reduction (checked by every
-    primitive, so that the one that makes it so is refused, not the build)."""
+    """A reduction stored narrower than it sums (``compute(store_dtype=)``) or through an epilogue
+    (``compute(epilogue=)``) finishes its sums once, when complete: refuse write caches of it of which
+    none holds all of its reduction (checked by every primitive, so that the one that makes it so is
+    refused, not the build)."""
     for comp in sched.computations:
-        if comp.reduction is None or not comp.narrowed:
+        if not comp.finished:
             continue
         writes = [c for c in sched.caches if c.kind == "write" and c.consumer == comp.name]
         loops = sched.states[comp.name].loops
@@ -252,8 +253,9 @@ def check_narrowed_write_caches(sched: Schedule) -> None:
         last = max(loops.index(c.level) for c in writes)
         outer = ", ".join(n for k, n in enumerate(loops.names)
                           if k <= last and loops.depends_on(k, sched.program.statements[comp.name].reduce_dims))
+        how = "through its epilogue" if comp.epilogue is not None else f"as {comp.dtype}"
         raise ScheduleError(
-            f"{comp.name} sums in {comp.value_dtype} and is stored as {comp.dtype}: its sums are rounded "
+            f"{comp.name} sums in {comp.value_dtype} and is stored {how}: its sums are finished "
             f"once, when complete, but its write cache(s) {', '.join(c.name for c in writes)} hold only part "
             f"of the reduction (loop(s) {outer} run outside them). Place the write cache at a loop outside "
             f"every reduction loop ({loops.names[first - 1] if first else 'at the top'} or above), or "

@@ -222,7 +222,8 @@ def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None 
     for g in part.groups:
         try:
             imp = import_group(g.nodes, group_outputs(g, graph_outputs), g.kind,
-                               target.vector_lanes(4) if target.kind == "cpu" else None)
+                               target.vector_lanes(4) if target.kind == "cpu" else None,
+                               fuse_epilogue=True)
         except PolytileError as err:
             for n in g.nodes:
                 if node_kind(n) not in ("view", "getitem"):
@@ -258,7 +259,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
         return _boxed(gm.forward)
     for c in chosen:
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
-                                       _us(c.polytile_s), _us(c.torch_s)))
+                                       _us(c.polytile_s), _us(c.torch_s), len(getattr(c.call.kernel, "kernels", [1]))))
     report.compile_s += time.perf_counter() - start
     if cuda_graphs:
         from .graphs import GraphedForward
@@ -300,7 +301,8 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
                 rejected[g.anchor] = left[g.anchor]
             continue
         shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
-        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, shapes, imp.out_orders), origin)
+        written = [tuple(int(d.value) for d in t.shape) for t in imp.func.outputs]  # a product's, with its epilogue
+        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, written, imp.out_orders, shapes), origin)
         decision = _decide(cand, opts, target, records)
         cand.polytile_s, cand.torch_s = decision.polytile_s, decision.torch_s
         if decision.keep:

@@ -49,11 +49,15 @@ class KernelCall:
     """Calls ``kernel`` on torch tensors (see the module docstring). ``adapters`` turn each input into
     the array the kernel takes (default: contiguous); ``out_shapes``, when the kernel's outputs have
     fixed shapes, saves working them out per call; ``out_orders`` gives, per output, the dimensions in
-    the order the kernel stores them (the result is that array viewed in its natural order)."""
+    the order the kernel stores them (the result is that array viewed in its natural order);
+    ``stored_shapes``, per output, the shape in that order as which the kernel's array is viewed
+    first, where it differs (a product's result written through its epilogue as [B·S][N], returned
+    as the [B][S][N] the graph's reshape made of it)."""
 
     def __init__(self, kernel: Any, adapters: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None,
                  out_shapes: Sequence[tuple[int, ...]] | None = None,
-                 out_orders: Sequence[tuple[int, ...]] | None = None):
+                 out_orders: Sequence[tuple[int, ...]] | None = None,
+                 stored_shapes: Sequence[tuple[int, ...]] | None = None):
         self.kernel = kernel
         func: Func = kernel.func
         self.func = func
@@ -65,6 +69,9 @@ class KernelCall:
         # outputs written in another order than their dimensions' are returned as permuted views
         inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in out_orders or ()]
         self.out_views = [inv if inv != tuple(range(len(inv))) else None for inv in inverse] or None
+        reshaped = [tuple(r) if out_shapes is None or tuple(r) != tuple(s) else None
+                    for r, s in zip(stored_shapes or (), out_shapes or stored_shapes or ())]
+        self.reshaped = reshaped if any(r is not None for r in reshaped) else None
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
         if len(tensors) != len(self.adapters):
@@ -75,6 +82,8 @@ class KernelCall:
             outs = [out] if self.single else list(out)
         else:
             outs = self._host_call(xs)
+        if self.reshaped is not None:
+            outs = [o if r is None else o.view(r) for o, r in zip(outs, self.reshaped)]
         if self.out_views is not None:
             outs = [o if v is None else o.permute(v) for o, v in zip(outs, self.out_views)]
         return outs[0] if self.single else tuple(outs)

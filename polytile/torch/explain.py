@@ -21,6 +21,7 @@ class TakenGroup:
     schedule: str  # "tuned" (from the records) or "default"
     polytile_us: float | None = None  # measured on random inputs at compile time (None: not measured)
     torch_us: float | None = None
+    kernels: int = 1  # the kernels one call launches (GPU; a CPU call is one function)
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Report:
     cuda_graph_replays: int = 0
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def kernels(self) -> int:
+        """The kernels the taken groups launch, together (a product with its epilogue fused: one)."""
+        return sum(g.kernels for g in self.taken)
 
     def leave(self, op: str, reason: str) -> None:
         self.left.append(LeftOp(op, reason))
@@ -68,7 +74,8 @@ class Report:
                 t = ""
                 if g.polytile_us is not None and g.torch_us is not None:
                     t = f"  {g.polytile_us:.1f} µs vs torch {g.torch_us:.1f} µs"
-                lines.append(f"  {g.kind:<11} {' + '.join(g.ops)} [{g.schedule}]{t}")
+                n = f" ({g.kernels} kernels)" if g.kernels > 1 else ""
+                lines.append(f"  {g.kind:<11} {' + '.join(g.ops)} [{g.schedule}]{n}{t}")
         if self.left:
             lines.append("left to torch:")
             for op, reasons in sorted(self.reasons().items()):

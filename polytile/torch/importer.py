@@ -31,7 +31,7 @@ from ..errors import PolytileError
 from ..lang import expr as lx
 from ..lang.expr import Expr, call, select
 from ..lang.func import Func
-from ..lang.tensor import ComputeTensor, Placeholder, compute, placeholder, reduce_axis
+from ..lang.tensor import ComputeTensor, Placeholder, compute, placeholder, reduce_axis, with_epilogue
 from ..lang.tensor import max as pt_max
 from ..lang.tensor import min as pt_min
 from ..lang.tensor import sum as pt_sum
@@ -743,11 +743,13 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, lx.Const) and e.value == 0
 
 
-def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str, lanes: int | None = None
-                 ) -> Imported:
+def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str, lanes: int | None = None,
+                 fuse_epilogue: bool = False) -> Imported:
     """Write ``nodes`` (a group, in graph order) as a Func computing ``outputs``; the Func carries its
     ``GroupInfo`` as ``func.torch_group``. ``lanes``: the CPU's vector lanes (row reductions are then
-    written as vector partial results and their sum). Raises ``Unsupported`` (or another
+    written as vector partial results and their sum). ``fuse_epilogue``: a product's epilogue that
+    reads the product element by element in place becomes the product's own epilogue, applied as
+    its sums are written back (``product_epilogue``). Raises ``Unsupported`` (or another
     ``PolytileError``) when the group cannot be written."""
     from .schedules import GroupInfo, StageInfo
     low = Lowering(nodes, f"torch_{kind}", lanes)
@@ -773,6 +775,8 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
         out_tensors.append(reused if reused is not None and reused not in out_tensors else stage)
         out_dtypes.append(t.dtype)
         out_perms.append(perm)
+    if fuse_epilogue and kind == "gemm":
+        out_tensors = product_epilogue(low, list(outputs), out_tensors)
     ins = list(low.inputs)
     func = Func([low.inputs[n][0] for n in ins], out_tensors, name=low.name)
     longest = max([st.info.get("K", 1) if st.kind == "gemm" else
@@ -782,6 +786,113 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
         kind, tuple(StageInfo(st.kind, st.tensor.name, tuple(sorted(st.info.items()))) for st in low.stage_list),
         tuple(t.name for t in out_tensors), longest)
     return Imported(func, kind, ins, [low.inputs[n][1] for n in ins], list(outputs), out_dtypes, out_perms)
+
+
+RESHAPES = {aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze, aten.alias, aten.detach}
+"""Views that keep every element's row-major position (its linear index)."""
+
+ENUMERATED_ELEMENTS = 1 << 22
+"""Outputs up to this many elements have their reads of the product checked element by element
+(``_enumerated_in_place``); larger ones only by the graph's structure (``_reads_in_place``)."""
+
+
+def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[ComputeTensor]
+                     ) -> list[ComputeTensor]:
+    """The outputs of a product's group with its epilogue moved into the product (``with_epilogue``):
+    the output's value at each element, as a function of the product's sum at the same position, is
+    then computed where the sum leaves the accumulator registers, and the product's sums are never
+    stored. Only where every read of the product is at the element being written: one output, of the
+    product's number of elements, whose kernel array (in storage order, row-major) reads the product
+    at its own linear index — checked for every element (``_enumerated_in_place``: views to heads
+    and their permutes, written in the permuted storage order torch gives them), or for larger outputs
+    by structure (``_reads_in_place``: elementwise operations and reshapes, row-major). Otherwise
+    (several outputs — the raw product read outside the group —, broadcasts, transposes, slices)
+    ``out_tensors`` as they are: the epilogue is a kernel of its own after the product's."""
+    products = [st for st in low.stage_list if st.kind == "gemm"]
+    if len(products) != 1 or len(outputs) != 1 or out_tensors[0] is products[0].tensor:
+        return out_tensors
+    stage = products[0]
+    (node,) = [n for n, t in low.stages.items() if t is stage.tensor]
+    out, C = out_tensors[0], stage.tensor
+    C_shape = [int(d.value) for d in C.shape]  # type: ignore[attr-defined]
+    out_shape = [int(d.value) for d in out.shape]  # type: ignore[attr-defined]
+    if math.prod(out_shape) != math.prod(C_shape):
+        return out_tensors
+    if math.prod(out_shape) <= ENUMERATED_ELEMENTS:
+        in_place = _enumerated_in_place(out, C, C_shape, out_shape)
+    else:
+        in_place = storage_order(meta(outputs[0])) == tuple(range(len(out_shape))) and \
+            _reads_in_place(outputs[0], node, low.members)
+    if not in_place:
+        return out_tensors
+
+    def epilogue(acc: Expr, *cidx: Expr) -> Expr:
+        at = dict(zip((id(a) for a in out.axes), reshape_index(cidx, C_shape, out_shape)))
+        # every read of the product is at the element being written (checked above)
+        return lx.rebuild(out.body, lambda n: acc if isinstance(n, lx.Load) and n.tensor is C else at.get(id(n)))
+
+    fused = with_epilogue(C, epilogue)
+    stage.tensor = fused
+    low.stages[node] = fused
+    return [fused]
+
+
+def _enumerated_in_place(out: ComputeTensor, C: ComputeTensor, C_shape: list[int], out_shape: list[int]) -> bool:
+    """Whether every read of ``C`` in ``out``'s body, at every element of ``out``, is at the element of
+    ``C`` with ``out``'s linear index (both row-major): the index expressions evaluated on all elements."""
+    import numpy as np
+    linear = np.arange(math.prod(out_shape), dtype=np.int64)
+    env = {id(a): v for a, v in zip(out.axes, np.unravel_index(linear, out_shape))}
+    reads = [n for n in lx.walk(out.body) if isinstance(n, lx.Load) and n.tensor is C]
+    try:
+        for r in reads:
+            idx = [np.broadcast_to(_index_values(i, env), linear.shape) for i in r.indices]
+            if any(((i < 0) | (i >= n)).any() for i, n in zip(idx, C_shape)):
+                return False
+            if not np.array_equal(np.ravel_multi_index(idx, C_shape), linear):
+                return False
+    except Unsupported:
+        return False
+    return True
+
+
+def _reads_in_place(output: fx.Node, product: fx.Node, members: set[fx.Node]) -> bool:
+    """Whether every path from ``output`` back to ``product`` inside the group reads the element at the
+    same linear index: elementwise operations whose operands from the group have their shape, and
+    reshapes."""
+    seen: set[fx.Node] = set()
+    stack = [output]
+    while stack:
+        n = stack.pop()
+        if n in seen or n is product:
+            continue
+        seen.add(n)
+        kind = node_kind(n)
+        if kind == "view" and _packet(n.target) in RESHAPES:
+            inner = [n.args[0]]
+        elif kind == "elementwise" and _packet(n.target) is not aten._native_batch_norm_legit_no_training:
+            inner = [x for x in n.all_input_nodes if x in members]
+            if any(tuple(meta(x).shape) != tuple(meta(n).shape) for x in inner):
+                return False
+        else:
+            return False
+        stack.extend(x for x in inner if isinstance(x, fx.Node) and x in members)
+    return True
+
+
+def _index_values(e: Expr, env: dict[int, Any]) -> Any:
+    """An index expression (integers, axes, + - * // %) on arrays of the axes' values."""
+    if isinstance(e, lx.Const):
+        return e.value
+    if isinstance(e, lx.IterVar) and id(e) in env:
+        return env[id(e)]
+    if isinstance(e, lx.Cast) and e.dtype.is_int:
+        return _index_values(e.a, env)
+    if isinstance(e, lx.BinOp) and e.op in ("+", "-", "*", "//", "%"):
+        a, b = _index_values(e.a, env), _index_values(e.b, env)
+        return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
+                "//": lambda: a // b, "%": lambda: a % b}[e.op]()
+    raise Unsupported(f"index {e} is not an integer expression of the output's axes")
 
 
 def _reused_stage(stage: ComputeTensor, stages: list[Stage]) -> ComputeTensor | None:

@@ -109,6 +109,8 @@ def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> No
     tiles = cpu_gemm_tiles(st["M"], st["N"], st["K"], target, 4)
     if k.gemm_tiles:
         tiles.update(k.gemm_tiles)
+    if sched.computation(st.name).finished:  # an epilogue applies to complete sums: K in one block
+        tiles["kc"] = st["K"]
     schedule_gemm_cpu(sched, st.name, "A", "B", tiles, b_transposed=st["b_transposed"],
                       batch="bb" if st["batch"] is not None else None)
     if not k.parallel:

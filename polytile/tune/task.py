@@ -149,6 +149,8 @@ def _func_fingerprint(func: object) -> str:
     parts = [func.name]  # type: ignore[attr-defined]
     for t in [*func.inputs, *func.computations]:  # type: ignore[attr-defined]
         body = expr_str(t.body) if hasattr(t, "body") else "input"
+        if getattr(t, "epilogue", None) is not None:
+            body += f" then {t.accumulated.name} -> {expr_str(t.epilogue)}"
         parts.append(f"{t.name}:{t.dtype.name}[{','.join(expr_str(d) for d in t.shape)}]={body}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 

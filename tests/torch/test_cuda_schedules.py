@@ -15,7 +15,8 @@ F = torch.nn.functional
 
 
 def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
-    """The groups of ``fn``'s aten graph (traced on the CPU) imported as for a GPU."""
+    """The groups of ``fn``'s aten graph (traced on the CPU) imported as for a GPU (products with their
+    epilogues fused, as the backend writes them)."""
     from torch._dynamo.backends.common import aot_autograd
 
     from polytile.torch.compiler import _graph_outputs
@@ -25,7 +26,8 @@ def _groups(fn: object, *inputs: torch.Tensor) -> list[object]:
 
     def collect(gm: torch.fx.GraphModule, _: list[object]) -> object:
         outs = _graph_outputs(gm)
-        found.extend(import_group(g.nodes, group_outputs(g, outs), g.kind) for g in partition(gm, "cpu").groups)
+        found.extend(import_group(g.nodes, group_outputs(g, outs), g.kind, fuse_epilogue=True)
+                     for g in partition(gm, "cpu").groups)
         return gm.forward
 
     with torch.no_grad():
