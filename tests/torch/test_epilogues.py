@@ -41,9 +41,9 @@ def plain_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Te
 
 
 def heads_scale(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    # attention's heads: [7, 77] viewed as [1, 7, 7, 11], permuted to [1, 7 heads, 7, 11] and scaled;
+    # attention's heads: [n, 77] viewed as [1, n, 7, 11], permuted to [1, 7 heads, n, 11] and scaled;
     # torch stores the result in the permuted order, which is the product's own
-    return F.linear(x, w, b).view(1, 7, 7, 11).permute(0, 2, 1, 3) * 0.125
+    return F.linear(x, w, b).view(1, x.shape[0], 7, 11).permute(0, 2, 1, 3) * 0.125
 
 
 def boolean_epilogue(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
