@@ -54,6 +54,10 @@ FINDINGS = ("wrong", "crash", "hang", "internal", "refused-late")
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
 UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+# the spacing of subnormals: a product, quotient or function value that underflows is off by up to
+# this however small it is (UNIT * |v| alone called float16(0.1614 ** 8) = 8 * 2^-24 wrong by
+# 1.7e-8 against a bound of 2e-10: seed 21 case 3004, a fuzzer bug)
+TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149, "float64": 2.0 ** -1074}
 FMAX = {"float16": 6.0e4, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
 SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33)
 GPU_ONLY = ("bind", "blockIdx", "threadIdx", "shared", "local", "global", "tensorize", "pipeline")
@@ -998,7 +1002,7 @@ class Ref:
             v, e = self.do_cast(t.body.dtype, dt, v, e)
         if dt in FLOATS:
             with np.errstate(all="ignore"):
-                e = e + UNIT[dt] * np.abs(v)
+                e = e + UNIT[dt] * np.abs(v) + TINY[dt]
         elif dt != "bool":
             lo, hi = irange(dt)
             if v.size and (v.min() < lo or v.max() > hi):
@@ -1023,7 +1027,7 @@ class Ref:
     def do_cast(self, src, dt, v, e):
         if dt in FLOATS:
             v = v.astype(np.float64)
-            e = (e if e is not None else np.zeros(v.shape)) + UNIT[dt] * np.abs(v)
+            e = (e if e is not None else np.zeros(v.shape)) + UNIT[dt] * np.abs(v) + TINY[dt]
             return v, e
         if src in FLOATS:
             raise Invalid("float to int cast")
@@ -1088,11 +1092,11 @@ class Ref:
                 elif op == "*":
                     v = x * y
                     prop = np.abs(x) * ey + np.abs(y) * ex + ex * ey
-                    e = prop + u * (np.abs(v) + prop)
+                    e = prop + u * (np.abs(v) + prop) + TINY[dt]
                 elif op == "/":
                     v = x / y
                     den = np.maximum(np.abs(y) - ey, 1e-300)
-                    e = (ex + np.abs(v) * ey) / den + u * (np.abs(v) + (ex + np.abs(v) * ey) / den)
+                    e = (ex + np.abs(v) * ey) / den + u * (np.abs(v) + (ex + np.abs(v) * ey) / den) + TINY[dt]
                 else:
                     v = np.maximum(x, y) if op == "max" else np.minimum(x, y)
                     e = np.maximum(ex, ey)
@@ -1108,36 +1112,36 @@ class Ref:
             ex = np.asarray(ex if ex is not None else 0.0)
             if a.dtype not in FLOATS:
                 ex = ex + UNIT["float32"] * np.abs(x)
-            c = 8 * u
+            c, tiny = 8 * u, 8 * TINY[n.dtype]
             with np.errstate(all="ignore"):
                 if f == "abs":
                     return np.abs(x), (ex if n.dtype in FLOATS else None), None
                 if f == "exp":
                     v = np.exp(x)
-                    return v, v * np.expm1(ex) + c * v * np.exp(ex), None
+                    return v, tiny + v * np.expm1(ex) + c * v * np.exp(ex), None
                 if f == "log":
                     v = np.log(x)
-                    return v, ex / np.maximum(x - ex, 1e-300) + c * (np.abs(v) + 1), None
+                    return v, tiny + ex / np.maximum(x - ex, 1e-300) + c * (np.abs(v) + 1), None
                 if f == "sqrt":
                     v = np.sqrt(x)
-                    return v, np.sqrt(x + ex) - np.sqrt(np.maximum(x - ex, 0)) + c * v, None
+                    return v, tiny + np.sqrt(x + ex) - np.sqrt(np.maximum(x - ex, 0)) + c * v, None
                 if f == "rsqrt":
                     v = 1 / np.sqrt(x)
-                    return v, 1 / np.sqrt(np.maximum(x - ex, 1e-300)) - 1 / np.sqrt(x + ex) + c * v, None
+                    return v, tiny + 1 / np.sqrt(np.maximum(x - ex, 1e-300)) - 1 / np.sqrt(x + ex) + c * v, None
                 if f == "tanh":
                     v = np.tanh(x)
-                    return v, ex + c * (np.abs(v) + u), None
+                    return v, tiny + ex + c * (np.abs(v) + u), None
                 if f == "sigmoid":
                     v = 1 / (1 + np.exp(-x))
-                    return v, ex / 4 + c * v, None
+                    return v, tiny + ex / 4 + c * v, None
                 if f == "erf":
                     v = np.vectorize(math.erf, otypes=[float])(x) if x.size else x
-                    return v, 1.13 * ex + c * (np.abs(v) + u), None
+                    return v, tiny + 1.13 * ex + c * (np.abs(v) + u), None
                 if f == "pow":
                     p = rest[0]
                     v = x ** p
                     hi, lo = (x + ex) ** p, np.maximum(x - ex, 0) ** p
-                    return v, np.maximum(hi - v, v - lo) + c * v, None
+                    return v, tiny + np.maximum(hi - v, v - lo) + c * v, None
             raise AssertionError(f)
         if k == "select":
             c, a, b = n.args
@@ -1258,7 +1262,9 @@ class Ref:
             elif kind == "prod":
                 a = np.where(mask, np.abs(v), 1.0)
                 big = np.where(mask, np.abs(v) + ee, 1.0).prod(axis=ax, keepdims=True)
-                err = big - a.prod(axis=ax, keepdims=True) + 2 * u * cnt * big
+                # each rounding's underflow, carried through the factors after it (at most all of them)
+                carried = np.where(mask, np.maximum(np.abs(v) + ee, 1.0), 1.0).prod(axis=ax, keepdims=True)
+                err = big - a.prod(axis=ax, keepdims=True) + 2 * u * cnt * big + cnt * TINY[dt] * carried
             else:
                 err = ee.max(axis=ax, keepdims=True) if ee.size else np.zeros(cnt.shape)
         return out, err, None

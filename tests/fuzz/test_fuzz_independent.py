@@ -65,3 +65,29 @@ def test_select_between_nan_and_number_at_a_tie_is_not_judged():
                        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     assert '"outcome": "invalid"' in p.stdout and "a NaN and a number" in p.stdout, p.stdout[-2000:]
+
+
+def test_reference_bound_of_a_float16_product_covers_its_underflow():
+    """Seed 21 case 3004: ``prod`` of eight float16 -0.1614 is 4.6e-7, a float16 subnormal that rounds
+    to 8 * 2^-24 = 4.77e-7 (off by 1.7e-8), which a float32 stage then scaled by 40. A bound of
+    UNIT * |v| alone (2e-10) called polytile's right float16 product wrong: every rounding is off by
+    up to the subnormal spacing too (a fuzzer bug)."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import fuzz_independent as fi
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    x16 = np.float16(-0.161376953125)
+    x = fi.Tensor("x", (), "float16", -1, 1, True)
+    ref = fi.Ref.__new__(fi.Ref)
+    ref.pv, ref.nd, ref.base, ref.slot = {}, 1, [], 0
+    ref.vals = {"x": (np.array(float(x16)), np.zeros(()))}
+    body = fi.Node("load", (x, []), "float16", -1, 1)
+    node = fi.Node("red", ("prod", body, [("k", ("const", 8))], None), "float16", -1, 1)
+    v, e, _ = ref.ev(node, {})
+    got = np.float16(1)
+    for _ in range(8):  # float16 rounds every partial product, and underflows
+        got = np.float16(got * x16)
+    assert float(got) == 8 * 2.0 ** -24
+    assert abs(float(got) - float(v.item())) <= float(e.item())

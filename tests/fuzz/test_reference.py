@@ -186,3 +186,20 @@ def test_a_product_with_an_exact_zero_factor_is_exactly_zero():
     assert np.isinf(out["F"].err).all()
     np.testing.assert_array_equal(out["P"].value, [1.0, 1.0])
     assert (out["P"].err < 1e-6).all()  # the rounding of 0 + 1, not NaN
+
+
+def test_an_undecided_select_next_to_a_nan_sum_is_unknown_not_exact():
+    # seed 143 cases 892 and 1431: a select whose condition NaN leaves undecided (a cast of NaN to
+    # int) took the bound of a sum over a NaN (NaN) and read as exact, so the other branch rounded
+    # once in float32 (or float16) was called wrong
+    A = pt.placeholder((3,), "float32", "A")
+    k = pt.reduce_axis(3, "k")
+    S = pt.compute((1,), lambda i: pt.sum(A[k], axis=k), "S")
+    T = pt.compute((1,), lambda i: pt.select(pt.cast("int32", A[0]) > 1, S[i], A[1] * 3.0), "T")
+    func = pt.Func([A], [T])
+    a = np.array([np.nan, 1 / 3, 1.0], np.float32)
+    ref = reference.evaluate(func, [a])
+    assert np.isnan(ref["S"].value[0]) and ref["S"].err[0] == 0  # exactly NaN
+    assert np.isinf(ref["T"].err[0])
+    assert reference.differences(func, [a], [a[1:2] * np.float32(3.0)]) == []  # the product in float32
+    assert reference.differences(func, [a], [np.array([np.nan], np.float32)]) == []  # the NaN sum
