@@ -65,3 +65,15 @@ def test_select_between_nan_and_number_at_a_tie_is_not_judged():
                        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     assert '"outcome": "invalid"' in p.stdout and "a NaN and a number" in p.stdout, p.stdout[-2000:]
+
+
+def test_missing_input_leaves_out_an_input_the_outputs_need():
+    """Seed 21 case 8706: the "missing input" program left out W2, which only a stage no output reads
+    (S8) used. pt.Func keeps only the computations reachable from its outputs, so W2 was rightly not
+    needed and the fuzzer called the acceptance an internal error. It must leave out an input that a
+    live stage reads (in_3 here), which polytile refuses by name."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--seed", "21", "--case", "8706"],
+                       capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '"outcome": "refused"' in p.stdout and "reads in_3, which is not among the inputs" in p.stdout, \
+        p.stdout[-2000:]
