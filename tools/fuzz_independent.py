@@ -143,6 +143,7 @@ class Program:
         self.keyword_params: list[str] = []
         self.outputs: list[Tensor] = []
         self.malformed = None
+        self.missing = None  # the input a "missing input" program leaves out
         self.name = "func"
         self.wraps = False  # integer + - * may overflow their type (and wrap, as NumPy's do)
         self.nans = False  # float inputs hold NaNs (a program with a float maximum or minimum)
@@ -705,11 +706,13 @@ class Gen:
         p.outputs = outs
         p.name = r.choice(["func", "kernel_a", "fz", "main_fn"])
         used = set()
+        reads = {}  # stage name -> names of the tensors it reads
 
         def walk(n):
             if isinstance(n, Node):
                 if n.kind == "load":
                     used.add(n.args[0].name)
+                    reads[current].add(n.args[0].name)
                     for ix in n.args[1]:
                         walk(ix)
                 args = n.args if isinstance(n.args, (list, tuple)) else [n.args]
@@ -719,9 +722,20 @@ class Gen:
                 for a in n:
                     walk(a)
         for s in p.stages:
+            current = s.name
+            reads[current] = set()
             walk(s.body)
             walk(s.where)
         p.inputs = [t for t in p.inputs if t.name in used]
+        # the stages the outputs need (a stage no output reads is not part of the Func: polytile
+        # never sees it, so an input only it reads is not missing when left out)
+        live, todo = set(), [t.name for t in p.outputs]
+        while todo:
+            name = todo.pop()
+            if name not in live:
+                live.add(name)
+                todo += [x for x in reads.get(name, ()) if x in reads]
+        needed = [t.name for t in p.inputs if any(t.name in reads[s] for s in live)]
         for prm in list(p.params):
             if not any(prm in map(str, t.shape) for t in p.inputs + p.stages):
                 if r.random() < 0.5:
@@ -731,8 +745,9 @@ class Gen:
             p.nans = True
         if r.random() < 0.03 and p.inputs:  # deliberately malformed: an input listed twice
             p.malformed = "duplicate input"
-        elif r.random() < 0.03 and len(p.inputs) > 1:
+        elif r.random() < 0.03 and len(p.inputs) > 1 and needed:
             p.malformed = "missing input"
+            p.missing = needed[0]
         return p
 
 
@@ -933,7 +948,8 @@ class PTBuild:
         if prog.malformed == "duplicate input":
             ins, names = ins + ins[:1], names + names[:1]
         elif prog.malformed == "missing input":
-            ins, names = ins[1:], names[1:]
+            k = names.index(prog.missing)
+            ins, names = ins[:k] + ins[k + 1:], names[:k] + names[k + 1:]
         outs = [self.tensors[t.name] for t in prog.outputs]
         cons = [self.params[n] >= prog.param_min[n] for n in prog.params]
         cs = ", ".join(f"{n} >= {prog.param_min[n]}" for n in prog.params)

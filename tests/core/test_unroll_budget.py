@@ -64,3 +64,25 @@ def test_the_unroll_that_exceeds_the_budget_is_refused(first, second):
     refused(s, lambda: s[R].unroll(second),
             rf"unrolling loops i, y of R makes 160 copies of loop k: 160 loops in all, "
             rf"over the budget of {MAX_UNROLLED_LOOPS}")
+
+
+def test_the_write_cache_of_a_narrowed_reduction_counts_before_lowering_adds_it(rng):
+    # independent fuzzer seed 21, case 8345: a reduction stored as float16 gets its write cache
+    # S_local (3 copy loops) at the build; unroll("m") was accepted counting 96 loops and the build
+    # refused 192. The primitive counts the cache lowering will add and is refused.
+    X = pt.placeholder((32, 32), "float32", "X")
+
+    def S_fn(h, m, l):
+        k4 = pt.reduce_axis(13, "k4")
+        k5 = pt.reduce_axis(13, "k5")
+        return pt.sum(X[k5 // 2, k5 // 2] - X[m, k5], axis=[k4, k5])
+    S = pt.compute((32, 32, 32), S_fn, "S", store_dtype="float16")
+    s = pt.create_schedule(pt.Func([X], [S]))
+    refused(s, lambda: s[S].unroll("m"),
+            r"unrolling loop m of S makes 32 copies of loop l, 32 copies of loop k4, 32 copies of loop k5, "
+            rf"32 copies of the 3 copy loops of cache S_local: 192 loops in all, over the budget of "
+            rf"{MAX_UNROLLED_LOOPS}")
+    s[S].unroll("k5")  # no loop inside: the cache sits outside it, at l
+    x = rng.standard_normal((32, 32)).astype("float32")
+    ref = 13 * (np.diagonal(x)[np.arange(13) // 2].sum() - x[:, :13].sum(1))
+    np.testing.assert_allclose(pt.build(s)(x)[0, :, 0], ref.astype("float16"), rtol=2e-3, atol=2e-2)

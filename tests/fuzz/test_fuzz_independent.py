@@ -91,3 +91,15 @@ def test_reference_bound_of_a_float16_product_covers_its_underflow():
         got = np.float16(got * x16)
     assert float(got) == 8 * 2.0 ** -24
     assert abs(float(got) - float(v.item())) <= float(e.item())
+
+
+def test_missing_input_leaves_out_an_input_the_outputs_need():
+    """Seed 21 case 8706: the "missing input" program left out W2, which only a stage no output reads
+    (S8) used. pt.Func keeps only the computations reachable from its outputs, so W2 was rightly not
+    needed and the fuzzer called the acceptance an internal error. It must leave out an input that a
+    live stage reads (in_3 here), which polytile refuses by name."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--seed", "21", "--case", "8706"],
+                       capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '"outcome": "refused"' in p.stdout and "reads in_3, which is not among the inputs" in p.stdout, \
+        p.stdout[-2000:]
