@@ -13,7 +13,8 @@ result is marked unknown and not compared.
 
 Integer ``+ - *`` (and sums and products) wrap to their type, as NumPy's and polytile's do
 (``wrapped``). NaN propagates where inputs hold NaN, and an output must be NaN exactly where the
-reference is.
+reference is; there a value of unknown bound may be NaN, so 0 times it, or a sum that may or may
+not keep a NaN term, is unknown too.
 
 The evaluator also checks that the program means something on the given inputs: every read it
 needs lies inside its tensor and was written, no float overflows or becomes NaN from inputs
@@ -316,6 +317,8 @@ class Evaluator:
                 v, err = x - y, a.e + b.e
             elif op == "*":
                 v, err = x * y, _mul(ax, b.e) + _mul(ay, a.e) + _mul(a.e, b.e)
+                if self.nan_inputs:  # a factor of unknown bound may be NaN, and 0 * NaN is NaN (case 855)
+                    err = np.where(np.isinf(a.e) | np.isinf(b.e), np.inf, err)
             elif op == "/":
                 v = x / y
                 room = ay - b.e
@@ -425,6 +428,9 @@ class Evaluator:
                     err = (np.where(m, ex, 0.0).sum(axis=red, keepdims=True)
                            + n * _UNIT[d.name] * np.where(m, ax_, 0.0).sum(axis=red, keepdims=True) + n * _TINY[d.name]
                            + np.where(m & ~sure, ax_, 0.0).sum(axis=red, keepdims=True))
+                    # a NaN term that the where= may or may not keep leaves the sum NaN or not: unknown
+                    # (not a NaN bound, which compared as a number: seed 143 cases 4350, 3482, 9270, 855)
+                    err = np.where((m & ~sure & np.isnan(x)).any(axis=red, keepdims=True), np.inf, err)
                 else:
                     err = _as_int(np.where(m, ex, 0.0).sum(axis=red, keepdims=True)
                                   + (m & ~sure).sum(axis=red, keepdims=True))
@@ -435,13 +441,16 @@ class Evaluator:
                     mag = np.where(m, np.abs(x.astype(np.float64)), 1.0)
                     err = ((np.where(m, mag + ex, 1.0).prod(axis=red, keepdims=True)
                             * (1 + _UNIT[d.name]) ** n) - mag.prod(axis=red, keepdims=True) + n * _TINY[d.name])
+                    err = np.where(np.isnan(err), np.inf, err)  # an unknown bound times a 0: unknown
                 else:
                     err = _as_int(np.where(m, ex, 0.0).sum(axis=red, keepdims=True))
                 err = np.where((m & ~sure).any(axis=red, keepdims=True), np.inf, err)
                 # a factor that is surely in the product and exactly 0 makes it exactly 0 (as `_mul`
                 # does for one product), whatever the other factors and their bounds
-                exact_zero = sure & (x == 0) & (ex == 0)
-                err = np.where(exact_zero.any(axis=red, keepdims=True), 0.0, err)
+                exact_zero = (sure & (x == 0) & (ex == 0)).any(axis=red, keepdims=True)
+                if self.nan_inputs:  # unless a factor of unknown bound may be NaN
+                    exact_zero &= ~(m & np.isinf(ex)).any(axis=red, keepdims=True)
+                err = np.where(exact_zero, 0.0, err)
             else:
                 f = np.max if r.op == "max" else np.min
                 v = f(np.where(sure, x, ident), axis=red, keepdims=True) if x.size else np.full(

@@ -203,3 +203,43 @@ def test_an_undecided_select_next_to_a_nan_sum_is_unknown_not_exact():
     assert np.isinf(ref["T"].err[0])
     assert reference.differences(func, [a], [a[1:2] * np.float32(3.0)]) == []  # the product in float32
     assert reference.differences(func, [a], [np.array([np.nan], np.float32)]) == []  # the NaN sum
+
+
+def _maybe_nan_sum():
+    """A sum with a NaN term that its where= may or may not keep: ``int32(NaN)`` is unknown to the
+    reference (NumPy gives INT_MIN, so the term is kept and the sum is NaN)."""
+    A = pt.placeholder((3,), "float32", "A")
+
+    def f_S(i):
+        k = pt.reduce_axis((0, 3), "k")
+        return pt.sum(A[k], axis=k, where=pt.cast("int32", A[k]) <= 4)
+
+    return A, pt.compute((1,), f_S, "S"), np.array([1.0, np.nan, 2.0], np.float32)
+
+
+def test_a_sum_that_may_keep_a_nan_term_is_unknown():
+    # fuzz seed 143 cases 4350, 3482, 9270: the unknown term's size |NaN| made the bound NaN, which
+    # compared as a number, so the kernel's right NaN (NumPy's) was reported as a miscompile
+    A, S, a = _maybe_nan_sum()
+    func = pt.Func([A], [S])
+    assert np.isinf(reference.evaluate(func, [a])["S"].err).all()
+    assert reference.differences(func, [a], [np.array([np.nan], np.float32)]) == []
+    assert reference.differences(func, [a], [np.array([3.0], np.float32)]) == []
+
+
+def test_zero_times_a_value_that_may_be_nan_is_unknown():
+    # fuzz seed 143 case 855: 0 * (a sum that may be NaN) was exactly 0 (0 times an unknown bound),
+    # but 0 * NaN is NaN; so also a product with an exact 0 factor and a factor that may be NaN
+    A, S, a = _maybe_nan_sum()
+    Z = pt.compute((1,), lambda i: S[i] * (A[0] - A[0]), "Z")
+
+    def f_P(i):
+        k = pt.reduce_axis((0, 2), "k")
+        return pt.prod(pt.select(k < 1, S[i], 0.0), axis=k)
+
+    P = pt.compute((1,), f_P, "P")
+    func = pt.Func([A], [Z, P])
+    nan = np.array([np.nan], np.float32)
+    assert reference.differences(func, [a], [nan, nan]) == []
+    zero = np.zeros(1, np.float32)
+    assert reference.differences(func, [a], [zero, zero]) == []
