@@ -14,7 +14,7 @@ from ..errors import LoweringError, ScheduleError
 from ..intrinsics import tensor_intrinsic
 from ..lang import expr as lx
 from ..poly.materialize import Plan, materialize
-from ..schedule.memory import cache_requests, check_narrowed_write_caches, folded_name, reduction_start
+from ..schedule.memory import cache_requests, check_narrowed_write_caches, folded_name, pending_sum_cache
 from ..schedule.state import Schedule
 from ..schedule.tensorize import check_whole_products
 from ..schedule.transaction import restore, snapshot
@@ -150,11 +150,9 @@ def cache_narrowed_sums(sched: Schedule) -> None:
     (added to ``sched``, which ``lower`` restores); a write cache that holds only part of the
     reduction was refused by the primitive that made it so (``check_narrowed_write_caches``)."""
     for comp in sched.computations:
-        if not comp.finished:
-            continue
-        if not any(c.kind == "write" and c.consumer == comp.name for c in sched.caches):
-            first = reduction_start(sched, comp.name)
-            sched[comp.name].cache_write(sched.states[comp.name].loops.names[first - 1] if first else None)
+        loop = pending_sum_cache(sched, comp.name)
+        if loop is not False:
+            sched[comp.name].cache_write(loop)
     check_narrowed_write_caches(sched)
 
 

@@ -235,6 +235,17 @@ def reduction_start(sched: Schedule, name: str) -> int:
     return next((k for k in range(len(loops.names)) if loops.depends_on(k, reduce_dims)), len(loops.names))
 
 
+def pending_sum_cache(sched: Schedule, name: str) -> str | None | bool:
+    """Where lowering will give computation ``name`` the write cache that finishes its sums
+    (``cache_narrowed_sums``: a reduction stored narrower than it sums or through an epilogue, with no
+    write cache yet): the loop just outside its reduction loops, None outside all of them, or False
+    when it gets none."""
+    if not sched.func.tensor(name).finished or any(c.kind == "write" and c.consumer == name for c in sched.caches):
+        return False
+    first = reduction_start(sched, name)
+    return sched.states[name].loops.names[first - 1] if first else None
+
+
 def check_narrowed_write_caches(sched: Schedule) -> None:
     """A reduction stored narrower than it sums (``compute(store_dtype=)``) or through an epilogue
     (``compute(epilogue=)``) finishes its sums once, when complete: refuse write caches of it of which

@@ -43,13 +43,10 @@ def check_unroll_budget(sched: Schedule, name: str) -> None:
             copied.append((f"loop {lp}", copies, 1))
     caches = [(c.name, c.tensor, c.level) for c in sched.caches
               if name in (c.consumer, *c.also) and c.level in names and c.loc != "local"]
-    comp = sched.func.tensor(name)
-    if comp.finished and not any(c.kind == "write" and c.consumer == name for c in sched.caches):
-        # lowering gives it a write cache just outside its reduction loops (cache_narrowed_sums)
-        from .memory import reduction_start  # memory imports this module
-        first = reduction_start(sched, name)
-        if first:
-            caches.append((f"{name}_local", name, names[first - 1]))
+    from .memory import pending_sum_cache  # memory imports this module
+    loop = pending_sum_cache(sched, name)
+    if loop:  # the write cache lowering will add (cache_narrowed_sums), at a loop
+        caches.append((f"{name}_local", name, loop))
     for cname, tensor, level in caches:
         copies = prod(extents[:names.index(level) + 1])
         if copies > 1:
