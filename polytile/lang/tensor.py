@@ -308,8 +308,18 @@ def with_epilogue(t: ComputeTensor, fn: Callable[..., ExprLike]) -> ComputeTenso
     ``t.dtype`` where ``t`` is stored narrower; otherwise ``fn`` is composed into the body. The
     epilogue may read inputs (placeholders) only: a computation it would read is not ordered before
     the write-back."""
+    usage = (f"the epilogue of {t.name} is a function of the value and its {len(t.axes)} axes, e.g. "
+             f"lambda v{''.join(', ' + a.name for a in t.axes)}: ...")
+    if not callable(fn):
+        raise LanguageError(f"{usage}; got {type(fn).__name__}")
     red = t.reduction
     acc = Var(f"{t.name}_acc", t.value_dtype if red is not None else t.dtype)
+    try:
+        inspect.signature(fn).bind(acc, *t.axes)
+    except TypeError:
+        raise LanguageError(f"{usage} ({len(t.axes) + 1} arguments)") from None
+    except ValueError:  # a callable whose signature Python cannot tell (a builtin): calling it will say
+        pass
     value = as_expr(fn(acc, *t.axes))  # type: ignore[arg-type]
     own = {id(a) for a in t.axes}
     for n in walk(value):

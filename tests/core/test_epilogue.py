@@ -85,3 +85,11 @@ def test_the_workload_key_tells_epilogues_apart() -> None:
     from polytile.tune import Workload
     keys = {Workload(f.name, (), f).key for f in (_gemm("float32"), _gemm("float32", epilogue=False))}
     assert len(keys) == 2
+
+
+@pytest.mark.parametrize("bad", [5, lambda v: v, lambda v, i, j: v])
+def test_an_epilogue_that_is_not_a_function_of_the_value_and_axes_is_refused(bad):
+    A = pt.placeholder((4, 4), "float32", "A")
+    k = pt.reduce_axis(4, "k")
+    with pytest.raises(pt.PolytileError, match=r"the epilogue of C is a function of the value and its 1 axes"):
+        pt.compute((4,), lambda i: pt.sum(A[i, k], axis=k), "C", epilogue=bad)
