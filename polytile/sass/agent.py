@@ -76,6 +76,7 @@ def search(
 def _ppo(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: int) -> None:
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
 
     class StopWhenSpent(BaseCallback):
         def _on_step(self) -> bool:
@@ -97,6 +98,8 @@ def _ppo(analysis: KernelAnalysis, log: MeasurementLog, seed: int, max_steps: in
         device="cpu",
         verbose=0,
     )
+    # A logger of no outputs: SB3's default makes an empty /tmp/SB3-<date> folder on every learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
     # Steps that hit the measurement cache are free, so allow many more steps than the budget.
     model.learn(total_timesteps=10 * log.budget + n_steps, callback=StopWhenSpent())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -68,9 +70,10 @@ def test_failed_variant_ends_the_episode_with_a_penalty(matmul):
 
 
 @pytest.mark.parametrize("method", ["greedy", "random", pytest.param("ppo", marks=pytest.mark.slow)])
-def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
+def test_search_improves_the_synthetic_objective_within_budget(matmul, method, tmp_path, monkeypatch):
     if method == "ppo":
         pytest.importorskip("sb3_contrib", reason="PPO needs sb3-contrib (and torch)")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3's default logger would write
     model = IssueModel()
     # greedy tries the multi-slot runs first (53 here); the synthetic model's one gain is a
     # single move of one cycle (0.08%), so it needs the budget to reach it and no noise margin
@@ -84,6 +87,7 @@ def test_search_improves_the_synthetic_objective_within_budget(matmul, method):
     for move in result.best.path:
         replay = replay.apply(move)
     assert replay.key == result.best.key
+    assert not list(tmp_path.glob("SB3-*")), "the search left a logger folder in the temporary directory"
 
 
 def test_unknown_method_is_named():
