@@ -119,7 +119,7 @@ ODD = [("softmax", 7, 1001, "float32"), ("softmax", 3, 30523, "float16"), ("laye
 @pytest.mark.parametrize("name,M,N,dtype", ODD, ids=[f"{n}-{N}-{d}" for n, _, N, d in ODD])
 def test_configurations_of_odd_widths_match_the_reference(name, M, N, dtype, rng):
     task = make_task(name, "cuda", M=M, N=N, dtype=dtype)
-    sample = task.space.sample_valid(rng, 5, exclude={task.space.default.digits})
+    sample = task.space.sample_valid(rng, 3, exclude={task.space.default.digits})
     for config in [task.space.default, *map(task.space.config, sample)]:
         kern = pt.build(task.schedule(config.values), task.target)
         inputs = task.op.make_inputs(rng)
@@ -130,9 +130,10 @@ def test_configurations_of_odd_widths_match_the_reference(name, M, N, dtype, rng
 @pytest.mark.parametrize("name,M,N", [("softmax", 33, 12345), ("layernorm", 9, 5003)])
 def test_tuning_a_row_operator_on_the_gpu(name, M, N, tmp_path, rng):
     task = make_task(name, "cuda", M=M, N=N)
-    result = tune_task(task, trials=6, records=tmp_path / "rows.jsonl", batch_size=6, progress=False,
+    result = tune_task(task, trials=4, records=tmp_path / "rows.jsonl", batch_size=4, progress=False,
                        measure=MeasureOptions(repeat=10, min_time=0.02))
     assert result.best is not None and result.kernel is not None
-    assert result.records[0].config == task.space.default.values
+    # the default is among the trials (records come in the order their builds finished)
+    assert task.space.default.to_json() in [r.config for r in result.records]
     inputs = task.op.make_inputs(rng)
     assert ops.rel_error(result.kernel(*inputs), task.op.reference(*inputs)) < task.op.tolerance
