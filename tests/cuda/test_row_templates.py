@@ -53,6 +53,22 @@ def test_the_default_configuration_is_the_default_kernel(name, N, dtype, target)
     assert _source(task.schedule(default.values), target) == _source(task.op.schedule(target), target)
 
 
+def test_the_shape_suites_row_workloads_are_tunable_from_their_default():
+    # benchmarks/shapes.py --tune 32 calls pt.tune(w.kind, target="cuda", **w.arguments()) on each
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    import shapes
+    rows = [w for w in [*shapes.gpu_suite(), *shapes.offsuite()] if w.kind in OPS]
+    assert len(rows) >= 18
+    for w in rows:
+        task = make_task(w.kind, SM90A, **w.arguments())
+        assert task.template.name == f"{w.kind}_cuda"
+        assert task.space.reason_invalid(task.space.default.digits) is None
+        assert sum(task.space.is_valid(c.digits) for c in task.space) >= 4, w.name
+        assert _source(task.schedule(task.space.default.values), SM90A) == _source(task.op.schedule(SM90A), SM90A)
+
+
 def test_the_row_is_offered_in_shared_memory_only_where_it_fits():
     def choices(N, dtype, target):
         return make_task("softmax", target, M=2, N=N, dtype=dtype).space.decisions[1].choices
