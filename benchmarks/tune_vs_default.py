@@ -7,7 +7,7 @@ the measured trials and the tuned kernel is never slower than the default as mea
 the re-timing here checks it afterwards, with the machine's load in the record.
 
     python benchmarks/tune_vs_default.py [--target cuda] [--threads 1] [--trials 16] [--tuner xgb] [--rounds 5]
-        [--records R.jsonl] [--out FILE.json]
+        [--workloads "layernorm:M=2048,N=4096;softmax:M=32,N=128256"] [--records R.jsonl] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ GPU_WORKLOADS = [("softmax", dict(M=3000, N=1000)), ("softmax", dict(M=512, N=30
                  ("layernorm", dict(M=3001, N=5003))]
 
 
+def _workload(text: str) -> tuple[str, dict[str, object]]:
+    """``op:M=3,N=5,dtype=float16`` as (op, its arguments)."""
+    name, _, args = text.strip().partition(":")
+    pairs = (a.split("=", 1) for a in args.split(",") if a)
+    return name, {k: int(v) if v.isdigit() else v for k, v in pairs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=0)
@@ -51,13 +58,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated operator names")
     parser.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--workloads", help="op:M=..,N=..;... instead of the built-in list of the target")
     parser.add_argument("--records", help="the tuning records (default: a temporary file)")
     parser.add_argument("--out")
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = []
     records = Path(args.records or Path(tempfile.mkdtemp()) / "tune.jsonl")
-    for name, shape in GPU_WORKLOADS if args.target == "cuda" else WORKLOADS:
+    listed = [_workload(w) for w in args.workloads.split(";")] if args.workloads else None
+    for name, shape in listed or (GPU_WORKLOADS if args.target == "cuda" else WORKLOADS):
         if args.only and name not in args.only.split(","):
             continue
         tuned = pt.tune(name, target=args.target, trials=args.trials, tuner=args.tuner, records=str(records),
