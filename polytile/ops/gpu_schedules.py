@@ -964,6 +964,10 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
     ep.fuse("i", "j").split("ij", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
 
 
+ROW_THREADS = (32, 64, 128, 256, 512, 1024)
+"""The block sizes a row operator may take (whole warps: the block-wide reductions need them)."""
+
+
 def _row_threads(n: int) -> int:
     """Threads per row for row-wise kernels: one warp up to 2K elements and four warps up to 8K
     (measured on an H100); wider rows (vocabulary rows, 30K–128K) take a whole block of 1024 threads,
@@ -974,6 +978,34 @@ def _row_threads(n: int) -> int:
 def _row_fits(target: CUDATarget, n: int, itemsize: int) -> bool:
     """Whether a row (and the reductions' scratch) fits in one block's shared memory."""
     return n * itemsize + 4096 <= target.shared_per_block
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a row operator's block computes its row: ``threads`` (a block of whole warps) and whether
+    the row is read once into shared memory (``shared_row``; else each pass reads it from global
+    memory, the later passes mostly from L2)."""
+
+    threads: int
+    shared_row: bool
+
+
+def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None = None,
+             shared_row: bool | None = None) -> RowPlan:
+    """The plan of a row operator ``op`` over rows of ``N`` elements of ``itemsize`` bytes: the given
+    choices, the defaults for those left None (``_row_threads``, at most the target's block; the row in
+    shared memory where it fits: ``_row_fits``). ScheduleError for a choice the block cannot take."""
+    fits = _row_fits(target, N, itemsize)
+    default_threads = min(_row_threads(N), target.max_threads_per_block)
+    plan = RowPlan(default_threads if threads is None else threads, fits if shared_row is None else shared_row)
+    if plan.threads % 32 or not 32 <= plan.threads <= target.max_threads_per_block:
+        raise ScheduleError(f"{op}: {plan.threads} threads per row; a block of whole warps, 32 to "
+                            f"{target.max_threads_per_block} threads, reduces the row")
+    if plan.shared_row and not fits:
+        raise ScheduleError(f"{op}: a row of {N} × {itemsize} bytes does not fit in shared memory on {target.name} "
+                            f"({target.shared_per_block} bytes a block, 4096 kept for the reductions); use "
+                            "shared_row=False (the row read from global memory by each pass)")
+    return plan
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
@@ -987,11 +1019,23 @@ def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
     st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
 
 
-def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
+def _row_shared(sched: Schedule, plan: RowPlan, first: str, also: list[str], stats: tuple[str, str]) -> None:
+    """The row in shared memory (``plan.shared_row``), read by ``first`` and ``also``; the row's
+    statistics ``stats`` stay in shared memory, next to the row."""
+    if plan.shared_row:
+        sched[first].cache_identity("X", "i", loc="shared", also=also)
+    for stat in stats:
+        sched[stat].store_at("i").set_loc("shared")
+
+
+def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
+            shared_row: bool | None = None) -> None:
     """One block per row: the row is read once into shared memory (when it fits; a wider row is read
     from global memory by each pass, the later passes mostly from L2), then max and sum are reduced
-    across the block's threads and the output written (exp recomputed rather than stored)."""
-    nt = threads or _row_threads(N)
+    across the block's threads and the output written (exp recomputed rather than stored).
+    ``threads`` and ``shared_row``: the tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row)
+    nt = plan.threads
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", nt)
     sched["mx"].bind("i", "blockIdx.x")
@@ -999,26 +1043,23 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
     sched["sm"].after(sched["mx"], "i")
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
-    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
-        sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
-    for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
-        sched[stat].store_at("i").set_loc("shared")
+    _row_shared(sched, plan, "mx", ["sm", "Y"], ("mx", "sm"))
 
 
-def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
+def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
+              shared_row: bool | None = None) -> None:
     """One block per row, the row read once into shared memory (when it fits, as for softmax); both
-    moments reduced across the block's threads, then the normalized row written."""
-    nt = threads or _row_threads(N)
+    moments reduced across the block's threads, then the normalized row written. ``threads`` and
+    ``shared_row``: the tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row)
+    nt = plan.threads
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
     _row_reduction(sched, "s2", "j2", nt)
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
-    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
-        sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
-    for stat in ("s1", "s2"):
-        sched[stat].store_at("i").set_loc("shared")
+    _row_shared(sched, plan, "s1", ["s2", "Y"], ("s1", "s2"))
 
 
 def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:

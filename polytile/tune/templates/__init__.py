@@ -1,3 +1,3 @@
 """Built-in schedule templates (importing this package registers them)."""
 
-from . import cpu, cuda, generic  # noqa: F401
+from . import cpu, cuda, cuda_rows, generic  # noqa: F401
