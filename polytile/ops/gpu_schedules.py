@@ -924,22 +924,43 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
            ) -> Schedule | None:
     """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
     products over the chunks of K and their sum (``ops.matmul_func``)."""
-    from .matmul import matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return _scheduled(choice, sched, split_k, None,
-                      lambda s, c: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
-                                               sched.func.tensor("C").dtype.name, c))
+    return gemm_as(sched, choice, split_k)
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
                  split_k: int | None = None) -> Schedule | None:
-    from .matmul import batch_matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return _scheduled(choice, sched, split_k, "bb",
-                      lambda s, c: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
-                                                     sched.func.tensor("C").dtype.name, c))
+    return gemm_as(sched, choice, split_k)
+
+
+def gemm_as(sched: Schedule, choice: GemmChoice, split_k: int | None = None) -> Schedule | None:
+    """Schedule a matmul's or batch_matmul's ``sched`` as ``choice`` (``gemm_choice``'s, or one the
+    tuning templates make of a configuration: the same code for the same choice); a split the
+    algorithm does not have (``split_k``: its own) returns the split algorithm's schedule."""
+    from .matmul import batch_matmul_func, matmul_func
+    a, c = sched.func.tensor("A"), sched.func.tensor("C")
+    *lead, M, K = (int(d.value) for d in a.shape)  # type: ignore[attr-defined]
+    N = int(sched.func.tensor("B").shape[-1].value)  # type: ignore[attr-defined]
+    dt, out = a.dtype.name, c.dtype.name
+    if lead:
+        return _scheduled(choice, sched, split_k, "bb",
+                          lambda s, ch: batch_matmul_func(lead[0], M, N, K, dt, s, out, ch))
+    return _scheduled(choice, sched, split_k, None, lambda s, ch: matmul_func(M, N, K, dt, s, out, ch))
+
+
+def gemm_chunks(K: int, bk: int, split: int) -> tuple[int, int]:
+    """A split of K into about ``split`` chunks of whole K tiles of ``bk`` (``tile_chunks``' rule:
+    ⌈T/split⌉ of the T = ⌈K/bk⌉ tiles each, the last chunk ending at K) as (chunks, length of each
+    but the last, 0 when it is ⌈K/chunks⌉: ``GemmChoice.chunk``); (1, 0) where it leaves one chunk."""
+    if split <= 1:
+        return 1, 0
+    tiles = -(-K // bk)
+    length = -(-tiles // split) * bk
+    count = -(-K // length)
+    return (1, 0) if count < 2 else (count, length if length != -(-K // count) else 0)
 
 
 def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,
