@@ -360,22 +360,24 @@ MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16
 
 
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
-               padding: int, dtype: str, out_dtype: str) -> Schedule:
+               padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
+               stages: int = 3) -> Schedule:
     """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
     the input and filter copied once with the channels padded to 4 or 8 and the image padded,
     then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
     (``igemm_tensorcore``: the filter rows are the taps, the runs in K tiles of 32 or 16, copied as
     vectors), the two copies elementwise kernels of their own (the input's a thread per pixel, its
     channels unrolled). Before: the CUDA cores
-    (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs)."""
+    (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs).
+    ``tiles`` (bm, bn, wm, wn), ``bk`` and ``stages``: other than ``igemm_rows_tiles``' (tuning)."""
     from .igemm import conv2d_igemm_rows_func, padded_channels
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     cp, Sp = padded_channels(C, S)
-    run = Sp * cp
     rows = Schedule(conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype))
-    tiles = _gemm_tiles(N * P * Q, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)
-    bk = 32 if run % 32 == 0 else MMA_K
-    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **tiles)
+    usual, usual_bk = igemm_rows_tiles(N * P * Q, K, Sp * cp)
+    tiles, bk = tiles or usual, bk or usual_bk
+    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
+                     **tiles)
     # the padded input: a thread per pixel, its cp channels unrolled (one gather of the pixel's index)
     st = rows["X"]
     st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
@@ -384,6 +386,13 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     st.fuse("r", "u", "ru").fuse("ru", "k", "x").split("x", 256, "bx", "tx")
     st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     return rows
+
+
+def igemm_rows_tiles(M: int, K: int, run: int) -> tuple[dict[str, int], int]:
+    """``igemm_rows``' block and warp tiles and K tile for M pixels, K filters and filter rows of
+    ``run`` padded taps × channels: ``_gemm_tiles``' (128×32 for at most 32 filters), K tiles of 32
+    where they divide the run, else of 16."""
+    return (_gemm_tiles(M, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)), (32 if run % 32 == 0 else MMA_K)
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
@@ -437,7 +446,7 @@ def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows
     steps = math.prod(taps) * -(-channels // params["bk"])  # a pipeline no deeper than a chunk's K loop
     fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
     fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp",  # type: ignore[operator]
-       **_no_deeper(params, steps))
+       **no_deeper(params, steps))
     sum_partials(split, "O")
     return split
 
@@ -460,7 +469,7 @@ def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> 
         # K tiles of 16 channels for 16 (MobileNet-v2's expansions: 32 would copy and multiply zeros)
         bk = MMA_K if C <= MMA_K else 32
         kernel, params = "mma", dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K))
-    return kernel, _no_deeper(params, tap_count * -(-C // params["bk"]))
+    return kernel, no_deeper(params, tap_count * -(-C // params["bk"]))
 
 
 def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
@@ -486,7 +495,7 @@ def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
     return [dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K)) for bk in bks]
 
 
-def _no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
+def no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
     """``params`` with a pipeline no deeper than a K loop of ``steps`` steps (and the wgmma groups
     left in flight that its stages allow: inflight + 2 at most)."""
     stages = max(1, min(params["stages"], steps))
@@ -570,7 +579,7 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
         for rows, chunks in igemm_splits(C, R, S, bk):
             split = (R if rows else 1) * chunks
             steps = (S if rows else R * S) * -(-C // chunks // bk)
-            chosen = _no_deeper(params, steps)
+            chosen = no_deeper(params, steps)
             # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
             # unsplit kernel's depth in the model, as their split rule was calibrated
             stages = chosen["stages"] if modeled else params["stages"]
@@ -985,7 +994,7 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
     ep.fuse("i", "j").split("ij", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
 
 
-def _row_threads(n: int) -> int:
+def row_threads(n: int) -> int:
     """Threads per row for row-wise kernels: one warp up to 2K elements and four warps up to 8K
     (measured on an H100); wider rows (vocabulary rows, 30K–128K) take a whole block of 1024 threads,
     so that a row's loads are in flight together."""
@@ -995,6 +1004,12 @@ def _row_threads(n: int) -> int:
 def _row_fits(target: CUDATarget, n: int, itemsize: int) -> bool:
     """Whether a row (and the reductions' scratch) fits in one block's shared memory."""
     return n * itemsize + 4096 <= target.shared_per_block
+
+
+def row_staged(target: CUDATarget, n: int, itemsize: int, shared: bool | None = None) -> bool:
+    """Whether a row operator stages its rows in shared memory: ``shared`` where given and the row
+    fits, else whether it fits (``_row_fits``)."""
+    return _row_fits(target, n, itemsize) and shared is not False
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
@@ -1008,11 +1023,14 @@ def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
     st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
 
 
-def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
+def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
+            shared: bool | None = None) -> None:
     """One block per row: the row is read once into shared memory (when it fits; a wider row is read
     from global memory by each pass, the later passes mostly from L2), then max and sum are reduced
-    across the block's threads and the output written (exp recomputed rather than stored)."""
-    nt = threads or _row_threads(N)
+    across the block's threads and the output written (exp recomputed rather than stored).
+    ``threads`` per row (default ``row_threads``) and ``shared`` (the row staged; default: when it
+    fits) for the tuning templates."""
+    nt = threads or row_threads(N)
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", nt)
     sched["mx"].bind("i", "blockIdx.x")
@@ -1020,23 +1038,25 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
     sched["sm"].after(sched["mx"], "i")
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
-    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
+    if row_staged(target, N, sched.func.tensor("X").dtype.itemsize, shared):
         sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
     for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
         sched[stat].store_at("i").set_loc("shared")
 
 
-def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
+def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
+              shared: bool | None = None) -> None:
     """One block per row, the row read once into shared memory (when it fits, as for softmax); both
-    moments reduced across the block's threads, then the normalized row written."""
-    nt = threads or _row_threads(N)
+    moments reduced across the block's threads, then the normalized row written. ``threads`` and
+    ``shared`` as for softmax."""
+    nt = threads or row_threads(N)
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
     _row_reduction(sched, "s2", "j2", nt)
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
-    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
+    if row_staged(target, N, sched.func.tensor("X").dtype.itemsize, shared):
         sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
     for stat in ("s1", "s2"):
         sched[stat].store_at("i").set_loc("shared")
@@ -1067,13 +1087,21 @@ def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, 
     1×1 C1024→256 on 14×14 in 199 µs and 3×3 512→512 on 7×7 in 584 µs on an H100 (0.22× and
     0.28× cuDNN), few blocks and long serial sums. Other operand types (tensor-core GEMMs) and
     convolutions of at most ``GEMV_ROWS`` filters stay direct (``conv2d_direct``)."""
-    from .conv import conv2d_gemm_func, conv_out
+    from .conv import conv_out
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
-    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
-    choice = gemm_choice(target, K, N * P * Q, C * R * S, dtype)
+    choice = gemm_choice(target, K, N * P * Q, C * R * S, sched.func.tensor("I").dtype)
     if choice.kernel != "cuda":
         conv2d_direct(sched, N, K)
         return None
+    return conv2d_gemm(sched, choice, N, C, H, W, K, R, S, stride, padding, dilation)
+
+
+def conv2d_gemm(sched: Schedule, choice: GemmChoice, N: int, C: int, H: int, W: int, K: int, R: int, S: int,
+                stride: int, padding: int, dilation: int) -> Schedule:
+    """The implicit GEMM of an NCHW convolution (``sched``'s) on ``gemm_cuda`` as ``choice`` (tiles and
+    an even split of the reduction: ``conv2d``'s, or a tuning template's)."""
+    from .conv import conv2d_gemm_func
+    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     gemm = Schedule(conv2d_gemm_func(N, C, H, W, K, R, S, stride, padding, dilation, dtype.name, out.name,
                                      choice.split))
     if choice.split > 1:

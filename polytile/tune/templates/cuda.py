@@ -39,14 +39,29 @@ from ...ops.gpu_schedules import (
     GEMV_ROWS,
     MAX_SPLIT,
     GemmChoice,
+    IgemmChoice,
+    conv2d_gemm,
     gemm_as,
     gemm_choice,
     gemm_chunks,
     gemm_cuda,
+    igemm_choice,
     igemm_cuda,
+    igemm_kernel,
+    igemm_options,
+    igemm_rows,
+    igemm_rows_tiles,
+    igemm_schedule,
+    igemm_splits,
     igemm_tensorcore,
+    layernorm,
+    no_deeper,
+    row_staged,
+    row_threads,
+    softmax,
     tma_fits,
 )
+from ...ops.igemm import padded_channels
 from ...target import Target
 from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, raster_group, split_seconds
 from ..space import TemplateConfig
@@ -215,12 +230,52 @@ def dense_cuda(cfg: TemplateConfig, op: Any) -> Any:
     return sched
 
 
+def _conv_gemm(op: Any, target: Target) -> GemmChoice | None:
+    """The default GEMM of an NCHW convolution's implicit GEMM (K filters × N·P·Q pixels × C·R·S)."""
+    from ...ops.conv import conv_out
+    s = op.shape
+    P = conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1))
+    Q = conv_out(s["W"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+    return gemm_choice(target, s["K"], s["N"] * P * Q, s["C"] * s["R"] * s["S"], op.func.tensor("I").dtype)
+
+
+def _conv_on_cuda_cores(op: Any, target: Target) -> bool:
+    """An NCHW convolution the default computes as an implicit GEMM on the CUDA cores (float32)."""
+    return target.kind == "cuda" and _conv_gemm(op, target).kernel == "cuda"  # type: ignore[union-attr]
+
+
+@template("conv2d", "cuda", name="conv2d_gemm_cuda", applies=_conv_on_cuda_cores)
+def conv2d_gemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    """An NCHW convolution as the default builds it (``conv2d_gemm``: the filter times the gathered
+    input on ``gemm_cuda``): its tiles and the split of the C·R·S reduction in chunks of one length,
+    the default's (``gemm_choice``) first."""
+    d = _conv_gemm(op, cfg.target) if cfg.mode == "define" else None
+    s = op.shape
+    from ...ops.conv import conv_out
+    pixels = s["N"] * conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1)) * conv_out(
+        s["W"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+    reduction = s["C"] * s["R"] * s["S"]
+    tiles = _gemm_space(cfg, s["K"], pixels, d.params if d and d.kernel == "cuda" else None)
+    split = int(cfg.knob("split", _first(d.split if d else None,  # type: ignore[call-overload]
+                                         [k for k in range(1, MAX_SPLIT + 1) if reduction % k == 0])))
+    chunk = reduction // split
+    if cfg.mode != "apply":
+        cfg.require(split == 1 or (chunk >= 2 * tiles["bk"] and chunk % tiles["bk"] == 0),
+                    "chunks of fewer than two K tiles, or of no whole K tiles")
+    elif reduction % split or chunk % tiles["bk"]:  # applied at sizes the split does not fit: unsplit
+        split = 1
+    sched = cfg.schedule(op.func)
+    return conv2d_gemm(sched, GemmChoice("cuda", tiles, split, 0.0), s["N"], s["C"], s["H"], s["W"], s["K"],
+                       s["R"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+
+
 @template("conv2d", "cuda")
 def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
     """Direct convolution: ``kt`` output channels per thread in registers, ``pixels`` output pixels
-    per block (one per thread), weights of the block's channels optionally staged in shared memory."""
+    per block (one per thread), weights of the block's channels optionally staged in shared memory;
+    the first choices are the default's (``conv2d_direct``)."""
     s = op.shape
-    kt = cfg.knob("kt", [k for k in (8, 1, 2, 4, 16) if k <= s["K"]])
+    kt = cfg.knob("kt", _first(min(8, s["K"]), [k for k in (8, 1, 2, 4, 16) if k <= s["K"]]))
     pixels = cfg.knob("pixels", [128, 32, 64, 256])
     stage_w = cfg.knob("stage_weights", [True, False])
     unroll_k = cfg.tag("unroll_k", "ki", ["unroll", "serial"])
@@ -392,13 +447,134 @@ def _many_channels_tensor_core(op: Any, target: Target) -> bool:
     return tensor_core_op(op, target) and not _few_channels(op, target)
 
 
+def _few_channels_cuda_cores(op: Any, target: Target) -> bool:
+    return _few_channels(op, target) and not tensor_core_op(op, target)
+
+
+def _few_channels_tensor_core(op: Any, target: Target) -> bool:
+    return _few_channels(op, target) and tensor_core_op(op, target)
+
+
+def _conv_sizes(op: Any) -> dict[str, int]:
+    """A 2-D implicit GEMM's sizes and its output's rows M = N·P·Q."""
+    s = op.shape
+    P = (s["H"] + 2 * s["padding"] - s["R"]) // s["stride"] + 1
+    Q = (s["W"] + 2 * s["padding"] - s["S"]) // s["stride"] + 1
+    dims = {k: s[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")}
+    return {**dims, "M": s["N"] * P * Q}
+
+
+def _tile_name(kernel: str, params: dict[str, int]) -> str:
+    keys = ("bm", "bn", "bk", "wm", "wn") if kernel == "mma" else ("bm", "bn", "bk")
+    return " ".join([kernel, *(f"{k}={params[k]}" for k in keys)])
+
+
+def _parse_tile(name: str) -> tuple[str, dict[str, int]]:
+    kernel, *pairs = name.split()
+    return kernel, {k: int(v) for k, v in (p.split("=") for p in pairs)}
+
+
+def _split_name(rows: bool, chunks: int) -> str:
+    return " ".join((["rows"] if rows else []) + ([f"channels/{chunks}"] if chunks > 1 else [])) or "none"
+
+
+def _parse_split(name: str) -> tuple[bool, int]:
+    parts = name.split()
+    return "rows" in parts, next((int(p.split("/")[1]) for p in parts if p.startswith("channels/")), 1)
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_choices", applies=_many_channels_tensor_core)
+def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
+    """The implicit GEMM on the tensor cores as the default builds it (``igemm_schedule``): the kernel
+    and block tile (``tile``: warpgroup MMA or mma.sync), the split of the reduction over filter rows
+    and channel chunks (``split``) and the pipeline's stages; the tiles and splits those that
+    ``igemm_options`` ranks (and mma.sync's other block tile), the default's (``igemm_choice``) first."""
+    d = _conv_sizes(op)
+    M, C, K, R, S = d["M"], d["C"], d["K"], d["R"], d["S"]
+    itemsize = op.func.tensor("I").dtype.itemsize
+    tiles: list[object] = []
+    splits: list[object] = []
+    first = None
+    if cfg.mode == "define":
+        args = (cfg.target, M, C, K, R, S, itemsize, d["N"] * d["H"] * d["W"], op.func.tensor("O").dtype.itemsize)
+        options, default = igemm_options(*args), igemm_choice(*args)
+        tiles = _first(_tile_name(default.kernel, default.params), [_tile_name(o.kernel, o.params) for o in options])
+        if default.kernel == "mma":  # the other tiles of mma.sync's default (128×128 or 64×64)
+            for other in (dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32)):
+                tiles = _first(tiles[0], [*tiles, _tile_name("mma", {**default.params, **other})])
+        bks = {_parse_tile(str(t))[1]["bk"] for t in tiles}
+        splits = _first(_split_name(default.rows, default.chunks),
+                        [_split_name(r, c) for bk in sorted(bks) for r, c in igemm_splits(C, R, S, bk)])
+        first = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
+                                                         default.chunks))["stages"]
+    kernel, params = _parse_tile(str(cfg.knob("tile", tiles)))
+    rows, chunks = _parse_split(str(cfg.knob("split", splits)))
+    stages = cfg.integer("stages", 1, 6, default=first or 4)
+    bk = params["bk"]
+    steps = _igemm_steps(C, R, S, bk, rows, chunks)
+    if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
+        cfg.require((rows, chunks) in igemm_splits(C, R, S, bk), "a split of channels in chunks of no whole K tile")
+        cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
+    elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
+        rows, chunks = False, 1
+    if kernel == "wgmma":
+        params = {**params, "stages": stages, "inflight": 1}
+        tile: Any = WgmmaConfig(params["bm"], params["bn"], bk, stages, 1)
+    else:
+        params = {**params, "stages": stages, "reg_stages": 2 if bk > MMA_M16N8K16.shape[2] else 1}
+        tile = TileConfig(params["bm"], params["bn"], bk, params["wm"], params["wn"], stages, params["reg_stages"])
+    regs = tile.registers_per_thread(itemsize, kernel == "mma")
+    cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tile.threads)
+    sched = cfg.schedule(op.func)
+    if kernel != igemm_kernel(cfg.target, M, C, K, R * S)[0]:  # applied at sizes of another kernel: its default
+        return op.schedule(cfg.target)
+    choice = IgemmChoice(kernel, no_deeper(params, steps), rows, chunks)
+    return igemm_schedule(sched, cfg.target, choice, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride",
+                                                                       "padding"))) or sched
+
+
+def _igemm_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int:
+    """The K loop's steps of an implicit GEMM's chunk: its taps × its channels' K tiles."""
+    return (S if rows else R * S) * -(-C // chunks // bk)
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_few_channels_tensor_core)
+def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
+    """A convolution of few input channels as the default builds it (``igemm_rows``: channels and image
+    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile and
+    stages, the default's (``igemm_rows_tiles``) first."""
+    d = _conv_sizes(op)
+    cp, Sp = padded_channels(d["C"], d["S"])
+    usual, usual_bk = igemm_rows_tiles(d["M"], d["K"], Sp * cp)
+    names = [" ".join(f"{k}={v}" for k, v in t.items()) for t in (
+        usual, dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32), dict(bm=128, bn=32, wm=32, wn=32),
+        dict(bm=64, bn=32, wm=32, wn=32))]
+    tiles = {k: int(v) for k, v in (p.split("=") for p in str(cfg.knob("tile", _first(names[0], names))).split())}
+    bk = int(cfg.knob("bk", _first(usual_bk, [32, 16])))  # type: ignore[call-overload]
+    stages = cfg.integer("stages", 1, 4, default=3)
+    cfg.require(bk == 16 or (Sp * cp) % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    reg_stages = 2 if bk > MMA_M16N8K16.shape[2] else 1
+    tile = TileConfig(tiles["bm"], tiles["bn"], bk, tiles["wm"], tiles["wn"], stages, reg_stages)
+    itemsize = op.func.tensor("I").dtype.itemsize
+    regs = tile.registers_per_thread(itemsize, True)
+    cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tile.threads)
+    cfg.schedule(op.func)
+    return igemm_rows(cfg.target, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")),
+                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages)
+
+
 def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
     """``igemm_cuda``: threads per block, output pixels per thread and output channels per block (the
     register tile is their product); the first choices are the default's for large outputs."""
     shape = gemm_shape(op)
     pixels = int(cfg.knob("pixels", [128, 64, 256]))  # type: ignore[call-overload]
-    per_thread = int(cfg.knob("per_thread", [4, 2, 1, 8]))  # type: ignore[call-overload]
-    channels = int(cfg.knob("channels", [16, 8, 4, 32]))  # type: ignore[call-overload]
+    # the default's (``gpu_schedules._igemm``): as many as divide the output evenly
+    usual_p = next(p for p in (4, 2, 1) if shape.m % (128 * p) == 0 or p == 1)
+    usual_c = next(c for c in (16, 8, 4, 2, 1) if shape.n % c == 0)
+    per_thread = int(cfg.knob("per_thread", _first(usual_p, [4, 2, 1, 8])))  # type: ignore[call-overload]
+    channels = int(cfg.knob("channels", _first(usual_c, [16, 8, 4, 32])))  # type: ignore[call-overload]
     cfg.require(channels <= shape.n, "more output channels per block than the convolution has")
     _block_resources(cfg, pixels, shape.taps * shape.k * channels // 2, per_thread * channels + channels)
     sched = cfg.schedule(op.func)
@@ -406,7 +582,7 @@ def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
     return sched
 
 
-@template("conv2d_igemm", "cuda", name="conv2d_igemm_cuda", applies=_few_channels)
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_cuda", applies=_few_channels_cuda_cores)
 def conv2d_igemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
     return _igemm_cuda(cfg, op, ["r", "s"])
 
@@ -432,3 +608,30 @@ def conv3d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     sched = cfg.schedule(op.func)
     igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], **tiles)
     return sched
+
+
+# --- row operators -------------------------------------------------------------------------------------
+
+
+def _rows(cfg: TemplateConfig, op: Any, schedule: Any) -> Any:
+    """One block per row (``gpu_schedules.softmax``/``layernorm``): threads per row and whether the
+    row is staged in shared memory (where it fits), the default's first."""
+    N = op.shape["N"]
+    itemsize = op.func.tensor("X").dtype.itemsize
+    threads = int(cfg.knob("threads", _first(row_threads(N), [32, 64, 128, 256, 512, 1024])))  # type: ignore[call-overload]
+    staged = row_staged(cfg.target, N, itemsize)
+    shared = bool(cfg.knob("shared", _first(staged, [True, False] if staged else [False])))
+    cfg.resources(threads_per_block=threads, shared_bytes=(N * itemsize if shared else 0) + 4096)
+    sched = cfg.schedule(op.func)
+    schedule(sched, cfg.target, op.shape["M"], N, threads=threads, shared=shared)
+    return sched
+
+
+@template("softmax", "cuda", name="softmax_cuda")
+def softmax_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    return _rows(cfg, op, softmax)
+
+
+@template("layernorm", "cuda", name="layernorm_cuda")
+def layernorm_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    return _rows(cfg, op, layernorm)
