@@ -333,7 +333,9 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(t["bn"] // 2 < shape.n or t["bn"] == 64, "the block tile is twice the matrix's columns")
     cfg.require(t["bk"] // 2 < shape.k or t["bk"] == 32, "the K tile is twice the reduction")
     cfg.require(shape.m >= 16, "fewer than 16 rows: the GEMV template (matmul_gemv) computes such products")
-    fits = t["stages"] >= 2 and not chunk and tma_fits(t, shape.m, shape.n, shape.k, shape.itemsize, shape.batch, split)
+    # TMA's 128-byte swizzled tiles: K and column tiles of 64 16-bit values
+    fits = t["stages"] >= 2 and not chunk and t["bk"] % 64 == 0 and t["bn"] % 64 == 0 and tma_fits(
+        t, shape.m, shape.n, shape.k, shape.itemsize, shape.batch, split)
     cfg.require(producer != "tma" or fits or cfg.mode == "apply",
                 "TMA loads pipelined whole tiles of rows 16-byte aligned (tma_fits), in chunks of one length")
     tma = producer == "tma" and fits  # applied at sizes TMA cannot load: the threads' copies there
