@@ -481,6 +481,11 @@ def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(cost: float) -> float | None:
+    """A trial's time for JSON: None for a failed one (inf)."""
+    return cost if math.isfinite(cost) else None
+
+
 def tune_and_time(w: Workload, args: argparse.Namespace, measurer, opts, make_task, tune_task) -> dict:  # noqa: ANN001
     """Tune ``w`` and time its winner beside the default schedule and torch; the row says which
     template and configuration won, whether it is the default, and both times."""
@@ -495,8 +500,8 @@ def tune_and_time(w: Workload, args: argparse.Namespace, measurer, opts, make_ta
         row["tune"] = {"trials": args.tune, "template": task.template.name, "space": len(task.space),
                        "config": best.config if best else None, "default_config": default_config,
                        "winner_is_default": bool(best and best.config == default_config),
-                       "best_during_tuning_s": best.cost if best else None,
-                       "default_during_tuning_s": next((r.cost for r in result.records
+                       "best_during_tuning_s": _seconds(best.cost) if best else None,
+                       "default_during_tuning_s": next((_seconds(r.cost) for r in result.records
                                                         if r.config == default_config), None),
                        "failures": result.failures, "new_trials": result.new_trials,
                        "seconds": time.perf_counter() - t0, "notes": result.notes}
