@@ -994,7 +994,7 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
     ep.fuse("i", "j").split("ij", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
 
 
-def row_threads(n: int) -> int:
+def _row_threads(n: int) -> int:
     """Threads per row for row-wise kernels: one warp up to 2K elements and four warps up to 8K
     (measured on an H100); wider rows (vocabulary rows, 30K–128K) take a whole block of 1024 threads,
     so that a row's loads are in flight together."""
@@ -1004,12 +1004,6 @@ def row_threads(n: int) -> int:
 def _row_fits(target: CUDATarget, n: int, itemsize: int) -> bool:
     """Whether a row (and the reductions' scratch) fits in one block's shared memory."""
     return n * itemsize + 4096 <= target.shared_per_block
-
-
-def row_staged(target: CUDATarget, n: int, itemsize: int, shared: bool | None = None) -> bool:
-    """Whether a row operator stages its rows in shared memory: ``shared`` where given and the row
-    fits, else whether it fits (``_row_fits``)."""
-    return _row_fits(target, n, itemsize) and shared is not False
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
@@ -1023,14 +1017,11 @@ def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
     st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
 
 
-def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-            shared: bool | None = None) -> None:
+def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
     """One block per row: the row is read once into shared memory (when it fits; a wider row is read
     from global memory by each pass, the later passes mostly from L2), then max and sum are reduced
-    across the block's threads and the output written (exp recomputed rather than stored).
-    ``threads`` per row (default ``row_threads``) and ``shared`` (the row staged; default: when it
-    fits) for the tuning templates."""
-    nt = threads or row_threads(N)
+    across the block's threads and the output written (exp recomputed rather than stored)."""
+    nt = threads or _row_threads(N)
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", nt)
     sched["mx"].bind("i", "blockIdx.x")
@@ -1038,25 +1029,23 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
     sched["sm"].after(sched["mx"], "i")
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["sm"], "i")
-    if row_staged(target, N, sched.func.tensor("X").dtype.itemsize, shared):
+    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
         sched["mx"].cache_identity("X", "i", loc="shared", also=["sm", "Y"])
     for stat in ("mx", "sm"):  # the row's statistics stay in shared memory, next to the row
         sched[stat].store_at("i").set_loc("shared")
 
 
-def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-              shared: bool | None = None) -> None:
+def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None) -> None:
     """One block per row, the row read once into shared memory (when it fits, as for softmax); both
-    moments reduced across the block's threads, then the normalized row written. ``threads`` and
-    ``shared`` as for softmax."""
-    nt = threads or row_threads(N)
+    moments reduced across the block's threads, then the normalized row written."""
+    nt = threads or _row_threads(N)
     _row_reduction(sched, "s1", "j1", nt)
     sched["s1"].bind("i", "blockIdx.x")
     _row_reduction(sched, "s2", "j2", nt)
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", nt)
     sched["Y"].after(sched["s2"], "i")
-    if row_staged(target, N, sched.func.tensor("X").dtype.itemsize, shared):
+    if _row_fits(target, N, sched.func.tensor("X").dtype.itemsize):
         sched["s1"].cache_identity("X", "i", loc="shared", also=["s2", "Y"])
     for stat in ("s1", "s2"):
         sched[stat].store_at("i").set_loc("shared")

@@ -54,11 +54,7 @@ from ...ops.gpu_schedules import (
     igemm_schedule,
     igemm_splits,
     igemm_tensorcore,
-    layernorm,
     no_deeper,
-    row_staged,
-    row_threads,
-    softmax,
     tma_fits,
 )
 from ...ops.igemm import padded_channels
@@ -610,30 +606,3 @@ def conv3d_igemm_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     sched = cfg.schedule(op.func)
     igemm_tensorcore(sched, "O", "col", "Wt", ["t", "r", "s"], **tiles)
     return sched
-
-
-# --- row operators -------------------------------------------------------------------------------------
-
-
-def _rows(cfg: TemplateConfig, op: Any, schedule: Any) -> Any:
-    """One block per row (``gpu_schedules.softmax``/``layernorm``): threads per row and whether the
-    row is staged in shared memory (where it fits), the default's first."""
-    N = op.shape["N"]
-    itemsize = op.func.tensor("X").dtype.itemsize
-    threads = int(cfg.knob("threads", _first(row_threads(N), [32, 64, 128, 256, 512, 1024])))  # type: ignore[call-overload]
-    staged = row_staged(cfg.target, N, itemsize)
-    shared = bool(cfg.knob("shared", _first(staged, [True, False] if staged else [False])))
-    cfg.resources(threads_per_block=threads, shared_bytes=(N * itemsize if shared else 0) + 4096)
-    sched = cfg.schedule(op.func)
-    schedule(sched, cfg.target, op.shape["M"], N, threads=threads, shared=shared)
-    return sched
-
-
-@template("softmax", "cuda", name="softmax_cuda")
-def softmax_cuda(cfg: TemplateConfig, op: Any) -> Any:
-    return _rows(cfg, op, softmax)
-
-
-@template("layernorm", "cuda", name="layernorm_cuda")
-def layernorm_cuda(cfg: TemplateConfig, op: Any) -> Any:
-    return _rows(cfg, op, layernorm)
