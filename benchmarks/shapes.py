@@ -450,35 +450,76 @@ def tune_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
             "devices": devices, "builders_per_device": builders, "records": str(records)}
 
 
+TIME_SECONDS = 5.0
+"""The final timing of one tuned workload (winner, default and torch in rounds), reserved before the deadline."""
+
+
 def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
-    """One GPU's share of ``--tune`` (this process sees only that GPU): one builder pool and runner for
-    all its workloads; each is tuned (``pt.tune``'s ``tune_task``, XGBoost, its trials appended to the
-    shared records), then its winner, the default schedule and torch timed side by side
-    (``bench_gpu``), and the row appended to the results. Stops before a workload that would not end
-    before ``--deadline``."""
+    """One GPU's share of ``--tune`` (this process sees only that GPU). First the tuning: one builder
+    pool and runner for all its workloads, each tuned by ``tune_one`` (its trials appended to the
+    shared records) while two background processes build its default schedule and then its winner;
+    it stops before a workload that would not end, with the timings of those tuned, before
+    ``--deadline``. Then, the GPU free of the tuner's runner, each tuned workload's winner, default
+    and torch are timed side by side (``bench_gpu``) and its row appended to the results."""
     import torch
 
-    from polytile.tune import MeasureOptions, Measurer, make_task, tune_task
+    from polytile.tune import MeasureOptions, Measurer
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     records = Path(args.records)
     rows_file = results_path(records)
     timed = read_rows(rows_file, args.tune)
-    opts = MeasureOptions(builders=args.builders, same_inputs=True)
-    with Measurer(opts) as measurer:
-        for w in ws:
-            if w.name in timed:
-                continue
-            left = max(0, args.tune - trials_done(records).get(tune_key(w), 0))
-            if args.deadline and time.time() + expected_seconds(w, left, args.builders) > args.deadline:
-                print(f"stopping before {w.name}: expected {expected_seconds(w, left, args.builders):.0f} s, "
-                      f"{args.deadline - time.time():.0f} s left", flush=True)
-                return 0
-            row = tune_and_time(w, args, measurer, opts, make_task, tune_task)
+    todo = [w for w in ws if w.name not in timed]
+    # no re-timing in a fresh process, no check at prime sizes: the winner is timed again beside the
+    # default below, checked against the reference at the workload's sizes (a build and a process
+    # start saved per workload)
+    opts = MeasureOptions(builders=args.builders, same_inputs=True, retime=0)
+    tuned: list[tuple[Workload, dict, object, object]] = []
+    with ProcessPoolExecutor(2) as kernels:
+        with Measurer(opts) as measurer:
+            for w in todo:
+                left = max(0, args.tune - trials_done(records).get(tune_key(w), 0))
+                need = expected_seconds(w, left, args.builders) + TIME_SECONDS * (len(tuned) + 1)
+                if args.deadline and time.time() + need > args.deadline:
+                    print(f"stopping before {w.name}: {need:.0f} s needed, {args.deadline - time.time():.0f} s "
+                          "left; run again to resume", flush=True)
+                    break
+                default = kernels.submit(build_one, w)
+                info, config = tune_one(w, args, measurer, opts)
+                best = kernels.submit(build_config, w, config) if config is not None else None
+                tuned.append((w, info, default, best))
+                print(json.dumps({"name": w.name, **info}), flush=True)
+        for w, info, default, best in tuned:
+            row = time_one(w, args, info, default.result(), best.result() if best is not None else None)
             append_row(rows_file, row)
-            print(json.dumps({k: v for k, v in row.items() if k != "launches"}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("launches", "tune")}), flush=True)
             torch.cuda.empty_cache()
     return 0
+
+
+def tune_one(w: Workload, args: argparse.Namespace, measurer, opts) -> tuple[dict, dict | None]:  # noqa: ANN001
+    """Tune ``w`` (XGBoost, ``args.tune`` trials, resumed from the records): what won — template,
+    configuration, whether it is the default, both as measured while tuning — and the winner's
+    configuration (None when no trial succeeded)."""
+    from polytile.tune import make_task, tune_task
+    t0 = time.perf_counter()
+    try:
+        task = make_task(w.kind, "cuda", **w.arguments())
+        default_config = task.space.default.to_json()
+        result = tune_task(task, args.tune, args.records, tuner="xgb", measure=opts, progress=False,
+                           measurer=measurer, verify=False, build_best=False)
+    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+        return {"trials": args.tune, "error": f"{type(err).__name__}: {err}"[:2000],
+                "seconds": time.perf_counter() - t0}, None
+    best = result.best
+    info = {"trials": args.tune, "template": task.template.name, "space": len(task.space),
+            "config": best.config if best else None, "default_config": default_config,
+            "winner_is_default": bool(best and best.config == default_config),
+            "best_during_tuning_s": _seconds(best.cost) if best else None,
+            "default_during_tuning_s": next((_seconds(r.cost) for r in result.records
+                                             if r.config == default_config), None),
+            "failures": result.failures, "new_trials": result.new_trials, "seconds": time.perf_counter() - t0}
+    return info, best.config if best else None
 
 
 def _seconds(cost: float) -> float | None:
@@ -486,40 +527,33 @@ def _seconds(cost: float) -> float | None:
     return cost if math.isfinite(cost) else None
 
 
-def tune_and_time(w: Workload, args: argparse.Namespace, measurer, opts, make_task, tune_task) -> dict:  # noqa: ANN001
-    """Tune ``w`` and time its winner beside the default schedule and torch; the row says which
-    template and configuration won, whether it is the default, and both times."""
-    row = {**_describe(w)}
+def build_config(w: Workload, config: dict):  # noqa: ANN201 - (name, kernel or error, seconds)
+    """Build ``w``'s configuration ``config`` of the template ``pt.tune`` picks (in a worker process)."""
+    from polytile.build import build
+    from polytile.tune import make_task
     t0 = time.perf_counter()
     try:
         task = make_task(w.kind, "cuda", **w.arguments())
-        default_config = task.space.default.to_json()
-        result = tune_task(task, args.tune, args.records, tuner="xgb", measure=opts, progress=False,
-                           measurer=measurer)
-        best = result.best
-        row["tune"] = {"trials": args.tune, "template": task.template.name, "space": len(task.space),
-                       "config": best.config if best else None, "default_config": default_config,
-                       "winner_is_default": bool(best and best.config == default_config),
-                       "best_during_tuning_s": _seconds(best.cost) if best else None,
-                       "default_during_tuning_s": next((_seconds(r.cost) for r in result.records
-                                                        if r.config == default_config), None),
-                       "failures": result.failures, "new_trials": result.new_trials,
-                       "seconds": time.perf_counter() - t0, "notes": result.notes}
-        kern = result.kernel
-    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-        row["tune"] = {"trials": args.tune, "error": f"{type(err).__name__}: {err}"[:2000],
-                       "seconds": time.perf_counter() - t0}
-        kern = None
-    _, default, build_s = build_one(w)
-    row["build_s"] = build_s
-    if kern is None:
-        kern = default  # nothing tuned: the default is timed as the tuned kernel (row["tune"] says so)
+        return w.name, build(task.schedule(config), task.target), time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001 - a failed build is recorded, the run goes on
+        return w.name, f"{type(err).__name__}: {err}"[:2000], time.perf_counter() - t0
+
+
+def time_one(w: Workload, args: argparse.Namespace, info: dict, default: tuple, best: tuple | None) -> dict:
+    """The row of a tuned workload: its winner timed beside the default schedule and torch (the default
+    alone, as the tuned kernel, when tuning found nothing: ``tune`` says so)."""
+    row = {**_describe(w), "tune": info}
+    _, default_kernel, row["build_s"] = default
+    kern = best[1] if best is not None else default_kernel
+    if best is not None and isinstance(kern, str):
+        info["build_error"] = kern
+        kern = default_kernel
     if isinstance(kern, str):
         row["error"] = kern
         return row
     try:
-        row.update(bench_gpu(w, kern, args.repeat, args.rounds, seed=1, default=None if isinstance(default, str)
-                             else default))
+        row.update(bench_gpu(w, kern, args.repeat, args.rounds, seed=1,
+                             default=None if isinstance(default_kernel, str) else default_kernel))
     except (PolytileError, RuntimeError) as err:
         row["error"] = f"{type(err).__name__}: {err}"[:2000]
     return row

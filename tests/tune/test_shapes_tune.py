@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,18 @@ def test_the_worker_skips_what_is_timed_and_stops_before_the_deadline(tmp_path, 
 
     def fake_tune(w, args, *rest):  # noqa: ANN001, ANN202
         tuned.append(w.name)
-        return _row(w)
+        return {"trials": args.tune, "template": "fake"}, {"threads": 32}
+
+    def fake_time(w, args, info, default, best):  # noqa: ANN001, ANN202
+        assert default == (w.name, "default kernel", 1.0) and best == (w.name, {"threads": 32}, 2.0)
+        return {**_row(w), "tune": info}
 
     monkeypatch.setattr(polytile.tune, "Measurer", FakeMeasurer)
-    monkeypatch.setattr(shapes, "tune_and_time", fake_tune)
+    monkeypatch.setattr(shapes, "ProcessPoolExecutor", ThreadPoolExecutor)  # the kernels built in threads
+    monkeypatch.setattr(shapes, "build_one", lambda w: (w.name, "default kernel", 1.0))
+    monkeypatch.setattr(shapes, "build_config", lambda w, config: (w.name, config, 2.0))
+    monkeypatch.setattr(shapes, "tune_one", fake_tune)
+    monkeypatch.setattr(shapes, "time_one", fake_time)
     assert shapes.tune_worker(ws, args) == 0
     assert tuned == [w.name for w in ws[1:]]
     assert set(shapes.read_rows(rows, 32)) == {w.name for w in ws}
