@@ -113,13 +113,17 @@ last one ending at K (``gpu_schedules.gemm_chunks``, the default's rule)."""
 
 
 def _gemm_split(cfg: TemplateConfig, op: Any, bk: int, counts: list[int], default: GemmChoice | None,
-                decide: bool) -> tuple[int, int]:
-    """The split of K as (chunks, ``GemmChoice.chunk``): the operator's own ``split_k``; else with
-    ``decide`` about S chunks of whole K tiles (``gemm_chunks``), S among ``counts``, the default's
-    first; else none. Applied at other sizes (the tuner's check at prime sizes) the same S is cut
-    by the same rule, which may give other chunks there."""
+                decide: bool, batched: bool = False) -> tuple[int, int]:
+    """The split of K as (chunks, ``GemmChoice.chunk``): the operator's own ``split_k`` (of a batched
+    product only where the kernel splits one: ``batched``, the GEMV); else with ``decide`` about S
+    chunks of whole K tiles (``gemm_chunks``), S among ``counts``, the default's first; else none.
+    Applied at other sizes (the tuner's check at prime sizes) the same S is cut by the same rule,
+    which may give other chunks there."""
     own = op.shape.get("split_k")
     if own is not None:
+        cfg.require(batched or op.name != "batch_matmul" or own == 1, f"a batched product's reduction is split "
+                    f"only on the GEMV kernel (at most {GEMV_ROWS} rows): this kernel takes one batch loop; "
+                    "leave split_k unset")
         return int(own), 0
     if not decide:
         return 1, 0
@@ -156,7 +160,8 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
     direct = bool(cfg.knob("direct", _first(bool(p.get("direct")) if d else None, [False, True])))
-    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True)
+    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True,
+                               batched=True)
     vec = vector // itemsize
     M = op.shape["M"]
     cfg.require(direct or vector == 8, "staged tiles of B take 8 bytes of columns per thread")
@@ -368,9 +373,10 @@ def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
 
 
 def _tensor_core_gemm(cfg: TemplateConfig, op: Any, tiles: dict[str, int]) -> Any:
-    """An mma.sync GEMM of ``tiles``, K not split, its operands copied aligned where their rows are
-    not 16-byte aligned (the default's code: ``gemm_as``)."""
-    return _gemm_as(cfg, op, GemmChoice("mma", tiles, 1, 0.0))
+    """An mma.sync GEMM of ``tiles``, K split only by the operator's own ``split_k``, its operands
+    copied aligned where their rows are not 16-byte aligned (the default's code: ``gemm_as``)."""
+    split, chunk = _gemm_split(cfg, op, tiles["bk"], [1], None, decide=False)
+    return _gemm_as(cfg, op, GemmChoice("mma", tiles, split, 0.0, chunk))
 
 
 # --- tensor cores (ALCOP's space and model) ----------------------------------------------------------
@@ -463,22 +469,28 @@ def _conv_sizes(op: Any) -> dict[str, int]:
 
 
 def _tile_name(kernel: str, params: dict[str, int]) -> str:
-    keys = ("bm", "bn", "bk", "wm", "wn") if kernel == "mma" else ("bm", "bn", "bk")
-    return " ".join([kernel, *(f"{k}={params[k]}" for k in keys)])
+    """A block tile as a word: ``wgmma:128x64x64`` (bm × bn × bk), ``mma:64x64x32:32x32`` (and the warp tile)."""
+    name = f"{kernel}:{params['bm']}x{params['bn']}x{params['bk']}"
+    return name + (f":{params['wm']}x{params['wn']}" if kernel == "mma" else "")
 
 
 def _parse_tile(name: str) -> tuple[str, dict[str, int]]:
-    kernel, *pairs = name.split()
-    return kernel, {k: int(v) for k, v in (p.split("=") for p in pairs)}
+    kernel, block, *warp = name.split(":")
+    params = dict(zip(("bm", "bn", "bk"), map(int, block.split("x")), strict=True))
+    if warp:
+        params.update(zip(("wm", "wn"), map(int, warp[0].split("x")), strict=True))
+    return kernel, params
 
 
 def _split_name(rows: bool, chunks: int) -> str:
-    return " ".join((["rows"] if rows else []) + ([f"channels/{chunks}"] if chunks > 1 else [])) or "none"
+    """A split of an implicit GEMM's reduction as a word: ``none``, ``rows`` (a chunk per filter row),
+    ``c2`` (two channel chunks), ``rows+c2``."""
+    return "+".join((["rows"] if rows else []) + ([f"c{chunks}"] if chunks > 1 else [])) or "none"
 
 
 def _parse_split(name: str) -> tuple[bool, int]:
-    parts = name.split()
-    return "rows" in parts, next((int(p.split("/")[1]) for p in parts if p.startswith("channels/")), 1)
+    parts = name.split("+")
+    return "rows" in parts, next((int(p[1:]) for p in parts if p.startswith("c")), 1)
 
 
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_choices", applies=_many_channels_tensor_core)
@@ -545,10 +557,11 @@ def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     d = _conv_sizes(op)
     cp, Sp = padded_channels(d["C"], d["S"])
     usual, usual_bk = igemm_rows_tiles(d["M"], d["K"], Sp * cp)
-    names = [" ".join(f"{k}={v}" for k, v in t.items()) for t in (
+    names = [f"{t['bm']}x{t['bn']}:{t['wm']}x{t['wn']}" for t in (
         usual, dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32), dict(bm=128, bn=32, wm=32, wn=32),
         dict(bm=64, bn=32, wm=32, wn=32))]
-    tiles = {k: int(v) for k, v in (p.split("=") for p in str(cfg.knob("tile", _first(names[0], names))).split())}
+    block, warp = (part.split("x") for part in str(cfg.knob("tile", _first(names[0], names))).split(":"))
+    tiles = {"bm": int(block[0]), "bn": int(block[1]), "wm": int(warp[0]), "wn": int(warp[1])}
     bk = int(cfg.knob("bk", _first(usual_bk, [32, 16])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 4, default=3)
     cfg.require(bk == 16 or (Sp * cp) % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
