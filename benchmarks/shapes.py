@@ -47,6 +47,7 @@ import datetime
 import fnmatch
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -475,7 +476,9 @@ def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
     # start saved per workload)
     opts = MeasureOptions(builders=args.builders, same_inputs=True, retime=0)
     tuned: list[tuple[Workload, dict, object, object]] = []
-    with ProcessPoolExecutor(2) as kernels:
+    # spawned, not forked: this process initializes the CUDA driver (the target's facts), which a
+    # forked child could not use
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as kernels:
         with Measurer(opts) as measurer:
             for w in todo:
                 left = max(0, args.tune - trials_done(records).get(tune_key(w), 0))

@@ -106,7 +106,7 @@ def test_the_worker_skips_what_is_timed_and_stops_before_the_deadline(tmp_path, 
         return {**_row(w), "tune": info}
 
     monkeypatch.setattr(polytile.tune, "Measurer", FakeMeasurer)
-    monkeypatch.setattr(shapes, "ProcessPoolExecutor", ThreadPoolExecutor)  # the kernels built in threads
+    monkeypatch.setattr(shapes, "ProcessPoolExecutor", lambda n, **_: ThreadPoolExecutor(n))  # built in threads
     monkeypatch.setattr(shapes, "build_one", lambda w: (w.name, "default kernel", 1.0))
     monkeypatch.setattr(shapes, "build_config", lambda w, config: (w.name, config, 2.0))
     monkeypatch.setattr(shapes, "tune_one", fake_tune)
