@@ -451,7 +451,7 @@ def tune_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
             "devices": devices, "builders_per_device": builders, "records": str(records)}
 
 
-TIME_SECONDS = 5.0
+TIME_SECONDS = 3.0
 """The final timing of one tuned workload (winner, default and torch in rounds), reserved before the deadline."""
 
 
