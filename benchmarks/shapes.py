@@ -316,13 +316,17 @@ def build_all(ws: list[Workload], target: str, workers: int) -> dict[str, tuple[
 
 # --- tuning (--tune): workloads spread over GPUs, resumable ------------------------------------------------
 
-TRIAL_SECONDS = {"gemv": 8.0, "wgmma": 8.0, "cuda": 10.0, "igemm": 12.0, "conv2d": 20.0, "rows": 3.0}
-"""Builder seconds of one trial (lowering and nvcc) by template family, measured on 2 loaded cores
-here (2026-11-28: 3.5–8 s to lower a GEMM configuration, 5–17 s an implicit GEMM, 20–30 s an NCHW
-convolution, 1–3 s a row operator) plus nvcc: what ``expected_seconds`` balances the devices with."""
-WORKLOAD_SECONDS = 25.0
-"""Per workload besides its trials: the template's space, the reference computed once, the re-timing
-of the best three in a fresh runner, the default's build and the final timing against torch."""
+TRIAL_SECONDS = {"gemv": 3.0, "wgmma": 3.5, "cuda": 5.0, "igemm": 5.0, "conv2d": 10.0, "rows": 1.5}
+"""Builder seconds of one trial (lowering and nvcc) by template family on the 2× H200 host's Xeon
+(the lead's probe, 2026-11-28: median build_s 2.4–5.0 s per trial of GEMMs and convolutions;
+here, on 2 loaded cores, 4–10 s): what ``expected_seconds`` balances the devices with."""
+RUN_SECONDS = 0.3
+"""The runner's seconds per trial (load, check against the reference, time): the bound when the
+builders keep ahead of it."""
+WORKLOAD_SECONDS = 12.0
+"""Per workload besides its trials: the template's space, the reference computed once, the last
+builds' drain and the final timing against torch (the lead's try of this code, 2026-11-28 11:23 UTC:
+3 workloads × 12 trials tuned and timed in 34 s on one H200, 31 builders)."""
 
 
 def family(w: Workload) -> str:
@@ -339,9 +343,9 @@ def family(w: Workload) -> str:
 
 
 def expected_seconds(w: Workload, trials: int, builders: int) -> float:
-    """The wall time ``trials`` more trials of ``w`` should take with ``builders`` build processes (the
-    builds bound a trial: the GPU times a candidate in well under a second)."""
-    return (trials * TRIAL_SECONDS[family(w)] / max(1, builders) + WORKLOAD_SECONDS) if trials else WORKLOAD_SECONDS
+    """The wall time ``trials`` more trials of ``w`` should take with ``builders`` build processes: the
+    builds or the runner bound the trials, whichever is slower."""
+    return trials * max(TRIAL_SECONDS[family(w)] / max(1, builders), RUN_SECONDS) + WORKLOAD_SECONDS
 
 
 def spread(ws: list[Workload], costs: dict[str, float], devices: list[int]) -> dict[int, list[Workload]]:
@@ -473,8 +477,8 @@ def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
     todo = [w for w in ws if w.name not in timed]
     # no re-timing in a fresh process, no check at prime sizes: the winner is timed again beside the
     # default below, checked against the reference at the workload's sizes (a build and a process
-    # start saved per workload)
-    opts = MeasureOptions(builders=args.builders, same_inputs=True, retime=0)
+    # start saved per workload); 50 ms of launches per trial (thousands of a 10–1000 µs kernel)
+    opts = MeasureOptions(builders=args.builders, same_inputs=True, retime=0, min_time=0.05)
     tuned: list[tuple[Workload, dict, object, object]] = []
     # spawned, not forked: this process initializes the CUDA driver (the target's facts), which a
     # forked child could not use
