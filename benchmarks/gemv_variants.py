@@ -32,13 +32,14 @@ SHAPES = "1,4096,4096,bfloat16;8,4096,4096,bfloat16;1,28672,4096,bfloat16;8,768,
 
 
 def _configs(K: int) -> list[dict[str, object]]:
-    from polytile.tune.templates.cuda import GEMV_SPLITS
-    splits = [s for s in GEMV_SPLITS if (s - 1) * -(-K // s) < K]
+    from polytile.tune.templates.cuda import SPLITS
+    splits = [s for s in SPLITS if (s - 1) * -(-K // s) < K]
     out = []
     for direct, threads, bk, split in itertools.product((False, True), (64, 128, 256), (8, 16, 32), splits):
         if direct and bk > 16:
             continue
-        out.append(dict(threads=threads, bk=bk, stages=3 if direct else 4, direct=direct, split=split))
+        out.append(dict(threads=threads, vector=16 if direct else 8, bk=bk, stages=3 if direct else 4, direct=direct,
+                        split=split))
     return out
 
 

@@ -47,6 +47,7 @@ import datetime
 import fnmatch
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -313,22 +314,256 @@ def build_all(ws: list[Workload], target: str, workers: int) -> dict[str, tuple[
         return {n: (k, s) for n, k, s in ex.map(_build_job, [(w, target) for w in ws])}
 
 
-def tune_all(ws: list[Workload], args: argparse.Namespace) -> dict[str, tuple[object, float]]:
-    """``pt.tune`` each workload (``args.tune`` trials, XGBoost; records in ``args.records``, so a
-    stopped run resumes) and keep its best kernel; a workload whose tuning finds nothing keeps the
-    default schedule's kernel."""
-    import polytile as pt
-    out: dict[str, tuple[object, float]] = {}
-    for w in ws:
-        t0 = time.perf_counter()
-        try:
-            kern = pt.tune(w.kind, target="cuda", trials=args.tune, records=args.records, tuner="xgb",
-                           progress=False, **w.arguments())
-        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-            kern = f"{type(err).__name__}: {err}"[:2000]
-        out[w.name] = (kern, time.perf_counter() - t0)
-        print(f"tuned {w.name} in {time.perf_counter() - t0:.0f} s", flush=True)
-    return out
+# --- tuning (--tune): workloads spread over GPUs, resumable ------------------------------------------------
+
+TRIAL_SECONDS = {"gemv": 3.0, "wgmma": 3.5, "cuda": 5.0, "igemm": 5.0, "conv2d": 10.0, "rows": 1.5}
+"""Builder seconds of one trial (lowering and nvcc) by template family on the 2× H200 host's Xeon
+(the lead's probe, 2026-11-28: median build_s 2.4–5.0 s per trial of GEMMs and convolutions;
+here, on 2 loaded cores, 4–10 s): what ``expected_seconds`` balances the devices with."""
+RUN_SECONDS = 0.3
+"""The runner's seconds per trial (load, check against the reference, time): the bound when the
+builders keep ahead of it."""
+WORKLOAD_SECONDS = 12.0
+"""Per workload besides its trials: the template's space, the reference computed once, the last
+builds' drain and the final timing against torch (the lead's try of this code, 2026-11-28 11:23 UTC:
+3 workloads × 12 trials tuned and timed in 34 s on one H200, 31 builders)."""
+
+
+def family(w: Workload) -> str:
+    """The template family ``pt.tune`` picks for ``w`` on the GPU (for cost estimates only)."""
+    if w.kind in ("softmax", "layernorm"):
+        return "rows"
+    if w.kind == "conv2d":
+        return "conv2d"
+    if w.kind == "conv2d_igemm":
+        return "igemm"
+    if dict(w.dims)["M"] <= 16:
+        return "gemv"
+    return "cuda" if w.dtype == "float32" else "wgmma"
+
+
+def expected_seconds(w: Workload, trials: int, builders: int) -> float:
+    """The wall time ``trials`` more trials of ``w`` should take with ``builders`` build processes: the
+    builds or the runner bound the trials, whichever is slower."""
+    return trials * max(TRIAL_SECONDS[family(w)] / max(1, builders), RUN_SECONDS) + WORKLOAD_SECONDS
+
+
+def spread(ws: list[Workload], costs: dict[str, float], devices: list[int]) -> dict[int, list[Workload]]:
+    """The workloads of each device, balanced by expected cost (longest first to the least loaded
+    device); each device's list keeps the suite's order."""
+    load = {d: 0.0 for d in devices}
+    owner: dict[str, int] = {}
+    for w in sorted(ws, key=lambda w: -costs[w.name]):
+        d = min(devices, key=lambda d: (load[d], devices.index(d)))
+        owner[w.name] = d
+        load[d] += costs[w.name]
+    return {d: [w for w in ws if owner[w.name] == d] for d in devices}
+
+
+def tune_key(w: Workload) -> str:
+    """The workload part of ``w``'s records' keys (``polytile.tune.task.Workload.key``)."""
+    from polytile.tune.task import Workload as TuneWorkload
+    return TuneWorkload.of(w.kind, **w.arguments()).key
+
+
+def trials_done(records: Path) -> dict[str, int]:
+    """Trials recorded per workload key (any template and GPU: for estimates)."""
+    done: dict[str, int] = {}
+    if records.exists():
+        for line in records.read_text().splitlines():
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            parts = str(d.get("workload", "")).split("/")
+            if d.get("role", "trial") == "trial" and len(parts) >= 2:
+                done[parts[1]] = done.get(parts[1], 0) + 1
+    return done
+
+
+def results_path(records: Path) -> Path:
+    """Where the timed rows of a tuned run go, beside its records (one JSON line per workload)."""
+    return records.with_name(records.stem + ".results.jsonl")
+
+
+def read_rows(path: Path, trials: int) -> dict[str, dict]:
+    """The timed rows of ``path`` tuned with ``trials`` trials, by workload name (the last of each)."""
+    rows: dict[str, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill: that workload is timed again
+            if row.get("tune", {}).get("trials") == trials:
+                rows[row["name"]] = row
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one row, locked (the devices' processes share the file)."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def tune_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
+    """``--tune``: one process per GPU of ``--devices`` (``tune_worker``), each owning a share of the
+    workloads balanced by expected cost; their trials go to ``--records`` and their timed rows beside
+    it (``results_path``), so a call stopped by ``--max-seconds`` (or killed) resumes where it was:
+    a workload whose records hold the trials is not tuned again, one already timed not timed again.
+    The record is complete when every workload has its row."""
+    records = Path(args.records).resolve()
+    rows_file = results_path(records)
+    deadline = time.time() + args.max_seconds if args.max_seconds else 0.0
+    devices = [int(d) for d in args.devices.split(",")]
+    builders = args.builders or max(1, (os.cpu_count() or 2) // len(devices) - 1)
+    todo = [w for w in ws if w.name not in read_rows(rows_file, args.tune)]
+    done = trials_done(records)
+    costs = {w.name: expected_seconds(w, max(0, args.tune - done.get(tune_key(w), 0)), builders) for w in todo}
+    shares = spread(todo, costs, devices)
+    print(f"{len(ws) - len(todo)} of {len(ws)} workloads already tuned and timed; expected per device: "
+          + ", ".join(f"GPU {d} {sum(costs[w.name] for w in share):.0f} s ({len(share)} workloads)"
+                      for d, share in shares.items()), flush=True)
+    procs = []
+    for d, share in shares.items():
+        if not share:
+            continue
+        names = records.with_name(f"{records.stem}.gpu{d}.names")
+        names.parent.mkdir(parents=True, exist_ok=True)
+        names.write_text("\n".join(w.name for w in share) + "\n")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--tune-worker", str(names), "--tune", str(args.tune),
+               "--records", str(records), "--builders", str(builders), "--deadline", str(deadline),
+               "--repeat", str(args.repeat), "--rounds", str(args.rounds)]
+        if not args.half_out:
+            cmd.append("--float32-out")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(d)}
+        procs.append((d, subprocess.Popen(cmd, env=env)))
+    for d, proc in procs:
+        if proc.wait():
+            print(f"the tuning process of GPU {d} ended with status {proc.returncode}", flush=True)
+    rows = read_rows(rows_file, args.tune)
+    missing = [w.name for w in ws if w.name not in rows]
+    if missing:
+        print(f"{len(missing)} of {len(ws)} workloads not yet tuned and timed (run the same command again to "
+              f"resume): {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}", flush=True)
+    return {"results": [rows[w.name] for w in ws if w.name in rows], "complete": not missing,
+            "devices": devices, "builders_per_device": builders, "records": str(records)}
+
+
+TIME_SECONDS = 3.0
+"""The final timing of one tuned workload (winner, default and torch in rounds), reserved before the deadline."""
+
+
+def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
+    """One GPU's share of ``--tune`` (this process sees only that GPU). First the tuning: one builder
+    pool and runner for all its workloads, each tuned by ``tune_one`` (its trials appended to the
+    shared records) while two background processes build its default schedule and then its winner;
+    it stops before a workload that would not end, with the timings of those tuned, before
+    ``--deadline``. Then, the GPU free of the tuner's runner, each tuned workload's winner, default
+    and torch are timed side by side (``bench_gpu``) and its row appended to the results."""
+    import torch
+
+    from polytile.tune import MeasureOptions, Measurer
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    records = Path(args.records)
+    rows_file = results_path(records)
+    timed = read_rows(rows_file, args.tune)
+    todo = [w for w in ws if w.name not in timed]
+    # no re-timing in a fresh process, no check at prime sizes: the winner is timed again beside the
+    # default below, checked against the reference at the workload's sizes (a build and a process
+    # start saved per workload); 50 ms of launches per trial (thousands of a 10–1000 µs kernel)
+    opts = MeasureOptions(builders=args.builders, same_inputs=True, retime=0, min_time=0.05)
+    tuned: list[tuple[Workload, dict, object, object]] = []
+    # spawned, not forked: this process initializes the CUDA driver (the target's facts), which a
+    # forked child could not use
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as kernels:
+        with Measurer(opts) as measurer:
+            for w in todo:
+                left = max(0, args.tune - trials_done(records).get(tune_key(w), 0))
+                need = expected_seconds(w, left, args.builders) + TIME_SECONDS * (len(tuned) + 1)
+                if args.deadline and time.time() + need > args.deadline:
+                    print(f"stopping before {w.name}: {need:.0f} s needed, {args.deadline - time.time():.0f} s "
+                          "left; run again to resume", flush=True)
+                    break
+                default = kernels.submit(build_one, w)
+                info, config = tune_one(w, args, measurer, opts)
+                best = kernels.submit(build_config, w, config) if config is not None else None
+                tuned.append((w, info, default, best))
+                print(json.dumps({"name": w.name, **info}), flush=True)
+        for w, info, default, best in tuned:
+            row = time_one(w, args, info, default.result(), best.result() if best is not None else None)
+            append_row(rows_file, row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("launches", "tune")}), flush=True)
+            torch.cuda.empty_cache()
+    return 0
+
+
+def tune_one(w: Workload, args: argparse.Namespace, measurer, opts) -> tuple[dict, dict | None]:  # noqa: ANN001
+    """Tune ``w`` (XGBoost, ``args.tune`` trials, resumed from the records): what won — template,
+    configuration, whether it is the default, both as measured while tuning — and the winner's
+    configuration (None when no trial succeeded)."""
+    from polytile.tune import make_task, tune_task
+    t0 = time.perf_counter()
+    try:
+        task = make_task(w.kind, "cuda", **w.arguments())
+        default_config = task.space.default.to_json()
+        result = tune_task(task, args.tune, args.records, tuner="xgb", measure=opts, progress=False,
+                           measurer=measurer, verify=False, build_best=False)
+    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+        return {"trials": args.tune, "error": f"{type(err).__name__}: {err}"[:2000],
+                "seconds": time.perf_counter() - t0}, None
+    best = result.best
+    info = {"trials": args.tune, "template": task.template.name, "space": len(task.space),
+            "config": best.config if best else None, "default_config": default_config,
+            "winner_is_default": bool(best and best.config == default_config),
+            "best_during_tuning_s": _seconds(best.cost) if best else None,
+            "default_during_tuning_s": next((_seconds(r.cost) for r in result.records
+                                             if r.config == default_config), None),
+            "failures": result.failures, "new_trials": result.new_trials, "seconds": time.perf_counter() - t0}
+    return info, best.config if best else None
+
+
+def _seconds(cost: float) -> float | None:
+    """A trial's time for JSON: None for a failed one (inf)."""
+    return cost if math.isfinite(cost) else None
+
+
+def build_config(w: Workload, config: dict):  # noqa: ANN201 - (name, kernel or error, seconds)
+    """Build ``w``'s configuration ``config`` of the template ``pt.tune`` picks (in a worker process)."""
+    from polytile.build import build
+    from polytile.tune import make_task
+    t0 = time.perf_counter()
+    try:
+        task = make_task(w.kind, "cuda", **w.arguments())
+        return w.name, build(task.schedule(config), task.target), time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001 - a failed build is recorded, the run goes on
+        return w.name, f"{type(err).__name__}: {err}"[:2000], time.perf_counter() - t0
+
+
+def time_one(w: Workload, args: argparse.Namespace, info: dict, default: tuple, best: tuple | None) -> dict:
+    """The row of a tuned workload: its winner timed beside the default schedule and torch (the default
+    alone, as the tuned kernel, when tuning found nothing: ``tune`` says so)."""
+    row = {**_describe(w), "tune": info}
+    _, default_kernel, row["build_s"] = default
+    kern = best[1] if best is not None else default_kernel
+    if best is not None and isinstance(kern, str):
+        info["build_error"] = kern
+        kern = default_kernel
+    if isinstance(kern, str):
+        row["error"] = kern
+        return row
+    try:
+        row.update(bench_gpu(w, kern, args.repeat, args.rounds, seed=1,
+                             default=None if isinstance(default_kernel, str) else default_kernel))
+    except (PolytileError, RuntimeError) as err:
+        row["error"] = f"{type(err).__name__}: {err}"[:2000]
+    return row
 
 
 def torch_case(w: Workload, op: ops.Op, seed: int):  # noqa: ANN201 - (inputs, torch call, reference)
@@ -382,8 +617,9 @@ def per_call(fn, args: list[object], seconds: float = 0.05, max_calls: int = 200
     return (time.perf_counter() - t0) / n
 
 
-def bench_gpu(w: Workload, kern, repeat: int, rounds: int, seed: int) -> dict:  # noqa: ANN001
-    """Check ``kern`` and time it beside torch, kernel-only and per call, in interleaved rounds."""
+def bench_gpu(w: Workload, kern, repeat: int, rounds: int, seed: int, default=None) -> dict:  # noqa: ANN001
+    """Check ``kern`` and time it beside torch, kernel-only and per call, in interleaved rounds; with
+    ``default`` (the default schedule's kernel, beside a tuned one) that one too, in the same rounds."""
     import torch
 
     from polytile.runtime.timing import rel_error, time_gpu
@@ -395,22 +631,38 @@ def bench_gpu(w: Workload, kern, repeat: int, rounds: int, seed: int) -> dict:  
     base_err = rel_error(fn(*inputs).reshape(ref.shape), ref)
     res: dict = {"rel_error": err, "tolerance": op.tolerance, "correct": bool(err <= op.tolerance),
                  "torch_rel_error": base_err}
+    if default is not None:
+        derr = rel_error(default(*inputs).reshape(ref.shape), ref)
+        res.update(default_rel_error=derr, default_correct=bool(derr <= op.tolerance))
     del ref
     outs = [torch.empty_like(out)]
-    ours, theirs, ours_call, theirs_call = [], [], [], []
+    ours, theirs, ours_call, theirs_call, base, base_call = [], [], [], [], [], []
     for _ in range(rounds):
         ours.append(kern.benchmark(*inputs, *outs, repeat=repeat))
+        if default is not None:
+            base.append(default.benchmark(*inputs, *outs, repeat=repeat))
         theirs.append(time_gpu(lambda: fn(*inputs), repeat=repeat))
         ours_call.append(per_call(kern, inputs))
+        if default is not None:
+            base_call.append(per_call(default, inputs))
         theirs_call.append(per_call(fn, inputs))
     t, tb = statistics.median(ours), statistics.median(theirs)
     tc, tbc = statistics.median(ours_call), statistics.median(theirs_call)
+    if default is not None:
+        td = statistics.median(base)
+        res.update(default_s=td, default_speed=tb / td, default_call_s=statistics.median(base_call),
+                   tuned_vs_default=td / t)
     res.update(polytile_s=t, torch_s=tb, speed=tb / t, polytile_call_s=tc, torch_call_s=tbc, speed_call=tbc / tc,
                polytile_tflops=op.flops / t / 1e12, polytile_gbs=op.bytes_moved / t / 1e9,
                launches=[{"kernel": k.name, "grid": [str(g) for g in k.grid], "block": list(k.block),
                           "registers": kern.resources[k.name].registers if k.name in kern.resources else None}
                          for k in kern.kernels])
     return res
+
+
+TIMING = ("kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; call: the "
+          "Python call in a loop (polytile allocates and returns its output), synchronized at the end; "
+          "interleaved with torch in rounds, medians of the rounds.")
 
 
 def gpu_record() -> dict:
@@ -426,8 +678,15 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     t0 = time.perf_counter()
-    built = tune_all(ws, args) if args.tune else build_all(ws, "cuda", args.workers)
-    print(f"{'tuned' if args.tune else 'built'} {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.tune:
+        tuned = tune_gpu(ws, args)
+        print(f"tuned {len(tuned['results'])} of {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+        return {"benchmark": "shapes", "variant": "gpu-tuned", **gpu_record(), "timing": TIMING + " Tuned: each "
+                "workload's winner of pt.tune (XGBoost, --tune trials; the template, configuration and whether "
+                "it is the default in 'tune'), timed in the same rounds as the default schedule's kernel "
+                "(default_s, tuned_vs_default) and torch.", **tuned}
+    built = build_all(ws, "cuda", args.workers)
+    print(f"built {len(ws)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
     results = []
     for n, w in enumerate(ws):
         kern, build_s = built[w.name]
@@ -444,12 +703,9 @@ def run_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
         print(json.dumps({k: v for k, v in row.items() if k != "launches"}), flush=True)
     after = gpu_record()["nvidia_smi"]
     return {"benchmark": "shapes", "variant": "gpu", **gpu_record(), "nvidia_smi_after": after,
-            "timing": "kernel: CUDA-event medians of single launches, L2 flushed before each, prepared arguments; "
-                      "call: the Python call in a loop (polytile allocates and returns its output), synchronized at "
-                      "the end; interleaved with torch in rounds, medians of the rounds. GEMMs and convolutions of "
-                      "16-bit inputs write " + ("the input dtype (summed in float32), as torch does."
-                                                if any(w.half_out for w in ws) else
-                                                "float32 (torch: the input dtype)."),
+            "timing": TIMING + " GEMMs and convolutions of 16-bit inputs write " + (
+                "the input dtype (summed in float32), as torch does." if any(w.half_out for w in ws) else
+                "float32 (torch: the input dtype)."),
             "results": results}
 
 
@@ -515,32 +771,54 @@ def summary(record: dict) -> dict:
          "geomean_call": geomean([r["speed_call"] for r in ok]),
          "below_0.5_kernel": sum(r["speed"] < 0.5 for r in ok),
          "worst_kernel": [(r["name"], round(r["speed"], 3)) for r in sorted(ok, key=lambda r: r["speed"])[:8]]}
+    s["below_0.7_kernel"] = sum(r["speed"] < 0.7 for r in ok)
     fams: dict[str, list[float]] = {}
     for r in ok:
         fams.setdefault(r["family"], []).append(r["speed"])
     s["geomean_kernel_by_family"] = {f: round(geomean(v), 3) for f, v in fams.items()}
+    beside = [r for r in ok if "default_speed" in r]
+    if beside:  # a tuned run: the default schedules timed in the same rounds
+        s["geomean_default_kernel"] = geomean([r["default_speed"] for r in beside])
+        s["geomean_tuned_vs_default"] = geomean([r["tuned_vs_default"] for r in beside])
+        s["winner_is_default"] = sum(bool(r.get("tune", {}).get("winner_is_default")) for r in beside)
+        s["tuned_slower_than_default"] = [(r["name"], round(r["tuned_vs_default"], 3)) for r in beside
+                                          if r["tuned_vs_default"] < 0.97]
     return s
 
 
 def table(record: dict) -> str:
     """The markdown table of a record (README)."""
+    tuned = any("default_s" in r for r in record["results"])
+    extra = " default µs | default ratio | template |" if tuned else ""
     lines = ["| workload | shape | dtype | polytile µs | library µs | kernel ratio | call µs (polytile / library) "
-             "| call ratio |", "|---|---|---|---|---|---|---|---|"]
+             "| call ratio |" + extra, "|---|---|---|---|---|---|---|---|" + "---|---|---|" * tuned]
     for r in record["results"]:
         shape = "×".join(str(v) for v in r["dims"].values())
         dt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[r["dtype"]]
         if "speed" not in r:
-            lines.append(f"| {r['name']} | {shape} | {dt} | {'FAILED' if 'error' in r else '–'} | | | | |")
+            lines.append(f"| {r['name']} | {shape} | {dt} | {'FAILED' if 'error' in r else '–'} | | | | |"
+                         + " | | |" * tuned)
             continue
         flag = "" if r.get("correct") else " (WRONG)"
-        lines.append(f"| {r['name']} | {shape} | {dt} | {r['polytile_s'] * 1e6:.1f}{flag} | {r['torch_s'] * 1e6:.1f} | "
-                     f"{r['speed']:.2f}× | {r['polytile_call_s'] * 1e6:.1f} / {r['torch_call_s'] * 1e6:.1f} | "
-                     f"{r['speed_call']:.2f}× |")
+        line = (f"| {r['name']} | {shape} | {dt} | {r['polytile_s'] * 1e6:.1f}{flag} | {r['torch_s'] * 1e6:.1f} | "
+                f"{r['speed']:.2f}× | {r['polytile_call_s'] * 1e6:.1f} / {r['torch_call_s'] * 1e6:.1f} | "
+                f"{r['speed_call']:.2f}× |")
+        if tuned:
+            t = r.get("tune", {})
+            won = "default" if t.get("winner_is_default") else t.get("template", "?")
+            line += (f" {r['default_s'] * 1e6:.1f} | {r['default_speed']:.2f}× | {won} |" if "default_s" in r
+                     else " | | |")
+        lines.append(line)
     s = summary(record)
     lines.append("")
     lines.append(f"Geometric mean over {s['measured']} workloads: kernel {s['geomean_kernel']:.2f}×, per call "
                  f"{s['geomean_call']:.2f}×; {s['below_0.5_kernel']} below 0.5× (kernel); by family: "
                  + ", ".join(f"{f} {g:.2f}×" for f, g in s["geomean_kernel_by_family"].items()) + ".")
+    if "geomean_default_kernel" in s:
+        lines.append(f"Tuned ({record.get('tune_trials')} trials): {s['below_0.7_kernel']} below 0.7×; the default "
+                     f"schedules in the same rounds {s['geomean_default_kernel']:.2f}×; tuned / default "
+                     f"{s['geomean_tuned_vs_default']:.2f}×; the default won {s['winner_is_default']} of "
+                     f"{s['measured']}.")
     return "\n".join(lines)
 
 
@@ -569,7 +847,15 @@ def main() -> int:
     parser.add_argument("--out", help="the JSON record (default benchmarks/results/shapes-<variant>-<date>.json)")
     parser.add_argument("--tune", type=int, default=0, help="GPU: time each workload's kernel after pt.tune with "
                         "this many trials (default: the default schedules)")
-    parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable)")
+    parser.add_argument("--records", default="shapes-tune.jsonl", help="--tune: the tuning records (resumable); "
+                        "the timed rows go beside them (RECORDS.results.jsonl)")
+    parser.add_argument("--devices", default="0", help="--tune: the GPUs to tune on, one process each (0,1)")
+    parser.add_argument("--builders", type=int, default=0, help="--tune: build processes per GPU (default: the "
+                        "cores shared among the GPUs, one left to each)")
+    parser.add_argument("--max-seconds", type=float, default=0, help="--tune: start no workload that would not "
+                        "end within this many seconds of the start (0: no limit); run again to resume")
+    parser.add_argument("--tune-worker", help=argparse.SUPPRESS)  # a file of names: one GPU's share
+    parser.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--half-out", dest="half_out", action="store_true", default=True,
                         help="16-bit GEMMs and convolutions write the input dtype (out_dtype), as torch does "
                         "(the default)")
@@ -584,6 +870,10 @@ def main() -> int:
                 args.only)
     if not args.half_out:
         ws = [dataclasses.replace(w, half_out=False) for w in ws]
+    if args.tune_worker:
+        wanted = Path(args.tune_worker).read_text().split()
+        by_name = {w.name: w for w in [*gpu_suite(), *offsuite()]}
+        return tune_worker([dataclasses.replace(by_name[n], half_out=args.half_out) for n in wanted], args)
     if args.list:
         for w in ws:
             print(f"{w.name:45s} {w.kind:13s} {w.dtype:9s} {w.shape}")
@@ -616,6 +906,8 @@ def main() -> int:
     print(table(record))
     s = record["summary"]
     print(json.dumps({k: v for k, v in s.items() if k != "geomean_kernel_by_family"}))
+    if record.get("complete") is False:
+        return 3  # resumable: the same command continues
     return 0 if not s["failed_or_wrong"] else 1
 
 

@@ -360,22 +360,24 @@ MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16
 
 
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
-               padding: int, dtype: str, out_dtype: str) -> Schedule:
+               padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
+               stages: int = 3) -> Schedule:
     """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
     the input and filter copied once with the channels padded to 4 or 8 and the image padded,
     then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
     (``igemm_tensorcore``: the filter rows are the taps, the runs in K tiles of 32 or 16, copied as
     vectors), the two copies elementwise kernels of their own (the input's a thread per pixel, its
     channels unrolled). Before: the CUDA cores
-    (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs)."""
+    (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs).
+    ``tiles`` (bm, bn, wm, wn), ``bk`` and ``stages``: other than ``igemm_rows_tiles``' (tuning)."""
     from .igemm import conv2d_igemm_rows_func, padded_channels
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     cp, Sp = padded_channels(C, S)
-    run = Sp * cp
     rows = Schedule(conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype))
-    tiles = _gemm_tiles(N * P * Q, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)
-    bk = 32 if run % 32 == 0 else MMA_K
-    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **tiles)
+    usual, usual_bk = igemm_rows_tiles(N * P * Q, K, Sp * cp)
+    tiles, bk = tiles or usual, bk or usual_bk
+    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
+                     **tiles)
     # the padded input: a thread per pixel, its cp channels unrolled (one gather of the pixel's index)
     st = rows["X"]
     st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
@@ -384,6 +386,13 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     st.fuse("r", "u", "ru").fuse("ru", "k", "x").split("x", 256, "bx", "tx")
     st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     return rows
+
+
+def igemm_rows_tiles(M: int, K: int, run: int) -> tuple[dict[str, int], int]:
+    """``igemm_rows``' block and warp tiles and K tile for M pixels, K filters and filter rows of
+    ``run`` padded taps × channels: ``_gemm_tiles``' (128×32 for at most 32 filters), K tiles of 32
+    where they divide the run, else of 16."""
+    return (_gemm_tiles(M, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)), (32 if run % 32 == 0 else MMA_K)
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
@@ -437,7 +446,7 @@ def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows
     steps = math.prod(taps) * -(-channels // params["bk"])  # a pipeline no deeper than a chunk's K loop
     fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
     fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp",  # type: ignore[operator]
-       **_no_deeper(params, steps))
+       **no_deeper(params, steps))
     sum_partials(split, "O")
     return split
 
@@ -460,7 +469,7 @@ def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> 
         # K tiles of 16 channels for 16 (MobileNet-v2's expansions: 32 would copy and multiply zeros)
         bk = MMA_K if C <= MMA_K else 32
         kernel, params = "mma", dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K))
-    return kernel, _no_deeper(params, tap_count * -(-C // params["bk"]))
+    return kernel, no_deeper(params, tap_count * -(-C // params["bk"]))
 
 
 def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
@@ -486,7 +495,7 @@ def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
     return [dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K)) for bk in bks]
 
 
-def _no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
+def no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
     """``params`` with a pipeline no deeper than a K loop of ``steps`` steps (and the wgmma groups
     left in flight that its stages allow: inflight + 2 at most)."""
     stages = max(1, min(params["stages"], steps))
@@ -570,7 +579,7 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
         for rows, chunks in igemm_splits(C, R, S, bk):
             split = (R if rows else 1) * chunks
             steps = (S if rows else R * S) * -(-C // chunks // bk)
-            chosen = _no_deeper(params, steps)
+            chosen = no_deeper(params, steps)
             # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
             # unsplit kernel's depth in the model, as their split rule was calibrated
             stages = chosen["stages"] if modeled else params["stages"]
@@ -924,22 +933,43 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
            ) -> Schedule | None:
     """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
     products over the chunks of K and their sum (``ops.matmul_func``)."""
-    from .matmul import matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return _scheduled(choice, sched, split_k, None,
-                      lambda s, c: matmul_func(M, N, K, sched.func.tensor("A").dtype.name, s,
-                                               sched.func.tensor("C").dtype.name, c))
+    return gemm_as(sched, choice, split_k)
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
                  split_k: int | None = None) -> Schedule | None:
-    from .matmul import batch_matmul_func
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return _scheduled(choice, sched, split_k, "bb",
-                      lambda s, c: batch_matmul_func(batch, M, N, K, sched.func.tensor("A").dtype.name, s,
-                                                     sched.func.tensor("C").dtype.name, c))
+    return gemm_as(sched, choice, split_k)
+
+
+def gemm_as(sched: Schedule, choice: GemmChoice, split_k: int | None = None) -> Schedule | None:
+    """Schedule a matmul's or batch_matmul's ``sched`` as ``choice`` (``gemm_choice``'s, or one the
+    tuning templates make of a configuration: the same code for the same choice); a split the
+    algorithm does not have (``split_k``: its own) returns the split algorithm's schedule."""
+    from .matmul import batch_matmul_func, matmul_func
+    a, c = sched.func.tensor("A"), sched.func.tensor("C")
+    *lead, M, K = (int(d.value) for d in a.shape)  # type: ignore[attr-defined]
+    N = int(sched.func.tensor("B").shape[-1].value)  # type: ignore[attr-defined]
+    dt, out = a.dtype.name, c.dtype.name
+    if lead:
+        return _scheduled(choice, sched, split_k, "bb",
+                          lambda s, ch: batch_matmul_func(lead[0], M, N, K, dt, s, out, ch))
+    return _scheduled(choice, sched, split_k, None, lambda s, ch: matmul_func(M, N, K, dt, s, out, ch))
+
+
+def gemm_chunks(K: int, bk: int, split: int) -> tuple[int, int]:
+    """A split of K into about ``split`` chunks of whole K tiles of ``bk`` (``tile_chunks``' rule:
+    ⌈T/split⌉ of the T = ⌈K/bk⌉ tiles each, the last chunk ending at K) as (chunks, length of each
+    but the last, 0 when it is ⌈K/chunks⌉: ``GemmChoice.chunk``); (1, 0) where it leaves one chunk."""
+    if split <= 1:
+        return 1, 0
+    tiles = -(-K // bk)
+    length = -(-tiles // split) * bk
+    count = -(-K // length)
+    return (1, 0) if count < 2 else (count, length if length != -(-K // count) else 0)
 
 
 def _scheduled(choice: GemmChoice, sched: Schedule, split_k: int | None, batch: str | None,
@@ -1087,13 +1117,21 @@ def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, 
     1×1 C1024→256 on 14×14 in 199 µs and 3×3 512→512 on 7×7 in 584 µs on an H100 (0.22× and
     0.28× cuDNN), few blocks and long serial sums. Other operand types (tensor-core GEMMs) and
     convolutions of at most ``GEMV_ROWS`` filters stay direct (``conv2d_direct``)."""
-    from .conv import conv2d_gemm_func, conv_out
+    from .conv import conv_out
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
-    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
-    choice = gemm_choice(target, K, N * P * Q, C * R * S, dtype)
+    choice = gemm_choice(target, K, N * P * Q, C * R * S, sched.func.tensor("I").dtype)
     if choice.kernel != "cuda":
         conv2d_direct(sched, N, K)
         return None
+    return conv2d_gemm(sched, choice, N, C, H, W, K, R, S, stride, padding, dilation)
+
+
+def conv2d_gemm(sched: Schedule, choice: GemmChoice, N: int, C: int, H: int, W: int, K: int, R: int, S: int,
+                stride: int, padding: int, dilation: int) -> Schedule:
+    """The implicit GEMM of an NCHW convolution (``sched``'s) on ``gemm_cuda`` as ``choice`` (tiles and
+    an even split of the reduction: ``conv2d``'s, or a tuning template's)."""
+    from .conv import conv2d_gemm_func
+    dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     gemm = Schedule(conv2d_gemm_func(N, C, H, W, K, R, S, stride, padding, dilation, dtype.name, out.name,
                                      choice.split))
     if choice.split > 1:

@@ -154,7 +154,7 @@ def test_the_wgmma_tuning_space_chooses_the_block_order():
     from polytile.tune import make_task
     task = make_task("matmul", SM90A, M=2048, N=28672, K=4096, dtype="bfloat16")
     assert task.template.name == "matmul_wgmma"
-    base = dict(bm=128, bn=256, bk=64, stages=4, inflight=1, split=1)
+    base = dict(bm=128, bn=256, bk=64, stages=4, inflight=1, split=1, producer="threads")
     auto, rows, eight = task.predict([dict(base, group=0), dict(base, group=1), dict(base, group=8)])
     assert auto < 0.8 * rows and eight < 0.8 * rows  # B re-read once per row of blocks, row by row
     grids = {}

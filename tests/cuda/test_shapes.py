@@ -191,11 +191,11 @@ def test_gemv_template_offers_uneven_splits_past_sixteen():
     task = make_task("matmul", SM90A, M=1, N=4097, K=4093, dtype="bfloat16", template="matmul_gemv")
     splits = next(d for d in task.space.decisions if d.name == "split").choices
     assert 1 in splits and 64 in splits and 48 in splits  # 4093 is prime: every split > 1 is uneven
-    assert task._check(dict(threads=128, bk=16, stages=3, direct=True, split=64)) is None
-    # chunks of fewer than two K tiles are refused; a divisor of K past GEMV_SPLITS stays (records)
-    assert "two K tiles" in task._check(dict(threads=128, bk=64, stages=3, direct=False, split=64))
+    assert task._check(dict(threads=128, vector=16, bk=16, stages=3, direct=True, split=64)) is None
+    # chunks of fewer than two K tiles are refused; a count past the template's splits stays (records)
+    assert "two K tiles" in task._check(dict(threads=128, vector=8, bk=64, stages=3, direct=False, split=64))
     task = make_task("matmul", SM90A, M=5, N=1001, K=777, dtype="float16", template="matmul_gemv")
-    assert task._check(dict(threads=64, bk=16, stages=2, direct=True, split=7)) is None
+    assert task._check(dict(threads=64, vector=16, bk=16, stages=2, direct=True, split=7)) is None
 
 
 def test_split_matmul_on_the_cpu(rng):
@@ -329,7 +329,7 @@ def test_register_copies_of_adjacent_elements_are_vector_loads():
     sass = _sass(staged, next(k for k in staged.kernels if k.dynamic_shared).name)
     assert "LDS.64" in sass
     task = make_task("matmul", SM90A, M=3, N=1000, K=336, dtype="bfloat16", template="matmul_gemv")
-    kern = build(task.schedule(dict(threads=64, bk=8, stages=3, direct=True, split=1)), SM90A)
+    kern = build(task.schedule(dict(threads=64, vector=16, bk=8, stages=3, direct=True, split=1)), SM90A)
     assert re.search(r"\*\(uint4\*\)&B_local\[\d+\] = \(.*\) \? \*\(const uint4\*\)&B\[", kern.source)
     assert "LDG.E.128" in _sass(kern)
 
@@ -413,7 +413,7 @@ def test_gemv_copies_4_byte_aligned_rows_in_4_byte_pieces():
     from polytile.build import build
     from polytile.tune import make_task
     task = make_task("matmul", SM90A, M=1, N=30522, K=768, dtype="bfloat16", template="matmul_gemv")
-    kern = build(task.schedule(dict(threads=128, bk=32, stages=4, direct=False, split=8)), SM90A)
+    kern = build(task.schedule(dict(threads=128, vector=8, bk=32, stages=4, direct=False, split=8)), SM90A)
     assert "pt_cp_async4_zfill(&B_shared" in kern.source
     assert "LDGSTS.E.LTC128B" in _sass(kern) or "LDGSTS.E" in _sass(kern)
 
@@ -838,13 +838,18 @@ def test_three_channel_convolution_products_from_registers(dims, per_thread, cha
 
 
 def test_three_channel_convolutions_have_a_cuda_core_space():
-    # the tensor-core space has no valid point below 16 channels; the CUDA-core one reaches the
-    # default's register tiles (pixels per thread × channels per block)
+    # the tensor-core space has no valid point below 16 channels; with mma.sync the default's
+    # channel-padded rows have their own template (conv2d_igemm_rows), without it the CUDA-core one
+    # reaches the default's register tiles (pixels per thread × channels per block)
+    from polytile.target import CUDATarget
     from polytile.tune import make_task
-    task = make_task("conv2d_igemm", SM90A, N=2, H=30, W=30, C=3, K=24, R=7, S=7, stride=2, padding=3)
+    shape = dict(N=2, H=30, W=30, C=3, K=24, R=7, S=7, stride=2, padding=3)
+    assert make_task("conv2d_igemm", SM90A, **shape).template.name == "conv2d_igemm_rows"
+    turing = CUDATarget(arch="sm_75", name="T4")
+    task = make_task("conv2d_igemm", turing, **shape)
     assert task.template.name == "conv2d_igemm_cuda"
     assert {"pixels", "per_thread", "channels"} <= {d.name for d in task.space.decisions}
     (digits,) = task.space.sample_valid(np.random.default_rng(0), 1)
-    pt.lower(task.schedule(task.space.config(digits).values), SM90A)
+    pt.lower(task.schedule(task.space.config(digits).values), turing)
     assert make_task("conv2d_igemm", SM90A, N=1, H=14, W=14, C=64, K=64, R=3, S=3, stride=1,
-                     padding=1).template.name == "conv2d_igemm_tensorcore"
+                     padding=1).template.name == "conv2d_igemm_choices"

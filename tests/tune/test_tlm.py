@@ -29,6 +29,11 @@ EXTRA_SHAPES = {"conv3d_igemm": [dict(N=1, D=6, H=10, W=10, C=32, K=32, T=3, R=3
                                   # few input channels (a video's colors: the CUDA-core template)
                                   dict(N=1, D=6, H=10, W=10, C=3, K=16, T=3, R=3, S=3, padding=1)],
                 "conv2d_nhwc": [dict(N=1, H=20, W=20, C=16, K=24, R=3, S=3, padding=1)],
+                # an image's colors on the tensor cores (conv2d_igemm_rows); an NCHW float32 convolution
+                # (its implicit GEMM on the CUDA cores: conv2d_gemm_cuda)
+                "conv2d_igemm": [dict(N=1, H=20, W=20, C=3, K=24, R=3, S=3, padding=1, dtype="float16"),
+                                 dict(N=1, H=20, W=20, C=3, K=24, R=3, S=3, padding=1, dtype="float32")],
+                "conv2d": [dict(N=1, C=16, H=14, W=14, K=32, R=3, S=3, padding=1)],
                 # a decoding step's products (at most 16 rows: the GEMV templates); the networks' layers
                 # are at prefill sizes
                 "matmul": [dict(M=3, N=200, K=328, dtype="float16")],

@@ -32,20 +32,32 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ...errors import ScheduleError
 from ...intrinsics import MMA_M16N8K16
 from ...ops.gpu_schedules import (
     GEMV_MAX_SPLIT,
     GEMV_ROWS,
     MAX_SPLIT,
-    align_operands,
+    GemmChoice,
+    IgemmChoice,
+    conv2d_gemm,
+    gemm_as,
+    gemm_choice,
+    gemm_chunks,
     gemm_cuda,
-    gemm_tensorcore,
-    gemm_wgmma,
-    gemv_cuda,
+    igemm_choice,
     igemm_cuda,
+    igemm_kernel,
+    igemm_options,
+    igemm_rows,
+    igemm_rows_tiles,
+    igemm_schedule,
+    igemm_splits,
     igemm_tensorcore,
-    sum_partials,
+    no_deeper,
+    tma_fits,
 )
+from ...ops.igemm import padded_channels
 from ...target import Target
 from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, raster_group, split_seconds
 from ..space import TemplateConfig
@@ -59,86 +71,75 @@ def _block_resources(cfg: TemplateConfig, threads: int, shared_floats: int, accu
                   registers_per_block=regs * threads)
 
 
-def _gemm_space(cfg: TemplateConfig, M: int, N: int) -> dict[str, int]:
-    bm = cfg.knob("bm", [128, 32, 64, 256])
-    bn = cfg.knob("bn", [128, 32, 64, 256])
-    bk = cfg.knob("bk", [8, 4, 16, 32])
-    tm = cfg.knob("tm", [8, 2, 4])
-    tn = cfg.knob("tn", [8, 2, 4])
-    stages = cfg.integer("stages", 1, 4, default=3)
+def _first(default: object, choices: list[object]) -> list[object]:
+    """``choices`` with ``default`` first (added when missing); as they are for None."""
+    return list(choices) if default is None else [default, *(c for c in choices if c != default)]
+
+
+def default_gemm(cfg: TemplateConfig, op: Any, kernel: str) -> GemmChoice | None:
+    """The operator's default schedule (``gemm_choice``, as ``op.build`` makes it) when it is on
+    ``kernel`` and the template is defining its space (its first choices); else None."""
+    if cfg.mode != "define" or cfg.target.kind != "cuda":
+        return None
+    s = op.shape
+    try:
+        choice = gemm_choice(cfg.target, s["M"], s["N"], s["K"], op.func.tensor("A").dtype, batch=s.get("batch", 1),
+                             split_k=s.get("split_k"), out_bytes=op.func.tensor("C").dtype.itemsize)
+    except ScheduleError:
+        return None
+    return choice if choice.kernel == kernel else None
+
+
+def _gemm_space(cfg: TemplateConfig, M: int, N: int, default: dict[str, int] | None = None) -> dict[str, int]:
+    d = default or {}
+    bm = cfg.knob("bm", _first(d.get("bm"), [128, 32, 64, 256]))
+    bn = cfg.knob("bn", _first(d.get("bn"), [128, 32, 64, 256]))
+    bk = cfg.knob("bk", _first(d.get("bk"), [8, 4, 16, 32]))
+    tm = cfg.knob("tm", _first(d.get("tm"), [8, 2, 4]))
+    tn = cfg.knob("tn", _first(d.get("tn"), [8, 2, 4]))
+    stages = cfg.integer("stages", 1, 4, default=d.get("stages", 3))
     cfg.require((bm // 2) % (tm // 2) == 0 and (bn // 2) % (tn // 2) == 0,
                 "the register tile must divide the block tile")
-    # a grid dimension of one block disappears from the loop nest, which the backend rejects
-    cfg.require(bm < M and bn < N, "the block tile covers the whole matrix")
+    # a tile twice the matrix or more only repeats a smaller tile's work
+    cfg.require((bm // 2 < M or bm == 32) and (bn // 2 < N or bn == 32), "the block tile is twice the matrix")
     threads = (bm // tm) * (bn // tn)  # type: ignore[operator]
     _block_resources(cfg, threads, stages * bk * (bm + bn) + 2, tm * tn + tm + tn)  # type: ignore[operator]
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "stages": stages}  # type: ignore[dict-item]
 
 
-def _split_built(op: Any, chosen: int) -> int:
-    """The split of K a configuration builds for ``op``: the operator's own ``split_k`` when it was
-    given one; else 1 unless an unbatched matmul; else the ``chosen`` split, or 1 where it does not
-    divide K (the configuration applied at other sizes: the tuner's check at prime sizes)."""
-    if op.shape.get("split_k") is not None:
-        return int(op.shape["split_k"])
-    if op.name != "matmul":
-        return 1
-    return chosen if op.shape["K"] % chosen == 0 else 1
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""The splits of K the templates offer besides the default's: about S chunks of whole K tiles, the
+last one ending at K (``gpu_schedules.gemm_chunks``, the default's rule)."""
 
 
-def _split(cfg: TemplateConfig, op: Any, bk: int | None = None, decide: bool = True) -> int:
-    """The split of K (split-K): the operator's own, or with ``decide`` (an unbatched matmul only) 1 or
-    a divisor of K up to MAX_SPLIT, in chunks of at least two K tiles; with ``bk``, chunks of whole K
-    tiles (the tensor cores compute whole tiles)."""
+def _gemm_split(cfg: TemplateConfig, op: Any, bk: int, counts: list[int], default: GemmChoice | None,
+                decide: bool, batched: bool = False) -> tuple[int, int]:
+    """The split of K as (chunks, ``GemmChoice.chunk``): the operator's own ``split_k`` (of a batched
+    product only where the kernel splits one: ``batched``, the GEMV); else with ``decide`` about S
+    chunks of whole K tiles (``gemm_chunks``), S among ``counts``, the default's first; else none.
+    Applied at other sizes (the tuner's check at prime sizes) the same S is cut by the same rule,
+    which may give other chunks there."""
+    own = op.shape.get("split_k")
+    if own is not None:
+        cfg.require(batched or op.name != "batch_matmul" or own == 1, f"a batched product's reduction is split "
+                    f"only on the GEMV kernel (at most {GEMV_ROWS} rows): this kernel takes one batch loop; "
+                    "leave split_k unset")
+        return int(own), 0
+    if not decide:
+        return 1, 0
     K = op.shape["K"]
-    if not decide or op.name != "matmul" or op.shape.get("split_k") is not None:  # the operator's split
-        split = _split_built(op, 1)
-    else:
-        split = _split_built(op, int(cfg.knob("split", [d for d in range(1, MAX_SPLIT + 1) if K % d == 0])))  # type: ignore[call-overload]
-        cfg.require(split == 1 or K // split >= 2 * (bk or 16), "chunks of fewer than two K tiles")
-    cfg.require(split == 1 or bk is None or (K // split) % bk == 0, "chunks of K that are not whole K tiles")
-    return split
+    split = int(cfg.knob("split", _first(default.split if default else None, counts)))  # type: ignore[call-overload]
+    count, chunk = gemm_chunks(K, bk, split)
+    if cfg.mode != "apply":  # at the workload's own sizes: each kernel once, chunks of two K tiles or more
+        cfg.require(count == split, "these chunks of whole K tiles are fewer: another split's kernel")
+        cfg.require(count == 1 or (chunk or -(-K // count)) >= 2 * bk, "chunks of fewer than two K tiles")
+    return count, chunk
 
 
-def _gemm_schedule(cfg: TemplateConfig, op: Any, split: int, batch_loops: int = 1) -> tuple[Any, Any, Any]:
-    """A fresh schedule for the template: of the op's own function, or of its split restructuring
-    (``ops.matmul_func``) — the scheduled computation and its batch loop(s). ``batch_loops``: how many
-    batch loops the kernel takes (a split batched product has two, its batch and its chunks)."""
-    batch = "bb" if op.name == "batch_matmul" else None
-    own = op.shape.get("split_k") or 1
-    if split == 1 and own == 1:
-        return cfg.schedule(op.func), "C", batch
-    cfg.require(not batch or batch_loops >= 2, f"a batched product's reduction is split only on the GEMV kernel (at "
-                f"most {GEMV_ROWS} rows): this kernel takes one batch loop; leave split_k unset")
-    from ...ops.matmul import matmul_func
-    s = op.shape
-    func = op.func if split == own else matmul_func(s["M"], s["N"], s["K"], op.func.inputs[0].dtype.name, split,
-                                                    op.func.outputs[0].dtype.name)
-    sched = cfg.schedule(func)
-    sum_partials(sched, "C", batch=batch)
-    return sched, "P", (batch, "s") if batch else "s"
-
-
-GEMV_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""The GEMV template's splits of K besides K's divisors: chunks of ⌈K/S⌉ (the last one shorter: the
-GEMV sums partial K tiles), up to ``GEMV_MAX_SPLIT`` (its partial products are a few rows)."""
-
-
-def _gemv_split(cfg: TemplateConfig, op: Any, bk: int) -> int:
-    """The GEMV's split of K: the operator's own; else (an unbatched matmul) one of ``GEMV_SPLITS``
-    leaving no chunk empty, in chunks of at least two K tiles; applied at a size where it leaves a
-    chunk empty, 1."""
-    K = op.shape["K"]
-    if op.name != "matmul" or op.shape.get("split_k") is not None:
-        return _split_built(op, 1)
-    # and the divisors of K up to MAX_SPLIT (chunks of one length: the space before GEMV_SPLITS)
-    fits = sorted({s for s in GEMV_SPLITS if s <= GEMV_MAX_SPLIT and (s - 1) * -(-K // s) < K}
-                  | {d for d in range(1, MAX_SPLIT + 1) if K % d == 0})
-    split = int(cfg.knob("split", fits))  # type: ignore[call-overload]
-    if (split - 1) * -(-K // split) >= K:
-        split = 1
-    cfg.require(split == 1 or -(-K // split) >= 2 * bk, "chunks of fewer than two K tiles")
-    return split
+def _gemm_as(cfg: TemplateConfig, op: Any, choice: GemmChoice) -> Any:
+    """The schedule of ``choice`` (made of a configuration) by the default's own code (``gemm_as``)."""
+    sched = cfg.schedule(op.func)
+    return gemm_as(sched, choice, op.shape.get("split_k")) or sched
 
 
 def _gemv_op(op: Any, target: Target) -> bool:
@@ -147,31 +148,33 @@ def _gemv_op(op: Any, target: Target) -> bool:
 
 
 def _gemv(cfg: TemplateConfig, op: Any) -> Any:
-    """``gemv_cuda``: threads per block (each 8 bytes of B's columns through shared memory, or 16 bytes
-    loaded straight into registers: ``direct``), the K tile, stages and the split of K; the first
-    choices are the library's usual ones."""
+    """``gemv_cuda``: threads per block, bytes of B's columns per thread (``vector``: 8 through shared
+    tiles; 8 or 16 loaded straight into registers: ``direct``), the K tile, stages and the split of
+    K (also of a batched product's, as the default splits them); the first choices are the default's
+    (``gemm_choice``)."""
     itemsize = op.func.inputs[0].dtype.itemsize
-    threads = int(cfg.knob("threads", [128, 64, 32, 256]))  # type: ignore[call-overload]
-    bk = int(cfg.knob("bk", [32, 16, 64, 8]))  # type: ignore[call-overload]
-    stages = cfg.integer("stages", 2, 6, default=4)
-    direct = bool(cfg.knob("direct", [False, True]))
-    vec = (16 if direct else 8) // itemsize
-    split = _gemv_split(cfg, op, bk)
+    d = default_gemm(cfg, op, "gemv")
+    p = d.params if d else {}
+    threads = int(cfg.knob("threads", _first(p["bn"] // p["vec"] if d else None, [128, 64, 32, 256])))  # type: ignore[call-overload]
+    vector = int(cfg.knob("vector", _first(p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
+    bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8])))  # type: ignore[call-overload]
+    stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
+    direct = bool(cfg.knob("direct", _first(bool(p.get("direct")) if d else None, [False, True])))
+    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True,
+                               batched=True)
+    vec = vector // itemsize
     M = op.shape["M"]
-    cfg.require(threads == 32 or threads * vec // 2 < op.shape["N"], "the block is twice the matrix's columns")
+    cfg.require(direct or vector == 8, "staged tiles of B take 8 bytes of columns per thread")
+    cfg.require(direct or threads == 32 or threads * vec // 2 < op.shape["N"],
+                "the block is twice the matrix's columns")
     b_tile = 0 if direct else threads * vec  # B in registers (direct) or in shared tiles
     b_regs = bk * vec * itemsize // 4 if direct else vec
     cfg.require(not direct or b_regs <= 64, "a direct K step of more than 64 registers of B per thread")
     cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (b_tile + M) * itemsize,
                   registers_per_thread=M * vec + b_regs + 32, registers_per_block=(M * vec + b_regs + 32) * threads)
-    sched, out, batch = _gemm_schedule(cfg, op, split, batch_loops=2)
-    # a direct GEMV reads B's rows in place whatever their alignment (vectors where they allow)
-    align_operands(sched, out, ("A",) if direct else ("A", "B"), granule=4)
-    # whole register tiles (products over constant loops) where no K tile crosses into the next chunk
-    whole = split == 1 or -(-op.shape["K"] // split) % bk == 0
-    gemv_cuda(sched, out, "A", "B", bn=threads * vec, vec=vec, bk=bk, stages=stages, batch=batch, direct=direct,
-              whole=whole)
-    return sched
+    # whole register tiles: the chunks are whole K tiles (the last ending at K)
+    params = dict(bn=threads * vec, vec=vec, bk=bk, stages=stages, whole=True, **({"direct": True} if direct else {}))
+    return _gemm_as(cfg, op, GemmChoice("gemv", params, split, 0.0, chunk))
 
 
 @template("matmul", "cuda", name="matmul_gemv", applies=_gemv_op)
@@ -194,11 +197,16 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
 
 
 def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
-    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"])
-    # whole register tiles: chunks of whole K tiles
-    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"]))
-    gemm_cuda(sched, out, "A", "B", batch=batch, **tiles)
-    return sched
+    """``gemm_cuda``'s tiles and K's split in chunks of one length (divisors of K leaving whole K
+    tiles), the default's (``gemm_choice``) first."""
+    d = default_gemm(cfg, op, "cuda")
+    tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"], d.params if d else None)
+    divisors = [s for s in range(1, MAX_SPLIT + 1) if op.shape["K"] % s == 0]
+    split, chunk = _gemm_split(cfg, op, tiles["bk"], divisors, d, decide=op.name == "matmul")
+    cfg.require(chunk == 0 or cfg.mode == "apply", "chunks of unequal length: the CUDA cores' kernel sums equal ones")
+    if chunk:  # applied at sizes where the split leaves chunks of unequal length: unsplit there
+        split, chunk = 1, 0
+    return _gemm_as(cfg, op, GemmChoice("cuda", tiles, split, 0.0, chunk))
 
 
 @template("matmul", "cuda", applies=_cuda_core_op)
@@ -223,12 +231,52 @@ def dense_cuda(cfg: TemplateConfig, op: Any) -> Any:
     return sched
 
 
+def _conv_gemm(op: Any, target: Target) -> GemmChoice | None:
+    """The default GEMM of an NCHW convolution's implicit GEMM (K filters × N·P·Q pixels × C·R·S)."""
+    from ...ops.conv import conv_out
+    s = op.shape
+    P = conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1))
+    Q = conv_out(s["W"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+    return gemm_choice(target, s["K"], s["N"] * P * Q, s["C"] * s["R"] * s["S"], op.func.tensor("I").dtype)
+
+
+def _conv_on_cuda_cores(op: Any, target: Target) -> bool:
+    """An NCHW convolution the default computes as an implicit GEMM on the CUDA cores (float32)."""
+    return target.kind == "cuda" and _conv_gemm(op, target).kernel == "cuda"  # type: ignore[union-attr]
+
+
+@template("conv2d", "cuda", name="conv2d_gemm_cuda", applies=_conv_on_cuda_cores)
+def conv2d_gemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
+    """An NCHW convolution as the default builds it (``conv2d_gemm``: the filter times the gathered
+    input on ``gemm_cuda``): its tiles and the split of the C·R·S reduction in chunks of one length,
+    the default's (``gemm_choice``) first."""
+    d = _conv_gemm(op, cfg.target) if cfg.mode == "define" else None
+    s = op.shape
+    from ...ops.conv import conv_out
+    pixels = s["N"] * conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1)) * conv_out(
+        s["W"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+    reduction = s["C"] * s["R"] * s["S"]
+    tiles = _gemm_space(cfg, s["K"], pixels, d.params if d and d.kernel == "cuda" else None)
+    split = int(cfg.knob("split", _first(d.split if d else None,  # type: ignore[call-overload]
+                                         [k for k in range(1, MAX_SPLIT + 1) if reduction % k == 0])))
+    chunk = reduction // split
+    if cfg.mode != "apply":
+        cfg.require(split == 1 or (chunk >= 2 * tiles["bk"] and chunk % tiles["bk"] == 0),
+                    "chunks of fewer than two K tiles, or of no whole K tiles")
+    elif reduction % split or chunk % tiles["bk"]:  # applied at sizes the split does not fit: unsplit
+        split = 1
+    sched = cfg.schedule(op.func)
+    return conv2d_gemm(sched, GemmChoice("cuda", tiles, split, 0.0), s["N"], s["C"], s["H"], s["W"], s["K"],
+                       s["R"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
+
+
 @template("conv2d", "cuda")
 def conv2d_cuda(cfg: TemplateConfig, op: Any) -> Any:
     """Direct convolution: ``kt`` output channels per thread in registers, ``pixels`` output pixels
-    per block (one per thread), weights of the block's channels optionally staged in shared memory."""
+    per block (one per thread), weights of the block's channels optionally staged in shared memory;
+    the first choices are the default's (``conv2d_direct``)."""
     s = op.shape
-    kt = cfg.knob("kt", [k for k in (8, 1, 2, 4, 16) if k <= s["K"]])
+    kt = cfg.knob("kt", _first(min(8, s["K"]), [k for k in (8, 1, 2, 4, 16) if k <= s["K"]]))
     pixels = cfg.knob("pixels", [128, 32, 64, 256])
     stage_w = cfg.knob("stage_weights", [True, False])
     unroll_k = cfg.tag("unroll_k", "ki", ["unroll", "serial"])
@@ -261,59 +309,74 @@ def wgmma_op(op: Any, target: Target) -> bool:
     return tensor_core_op(op, target) and target.has("wgmma")
 
 
-def _wgmma_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
+def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     """Block tile bm × bn (bm/64 warpgroups issuing wgmma.m64n{bn}k16), K tile bk, shared stages,
-    the MMA groups left in flight and the block order (``group`` rows of blocks launched together:
-    0 sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row); the first
-    choices are the library's default (wgmma_gemm_config)."""
-    t = {"bm": int(cfg.knob("bm", [128, 64, 256])), "bn": int(cfg.knob("bn", [256, 128, 64, 192])),  # type: ignore[call-overload]
-         "bk": int(cfg.knob("bk", [64, 128, 32]))}  # type: ignore[call-overload]
-    t["stages"] = cfg.integer("stages", 1, 6, default=4)
-    t["inflight"] = cfg.integer("inflight", 0, 2, default=1)
+    the MMA groups left in flight, the block order (``group`` rows of blocks launched together: 0
+    sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row), the tiles'
+    loads (``producer``: the threads' asynchronous copies or TMA) and an unbatched product's split of
+    K; the first choices are the default's (``gemm_choice``)."""
+    shape = gemm_shape(op)
+    d = default_gemm(cfg, op, "wgmma")
+    p = d.params if d else {}
+    t = {"bm": int(cfg.knob("bm", _first(p.get("bm"), [128, 64, 256]))),  # type: ignore[call-overload]
+         "bn": int(cfg.knob("bn", _first(p.get("bn"), [256, 128, 64, 192]))),  # type: ignore[call-overload]
+         "bk": int(cfg.knob("bk", _first(p.get("bk"), [64, 128, 32])))}  # type: ignore[call-overload]
+    t["stages"] = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
+    t["inflight"] = cfg.integer("inflight", 0, 2, default=p.get("inflight", 1))
     group = int(cfg.knob("group", [0, 1, 8, 16]))  # type: ignore[call-overload]
-    t["group"] = group or raster_group(shape.m, shape.n, shape.k, shape.itemsize, t["bm"], cfg.target.l2_bytes)
+    producer = str(cfg.knob("producer", _first(p.get("producer", "threads") if d else None, ["threads", "tma"])))
+    split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
+    t["group"] = group or raster_group(shape.m, shape.n, chunk or -(-shape.k // split), shape.itemsize, t["bm"],
+                                       cfg.target.l2_bytes)
     cfg.require(t["inflight"] == 0 or t["stages"] >= t["inflight"] + 2,
                 "groups in flight need stages ≥ inflight + 2 (a slot to load ahead)")
     cfg.require(t["bm"] // 2 < shape.m or t["bm"] == 64, "the block tile is twice the matrix's rows")
     cfg.require(t["bn"] // 2 < shape.n or t["bn"] == 64, "the block tile is twice the matrix's columns")
     cfg.require(t["bk"] // 2 < shape.k or t["bk"] == 32, "the K tile is twice the reduction")
     cfg.require(shape.m >= 16, "fewer than 16 rows: the GEMV template (matmul_gemv) computes such products")
+    # TMA's 128-byte swizzled tiles: K and column tiles of 64 16-bit values
+    fits = t["stages"] >= 2 and not chunk and t["bk"] % 64 == 0 and t["bn"] % 64 == 0 and tma_fits(
+        t, shape.m, shape.n, shape.k, shape.itemsize, shape.batch, split)
+    cfg.require(producer != "tma" or fits or cfg.mode == "apply",
+                "TMA loads pipelined whole tiles of rows 16-byte aligned (tma_fits), in chunks of one length")
+    tma = producer == "tma" and fits  # applied at sizes TMA cannot load: the threads' copies there
     tiles = WgmmaConfig(**t)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
-    return t
+    params = {k: v for k, v in t.items() if k != "group" or v > 1}
+    return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **({"producer": "tma"} if tma else {})}, split, 0.0, chunk))
 
 
 def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
     """The analytical prediction (seconds) of a warpgroup-MMA configuration; a split of K is predicted
     as its chunks, a batch of shorter products, plus the partial sums' round trip."""
     shape = gemm_shape(op)
-    split = _split_built(op, int(values.get("split", 1)))  # type: ignore[call-overload]
-    chunks = replace(shape, k=shape.k // split, batch=shape.batch * split)
+    own = op.shape.get("split_k")
+    split, chunk = (int(own), 0) if own else gemm_chunks(shape.k, int(values["bk"]), int(values.get("split", 1)))  # type: ignore[call-overload]
+    length = chunk or -(-shape.k // split)
+    chunks = replace(shape, k=length, batch=shape.batch * split)
     cfg = WgmmaConfig.of(values)
     if not values.get("group"):  # 0: sized to the L2 as the template builds it
-        cfg = replace(cfg, group=raster_group(shape.m, shape.n, shape.k, shape.itemsize, cfg.bm, target.l2_bytes))
+        cfg = replace(cfg, group=raster_group(shape.m, shape.n, length, shape.itemsize, cfg.bm, target.l2_bytes))
     return predict(chunks, cfg, target) + split_seconds(target, shape.m, shape.n, shape.batch, split)
 
 
 @template("matmul", "cuda", name="matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
-    return _tensor_core_gemm(cfg, op, _wgmma_space(cfg, gemm_shape(op)), gemm_wgmma)
+    return _wgmma_gemm(cfg, op)
 
 
 @template("batch_matmul", "cuda", name="batch_matmul_wgmma", model=wgmma_model, applies=wgmma_op)
 def batch_matmul_wgmma(cfg: TemplateConfig, op: Any) -> Any:
-    return _tensor_core_gemm(cfg, op, _wgmma_space(cfg, gemm_shape(op)), gemm_wgmma)
+    return _wgmma_gemm(cfg, op)
 
 
-def _tensor_core_gemm(cfg: TemplateConfig, op: Any, tiles: dict[str, int], fn: Any, split: bool = True) -> Any:
-    """A tensor-core GEMM of ``tiles``, K split (``split``: a decision) or not, its operands copied
-    aligned where their rows are not 16-byte aligned (the library's default does the same)."""
-    sched, out, batch = _gemm_schedule(cfg, op, _split(cfg, op, tiles["bk"], decide=split))
-    align_operands(sched, out, granule=4)
-    fn(sched, out, "A", "B", batch=batch, **tiles)
-    return sched
+def _tensor_core_gemm(cfg: TemplateConfig, op: Any, tiles: dict[str, int]) -> Any:
+    """An mma.sync GEMM of ``tiles``, K split only by the operator's own ``split_k``, its operands
+    copied aligned where their rows are not 16-byte aligned (the default's code: ``gemm_as``)."""
+    split, chunk = _gemm_split(cfg, op, tiles["bk"], [1], None, decide=False)
+    return _gemm_as(cfg, op, GemmChoice("mma", tiles, split, 0.0, chunk))
 
 
 # --- tensor cores (ALCOP's space and model) ----------------------------------------------------------
@@ -370,13 +433,13 @@ def _tensorcore_space(cfg: TemplateConfig, shape: GemmShape) -> dict[str, int]:
 @template("matmul", "cuda", name="matmul_tensorcore", model=tensorcore_model, applies=tensor_core_op)
 def matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
     # ALCOP's space as published (its analytical model and exhaustive tables): no split of K
-    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)), gemm_tensorcore, split=False)
+    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)))
 
 
 @template("batch_matmul", "cuda", name="batch_matmul_tensorcore", model=tensorcore_model,
           applies=tensor_core_op)
 def batch_matmul_tensorcore(cfg: TemplateConfig, op: Any) -> Any:
-    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)), gemm_tensorcore, split=False)
+    return _tensor_core_gemm(cfg, op, _tensorcore_space(cfg, gemm_shape(op)))
 
 
 def _few_channels(op: Any, target: Target) -> bool:
@@ -388,13 +451,141 @@ def _many_channels_tensor_core(op: Any, target: Target) -> bool:
     return tensor_core_op(op, target) and not _few_channels(op, target)
 
 
+def _few_channels_cuda_cores(op: Any, target: Target) -> bool:
+    return _few_channels(op, target) and not tensor_core_op(op, target)
+
+
+def _few_channels_tensor_core(op: Any, target: Target) -> bool:
+    return _few_channels(op, target) and tensor_core_op(op, target)
+
+
+def _conv_sizes(op: Any) -> dict[str, int]:
+    """A 2-D implicit GEMM's sizes and its output's rows M = N·P·Q."""
+    s = op.shape
+    P = (s["H"] + 2 * s["padding"] - s["R"]) // s["stride"] + 1
+    Q = (s["W"] + 2 * s["padding"] - s["S"]) // s["stride"] + 1
+    dims = {k: s[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")}
+    return {**dims, "M": s["N"] * P * Q}
+
+
+def _tile_name(kernel: str, params: dict[str, int]) -> str:
+    """A block tile as a word: ``wgmma:128x64x64`` (bm × bn × bk), ``mma:64x64x32:32x32`` (and the warp tile)."""
+    name = f"{kernel}:{params['bm']}x{params['bn']}x{params['bk']}"
+    return name + (f":{params['wm']}x{params['wn']}" if kernel == "mma" else "")
+
+
+def _parse_tile(name: str) -> tuple[str, dict[str, int]]:
+    kernel, block, *warp = name.split(":")
+    params = dict(zip(("bm", "bn", "bk"), map(int, block.split("x")), strict=True))
+    if warp:
+        params.update(zip(("wm", "wn"), map(int, warp[0].split("x")), strict=True))
+    return kernel, params
+
+
+def _split_name(rows: bool, chunks: int) -> str:
+    """A split of an implicit GEMM's reduction as a word: ``none``, ``rows`` (a chunk per filter row),
+    ``c2`` (two channel chunks), ``rows+c2``."""
+    return "+".join((["rows"] if rows else []) + ([f"c{chunks}"] if chunks > 1 else [])) or "none"
+
+
+def _parse_split(name: str) -> tuple[bool, int]:
+    parts = name.split("+")
+    return "rows" in parts, next((int(p[1:]) for p in parts if p.startswith("c")), 1)
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_choices", applies=_many_channels_tensor_core)
+def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
+    """The implicit GEMM on the tensor cores as the default builds it (``igemm_schedule``): the kernel
+    and block tile (``tile``: warpgroup MMA or mma.sync), the split of the reduction over filter rows
+    and channel chunks (``split``) and the pipeline's stages; the tiles and splits those that
+    ``igemm_options`` ranks (and mma.sync's other block tile), the default's (``igemm_choice``) first."""
+    d = _conv_sizes(op)
+    M, C, K, R, S = d["M"], d["C"], d["K"], d["R"], d["S"]
+    itemsize = op.func.tensor("I").dtype.itemsize
+    tiles: list[object] = []
+    splits: list[object] = []
+    first = None
+    if cfg.mode == "define":
+        args = (cfg.target, M, C, K, R, S, itemsize, d["N"] * d["H"] * d["W"], op.func.tensor("O").dtype.itemsize)
+        options, default = igemm_options(*args), igemm_choice(*args)
+        tiles = _first(_tile_name(default.kernel, default.params), [_tile_name(o.kernel, o.params) for o in options])
+        if default.kernel == "mma":  # the other tiles of mma.sync's default (128×128 or 64×64)
+            for other in (dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32)):
+                tiles = _first(tiles[0], [*tiles, _tile_name("mma", {**default.params, **other})])
+        bks = {_parse_tile(str(t))[1]["bk"] for t in tiles}
+        splits = _first(_split_name(default.rows, default.chunks),
+                        [_split_name(r, c) for bk in sorted(bks) for r, c in igemm_splits(C, R, S, bk)])
+        first = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
+                                                         default.chunks))["stages"]
+    kernel, params = _parse_tile(str(cfg.knob("tile", tiles)))
+    rows, chunks = _parse_split(str(cfg.knob("split", splits)))
+    stages = cfg.integer("stages", 1, 6, default=first or 4)
+    bk = params["bk"]
+    steps = _igemm_steps(C, R, S, bk, rows, chunks)
+    if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
+        cfg.require((rows, chunks) in igemm_splits(C, R, S, bk), "a split of channels in chunks of no whole K tile")
+        cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
+    elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
+        rows, chunks = False, 1
+    if kernel == "wgmma":
+        params = {**params, "stages": stages, "inflight": 1}
+        tile: Any = WgmmaConfig(params["bm"], params["bn"], bk, stages, 1)
+    else:
+        params = {**params, "stages": stages, "reg_stages": 2 if bk > MMA_M16N8K16.shape[2] else 1}
+        tile = TileConfig(params["bm"], params["bn"], bk, params["wm"], params["wn"], stages, params["reg_stages"])
+    regs = tile.registers_per_thread(itemsize, kernel == "mma")
+    cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tile.threads)
+    sched = cfg.schedule(op.func)
+    if kernel != igemm_kernel(cfg.target, M, C, K, R * S)[0]:  # applied at sizes of another kernel: its default
+        return op.schedule(cfg.target)
+    choice = IgemmChoice(kernel, no_deeper(params, steps), rows, chunks)
+    return igemm_schedule(sched, cfg.target, choice, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride",
+                                                                       "padding"))) or sched
+
+
+def _igemm_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int:
+    """The K loop's steps of an implicit GEMM's chunk: its taps × its channels' K tiles."""
+    return (S if rows else R * S) * -(-C // chunks // bk)
+
+
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_few_channels_tensor_core)
+def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
+    """A convolution of few input channels as the default builds it (``igemm_rows``: channels and image
+    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile and
+    stages, the default's (``igemm_rows_tiles``) first."""
+    d = _conv_sizes(op)
+    cp, Sp = padded_channels(d["C"], d["S"])
+    usual, usual_bk = igemm_rows_tiles(d["M"], d["K"], Sp * cp)
+    names = [f"{t['bm']}x{t['bn']}:{t['wm']}x{t['wn']}" for t in (
+        usual, dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32), dict(bm=128, bn=32, wm=32, wn=32),
+        dict(bm=64, bn=32, wm=32, wn=32))]
+    block, warp = (part.split("x") for part in str(cfg.knob("tile", _first(names[0], names))).split(":"))
+    tiles = {"bm": int(block[0]), "bn": int(block[1]), "wm": int(warp[0]), "wn": int(warp[1])}
+    bk = int(cfg.knob("bk", _first(usual_bk, [32, 16])))  # type: ignore[call-overload]
+    stages = cfg.integer("stages", 1, 4, default=3)
+    cfg.require(bk == 16 or (Sp * cp) % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    reg_stages = 2 if bk > MMA_M16N8K16.shape[2] else 1
+    tile = TileConfig(tiles["bm"], tiles["bn"], bk, tiles["wm"], tiles["wn"], stages, reg_stages)
+    itemsize = op.func.tensor("I").dtype.itemsize
+    regs = tile.registers_per_thread(itemsize, True)
+    cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                  registers_per_thread=regs, registers_per_block=regs * tile.threads)
+    cfg.schedule(op.func)
+    return igemm_rows(cfg.target, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")),
+                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages)
+
+
 def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
     """``igemm_cuda``: threads per block, output pixels per thread and output channels per block (the
     register tile is their product); the first choices are the default's for large outputs."""
     shape = gemm_shape(op)
     pixels = int(cfg.knob("pixels", [128, 64, 256]))  # type: ignore[call-overload]
-    per_thread = int(cfg.knob("per_thread", [4, 2, 1, 8]))  # type: ignore[call-overload]
-    channels = int(cfg.knob("channels", [16, 8, 4, 32]))  # type: ignore[call-overload]
+    # the default's (``gpu_schedules._igemm``): as many as divide the output evenly
+    usual_p = next(p for p in (4, 2, 1) if shape.m % (128 * p) == 0 or p == 1)
+    usual_c = next(c for c in (16, 8, 4, 2, 1) if shape.n % c == 0)
+    per_thread = int(cfg.knob("per_thread", _first(usual_p, [4, 2, 1, 8])))  # type: ignore[call-overload]
+    channels = int(cfg.knob("channels", _first(usual_c, [16, 8, 4, 32])))  # type: ignore[call-overload]
     cfg.require(channels <= shape.n, "more output channels per block than the convolution has")
     _block_resources(cfg, pixels, shape.taps * shape.k * channels // 2, per_thread * channels + channels)
     sched = cfg.schedule(op.func)
@@ -402,7 +593,7 @@ def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
     return sched
 
 
-@template("conv2d_igemm", "cuda", name="conv2d_igemm_cuda", applies=_few_channels)
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_cuda", applies=_few_channels_cuda_cores)
 def conv2d_igemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
     return _igemm_cuda(cfg, op, ["r", "s"])
 
