@@ -49,6 +49,13 @@ def enabled() -> bool:
     return os.environ.get(VARIABLE, "1") != "0"
 
 
+def describe() -> str:
+    """Which path calls take, in words (benchmarks record it)."""
+    if not enabled():
+        return f"Python ({VARIABLE}=0)"
+    return "C" if module() is not None else "Python (the C call path could not be built)"
+
+
 @functools.cache
 def module() -> ModuleType | None:
     """The built extension, or None (the C path is off or cannot be built: the reason is logged)."""
