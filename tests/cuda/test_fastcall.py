@@ -67,6 +67,16 @@ def test_the_extension_builds_with_the_system_compiler():
     assert fastcall.module() is not None and hasattr(fastcall.module(), "Call")
 
 
+def test_the_extension_compiles_without_warnings(tmp_path):
+    if cuda_include() is None:
+        pytest.skip("no CUDA headers")
+    try:
+        cc = fastcall.c_compiler()
+    except BuildError:
+        pytest.skip("no C compiler")
+    fastcall.compile_command(cc, tmp_path / "x.so", [*fastcall.FLAGS, "-Wall", "-Wextra", "-Werror"])
+
+
 def test_a_repeated_call_runs_in_c_with_the_python_paths_launch_bytes(setup):
     driver, fw, kern, a, b = setup
     first = kern(a, b)
