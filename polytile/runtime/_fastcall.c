@@ -47,7 +47,8 @@ typedef struct {
   PyObject **expected;    /* n_arrays * n_probes values recorded from the first call's arrays */
   PyObject *pointer_name;
   int pointer_call;
-  PyObject *allocators;   /* tuple of (input index or None, make) per output allocated by the call */
+  PyObject *allocators;   /* (input index or None, make) per array the call allocates: the outputs when
+                             not given, then the temporaries (indices n_total onwards) */
   PyObject *current_stream; /* the framework's current stream: a function of the device ordinal */
   PyObject *ordinal;
   Py_ssize_t n_zero;
@@ -146,7 +147,7 @@ static PyObject *run(Call *c, PyObject *const *arrays, Py_ssize_t n) {
     }
   }
   uint64_t any = 0;
-  for (Py_ssize_t k = 0; k < c->n_total; ++k) any |= pointers[k];
+  for (Py_ssize_t k = 0; k < n + made; ++k) any |= pointers[k];
   if (any % ALIGNMENT) {
     result = Py_None; /* the Python path names the misaligned array */
     goto done;
@@ -175,17 +176,15 @@ static PyObject *run(Call *c, PyObject *const *arrays, Py_ssize_t n) {
     }
   }
   c->calls++;
-  if (made == 0) { /* outputs given: the call returns them */
-    Py_ssize_t n_out = n - c->n_inputs;
-    result = n_out == 1 ? Py_NewRef(arrays[c->n_inputs]) : PyTuple_New(n_out);
-    if (result != NULL && n_out != 1)
-      for (Py_ssize_t j = 0; j < n_out; ++j) PyTuple_SET_ITEM(result, j, Py_NewRef(arrays[c->n_inputs + j]));
-  } else if (made == 1) {
-    result = Py_NewRef(outputs[0]);
+  /* the outputs: given ones, or the first ones made */
+  PyObject *const *returned = n == c->n_total ? arrays + c->n_inputs : outputs;
+  Py_ssize_t n_out = c->n_total - c->n_inputs;
+  if (n_out == 1) {
+    result = Py_NewRef(returned[0]);
   } else {
-    result = PyTuple_New(made);
+    result = PyTuple_New(n_out);
     if (result != NULL)
-      for (Py_ssize_t j = 0; j < made; ++j) PyTuple_SET_ITEM(result, j, Py_NewRef(outputs[j]));
+      for (Py_ssize_t j = 0; j < n_out; ++j) PyTuple_SET_ITEM(result, j, Py_NewRef(returned[j]));
   }
 done:
   for (Py_ssize_t j = 0; j < made; ++j) Py_DECREF(outputs[j]);
@@ -358,7 +357,9 @@ static PyObject *Call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
   if (sizes == NULL) goto fail;
   c->nbytes = (size_t *)sizes;
   c->n_total = n_bytes;
-  if (c->n_total > MAX_ARRAYS || c->n_total < n || PyTuple_GET_SIZE(allocators) != (n < c->n_total ? c->n_total - n : 0)) {
+  Py_ssize_t all = n + PyTuple_GET_SIZE(allocators); /* arrays, made ones included */
+  if (all > MAX_ARRAYS || c->n_total < n || all < c->n_total || c->n_inputs < 0 || c->n_inputs >= c->n_total ||
+      (n != c->n_inputs && n != c->n_total)) {
     PyErr_SetString(PyExc_ValueError, "a Call's sizes, arrays and allocators disagree");
     goto fail;
   }
@@ -380,7 +381,7 @@ static PyObject *Call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
   for (Py_ssize_t l = 0; l < c->n_launches; ++l) {
     if (make_launch(&c->launches[l], PyTuple_GET_ITEM(launches, l))) goto fail;
     for (Py_ssize_t s = 0; s < c->launches[l].n_pointers; ++s)
-      if (c->launches[l].pointer_of[s] < 0 || c->launches[l].pointer_of[s] >= c->n_total) {
+      if (c->launches[l].pointer_of[s] < 0 || c->launches[l].pointer_of[s] >= all) {
         PyErr_SetString(PyExc_ValueError, "a per-call pointer names no array of the call");
         goto fail;
       }

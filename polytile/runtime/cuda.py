@@ -260,7 +260,7 @@ class _CUDAPlan(Plan):
 
     __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
                  "zero_outputs", "single", "lock", "ordinal", "pointer", "current_stream", "allocators",
-                 "all_launches", "c_call")
+                 "all_launches", "c_call", "temp_allocators")
 
     def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
                  checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
@@ -281,19 +281,26 @@ class _CUDAPlan(Plan):
         self.lock = threading.Lock()  # the packed arguments are shared by the calls of this signature
         self.pointer = fw.pointer
         self.current_stream = fw.current_stream
-        self.allocators = () if sig.outputs_given or not fw.on_gpu or isinstance(fw, ArrayInterfaceFramework) else \
-            tuple(fw.allocator(shape, dt, self.ordinal, list(zip(sig.shapes[:n_in], sig.dtypes[:n_in])))
-                  for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+        allocates = fw.on_gpu and not isinstance(fw, ArrayInterfaceFramework)
+        inputs = list(zip(sig.shapes[:n_in], sig.dtypes[:n_in]))
+        self.allocators = () if sig.outputs_given or not allocates else tuple(
+            fw.allocator(shape, dt, self.ordinal, inputs) for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+        # global temporaries: byte arrays of the framework, made like outputs
+        self.temp_allocators = () if not allocates else \
+            tuple(fw.allocator((nbytes,), uint8, self.ordinal, inputs) for nbytes in temp_bytes)
         self.c_call: object = None if self._takes_c_calls() else False  # None: not made yet; False: none
 
     # --- the C call path ---------------------------------------------------------------------------
 
     def _takes_c_calls(self) -> bool:
         """Whether calls of this signature can run in C (``fastcall``): GPU arrays of a framework that
-        names its signature attributes, no index checks, temporaries or tensor maps."""
+        names its signature attributes and allocates the outputs and temporaries, no index checks or
+        tensor maps."""
         from .fastcall import MAX_ARRAYS
-        return (self.framework.c_probes is not None and not self.checks and not self.temp_bytes
-                and len(self.signature.names) <= MAX_ARRAYS and (self.signature.outputs_given or bool(self.allocators))
+        sig = self.signature
+        return (self.framework.c_probes is not None and not self.checks
+                and (sig.outputs_given or bool(self.allocators)) and len(self.temp_allocators) == len(self.temp_bytes)
+                and len(sig.names) + len(self.temp_bytes) <= MAX_ARRAYS
                 and not any(launch.maps for launch in self.launches))
 
     def make_c_call(self, arrays: Sequence[object]) -> object:
@@ -303,7 +310,8 @@ class _CUDAPlan(Plan):
         sig, fw = self.signature, self.framework
         zero = () if sig.outputs_given else tuple(self.zero_outputs)
         self.c_call = fastcall.call_for(
-            arrays, sig.n_inputs, fw.c_probes, fw.c_pointer, self.allocators, self.current_stream, self.ordinal,
+            arrays, sig.n_inputs, fw.c_probes, fw.c_pointer, (*self.allocators, *self.temp_allocators),
+            self.current_stream, self.ordinal,
             zero, sig.nbytes, sig.disjoint, self.device._context, [x.for_c() for x in self.launches],
             functools.partial(_c_call_failed, self.device, self.launches), self.launches, self.device.cu) or False
         return self.c_call
@@ -337,7 +345,10 @@ class _CUDAPlan(Plan):
                        for shape, dt in zip(sig.output_shapes, sig.dtypes[sig.n_inputs:])]
             pointers += map(pointer, outputs)
         alive: list[object] = []
-        for nbytes in self.temp_bytes:
+        if stream is None and self.temp_allocators:
+            alive = [make() if k is None else make(arrays[k]) for k, make in self.temp_allocators]
+            pointers += map(pointer, alive)
+        for nbytes in self.temp_bytes if not alive else ():
             if isinstance(fw, ArrayInterfaceFramework):
                 buf = _DeviceBuffer(self.device, nbytes)
                 alive.append(buf)

@@ -2,11 +2,11 @@
 system C compiler at first use and kept in polytile's cache directory.
 
 The Python call path (``cuda._CUDAPlan``) stays the reference: it handles every first call of a
-signature, every error, NumPy and CuPy arrays, ``stream=``, keyword parameters, index-array checks,
-temporaries and TMA operands. Once it has run a call of a signature that needs none of those, the
+signature, every error, NumPy and CuPy arrays, ``stream=``, keyword parameters, index-array checks
+and TMA operands. Once it has run a call of a signature that needs none of those, the
 kernel keeps a ``Call`` for it (``call_for``), and later calls with arrays of exactly that signature
-run in one C call: the same signature checks, pointers, allocators, current stream, memsets and
-launches as the Python path, on the same driver. Whatever does not match returns to the Python path.
+run in one C call: the same signature checks, pointers, allocators (outputs and temporaries), current
+stream, memsets and launches as the Python path, on the same driver. Whatever does not match returns to the Python path.
 
 ``POLYTILE_FASTCALL=0`` turns the C path off. When it cannot be built (no C compiler, no Python or
 CUDA headers, a free-threaded Python) calls take the Python path, and the reason is logged once at

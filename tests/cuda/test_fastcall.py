@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 from fake_gpu import FakeArray, fake_devices, fake_framework
-from test_call_path_fake import declare, fresh
+from test_call_path_fake import build_two_kernels, declare, fresh
 
 import polytile as pt
 from polytile import ops
@@ -97,6 +97,28 @@ def test_a_repeated_call_runs_in_c_with_the_python_paths_launch_bytes(setup):
     assert kern(a, b, first) is first  # ... then in C, returning the given output
     assert driver.launches[-1].raw == driver.launches[-2].raw and driver.c_launches == 2
     assert kern.cache_info() == (2, 2)
+
+
+def test_global_temporaries_are_made_in_c_like_outputs(monkeypatch, matmul, rng):  # matmul: skips without nvcc
+    if fastcall.module() is None:
+        pytest.skip("the C call path cannot be built here")
+    fw = fake_framework(monkeypatch)
+    driver = fake_devices(monkeypatch)
+    kern = build_two_kernels()
+    declare(driver, kern)
+    a = FakeArray(rng.standard_normal(300).astype("float32"))
+    kern(a)
+    out = kern(a)
+    assert driver.c_launches == 2  # both kernels, from C
+    # the output, then the temporary B: the framework's arrays for the current stream, as in Python
+    assert fw.allocations[2:] == fw.allocations[:2] == [((300,), "float32", 0, None), ((1200,), "uint8", 0, None)]
+    names = [[buf.name for buf in k.args] for k in kern.kernels]
+    (b_first,) = {x.args[n.index("B")] for x, n in zip(driver.launches[2:], names)}  # one B for both kernels
+    assert b_first not in (0, a.data.ctypes.data, out.data.ctypes.data)
+    for py, c, n in zip(driver.launches[:2], driver.launches[2:], names):
+        assert [c.raw[k] for k, name in enumerate(n) if name == "A"] == [py.raw[k] for k, name in enumerate(n)
+                                                                         if name == "A"]
+        assert c.raw[len(n):] == py.raw[len(n):]  # the size parameter
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "strides", "device", "type", "stream", "parameter"])

@@ -82,10 +82,13 @@ def cases(rng):  # noqa: ANN001, ANN201 - (name, kernel, input makers, whether i
     out += [(f"lower {n}", lower, lambda n=n: [f32(n, n)], True) for n in (1, 37)]
     out.append(("softmax 33x257", ops.softmax(33, 257).build("cuda"), lambda: [f32(33, 257)], True))
     out.append(("matmul 70x50x30", ops.matmul(70, 50, 30).build("cuda"), lambda: [f32(70, 30), f32(30, 50)], True))
-    for dtype in ("float16", "bfloat16"):  # odd sizes: aligned copies in temporaries, which stay in Python
+    for dtype in ("float16", "bfloat16"):  # odd sizes: three kernels, aligned copies in global temporaries
         op = ops.matmul(67, 45, 29, dtype)
         out.append((f"matmul {dtype} 67x45x29", op.build("cuda"),
-                    lambda op=op: [tensor(x) for x in op.make_inputs(rng)], False))
+                    lambda op=op: [tensor(x) for x in op.make_inputs(rng)], True))
+    op = ops.matmul(1000, 1000, 1000, "float16")  # TMA operands: tensor maps stay in Python
+    out.append(("matmul float16 1000^3", op.build("cuda"), lambda op=op: [tensor(x) for x in op.make_inputs(rng)],
+                False))
     return out
 
 
