@@ -10,7 +10,8 @@ these sizes) run the same operation in the same kind of loop.
 GPU (when one is present): the same tiny operations, the issue's batch_matmul 12x384x384x64 and
 fp16 1000^3 matmul, on torch tensors. *Host time* per call is a loop of 200 calls without any
 synchronization (fewer than the launch queue holds, so the host never waits for the GPU) divided by
-200, for polytile and for torch's own op; the target is polytile at most 1.5x torch. *Throughput*
+200, for polytile and for torch's own op; the target is polytile at most 1.5x torch. The record names
+the call path (C, or Python with ``POLYTILE_FASTCALL=0``) and counts each kernel's calls that ran in C. *Throughput*
 is a loop of 2000 calls with one synchronize at the end; the *kernel* time comes from CUDA events;
 NumPy arguments (copied in and out, synchronous) are timed too.
 
@@ -170,6 +171,7 @@ def bench_gpu_case(name: str, kern, host: list[np.ndarray], torch_op: Callable, 
            "numpy_args_us": per_call(lambda: kern(*host), calls, 11, loop_seconds=0.1) * 1e6}
     sync()
     pt.synchronize()
+    row["c_calls"] = sum(call.calls for call in kern._c_calls)  # 0: this kernel's calls stay in Python
     row["host_ratio"] = row["host_us"] / row["torch_host_us"]
     row["target_met"] = row["host_ratio"] <= GPU_TARGET_RATIO
     return row
@@ -195,7 +197,7 @@ GPU_COLUMNS = [("name", "kernel"), ("host_us", "host µs/call"), ("torch_host_us
                ("host_ratio", "ratio"), ("throughput_us", "µs/call, synced"),
                ("torch_throughput_us", "torch µs/op, synced"), ("kernel_us", "kernel µs"),
                ("torch_kernel_us", "torch kernel µs"), ("numpy_args_us", "NumPy args µs/call"),
-               ("target_met", f"ratio ≤ {GPU_TARGET_RATIO:g}")]
+               ("c_calls", "C calls"), ("target_met", f"ratio ≤ {GPU_TARGET_RATIO:g}")]
 
 
 def main() -> int:
@@ -221,7 +223,9 @@ def main() -> int:
         record["cpu_results"] = bench_cpu(args.calls, args.rounds)
     if gpu:
         import torch
-        record.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+
+        from polytile.runtime import fastcall
+        record.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__, call_path=fastcall.describe())
         record["gpu_results"] = bench_gpu(args.calls, args.rounds)
     elif args.gpu_only:
         print("no GPU found")
@@ -234,7 +238,7 @@ def main() -> int:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{record['date']}  {record['cpu']} ({record['cores']} cores), load average "
           f"{record['load_average_before'][0]:.2f} -> {record['load_average_after'][0]:.2f}"
-          + (f"; GPU {record['gpu']}" if gpu else ""))
+          + (f"; GPU {record['gpu']}, call path: {record['call_path']}" if gpu else ""))
     if "cpu_results" in record:
         print(table(record["cpu_results"], CPU_COLUMNS))
     if gpu:

@@ -3,13 +3,14 @@ and the C++ compiler's defects that the CPU runtime works around, each probed on
 
 One nvcc detection for the package, the tests (the ``needs_nvcc`` marker), the benchmarks and the
 scripts: ``$NVCC``, then ``nvcc`` on the ``PATH``, then ``$CUDA_HOME/bin/nvcc``, then
-``/usr/local/cuda/bin/nvcc``.
+``/usr/local/cuda/bin/nvcc``; the toolkit's headers for the C call path (``cuda_include``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import shutil
 import subprocess
@@ -63,6 +64,18 @@ def nvcc() -> str:
     if path is None:
         raise BuildError("nvcc was not found; install the CUDA toolkit or set NVCC=/path/to/nvcc")
     return path
+
+
+def cuda_include() -> str | None:
+    """The CUDA toolkit's include directory (the one with ``cuda.h``): ``$CUDA_HOME/include``, then next to
+    nvcc's real path, then ``/usr/local/cuda/include``, then the newest ``/usr/local/cuda-*/include``; None
+    when there is none."""
+    places = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    found = find_nvcc()
+    if found is not None:
+        places.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(found))), "include"))
+    places += ["/usr/local/cuda/include", *sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)]
+    return next((p for p in places if os.path.exists(os.path.join(p, "cuda.h"))), None)
 
 
 def arch_flags(arch: str) -> list[str]:

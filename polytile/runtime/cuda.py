@@ -183,7 +183,8 @@ class _Launch:
     them per call with one ``struct.pack_into`` (and the tensor maps of its TMA operands, made once
     per array address)."""
 
-    __slots__ = ("name", "device", "params", "write", "pick", "start", "maps")
+    __slots__ = ("name", "device", "params", "write", "pick", "start", "maps", "function", "grid", "block",
+                 "shared_bytes", "pointer_of")
 
     def __init__(self, name: str, dev: Device, function: object, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared_bytes: int, values: list[tuple[str, int | float]],
@@ -196,8 +197,10 @@ class _Launch:
         self.name = name
         self.device = dev
         self.write = params.write
-        self.pick = _picker([k for _, k in pointers])
+        self.pointer_of = tuple(k for _, k in pointers)
+        self.pick = _picker(self.pointer_of)
         self.maps = tuple(_TensorMaps(k, slot, encode) for slot, (k, encode) in enumerate(maps))
+        self.function, self.grid, self.block, self.shared_bytes = function, grid, block, shared_bytes
         self.start = dev.launcher(function, grid, block, shared_bytes, params)
 
     def run(self, pointers: Sequence[int], stream: int) -> None:
@@ -206,8 +209,17 @@ class _Launch:
             self.params.set_tensor_map(m.slot, m.get(pointers[m.array]))
         status = self.start(stream)
         if status:
-            raise DeviceError(f"kernel {self.name} could not be launched: cuLaunchKernel failed: "
-                              f"{self.device.error_name(status)}")
+            raise self.failure(status)
+
+    def failure(self, status: int) -> DeviceError:
+        return DeviceError(f"kernel {self.name} could not be launched: cuLaunchKernel failed: "
+                           f"{self.device.error_name(status)}")
+
+    def for_c(self) -> tuple:
+        """This launch as the C call path takes it (``fastcall.call_for``)."""
+        values, offsets = self.params.packed()
+        return (int(self.function), self.grid, self.block, self.shared_bytes,  # type: ignore[call-overload]
+                values, offsets, self.pointer_of)
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
@@ -217,6 +229,14 @@ def _picker(indices: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
         (k,) = indices
         return lambda items: (items[k],)
     return operator.itemgetter(*indices) if indices else lambda items: ()
+
+
+def _c_call_failed(dev: Device, launches: Sequence[_Launch], k: int, status: int) -> None:
+    """Raise the Python path's error for a failed launch ``k`` of a C call (-1: its memset); bound to the
+    device and launches, not the plan, which holds the C call."""
+    if k < 0:
+        raise CudaError(f"cuMemsetD8Async failed: {dev.error_name(status)}")
+    raise launches[k].failure(status)
 
 
 class _DeviceBuffer:
@@ -240,7 +260,7 @@ class _CUDAPlan(Plan):
 
     __slots__ = ("signature", "framework", "device", "launches", "checks", "temp_bytes", "reports", "scans",
                  "zero_outputs", "single", "lock", "ordinal", "pointer", "current_stream", "allocators",
-                 "all_launches")
+                 "all_launches", "c_call", "temp_allocators")
 
     def __init__(self, sig: Signature, fw: Framework, dev: Device, launches: list[_Launch],
                  checks: list[_Launch], temp_bytes: list[int], reports: DeviceReports | None):
@@ -261,9 +281,40 @@ class _CUDAPlan(Plan):
         self.lock = threading.Lock()  # the packed arguments are shared by the calls of this signature
         self.pointer = fw.pointer
         self.current_stream = fw.current_stream
-        self.allocators = () if sig.outputs_given or not fw.on_gpu or isinstance(fw, ArrayInterfaceFramework) else \
-            tuple(fw.allocator(shape, dt, self.ordinal, list(zip(sig.shapes[:n_in], sig.dtypes[:n_in])))
-                  for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+        allocates = fw.on_gpu and not isinstance(fw, ArrayInterfaceFramework)
+        inputs = list(zip(sig.shapes[:n_in], sig.dtypes[:n_in]))
+        self.allocators = () if sig.outputs_given or not allocates else tuple(
+            fw.allocator(shape, dt, self.ordinal, inputs) for shape, dt in zip(sig.output_shapes, sig.dtypes[n_in:]))
+        # global temporaries: byte arrays of the framework, made like outputs
+        self.temp_allocators = () if not allocates else \
+            tuple(fw.allocator((nbytes,), uint8, self.ordinal, inputs) for nbytes in temp_bytes)
+        self.c_call: object = None if self._takes_c_calls() else False  # None: not made yet; False: none
+
+    # --- the C call path ---------------------------------------------------------------------------
+
+    def _takes_c_calls(self) -> bool:
+        """Whether calls of this signature can run in C (``fastcall``): GPU arrays of a framework that
+        names its signature attributes and allocates the outputs and temporaries, no index checks or
+        tensor maps."""
+        from .fastcall import MAX_ARRAYS
+        sig = self.signature
+        return (self.framework.c_probes is not None and not self.checks
+                and (sig.outputs_given or bool(self.allocators)) and len(self.temp_allocators) == len(self.temp_bytes)
+                and len(sig.names) + len(self.temp_bytes) <= MAX_ARRAYS
+                and not any(launch.maps for launch in self.launches))
+
+    def make_c_call(self, arrays: Sequence[object]) -> object:
+        """The C call of this signature, recorded from ``arrays`` (a call's arrays, which the Python
+        path has just run); None when the C path is unavailable."""
+        from . import fastcall
+        sig, fw = self.signature, self.framework
+        zero = () if sig.outputs_given else tuple(self.zero_outputs)
+        self.c_call = fastcall.call_for(
+            arrays, sig.n_inputs, fw.c_probes, fw.c_pointer, (*self.allocators, *self.temp_allocators),
+            self.current_stream, self.ordinal,
+            zero, sig.nbytes, sig.disjoint, self.device._context, [x.for_c() for x in self.launches],
+            functools.partial(_c_call_failed, self.device, self.launches), self.launches, self.device.cu) or False
+        return self.c_call
 
     # --- GPU arrays: enqueue on the caller's stream ------------------------------------------------
 
@@ -294,7 +345,10 @@ class _CUDAPlan(Plan):
                        for shape, dt in zip(sig.output_shapes, sig.dtypes[sig.n_inputs:])]
             pointers += map(pointer, outputs)
         alive: list[object] = []
-        for nbytes in self.temp_bytes:
+        if stream is None and self.temp_allocators:
+            alive = [make() if k is None else make(arrays[k]) for k, make in self.temp_allocators]
+            pointers += map(pointer, alive)
+        for nbytes in self.temp_bytes if not alive else ():
             if isinstance(fw, ArrayInterfaceFramework):
                 buf = _DeviceBuffer(self.device, nbytes)
                 alive.append(buf)
@@ -392,6 +446,10 @@ class CUDAKernel(Kernel):
     check_cubin: bytes | None = None  # the device-side index checks (functions with index arrays)
     _reports: dict[int, DeviceReports] = field(init=False, repr=False, compare=False)  # per GPU
     _devices: set[int] = field(init=False, repr=False, compare=False)  # the GPUs its calls used
+    # C calls of signatures the Python path has run (``fastcall``), newest first, and the C function
+    # that runs the first of them that takes a call's arrays
+    _c_calls: list = field(init=False, repr=False, compare=False)
+    _c_first: Callable = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if "stream" in {p.name for p in self.func.params}:
@@ -400,15 +458,34 @@ class CUDAKernel(Kernel):
         self._init_signatures()
         self._reports = {}
         self._devices = set()
+        self._c_calls = []
 
     def __call__(self, *arrays: object, stream: object = None, **params: object) -> object:
         """Run on ``arrays``; ``stream``: a CUDA stream (handle, torch or CuPy stream) instead of the
         current one of the arrays' framework."""
+        plain = stream is None and not params
+        if plain and self._c_calls:
+            out = self._c_first(self._c_calls, arrays)
+            if out is not None:
+                return out
         try:
             plan = self._plans[tuple([KEY_OF[type(a)](a) for a in arrays]), tuple(params.items())]
         except (KeyError, TypeError):  # a new signature, an array type not seen yet, or a bad argument
             plan = self._plan(self._key(arrays, params), arrays, params)
-        return plan.call(arrays, None if stream is None else stream_handle(stream))
+        out = plan.call(arrays, None if stream is None else stream_handle(stream))
+        if plain and plan.c_call is not False:
+            self._keep_c_call(plan, arrays)
+        return out
+
+    def _keep_c_call(self, plan: _CUDAPlan, arrays: Sequence[object]) -> None:
+        """Let later calls of ``plan``'s signature run in C (``fastcall``), once the Python path has run one."""
+        from . import fastcall
+        call = plan.c_call or plan.make_c_call(arrays)
+        if not call or call in self._c_calls:
+            return
+        self._c_calls.insert(0, call)
+        del self._c_calls[fastcall.CALLS_KEPT:]
+        self._c_first = fastcall.module().first  # type: ignore[union-attr]
 
     def synchronize(self) -> None:
         for ordinal in self._devices:

@@ -315,12 +315,18 @@ class KernelParams:
         self._array = (ctypes.c_void_p * max(1, len(values) + tensor_maps))(
             *[base + 8 * slot[k] for k in range(len(values))], *self.tensor_maps)
         self.address = ctypes.addressof(self._array)
+        self._offsets = tuple(8 * slot[k] for k in range(len(values)))
         # write(*pointers) sets the `per_call` arguments, in their order (no Python frame per call)
         self.write: Callable[..., None] = functools.partial(
             struct.Struct(f"<{len(per_call)}Q").pack_into, self._buffer, 0)
 
     def set(self, index: int, value: int) -> None:
         self._holders[index].value = value
+
+    def packed(self) -> tuple[bytes, tuple[int, ...]]:
+        """The values' bytes as they stand (the per-call pointers first) and each argument's byte
+        offset in them, in parameter order (what the C call path copies; tensor maps excluded)."""
+        return ctypes.string_at(ctypes.addressof(self._buffer), 8 * max(1, len(self._holders))), self._offsets
 
     def set_tensor_map(self, index: int, data: bytes) -> None:
         ctypes.memmove(self.tensor_maps[index], data, TENSOR_MAP_BYTES)

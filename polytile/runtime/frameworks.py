@@ -33,6 +33,11 @@ class Framework:
 
     name = ""
     on_gpu = True
+    # for the C call path (``fastcall``): the attributes that make an array's signature key (a name and
+    # whether it is a method called without arguments), and how to read its data pointer; None: calls
+    # on this framework's arrays stay in Python
+    c_probes: tuple[tuple[str, bool], ...] | None = None
+    c_pointer: tuple[str, bool] = ("", False)
 
     def key(self, a: Any) -> Hashable:
         """The array's signature: shape, dtype, strides, device (and the framework)."""
@@ -77,6 +82,8 @@ class NumPyFramework(Framework):
 
 class TorchFramework(Framework):
     name = "torch"
+    c_probes = (("shape", False), ("dtype", False), ("stride", True), ("get_device", True))  # as key() reads them
+    c_pointer = ("data_ptr", True)
 
     def __init__(self) -> None:
         import torch

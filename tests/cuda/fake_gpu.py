@@ -39,12 +39,16 @@ class Launch:
     args: list[int]
     params_address: int
     context: int
+    raw: list[bytes]  # the 8 bytes at each argument's address, as the driver read them
 
 
 class FakeFunction:
     def __init__(self, name: str, context: int):
         self.name = name
         self.context = context
+
+    def __int__(self) -> int:  # a CUfunction handle, as the C call path takes it
+        return id(self)
 
 
 class FakeDriver:
@@ -72,6 +76,10 @@ class FakeDriver:
         self.tensor_maps: list[tuple] = []  # the arguments of every cuTensorMapEncodeTiled call
         self._memory: dict[int, ctypes.Array] = {}
         self._local = threading.local()
+        self._functions: dict[int, FakeFunction] = {}  # by handle
+        self._entry_points: tuple = ()  # the C functions c_entry_points made (kept alive here)
+        self.c_launches = 0  # launches that came through the C entry points
+        self.fail_launches = 0  # a status every launch returns when set
 
     # contexts: one primary context per device, a current one per thread
     def _stack(self) -> list[int]:
@@ -172,12 +180,16 @@ class FakeDriver:
         return 0, object()
 
     def cuModuleGetFunction(self, module, name):
-        return 0, FakeFunction(name.decode(), self.current())
+        f = FakeFunction(name.decode(), self.current())
+        self._functions[int(f)] = f
+        return 0, f
 
     def cuFuncSetAttribute(self, function, attr, value):
         return (0,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        if self.fail_launches:
+            return (self.fail_launches,)
         if self.current() != f.context:
             return (201,)  # CUDA_ERROR_INVALID_CONTEXT: launched outside its module's context
         kinds = self.kinds.get(f.name) or _CHECK_KINDS[f.name.split("_")[2]]
@@ -189,13 +201,37 @@ class FakeDriver:
                 args.append(tuple(np.frombuffer(ctypes.string_at(slot, 128), dtype=np.uint64)[:8].tolist()))
                 continue
             args.append(int(_CTYPES[kind].from_address(slot).value))
+        raw = [ctypes.string_at(ctypes.c_void_p.from_address(params + 8 * k).value, 8) for k in range(len(kinds))]
         self.launches.append(Launch(f.name, (gx, gy, gz), (bx, by, bz), shared, int(stream), args, params,
-                                    self.current()))
+                                    self.current(), raw))
         if f.name.startswith("pt_check_"):
             _run_check(f.name, args)
         elif f.name in self.behaviour:
             self.behaviour[f.name](args)
         return (0,)
+
+    def c_entry_points(self) -> tuple[int, int, int]:
+        """C functions for cuLaunchKernel, cuMemsetD8Async and cuCtxGetCurrent that call this fake (what the
+        C call path takes from libcuda)."""
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+
+        def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):  # noqa: ANN001, ANN202
+            self.c_launches += 1
+            return self.cuLaunchKernel(self._functions[f], gx, gy, gz, bx, by, bz, shared, stream or 0, params,
+                                       extra)[0]
+
+        def memset(ptr, byte, nbytes, stream):  # noqa: ANN001, ANN202
+            return self.cuMemsetD8Async(ptr, byte, nbytes, stream or 0)[0]
+
+        def current(out):  # noqa: ANN001, ANN202
+            out[0] = self.current() or None
+            return 0
+
+        self._entry_points = (
+            ctypes.CFUNCTYPE(ctypes.c_int, vp, u, u, u, u, u, u, u, vp, vp, vp)(launch),
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, vp)(memset),
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(vp))(current))
+        return tuple(ctypes.cast(f, vp).value for f in self._entry_points)  # type: ignore[return-value]
 
     # tensor maps: the opaque words hold the arguments, so that a launch shows which map it got
     def cuTensorMapEncodeTiled(self, dtype, rank, ptr, dims, strides, box, element_strides, interleave, swizzle,
@@ -266,11 +302,26 @@ class FakeArray:
     def shape(self) -> tuple[int, ...]:
         return self.data.shape
 
+    # what the C call path reads (FakeFramework.c_probes, c_pointer)
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.data.strides
+
+    @property
+    def ptr(self) -> int:
+        return self.data.ctypes.data
+
 
 class FakeFramework(Framework):
     """Like torch: a current stream per device, outputs allocated by the framework."""
 
     name = "fake"
+    c_probes = (("shape", False), ("dtype", False), ("strides", False), ("device", False))  # as key() reads them
+    c_pointer = ("ptr", False)
 
     def __init__(self) -> None:
         self.streams = {0: 0x5000, 1: 0x5001}
