@@ -99,6 +99,7 @@ def main() -> int:
     params = KernelParams([("pointer", pointers[index[buf.name]]) for buf in source.args]
                           + [(scalar, plan.signature.params[p.name]) for p in source.params])
 
+    ctypes_launch = ctypes_launcher(function, grid, source.block, params)
     python_path = lambda: kern._plans[tuple([KEY_OF[type(x)](x) for x in (a, b)]), ()].call((a, b), None)  # noqa: E731
     pieces = {
         "torch.add (torch's op)": lambda: torch.add(a, b),
@@ -115,7 +116,7 @@ def main() -> int:
         "context check (Device.enter)": plan.device.enter,
         "launch (pointers written, bindings)": lambda: launch.run(pointers, stream),
         "launch alone (bindings)": lambda: launch.start(stream),
-        "launch alone (ctypes on libcuda)": ctypes_launcher(function, grid, source.block, params),
+        "launch alone (ctypes on libcuda)": lambda: ctypes_launch(stream),
         "bind (pointers, output, stream)": lambda: plan.bind((a, b), None),
     }
     if plan.c_call:
