@@ -2,7 +2,8 @@
 batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False)``, what
 `polytile tune` did before the streaming measurer and the quick builds) against today's path (builds
 feeding a measurement queue, quick builds: a precompiled header of the generated C++'s includes, no
-second legality check of an unchanged schedule state; the same kernels), on the same machine, in
+second legality check of an unchanged schedule state, legality checks that compare each
+dependence's pairs in the schedule space; the same kernels), on the same machine, in
 interleaved rounds of one process session (a shared machine drifts; interleaving meets both paths
 with it). ``--paths batch,stream,batch_quick`` adds the batch path with quick builds, which tells
 the two gains apart.

@@ -24,8 +24,10 @@ QUICK_BUILD_VARIABLE = "POLYTILE_QUICK_BUILD"
 
 def quick_builds() -> bool:
     """Whether builds take the shortcuts that leave every kernel the same: a precompiled header of
-    the includes that generated C++ starts with (``runtime.cpu.precompiled_prelude``) and no second
-    legality check of a schedule state checked already (``Schedule.check``). On unless
+    the includes that generated C++ starts with (``runtime.cpu.precompiled_prelude``), no second
+    legality check of a schedule state checked already (``Schedule.check``), and legality checks
+    that compare the times of each dependence's pairs instead of building the order of every two
+    instances of the schedule first (``poly.deps.first_violation``). On unless
     ``POLYTILE_QUICK_BUILD=0``: the builds of before, which ``MeasureOptions(quick_build=False)``
     gives its builder processes (the baseline of ``benchmarks/tuning_throughput.py``)."""
     return os.environ.get(QUICK_BUILD_VARIABLE, "1") != "0"

@@ -65,7 +65,8 @@ class MeasureOptions:
     winner is declared; ``noise_band``: relative difference under which two re-timed configurations
     tie (the tie goes to the one whose decisions come first in the template's order).
     ``quick_build``: builds take the shortcuts that give the same kernels (a precompiled header of
-    the generated C++'s includes, no second legality check of an unchanged schedule state:
+    the generated C++'s includes, no second legality check of an unchanged schedule state,
+    legality checks that compare each dependence's pairs in the schedule space:
     ``toolchain.quick_builds``); False builds as before them; None (the default): as the environment
     says (``POLYTILE_QUICK_BUILD=0`` turns them off).
     """

@@ -176,3 +176,79 @@ def test_the_batch_path_of_before_and_the_quick_stream_measure_alike(
             results = m.measure(task, batch)
         assert [r.status for r in results] == ["ok", "ok"]
         assert bool(list(cache.glob("pt_prelude_*.h.gch"))) == (quick and cpu.is_gcc(cpu.compiler()))
+
+
+TEMPLATE_SAMPLES = [  # operator, sizes (odd ones: partial tiles), configurations drawn, seed
+    ("matmul", dict(M=512, N=512, K=512), 3, 0),
+    ("matmul", dict(M=61, N=67, K=45), 4, 1),
+    ("matmul", dict(M=97, N=61, K=33), 3, 2),
+    ("batch_matmul", dict(batch=3, M=37, N=50, K=29), 3, 3),
+    ("dense", dict(M=5, N=67, K=45), 3, 4),
+    ("conv2d", dict(N=1, C=8, H=13, W=11, K=16, R=3, S=3, padding=1), 3, 5),
+]
+
+
+@pytest.mark.parametrize("op, shape, n, seed", TEMPLATE_SAMPLES,
+                         ids=[f"{op}-{'x'.join(str(v) for v in s.values())}" for op, s, _, _ in TEMPLATE_SAMPLES])
+def test_templates_with_full_tiles_separated_give_the_same_code_either_way(
+        monkeypatch: pytest.MonkeyPatch, op: str, shape: dict, n: int, seed: int) -> None:
+    task = make_task(op, "cpu", **shape)
+    configs = [task.space.config(d).values for d in task.space.sample_valid(np.random.default_rng(seed), n)]
+    if any(d.name == "separate" for d in task.space.decisions):
+        configs = [{**v, "separate": True} for v in configs]
+    sources = {}
+    for quick in (False, True):
+        _quick(monkeypatch, quick)
+        sources[quick] = [cpu_source(lower(task.schedule(v), task.target)) for v in configs]
+    assert sources[True] == sources[False]
+
+
+def _count_instance_orders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import islpy as isl
+    calls = [0]
+    original = isl.UnionMap.lex_ge_union_map
+
+    def counted(self, other):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        return original(self, other)
+
+    monkeypatch.setattr(isl.UnionMap, "lex_ge_union_map", counted)
+    return calls
+
+
+def test_a_legal_schedule_is_checked_without_the_order_of_every_two_instances(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    orders = _count_instance_orders(monkeypatch)
+    for quick in (False, True):
+        _quick(monkeypatch, quick)
+        orders[0] = 0
+        _tiled(_matmul(43))
+        assert (orders[0] == 0) == quick
+
+
+def _refusals() -> list[str]:
+    """The messages of primitives refused for breaking a dependence, each naming its first pair."""
+    out = []
+    X = pt.placeholder((10,), "float32", "X")
+    T = pt.compute((10,), lambda i: X[i] + 1.0, "T")
+    Y = pt.compute((8,), lambda i: T[i] + T[i + 2], "Y")
+    for refused in (lambda s: s["Y"].before("T"), lambda s: s["Y"].after("T", "i"),
+                    lambda s: s["T"].shift("i", 3).before("Y", "i")):
+        with pytest.raises(ScheduleError) as err:
+            refused(pt.Schedule(pt.Func([X], [Y])))
+        out.append(str(err.value))
+    s = pt.Schedule(_matmul(16))
+    for refused in (lambda: s["C"].reverse("k"), lambda: s["C"].split("k", 4, "ko", "ki").reverse("ko")):
+        with pytest.raises(ScheduleError) as err:
+            refused()
+        out.append(str(err.value))
+    return out
+
+
+def test_quick_checks_refuse_the_same_schedules_with_the_same_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    messages = {}
+    for quick in (False, True):
+        _quick(monkeypatch, quick)
+        messages[quick] = _refusals()
+    assert messages[True] == messages[False]
+    assert all(messages[True])
