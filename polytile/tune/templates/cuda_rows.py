@@ -21,12 +21,13 @@ def _rows(cfg: TemplateConfig, op: Any) -> Any:
     N = op.shape["N"]
     itemsize = op.func.inputs[0].dtype.itemsize
     default = row_plan(cfg.target, op.name, N, itemsize)
-    threads = int(cfg.knob("threads", sorted(ROW_THREADS, key=lambda t: t != default.threads)))  # type: ignore[call-overload]
+    threads = int(cfg.knob("threads", [default.threads, *(t for t in ROW_THREADS if t != default.threads)]))  # type: ignore[call-overload]
     # the default caches the row wherever it fits
     shared_row = bool(cfg.knob("shared_row", [True, False] if default.shared_row else [False]))
     # a loop bound to the threads is as long as the row at most: a wider block would shrink to the row
     cfg.require(threads == ROW_THREADS[0] or threads <= N, f"{threads} threads for a row of {N} elements")
-    cfg.resources(threads_per_block=threads, shared_bytes=N * itemsize * shared_row + 4 * 32 + 8)
+    # the row, the block reductions' scratch (32 floats) and the row's two statistics
+    cfg.resources(threads_per_block=threads, shared_bytes=N * itemsize * shared_row + 4 * 32 + 2 * 4)
     sched = cfg.schedule(op.func)
     SCHEDULES[op.name](sched, cfg.target, op.shape["M"], N, threads=threads, shared_row=shared_row)
     return sched
