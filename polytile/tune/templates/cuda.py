@@ -524,6 +524,10 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
     steps = _igemm_steps(C, R, S, bk, rows, chunks)
     if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
         cfg.require((rows, chunks) in igemm_splits(C, R, S, bk), "a split of channels in chunks of no whole K tile")
+        # wgmma reads the filter tile in 128-byte swizzled rows: 64 filters or a multiple (72 filters in a
+        # 128-wide tile are a 72-wide one)
+        cfg.require(kernel != "wgmma" or min(params["bn"], K) % 64 == 0,
+                    "a filter tile of warpgroup MMA that is not a multiple of 64 filters")
         cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
     elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
         rows, chunks = False, 1
