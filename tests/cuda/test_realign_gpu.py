@@ -59,7 +59,7 @@ def test_batched_gemv_of_unaligned_rows_is_exact(dims, dtype):
 @pytest.mark.parametrize("dims,dtype,cfg", [
     ((3, 1001, 333), "bfloat16", dict(threads=64, vector=16, bk=8, stages=3, direct=True, split=1)),
     ((5, 1001, 777), "float16", dict(threads=128, vector=16, bk=16, stages=3, direct=True, split=7)),
-    ((7, 1003, 500), "float32", dict(threads=32, vector=16, bk=8, stages=3, direct=True, split=4)),  # 4-byte aligned rows
+    ((7, 1003, 500), "float32", dict(threads=32, vector=16, bk=8, stages=3, direct=True, split=4)),  # 4-byte rows
 ])
 def test_gemv_template_variants_of_unaligned_rows_are_exact(dims, dtype, cfg):
     from polytile.build import build

@@ -270,11 +270,11 @@ def test_fp32_batch_matmul_and_dense_whole_tiles():
 
 @pytest.mark.parametrize("dims,dtype,cfg", [
     ((1, 4096, 4096), "bfloat16", dict(threads=128, vector=16, bk=8, stages=3, direct=True, split=16)),
-    ((3, 1000, 333), "bfloat16", dict(threads=64, vector=16, bk=8, stages=3, direct=True, split=1)),   # K off the tile
-    ((5, 1001, 777), "float16", dict(threads=64, vector=16, bk=16, stages=2, direct=True, split=7)),   # odd N: aligned copy
+    ((3, 1000, 333), "bfloat16", dict(threads=64, vector=16, bk=8, stages=3, direct=True, split=1)),  # K off the tile
+    ((5, 1001, 777), "float16", dict(threads=64, vector=16, bk=16, stages=2, direct=True, split=7)),  # odd N
     ((7, 1003, 500), "float32", dict(threads=32, vector=16, bk=8, stages=3, direct=True, split=4)),
     ((8, 768, 3072), "float16", dict(threads=256, vector=8, bk=16, stages=4, direct=False, split=12)),
-    ((1, 4097, 4093), "bfloat16", dict(threads=128, vector=16, bk=16, stages=3, direct=True, split=64)),  # 64 uneven chunks
+    ((1, 4097, 4093), "bfloat16", dict(threads=128, vector=16, bk=16, stages=3, direct=True, split=64)),  # uneven
     ((4, 1000, 1999), "float16", dict(threads=64, vector=16, bk=16, stages=3, direct=True, split=25)),
     ((2, 600, 2999), "float16", dict(threads=64, vector=8, bk=8, stages=4, direct=False, split=24)),
     ((3, 2222, 3333), "bfloat16", dict(threads=128, vector=16, bk=16, stages=3, direct=True, split=53)),  # 4-byte rows
