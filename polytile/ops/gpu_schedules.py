@@ -935,28 +935,27 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
     products over the chunks of K and their sum (``ops.matmul_func``)."""
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return gemm_as(sched, choice, split_k)
+    return gemm_as(sched, choice, M, N, K, split_k)
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
                  split_k: int | None = None) -> Schedule | None:
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, batch=batch, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
-    return gemm_as(sched, choice, split_k)
+    return gemm_as(sched, choice, M, N, K, split_k, batch)
 
 
-def gemm_as(sched: Schedule, choice: GemmChoice, split_k: int | None = None) -> Schedule | None:
-    """Schedule a matmul's or batch_matmul's ``sched`` as ``choice`` (``gemm_choice``'s, or one the
-    tuning templates make of a configuration: the same code for the same choice); a split the
-    algorithm does not have (``split_k``: its own) returns the split algorithm's schedule."""
+def gemm_as(sched: Schedule, choice: GemmChoice, M: int, N: int, K: int, split_k: int | None = None,
+            batch: int | None = None) -> Schedule | None:
+    """Schedule an M × N × K product's ``sched`` (a matmul's, or with ``batch`` a batch_matmul's, its
+    batch loop "bb"; the operands' layouts as the caller's algorithm has them) as ``choice``
+    (``gemm_choice``'s, or one the tuning templates make of a configuration: the same code for the
+    same choice); a split the algorithm does not have (``split_k``: its own) returns the split
+    algorithm's schedule."""
     from .matmul import batch_matmul_func, matmul_func
-    a, c = sched.func.tensor("A"), sched.func.tensor("C")
-    *lead, M, K = (int(d.value) for d in a.shape)  # type: ignore[attr-defined]
-    N = int(sched.func.tensor("B").shape[-1].value)  # type: ignore[attr-defined]
-    dt, out = a.dtype.name, c.dtype.name
-    if lead:
-        return _scheduled(choice, sched, split_k, "bb",
-                          lambda s, ch: batch_matmul_func(lead[0], M, N, K, dt, s, out, ch))
+    dt, out = sched.func.tensor("A").dtype.name, sched.func.tensor("C").dtype.name
+    if batch is not None:
+        return _scheduled(choice, sched, split_k, "bb", lambda s, ch: batch_matmul_func(batch, M, N, K, dt, s, out, ch))
     return _scheduled(choice, sched, split_k, None, lambda s, ch: matmul_func(M, N, K, dt, s, out, ch))
 
 

@@ -139,7 +139,8 @@ def _gemm_split(cfg: TemplateConfig, op: Any, bk: int, counts: list[int], defaul
 def _gemm_as(cfg: TemplateConfig, op: Any, choice: GemmChoice) -> Any:
     """The schedule of ``choice`` (made of a configuration) by the default's own code (``gemm_as``)."""
     sched = cfg.schedule(op.func)
-    return gemm_as(sched, choice, op.shape.get("split_k")) or sched
+    s = op.shape
+    return gemm_as(sched, choice, s["M"], s["N"], s["K"], s.get("split_k"), s.get("batch")) or sched
 
 
 def _gemv_op(op: Any, target: Target) -> bool:
