@@ -243,7 +243,10 @@ def _conv_gemm(op: Any, target: Target) -> GemmChoice | None:
 
 def _conv_on_cuda_cores(op: Any, target: Target) -> bool:
     """An NCHW convolution the default computes as an implicit GEMM on the CUDA cores (float32)."""
-    return target.kind == "cuda" and _conv_gemm(op, target).kernel == "cuda"  # type: ignore[union-attr]
+    try:
+        return target.kind == "cuda" and _conv_gemm(op, target).kernel == "cuda"  # type: ignore[union-attr]
+    except ScheduleError:  # no GEMM tile fits the target's block: the default is direct
+        return False
 
 
 @template("conv2d", "cuda", name="conv2d_gemm_cuda", applies=_conv_on_cuda_cores)
@@ -251,7 +254,7 @@ def conv2d_gemm_cuda(cfg: TemplateConfig, op: Any) -> Any:
     """An NCHW convolution as the default builds it (``conv2d_gemm``: the filter times the gathered
     input on ``gemm_cuda``): its tiles and the split of the C·R·S reduction in chunks of one length,
     the default's (``gemm_choice``) first."""
-    d = _conv_gemm(op, cfg.target) if cfg.mode == "define" else None
+    d = _conv_gemm(op, cfg.target) if cfg.mode == "define" and _conv_on_cuda_cores(op, cfg.target) else None
     s = op.shape
     from ...ops.conv import conv_out
     pixels = s["N"] * conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1)) * conv_out(
