@@ -33,6 +33,36 @@ def quick_builds() -> bool:
     return os.environ.get(QUICK_BUILD_VARIABLE, "1") != "0"
 
 
+COMPILE_TIMEOUT_VARIABLE = "POLYTILE_COMPILE_TIMEOUT"
+DEFAULT_COMPILE_TIMEOUT = 600.0
+
+
+def compile_timeout() -> float:
+    """Seconds one compiler run may take (``POLYTILE_COMPILE_TIMEOUT``, default 600)."""
+    raw = os.environ.get(COMPILE_TIMEOUT_VARIABLE, "")
+    try:
+        seconds = float(raw) if raw else DEFAULT_COMPILE_TIMEOUT
+    except ValueError:
+        raise BuildError(f"{COMPILE_TIMEOUT_VARIABLE}={raw!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise BuildError(f"{COMPILE_TIMEOUT_VARIABLE}={raw!r}: give a positive number of seconds")
+    return seconds
+
+
+def run_compiler(cmd: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
+    """Run the compiler command ``cmd`` (building ``what``), its output captured as text; a
+    ``BuildError`` naming ``what`` when it runs past ``compile_timeout()`` or cannot start (the
+    caller reads the return code and stderr)."""
+    seconds = compile_timeout()
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{os.path.basename(cmd[0])} ran past {seconds:g} s building {what} and was stopped; "
+                         f"simplify the schedule (fewer unrolled loops) or raise {COMPILE_TIMEOUT_VARIABLE}") from None
+    except OSError as err:
+        raise BuildError(f"could not run {cmd[0]} to build {what}: {err}") from None
+
+
 @contextlib.contextmanager
 def quick_builds_set(on: bool | None) -> Iterator[None]:
     """``quick_builds()`` is ``on`` inside (None: as the environment says)."""

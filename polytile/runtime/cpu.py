@@ -28,7 +28,7 @@ from ..errors import BuildError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CPUTarget, cpu_target
-from ..toolchain import cxx_workarounds, quick_builds
+from ..toolchain import cxx_workarounds, quick_builds, run_compiler
 from .args import Signature, bind, numpy_info
 from .index_checks import HostScan, host_scans, run_host_scans
 from .interrupts import raise_if_interrupted, watching_ctrl_c
@@ -126,7 +126,7 @@ def compile_shared(source: str, extra_flags: Sequence[str] = ()) -> Path:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
         obj = Path(tmp) / "kernel.so"
-        proc = subprocess.run([cxx, *flags, *include, str(src), "-o", str(obj)], capture_output=True, text=True)
+        proc = run_compiler([cxx, *flags, *include, str(src), "-o", str(obj)], "a CPU kernel")
         if proc.returncode != 0:
             # the first error leads: the tail alone may hold only the quoted source of a long line
             first = next((line[:1000] for line in proc.stderr.splitlines() if "error:" in line), "")

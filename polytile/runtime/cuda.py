@@ -19,7 +19,6 @@ import hashlib
 import operator
 import os
 import re
-import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -34,7 +33,7 @@ from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CUDATarget
-from ..toolchain import arch_flags, nvcc
+from ..toolchain import arch_flags, nvcc, run_compiler
 from .args import ArrayInfo, IndexCheck, Signature, bind
 from .cpu import cache_dir
 from .cuda_driver import CudaError, Device, KernelParams
@@ -97,7 +96,7 @@ def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[byt
         src = Path(tmp) / "kernel.cu"
         src.write_text(source)
         out = Path(tmp) / "kernel.cubin"
-        proc = subprocess.run([cc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        proc = run_compiler([cc, *flags, str(src), "-o", str(out)], "a CUDA kernel")
         if proc.returncode != 0:
             raise BuildError(f"nvcc rejected the generated CUDA:\n{proc.stderr[-4000:]}")
         (Path(tmp) / "report").write_text(proc.stderr)

@@ -23,7 +23,6 @@ import importlib.util
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -33,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import BuildError
-from ..toolchain import cuda_include
+from ..toolchain import cuda_include, run_compiler
 from .cpu import cache_dir
 
 SOURCE = Path(__file__).with_name("_fastcall.c")
@@ -94,8 +93,7 @@ def compile_command(cc: str, out: Path, flags: Sequence[str]) -> None:
     cuda = cuda_include()
     if cuda is None:
         raise BuildError("the CUDA toolkit's cuda.h was not found (set CUDA_HOME)")
-    proc = subprocess.run([cc, *flags, f"-I{python}", f"-I{cuda}", str(SOURCE), "-o", str(out)],
-                          capture_output=True, text=True)
+    proc = run_compiler([cc, *flags, f"-I{python}", f"-I{cuda}", str(SOURCE), "-o", str(out)], "the C call path")
     if proc.returncode != 0:
         raise BuildError(f"{cc} rejected {SOURCE.name}: {proc.stderr[-2000:]}")
 
