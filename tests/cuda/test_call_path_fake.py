@@ -15,17 +15,9 @@ import polytile as pt
 from polytile import ops
 from polytile.errors import BuildError
 from polytile.runtime import cuda as rc
-from polytile.runtime.cuda import CUDAKernel, nvcc
+from polytile.runtime.cuda import CUDAKernel
 
 ARCH = "cuda:sm_90a"
-
-
-@pytest.fixture(scope="module")
-def needs_nvcc() -> None:
-    try:
-        nvcc()
-    except BuildError:
-        pytest.skip("nvcc is needed to build polytile's CUDA kernels")
 
 
 @pytest.fixture
@@ -40,7 +32,7 @@ def declare(driver, kern: CUDAKernel) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_kernels(needs_nvcc) -> CUDAKernel:
+def two_kernels(nvcc) -> CUDAKernel:
     return build_two_kernels()
 
 
@@ -57,12 +49,12 @@ def build_two_kernels() -> CUDAKernel:
 
 
 @pytest.fixture(scope="module")
-def matmul(needs_nvcc) -> CUDAKernel:
+def matmul(nvcc) -> CUDAKernel:
     return ops.matmul(70, 50, 30).build(ARCH)
 
 
 @pytest.fixture(scope="module")
-def segsum(needs_nvcc) -> CUDAKernel:
+def segsum(nvcc) -> CUDAKernel:
     return ops.segment_sum(rows=50, nnz=400).build(ARCH)
 
 
@@ -155,7 +147,7 @@ def test_explicit_stream_is_used_for_launches_and_allocations(monkeypatch, fw, m
         kern(a, b, stream="default")
 
 
-def test_zero_initialized_outputs_are_cleared_on_the_call_stream(monkeypatch, fw, needs_nvcc, rng):
+def test_zero_initialized_outputs_are_cleared_on_the_call_stream(monkeypatch, fw, nvcc, rng):
     driver = fake_devices(monkeypatch)
     N = pt.param("N")
     A = pt.placeholder((N, N), "float32", "A")
@@ -246,7 +238,7 @@ def test_bad_arguments_are_clear(monkeypatch, fw, matmul, rng):
     assert driver.launches == []
 
 
-def test_cpu_torch_tensor_is_refused_before_any_gpu_work(needs_nvcc, matmul, rng):
+def test_cpu_torch_tensor_is_refused_before_any_gpu_work(nvcc, matmul, rng):
     torch = pytest.importorskip("torch")
     kern = fresh(matmul)
     a = torch.from_numpy(rng.standard_normal((70, 30)).astype("float32"))
@@ -334,7 +326,7 @@ def test_benchmark_times_on_the_call_stream(monkeypatch, fw, matmul, rng):
     assert driver.events[-1] == 0x6000
 
 
-def test_parameter_named_stream_is_refused(needs_nvcc):
+def test_parameter_named_stream_is_refused(nvcc):
     S = pt.param("stream")
     A = pt.placeholder((S,), "float32", "A")
     B = pt.compute((S,), lambda i: A[i] * 2.0, "B")

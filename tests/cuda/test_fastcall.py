@@ -17,18 +17,14 @@ import polytile as pt
 from polytile import ops
 from polytile.errors import BuildError, DeviceError
 from polytile.runtime import fastcall, frameworks
-from polytile.runtime.cuda import CUDAKernel, nvcc
+from polytile.runtime.cuda import CUDAKernel
 from polytile.toolchain import cuda_include
 
 ARCH = "cuda:sm_90a"
 
 
 @pytest.fixture(scope="module")
-def matmul() -> CUDAKernel:
-    try:
-        nvcc()
-    except BuildError:
-        pytest.skip("nvcc is needed to build polytile's CUDA kernels")
+def matmul(nvcc) -> CUDAKernel:  # the conftest's nvcc: skips without one
     return ops.matmul(70, 50, 30).build(ARCH)
 
 
@@ -198,13 +194,9 @@ def test_a_failed_launch_in_c_raises_the_python_paths_error(setup):
     assert driver.c_launches == 1
 
 
-def test_zero_initialized_outputs_are_cleared_in_c_too(monkeypatch, rng):
+def test_zero_initialized_outputs_are_cleared_in_c_too(monkeypatch, nvcc, rng):
     if fastcall.module() is None:
         pytest.skip("the C call path cannot be built here")
-    try:
-        nvcc()
-    except BuildError:
-        pytest.skip("nvcc is needed to build polytile's CUDA kernels")
     fake_framework(monkeypatch)
     driver = fake_devices(monkeypatch)
     N = pt.param("N")
