@@ -63,6 +63,7 @@ import numpy as np  # noqa: E402
 
 from polytile.target import as_target, cpu_target  # noqa: E402
 from polytile.tune import MeasureOptions, Measurer, MeasureResult, Record, make_task  # noqa: E402
+from polytile.tune.records import RecordLog  # noqa: E402
 from polytile.tune.space import Config  # noqa: E402
 from polytile.tune.task import Workload  # noqa: E402
 from polytile.tune.tlm import corpus  # noqa: E402
@@ -372,13 +373,25 @@ def measured(args: argparse.Namespace) -> dict | None:
                     "model": {"path": str(tuned_dir), "parameters": tuned.parameters, "meta": tuned.meta}}
     result["fine_tuning"] = {"workloads": [c.name for c in train], "trials_each": args.train_trials,
                              "best": args.best, "analytical_sentences": len(prior),
-                             **tuned.meta.get("finetuned_on", [{}])[-1]}
+                             "finetuned_on": tuned.meta.get("finetuned_on", [{}])[-1]}
     result["generation_s_per_100"] = generation_seconds(tuned, held, args.target)
     result["summary"] = summarize(result, f"xgb@{args.reference_trials}")
     result["timings"] = timings.values
     result["parallel"] = {"devices": args.devices, "builders_per_device": _devices.builders_per_device(
-        _devices.parse_devices(args.devices), args.builders), "jobs": args.jobs, "records": str(records)}
+        _devices.parse_devices(args.devices), args.builders), "jobs": args.jobs, "records": str(records),
+        "trial_seconds": trial_seconds(records)}
     return result
+
+
+def trial_seconds(records: Path) -> dict[str, dict[str, float]]:
+    """Per stage: its trials and their median build and run seconds (what a longer run will cost)."""
+    out = {}
+    for stage in ("train", "heldout"):
+        trials = [r for path in sorted((records / stage).glob("*.jsonl")) for r in RecordLog(path)]
+        if trials:
+            out[stage] = {"trials": len(trials), "build_s": round(float(np.median([r.build_s for r in trials])), 2),
+                          "run_s": round(float(np.median([r.run_s for r in trials])), 3)}
+    return out
 
 
 FINISH_SECONDS = 30.0
