@@ -4,23 +4,37 @@ fine-tuning.
 
     python benchmarks/tlm.py --target cpu          # held-out CPU workloads, measured on this machine
     python benchmarks/tlm.py --tables              # the H100 exhaustive tables, table-backed (no GPU)
-    python benchmarks/tlm.py --target cuda         # on a GPU: held-out GPU workloads, measured
+    python benchmarks/tlm.py --target cuda --devices 0,1 --max-seconds 540 --records-dir R
+                                                   # on GPUs: held-out GPU workloads, measured; exit
+                                                   # status 3: the same command resumes
 
 Measured runs (``--target``), as TLM's loop (``gen/run.py``):
   1. the model: ``--model DIR``, else the one shipped (CPU), else a corpus of the training networks
-     and a pretraining run here (GPU), with the held-out workloads excluded (a run resumed in the same
-     --records-dir reuses them; the measurements resume from its records);
-  2. fine-tuning data: the training workloads (layers of ``networks.TRAIN``) tuned by the tlm tuner,
-     ``--train-trials`` each (records in ``--records-dir``; a killed run resumes);
-  3. the model fine-tuned on the ``--best`` fastest configurations of every training workload
-     (``--finetune-epochs``, ``--finetune-lr``);
-  4. each held-out workload (layers of ``networks.HELD_OUT``; checked absent from the corpus and the
-     fine-tuning records) tuned by tlm@32, random@32, xgb@200 (whose first 32 trials are xgb@32) and,
-     where the template has an analytical model, analytical@32; one shared measurer, so a
-     configuration proposed by several tuners is measured once.
+     (``--corpus-size``, drawn in a process per core) and a pretraining run here (GPU,
+     ``--pretrain-minutes``), with the held-out workloads excluded;
+  2. fine-tuning data: the training workloads (layers of ``networks.TRAIN``, ``--train-workloads``)
+     tuned by the tlm tuner, ``--train-trials`` each;
+  3. the model fine-tuned on the ``--best`` fastest configurations of every training workload and, on
+     the GPU, on the ``--analytical-top`` configurations the analytical model ranks fastest for each
+     tensor-core layer of the training networks (``--finetune-epochs``, ``--finetune-lr``);
+  4. each held-out workload (layers of ``networks.HELD_OUT``, ``--heldout``; checked absent from the
+     corpus and the fine-tuning records) tuned by tlm@32, random@32, xgb@200 (whose first 32 trials
+     are xgb@32) and, where the template has an analytical model, analytical@32 (``--trials``,
+     ``--reference-trials``); a configuration proposed by several tuners is measured once.
+Stages 2 and 4 spread their workloads over ``--devices`` by expected cost (``_devices``, as
+``shapes.py --tune``): a worker process per GPU, seeing only it, with its builder pool
+(``--builders``, default the cores shared among the GPUs) and its GPU's runner, running ``--jobs``
+tunings at once (each still batch after batch, ``--batch``: its curve is as if it ran alone; the
+model runs on the CPU there, so that the GPU times kernels undisturbed). A workload's curves are a
+row of ``R/<stage>.rows.jsonl`` once all its tunings ended, its trials in ``R/<stage>/<tuner>.jsonl``;
+the corpus and the models are written under other names and renamed when whole. ``--max-seconds``
+stops the tunings at the first trial after it (less 30 s for the last stage) and the call exits with
+status 3; the same command hands out only what is left (a tuning resumes from its records, whose
+results every tuner reuses). Each call adds its stages' seconds to ``R/timings.json``.
 Reported: best latency after 1, 4, 10 and 32 trials; per workload xgb@200 / tlm@10 (the share of
 xgb@200's speed TLM reaches in 10 trials; the issue's target: ≥ 0.95 on the GPU, ≥ 0.9 on the CPU,
-geometric mean), the same for random@10 and xgb@10; the time to generate 100 candidates.
+geometric mean), the same for random@10 and xgb@10; the time to generate 100 candidates; each
+stage's trials with their median build and run seconds.
 
 Tables (``--tables``): the exhaustively measured tables of ``benchmarks/results/alcop_search-exhaustive-*``
 (every valid configuration of BERT's 512×768×3072 fp16 GEMM and ResNet-50's 3×3 convolution at batch
@@ -182,7 +196,8 @@ def built_model(args: argparse.Namespace, records: Path, exclude: list[str], tim
     if not corpus_file.exists():
         start = time.perf_counter()
         part = records / "corpus.txt.part"
-        corpus.write_corpus(part, "cuda", args.corpus_size, TRAIN, exclude, progress=not args.quiet)
+        corpus.write_corpus(part, "cuda", args.corpus_size, TRAIN, exclude, progress=not args.quiet,
+                            workers=max(1, (os.cpu_count() or 1) - 1))
         os.replace(part, corpus_file)
         timings.add("corpus_s", time.perf_counter() - start)
     if not (model / "tlm.json").exists():
