@@ -282,6 +282,9 @@ def run_stage(stage: Stage, args: argparse.Namespace, records: Path, deadline: f
     builders = _devices.builders_per_device(devices, args.builders)
     done = stage.entries(records)
     todo = [c for c in stage.cases if c.name not in done]
+    if todo and deadline and time.time() > deadline:
+        print(f"{stage.name}: {len(todo)} workloads left, no time left (run the same command again)", flush=True)
+        return False
     counts = [parse_tuner(t, stage.trials)[1] for t in stage.tuners]
     costs = {c.name: expected_seconds(c, sum(counts), builders) for c in todo}
     shares = _devices.spread(todo, lambda c: costs[c.name], devices)
