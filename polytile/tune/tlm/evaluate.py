@@ -4,7 +4,10 @@ latency after 1, 4, 10 and 32 trials (and the last).
 Every tuner runs through ``tune_task`` (records, resuming, failures as for ``pt.tune``) with one
 shared measurer that measures a configuration of a workload once: a configuration two tuners propose
 gets the same result for both (as ALCOP's artifact replays logged measurements), so their curves
-differ by their search, not by timing noise. A tuner is named with its trial budget as ``xgb@200``.
+differ by their search, not by timing noise (a resumed evaluation takes the results from the records).
+A tuner is named with its trial budget as ``xgb@200``. Several tunings may run at once in threads
+(``jobs``), each still batch after batch, so that one builder pool serves them all; a deadline stops
+them at a trial, to be resumed from the records.
 """
 
 from __future__ import annotations
