@@ -6,6 +6,7 @@ split and resume logic on fake devices with a fake measurer."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -103,10 +104,15 @@ class FakeMeasurer:
 
 
 class InProcess:
-    """A worker process run here, at once, unless its device is in ``dead`` (as if it were killed)."""
+    """A worker process run here, at once, unless its device is in ``dead`` (as if it were killed);
+    other commands (nvidia-smi) as they are."""
 
     dead: set[str] = set()
     started: dict[str, list[str]] = {}
+    popen = subprocess.Popen
+
+    def __new__(cls, cmd, **kw):  # noqa: ANN001, ANN204
+        return super().__new__(cls) if "--worker" in cmd else InProcess.popen(cmd, **kw)
 
     def __init__(self, cmd, env):  # noqa: ANN001
         device = env["CUDA_VISIBLE_DEVICES"]
@@ -262,3 +268,29 @@ def test_measure_options_of_the_workers():
     gpu = bench.measure_options("cuda", 7)
     assert gpu.builders == 7 and gpu.same_inputs and gpu.retime == 0
     assert bench.measure_options("cpu", 3).builders == 3
+
+
+def test_the_gpu_pipeline_on_fake_devices(tmp_path, monkeypatch, fake_devices):
+    """``--target cuda`` as the GPU host runs it, its measurements faked (no GPU here): the corpus of the
+    training networks without the held-out workloads, the pretraining, the analytical fine-tuning
+    sentences, the training stage, the fine-tuning and the held-out stage with the analytical tuner."""
+    monkeypatch.setattr(bench, "TRAIN", ("bert-base",))
+    monkeypatch.setattr(bench, "HELD_OUT", ("vit-b16",))
+    monkeypatch.setattr(sys, "argv", [
+        "tlm.py", "--target", "cuda", "--devices", "0,1", "--records-dir", str(tmp_path), "--corpus-size", "600",
+        "--pretrain-minutes", "0.02", "--heldout", "2", "--train-workloads", "2", "--train-trials", "4",
+        "--trials", "4", "--reference-trials", "6", "--batch", "2", "--builders", "1", "--analytical-top", "1",
+        "--finetune-epochs", "1", "--out", str(tmp_path / "out.json"), "--quiet"])
+    assert bench.main() == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    held = [c.name for c in bench.gpu_cases(("vit-b16",), 2)]
+    assert list(report["workloads"]) == held
+    for w in report["workloads"].values():
+        assert list(w["tuners"]) == ["tlm", "random@4", "xgb@6", "analytical@4"]
+        assert all(len(t["curve"]) == (int(s.split("@")[1]) if "@" in s else 4) for s, t in w["tuners"].items())
+    header, _ = bench.corpus.read_corpus(tmp_path / "corpus.txt")
+    assert set(header["excluded"]) == {bench.key_of(c) for c in bench.gpu_cases(("vit-b16",), 2)}
+    analytical = (tmp_path / "analytical.txt").read_text().splitlines()
+    assert analytical and report["fine_tuning"]["analytical_sentences"] == len(analytical)
+    assert report["fine_tuning"]["finetuned_on"]["extra_sentences"] == len(analytical)
+    assert {s.split("@")[0] for s in report["summary"]["geomean"]} == {"tlm", "random", "xgb", "analytical"}
