@@ -44,6 +44,7 @@ def _trials(records: Path, stage: str, tuner: str) -> list:
     return list(RecordLog(records / stage / f"{tuner}.jsonl"))
 
 
+@pytest.mark.slow  # ~40 s on 2 cores
 def test_cpu_dry_run_of_the_whole_pipeline_on_two_worker_processes(tmp_path, monkeypatch):
     """Real builds and timings: the training workload tuned by the shipped model, the model fine-tuned,
     each held-out workload by every tuner in a worker process of its own, the report assembled."""
@@ -270,6 +271,7 @@ def test_measure_options_of_the_workers():
     assert bench.measure_options("cpu", 3).builders == 3
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_the_gpu_pipeline_on_fake_devices(tmp_path, monkeypatch, fake_devices):
     """``--target cuda`` as the GPU host runs it, its measurements faked (no GPU here): the corpus of the
     training networks without the held-out workloads, the pretraining, the analytical fine-tuning
