@@ -102,10 +102,11 @@ def recorded_results(records_dir: str | os.PathLike[str], tasks: Sequence[Task],
     """The results of ``tasks``' configurations in the records of every tuner in ``records_dir``
     (``<tuner>.jsonl``): a resumed evaluation gives a configuration the result it had for every tuner."""
     from ..records import RecordLog
+    from ..search import TUNERS
     keys = {(t.key, t.target.key) for t in tasks}
     known: dict[tuple[str, str], MeasureResult] = {}
-    for path in sorted(Path(records_dir).glob("*.jsonl")):
-        for r in RecordLog(path):
+    for name in TUNERS:
+        for r in RecordLog(Path(records_dir) / f"{name}.jsonl"):
             if (r.workload, r.target) in keys and r.role == "trial":
                 known.setdefault((r.workload, Config(r.config).key), MeasureResult(r.status, r.costs, r.error))
     return known
