@@ -290,7 +290,7 @@ def run_stage(stage: Stage, args: argparse.Namespace, records: Path, deadline: f
     shares = _devices.spread(todo, lambda c: costs[c.name], devices)
     if todo:
         print(f"{stage.name}: {len(done)} of {len(stage.cases)} workloads done; expected per device: "
-              + ", ".join(f"GPU {d} {sum(costs[c.name] for c in share):.0f} s ({len(share)} workloads)"
+              + ", ".join(f"device {d} {sum(costs[c.name] for c in share):.0f} s ({len(share)} workloads)"
                           for d, share in shares.items()), flush=True)
     commands = {}
     for d, share in shares.items():
