@@ -58,6 +58,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import _devices  # noqa: E402
 import _threads  # noqa: E402, F401 - sets the thread variables before NumPy loads its BLAS
 
 # isort: split
@@ -316,13 +317,6 @@ def build_all(ws: list[Workload], target: str, workers: int) -> dict[str, tuple[
 
 # --- tuning (--tune): workloads spread over GPUs, resumable ------------------------------------------------
 
-TRIAL_SECONDS = {"gemv": 3.0, "wgmma": 3.5, "cuda": 5.0, "igemm": 5.0, "conv2d": 10.0, "rows": 1.5}
-"""Builder seconds of one trial (lowering and nvcc) by template family on the 2× H200 host's Xeon
-(the lead's probe, 2026-11-28: median build_s 2.4–5.0 s per trial of GEMMs and convolutions;
-here, on 2 loaded cores, 4–10 s): what ``expected_seconds`` balances the devices with."""
-RUN_SECONDS = 0.3
-"""The runner's seconds per trial (load, check against the reference, time): the bound when the
-builders keep ahead of it."""
 WORKLOAD_SECONDS = 12.0
 """Per workload besides its trials: the template's space, the reference computed once, the last
 builds' drain and the final timing against torch (the lead's try of this code, 2026-11-28 11:23 UTC:
@@ -345,19 +339,7 @@ def family(w: Workload) -> str:
 def expected_seconds(w: Workload, trials: int, builders: int) -> float:
     """The wall time ``trials`` more trials of ``w`` should take with ``builders`` build processes: the
     builds or the runner bound the trials, whichever is slower."""
-    return trials * max(TRIAL_SECONDS[family(w)] / max(1, builders), RUN_SECONDS) + WORKLOAD_SECONDS
-
-
-def spread(ws: list[Workload], costs: dict[str, float], devices: list[int]) -> dict[int, list[Workload]]:
-    """The workloads of each device, balanced by expected cost (longest first to the least loaded
-    device); each device's list keeps the suite's order."""
-    load = {d: 0.0 for d in devices}
-    owner: dict[str, int] = {}
-    for w in sorted(ws, key=lambda w: -costs[w.name]):
-        d = min(devices, key=lambda d: (load[d], devices.index(d)))
-        owner[w.name] = d
-        load[d] += costs[w.name]
-    return {d: [w for w in ws if owner[w.name] == d] for d in devices}
+    return _devices.expected_seconds(trials, family(w), builders) + WORKLOAD_SECONDS
 
 
 def tune_key(w: Workload) -> str:
@@ -387,28 +369,9 @@ def results_path(records: Path) -> Path:
 
 
 def read_rows(path: Path, trials: int) -> dict[str, dict]:
-    """The timed rows of ``path`` tuned with ``trials`` trials, by workload name (the last of each)."""
-    rows: dict[str, dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: that workload is timed again
-            if row.get("tune", {}).get("trials") == trials:
-                rows[row["name"]] = row
-    return rows
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one row, locked (the devices' processes share the file)."""
-    import fcntl
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """The timed rows of ``path`` tuned with ``trials`` trials, by workload name (the last of each; a line
+    cut by a kill is skipped: that workload is timed again)."""
+    return {row["name"]: row for row in _devices.read_rows(path) if row.get("tune", {}).get("trials") == trials}
 
 
 def tune_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
@@ -419,33 +382,29 @@ def tune_gpu(ws: list[Workload], args: argparse.Namespace) -> dict:
     The record is complete when every workload has its row."""
     records = Path(args.records).resolve()
     rows_file = results_path(records)
-    deadline = time.time() + args.max_seconds if args.max_seconds else 0.0
-    devices = [int(d) for d in args.devices.split(",")]
-    builders = args.builders or max(1, (os.cpu_count() or 2) // len(devices) - 1)
+    deadline = _devices.deadline_after(args.max_seconds)
+    devices = _devices.parse_devices(args.devices)
+    builders = _devices.builders_per_device(devices, args.builders)
     todo = [w for w in ws if w.name not in read_rows(rows_file, args.tune)]
     done = trials_done(records)
     costs = {w.name: expected_seconds(w, max(0, args.tune - done.get(tune_key(w), 0)), builders) for w in todo}
-    shares = spread(todo, costs, devices)
+    shares = _devices.spread(todo, lambda w: costs[w.name], devices)
     print(f"{len(ws) - len(todo)} of {len(ws)} workloads already tuned and timed; expected per device: "
           + ", ".join(f"GPU {d} {sum(costs[w.name] for w in share):.0f} s ({len(share)} workloads)"
                       for d, share in shares.items()), flush=True)
-    procs = []
+    commands = {}
     for d, share in shares.items():
         if not share:
             continue
         names = records.with_name(f"{records.stem}.gpu{d}.names")
         names.parent.mkdir(parents=True, exist_ok=True)
         names.write_text("\n".join(w.name for w in share) + "\n")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--tune-worker", str(names), "--tune", str(args.tune),
-               "--records", str(records), "--builders", str(builders), "--deadline", str(deadline),
-               "--repeat", str(args.repeat), "--rounds", str(args.rounds)]
+        commands[d] = [sys.executable, str(Path(__file__).resolve()), "--tune-worker", str(names), "--tune",
+                       str(args.tune), "--records", str(records), "--builders", str(builders), "--deadline",
+                       str(deadline), "--repeat", str(args.repeat), "--rounds", str(args.rounds)]
         if not args.half_out:
-            cmd.append("--float32-out")
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(d)}
-        procs.append((d, subprocess.Popen(cmd, env=env)))
-    for d, proc in procs:
-        if proc.wait():
-            print(f"the tuning process of GPU {d} ended with status {proc.returncode}", flush=True)
+            commands[d].append("--float32-out")
+    _devices.finish(_devices.start(commands), "tuning process")
     rows = read_rows(rows_file, args.tune)
     missing = [w.name for w in ws if w.name not in rows]
     if missing:
@@ -498,7 +457,7 @@ def tune_worker(ws: list[Workload], args: argparse.Namespace) -> int:
                 print(json.dumps({"name": w.name, **info}), flush=True)
         for w, info, default, best in tuned:
             row = time_one(w, args, info, default.result(), best.result() if best is not None else None)
-            append_row(rows_file, row)
+            _devices.append_row(rows_file, row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("launches", "tune")}), flush=True)
             torch.cuda.empty_cache()
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import _devices  # noqa: E402
 import shapes  # noqa: E402
 
 SUITE = shapes.gpu_suite()
@@ -22,7 +23,7 @@ SUITE = shapes.gpu_suite()
 
 def test_spread_balances_the_expected_cost_and_keeps_every_workload_once():
     costs = {w.name: shapes.expected_seconds(w, 32, 15) for w in SUITE}
-    shares = shapes.spread(SUITE, costs, [0, 1])
+    shares = _devices.spread(SUITE, lambda w: costs[w.name], [0, 1])
     names = [w.name for share in shares.values() for w in share]
     assert sorted(names) == sorted(w.name for w in SUITE)
     loads = [sum(costs[w.name] for w in share) for share in shares.values()]
@@ -51,8 +52,8 @@ def test_a_resumed_run_hands_out_only_what_is_left(tmp_path, monkeypatch):
     ws = SUITE[:6]
     args = _args(tmp_path)
     rows = shapes.results_path(Path(args.records))
-    shapes.append_row(rows, _row(ws[0]))
-    shapes.append_row(rows, _row(ws[1], trials=8))  # timed after another number of trials: again
+    _devices.append_row(rows, _row(ws[0]))
+    _devices.append_row(rows, _row(ws[1], trials=8))  # timed after another number of trials: again
     rows.open("a").write('{"name": "cut by a ki')  # a line cut by a kill is skipped
     # the records of ws[2] hold all its trials: it costs only its timing
     key = f"matmul_gemv/{shapes.tune_key(ws[2])}/sig"
@@ -84,7 +85,7 @@ def test_the_worker_skips_what_is_timed_and_stops_before_the_deadline(tmp_path, 
     ws = [w for w in SUITE if w.kind == "softmax"][:4]
     args = _args(tmp_path, builders=2)
     rows = shapes.results_path(Path(args.records))
-    shapes.append_row(rows, _row(ws[0]))
+    _devices.append_row(rows, _row(ws[0]))
     tuned: list[str] = []
 
     class FakeMeasurer:

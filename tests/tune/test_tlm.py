@@ -316,13 +316,28 @@ def test_records_target_keys_name_the_targets_they_were_written_for():
         target_of("cuda:x:sm_12")
 
 
-def test_a_gpu_corpus_reaches_its_size_when_small_spaces_fall_short(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_gpu_corpus_reaches_its_size_when_small_spaces_fall_short(tmp_path, workers):
     # LLaMA's GPU layers: 25 tasks with 5,163 valid configurations in all, many below their share
-    header = corpus.write_corpus(tmp_path / "c.txt", "cuda", 3000, ["llama-7b"], progress=False)
+    header = corpus.write_corpus(tmp_path / "c.txt", "cuda", 3000, ["llama-7b"], progress=False, workers=workers)
     _, texts = corpus.read_corpus(tmp_path / "c.txt")
     assert len(texts) == header["sentences"] >= 3000 and len(set(texts)) == len(texts)
     assert {"matmul_wgmma", "matmul_tensorcore", "batch_matmul_tensorcore"} <= set(header["templates"])
     assert {t.split(":")[-1] for t in header["targets"]} == {"sm_80", "sm_90a"}
+    if workers > 1:  # drawn in processes: as reproducible
+        corpus.write_corpus(tmp_path / "d.txt", "cuda", 3000, ["llama-7b"], progress=False, workers=workers)
+        assert corpus.read_corpus(tmp_path / "d.txt")[1] == texts
+
+
+def test_every_implicit_gemm_tile_is_one_word():
+    # ResNet-50's 3×3 layer at batch 32 on an H100: igemm_options ranks a warpgroup-MMA tile twice (with
+    # two splits); the corpus of GPU sentences failed on it
+    from polytile.tune.tlm.sentence import decision_words
+    task = make_task("conv2d_igemm", corpus.targets("cuda")[1], "conv2d_igemm_choices", N=32, H=56, W=56, C=64,
+                     K=64, R=3, S=3, stride=1, padding=1)
+    tiles = next(d for d in task.space.decisions if d.name == "tile").choices
+    assert len(tiles) == len(set(tiles)) > 1
+    assert decision_words(task.space)
 
 
 def test_corpus_files_are_checked(tmp_path):

@@ -512,7 +512,9 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
     if cfg.mode == "define":
         args = (cfg.target, M, C, K, R, S, itemsize, d["N"] * d["H"] * d["W"], op.func.tensor("O").dtype.itemsize)
         options, default = igemm_options(*args), igemm_choice(*args)
-        tiles = _first(_tile_name(default.kernel, default.params), [_tile_name(o.kernel, o.params) for o in options])
+        # options of one tile with other splits name it once
+        names = list(dict.fromkeys(_tile_name(o.kernel, o.params) for o in options))
+        tiles = _first(_tile_name(default.kernel, default.params), names)
         if default.kernel == "mma":  # the other tiles of mma.sync's default (128×128 or 64×64)
             for other in (dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32)):
                 tiles = _first(tiles[0], [*tiles, _tile_name("mma", {**default.params, **other})])

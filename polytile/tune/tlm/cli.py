@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--exclude", action="append", default=[], metavar="WORKLOAD",
                    help="leave out a workload by key, e.g. 'matmul(K=3072,M=512,N=768,dtype=float16)'")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--workers", type=positive_int, default=1,
+                   help="processes drawing the configurations (default 1; more: another corpus, as reproducible)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
 
     t = sub.add_parser("pretrain", help="train a new model on a corpus")
@@ -112,7 +114,7 @@ def tlm_main(argv: list[str]) -> int:
 def _corpus(args: argparse.Namespace) -> int:
     from .corpus import write_corpus
     header = write_corpus(args.out, args.target, args.size, args.networks, args.exclude, args.seed,
-                          progress=not args.quiet)
+                          progress=not args.quiet, workers=args.workers)
     print(f"{header['sentences']} sentences of {header['tasks']} tasks ({len(header['workloads'])} workloads, "
           f"{len(header['templates'])} templates, {len(header['targets'])} targets) written to {args.out} "
           f"in {header['seconds']:.0f} s")

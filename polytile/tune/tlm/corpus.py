@@ -94,8 +94,11 @@ def tasks(kind: str, names: Sequence[str] = TRAIN, exclude: frozenset[str] = fro
 
 def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 100_000,
                  names: Sequence[str] = TRAIN, exclude: Sequence[str] = (), seed: int = 0,
-                 progress: bool = True) -> dict[str, Any]:
-    """Write about ``size`` random valid sentences to ``path``; returns the header written first."""
+                 progress: bool = True, workers: int = 1) -> dict[str, Any]:
+    """Write about ``size`` random valid sentences to ``path``; returns the header written first.
+    ``workers`` > 1: the tasks' configurations are drawn in that many processes, each task from a
+    generator seeded by the seed and the task's place (another corpus than one process draws, as
+    reproducible)."""
     if size < 1:
         raise TuneError(f"a corpus needs a positive size, got {size}")
     start = time.perf_counter()
@@ -121,11 +124,15 @@ def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 10
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(spaces), desc=f"corpus ({kind})", unit="task", dynamic_ncols=True)
-    drawn: list[set[tuple[int, ...]]] = []
-    for (_, task), w in zip(spaces, weight, strict=True):
-        drawn.append(set(task.space.sample_valid(rng, math.ceil(w * per_share))))
-        if bar is not None:
-            bar.update(1)
+    counts = [math.ceil(w * per_share) for w in weight]
+    if workers > 1:
+        drawn = _draw_in_processes([t for _, t in spaces], counts, seed, workers, bar)
+    else:
+        drawn = []
+        for (_, task), n in zip(spaces, counts, strict=True):
+            drawn.append(set(task.space.sample_valid(rng, n)))
+            if bar is not None:
+                bar.update(1)
     # small spaces hold fewer valid configurations than their share: the larger ones make up for them,
     # in rounds, until the size is reached or every space that could give more has given all it has
     large = [k for k, (_, t) in enumerate(spaces) if len(drawn[k]) >= weight[k] * per_share
@@ -162,6 +169,29 @@ def write_corpus(path: str | os.PathLike[str], kind: str = "cpu", size: int = 10
         for k in order:
             f.write(lines[k] + "\n")
     return header
+
+
+def _draw(task: Task, n: int, seed: tuple[int, int]) -> list[tuple[int, ...]]:
+    """``n`` valid configurations of ``task`` drawn with a generator of its own (in a worker process)."""
+    return task.space.sample_valid(np.random.default_rng(seed), n)
+
+
+def _draw_in_processes(tasks: list[Task], counts: list[int], seed: int, workers: int,
+                       bar: Any) -> list[set[tuple[int, ...]]]:
+    from ..workers import Returned, WorkerPool
+    pool = WorkerPool(workers, {"OMP_NUM_THREADS": "1"})
+    try:
+        outcomes = pool.map(_draw, [(t, n, (seed, k)) for k, (t, n) in enumerate(zip(tasks, counts, strict=True))],
+                            timeout=600.0, on_done=lambda k, _: bar.update(1) if bar is not None else None)
+    finally:
+        pool.close()
+    drawn = []
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        if not isinstance(outcome, Returned):
+            raise TuneError(f"drawing configurations of {task.template.name} on {task.workload.key} failed: "
+                            f"{outcome}")
+        drawn.append(set(outcome.value))
+    return drawn
 
 
 def read_corpus(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[str]]:

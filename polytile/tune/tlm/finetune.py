@@ -128,9 +128,10 @@ def analytical_sentences(tasks: Iterable[Task], top: int = 4, pool: int = 512, s
 
 def finetune(model: object, records: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str] | None,
              best: int = 4, options: TrainOptions = FINETUNE, *, half: bool = False, progress: bool = True,
-             device: str | None = None) -> tuple[TLM, Report]:
+             device: str | None = None, extra: Sequence[str] = ()) -> tuple[TLM, Report]:
     """Fine-tune ``model`` (a directory, "default" or a TLM) on the best configurations of the records
-    files; saved to ``out`` when given. TuneError when the records give nothing for this model's kind."""
+    files and the sentences ``extra`` (e.g. ``analytical_sentences``); saved to ``out`` when given.
+    TuneError when the records give nothing for this model's kind."""
     tlm = resolve(model, device=device)
     loaded: list[Record] = []
     for path in records:
@@ -143,9 +144,10 @@ def finetune(model: object, records: Sequence[str | os.PathLike[str]], out: str 
     if not texts:
         raise TuneError(f"the records hold no successful trial of a {tlm.kind} workload to fine-tune on"
                         + (f" ({len(report.skipped)} skipped: {report.skipped[0]})" if report.skipped else ""))
-    fit(tlm, texts, options, stage="finetune", progress=progress)
+    fit(tlm, [*texts, *extra], options, stage="finetune", progress=progress)
     tlm.meta.setdefault("finetuned_on", []).append({"records": [str(p) for p in records], "best": best,
-                                                    "workloads": report.workloads, "sentences": report.sentences})
+                                                    "workloads": report.workloads, "sentences": report.sentences,
+                                                    "extra_sentences": len(extra)})
     if out is not None:
         tlm.save(out, half=half)
     return tlm, report
