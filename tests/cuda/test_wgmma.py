@@ -169,6 +169,22 @@ def test_wgmma_compiles_to_hgmma(dtype, cfg):
     assert not re.search(r"\bHMMA\b|\bLDSM\b|\bLDL\b|\bSTL\b", text)
 
 
+@pytest.mark.needs_nvcc
+def test_wide_conv_tile_compiles_without_spills():
+    """The convolution template's 64×256 warpgroup tile (one warpgroup, 128 accumulators a thread)
+    in two channel chunks with two MMA groups in flight: wgmma.m64n256k16, no local memory."""
+    from polytile.ops.gpu_schedules import IgemmChoice, igemm_schedule
+    from polytile.runtime.cuda import compile_cuda
+    dims = (32, 7, 7, 512, 512, 3, 3, 1, 1)
+    s = pt.Schedule(ops.conv2d_igemm(*dims).func)
+    split = igemm_schedule(s, SM90A, IgemmChoice("wgmma", dict(bm=64, bn=256, bk=64, stages=5, inflight=2),
+                                                 False, 2), *dims)
+    cubin, resources = compile_cuda(pt.build(split, SM90A).source, "sm_90a")
+    text = _sass(cubin)
+    assert "HGMMA.64x256x16" in text and "WARPGROUP.DEPBAR.LE gsb0, 0x2" in text
+    assert not re.search(r"\bLDL\b|\bSTL\b", text)
+
+
 def _guarded_wgmma(body) -> list[str]:
     """Conditions on the threads that enclose a wgmma instruction (they would split a warpgroup)."""
     from polytile.lowering import loopir as ir

@@ -90,6 +90,11 @@ CONVS = [
     ((2, 15, 15, 64, 128, 2, 1), dict(bm=128, bn=64, bk=64, stages=2, inflight=0)),
     # 98 output pixels: the last warp of the second warpgroup has no rows (it still joins the MMA)
     ((2, 7, 7, 128, 64, 1, 1), dict(bm=128, bn=64, bk=64, stages=4, inflight=1)),
+    # the tuning space's wide 64-row tiles and MMA groups in flight: 243 pixels, 320 filters (the second
+    # 256-wide tile holds 64), 5 channel tiles; 200 filters in 192-wide tiles, stride 2, two groups in flight
+    ((3, 9, 9, 320, 320, 1, 1), dict(bm=64, bn=256, bk=64, stages=5, inflight=1)),
+    ((1, 15, 15, 192, 200, 2, 1), dict(bm=64, bn=192, bk=64, stages=6, inflight=2)),
+    ((3, 7, 7, 256, 128, 1, 1), dict(bm=128, bn=128, bk=64, stages=5, inflight=0)),
 ]
 
 
@@ -142,3 +147,20 @@ def test_wgmma_matmul_of_a_transposed_b(dims, cfg, dtype):
     gemm_wgmma(s, "C", "A", "B", **cfg)
     a, b = _inputs(M + N + K, [(M, K), (N, K)], dtype)
     assert _err(pt.build(s, "cuda")(a, b), a.double() @ b.double().T) < 1e-5
+
+
+@pytest.mark.parametrize("values", [dict(tile="wgmma:64x256x64", split="c2", stages=5, inflight=2),
+                                    dict(tile="wgmma:128x128x64", split="rows+c2", stages=4, inflight=0)])
+def test_conv_template_wide_tiles_and_groups_in_flight(values):
+    """Configurations of the convolution template's new decisions (wide 64-row tiles, MMA groups in
+    flight) with a split reduction, at sizes off the tiles: 3×7×7 input, 256 channels in two chunks,
+    320 filters."""
+    from polytile.tune import make_task
+    op = ops.conv2d_igemm(3, 7, 7, 256, 320, 3, 3, 1, 1, dtype="float16")
+    task = make_task(op, "cuda")
+    cfg = task.space.from_values(values)
+    assert task.space.reason_invalid(cfg.digits) is None
+    kern = pt.build(task.schedule(cfg.values), "cuda")
+    x, w = _inputs(5, [(3, 7, 7, 256), (3, 3, 256, 320)], "float16")
+    ref = torch.from_numpy(op.reference(x.cpu().numpy(), w.cpu().numpy())).cuda()
+    assert _err(kern(x, w), ref) < 1e-5

@@ -87,3 +87,23 @@ def test_the_default_chooser_s_alternatives_are_in_the_space():
     uneven = make_task("matmul", H100, M=61, N=61, K=8191, dtype="bfloat16")
     values = uneven.space.default.values
     assert values["split"] > 1 and 8191 % values["split"]
+
+
+def test_the_conv_space_holds_wide_tiles_and_mma_groups_in_flight():
+    """ResNet-50's 3×3 512→512 at batch 32 (0.64× cuDNN tuned and default): the convolution template
+    offers each tile once (igemm_options ranks each tile once per split), warpgroup MMA's wide 64-row
+    tiles and 0 to 2 MMA groups in flight, the default first; a 64×256 tile in two channel chunks with
+    two groups in flight is valid and builds (lowering and code generation) with its launch; more
+    groups in flight than its stages leave is not."""
+    task = make_task(SUITE["resnet50.l4.3x3.n32"].op(), H100)
+    decisions = {d.name: d.choices for d in task.space.decisions}
+    assert len(set(decisions["tile"])) == len(decisions["tile"])
+    assert {"wgmma:64x256x64", "wgmma:64x192x64", "wgmma:128x128x64"} <= set(decisions["tile"])
+    assert decisions["inflight"] == (1, 0, 2)
+    wide = task.space.from_values(dict(tile="wgmma:64x256x64", split="c2", stages=5, inflight=2))
+    assert task.space.reason_invalid(wide.digits) is None
+    source, kernels = _code(task.schedule(wide.values))
+    assert "wgmma.mma_async.sync.aligned.m64n256k16" in source and "pt_wgmma_wait<2>" in source
+    assert kernels[0][1:3] == (["2", "25", "2"], [32, 1, 4])  # 2 filter tiles × 25 row tiles × 2 chunks; 4 warps
+    shallow = task.space.from_values(dict(tile="wgmma:128x128x64", split="c2", stages=3, inflight=2))
+    assert "in flight" in str(task.space.reason_invalid(shallow.digits))

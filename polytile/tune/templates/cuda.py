@@ -72,8 +72,14 @@ def _block_resources(cfg: TemplateConfig, threads: int, shared_floats: int, accu
 
 
 def _first(default: object, choices: list[object]) -> list[object]:
-    """``choices`` with ``default`` first (added when missing); as they are for None."""
-    return list(choices) if default is None else [default, *(c for c in choices if c != default)]
+    """``choices`` with ``default`` first (added when missing; None: none), each once (a repeated
+    choice is the same configuration again: the implicit-GEMM tiles came once per split, 24 tile
+    choices of 6 tiles for ResNet-50's 3×3 512→512 at batch 32)."""
+    out: list[object] = []
+    for c in ([] if default is None else [default]) + list(choices):
+        if not any(type(c) is type(o) and c == o for o in out):
+            out.append(c)
+    return out
 
 
 def default_gemm(cfg: TemplateConfig, op: Any, kernel: str) -> GemmChoice | None:
@@ -497,18 +503,28 @@ def _parse_split(name: str) -> tuple[bool, int]:
     return "rows" in parts, next((int(p[1:]) for p in parts if p.startswith("c")), 1)
 
 
+# wide warpgroup-MMA tiles of 64 rows the convolution template adds to igemm_options' tiles (the
+# default's): one warpgroup issuing wgmma.m64n256k16 (or n192) gathers a 64-row input tile for as many
+# filters as a 128×128 tile's two warpgroups gather 128 rows for (half the gathered copies per product,
+# the implicit GEMM's costly part); 128 rows × 256 filters spill their accumulators
+IGEMM_WIDE_TILES = (256, 192)
+
+
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_choices", applies=_many_channels_tensor_core)
 def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
     """The implicit GEMM on the tensor cores as the default builds it (``igemm_schedule``): the kernel
     and block tile (``tile``: warpgroup MMA or mma.sync), the split of the reduction over filter rows
-    and channel chunks (``split``) and the pipeline's stages; the tiles and splits those that
-    ``igemm_options`` ranks (and mma.sync's other block tile), the default's (``igemm_choice``) first."""
+    and channel chunks (``split``), the pipeline's stages and, on warpgroup MMA, the MMA groups left
+    in flight (``inflight``: 1 as the default, 0 or 2); the tiles and splits those that
+    ``igemm_options`` ranks (and mma.sync's other block tile, warpgroup MMA's wide 64-row tiles:
+    ``IGEMM_WIDE_TILES``), the default's (``igemm_choice``) first."""
     d = _conv_sizes(op)
     M, C, K, R, S = d["M"], d["C"], d["K"], d["R"], d["S"]
     itemsize = op.func.tensor("I").dtype.itemsize
     tiles: list[object] = []
     splits: list[object] = []
-    first = None
+    first, first_inflight = None, None
+    wgmma = igemm_kernel(cfg.target, M, C, K, R * S)[0] == "wgmma"
     if cfg.mode == "define":
         args = (cfg.target, M, C, K, R, S, itemsize, d["N"] * d["H"] * d["W"], op.func.tensor("O").dtype.itemsize)
         options, default = igemm_options(*args), igemm_choice(*args)
@@ -518,14 +534,19 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         if default.kernel == "mma":  # the other tiles of mma.sync's default (128×128 or 64×64)
             for other in (dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32)):
                 tiles = _first(tiles[0], [*tiles, _tile_name("mma", {**default.params, **other})])
+        if default.kernel == "wgmma":
+            tiles = _first(tiles[0], [*tiles, *(_tile_name("wgmma", dict(bm=64, bn=bn, bk=64))
+                                                for bn in IGEMM_WIDE_TILES if bn <= K)])
         bks = {_parse_tile(str(t))[1]["bk"] for t in tiles}
         splits = _first(_split_name(default.rows, default.chunks),
                         [_split_name(r, c) for bk in sorted(bks) for r, c in igemm_splits(C, R, S, bk)])
-        first = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
-                                                         default.chunks))["stages"]
+        deepest = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
+                                                           default.chunks))
+        first, first_inflight = deepest["stages"], deepest.get("inflight")
     kernel, params = _parse_tile(str(cfg.knob("tile", tiles)))
     rows, chunks = _parse_split(str(cfg.knob("split", splits)))
     stages = cfg.integer("stages", 1, 6, default=first or 4)
+    inflight = int(cfg.knob("inflight", _first(first_inflight, [1, 0, 2]))) if wgmma else 1  # type: ignore[arg-type]
     bk = params["bk"]
     steps = _igemm_steps(C, R, S, bk, rows, chunks)
     if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
@@ -535,11 +556,13 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         cfg.require(kernel != "wgmma" or min(params["bn"], K) % 64 == 0,
                     "a filter tile of warpgroup MMA that is not a multiple of 64 filters")
         cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
+        cfg.require(kernel != "wgmma" or inflight <= max(0, min(stages, steps) - 2),
+                    "more MMA groups in flight than the pipeline's stages leave: the same kernel as fewer")
     elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
         rows, chunks = False, 1
     if kernel == "wgmma":
-        params = {**params, "stages": stages, "inflight": 1}
-        tile: Any = WgmmaConfig(params["bm"], params["bn"], bk, stages, 1)
+        params = {**params, "stages": stages, "inflight": inflight}
+        tile: Any = WgmmaConfig(params["bm"], params["bn"], bk, stages, inflight)
     else:
         params = {**params, "stages": stages, "reg_stages": 2 if bk > MMA_M16N8K16.shape[2] else 1}
         tile = TileConfig(params["bm"], params["bn"], bk, params["wm"], params["wn"], stages, params["reg_stages"])
