@@ -195,7 +195,7 @@ def _torch_reference(name: str, inputs: list[np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("N", WIDTHS)
 def test_every_width_matches_torch_row_by_row(name, N, rng):
-    for M, dtype in ((1, "float32"), (7, "float32"), (1001, "float32"), (997, "float16"), (257, "bfloat16")):
+    for M, dtype in ((1, "float32"), (1001, "float32"), (997, "float16" if N % 2 else "bfloat16")):
         op = ops.get(name, M=M, N=N, dtype=dtype)
         kern = op.build("cuda")
         inputs = op.make_inputs(rng)
@@ -208,13 +208,13 @@ def test_every_width_matches_torch_row_by_row(name, N, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,M,N", [("softmax", 37, 20), ("layernorm", 45, 97), ("softmax", 301, 7),
                                       ("layernorm", 13, 3)])
-def test_every_configuration_of_narrow_rows_matches(name, M, N, rng):
+def test_sampled_configurations_of_narrow_rows_match(name, M, N, rng):
     task = make_task(name, "cuda", M=M, N=N)
     inputs = task.op.make_inputs(rng)
     ref = task.op.reference(*inputs)
-    valid = [c for c in task.space if task.space.is_valid(c.digits)]
-    assert len(valid) >= 8
-    for config in valid:
+    sample = task.space.sample_valid(rng, 8, exclude={task.space.default.digits})
+    assert len(sample) == 8
+    for config in [task.space.default, *map(task.space.config, sample)]:
         kern = pt.build(task.schedule(config.values), task.target)
         assert _worst_row(np.asarray(kern(*inputs)), ref) < max(task.op.tolerance, 1e-5), config
 
