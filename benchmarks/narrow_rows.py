@@ -1,7 +1,9 @@
 """Narrow rows (issue 15, item 3): softmax and layernorm over rows of 1 to 512 elements, the default
-schedule (several rows a block, each a part of a warp: ``gpu_schedules.row_plan``) beside torch, and
-with ``--variants`` the tuning template's neighbours of the default (lanes a row, rows a block, the
-rows in shared memory), each checked against a float64 reference and timed kernel-only.
+schedule (``gpu_schedules.row_plan``: several rows a block, each a part of a warp, for rows narrower
+than a warp; one block a row for wider ones) beside torch, and with ``--variants`` several rows a
+block at every width and its neighbours in the tuning template (lanes a row, rows a block, the rows
+in shared memory), each checked against a float64 reference and timed kernel-only: what decides
+whether several rows a block becomes the default up to ``NARROW_ROW``.
 
 Timing as ``shapes.py``'s kernel column: CUDA-event medians of single launches, L2 flushed before
 each, prepared arguments, interleaved with torch in rounds (medians of the rounds).
@@ -37,15 +39,21 @@ WIDER = [shapes._w("softmax.3000x1000.float32", "softmax", "float32", "rows", M=
 
 
 def variants(w: shapes.Workload) -> list[dict]:
-    """The default configuration and its neighbours in the template's space (valid ones)."""
+    """The default configuration, then several rows a block as the defaults of rows narrower than a
+    warp choose them (``_row_lanes`` lanes a row, ``_narrow_rows`` rows) and their neighbours in the
+    template's space (valid ones)."""
+    from polytile.ops.gpu_schedules import _narrow_rows, _row_lanes
     from polytile.tune import make_task
     task = make_task(w.kind, "cuda", **w.arguments())
     d = task.space.default.values
-    t, r = d["threads"], d["rows"]
-    wanted = [d, {**d, "shared_row": True}, {**d, "threads": max(1, t // 2)}, {**d, "threads": min(32, 2 * t)},
-              {**d, "rows": 2 * r}, {**d, "rows": max(1, r // 2)}, {**d, "threads": 32, "rows": 4},
-              {**d, "threads": 32, "rows": 4, "shared_row": False},
-              {**d, "threads": 32, "rows": 8, "shared_row": False}, {"threads": 32, "rows": 1, "shared_row": True}]
+    M, N = dict(w.dims)["M"], dict(w.dims)["N"]
+    t = _row_lanes(N)
+    r = _narrow_rows(task.target, M, t)
+    several = {"threads": t, "rows": r, "shared_row": False}
+    wanted = [d, several, {**several, "shared_row": True}, {**several, "threads": max(1, t // 2)},
+              {**several, "rows": 2 * r}, {**several, "rows": max(1, r // 2)},
+              {"threads": 32, "rows": 4, "shared_row": False}, {"threads": 32, "rows": 8, "shared_row": False},
+              {"threads": 32, "rows": 4, "shared_row": True}, {"threads": 32, "rows": 1, "shared_row": True}]
     out: list[dict] = []
     for v in wanted:
         try:

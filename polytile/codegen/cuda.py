@@ -427,6 +427,26 @@ template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() {
 template <int N> __device__ __forceinline__ void pt_setmaxnreg_dec() { __trap(); }
 #endif
 """),
+    Helper("pt_block_allreduce", r"""
+// block-wide reductions: every thread of the block calls them (block size a multiple of 32); the
+// lanes past the last warp's partial combine ``identity`` (for a maximum or minimum, the thread's
+// own value: -INT_MAX stood for the lowest int, and INT_MIN values came out -INT_MAX)
+template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (nt <= 32) return v;
+  __shared__ T pt_scratch[32];
+  __syncthreads();
+  if ((tid & 31) == 0) pt_scratch[tid >> 5] = v;
+  __syncthreads();
+  v = (tid & 31) < ((nt + 31) >> 5) ? pt_scratch[tid & 31] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+"""),
     Helper("pt_thread_rank", r"""
 __device__ __forceinline__ int pt_thread_rank() {
   return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -469,12 +489,12 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_warp_allreduc
   return __shfl_sync(mask, v, 0);
 }
 """),
-    Helper("pt_block_allreduce", r"""
-// block-wide reductions: every thread of the block calls them, and gets the same value; in a block
-// that is not whole warps the first warp combines the warps' values for all. The lanes past the
-// warps' values combine ``identity`` (for a maximum or minimum, the thread's own value: -INT_MAX
-// stood for the lowest int, and INT_MIN values came out -INT_MAX)
-template <typename T, typename Op> __device__ __forceinline__ T pt_block_allreduce(T v, T identity, Op op) {
+    Helper("pt_ragged_block_allreduce", r"""
+// block-wide reductions in a block that is not whole warps (its last warp partial): every thread of
+// the block calls them, and gets the same value. The partial warp's lanes combine by a tree that
+// reads no lane past them (pt_warp_allreduce), the first warp combines the warps' values for all; the
+// lanes past the warps' values combine ``identity`` (as pt_block_allreduce's)
+template <typename T, typename Op> __device__ __forceinline__ T pt_ragged_block_allreduce(T v, T identity, Op op) {
   const int tid = pt_thread_rank();
   const int nt = blockDim.x * blockDim.y * blockDim.z;
   v = pt_warp_allreduce(v, min(nt - (tid & ~31), 32), op);
@@ -483,10 +503,6 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_block_allredu
   __syncthreads();
   if ((tid & 31) == 0) pt_scratch[tid >> 5] = v;
   __syncthreads();
-  if (nt % 32 == 0) {  // each warp combines the warps' values
-    v = (tid & 31) < (nt >> 5) ? pt_scratch[tid & 31] : identity;
-    return pt_group_allreduce(v, 32, op);
-  }
   if (tid < 32) {
     v = pt_group_allreduce(tid < ((nt + 31) >> 5) ? pt_scratch[tid] : identity, 32, op);
     if (tid == 0) pt_scratch[0] = v;
@@ -527,26 +543,16 @@ template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) {
   return pt_block_allreduce(v, v, pt_op_min());
 }
 """),
-    Helper("pt_group_allreduce_sum", r"""
-template <typename T> __device__ __forceinline__ T pt_group_allreduce_sum(T v, int lanes) {
-  return pt_group_allreduce(v, lanes, pt_op_sum());
-}
-"""),
-    Helper("pt_group_allreduce_prod", r"""
-template <typename T> __device__ __forceinline__ T pt_group_allreduce_prod(T v, int lanes) {
-  return pt_group_allreduce(v, lanes, pt_op_prod());
-}
-"""),
-    Helper("pt_group_allreduce_max", r"""
-template <typename T> __device__ __forceinline__ T pt_group_allreduce_max(T v, int lanes) {
-  return pt_group_allreduce(v, lanes, pt_op_max());
-}
-"""),
-    Helper("pt_group_allreduce_min", r"""
-template <typename T> __device__ __forceinline__ T pt_group_allreduce_min(T v, int lanes) {
-  return pt_group_allreduce(v, lanes, pt_op_min());
-}
-"""),
+    *(Helper(f"pt_ragged_block_allreduce_{op}", f"""
+template <typename T> __device__ __forceinline__ T pt_ragged_block_allreduce_{op}(T v) {{
+  return pt_ragged_block_allreduce(v, {identity}, pt_op_{op}());
+}}
+""") for op, identity in (("sum", "(T)0"), ("prod", "(T)1"), ("max", "v"), ("min", "v"))),
+    *(Helper(f"pt_group_allreduce_{op}", f"""
+template <typename T> __device__ __forceinline__ T pt_group_allreduce_{op}(T v, int lanes) {{
+  return pt_group_allreduce(v, lanes, pt_op_{op}());
+}}
+""") for op in ("sum", "prod", "max", "min")),
 ], generate=lambda name: wgmma_definition(name))  # defined below
 """The CUDA helpers; a source defines those its kernels call (``Helpers.header``): the
 instructions of the registered intrinsics (``polytile.intrinsics``) and the runtime's small functions."""

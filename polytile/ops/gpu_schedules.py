@@ -1000,8 +1000,13 @@ ROW_LANES = (1, 2, 4, 8, 16, 32)
 """The threads a narrow row may take, several rows a block (``RowPlan.rows``): an aligned part of a
 warp, whose lanes reduce the row by shuffles among themselves."""
 
+SUBWARP_ROW = 32
+"""Rows narrower than this (a warp's threads) take several rows a block by default (``row_plan``)."""
+
 NARROW_ROW = 512
-"""Rows of at most this many elements take several rows a block by default (``_row_lanes``)."""
+"""Rows of at most this many elements are offered parts of a warp and several rows a block by the
+tuning templates (``tune/templates/cuda_rows.py``); wider rows than ``SUBWARP_ROW`` keep one block
+a row by default until several a block is measured faster on them."""
 
 ROW_BLOCK = 256
 """The threads of a block of narrow rows (``_narrow_rows``)."""
@@ -1030,7 +1035,7 @@ def _narrow_rows(target: CUDATarget, M: int, lanes: int) -> int:
     return rows
 
 
-def _row_fits(target: CUDATarget, n: int, itemsize: int, rows: int = 1) -> bool:
+def row_fits(target: CUDATarget, n: int, itemsize: int, rows: int = 1) -> bool:
     """Whether a block's ``rows`` rows (and the reductions' scratch) fit in its shared memory."""
     return rows * n * itemsize + 4096 <= target.shared_per_block
 
@@ -1051,18 +1056,18 @@ class RowPlan:
 def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None = None,
              shared_row: bool | None = None, M: int | None = None, rows: int | None = None) -> RowPlan:
     """The plan of a row operator ``op`` over ``M`` rows (None: many) of ``N`` elements of ``itemsize``
-    bytes: the given choices, the defaults for those left None — rows of at most ``NARROW_ROW``
-    elements ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider
-    ones one a block of ``_row_threads`` (at most the target's block), the row in shared memory where
-    it fits (``_row_fits``). ScheduleError for a choice the block cannot take."""
-    narrow = N <= NARROW_ROW
+    bytes: the given choices, the defaults for those left None — rows narrower than ``SUBWARP_ROW``
+    ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider ones one a
+    block of ``_row_threads`` (at most the target's block), the row in shared memory where it fits
+    (``row_fits``). ScheduleError for a choice the block cannot take."""
+    narrow = N < SUBWARP_ROW
     if threads is None:
         threads = _row_lanes(N) if narrow else min(_row_threads(N), target.max_threads_per_block)
     if rows is None:
         rows = _narrow_rows(target, M if M is not None else target.sms * ROW_BLOCK, threads) \
             if narrow and threads in ROW_LANES else 1
     if shared_row is None:
-        shared_row = rows == 1 and _row_fits(target, N, itemsize)
+        shared_row = rows == 1 and row_fits(target, N, itemsize)
     plan = RowPlan(threads, shared_row, rows)
     if rows < 1 or rows > 1 and threads not in ROW_LANES:
         raise ScheduleError(f"{op}: {rows} rows a block of {threads} threads each; several rows a block take "
@@ -1071,7 +1076,7 @@ def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | 
         raise ScheduleError(f"{op}: {threads} threads per row; a row takes a part of a warp "
                             f"({', '.join(map(str, ROW_LANES))} threads) or a block of whole warps, at most "
                             f"{target.max_threads_per_block} threads a block (here {rows} rows)")
-    if plan.shared_row and not _row_fits(target, N, itemsize, rows):
+    if plan.shared_row and not row_fits(target, N, itemsize, rows):
         what = "a row of" if rows == 1 else f"{rows} rows of"
         raise ScheduleError(f"{op}: {what} {N} × {itemsize} bytes {'does' if rows == 1 else 'do'} not fit in shared "
                             f"memory on {target.name} ({target.shared_per_block} bytes a block, 4096 kept for the "

@@ -5,8 +5,9 @@ accumulator.
 The threads that combine (a reduction's group) are the block's threads along the reduced loops:
 
 - the whole block, where no other thread dimension is wider than one thread: a block-wide tree
-  (warp shuffles, then shared memory; any number of threads, whole warps or not:
-  ``pt_block_allreduce_*``);
+  (warp shuffles, then shared memory: ``pt_block_allreduce_*``; a block that is not whole warps, its
+  last warp partial, combines that warp's lanes by a tree that reads no lane past them:
+  ``pt_ragged_block_allreduce_*``);
 - inside loops bound to other thread dimensions (several reductions a block, e.g. a block of rows,
   one row's threads along ``threadIdx.x`` and the rows along ``threadIdx.y``): the ``threadIdx.x``
   lanes of one iteration of them, a power of two up to a warp's 32 lanes — an aligned part of a warp,
@@ -23,6 +24,7 @@ synchronizations of the group's lanes where the group is part of a warp.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ... import dtypes
@@ -97,7 +99,8 @@ class _CrossThread(ir.Mutator):
         for key, x in targets.items():  # one tree per reduction, then the total added in
             var, op = parts[key]
             if lanes is None:
-                out.append(ir.Assign(var, ir.Call(f"pt_block_allreduce_{_OPS[op]}", (var,), var.dtype)))
+                family = "block" if math.prod(self.block.values()) % WARP == 0 else "ragged_block"
+                out.append(ir.Assign(var, ir.Call(f"pt_{family}_allreduce_{_OPS[op]}", (var,), var.dtype)))
             elif lanes > 1:
                 out.append(ir.Assign(var, ir.Call(f"pt_group_allreduce_{_OPS[op]}",
                                                   (var, ir.const(lanes, dtypes.int32)), var.dtype)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.gpu_schedules import NARROW_ROW, ROW_LANES, ROW_THREADS, SCHEDULES, _row_fits, row_plan
+from ...ops.gpu_schedules import NARROW_ROW, ROW_LANES, ROW_THREADS, SCHEDULES, row_fits, row_plan
 from ..space import TemplateConfig
 from ..task import template
 
@@ -38,14 +38,14 @@ def _rows(cfg: TemplateConfig, op: Any) -> Any:
     threads = int(cfg.knob("threads", _first(default.threads, widths)))  # type: ignore[call-overload]
     rows = int(cfg.knob("rows", _first(default.rows, ROWS)))  # type: ignore[call-overload]
     # the default caches the rows wherever they fit
-    fits = _row_fits(cfg.target, N, itemsize)
+    fits = row_fits(cfg.target, N, itemsize)
     shared_row = bool(cfg.knob("shared_row", _first(default.shared_row, (True, False) if fits else (False,))))
     # a loop bound to the threads is as long as the row at most: a wider block would shrink to the row
     cfg.require(threads == default.threads or threads <= N, f"{threads} threads for a row of {N} elements")
     cfg.require(rows == 1 or threads in ROW_LANES, f"{rows} rows of {threads} threads: several rows a block "
                                                    "take a part of a warp each")
     cfg.require(rows == default.rows or rows < 2 * M, f"{rows} rows a block for {M} rows")
-    cfg.require(not shared_row or _row_fits(cfg.target, N, itemsize, rows),
+    cfg.require(not shared_row or row_fits(cfg.target, N, itemsize, rows),
                 f"{rows} rows of {N} × {itemsize} bytes in shared memory")
     # the rows, the block reductions' scratch (32 floats) and one row's two statistics
     cfg.resources(threads_per_block=threads * rows, shared_bytes=rows * N * itemsize * shared_row + 4 * 32 + 2 * 4)
