@@ -5,14 +5,17 @@ own lanes (``lowering/passes/allreduce.py``: ``pt_group_allreduce``), their stat
 rows of up to ``NARROW_ROW`` elements are offered that by the tuning templates (and by ``rows=``),
 wider ones keep one block a row by default until it is measured. Without a GPU: the plans, the
 lowered kernels' structure, the reductions' groups (and what is refused), nvcc builds of odd widths
-without local memory. On a GPU (``gpu`` marker): every width against the float64 reference and
-torch, row by row, at M = 1 and odd row counts; the template's configurations; blocks that are not
-whole warps."""
+without local memory; the lowered kernels run on the CPU by a lock-step emulation of their blocks
+(``block_emulator``: every width, several rows a block, sampled template configurations, row sums
+over every kind of group, against the float64 reference row by row). On a GPU (``gpu`` marker):
+every width against the float64 reference and torch, row by row, at M = 1 and odd row counts; the
+template's configurations; blocks that are not whole warps."""
 
 from __future__ import annotations
 
 import re
 
+import block_emulator
 import numpy as np
 import pytest
 from source_text import body
@@ -38,6 +41,11 @@ def _lowered(name: str, M: int, N: int, dtype: str = "float32", target: CUDATarg
 def _launch(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     grid, block = re.search(r"grid=\(([^)]*)\) block=\(([^)]*)\)", text).groups()  # type: ignore[union-attr]
     return tuple(int(g) for g in grid.split(", ")), tuple(int(b) for b in block.split(", "))
+
+
+def _worst_row(out: np.ndarray, ref: np.ndarray) -> float:
+    out, ref = np.asarray(out, np.float64).reshape(ref.shape), np.asarray(ref, np.float64)
+    return max(ops.rel_error(o, r) for o, r in zip(out, ref))
 
 
 # --- the plans -------------------------------------------------------------------------------------
@@ -145,6 +153,80 @@ def test_a_block_that_is_not_whole_warps_reduces_with_its_partial_warp():
     assert "pt_ragged_block_allreduce_sum(" in body(kern.source) and "__shfl_down_sync" in kern.source
 
 
+# --- on the block emulator (tests/cuda/block_emulator.py: the lowered kernels run on the CPU) ------
+
+SMALL_GPU = CUDATarget(arch="sm_90a", sms=4)  # few SMs: blocks of many rows at small row counts
+
+
+def _emulated(sched: pt.Schedule, target: CUDATarget, inputs: list[np.ndarray], out_shape: tuple[int, ...]):
+    (out,) = block_emulator.run(pt.lower(sched, target), [*inputs, np.zeros(out_shape, np.float32)])
+    return out
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("N", [1, 2, 3, 7, 20, 31, 32, 97])
+def test_every_width_computes_its_rows_on_the_emulator(name, N, rng):
+    # the last block's rows cut short (301 rows, 16 to 256 a block): its groups of lanes skip the rest
+    for M, target in ((1, SM90A), (7, SM90A), (301, SMALL_GPU)):
+        op = ops.get(name, M=M, N=N)
+        inputs = op.make_inputs(rng)
+        out = _emulated(op.schedule(target), target, inputs, (M, N))
+        assert _worst_row(out, op.reference(*inputs)) < 1e-5, (M, N)
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("N,threads,rows", [(64, 32, 8), (97, 32, 4), (257, 16, 4), (512, 32, 2), (33, 1, 32)])
+def test_several_rows_a_block_asked_for_compute_their_rows_on_the_emulator(name, N, threads, rows, rng):
+    from polytile.ops.gpu_schedules import SCHEDULES
+    M = 45
+    op = ops.get(name, M=M, N=N)
+    sched = pt.Schedule(op.func)
+    SCHEDULES[name](sched, SM90A, M, N, threads=threads, rows=rows, shared_row=N * rows < 4096)
+    inputs = op.make_inputs(rng)
+    assert _worst_row(_emulated(sched, SM90A, inputs, (M, N)), op.reference(*inputs)) < 1e-5
+
+
+@pytest.mark.parametrize("name,M,N", [("softmax", 37, 20), ("layernorm", 45, 97), ("layernorm", 13, 3)])
+def test_sampled_configurations_compute_their_rows_on_the_emulator(name, M, N, rng):
+    task = make_task(name, SM90A, M=M, N=N)
+    inputs = task.op.make_inputs(rng)
+    ref = task.op.reference(*inputs)
+    sample = task.space.sample_valid(rng, 10, exclude={task.space.default.digits})
+    for config in [task.space.default, *map(task.space.config, sample)]:
+        out = _emulated(task.schedule(config.values), SM90A, inputs, (M, N))
+        assert _worst_row(out, ref) < 1e-5, config
+
+
+GROUPS = [(48, 1, None), (7, 1, None), (80, 1, None), (16, 8, None), (16, 8, "local"), (4, 8, "shared"),
+          (1, 32, None), (32, 5, None)]
+
+
+@pytest.mark.parametrize("lanes,rows,loc", GROUPS)
+def test_row_sums_over_every_group_on_the_emulator(lanes, rows, loc, rng):
+    # blocks that are not whole warps (48, 7, 80 threads: a partial last warp), rows of part of a warp
+    # with the sum in global memory, in registers or in shared memory
+    M, N = 103, 61
+    x = rng.standard_normal((M, N)).astype(np.float32)
+    out = _emulated(_row_sums(M, N, lanes, rows, loc), SM90A, [x], (M,))
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=1) * (1.0 if loc is None else 2.0), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_the_emulator_catches_lanes_of_two_rows_reduced_together(rng, monkeypatch):
+    # the reductions' groups are what the results hang on: a group of the whole warp (two rows of 16
+    # lanes) mixes them; one left out keeps each lane's part (the accumulator's bug before)
+    from polytile.lowering.passes import allreduce
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    for group in (lambda self, loop, reduced: 32, lambda self, loop, reduced: 1):
+        monkeypatch.setattr(allreduce._CrossThread, "_group", group)
+        try:  # wrong sums, or a row's lanes writing different ones
+            out = _emulated(_row_sums(64, 20, 16, 8, "local"), SM90A, [x], (64,))
+        except AssertionError as err:
+            assert "with different values" in str(err)
+        else:
+            assert not np.allclose(out, x.astype(np.float64).sum(axis=1) * 2.0, rtol=1e-3)
+
+
 # --- builds ---------------------------------------------------------------------------------------
 
 BUILDS = [(name, N, dtype) for name in OPS for N, dtype in [(1, "float32"), (2, "float32"), (7, "float32"),
@@ -183,11 +265,6 @@ def test_the_templates_default_is_the_default_kernel_and_it_offers_several_rows(
 
 
 # --- on the GPU -----------------------------------------------------------------------------------
-
-
-def _worst_row(out: np.ndarray, ref: np.ndarray) -> float:
-    out, ref = np.asarray(out, np.float64).reshape(ref.shape), np.asarray(ref, np.float64)
-    return max(ops.rel_error(o, r) for o, r in zip(out, ref))
 
 
 def _torch_reference(name: str, inputs: list[np.ndarray]) -> np.ndarray:
