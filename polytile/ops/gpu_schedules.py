@@ -1046,20 +1046,24 @@ class RowPlan:
     (each its own ``threads`` lanes, a part of a warp: ``ROW_LANES``; the rows along threadIdx.y, their
     statistics in registers); whether the block's rows are read once into shared memory
     (``shared_row``; else each pass reads them from global memory, the later passes mostly from the
-    L1 or L2 cache)."""
+    L1 or L2 cache); ``vec``: the adjacent elements of a row each thread reads together, into registers
+    (one 16-byte load each where the rows are 16-byte aligned: ``combine_loads``; rows read from
+    global memory)."""
 
     threads: int
     shared_row: bool
     rows: int = 1
+    vec: int = 1
 
 
 def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None = None,
-             shared_row: bool | None = None, M: int | None = None, rows: int | None = None) -> RowPlan:
+             shared_row: bool | None = None, M: int | None = None, rows: int | None = None,
+             vec: int = 1) -> RowPlan:
     """The plan of a row operator ``op`` over ``M`` rows (None: many) of ``N`` elements of ``itemsize``
     bytes: the given choices, the defaults for those left None — rows narrower than ``SUBWARP_ROW``
     ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider ones one a
     block of ``_row_threads`` (at most the target's block), the row in shared memory where it fits
-    (``row_fits``). ScheduleError for a choice the block cannot take."""
+    (``row_fits``), one element a read (``vec``). ScheduleError for a choice the block cannot take."""
     narrow = N < SUBWARP_ROW
     if threads is None:
         threads = _row_lanes(N) if narrow else min(_row_threads(N), target.max_threads_per_block)
@@ -1067,11 +1071,17 @@ def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | 
         rows = _narrow_rows(target, M if M is not None else target.sms * ROW_BLOCK, threads) \
             if narrow and threads in ROW_LANES else 1
     if shared_row is None:
-        shared_row = rows == 1 and row_fits(target, N, itemsize)
-    plan = RowPlan(threads, shared_row, rows)
+        shared_row = rows == 1 and vec == 1 and row_fits(target, N, itemsize)
+    plan = RowPlan(threads, shared_row, rows, vec)
+    if vec not in (1, 2, 4, 8, 16) or vec * itemsize > 16 or vec > 1 and shared_row:
+        raise ScheduleError(f"{op}: {vec} elements a read of {itemsize} bytes each: a power of two, at most 16 bytes, "
+                            "from rows read from global memory (shared_row=False)")
     if rows < 1 or rows > 1 and threads not in ROW_LANES:
         raise ScheduleError(f"{op}: {rows} rows a block of {threads} threads each; several rows a block take "
                             f"{', '.join(map(str, ROW_LANES))} threads each (a part of a warp)")
+    if rows > 1 and threads > -(-N // vec):
+        raise ScheduleError(f"{op}: {threads} threads a row of {N} elements, {vec} a read, several rows a block: a "
+                            "row's lanes would shrink to its reads; take at most as many threads as it has")
     if threads not in ROW_LANES + ROW_THREADS or threads * rows > target.max_threads_per_block:
         raise ScheduleError(f"{op}: {threads} threads per row; a row takes a part of a warp "
                             f"({', '.join(map(str, ROW_LANES))} threads) or a block of whole warps, at most "
@@ -1093,17 +1103,37 @@ def _row_loops(sched: Schedule, name: str, plan: RowPlan) -> tuple[str, ...]:
     return ("io", "ii")
 
 
-def _row_reduction(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
-    st = sched[name].reassociate()
+def _row_threads_split(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
+    """Split computation ``name``'s loop ``axis`` along a row over the threads (``{axis}t``, bound to
+    threadIdx.x), each thread's steps along the row (``{axis}o``) and, with ``plan.vec``, the adjacent
+    elements a thread reads together (``{axis}v``, innermost)."""
     loops = _row_loops(sched, name, plan)
-    st.split(axis, plan.threads, f"{axis}o", f"{axis}t").reorder(*loops, f"{axis}t", f"{axis}o")
+    st = sched[name]
+    steps = axis
+    if plan.vec > 1:
+        steps = f"{axis}a"
+        st.split(axis, plan.vec, steps, f"{axis}v")
+    st.split(steps, plan.threads, f"{axis}o", f"{axis}t")
+    st.reorder(*loops, f"{axis}t", f"{axis}o", *([f"{axis}v"] if plan.vec > 1 else []))
     st.bind(f"{axis}t", "threadIdx.x")
 
 
+def _row_reduction(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
+    sched[name].reassociate()
+    _row_threads_split(sched, name, axis, plan)
+
+
 def _row_elementwise(sched: Schedule, name: str, plan: RowPlan) -> None:
-    loops = _row_loops(sched, name, plan)
-    st = sched[name]
-    st.split("j", plan.threads, "jo", "jt").reorder(*loops, "jt", "jo").bind("jt", "threadIdx.x")
+    _row_threads_split(sched, name, "j", plan)
+
+
+def _row_vectors(sched: Schedule, plan: RowPlan, reads: list[tuple[str, str, list[str]]]) -> None:
+    """With ``plan.vec``: each thread's ``vec`` adjacent elements of X in registers, copied together,
+    for each (computation, its loop along the row's steps, the computations fused with it that read
+    them too) of ``reads``."""
+    if plan.vec > 1:
+        for name, loop, also in reads:
+            sched[name].cache_identity("X", loop, loc="local", also=also)
 
 
 def _row_blocks(sched: Schedule, name: str, plan: RowPlan) -> str:
@@ -1130,13 +1160,13 @@ def _row_shared(sched: Schedule, plan: RowPlan, first: str, also: list[str], sta
 
 
 def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-            shared_row: bool | None = None, rows: int | None = None) -> None:
+            shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
     """One block per row, or several narrow rows a block (``row_plan``): a wide row is read once into
     shared memory (when it fits; a wider row is read from global memory by each pass, the later
     passes mostly from L2), then max and sum are reduced across the row's threads and the output
-    written (exp recomputed rather than stored). ``threads``, ``shared_row`` and ``rows``: the
+    written (exp recomputed rather than stored). ``threads``, ``shared_row``, ``rows`` and ``vec``: the
     tuning template's choices (``row_plan``)."""
-    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows)
+    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows, vec)
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", plan)
     row = _row_blocks(sched, "mx", plan)
@@ -1145,14 +1175,16 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
     _row_elementwise(sched, "Y", plan)
     sched["Y"].after(sched["sm"], row)
     _row_shared(sched, plan, "mx", ["sm", "Y"], ("mx", "sm"))
+    _row_vectors(sched, plan, [("mx", "j1o", []), ("sm", "j2o", []), ("Y", "jo", [])])
 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-              shared_row: bool | None = None, rows: int | None = None) -> None:
+              shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
     """One block per row, or several narrow rows a block, as for softmax (``row_plan``); both moments
     reduced across the row's threads in one pass over the row, then the normalized row written.
-    ``threads``, ``shared_row`` and ``rows``: the tuning template's choices (``row_plan``)."""
-    plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows)
+    ``threads``, ``shared_row``, ``rows`` and ``vec``: the tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows,
+                    vec)
     _row_reduction(sched, "s1", "j1", plan)
     row = _row_blocks(sched, "s1", plan)
     _row_reduction(sched, "s2", "j2", plan)
@@ -1160,6 +1192,7 @@ def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int 
     _row_elementwise(sched, "Y", plan)
     sched["Y"].after(sched["s2"], row)
     _row_shared(sched, plan, "s1", ["s2", "Y"], ("s1", "s2"))
+    _row_vectors(sched, plan, [("s1", "j1o", ["s2"]), ("Y", "jo", [])])
 
 
 def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:

@@ -227,6 +227,66 @@ def test_the_emulator_catches_lanes_of_two_rows_reduced_together(rng, monkeypatc
             assert not np.allclose(out, x.astype(np.float64).sum(axis=1) * 2.0, rtol=1e-3)
 
 
+VECTORS = [("softmax", 45, 64, "float32", dict(threads=16, rows=8, vec=4)),
+           ("layernorm", 45, 100, "float32", dict(threads=16, rows=4, vec=4)),
+           ("softmax", 45, 64, "float16", dict(threads=8, rows=8, vec=8)),
+           ("layernorm", 7, 1000, "float32", dict(threads=32, rows=1, vec=4)),
+           ("softmax", 45, 97, "float32", dict(threads=8, rows=8, vec=4))]  # rows not 16-byte aligned
+
+
+def _vector_schedule(name, M, N, dtype, choices):  # noqa: ANN001, ANN202
+    from polytile.ops.gpu_schedules import SCHEDULES
+    op = ops.get(name, M=M, N=N, dtype=dtype)
+    sched = pt.Schedule(op.func)
+    SCHEDULES[name](sched, SM90A, M, N, shared_row=False, **choices)
+    return op, sched
+
+
+@pytest.mark.parametrize("name,M,N,dtype,choices", VECTORS, ids=[f"{v[0]}-{v[2]}-{v[3]}" for v in VECTORS])
+def test_rows_read_16_bytes_a_thread_compute_their_rows_on_the_emulator(name, M, N, dtype, choices, rng):
+    op, sched = _vector_schedule(name, M, N, dtype, choices)
+    inputs = op.make_inputs(rng)
+    assert _worst_row(_emulated(sched, SM90A, inputs, (M, N)), op.reference(*inputs)) < 1e-5
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("name,M,N,dtype,choices", VECTORS, ids=[f"{v[0]}-{v[2]}-{v[3]}" for v in VECTORS])
+def test_rows_read_16_bytes_a_thread_where_their_alignment_is_proven(name, M, N, dtype, choices):
+    import subprocess
+    import tempfile
+
+    from polytile.sass.disasm import find_nvdisasm
+    kern = pt.build(_vector_schedule(name, M, N, dtype, choices)[1], SM90A)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.cubin)
+        f.flush()
+        sass = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    aligned = N * np.dtype(dtype if dtype != "bfloat16" else "float16").itemsize % 16 == 0
+    # 16-byte loads in each pass over the rows (softmax: three passes, nothing else read; layernorm:
+    # the moments', the output's, beside gamma's and beta's elements), none where unaligned
+    loads = re.findall(r"\bLDG\.E[.\w]*", sass)
+    wide = [x for x in loads if ".128" in x]
+    if not aligned:
+        assert not wide
+    elif name == "softmax":
+        assert len(wide) == len(loads) >= 3, loads
+    else:
+        assert len(wide) >= 2, loads
+    assert not re.search(r"\bLDL\b|\bSTL\b", sass)
+
+
+def test_the_template_offers_16_byte_reads_where_the_rows_are_aligned():
+    def offered(name, N, dtype):  # noqa: ANN001, ANN202
+        task = make_task(name, SM90A, M=1000, N=N, dtype=dtype)
+        return {c.values["vec"] for c in task.space if task.space.is_valid(c.digits)}
+    assert offered("softmax", 64, "float32") == {1, 4}
+    assert offered("layernorm", 24, "float16") == {1, 8}
+    assert offered("softmax", 97, "float32") == {1}
+    assert offered("layernorm", 1001, "bfloat16") == {1}
+    assert offered("softmax", 30522, "float32") == {1}  # 30522 × 4 bytes: 8-byte aligned rows only
+    assert offered("softmax", 128256, "float16") == {1, 8}
+
+
 # --- builds ---------------------------------------------------------------------------------------
 
 BUILDS = [(name, N, dtype) for name in OPS for N, dtype in [(1, "float32"), (2, "float32"), (7, "float32"),

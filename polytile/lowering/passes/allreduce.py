@@ -124,10 +124,11 @@ class _CrossThread(ir.Mutator):
         if reduced == {"x"} and others <= around and lanes <= WARP and lanes & (lanes - 1) == 0:
             return lanes
         shape = " × ".join(f"{self.block.get(a, 1)}" for a in "xyz")
+        along = ", ".join(sorted(others))
+        why = f"{lanes} threadIdx.x lanes" if others <= around else f"its threads along {along} are no loop around it"
         raise LoweringError(
-            f"loop {loop.var.name} is bound to {loop.kind} and reduces across threads in a block of {shape} threads "
-            f"whose threads along {', '.join(sorted(others))} {'do' if others <= around else 'do not'} each reduce "
-            "on their own: one reduction's threads must be the whole block, or (inside loops bound to threadIdx.y "
+            f"loop {loop.var.name} is bound to {loop.kind} and reduces across threads in a block of {shape} threads, "
+            f"but {why}: one reduction's threads must be the whole block, or (inside loops bound to threadIdx.y "
             "or threadIdx.z) the threadIdx.x lanes, a power of two up to 32 (part of a warp)")
 
     def _add_in(self, total: ir.Store, reduced: list[ir.For], lanes: int | None) -> list[ir.Stmt]:

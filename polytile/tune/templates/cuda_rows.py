@@ -8,7 +8,9 @@ the default); ``rows``: rows a block (several only for rows
 of at most a warp's threads, each row its own lanes: up to the target's block); ``shared_row``:
 whether the block's rows are read once into shared memory (offered only where they fit in a block's
 shared memory; else each pass reads them from global memory, the later passes mostly from the L1 or
-L2 cache). The first choice of each is the operator's default for the shape and target
+L2 cache); ``vec``: one element a read, or 16 bytes (the rows' alignment proven: their width a
+multiple of 16 bytes; from global memory), each thread's adjacent elements read into registers
+together. The first choice of each is the operator's default for the shape and target
 (``gpu_schedules.row_plan``), so the space's default configuration is the default kernel and the
 tuners measure it first.
 """
@@ -40,6 +42,8 @@ def _rows(cfg: TemplateConfig, op: Any) -> Any:
     # the default caches the rows wherever they fit
     fits = row_fits(cfg.target, N, itemsize)
     shared_row = bool(cfg.knob("shared_row", _first(default.shared_row, (True, False) if fits else (False,))))
+    widest = 16 // itemsize  # elements of a 16-byte read
+    vec = int(cfg.knob("vec", _first(default.vec, (1, widest))))  # type: ignore[call-overload]
     # a loop bound to the threads is as long as the row at most: a wider block would shrink to the row
     cfg.require(threads == default.threads or threads <= N, f"{threads} threads for a row of {N} elements")
     cfg.require(rows == 1 or threads in ROW_LANES, f"{rows} rows of {threads} threads: several rows a block "
@@ -47,10 +51,15 @@ def _rows(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(rows == default.rows or rows < 2 * M, f"{rows} rows a block for {M} rows")
     cfg.require(not shared_row or row_fits(cfg.target, N, itemsize, rows),
                 f"{rows} rows of {N} × {itemsize} bytes in shared memory")
+    # 16-byte reads of rows that are 16-byte aligned (the buffers are), from global memory
+    cfg.require(vec == 1 or N % vec == 0 and not shared_row, f"reads of {vec} elements of rows of {N} elements"
+                f"{' in shared memory' if shared_row else ''}")
+    cfg.require(rows == 1 or threads * vec <= N or threads == default.threads and vec == 1,
+                f"{threads} threads of {vec} elements a read for a row of {N} elements, several rows a block")
     # the rows, the block reductions' scratch (32 floats) and one row's two statistics
     cfg.resources(threads_per_block=threads * rows, shared_bytes=rows * N * itemsize * shared_row + 4 * 32 + 2 * 4)
     sched = cfg.schedule(op.func)
-    SCHEDULES[op.name](sched, cfg.target, M, N, threads=threads, shared_row=shared_row, rows=rows)
+    SCHEDULES[op.name](sched, cfg.target, M, N, threads=threads, shared_row=shared_row, rows=rows, vec=vec)
     return sched
 
 
