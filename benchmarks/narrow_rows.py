@@ -2,8 +2,9 @@
 schedule (``gpu_schedules.row_plan``: several rows a block, each a part of a warp, for rows narrower
 than a warp; one block a row for wider ones) beside torch, and with ``--variants`` several rows a
 block at every width and its neighbours in the tuning template (lanes a row, rows a block, the rows
-in shared memory), each checked against a float64 reference and timed kernel-only: what decides
-whether several rows a block becomes the default up to ``NARROW_ROW``.
+in shared memory, 16-byte reads where the rows are aligned), each checked against a float64
+reference and timed kernel-only: what decides whether several rows a block (and 16-byte reads)
+become the default up to ``NARROW_ROW``.
 
 Timing as ``shapes.py``'s kernel column: CUDA-event medians of single launches, L2 flushed before
 each, prepared arguments, interleaved with torch in rounds (medians of the rounds).
@@ -49,11 +50,17 @@ def variants(w: shapes.Workload) -> list[dict]:
     M, N = dict(w.dims)["M"], dict(w.dims)["N"]
     t = _row_lanes(N)
     r = _narrow_rows(task.target, M, t)
-    several = {"threads": t, "rows": r, "shared_row": False}
+    widest = 16 // task.op.func.inputs[0].dtype.itemsize  # elements of a 16-byte read
+    several = {"threads": t, "rows": r, "shared_row": False, "vec": 1}
     wanted = [d, several, {**several, "shared_row": True}, {**several, "threads": max(1, t // 2)},
               {**several, "rows": 2 * r}, {**several, "rows": max(1, r // 2)},
-              {"threads": 32, "rows": 4, "shared_row": False}, {"threads": 32, "rows": 8, "shared_row": False},
-              {"threads": 32, "rows": 4, "shared_row": True}, {"threads": 32, "rows": 1, "shared_row": True}]
+              {**several, "threads": 32, "rows": 4}, {**several, "threads": 32, "rows": 8},
+              {"threads": 32, "rows": 4, "shared_row": True, "vec": 1}, {"threads": 32, "rows": 1, "shared_row": True,
+                                                                         "vec": 1}]
+    # 16-byte reads: each thread ``widest`` elements, as many lanes as the row has reads (up to 32)
+    lanes = max(x for x in (1, 2, 4, 8, 16, 32) if x <= max(1, N // widest))
+    wanted += [{**several, "vec": widest, "threads": lanes, "rows": _narrow_rows(task.target, M, lanes)},
+               {**d, "vec": widest, "shared_row": False}]
     out: list[dict] = []
     for v in wanted:
         try:
