@@ -149,8 +149,7 @@ class _CrossThread(ir.Mutator):
 
 def _identity(op: str, dtype) -> ir.Const:  # noqa: ANN001 - a DType
     from ...lang.expr import reduce_identity
-    name = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[op]
-    return ir.Const(reduce_identity(name, dtype).value, dtype)
+    return ir.Const(reduce_identity(_OPS[op], dtype).value, dtype)
 
 
 def cross_thread_reductions(s: ir.Stmt) -> ir.Stmt:
