@@ -447,6 +447,70 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_block_allredu
   return v;
 }
 """),
+    Helper("pt_thread_rank", r"""
+__device__ __forceinline__ int pt_thread_rank() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+"""),
+    Helper("pt_group_mask", r"""
+// the lanes of this thread's aligned group of ``lanes`` lanes (a power of two up to 32) in its warp
+__device__ __forceinline__ unsigned pt_group_mask(int lanes) {
+  const unsigned lane = pt_thread_rank() & 31;
+  return lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1) << (lane & ~(unsigned)(lanes - 1));
+}
+"""),
+    Helper("pt_group_allreduce", r"""
+// a reduction over an aligned group of ``lanes`` lanes of a warp (a power of two up to 32: the
+// threadIdx.x lanes of one threadIdx.y, e.g. one row of a block of rows), butterfly shuffles among
+// the group's own lanes: each group finishes on its own, and all its lanes get the same value
+template <typename T, typename Op> __device__ __forceinline__ T pt_group_allreduce(T v, int lanes, Op op) {
+  const unsigned mask = pt_group_mask(lanes);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < lanes) v = op(v, __shfl_xor_sync(mask, v, o));
+  return v;
+}
+"""),
+    Helper("pt_group_sync", r"""
+// the lanes of a group (pt_group_allreduce's) wait for each other, their memory accesses ordered
+__device__ __forceinline__ void pt_group_sync(int lanes) { __syncwarp(pt_group_mask(lanes)); }
+"""),
+    Helper("pt_warp_allreduce", r"""
+// a reduction over the first ``present`` lanes of a warp (all of them, or those of the partial warp
+// that ends a block of threads that is not whole warps): a tree that reads no lane past them
+template <typename T, typename Op> __device__ __forceinline__ T pt_warp_allreduce(T v, int present, Op op) {
+  if (present == 32) return pt_group_allreduce(v, 32, op);
+  const unsigned mask = (1u << present) - 1, lane = pt_thread_rank() & 31;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const T w = __shfl_down_sync(mask, v, o);
+    if (lane + o < (unsigned)present) v = op(v, w);
+  }
+  return __shfl_sync(mask, v, 0);
+}
+"""),
+    Helper("pt_ragged_block_allreduce", r"""
+// block-wide reductions in a block that is not whole warps (its last warp partial): every thread of
+// the block calls them, and gets the same value. The partial warp's lanes combine by a tree that
+// reads no lane past them (pt_warp_allreduce), the first warp combines the warps' values for all; the
+// lanes past the warps' values combine ``identity`` (as pt_block_allreduce's)
+template <typename T, typename Op> __device__ __forceinline__ T pt_ragged_block_allreduce(T v, T identity, Op op) {
+  const int tid = pt_thread_rank();
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+  v = pt_warp_allreduce(v, min(nt - (tid & ~31), 32), op);
+  if (nt <= 32) return v;
+  __shared__ T pt_scratch[32];
+  __syncthreads();
+  if ((tid & 31) == 0) pt_scratch[tid >> 5] = v;
+  __syncthreads();
+  if (tid < 32) {
+    v = pt_group_allreduce(tid < ((nt + 31) >> 5) ? pt_scratch[tid] : identity, 32, op);
+    if (tid == 0) pt_scratch[0] = v;
+  }
+  __syncthreads();
+  return pt_scratch[0];
+}
+"""),
     Helper("pt_op_sum", r"""
 struct pt_op_sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
 """),
@@ -479,6 +543,16 @@ template <typename T> __device__ __forceinline__ T pt_block_allreduce_min(T v) {
   return pt_block_allreduce(v, v, pt_op_min());
 }
 """),
+    *(Helper(f"pt_ragged_block_allreduce_{op}", f"""
+template <typename T> __device__ __forceinline__ T pt_ragged_block_allreduce_{op}(T v) {{
+  return pt_ragged_block_allreduce(v, {identity}, pt_op_{op}());
+}}
+""") for op, identity in (("sum", "(T)0"), ("prod", "(T)1"), ("max", "v"), ("min", "v"))),
+    *(Helper(f"pt_group_allreduce_{op}", f"""
+template <typename T> __device__ __forceinline__ T pt_group_allreduce_{op}(T v, int lanes) {{
+  return pt_group_allreduce(v, lanes, pt_op_{op}());
+}}
+""") for op in ("sum", "prod", "max", "min")),
 ], generate=lambda name: wgmma_definition(name))  # defined below
 """The CUDA helpers; a source defines those its kernels call (``Helpers.header``): the
 instructions of the registered intrinsics (``polytile.intrinsics``) and the runtime's small functions."""

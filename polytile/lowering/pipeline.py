@@ -195,10 +195,12 @@ def _check_gpu_schedule(sched: Schedule) -> None:
     for cache in sched.caches:
         if cache.loc not in ("local", "auto"):
             continue
+        # the computations reading it too are fused with its consumer down to the cache's loop: their
+        # loops at its depth (named as they are named) are outside it
+        start = 0 if cache.level is None else list(sched.states[cache.consumer].loops.names).index(cache.level) + 1
         for comp in (cache.consumer, *cache.also):
             loops = list(sched.states[comp].loops.names)
             tags = sched.states[comp].tags
-            start = 0 if cache.level is None else loops.index(cache.level) + 1
             inner = [f"{loop} ({tags[loop]})" for loop in loops[start:]
                      if tags.get(loop, "").startswith("threadIdx")]
             if inner:

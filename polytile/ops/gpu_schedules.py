@@ -19,7 +19,7 @@ channels (an image's colors) over a channel-padded copy of the input on mma.sync
 the CUDA cores, ``igemm_cuda``, without mma.sync); NCHW ``conv2d`` whose GEMM takes the CUDA cores
 (float32) as one implicit GEMM on ``gemm_cuda`` with ``gemm_choice``'s tiles and split. Softmax and
 layernorm take one block per row, its width in threads, the row in
-shared memory where it fits."""
+shared memory where it fits; narrow rows several a block, each a part of a warp (``row_plan``)."""
 
 from __future__ import annotations
 
@@ -994,7 +994,22 @@ def dense(sched: Schedule, target: CUDATarget, M: int, N: int, K: int) -> None:
 
 
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
-"""The block sizes a row operator may take (whole warps: the block-wide reductions need them)."""
+"""The blocks of whole warps a row operator's row may take (one row a block)."""
+
+ROW_LANES = (1, 2, 4, 8, 16, 32)
+"""The threads a narrow row may take, several rows a block (``RowPlan.rows``): an aligned part of a
+warp, whose lanes reduce the row by shuffles among themselves."""
+
+SUBWARP_ROW = 32
+"""Rows narrower than this (a warp's threads) take several rows a block by default (``row_plan``)."""
+
+NARROW_ROW = 512
+"""Rows of at most this many elements are offered parts of a warp and several rows a block by the
+tuning templates (``tune/templates/cuda_rows.py``); wider rows than ``SUBWARP_ROW`` keep one block
+a row by default until several a block is measured faster on them."""
+
+ROW_BLOCK = 256
+"""The threads of a block of narrow rows (``_narrow_rows``)."""
 
 
 def _row_threads(n: int) -> int:
@@ -1004,91 +1019,180 @@ def _row_threads(n: int) -> int:
     return 32 if n <= 2048 else 128 if n <= 8192 else 1024
 
 
-def _row_fits(target: CUDATarget, n: int, itemsize: int) -> bool:
-    """Whether a row (and the reductions' scratch) fits in one block's shared memory."""
-    return n * itemsize + 4096 <= target.shared_per_block
+def _row_lanes(n: int) -> int:
+    """Threads of a narrow row (several a block): the most lanes of ``ROW_LANES`` that the row has
+    elements for, so that a warp's loads cover whole runs of the rows (rows of 7 elements: 4 lanes
+    each, every 8 rows 16-byte runs; one lane a row would read 4 bytes every 28)."""
+    return max(t for t in ROW_LANES if t <= max(n, 1))
+
+
+def _narrow_rows(target: CUDATarget, M: int, lanes: int) -> int:
+    """Rows of ``lanes`` threads a block: ``ROW_BLOCK`` threads, fewer rows where the blocks would
+    not give each of the target's SMs one (few rows)."""
+    rows = max(1, ROW_BLOCK // lanes)
+    while rows > 1 and -(-M // rows) < target.sms:
+        rows //= 2
+    return rows
+
+
+def row_fits(target: CUDATarget, n: int, itemsize: int, rows: int = 1) -> bool:
+    """Whether a block's ``rows`` rows (and the reductions' scratch) fit in its shared memory."""
+    return rows * n * itemsize + 4096 <= target.shared_per_block
 
 
 @dataclass(frozen=True)
 class RowPlan:
-    """How a row operator's block computes its row: ``threads`` (a block of whole warps) and whether
-    the row is read once into shared memory (``shared_row``; else each pass reads it from global
-    memory, the later passes mostly from L2)."""
+    """How a row operator's blocks compute their rows: ``threads`` along a row, ``rows`` rows a block
+    (each its own ``threads`` lanes, a part of a warp: ``ROW_LANES``; the rows along threadIdx.y, their
+    statistics in registers); whether the block's rows are read once into shared memory
+    (``shared_row``; else each pass reads them from global memory, the later passes mostly from the
+    L1 or L2 cache); ``vec``: the adjacent elements of a row each thread reads together, into registers
+    (one 16-byte load each where the rows are 16-byte aligned: ``combine_loads``; rows read from
+    global memory)."""
 
     threads: int
     shared_row: bool
+    rows: int = 1
+    vec: int = 1
 
 
 def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None = None,
-             shared_row: bool | None = None) -> RowPlan:
-    """The plan of a row operator ``op`` over rows of ``N`` elements of ``itemsize`` bytes: the given
-    choices, the defaults for those left None (``_row_threads``, at most the target's block; the row in
-    shared memory where it fits: ``_row_fits``). ScheduleError for a choice the block cannot take."""
-    fits = _row_fits(target, N, itemsize)
-    default_threads = min(_row_threads(N), target.max_threads_per_block)
-    plan = RowPlan(default_threads if threads is None else threads, fits if shared_row is None else shared_row)
-    if plan.threads % 32 or not 32 <= plan.threads <= target.max_threads_per_block:
-        raise ScheduleError(f"{op}: {plan.threads} threads per row; a block of whole warps, 32 to "
-                            f"{target.max_threads_per_block} threads, reduces the row")
-    if plan.shared_row and not fits:
-        raise ScheduleError(f"{op}: a row of {N} × {itemsize} bytes does not fit in shared memory on {target.name} "
-                            f"({target.shared_per_block} bytes a block, 4096 kept for the reductions); use "
-                            "shared_row=False (the row read from global memory by each pass)")
+             shared_row: bool | None = None, M: int | None = None, rows: int | None = None,
+             vec: int = 1) -> RowPlan:
+    """The plan of a row operator ``op`` over ``M`` rows (None: many) of ``N`` elements of ``itemsize``
+    bytes: the given choices, the defaults for those left None — rows narrower than ``SUBWARP_ROW``
+    ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider ones one a
+    block of ``_row_threads`` (at most the target's block), the row in shared memory where it fits
+    (``row_fits``), one element a read (``vec``). ScheduleError for a choice the block cannot take."""
+    narrow = N < SUBWARP_ROW
+    if threads is None:
+        threads = _row_lanes(N) if narrow else min(_row_threads(N), target.max_threads_per_block)
+    if rows is None:
+        rows = _narrow_rows(target, M if M is not None else target.sms * ROW_BLOCK, threads) \
+            if narrow and threads in ROW_LANES else 1
+    if shared_row is None:
+        shared_row = rows == 1 and vec == 1 and row_fits(target, N, itemsize)
+    plan = RowPlan(threads, shared_row, rows, vec)
+    if vec not in (1, 2, 4, 8, 16) or vec * itemsize > 16 or vec > 1 and shared_row:
+        raise ScheduleError(f"{op}: {vec} elements a read of {itemsize} bytes each: a power of two, at most 16 bytes, "
+                            "from rows read from global memory (shared_row=False)")
+    if rows < 1 or rows > 1 and threads not in ROW_LANES:
+        raise ScheduleError(f"{op}: {rows} rows a block of {threads} threads each; several rows a block take "
+                            f"{', '.join(map(str, ROW_LANES))} threads each (a part of a warp)")
+    if rows > 1 and threads > -(-N // vec):
+        raise ScheduleError(f"{op}: {threads} threads a row of {N} elements, {vec} a read, several rows a block: a "
+                            "row's lanes would shrink to its reads; take at most as many threads as it has")
+    if threads not in ROW_LANES + ROW_THREADS or threads * rows > target.max_threads_per_block:
+        raise ScheduleError(f"{op}: {threads} threads per row; a row takes a part of a warp "
+                            f"({', '.join(map(str, ROW_LANES))} threads) or a block of whole warps, at most "
+                            f"{target.max_threads_per_block} threads a block (here {rows} rows)")
+    if plan.shared_row and not row_fits(target, N, itemsize, rows):
+        what = "a row of" if rows == 1 else f"{rows} rows of"
+        raise ScheduleError(f"{op}: {what} {N} × {itemsize} bytes {'does' if rows == 1 else 'do'} not fit in shared "
+                            f"memory on {target.name} ({target.shared_per_block} bytes a block, 4096 kept for the "
+                            "reductions); use shared_row=False (the row read from global memory by each pass)")
     return plan
 
 
-def _row_reduction(sched: Schedule, name: str, axis: str, nt: int) -> None:
+def _row_loops(sched: Schedule, name: str, plan: RowPlan) -> tuple[str, ...]:
+    """Split computation ``name``'s row loop into blocks of ``plan.rows`` (bound to blockIdx.x and
+    threadIdx.y); its row loops, outermost first."""
+    if plan.rows == 1:
+        return ("i",)
+    sched[name].split("i", plan.rows, "io", "ii")
+    return ("io", "ii")
+
+
+def _row_threads_split(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
+    """Split computation ``name``'s loop ``axis`` along a row over the threads (``{axis}t``, bound to
+    threadIdx.x), each thread's steps along the row (``{axis}o``) and, with ``plan.vec``, the adjacent
+    elements a thread reads together (``{axis}v``, innermost)."""
+    loops = _row_loops(sched, name, plan)
     st = sched[name]
-    st.reassociate().split(axis, nt, f"{axis}o", f"{axis}t").reorder("i", f"{axis}t", f"{axis}o")
+    steps = axis
+    if plan.vec > 1:
+        steps = f"{axis}a"
+        st.split(axis, plan.vec, steps, f"{axis}v")
+    st.split(steps, plan.threads, f"{axis}o", f"{axis}t")
+    st.reorder(*loops, f"{axis}t", f"{axis}o", *([f"{axis}v"] if plan.vec > 1 else []))
     st.bind(f"{axis}t", "threadIdx.x")
 
 
-def _row_elementwise(sched: Schedule, name: str, nt: int) -> None:
-    st = sched[name]
-    st.split("j", nt, "jo", "jt").reorder("i", "jt", "jo").bind("jt", "threadIdx.x")
+def _row_reduction(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
+    sched[name].reassociate()
+    _row_threads_split(sched, name, axis, plan)
+
+
+def _row_elementwise(sched: Schedule, name: str, plan: RowPlan) -> None:
+    _row_threads_split(sched, name, "j", plan)
+
+
+def _row_vectors(sched: Schedule, plan: RowPlan, reads: list[tuple[str, str, list[str]]]) -> None:
+    """With ``plan.vec``: each thread's ``vec`` adjacent elements of X in registers, copied together,
+    for each (computation, its loop along the row's steps, the computations fused with it that read
+    them too) of ``reads``."""
+    if plan.vec > 1:
+        for name, loop, also in reads:
+            sched[name].cache_identity("X", loop, loc="local", also=also)
+
+
+def _row_blocks(sched: Schedule, name: str, plan: RowPlan) -> str:
+    """Bind the first computation's row loops to the blocks (and the rows of a block to threadIdx.y);
+    the loop the others share with it (a row)."""
+    if plan.rows == 1:
+        sched[name].bind("i", "blockIdx.x")
+        return "i"
+    sched[name].bind("io", "blockIdx.x").bind("ii", "threadIdx.y")
+    return "ii"
 
 
 def _row_shared(sched: Schedule, plan: RowPlan, first: str, also: list[str], stats: tuple[str, str]) -> None:
-    """The row in shared memory (``plan.shared_row``), read by ``first`` and ``also``; the row's
-    statistics ``stats`` stay in shared memory, next to the row."""
+    """The block's rows in shared memory (``plan.shared_row``), read by ``first`` and ``also``; the rows'
+    statistics ``stats`` in shared memory next to the row (one row a block: its threads are the
+    block's), in registers with several rows a block (each thread keeps its row's)."""
     if plan.shared_row:
-        sched[first].cache_identity("X", "i", loc="shared", also=also)
+        sched[first].cache_identity("X", "i" if plan.rows == 1 else "io", loc="shared", also=also)
     for stat in stats:
-        sched[stat].store_at("i").set_loc("shared")
+        if plan.rows == 1:
+            sched[stat].store_at("i").set_loc("shared")
+        else:
+            sched[stat].store_at("ii").set_loc("local")
 
 
 def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-            shared_row: bool | None = None) -> None:
-    """One block per row: the row is read once into shared memory (when it fits; a wider row is read
-    from global memory by each pass, the later passes mostly from L2), then max and sum are reduced
-    across the block's threads and the output written (exp recomputed rather than stored).
-    ``threads`` and ``shared_row``: the tuning template's choices (``row_plan``)."""
-    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row)
-    nt = plan.threads
+            shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
+    """One block per row, or several narrow rows a block (``row_plan``): a wide row is read once into
+    shared memory (when it fits; a wider row is read from global memory by each pass, the later
+    passes mostly from L2), then max and sum are reduced across the row's threads and the output
+    written (exp recomputed rather than stored). ``threads``, ``shared_row``, ``rows`` and ``vec``: the
+    tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows, vec)
     sched["ex"].compute_inline()
-    _row_reduction(sched, "mx", "j1", nt)
-    sched["mx"].bind("i", "blockIdx.x")
-    _row_reduction(sched, "sm", "j2", nt)
-    sched["sm"].after(sched["mx"], "i")
-    _row_elementwise(sched, "Y", nt)
-    sched["Y"].after(sched["sm"], "i")
+    _row_reduction(sched, "mx", "j1", plan)
+    row = _row_blocks(sched, "mx", plan)
+    _row_reduction(sched, "sm", "j2", plan)
+    sched["sm"].after(sched["mx"], row)
+    _row_elementwise(sched, "Y", plan)
+    sched["Y"].after(sched["sm"], row)
     _row_shared(sched, plan, "mx", ["sm", "Y"], ("mx", "sm"))
+    _row_vectors(sched, plan, [("mx", "j1o", []), ("sm", "j2o", []), ("Y", "jo", [])])
 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-              shared_row: bool | None = None) -> None:
-    """One block per row, the row read once into shared memory (when it fits, as for softmax); both
-    moments reduced across the block's threads, then the normalized row written. ``threads`` and
-    ``shared_row``: the tuning template's choices (``row_plan``)."""
-    plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row)
-    nt = plan.threads
-    _row_reduction(sched, "s1", "j1", nt)
-    sched["s1"].bind("i", "blockIdx.x")
-    _row_reduction(sched, "s2", "j2", nt)
+              shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
+    """One block per row, or several narrow rows a block, as for softmax (``row_plan``); both moments
+    reduced across the row's threads in one pass over the row, then the normalized row written.
+    ``threads``, ``shared_row``, ``rows`` and ``vec``: the tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows,
+                    vec)
+    _row_reduction(sched, "s1", "j1", plan)
+    row = _row_blocks(sched, "s1", plan)
+    _row_reduction(sched, "s2", "j2", plan)
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
-    _row_elementwise(sched, "Y", nt)
-    sched["Y"].after(sched["s2"], "i")
+    _row_elementwise(sched, "Y", plan)
+    sched["Y"].after(sched["s2"], row)
     _row_shared(sched, plan, "s1", ["s2", "Y"], ("s1", "s2"))
+    _row_vectors(sched, plan, [("s1", "j1o", ["s2"]), ("Y", "jo", [])])
 
 
 def segment_sum(sched: Schedule, target: CUDATarget, rows: int, nnz: int) -> None:

@@ -34,7 +34,7 @@ def _source(sched, target) -> str:
 def test_row_operators_have_cuda_templates(name):
     task = make_task(name, SM90A, M=3, N=1000)
     assert task.template.name == f"{name}_cuda"
-    assert [d.name for d in task.space.decisions] == ["threads", "shared_row"]
+    assert [d.name for d in task.space.decisions] == ["threads", "rows", "shared_row", "vec"]
 
 
 DEFAULTS = [(name, N, dtype, target) for name in OPS
@@ -71,7 +71,7 @@ def test_the_shape_suites_row_workloads_are_tunable_from_their_default():
 
 def test_the_row_is_offered_in_shared_memory_only_where_it_fits():
     def choices(N, dtype, target):
-        return make_task("softmax", target, M=2, N=N, dtype=dtype).space.decisions[1].choices
+        return make_task("softmax", target, M=2, N=N, dtype=dtype).space.decisions[2].choices
     assert choices(30522, "float32", SM90A) == (True, False)  # 122 KB of 227
     assert choices(30522, "float32", SM75) == (False,)  # of 64 KB
     assert choices(128256, "float16", SM90A) == (False,)  # 257 KB
@@ -79,7 +79,7 @@ def test_the_row_is_offered_in_shared_memory_only_where_it_fits():
 
 
 def test_choices_the_block_cannot_take_are_refused_with_a_reason():
-    with pytest.raises(ScheduleError, match="48 threads per row; a block of whole warps"):
+    with pytest.raises(ScheduleError, match="48 threads per row; a row takes a part of a warp"):
         row_plan(SM90A, "softmax", 1000, 4, threads=48)
     with pytest.raises(ScheduleError, match="softmax: a row of 128256 × 4 bytes does not fit in shared memory"):
         row_plan(SM90A, "softmax", 128256, 4, shared_row=True)
@@ -88,7 +88,8 @@ def test_choices_the_block_cannot_take_are_refused_with_a_reason():
     reasons = {task.space.reason_invalid(c.digits) for c in task.space}
     assert {"1024 threads for a row of 200 elements", "512 threads for a row of 200 elements",
             "256 threads for a row of 200 elements"} < reasons
-    assert task.space.reason_invalid(task.space.from_values({"threads": 128, "shared_row": False}).digits) is None
+    choice = {"threads": 128, "rows": 1, "shared_row": False, "vec": 1}
+    assert task.space.reason_invalid(task.space.from_values(choice).digits) is None
 
 
 def test_a_smaller_gpu_discards_wider_blocks():
@@ -96,7 +97,7 @@ def test_a_smaller_gpu_discards_wider_blocks():
     valid = [c.values["threads"] for c in small.space if small.space.is_valid(c.digits)]
     assert valid and max(valid) == 256
     assert "threads_per_block 512 exceeds" in small.space.reason_invalid(
-        small.space.from_values({"threads": 512, "shared_row": True}).digits)
+        small.space.from_values({"threads": 512, "rows": 1, "shared_row": True, "vec": 1}).digits)
 
 
 COMPILED = [("softmax", 3, 1001, "float32"), ("layernorm", 5, 4093, "float16"), ("softmax", 2, 128257, "bfloat16"),
@@ -112,8 +113,8 @@ def test_every_configuration_compiles_without_local_memory(name, M, N, dtype):
     for config in valid:
         kern = pt.build(task.schedule(config.values), SM90A)
         (k,) = kern.kernels
-        assert k.block == (config.values["threads"], 1, 1), config
-        row = re.search(r"allocate X_\w+\[1, \d+\] \w+ in shared", str(pt.lower(task.schedule(config.values), SM90A)))
+        assert k.block == (config.values["threads"], min(config.values["rows"], M), 1), config
+        row = re.search(r"allocate X_\w+\[\d+, \d+\] \w+ in shared", str(pt.lower(task.schedule(config.values), SM90A)))
         assert bool(row) == config.values["shared_row"], config
         res = kern.resources[k.name]
         assert res.spill_stores == 0 and res.stack_bytes == 0, config

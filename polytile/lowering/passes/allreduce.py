@@ -1,18 +1,41 @@
 """Cross-thread reductions on GPUs: a reduction loop bound to threadIdx becomes per-thread partial
-results in registers, combined by a block-wide tree (warp shuffles, then shared memory), and added
-to the accumulator once by one thread.
+results in registers, combined across the threads that share the reduced value, and added to the
+accumulator.
+
+The threads that combine (a reduction's group) are the block's threads along the reduced loops:
+
+- the whole block, where no other thread dimension is wider than one thread: a block-wide tree
+  (warp shuffles, then shared memory: ``pt_block_allreduce_*``; a block that is not whole warps, its
+  last warp partial, combines that warp's lanes by a tree that reads no lane past them:
+  ``pt_ragged_block_allreduce_*``);
+- inside loops bound to other thread dimensions (several reductions a block, e.g. a block of rows,
+  one row's threads along ``threadIdx.x`` and the rows along ``threadIdx.y``): the ``threadIdx.x``
+  lanes of one iteration of them, a power of two up to a warp's 32 lanes — an aligned part of a warp,
+  combined by butterfly shuffles among its own lanes (``pt_group_allreduce_*``), so that each group
+  finishes on its own (a row past the tensor's end skips its reduction). Other groups (more than a
+  warp, or not a power of two, across warps) are refused.
+
+Each thread of the group ends with the combined value. An accumulator in registers allocated outside
+the loop (each thread's own copy) is updated by every thread; one in shared or global memory by one
+thread of the group (at block level, ``kernels`` runs it in thread 0; inside other thread loops a
+loop of one iteration along each reduced dimension stands for that thread), between two
+synchronizations of the group's lanes where the group is part of a warp.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
+from .kernels import block_shape, map_kernels
 
 _OPS = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
-BLOCK_REDUCTIONS = frozenset(f"pt_block_allreduce_{name}" for name in _OPS.values())
-"""The device functions that combine a value over all threads of a block (every thread calls them)."""
+SHARED_SCOPES = ("arg", "global", "shared", "heap")  # one copy for all threads of the block (or grid)
+PER_THREAD_SCOPES = ("local", "register")  # one copy per thread
+WARP = 32
 
 
 def _reduction_update(st: ir.Store) -> tuple[str, ir.Expr] | None:
@@ -24,21 +47,38 @@ def _reduction_update(st: ir.Store) -> tuple[str, ir.Expr] | None:
     return None
 
 
+def _axis(loop: ir.For) -> str:
+    return loop.kind[-1]
+
 
 class _CrossThread(ir.Mutator):
+    def __init__(self, block: dict[str, int]):
+        self.block = block
+        self.enclosing: list[ir.For] = []  # thread loops around the statement being visited
+
     def visit_For(self, s: ir.For) -> ir.Stmt:
         if not s.kind.startswith("threadIdx"):
             return self.default_stmt(s)
         stores = [x for x in ir.walk_stmt(s.body) if isinstance(x, ir.Store)]
-        shared = [x for x in stores if x.buffer.scope in ("arg", "global", "shared", "heap")]
-        # threads share the target (it is not a per-thread buffer) and write the same element
-        carried = [x for x in shared if _reduction_update(x) is not None
-                   and not any(ir.uses_var(i, s.var.name) for i in x.index)]
+        shared = [x for x in stores if x.buffer.scope in SHARED_SCOPES]
+        inside = {x.buffer.name for x in ir.walk_stmt(s.body) if isinstance(x, ir.Allocate)}
+        # threads share the target (it is not a per-thread buffer) and write the same element, or each
+        # thread keeps its own copy of it, outside the loop: the loop's iterations all add into it
+        carried = [x for x in stores if _reduction_update(x) is not None
+                   and not any(ir.uses_var(i, s.var.name) for i in x.index)
+                   and (x.buffer.scope in SHARED_SCOPES or
+                        x.buffer.scope in PER_THREAD_SCOPES and x.buffer.name not in inside)]
         if not carried:
-            return self.default_stmt(s)
-        if len(carried) != len(shared):
+            self.enclosing.append(s)
+            try:
+                return self.default_stmt(s)
+            finally:
+                self.enclosing.pop()
+        if len([x for x in carried if x.buffer.scope in SHARED_SCOPES]) != len(shared):
             raise LoweringError(f"loop {s.var.name} is bound to {s.kind} and reduces across threads; it may hold "
                                 "only reductions (store other results in a separate loop)")
+        reduced = [s, *(x for x in ir.walk_stmt(s.body) if isinstance(x, ir.For) and x.kind.startswith("threadIdx"))]
+        lanes = self._group(s, {_axis(x) for x in reduced})
         targets: dict[tuple[str, tuple[str, ...]], ir.Store] = {}
         for x in carried:
             targets.setdefault((x.buffer.name, tuple(ir.expr_text(i) for i in x.index)), x)
@@ -56,23 +96,62 @@ class _CrossThread(ir.Mutator):
             return None
 
         out: list[ir.Stmt] = [replace(s, body=ir.map_stmts(s.body, update))]
-        for key, x in targets.items():  # one tree per reduction, then one thread adds it in
+        for key, x in targets.items():  # one tree per reduction, then the total added in
             var, op = parts[key]
-            out.append(ir.Assign(var, ir.Call(f"pt_block_allreduce_{_OPS[op]}", (var,), var.dtype)))
-            out.append(ir.Store(x.buffer, x.index, ir.BinOp(op, ir.Load(x.buffer, x.index), var)))
+            if lanes is None:
+                family = "block" if math.prod(self.block.values()) % WARP == 0 else "ragged_block"
+                out.append(ir.Assign(var, ir.Call(f"pt_{family}_allreduce_{_OPS[op]}", (var,), var.dtype)))
+            elif lanes > 1:
+                out.append(ir.Assign(var, ir.Call(f"pt_group_allreduce_{_OPS[op]}",
+                                                  (var, ir.const(lanes, dtypes.int32)), var.dtype)))
+            total = ir.Store(x.buffer, x.index, ir.BinOp(op, ir.Load(x.buffer, x.index), var))
+            out.extend(self._add_in(total, reduced, lanes))
         result: ir.Stmt = ir.block(out)
         for key in reversed(list(targets)):
             var, op = parts[key]
             result = ir.Declare(var, _identity(op, var.dtype), result)
         return result
 
+    def _group(self, loop: ir.For, reduced: set[str]) -> int | None:
+        """The lanes of ``loop``'s reduction group (None: the whole block); LoweringError where the
+        block's other threads are not those of the loops around it, or its group is no aligned part
+        of a warp."""
+        others = {a for a, n in self.block.items() if n > 1 and a not in reduced}
+        if not others:
+            return None
+        around = {_axis(x) for x in self.enclosing}
+        lanes = self.block.get("x", 1)
+        if reduced == {"x"} and others <= around and lanes <= WARP and lanes & (lanes - 1) == 0:
+            return lanes
+        shape = " × ".join(f"{self.block.get(a, 1)}" for a in "xyz")
+        along = ", ".join(sorted(others))
+        why = f"{lanes} threadIdx.x lanes" if others <= around else f"its threads along {along} are no loop around it"
+        raise LoweringError(
+            f"loop {loop.var.name} is bound to {loop.kind} and reduces across threads in a block of {shape} threads, "
+            f"but {why}: one reduction's threads must be the whole block, or (inside loops bound to threadIdx.y "
+            "or threadIdx.z) the threadIdx.x lanes, a power of two up to 32 (part of a warp)")
+
+    def _add_in(self, total: ir.Store, reduced: list[ir.For], lanes: int | None) -> list[ir.Stmt]:
+        """The statements adding a reduction's total (``total``) into its accumulator."""
+        if total.buffer.scope in PER_THREAD_SCOPES or not self.enclosing:
+            # each thread its own copy; or block level, which kernels runs in thread 0
+            return [total]
+        one: ir.Stmt = total
+        for x in reversed(reduced):  # one thread of the group: the first along each reduced loop
+            assert x.bounds is not None
+            one = ir.For(ir.Var(f"{x.var.name}_first"), x.bounds[0], ir.const(1), one, x.kind, bounds=x.bounds)
+        if lanes is None:
+            return [one]
+        # the group's lanes wrote and read the accumulator before; they read it after
+        sync = ir.call_stmt("pt_group_sync", ir.const(lanes, dtypes.int32))
+        return [sync, one, sync]
+
 
 def _identity(op: str, dtype) -> ir.Const:  # noqa: ANN001 - a DType
     from ...lang.expr import reduce_identity
-    name = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[op]
-    return ir.Const(reduce_identity(name, dtype).value, dtype)
+    return ir.Const(reduce_identity(_OPS[op], dtype).value, dtype)
 
 
 def cross_thread_reductions(s: ir.Stmt) -> ir.Stmt:
-    """Rewrite reduction loops bound to GPU threads into tree reductions."""
-    return _CrossThread().stmt(s)
+    """Rewrite reduction loops bound to GPU threads into tree reductions over their groups of threads."""
+    return map_kernels(s, lambda kernel: _CrossThread(block_shape(kernel)).stmt(kernel))

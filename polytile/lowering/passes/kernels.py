@@ -8,6 +8,7 @@ left at block level (not inside thread loops, not copies) run in thread 0 only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ... import dtypes
@@ -15,7 +16,6 @@ from ...errors import LoweringError
 from ...intrinsics import instruction
 from ...target import CUDATarget
 from .. import loopir as ir
-from .allreduce import BLOCK_REDUCTIONS
 from .simplify import simplify_expr
 
 AXES = ("x", "y", "z")
@@ -63,22 +63,36 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dic
     that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``)."""
     counter = [0]
 
-    def top(st: ir.Stmt) -> ir.Stmt:
-        if isinstance(st, ir.Block):
-            return ir.block([top(x) for x in st.body])
-        if isinstance(st, ir.Allocate) and st.buffer.scope == "global":
-            return ir.Allocate(st.buffer, top(st.body))
-        # a nest of block loops, or code whose block loops had one iteration and vanished (isl does
-        # not generate loops of one value), with its shared or register buffers: both become a kernel
-        # (every computation is bound to blockIdx: lower() checks it); the copy of a cache in global
-        # memory at the top (an aligned, zero-padded operand) becomes a kernel of its own
+    def kernel(st: ir.Stmt) -> ir.Stmt:
         counter[0] += 1
         name = f"{func_name}_kernel{counter[0] - 1}"
         if _is_global_copy(st):
             return copy_kernel(st, name)
         return make_kernel(st, name, target, rasters or {})
 
-    return top(s)
+    return map_kernels(s, kernel)
+
+
+def map_kernels(s: ir.Stmt, fn: Callable[[ir.Stmt], ir.Stmt]) -> ir.Stmt:
+    """``s`` with the code of each kernel replaced by ``fn(code)``, in order; what is around the
+    kernels (blocks of statements, buffers in global memory) is kept. A kernel's code: a nest of
+    block loops, or code whose block loops had one iteration and vanished (isl does not generate
+    loops of one value), with its shared or register buffers (every computation is bound to
+    blockIdx: lower() checks it); the copy of a cache in global memory at the top (an aligned,
+    zero-padded operand) is a kernel of its own."""
+    if isinstance(s, ir.Block):
+        return ir.block([map_kernels(x, fn) for x in s.body])
+    if isinstance(s, ir.Allocate) and s.buffer.scope == "global":
+        return ir.Allocate(s.buffer, map_kernels(s.body, fn))
+    return fn(s)
+
+
+def block_shape(kernel: ir.Stmt) -> dict[str, int]:
+    """The threads of a kernel's block along each axis that its thread loops use (``x``, ``y``, ``z``):
+    the widest range of a loop bound to it (LoweringError: a bound loop of a range not constant)."""
+    info = _KernelInfo()
+    _collect_threads(kernel, info, inside_thread=False)
+    return info.block
 
 
 COPY_THREADS = 256
@@ -163,8 +177,7 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str,
                 ) -> ir.Kernel:
     grid: dict[str, ir.Expr] = {}
     grouped: dict[str, ir.Expr] = {}  # loop bound to blockIdx.x -> its index in a grouped grid
-    info = _KernelInfo()
-    _collect_threads(root, info, inside_thread=False)
+    info = _KernelInfo(block_shape(root))
     if any(_warp_call(e) for e in ir.all_exprs(root)) or any(
             isinstance(e, ir.Var) and e.name == "threadIdx.x" for e in ir.all_exprs(root)):
         # warp-wide instructions (tensor cores, and fragments) use the 32 lanes of a warp along threadIdx.x
@@ -211,9 +224,6 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str,
         return threads(st, info, nthreads)
 
     body = _spread_shared_copies(blocks(root), info.block, nthreads)
-    if nthreads % 32 and any(isinstance(e, ir.Call) and e.name in BLOCK_REDUCTIONS for e in ir.all_exprs(body)):
-        raise LoweringError(f"kernel {name} reduces across threads; its block must have a multiple of 32 "
-                            f"threads (it has {nthreads})")
     for axis, ext in grid.items():
         if any(isinstance(n, ir.Var) and not n.name.startswith(("blockIdx", "threadIdx")) and
                n.name != "" and _is_loop_var(n.name, root) for n in ir.walk_expr(ext)):

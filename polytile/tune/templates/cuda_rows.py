@@ -1,35 +1,65 @@
 """CUDA schedule templates of the row operators (softmax, layernorm): the choices of their default
-schedules (``ops.gpu_schedules.softmax``/``layernorm``, one block per row) as decisions.
+schedules (``ops.gpu_schedules.softmax``/``layernorm``: one block per row, or several narrow rows a
+block) as decisions.
 
-``threads``: the block's threads along the row (whole warps, 32 to 1024); ``shared_row``: whether the
-row is read once into shared memory (offered only where it fits in a block's shared memory; else
-each pass reads it from global memory, the later passes mostly from L2). The first choice of each is
-the operator's default for the width and target (``gpu_schedules.row_plan``), so the space's default
-configuration is the default kernel and the tuners measure it first.
+``threads``: the threads along a row (whole warps, 32 to 1024, or for rows of at most
+``NARROW_ROW`` elements also a part of a warp, 1 to 16; no more than the row has elements, but for
+the default); ``rows``: rows a block (several only for rows
+of at most a warp's threads, each row its own lanes: up to the target's block); ``shared_row``:
+whether the block's rows are read once into shared memory (offered only where they fit in a block's
+shared memory; else each pass reads them from global memory, the later passes mostly from the L1 or
+L2 cache); ``vec``: one element a read, or 16 bytes (the rows' alignment proven: their width a
+multiple of 16 bytes; from global memory), each thread's adjacent elements read into registers
+together. The first choice of each is the operator's default for the shape and target
+(``gpu_schedules.row_plan``), so the space's default configuration is the default kernel and the
+tuners measure it first.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...ops.gpu_schedules import ROW_THREADS, SCHEDULES, row_plan
+from ...ops.gpu_schedules import NARROW_ROW, ROW_LANES, ROW_THREADS, SCHEDULES, row_fits, row_plan
 from ..space import TemplateConfig
 from ..task import template
 
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""The rows a block may take (narrow rows)."""
+
+
+def _first(default: object, choices: tuple[Any, ...]) -> list[Any]:
+    return [default, *(c for c in choices if c != default)]
+
 
 def _rows(cfg: TemplateConfig, op: Any) -> Any:
-    N = op.shape["N"]
+    M, N = op.shape["M"], op.shape["N"]
     itemsize = op.func.inputs[0].dtype.itemsize
-    default = row_plan(cfg.target, op.name, N, itemsize)
-    threads = int(cfg.knob("threads", [default.threads, *(t for t in ROW_THREADS if t != default.threads)]))  # type: ignore[call-overload]
-    # the default caches the row wherever it fits
-    shared_row = bool(cfg.knob("shared_row", [True, False] if default.shared_row else [False]))
+    default = row_plan(cfg.target, op.name, N, itemsize, M=M)
+    # parts of a warp for narrow rows only
+    widths = ROW_LANES + ROW_THREADS if N <= NARROW_ROW else ROW_THREADS
+    threads = int(cfg.knob("threads", _first(default.threads, widths)))  # type: ignore[call-overload]
+    rows = int(cfg.knob("rows", _first(default.rows, ROWS)))  # type: ignore[call-overload]
+    # the default caches the rows wherever they fit
+    fits = row_fits(cfg.target, N, itemsize)
+    shared_row = bool(cfg.knob("shared_row", _first(default.shared_row, (True, False) if fits else (False,))))
+    widest = 16 // itemsize  # elements of a 16-byte read
+    vec = int(cfg.knob("vec", _first(default.vec, (1, widest))))  # type: ignore[call-overload]
     # a loop bound to the threads is as long as the row at most: a wider block would shrink to the row
-    cfg.require(threads == ROW_THREADS[0] or threads <= N, f"{threads} threads for a row of {N} elements")
-    # the row, the block reductions' scratch (32 floats) and the row's two statistics
-    cfg.resources(threads_per_block=threads, shared_bytes=N * itemsize * shared_row + 4 * 32 + 2 * 4)
+    cfg.require(threads == default.threads or threads <= N, f"{threads} threads for a row of {N} elements")
+    cfg.require(rows == 1 or threads in ROW_LANES, f"{rows} rows of {threads} threads: several rows a block "
+                                                   "take a part of a warp each")
+    cfg.require(rows == default.rows or rows < 2 * M, f"{rows} rows a block for {M} rows")
+    cfg.require(not shared_row or row_fits(cfg.target, N, itemsize, rows),
+                f"{rows} rows of {N} × {itemsize} bytes in shared memory")
+    # 16-byte reads of rows that are 16-byte aligned (the buffers are), from global memory
+    cfg.require(vec == 1 or N % vec == 0 and not shared_row, f"reads of {vec} elements of rows of {N} elements"
+                f"{' in shared memory' if shared_row else ''}")
+    cfg.require(rows == 1 or threads * vec <= N or threads == default.threads and vec == 1,
+                f"{threads} threads of {vec} elements a read for a row of {N} elements, several rows a block")
+    # the rows, the block reductions' scratch (32 floats) and one row's two statistics
+    cfg.resources(threads_per_block=threads * rows, shared_bytes=rows * N * itemsize * shared_row + 4 * 32 + 2 * 4)
     sched = cfg.schedule(op.func)
-    SCHEDULES[op.name](sched, cfg.target, op.shape["M"], N, threads=threads, shared_row=shared_row)
+    SCHEDULES[op.name](sched, cfg.target, M, N, threads=threads, shared_row=shared_row, rows=rows, vec=vec)
     return sched
 
 
