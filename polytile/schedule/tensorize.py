@@ -16,8 +16,8 @@ rows as the instruction's 8 columns, ``gpu_schedules.gemv_mma``); a row or colum
 shorter than the tile where the result ends inside it (a product of 3 rows); the operands must come
 from shared-memory caches and the accumulator must be a ``cache_write(..., loc="fragment")`` of the
 warp's tile (kept in registers, distributed over the warp's lanes as the instruction does: wgmma's
-accumulator is mma.m16n8's, repeated over N/8 columns). For wgmma the instruction also sets the operand caches' layouts, copied
-in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
+accumulator is mma.m16n8's, repeated over N/8 columns). For wgmma the instruction also sets the
+operand caches' layouts, copied in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
 N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K tile) is a
 multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by
 the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64] or
