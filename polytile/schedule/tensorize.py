@@ -9,21 +9,21 @@ Supported, with float16 or bfloat16 operands and float32 accumulation:
   the warp's 8-column tiles gives N, and the four warps of a warpgroup are four consecutive 16-row
   tiles of the loop bound to ``threadIdx.z`` (lowering/passes/wgmma.py checks both).
 
-The three loops must be the innermost ones, of extents 16, 8 and 16, running over the row of the
-result, its column and the reduction — or, for mma.sync, over its column, its row and the reduction
-(transposed: C^T = B^T A^T, the 16 rows of the instruction over the result's columns: a GEMV's few
-rows as the instruction's 8 columns, ``gpu_schedules.gemv_mma``); a row or column loop may be
-shorter than the tile where the result ends inside it (a product of 3 rows); the operands must come
-from shared-memory caches and the accumulator must be a ``cache_write(..., loc="fragment")`` of the
-warp's tile (kept in registers, distributed over the warp's lanes as the instruction does: wgmma's
-accumulator is mma.m16n8's, repeated over N/8 columns). For wgmma the instruction also sets the
-operand caches' layouts, copied in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
-N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K tile) is a
-multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by
-the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64] or
-[k/64][j][k%64]); other tiles in
-unswizzled 8×8 "core matrices" of 16 contiguous bytes per row ([r/8][c/8][r%8][c%8]), which wgmma
-reads at about a third of the speed (measured on an H100).
+The three loops must be the innermost ones, of extents 16, 8 and 16, running over the row of the result,
+its column and the reduction — or, for mma.sync, over its column, its row and the reduction (transposed:
+C^T = B^T A^T, the 16 rows of the instruction over the result's columns: a GEMV's few rows as the
+instruction's 8 columns, ``gpu_schedules.gemv_mma``); a row or column loop may be shorter than the tile
+where the result ends inside it (a product of 3 rows); the operands must come from shared-memory caches
+and the accumulator must be a ``cache_write(..., loc="fragment")`` of the warp's tile (kept in
+registers, distributed over the warp's lanes as the instruction does: wgmma's accumulator is
+mma.m16n8's, repeated over N/8 columns). For wgmma the instruction also sets the operand caches'
+layouts, copied in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read
+K-major, B N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K
+tile) is a multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are
+XOR-swizzled by the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as
+[j/64][k][j%64] or [k/64][j][k%64]); other tiles in unswizzled 8×8 "core matrices" of 16 contiguous
+bytes per row ([r/8][c/8][r%8][c%8]), which wgmma reads at about a third of the speed (measured on an
+H100).
 """
 
 from __future__ import annotations
