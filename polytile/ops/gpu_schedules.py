@@ -1,7 +1,9 @@
 """Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``),
-but 16 rows of 16-bit operands fill mma.sync's tile and run on it;
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B once — 2 to 16 rows of 16-bit operands
+on mma.sync, transposed (``gemv_mma``: B's columns as the instruction's 16 rows, A's rows as its 8
+columns), one row, float32 operands, batched products and rows of B that take no 16-byte copies on
+the CUDA cores (``gemv_cuda``);
 otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``; its tiles loaded by TMA
 where the rows allow: ``tma_fits``), mma.sync where it has
 ``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types

@@ -115,7 +115,9 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
         lo, hi = sched.program.loop_range(self.name, loops, p + k)
         # a result axis shorter than the tile (a GEMV's 3 rows in 8): the instruction computes the whole
         # tile on the operands' whole tiles (zeros past the tensors' ends) and the write-back tests the bounds
-        short = role is not None and hi is not None and hi + 1 < extent
+        whole_axis = comp.shape[data.index(role)] if role is not None else None
+        short = hi is not None and hi + 1 < extent and hasattr(whole_axis, "value") and \
+            int(whole_axis.value) == hi + 1  # type: ignore[union-attr]
         if lo != 0 or hi is None or (hi + 1 != extent and not short):
             raise ScheduleError(f"tensorize of {self.name}: loop {name} must run over 0..{extent - 1} to match "
                                 f"{intrinsic} (m, n, k = {want}); it runs over {lo}..{hi}")

@@ -1,0 +1,139 @@
+"""GEMVs of 2 to 16 rows on mma.sync without a GPU (``gpu_schedules.gemv_mma``): the transposed
+tensorize (the instruction's 16 rows over B's columns, its 8 columns over A's rows), what the default
+chooses from the operands and the target, the tuning space's first configuration, and the machine code
+nvcc makes for sm_90a and sm_80 (HMMA, transposed ldmatrix, 16-byte asynchronous copies, no FFMA, no
+local memory) at sizes off the tiles. The numbers are checked on a GPU (test_gemv_mma_gpu.py)."""
+
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.dtypes import as_dtype
+from polytile.errors import ScheduleError
+from polytile.ops.gpu_schedules import GEMV_ROWS, gemm_choice, gemv_mma
+from polytile.target import CUDATarget
+
+SM90A = CUDATarget(arch="sm_90a")
+SM80 = CUDATarget(arch="sm_80")
+needs_nvcc = pytest.mark.needs_nvcc
+
+
+def _sass(kern, name: str) -> str:
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.cubin)
+        f.flush()
+        text = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    return text.split(f".text.{name}:")[1].split(".section")[0]
+
+
+# --- the choice ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M", [2, 3, 5, 7, 8, 9, 13, GEMV_ROWS])
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+def test_few_rows_of_16_bit_operands_take_the_tensor_cores(M, target):
+    for dtype in ("bfloat16", "float16"):
+        choice = gemm_choice(target, M, 6144, 4096, as_dtype(dtype))
+        assert choice.kernel == "gemv_mma", (M, dtype, choice)
+        assert choice.params["bn"] % (16 * choice.params["warps"]) == 0
+
+
+def test_the_cuda_core_gemv_keeps_what_mma_sync_cannot_read():
+    # one row (the GEMV is at torch's speed there, 2026-11-28 tuned suite), float32, batched products,
+    # B's rows not a multiple of 16 bytes (in place they take no 16-byte copies; a copy of B is a pass
+    # over it)
+    assert gemm_choice(SM90A, 1, 6144, 4096, as_dtype("bfloat16")).kernel == "gemv"
+    assert gemm_choice(SM90A, 8, 6144, 4096, as_dtype("float32")).kernel == "gemv"
+    assert gemm_choice(SM90A, 8, 128, 2048, as_dtype("float16"), batch=32).kernel == "gemv"
+    for N in (4097, 4098, 4100):
+        assert gemm_choice(SM90A, 8, N, 4096, as_dtype("bfloat16")).kernel == "gemv", N
+    assert gemm_choice(SM90A, GEMV_ROWS + 1, 4096, 4096, as_dtype("bfloat16")).kernel == "wgmma"
+
+
+def test_a_given_split_takes_k_tiles_that_divide_its_chunks():
+    # chunks of ⌈1000/3⌉ = 334 are no whole number of 16-wide K tiles: the CUDA cores' GEMV sums them;
+    # chunks of 768 / 3 = 256 take the mma kernel in whole 64- or 128-wide tiles
+    assert gemm_choice(SM90A, 8, 256, 1000, as_dtype("float16"), split_k=3).kernel == "gemv"
+    choice = gemm_choice(SM90A, 8, 2048, 768, as_dtype("float16"), split_k=3)
+    assert choice.kernel == "gemv_mma" and choice.split == 3 and 256 % choice.params["bk"] == 0
+
+
+def test_the_split_fills_a_smaller_gpu_with_fewer_chunks():
+    # the chunks of K are chosen from the target's SMs: a GPU of 16 SMs needs fewer to be busy
+    small = CUDATarget(arch="sm_90a", sms=16)
+    assert gemm_choice(small, 8, 4096, 14336, as_dtype("bfloat16")).split <= \
+        gemm_choice(SM90A, 8, 4096, 14336, as_dtype("bfloat16")).split
+
+
+# --- the schedule ----------------------------------------------------------------------------------
+
+def test_tensorize_takes_the_nest_transposed():
+    s = pt.Schedule(ops.matmul_func(8, 512, 256, "bfloat16"))
+    gemv_mma(s, "C", "A", "B", bn=128, warps=4, bk=64, stages=2)
+    assert s["C"].state.tags["j3"] == "mma_m16n8k16"
+    frag = next(c for c in s.caches if c.loc == "fragment")
+    assert frag.whole == (8, 16)  # the instruction's 16 × 8 tile is 8 rows × 16 columns of C
+    text = str(pt.lower(s, SM90A))
+    # B's [k][j] tile is the instruction's A operand, loaded transposed; A's [i][k] rows its B operand
+    assert "pt_ldmatrix_a_trans(" in text and "pt_ldmatrix_b(" in text and "pt_mma_m16n8k16_bf16(" in text
+
+
+def test_tensorize_refuses_a_nest_that_is_neither_way():
+    s = pt.Schedule(ops.matmul_func(64, 64, 64, "float16"))
+    st = s["C"]
+    st.split("i", 16, "io", "i3").split("j", 8, "jo", "j3").split("k", 16, "ko", "k3")
+    st.reorder("io", "jo", "ko", "j3", "i3", "k3").cache_write("jo", loc="fragment")
+    with pytest.raises(ScheduleError, match="must run over 0..15"):
+        st.tensorize("j3")  # transposed, the instruction's 16 rows would be 8 columns
+
+
+def test_gemv_mma_needs_whole_warp_tiles():
+    s = pt.Schedule(ops.matmul_func(8, 512, 256, "bfloat16"))
+    with pytest.raises(ScheduleError, match="multiple of 16 columns"):
+        gemv_mma(s, "C", "A", "B", bn=96, warps=4)
+
+
+# --- machine code ----------------------------------------------------------------------------------
+
+@needs_nvcc
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+@pytest.mark.parametrize("dims,dtype", [((8, 6144, 4096), "bfloat16"), ((3, 1000, 1999), "float16"),
+                                        ((5, 4096, 1003), "bfloat16"), ((7, 776, 769), "float16"),
+                                        ((13, 3072, 768), "bfloat16"), ((16, 4096, 4096), "bfloat16")])
+def test_gemv_mma_machine_code(target, dims, dtype):
+    M, N, K = dims
+    kern = ops.matmul(M, N, K, dtype, out_dtype=dtype).build(target)
+    main = next(k for k in kern.kernels if "pt_mma_m16n8k16" in kern.source.split(f"{k.name}(")[1].split("\n}\n")[0])
+    sass = _sass(kern, main.name)
+    assert "HMMA.16816" in sass and "LDSM.16.MT88.4" in sass  # the weight's tile, transposed
+    assert "LDGSTS.E.BYPASS.128" in sass  # B in 16-byte asynchronous copies
+    assert "FFMA" not in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
+    assert main.block == (32, main.block[1], 1)
+    instructions = len(re.findall(r"/\*[0-9a-f]{4}\*/", sass))
+    assert instructions < 4096, instructions
+    # the rows of A past M are zeros the instruction multiplies, not rows written back
+    assert kern.resources[main.name].spill_stores == 0
+
+
+def test_the_template_starts_at_the_default_and_offers_both_kernels():
+    from polytile.lowering.pipeline import lower
+    from polytile.tune import make_task
+    op = ops.matmul(8, 6144, 4096, "bfloat16", out_dtype="bfloat16")
+    task = make_task(op, SM90A)
+    assert task.template.name == "matmul_gemv"
+    default = task.space.default
+    assert default.values["kernel"] == "mma" and task.space.reason_invalid(default.digits) is None
+    assert str(lower(task.schedule(default.values), SM90A)) == str(lower(op.schedule(SM90A), SM90A))
+    cuda = dict(default.values, kernel="cuda", threads=64, columns=32, vector=8, bk=32, stages=4, direct=False,
+                split=16)
+    assert task._check(cuda) is None
+    assert "pt_mma" not in str(lower(task.schedule(cuda), SM90A))
+    # the CUDA-core GEMV's default (one row) offers the mma kernel too
+    one = make_task("matmul", SM90A, M=1, N=4096, K=4096, dtype="bfloat16")
+    assert one.space.default.values["kernel"] == "cuda"
+    kernels = next(d for d in one.space.decisions if d.name == "kernel").choices
+    assert set(kernels) == {"cuda", "mma"}
