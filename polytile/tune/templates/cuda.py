@@ -148,6 +148,14 @@ def _gemv_op(op: Any, target: Target) -> bool:
     return target.has("gpu") and op.shape.get("M", GEMV_ROWS + 1) <= GEMV_ROWS
 
 
+def _added_knob(cfg: TemplateConfig, name: str, choices: list[object], before: object) -> object:
+    """A knob added to a template after configurations of it were recorded: a configuration without
+    it (an older record) takes ``before``, the template's one choice then."""
+    if cfg.mode != "define" and name not in cfg.values:
+        return before
+    return cfg.knob(name, choices)  # type: ignore[arg-type]
+
+
 def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     """``gemv_cuda``: threads per block, bytes of B's columns per thread (``vector``: 8 through shared
     tiles; 8 or 16 loaded straight into registers: ``direct``), the K tile, stages and the split of
@@ -159,10 +167,12 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     d = default_gemm(cfg, op, "gemv") or default_gemm(cfg, op, "gemv_mma")
     p = d.params if d else {}
     on_mma = d is not None and d.kernel == "gemv_mma"
-    kernel = str(cfg.knob("kernel", _first("mma" if on_mma else "cuda" if d else None, ["cuda", "mma"])))
+    kernel = str(_added_knob(cfg, "kernel", _first("mma" if on_mma else "cuda" if d else None, ["cuda", "mma"]),
+                             "cuda"))
     threads = int(cfg.knob("threads", _first(  # type: ignore[call-overload]
         (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None, [128, 64, 32, 256])))
-    columns = int(cfg.knob("columns", _first(p["bn"] // p["warps"] if on_mma else None, [32, 16, 64])))  # type: ignore[call-overload]
+    columns = int(_added_knob(cfg, "columns", _first(p["bn"] // p["warps"] if on_mma else None,  # type: ignore[call-overload]
+                                                     [32, 16, 64]), 32))
     vector = int(cfg.knob("vector", _first(None if on_mma else p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
     bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8, 128])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
