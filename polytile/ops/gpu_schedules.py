@@ -832,12 +832,13 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
     tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-    if 2 <= M <= GEMV_ROWS and tensor_cores and batch == 1 and (N * it) % 16 == 0:
+    if 2 <= M <= GEMV_ROWS and tensor_cores and batch == 1 and (N * it) % 16 == 0 and K >= MMA_M16N8K16.shape[2]:
         # the rows of A as mma.sync's 8 (or 16) columns, B's columns as its 16 rows (gemv_mma): the CUDA
         # cores' GEMV spends M FMAs and its operands' loads on each element of B, issue-bound at 8 rows
         # (H200, 2026-11-28 tuned suite: LLaMA's 8×6144×4096 at 1584 GB/s, 0.71× torch, where one row
         # streams at 2100–3470 GB/s). B's rows must take 16-byte asynchronous copies in place (a copy of
-        # B would double the traffic: rows not 16-byte aligned stay on the CUDA cores' direct loads)
+        # B would double the traffic: rows not 16-byte aligned stay on the CUDA cores' direct loads), and
+        # the reduction must fill the instruction's K of 16
         found = _gemv_mma_candidates(M, N, K, it, hw)
         if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
             chunk = -(-K // split_k)

@@ -52,6 +52,13 @@ def test_the_cuda_core_gemv_keeps_what_mma_sync_cannot_read():
     for N in (4097, 4098, 4100):
         assert gemm_choice(SM90A, 8, N, 4096, as_dtype("bfloat16")).kernel == "gemv", N
     assert gemm_choice(SM90A, GEMV_ROWS + 1, 4096, 4096, as_dtype("bfloat16")).kernel == "wgmma"
+    assert gemm_choice(SM90A, 3, 8, 5, as_dtype("bfloat16")).kernel == "gemv"  # K shorter than the instruction's
+
+
+@pytest.mark.parametrize("dims", [(2, 8, 16), (16, 16, 16), (4, 24, 40), (8, 64, 17), (16, 1032, 33), (3, 8, 5)])
+def test_tiny_products_build(dims):
+    # a block wider than the matrix, K of one instruction or less than one K tile
+    assert pt.lower(ops.matmul(*dims, "bfloat16").schedule(SM90A), SM90A) is not None
 
 
 def test_a_given_split_takes_k_tiles_that_divide_its_chunks():

@@ -37,7 +37,9 @@ DEFAULTS = [((8, 6144, 4096), "bfloat16", "bfloat16"),
             ((2, 2056, 4093), "bfloat16", "bfloat16"),
             ((16, 4096, 4096), "bfloat16", "bfloat16"),
             ((9, 1000, 3001), "float16", "float16"),
-            ((8, 768, 3072), "float16", "float16")]
+            ((8, 768, 3072), "float16", "float16"),
+            ((4, 24, 40), "bfloat16", "bfloat16"),  # a block wider than the matrix, K under one K tile
+            ((16, 1032, 33), "float16", "float32")]
 
 
 @pytest.mark.parametrize("dims,dtype,out", DEFAULTS, ids=[f"{d[0]}x{d[1]}x{d[2]}-{t}-{o}" for d, t, o in DEFAULTS])
