@@ -56,7 +56,7 @@ def _kind(cfg: dict[str, object]) -> str:
     return "mma" if cfg["kernel"] == "mma" else "direct" if cfg["direct"] else "staged"
 
 
-def _build(job: tuple[int, int, int, str, dict[str, object] | None]) -> tuple[object, str]:
+def _build(job: tuple[int, int, int, str, dict[str, object] | str | None]) -> tuple[object, str]:
     from polytile import ops
     from polytile.build import build
     from polytile.target import as_target
@@ -66,6 +66,13 @@ def _build(job: tuple[int, int, int, str, dict[str, object] | None]) -> tuple[ob
     try:
         if cfg is None:
             return ops.matmul(M, N, K, dtype).build("cuda"), ""
+        if cfg == "mma-default":  # the default's opt-in (POLYTILE_GEMV_MMA=1): gemv_mma, its tiles by the model
+            import polytile as pt
+            from polytile.ops.gpu_schedules import gemm_as, gemm_choice
+            op = ops.matmul(M, N, K, dtype)
+            choice = gemm_choice(target, M, N, K, op.func.tensor("A").dtype, tensor_core_gemv=True)
+            sched = pt.Schedule(op.func)
+            return build(gemm_as(sched, choice, M, N, K) or sched, target), ""
         task = Task(find_template("matmul", "cuda", "matmul_gemv"), Workload.of("matmul", M=M, N=N, K=K, dtype=dtype),
                     target)
         why = task._check(cfg)
@@ -97,7 +104,8 @@ def main() -> None:
         if dt not in ("float16", "bfloat16", "float32") or min(shapes[-1][:3]) < 1 or shapes[-1][0] > 16:
             parser.error(f"--shapes: {part!r}: M from 1 to 16 (a GEMV), positive N and K, dtype float16, "
                          "bfloat16 or float32")
-    jobs = [(*s, None) for s in shapes] + [(*s, c) for s in shapes for c in _configs(s[2], args.kernels, args.splits)]
+    jobs = [(*s, None) for s in shapes] + [(*s, "mma-default") for s in shapes] + \
+        [(*s, c) for s in shapes for c in _configs(s[2], args.kernels, args.splits)]
     with ProcessPoolExecutor(args.workers) as pool:
         built = list(pool.map(_build, jobs, chunksize=1))
     rng = np.random.default_rng(0)
@@ -129,13 +137,15 @@ def main() -> None:
         t = time_gpu(lambda: a @ b, repeat=30)  # noqa: B023
         rows = [r for r in results if (r["M"], r["N"], r["K"], r["dtype"]) == (M, N, K, dt) and "seconds" in r]
         default = next((r["seconds"] for r in rows if r["config"] == "default"), float("nan"))
+        opted = next((r["seconds"] for r in rows if r["config"] == "mma-default"), float("nan"))
         best = {}
         for kind in ("staged", "direct", "mma"):
-            cand = [r for r in rows if r["config"] != "default" and _kind(r["config"]) == kind]
+            cand = [r for r in rows if isinstance(r["config"], dict) and _kind(r["config"]) == kind]
             if cand:
                 best[kind] = min(cand, key=lambda r: r["seconds"])
         results.append(dict(M=M, N=N, K=K, dtype=dt, config="torch", seconds=t))
-        print(f"{M}x{N}x{K} {dt}: torch {t*1e6:.1f} us, default {default*1e6:.1f} us" +
+        print(f"{M}x{N}x{K} {dt}: torch {t*1e6:.1f} us, default {default*1e6:.1f} us, "
+              f"mma-default {opted*1e6:.1f} us" +
               "".join(f", best {kind} {r['seconds']*1e6:.1f} us {r['config']}" for kind, r in best.items()), flush=True)
     bad = [r for r in results if r.get("error") and r["error"].startswith("wrong")]
     print(f"{len(results)} rows, {sum('seconds' in r for r in results)} timed, {len(bad)} wrong", flush=True)

@@ -1,9 +1,9 @@
 """Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B once — 2 to 16 rows of 16-bit operands
-on mma.sync, transposed (``gemv_mma``: B's columns as the instruction's 16 rows, A's rows as its 8
-columns), one row, float32 operands, batched products and rows of B that take no 16-byte copies on
-the CUDA cores (``gemv_cuda``);
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``;
+opt-in, or in the tuning space: 2 to 16 rows of 16-bit operands on mma.sync, transposed, ``gemv_mma``:
+B's columns as the instruction's 16 rows, A's rows as its 8 columns), but 16 rows of 16-bit operands
+fill mma.sync's tile and run on it;
 otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``; its tiles loaded by TMA
 where the rows allow: ``tma_fits``), mma.sync where it has
 ``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types
@@ -26,6 +26,7 @@ shared memory where it fits."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -659,6 +660,8 @@ def _wgmma(target: CUDATarget) -> bool:
 
 
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
+# "1": the default GEMM of 2 to 16 rows of 16-bit operands is gemv_mma (gemm_choice's tensor_core_gemv)
+GEMV_MMA_VARIABLE = "POLYTILE_GEMV_MMA"
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 # the most chunks of a GEMV's split: its partial products are M ≤ GEMV_ROWS rows (a 64-way split of
 # 1×4097×4093 writes 1 MB of them while streaming 33 MB of B), and more chunks are more warps
@@ -826,19 +829,21 @@ def _splits(K: int, bk: int, most: int = MAX_SPLIT) -> list[int]:
     return [s for s in range(1, most + 1) if K % s == 0 and K // s >= 2 * bk and (s == 1 or (K // s) % bk == 0)]
 
 
+def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1) -> bool:
+    """Whether ``gemv_mma`` can compute the product: 2 to ``GEMV_ROWS`` rows of 16-bit operands on a target
+    with mma.sync, unbatched, B's rows a multiple of 16 bytes (read in place by 16-byte asynchronous
+    copies: a copy of B would double the traffic), K at least the instruction's 16."""
+    return (2 <= M <= GEMV_ROWS and batch == 1 and dtype.name in MMA_M16N8K16.operand_dtypes
+            and target.has("mma.sync") and (N * dtype.itemsize) % 16 == 0 and K >= MMA_M16N8K16.shape[2])
+
+
 def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
-                       hw: Hardware) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
+                       hw: Hardware, tensor_core_gemv: bool) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
     """The kernel the operands call for and its candidate tiles (``gemm_choice``)."""
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
     tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-    if 2 <= M <= GEMV_ROWS and tensor_cores and batch == 1 and (N * it) % 16 == 0 and K >= MMA_M16N8K16.shape[2]:
-        # the rows of A as mma.sync's 8 (or 16) columns, B's columns as its 16 rows (gemv_mma): the CUDA
-        # cores' GEMV spends M FMAs and its operands' loads on each element of B, issue-bound at 8 rows
-        # (H200, 2026-11-28 tuned suite: LLaMA's 8×6144×4096 at 1584 GB/s, 0.71× torch, where one row
-        # streams at 2100–3470 GB/s). B's rows must take 16-byte asynchronous copies in place (a copy of
-        # B would double the traffic: rows not 16-byte aligned stay on the CUDA cores' direct loads), and
-        # the reduction must fill the instruction's K of 16
+    if tensor_core_gemv and gemv_mma_applies(target, M, N, K, dtype, batch):
         found = _gemv_mma_candidates(M, N, K, it, hw)
         if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
             chunk = -(-K // split_k)
@@ -861,7 +866,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
-                split_k: int | None = None, out_bytes: int = 4) -> GemmChoice:
+                split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -873,10 +878,18 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     Splits: chunks of one length (K's divisors leaving whole K tiles), or where clearly faster, chunks
     of whole K tiles but the last, which ends at K (``tile_chunks``: up to ``GEMV_MAX_SPLIT`` for the
     GEMV, one chunk per SM for the tensor cores; not on the CUDA cores). A given ``split_k`` of
-    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole)."""
+    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole).
+    ``tensor_core_gemv`` (opt-in, not the default until measured on a GPU; None: the environment variable
+    ``POLYTILE_GEMV_MMA=1``): 2 to 16 rows of 16-bit operands on mma.sync, transposed (``gemv_mma``, where
+    ``gemv_mma_applies``), its tiles and split by the same model. The CUDA cores' GEMV spends M FMAs and its
+    operands' loads on each element of B: issue-bound at 8 rows (H200, 2026-11-28 tuned suite: LLaMA's
+    8×6144×4096 at 1584 GB/s, 0.71× torch, where one row streams at 2100–3470 GB/s); the tensor cores
+    compute 16×8×16 products in one instruction."""
     hw = Hardware.of(target)
     it = dtype.itemsize
-    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw)
+    if tensor_core_gemv is None:
+        tensor_core_gemv = os.environ.get(GEMV_MMA_VARIABLE) == "1"
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, tensor_core_gemv)
     if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)

@@ -1,6 +1,7 @@
 """On a GPU: GEMVs of 2 to 16 rows on mma.sync, transposed (``gpu_schedules.gemv_mma``: B's columns as the
 instruction's 16 rows, A's rows as its 8 columns), against a float64 torch reference on random
-non-zero inputs at sizes that divide no tile — the default's choice, and fixed tiles and splits."""
+non-zero inputs at sizes that divide no tile — the default's opt-in choice (``POLYTILE_GEMV_MMA=1``), and
+fixed tiles and splits."""
 
 import pytest
 
@@ -43,10 +44,11 @@ DEFAULTS = [((8, 6144, 4096), "bfloat16", "bfloat16"),
 
 
 @pytest.mark.parametrize("dims,dtype,out", DEFAULTS, ids=[f"{d[0]}x{d[1]}x{d[2]}-{t}-{o}" for d, t, o in DEFAULTS])
-def test_default_matmul(dims, dtype, out):
-    from polytile.ops.gpu_schedules import gemm_choice
+def test_opted_in_default_matmul(dims, dtype, out, monkeypatch):
+    from polytile.ops.gpu_schedules import GEMV_MMA_VARIABLE, gemm_choice
     from polytile.target import as_target
     M, N, K = dims
+    monkeypatch.setenv(GEMV_MMA_VARIABLE, "1")  # the default's opt-in (not the default until measured)
     target = as_target("cuda")
     assert gemm_choice(target, M, N, K, getattr(pt, dtype)).kernel == "gemv_mma"
     op = ops.matmul(M, N, K, dtype, out_dtype=out)

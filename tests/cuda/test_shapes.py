@@ -43,15 +43,11 @@ def _kernel_names(kern) -> list[str]:
 # --- the choice ------------------------------------------------------------------------------------
 
 def test_few_rows_stream_on_the_cuda_cores():
-    # one row streams on the CUDA cores; 2 to 16 rows of 16-bit operands on mma.sync, transposed
-    # (tests/cuda/test_gemv_mma.py), where B's rows take 16-byte copies
-    assert gemm_choice(SM90A, 1, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv"
-    for M in (2, 8, 15, 16):
-        assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv_mma"
-    for M in (8, 15):
-        assert gemm_choice(SM90A, M, 4100, 4096, as_dtype("bfloat16")).kernel == "gemv"
+    for M in (1, 8, 15):
+        assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv"
     # 16 rows fill mma.sync's tile (H200: 16×4096×4096 bf16 30.7 µs on the GEMV, 22.7 on mma.sync);
     # float32 operands and batched products keep the GEMV
+    assert gemm_choice(SM90A, 16, 4096, 4096, as_dtype("bfloat16")).kernel == "mma"
     assert gemm_choice(SM80, 16, 3002, 1536, as_dtype("float16")).kernel == "mma"
     assert gemm_choice(SM90A, GEMV_ROWS, 4096, 4096, as_dtype("float32")).kernel == "gemv"
     assert gemm_choice(SM90A, GEMV_ROWS, 128, 2048, as_dtype("float16"), batch=32).kernel == "gemv"
@@ -174,7 +170,7 @@ def test_a_gemv_of_rows_only_4_byte_aligned_reads_b_directly():
 
 
 @pytest.mark.parametrize("dims,dtype", [((15, 3002, 1536), "bfloat16"), ((12, 2222, 3333), "bfloat16"),
-                                        ((8, 4100, 4096), "bfloat16"), ((1, 4097, 4093), "bfloat16"),
+                                        ((8, 4096, 4096), "bfloat16"), ((1, 4097, 4093), "bfloat16"),
                                         ((5, 1001, 999), "float16")])
 def test_gemv_products_are_whole_register_tiles(dims, dtype):
     # the accumulators of a partial column tile were loops of variable bounds (isl's exact cut): 16×3002×1536
@@ -292,7 +288,7 @@ def test_aligned_copy_is_one_kernel_of_16_bytes_per_thread():
 
 @needs_nvcc
 @pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
-@pytest.mark.parametrize("dims,dtype", [((1, 4096, 4093), "bfloat16"), ((8, 772, 3072), "float16"),
+@pytest.mark.parametrize("dims,dtype", [((1, 4096, 4093), "bfloat16"), ((8, 768, 3072), "float16"),
                                         ((3, 1000, 1000), "float32"), ((1, 4100, 4093), "bfloat16")])
 def test_gemv_streams_with_async_copies(target, dims, dtype):
     kern = ops.matmul(*dims, dtype).build(target)
@@ -329,7 +325,7 @@ def test_register_copies_of_adjacent_elements_are_vector_loads():
     # cut a vector (N = 1000, a multiple of 8)
     from polytile.build import build
     from polytile.tune import make_task
-    staged = ops.matmul(8, 772, 3072, "float16").build(SM90A)  # 8-byte aligned rows: the staged CUDA-core GEMV
+    staged = ops.matmul(8, 768, 3072, "float16").build(SM90A)
     sass = _sass(staged, next(k for k in staged.kernels if k.dynamic_shared).name)
     assert "LDS.64" in sass
     task = make_task("matmul", SM90A, M=3, N=1000, K=336, dtype="bfloat16", template="matmul_gemv")
@@ -344,9 +340,8 @@ def test_bfloat16_loads_are_combined_like_float16_ones():
     # step against none for float16: BERT's 8×768×3072 in 27 µs in bfloat16, 17.6 µs in float16 on
     # an H200); the conversion is a shift of the bits, and the loads are combined
     counts = {}
-    for dtype in ("float16", "bfloat16"):  # 8-byte aligned rows: the staged CUDA-core GEMV
-        kern = ops.matmul(8, 772, 3072, dtype).build(SM90A)
-        assert "pt_mma" not in kern.source
+    for dtype in ("float16", "bfloat16"):
+        kern = ops.matmul(8, 768, 3072, dtype).build(SM90A)
         sass = _sass(kern, next(k for k in kern.kernels if k.dynamic_shared).name)
         counts[dtype] = len(re.findall(r"\bLDS\.U16\b", sass))
     assert counts["bfloat16"] <= 16, counts
