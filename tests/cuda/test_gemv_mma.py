@@ -113,6 +113,19 @@ def test_tensorize_takes_the_nest_transposed():
     text = str(pt.lower(s, SM90A))
     # B's [k][j] tile is the instruction's A operand, loaded transposed; A's [i][k] rows its B operand
     assert "pt_ldmatrix_a_trans(" in text and "pt_ldmatrix_b(" in text and "pt_mma_m16n8k16_bf16(" in text
+    # the accumulator's lane (g, t) = (lane / 4, lane % 4) holds rows 2t, 2t + 1 of C (the instruction's
+    # columns) at columns g and g + 8 (its rows): C_local[1] one row (512 elements) further, [2] 8 columns
+    from polytile.codegen.cuda import cuda_source
+    from polytile.lowering.pipeline import lower
+    from polytile.runtime.cuda import index32_ok
+    low = lower(s, SM90A)
+    source = cuda_source(low, index32_ok(low))[0]
+    stores = [line.strip() for line in source.splitlines() if "= C_local[" in line]
+    base = "(((C_local_q3 + (1024 * C_local_q4)) + (128 * bj)) + (32 * wj))"
+    assert stores[:4] == [f"C[{base}] = C_local[0];", f"C[({base} + 512)] = C_local[1];",
+                          f"C[({base} + 8)] = C_local[2];", f"C[({base} + 520)] = C_local[3];"]
+    assert "const int C_local_q3 = (((int)((int)threadIdx.x)) / 4);" in source
+    assert "const int C_local_q4 = (((int)((int)threadIdx.x)) % 4);" in source
 
 
 def test_tensorize_refuses_a_nest_that_is_neither_way():
