@@ -191,3 +191,26 @@ def test_the_template_starts_at_the_default_and_offers_the_mma_kernel(monkeypatc
     # configurations recorded before the kernel and columns knobs take the CUDA-core GEMV
     old = {k: v for k, v in default.values.items() if k not in ("kernel", "columns")}
     assert "pt_mma" not in str(lower(task.schedule(old), SM90A))
+
+
+def _mma_configs(task, n, seed=0):
+    """``n`` valid configurations of the space on the mma kernel (deterministic)."""
+    import numpy as np
+    found = []
+    for digits in task.space.sample_valid(np.random.default_rng(seed), 400):
+        values = task.space.config(digits).values
+        if values["kernel"] == "mma":
+            found.append(values)
+        if len(found) == n:
+            return found
+    raise AssertionError(f"fewer than {n} valid mma configurations among 400")
+
+
+@pytest.mark.parametrize("dims,dtype", [((5, 1000, 1003), "bfloat16"), ((13, 776, 3001), "float16")])
+def test_the_space_s_mma_configurations_are_gemv_mma(dims, dtype):
+    # what the tuner draws on the mma kernel lowers to the transposed tensor-core GEMV, at sizes off the tiles
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, M=dims[0], N=dims[1], K=dims[2], dtype=dtype)
+    for values in _mma_configs(task, 3):
+        text = str(pt.lower(task.schedule(values), SM90A))
+        assert "pt_ldmatrix_a_trans(" in text and "pt_mma_m16n8k16_" in text, values

@@ -77,3 +77,28 @@ def test_fixed_tiles(M, N, K, split, chunk, params):
     a, b = _inputs([(M, K), (K, N)], "bfloat16", M * N + K)
     out = pt.build(sched, "cuda")(a, b)
     assert _err(out, a.double() @ b.double()) <= 2e-2
+
+
+@pytest.mark.parametrize("dims,dtype", [((5, 1000, 1003), "bfloat16"), ((13, 776, 3001), "float16")])
+def test_the_space_s_mma_configurations(dims, dtype):
+    # what the tuner draws on the mma kernel (matmul_gemv, kernel="mma"), as it builds it
+    import numpy as np
+
+    from polytile.target import as_target
+    from polytile.tune import make_task
+    M, N, K = dims
+    target = as_target("cuda")
+    task = make_task("matmul", target, M=M, N=N, K=K, dtype=dtype)
+    a, b = _inputs([(M, K), (K, N)], dtype, 7 * M + K)
+    ref = a.double() @ b.double()
+    done = 0
+    for digits in task.space.sample_valid(np.random.default_rng(1), 400):
+        values = task.space.config(digits).values
+        if values["kernel"] != "mma":
+            continue
+        out = pt.build(task.schedule(values), target)(a, b)
+        assert _err(out, ref) <= 2e-2, values
+        done += 1
+        if done == 4:
+            break
+    assert done == 4
