@@ -1,5 +1,6 @@
 """Launch one matmul kernel a few times for a profiler (issue 15, GEMVs of 2–16 rows): the default
-schedule of ``ops.matmul(M, N, K, dtype)``, or a ``matmul_gemv`` / ``matmul_gemv_mma`` configuration.
+schedule of ``ops.matmul(M, N, K, dtype)`` (``POLYTILE_GEMV_MMA=1``: the tensor-core GEMV's opt-in), or a
+configuration of a template (``matmul_gemv '{"kernel": "mma", ...}'``).
 
     ncu --clock-control none --kernel-name regex:matmul_kernel0 --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats python benchmarks/gemv_probe.py 8 6144 4096 bfloat16
