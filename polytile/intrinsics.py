@@ -96,7 +96,7 @@ LDMATRIX = Intrinsic(
     "ldmatrix", "ldmatrix.sync.aligned.m8n8.x2 / .x4 / .x2.trans / .x4.trans .shared.b16", ("ldmatrix",),
     "a warp loads 16-bit 8x8 matrices from shared memory into the register fragments mma.sync takes",
     tuple(Instruction(n, "ldmatrix", addresses=True, warp=True, loads_fragment=True)
-          for n in ("pt_ldmatrix_a", "pt_ldmatrix_b", "pt_ldmatrix_b_x4", "pt_ldmatrix_b_trans",
+          for n in ("pt_ldmatrix_a", "pt_ldmatrix_a_trans", "pt_ldmatrix_b", "pt_ldmatrix_b_x4", "pt_ldmatrix_b_trans",
                     "pt_ldmatrix_b_trans_x4")))
 
 CP_ASYNC = Intrinsic(

@@ -228,6 +228,16 @@ __device__ __forceinline__ void pt_ldmatrix_a(unsigned* r, const void* tile, int
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(pt_smem(p)));
 }
 """),
+    Helper("pt_ldmatrix_a_trans", r"""
+__device__ __forceinline__ void pt_ldmatrix_a_trans(unsigned* r, const void* tile, int ld) {
+  // a 16×16 tile (m × k) stored m-contiguous ([k][m]: a weight streamed as the 16-row operand), transposed:
+  // lanes 0-7 rows k 0-7 at m 0, 8-15 k 0-7 at m 8, 16-23 k 8-15 at m 0, 24-31 k 8-15 at m 8
+  const int lane = threadIdx.x & 31;
+  const char* p = (const char*)tile + (((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8) * 2;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(pt_smem(p)));
+}
+"""),
     Helper("pt_ldmatrix_b_trans", r"""
 __device__ __forceinline__ void pt_ldmatrix_b_trans(unsigned* r, const void* tile, int ld) {
   // a 16×8 tile (k × n) stored n-contiguous: rows k = lane % 16, transposed into the "col" operand

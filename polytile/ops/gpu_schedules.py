@@ -1,7 +1,9 @@
 """Default CUDA schedules of the operators, by operator kind, chosen from the target's facts.
 
-GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``),
-but 16 rows of 16-bit operands fill mma.sync's tile and run on it;
+GEMMs (``gemm_choice``): at most ``GEMV_ROWS`` rows stream B through the CUDA cores (``gemv_cuda``;
+opt-in, or in the tuning space: 2 to 16 rows of 16-bit operands on mma.sync, transposed, ``gemv_mma``:
+B's columns as the instruction's 16 rows, A's rows as its 8 columns), but 16 rows of 16-bit operands
+fill mma.sync's tile and run on it;
 otherwise warpgroup MMA where the target has ``wgmma`` (``gemm_wgmma``; its tiles loaded by TMA
 where the rows allow: ``tma_fits``), mma.sync where it has
 ``mma.sync`` (``gemm_tensorcore``) for 16-bit float operands, the CUDA cores for other types
@@ -24,6 +26,7 @@ shared memory where it fits; narrow rows several a block, each a part of a warp 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -146,6 +149,38 @@ def gemv_cuda(sched: Schedule, out: str, a: str, b: str, *, bn: int = 256, vec: 
         st.pipeline(f"{a}_shared", stages)
         if not direct:
             st.pipeline(f"{b}_shared", stages)
+
+
+def gemv_mma(sched: Schedule, out: str, a: str, b: str, *, bn: int = 128, warps: int = 4, bk: int = 64,
+             stages: int = 4, batch: str | tuple[str, ...] | None = None) -> None:
+    """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` for a few rows (M ≤ ``GEMV_ROWS``, 16-bit operands)
+    on mma.sync, transposed (C^T = B^T A^T): the instruction's 16 rows run over 16 columns of B (the
+    weight, streamed once) and its 8 columns over the rows of A (8 tokens in one tile, 16 in two), so
+    that a 16×8×16 product costs one instruction where the CUDA cores spend 64 warp FMAs and their
+    operands' loads and conversions (the GEMV's issue slots). B goes through shared memory in ``bk`` ×
+    ``bn`` tiles (16-byte asynchronous copies, ``stages`` deep, rows padded by 8 elements: conflict-free
+    transposed ``ldmatrix``); ``warps`` warps each own bn/warps columns. Rows of A past M and columns
+    past N are zeros in the whole tiles; the write-back tests the bounds. With ``batch`` (the chunks of
+    a split reduction, or a batched product) the blocks also run along blockIdx.y (and z)."""
+    wn = bn // warps if warps else 0
+    if not warps or bn % warps or wn % 16 or bk % 16:
+        raise ScheduleError(f"gemv_mma: bn={bn} must be {warps} warps of a multiple of 16 columns each, and bk={bk} "
+                            "a multiple of 16")
+    st = sched[out]
+    st.split("j", bn, "bj", "j1").split("j1", wn, "wj", "j2").split("j2", 16, "mj", "j3")
+    st.split("i", 8, "ni", "i3")
+    st.split("k", bk, "ko", "k1").split("k1", 16, "kk", "k3")
+    lead = [batch] if isinstance(batch, str) else list(batch or ())
+    st.reorder(*lead, "bj", "wj", "ko", "kk", "mj", "ni", "j3", "i3", "k3")
+    for loop, axis in zip(lead, ("blockIdx.z", "blockIdx.y")[2 - len(lead):], strict=True):
+        st.bind(loop, axis)
+    st.bind("bj", "blockIdx.x").bind("wj", "threadIdx.y")
+    for t in (a, b):  # rows padded by 8 elements (conflict-free ldmatrix)
+        st.cache(t, "ko", loc="shared", pad=(0,) * (len(sched.func.tensor(t).shape) - 1) + (8,), name=f"{t}_shared")
+    st.cache_write("wj", loc="fragment")
+    st.tensorize("j3", "mma_m16n8k16")
+    if stages > 1:
+        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
 
 def sum_partials(sched: Schedule, out: str, threads: int = 256, batch: str | None = None) -> None:
@@ -625,6 +660,8 @@ def _wgmma(target: CUDATarget) -> bool:
 
 
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
+# "1": the default GEMM of 2 to 16 rows of 16-bit operands is gemv_mma (gemm_choice's tensor_core_gemv)
+GEMV_MMA_VARIABLE = "POLYTILE_GEMV_MMA"
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 # the most chunks of a GEMV's split: its partial products are M ≤ GEMV_ROWS rows (a 64-way split of
 # 1×4097×4093 writes 1 MB of them while streaming 33 MB of B), and more chunks are more warps
@@ -643,7 +680,7 @@ DIRECT_STEP_LATENCY = 10.0
 
 @dataclass(frozen=True)
 class GemmChoice:
-    """A default GEMM schedule: the kernel ("wgmma", "mma", "cuda" or "gemv"), its parameters, the
+    """A default GEMM schedule: the kernel ("wgmma", "mma", "cuda", "gemv" or "gemv_mma"), its parameters, the
     number of chunks the reduction is split into (1: none) and the model's predicted seconds."""
 
     kernel: str
@@ -751,6 +788,24 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
+def _gemv_mma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+    """``gemv_mma`` blocks of 4 warps owning 64, 32 or 16 columns each (256-, 128- or 64-wide tiles of B),
+    K tiles of 64 (128 for 64-wide blocks: 16 KiB of B a stage) in 4 stages; the instruction's 8
+    columns hold the rows of A (two tiles for 9 to 16 rows)."""
+    rows = 8 * -(-M // 8)
+    out = []
+    for bn in (256, 128, 64):
+        if bn // 2 >= N and bn > 64:
+            continue
+        bk = 128 if bn == 64 and K >= 1024 else 64
+        shared = 4 * bk * (bn + 8 + 16 + 8) * it  # B's and A's padded tiles, 4 stages
+        resident = block_occupancy(hw, 128, shared, 4 * (bn // 4 // 16) * (rows // 8) + 40).blocks
+        # the products cost nothing beside the copies: the plan's warps (4) stream B, at the tensor rate
+        out.append((dict(bn=bn, warps=4, bk=bk, stages=4),
+                    BlockPlan(rows, bn, bk, 0, 0, resident, hw.mma_flops, it, 4, 4, hw.mma_flops, streaming=True)))
+    return out
+
+
 def tile_chunks(K: int, bk: int, most: int) -> list[tuple[int, int]]:
     """Splits of a reduction into chunks of whole K tiles of ``bk``, the last chunk shorter, for the
     kernels that compute whole K tiles (the tensor cores; the GEMV's whole register tiles): (chunks,
@@ -774,8 +829,44 @@ def _splits(K: int, bk: int, most: int = MAX_SPLIT) -> list[int]:
     return [s for s in range(1, most + 1) if K % s == 0 and K // s >= 2 * bk and (s == 1 or (K // s) % bk == 0)]
 
 
+def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1) -> bool:
+    """Whether ``gemv_mma`` can compute the product: 2 to ``GEMV_ROWS`` rows of 16-bit operands on a target
+    with mma.sync, unbatched, B's rows a multiple of 16 bytes (read in place by 16-byte asynchronous
+    copies: a copy of B would double the traffic), K at least the instruction's 16."""
+    return (2 <= M <= GEMV_ROWS and batch == 1 and dtype.name in MMA_M16N8K16.operand_dtypes
+            and target.has("mma.sync") and (N * dtype.itemsize) % 16 == 0 and K >= MMA_M16N8K16.shape[2])
+
+
+def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
+                       hw: Hardware, tensor_core_gemv: bool) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
+    """The kernel the operands call for and its candidate tiles (``gemm_choice``)."""
+    it = dtype.itemsize
+    mma_rows = MMA_M16N8K16.shape[0]
+    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    if tensor_core_gemv and gemv_mma_applies(target, M, N, K, dtype, batch):
+        found = _gemv_mma_candidates(M, N, K, it, hw)
+        if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
+            chunk = -(-K // split_k)
+            found = [({**p, "bk": bk}, replace(plan, bk=bk)) for p, plan in found
+                     for bk in [next((b for b in (p["bk"], 64, 32, 16) if chunk % b == 0), 0)] if bk]
+        if found:
+            return "gemv_mma", found
+    # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
+    # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
+    # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
+    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
+    # keep the GEMV (its split; not measured on mma.sync)
+    if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
+        return "gemv", _gemv_candidates(M, N, K, it, hw)
+    if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
+        return "wgmma", _wgmma_candidates(M, N, K, it, hw)
+    if tensor_cores:
+        return "mma", _mma_candidates(M, N, K, it, hw)
+    return "cuda", _cuda_candidates(M, N, K, it, hw)
+
+
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
-                split_k: int | None = None, out_bytes: int = 4) -> GemmChoice:
+                split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -787,25 +878,19 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     Splits: chunks of one length (K's divisors leaving whole K tiles), or where clearly faster, chunks
     of whole K tiles but the last, which ends at K (``tile_chunks``: up to ``GEMV_MAX_SPLIT`` for the
     GEMV, one chunk per SM for the tensor cores; not on the CUDA cores). A given ``split_k`` of
-    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole)."""
+    unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole).
+    ``tensor_core_gemv`` (opt-in, not the default until measured on a GPU; None: the environment variable
+    ``POLYTILE_GEMV_MMA=1``): 2 to 16 rows of 16-bit operands on mma.sync, transposed (``gemv_mma``, where
+    ``gemv_mma_applies``), its tiles and split by the same model. The CUDA cores' GEMV spends M FMAs and its
+    operands' loads on each element of B: issue-bound at 8 rows (H200, 2026-11-28 tuned suite: LLaMA's
+    8×6144×4096 at 1584 GB/s, 0.71× torch, where one row streams at 2100–3470 GB/s); the tensor cores
+    compute 16×8×16 products in one instruction."""
     hw = Hardware.of(target)
     it = dtype.itemsize
-    mma_rows = MMA_M16N8K16.shape[0]
-    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-    # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
-    # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
-    # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
-    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
-    # keep the GEMV (its split; not measured on mma.sync)
-    if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
-        kernel, found = "gemv", _gemv_candidates(M, N, K, it, hw)
-    elif dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
-        kernel, found = "wgmma", _wgmma_candidates(M, N, K, it, hw)
-    elif tensor_cores:
-        kernel, found = "mma", _mma_candidates(M, N, K, it, hw)
-    else:
-        kernel, found = "cuda", _cuda_candidates(M, N, K, it, hw)
-    if split_k and K % split_k and kernel != "gemv":
+    if tensor_core_gemv is None:
+        tensor_core_gemv = os.environ.get(GEMV_MMA_VARIABLE) == "1"
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, tensor_core_gemv)
+    if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)
         found = [(p, plan) for p, plan in found if kernel != "cuda" and chunk % plan.bk == 0]
@@ -821,14 +906,15 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         if plan.resident == 0:
             continue
         # batched products split only on the GEMV kernel (decoding attention: few, long products)
-        most = GEMV_MAX_SPLIT if kernel == "gemv" else MAX_SPLIT
+        gemv = kernel in ("gemv", "gemv_mma")
+        most = GEMV_MAX_SPLIT if gemv else MAX_SPLIT
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
                   else _splits(K, plan.bk, most) or [1])
         more: list[tuple[int, int]] = []
         if not split_k and kernel != "cuda" and (batch == 1 or kernel == "gemv"):
             # a GEMV's partial products are few rows: up to GEMV_MAX_SPLIT chunks; a tensor-core
             # GEMM's up to a chunk per SM, the model weighing their round trip
-            more = [(s, c) for s, c in tile_chunks(K, plan.bk, most if kernel == "gemv" else hw.sms)
+            more = [(s, c) for s, c in tile_chunks(K, plan.bk, most if gemv else hw.sms)
                     if s not in splits]
         for split, chunk in [(s, -(-K // s)) for s in splits] + more:
             group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1
@@ -853,7 +939,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         best = uneven
     if best is None:
         raise ScheduleError(f"no {kernel} GEMM tile fits one block of {target.name} ({M}×{N}×{K})")
-    if kernel != "gemv" and unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
+    if kernel not in ("gemv", "gemv_mma") and unsplit is not None and best.seconds > SPLIT_MARGIN * unsplit.seconds:
         # the second kernel's cost is an estimate: split only for a clear gain (a GEMV streams B with
         # few warps when unsplit: every measured GEMV was faster split, gemv_variants-20261127-*.json)
         best = unsplit
@@ -920,8 +1006,9 @@ def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", 
 
 
 def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None) -> None:
-    fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda}[choice.kernel]
-    if choice.kernel in ("wgmma", "mma", "gemv"):
+    fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda,
+          "gemv_mma": gemv_mma}[choice.kernel]
+    if choice.kernel in ("wgmma", "mma", "gemv", "gemv_mma"):
         # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
         # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place
         direct = bool(choice.params.get("direct"))

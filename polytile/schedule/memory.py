@@ -203,8 +203,10 @@ def cache_requests(sched: Schedule, copy_order: str = "cache") -> list[CacheRequ
         # register tiles: dense loops to unroll; wgmma's operand tiles: contiguous shared-memory writes
         order = c.copy_order or (copy_order if c.loc == "shared" else "cache")
         layout, fill = c.layout, None
-        if c.loc == "fragment":
-            layout, fill = fragment_layout, sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
+        if c.loc == "fragment":  # a transposed nest's (tensorize) composed with the instruction's lanes
+            frame = c.layout
+            layout = fragment_layout if frame is None else lambda *e, f=frame: fragment_layout(*f(*e))  # type: ignore[misc,operator]
+            fill = sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
         elif c.kind == "write" and c.whole and sched.computation(c.consumer).reduction is not None:
             fill = sched.computation(c.consumer).reduction.identity().value  # type: ignore[union-attr]
         requests.append(CacheRequest(c.kind, c.tensor, c.consumer, level, c.name, layout, c.loc,

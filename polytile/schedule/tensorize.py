@@ -9,18 +9,21 @@ Supported, with float16 or bfloat16 operands and float32 accumulation:
   the warp's 8-column tiles gives N, and the four warps of a warpgroup are four consecutive 16-row
   tiles of the loop bound to ``threadIdx.z`` (lowering/passes/wgmma.py checks both).
 
-The three loops must be the innermost ones, of extents 16, 8 and 16, running over the row of the
-result, its column and the reduction; the operands must come from shared-memory caches and the
-accumulator must be a ``cache_write(..., loc="fragment")`` of the warp's tile (kept in registers,
-distributed over the warp's lanes as the instruction does: wgmma's accumulator is mma.m16n8's,
-repeated over N/8 columns). For wgmma the instruction also sets the operand caches' layouts, copied
-in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read K-major, B
-N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K tile) is a
-multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are XOR-swizzled by
-the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as [j/64][k][j%64] or
-[k/64][j][k%64]); other tiles in
-unswizzled 8×8 "core matrices" of 16 contiguous bytes per row ([r/8][c/8][r%8][c%8]), which wgmma
-reads at about a third of the speed (measured on an H100).
+The three loops must be the innermost ones, of extents 16, 8 and 16, running over the row of the result,
+its column and the reduction — or, for mma.sync, over its column, its row and the reduction (transposed:
+C^T = B^T A^T, the 16 rows of the instruction over the result's columns: a GEMV's few rows as the
+instruction's 8 columns, ``gpu_schedules.gemv_mma``); a row or column loop may be shorter than the tile
+where the result ends inside it (a product of 3 rows); the operands must come from shared-memory caches
+and the accumulator must be a ``cache_write(..., loc="fragment")`` of the warp's tile (kept in
+registers, distributed over the warp's lanes as the instruction does: wgmma's accumulator is
+mma.m16n8's, repeated over N/8 columns). For wgmma the instruction also sets the operand caches'
+layouts, copied in the layout's order (coalesced reads, conflict-free shared-memory writes): A is read
+K-major, B N-major or K-major (as stored); an operand whose contiguous extent (A's K tile, B's N or K
+tile) is a multiple of 64 is stored in rows of 64 elements (128 bytes) whose 16-byte chunks are
+XOR-swizzled by the row number (the layout wgmma reads at full speed: A as [k/64][i][k%64], B as
+[j/64][k][j%64] or [k/64][j][k%64]); other tiles in unswizzled 8×8 "core matrices" of 16 contiguous
+bytes per row ([r/8][c/8][r%8][c%8]), which wgmma reads at about a third of the speed (measured on an
+H100).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def swizzled_rows(*e: object) -> tuple[object, ...]:
     chunks): rows of 64 contiguous elements, ``[c // 64][r][c % 64]``."""
     *lead, r, c = e
     return (*lead, c // 64, r, c % 64)  # type: ignore[operator]
+
+
+def transpose_last(*e: object) -> tuple[object, ...]:
+    """The last two indices swapped: a transposed tensorized nest's accumulator, (row, column) of the
+    instruction's tile = (column, row) of the result (``fragment_layout`` composed with it)."""
+    return (*e[:-2], e[-1], e[-2])
 
 
 def _operand(e: Expr) -> Load | None:
@@ -97,15 +106,25 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
     data = [d for d in stmt.dims if d not in stmt.reduce_dims]
     want = intr.nest
     roles = (data[-2], data[-1], None)
+    # the instruction's rows over the result's columns and its columns over the result's rows
+    # (C^T = B^T A^T): a GEMV's few rows as mma.m16n8's 8 columns, the weight's columns as its 16 rows
+    transposed = not intr.warpgroup and loops.depends_on(p, [data[-1]]) and not loops.depends_on(p, [data[-2]])
+    if transposed:
+        roles = (data[-1], data[-2], None)
     for k, (name, extent, role) in enumerate(zip(loops.names[p:], want, roles)):
         lo, hi = sched.program.loop_range(self.name, loops, p + k)
-        if lo != 0 or hi is None or hi + 1 != extent:
+        # a result axis shorter than the tile (a GEMV's 3 rows in 8): the instruction computes the whole
+        # tile on the operands' whole tiles (zeros past the tensors' ends) and the write-back tests the bounds
+        whole_axis = comp.shape[data.index(role)] if role is not None else None
+        short = hi is not None and hi + 1 < extent and hasattr(whole_axis, "value") and \
+            int(whole_axis.value) == hi + 1  # type: ignore[union-attr]
+        if lo != 0 or hi is None or (hi + 1 != extent and not short):
             raise ScheduleError(f"tensorize of {self.name}: loop {name} must run over 0..{extent - 1} to match "
                                 f"{intrinsic} (m, n, k = {want}); it runs over {lo}..{hi}")
         # the loop runs over its own axis and none of the others further in (the row loop may appear
         # to involve the row axis through the domain's pieces, which is harmless)
         expected = [role] if role is not None else stmt.reduce_dims
-        others = ([data[-1], *stmt.reduce_dims], list(stmt.reduce_dims), [data[-1]])[k]
+        others = ([roles[1], *stmt.reduce_dims], list(stmt.reduce_dims), [roles[1]])[k]
         if not loops.depends_on(p + k, expected) or loops.depends_on(p + k, others):
             what = f"axis {role}" if role else "the reduction"
             raise ScheduleError(f"tensorize of {self.name}: loop {name} must run over {what} only")
@@ -158,7 +177,10 @@ def tensorize(self: Stage, loop: str, intrinsic: str = "mma_m16n8k16") -> Stage:
                 sched.caches[k] = _wgmma_cache(self.name, sched.caches[k], granules[-1])
     for k, c in enumerate(sched.caches):
         if c.kind == "write" and c.consumer == self.name and c.loc == "fragment":
-            sched.caches[k] = replace(c, whole=(1,) * (len(comp.shape) - 2) + (16, 8))
+            lead = (1,) * (len(comp.shape) - 2)
+            # transposed: the accumulator's (row, column) is the result's (column, row)
+            sched.caches[k] = replace(c, whole=lead + ((8, 16) if transposed else (16, 8)),
+                                      layout=transpose_last if transposed else None)
     new = sched.state_copy(self.name)
     new.tags[loop] = intr.name  # the lowering looks the intrinsic up by the tag
     sched.commit(self.name, new)

@@ -128,10 +128,10 @@ def gemm_dot_tiles(st: StageInfo, target: CPUTarget) -> dict[str, Any]:
 
 def gemm_cuda_kernel(func: Func, st: StageInfo, target: CUDATarget) -> str:
     """The kernel of a GEMM stage's default CUDA schedule: the operator library's choice
-    (``ops.gpu_schedules.gemm_choice``, unsplit: "wgmma", "mma" or "gemv") for 16-bit operands on
-    tensor-core targets — B row-major or transposed (a linear layer's weight, read K-major by the
-    tensor cores), except on the GEMV kernel, which streams row-major B — else "cuda" (the CUDA
-    cores' ``gemm_cuda``)."""
+    (``ops.gpu_schedules.gemm_choice``, unsplit: "wgmma", "mma", "gemv" or, opted in, "gemv_mma") for
+    16-bit operands on tensor-core targets — B row-major or transposed (a linear layer's weight, read
+    K-major by the tensor cores), except on the GEMV kernels, which stream row-major B — else "cuda"
+    (the CUDA cores' ``gemm_cuda``)."""
     from ..ops import gpu_schedules as gs
     dtype = func.tensor("A").dtype
     if st["a_broadcast"] or st["b_broadcast"] or dtype.name not in MMA_M16N8K16.operand_dtypes \
@@ -139,7 +139,7 @@ def gemm_cuda_kernel(func: Func, st: StageInfo, target: CUDATarget) -> str:
         return "cuda"
     kernel = gs.gemm_choice(target, st["M"], st["N"], st["K"], dtype, batch=st["batch"] or 1, split_k=1,
                             out_bytes=func.tensor("C").dtype.itemsize).kernel
-    return "cuda" if kernel == "gemv" and st["b_transposed"] else kernel
+    return "cuda" if kernel in ("gemv", "gemv_mma") and st["b_transposed"] else kernel
 
 
 def _gemm_cuda(sched: Schedule, st: StageInfo, target: CUDATarget, k: Knobs) -> None:

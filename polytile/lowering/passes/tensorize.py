@@ -1,7 +1,8 @@
 """Tensor cores: the loop nests tagged with a tensor intrinsic (``polytile.intrinsics``) become its
 instructions. ``mma_m16n8k16`` nests become ``mma.sync.m16n8k16`` instructions whose operands are
 loaded from shared memory with ``ldmatrix`` (B transposed when stored [k][n], as it is when stored
-[n][k]: a linear layer's weight).
+[n][k]: a linear layer's weight; A as it is when stored [m][k], transposed when stored [k][m]: a GEMV's
+weight as the instruction's 16 rows, ``gpu_schedules.gemv_mma``).
 
 Within the two loops around a nest (the warp's tiles along m and n), the operand fragments are
 loaded once per tile row and per tile column into registers and reused by every product:
@@ -62,12 +63,15 @@ class _Nest:
                 raise LoweringError(f"tensor-core operand {op.buffer.name} must be in shared memory (ldmatrix reads "
                                     "shared memory); cache it with loc='shared'")
         iv, jv, kv = names
-        # A is read along (i, k) with k contiguous; B along (k, j) with j contiguous
-        if _coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1:
+        # A is the operand read along the nest's rows (m): stored [m][k] (k contiguous), or [k][m] (m
+        # contiguous: a GEMV's weight [k][j] streamed as the 16-row operand, its columns the rows of the
+        # instruction; loaded transposed); B along (k, n)
+        if not any(ir.uses_var(x, iv) for x in a.index):
             a, b = b, a
-        if _coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1:
-            raise LoweringError(f"operand {a.buffer.name} must be stored row by row with k contiguous "
-                                "(layout [m][k])")
+        self.a_m_major = _coefficient(a.index[-1], iv) == 1 and _coefficient(a.index[-2], kv) == 1
+        if not self.a_m_major and (_coefficient(a.index[-1], kv) != 1 or _coefficient(a.index[-2], iv) != 1):
+            raise LoweringError(f"operand {a.buffer.name} must be stored with k or m contiguous (layout [m][k] or "
+                                "[k][m])")
         # B stored [k][n] (n contiguous) is loaded transposed; [n][k] (k contiguous: a transposed
         # weight) as it is, like A
         self.b_k_major = _coefficient(b.index[-1], kv) == 1 and _coefficient(b.index[-2], jv) == 1
@@ -262,7 +266,7 @@ class _Tensorize(ir.Mutator):
         afrag, bfrag = self._buffers(nest, ir.const(1), ir.const(1))
         zero = (ir.const(0), ir.const(0))
         body = ir.block([
-            ir.call_stmt("pt_ldmatrix_a", ir.Load(afrag, zero), nest.a, nest.lda),
+            ir.call_stmt(_load_a(nest), ir.Load(afrag, zero), nest.a, nest.lda),
             ir.call_stmt(_load_b(nest, 1), ir.Load(bfrag, zero), nest.b, nest.ldb),
             ir.call_stmt(nest.instruction, nest.acc, ir.Load(afrag, zero), ir.Load(bfrag, zero)),
         ])
@@ -286,7 +290,7 @@ class _Tensorize(ir.Mutator):
         a_rel = ir.BinOp("-", mi, outer.lo)
         b_rel = ir.BinOp("-", nj, inner.lo)
         load_a = replace(outer, kind="unroll", body=ir.call_stmt(
-            "pt_ldmatrix_a", ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda))
+            _load_a(nest), ir.Load(afrag, (a_rel, ir.const(0))), nest.a, nest.lda))
         ext = int(inner.extent.value) if isinstance(inner.extent, ir.Const) else 1
         if ext % 2 == 0:  # two column tiles per ldmatrix (x4): half the shared-memory instructions
             pair = ir.Var(f"{nj.name}_pair")
@@ -301,6 +305,11 @@ class _Tensorize(ir.Mutator):
                            ir.Load(bfrag, (b_rel, ir.const(0))))
         products = replace(outer, body=replace(inner, body=mma, kind="unroll"), kind="unroll")
         return ir.Allocate(afrag, ir.Allocate(bfrag, ir.block([load_a, load_b, products])))
+
+
+def _load_a(nest: _Nest) -> str:
+    """The ldmatrix that loads a 16×16 tile of A's fragments: as stored from [m][k], transposed from [k][m]."""
+    return "pt_ldmatrix_a_trans" if nest.a_m_major else "pt_ldmatrix_a"
 
 
 def _load_b(nest: _Nest, tiles: int) -> str:

@@ -154,23 +154,57 @@ def _gemv_op(op: Any, target: Target) -> bool:
     return target.has("gpu") and op.shape.get("M", GEMV_ROWS + 1) <= GEMV_ROWS
 
 
+def _added_knob(cfg: TemplateConfig, name: str, choices: list[object], before: object) -> object:
+    """A knob added to a template after configurations of it were recorded: a configuration without
+    it (an older record) takes ``before``, the template's one choice then."""
+    if cfg.mode != "define" and name not in cfg.values:
+        return before
+    return cfg.knob(name, choices)  # type: ignore[arg-type]
+
+
 def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     """``gemv_cuda``: threads per block, bytes of B's columns per thread (``vector``: 8 through shared
     tiles; 8 or 16 loaded straight into registers: ``direct``), the K tile, stages and the split of
-    K (also of a batched product's, as the default splits them); the first choices are the default's
-    (``gemm_choice``)."""
+    K (also of a batched product's, as the default splits them); or with ``kernel="mma"`` (16-bit
+    operands on mma.sync, an unbatched product whose B rows are 16-byte multiples) ``gemv_mma``: warps
+    (threads / 32) of ``columns`` columns of B each, the K tile, stages and split. The first choices
+    are the default's (``gemm_choice``)."""
     itemsize = op.func.inputs[0].dtype.itemsize
-    d = default_gemm(cfg, op, "gemv")
+    d = default_gemm(cfg, op, "gemv") or default_gemm(cfg, op, "gemv_mma")
     p = d.params if d else {}
-    threads = int(cfg.knob("threads", _first(p["bn"] // p["vec"] if d else None, [128, 64, 32, 256])))  # type: ignore[call-overload]
-    vector = int(cfg.knob("vector", _first(p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
-    bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8])))  # type: ignore[call-overload]
+    on_mma = d is not None and d.kernel == "gemv_mma"
+    kernel = str(_added_knob(cfg, "kernel", _first("mma" if on_mma else "cuda" if d else None, ["cuda", "mma"]),
+                             "cuda"))
+    threads = int(cfg.knob("threads", _first(  # type: ignore[call-overload]
+        (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None, [128, 64, 32, 256])))
+    columns = int(_added_knob(cfg, "columns", _first(p["bn"] // p["warps"] if on_mma else None,  # type: ignore[call-overload]
+                                                     [32, 16, 64]), 32))
+    vector = int(cfg.knob("vector", _first(None if on_mma else p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
+    bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8, 128])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
     direct = bool(cfg.knob("direct", _first(bool(p.get("direct")) if d else None, [False, True])))
     split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True,
                                batched=True)
-    vec = vector // itemsize
     M = op.shape["M"]
+    if kernel == "mma":
+        cfg.require(itemsize == 2 and cfg.target.has("mma.sync"), "the mma kernel takes 16-bit operands on mma.sync")
+        cfg.require(op.name == "matmul", "the mma kernel computes unbatched products")
+        cfg.require((op.shape["N"] * itemsize) % 16 == 0, "the mma kernel reads B's rows as 16-byte copies")
+        cfg.require(not direct and vector == 8, "the mma kernel stages B in shared memory (vector, direct: unused)")
+        cfg.require(bk % 16 == 0, "the mma kernel's K tile is a multiple of mma.sync's 16")
+        cfg.require(split == 1 or (chunk or -(-op.shape["K"] // split)) % bk == 0,
+                    "the mma kernel computes whole K tiles: chunks of whole K tiles")
+        warps = threads // 32
+        bn = warps * columns
+        cfg.require(warps >= 1 and (bn // 2 < op.shape["N"] or bn == 64), "the block is twice the matrix's columns")
+        rows = 8 * -(-M // 8)
+        cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (bn + 8 + rows + 8) * itemsize,
+                      registers_per_thread=columns // 16 * rows // 2 + 48,
+                      registers_per_block=(columns // 16 * rows // 2 + 48) * threads)
+        params = dict(bn=bn, warps=warps, bk=bk, stages=stages)
+        return _gemm_as(cfg, op, GemmChoice("gemv_mma", params, split, 0.0, chunk))
+    cfg.require(columns == 32, "columns: the mma kernel's knob")
+    vec = vector // itemsize
     cfg.require(direct or vector == 8, "staged tiles of B take 8 bytes of columns per thread")
     cfg.require(direct or threads == 32 or threads * vec // 2 < op.shape["N"],
                 "the block is twice the matrix's columns")
