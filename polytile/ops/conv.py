@@ -162,7 +162,9 @@ def conv2d_cpu_tiles(K: int, Q: int, taps: int, target: CPUTarget, itemsize: int
 def schedule_conv2d_tiles_cpu(sched: Schedule, tiles: dict[str, Any], has_pad: bool) -> None:
     """An output tile of ``k_tile`` channels × ``p_tile`` rows × ``q_tile`` columns accumulated in
     registers over the channels and filter taps (in ``order``; another order than the algorithm's
-    reassociates the sum), weights packed per channel block (``pack_w``), the tile's rows
+    reassociates the sum), weights packed per channel block (``pack_w``; copied filter by filter,
+    ``w_copy`` "source", or in the packed order, "cache": k_tile filters C·R·S apart read at once,
+    which on a 2048-channel 1×1 filter (8 KiB apart) ran 0.64× torch against 0.93×), the tile's rows
     ``unroll_p``, full tiles separated from the edges (``separate``), the ``parallel`` loop "ko"
     (channel blocks) or "po" (row blocks). ``vectors``:
 
@@ -190,8 +192,8 @@ def schedule_conv2d_tiles_cpu(sched: Schedule, tiles: dict[str, Any], has_pad: b
     if tuple(order) != ("c", "r", "s"):
         st.reassociate()
     st.reorder("n", "ko", rows[0], "qo", *order, *rows[1:], *inner)
-    if t["pack_w"]:
-        st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk))
+    if t["pack_w"]:  # copied filter by filter (c, r, s contiguous): one stream, not k_tile filters at once
+        st.cache("Wt", "ko", layout=lambda kk, cc, rr, ss: (cc, rr, ss, kk), copy_order=t.get("w_copy", "source"))
     channels = t["vectors"] == "channels"
     st.cache_write("qo", layout=(lambda n, k, p, q: (n, p, q, k)) if channels else None)
     if t["separate"]:
