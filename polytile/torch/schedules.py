@@ -209,9 +209,10 @@ def _elementwise(sched: Schedule, t: ComputeTensor, target: CPUTarget | CUDATarg
     last = _fuse_all(sched, t, names[-inner:], "cols")
     cols = math.prod(shape[-inner:])
     if cols >= width:
+        # no ``separate`` here: the full tiles of one statement are isolated per kernel, and a
+        # convolution's register tiles (3×3 on 14×14: 13 + 1 columns) lost theirs to the epilogue's
+        # (accumulators in memory, 0.46× torch); GCC vectorizes this loop and its tail
         st.split(last, width, f"{last}_o", f"{last}_v").vectorize(f"{last}_v")
-        if cols % width:  # whole vectors apart from the last, partial one (a loop of whole vectors)
-            st.separate(f"{last}_o")
     outer = rows if rows is not None else (f"{last}_o" if cols >= width else None)
     if outer is not None and k.parallel:
         st.parallel(outer)
