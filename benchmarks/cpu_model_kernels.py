@@ -31,8 +31,9 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import polytile.torch as ptt  # noqa: E402
 from cpu_ops import device_record, git_commit  # noqa: E402
+
+import polytile.torch as ptt  # noqa: E402
 
 # name: (C, H, K, R, stride, occurrences in ResNet-50)
 CONVS = {
@@ -174,7 +175,8 @@ def main() -> int:
               "command": " ".join(["python", *sys.argv]), "polytile_commit": git_commit(), **device_record(),
               "threads": torch.get_num_threads(), "clock": args.clock, "load_average_before": load_before,
               "load_average_after": os.getloadavg(), "results": results}
-    path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"cpu_model_kernels-{now:%Y%m%d-%H%M%S}.json"
+    default = ROOT / "benchmarks" / "results" / f"cpu_model_kernels-{now:%Y%m%d-%H%M%S}.json"
+    path = Path(args.out) if args.out else default
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"\n{record['device']}, {torch.get_num_threads()} thread(s), load average {load_before[0]:.1f} before, "

@@ -11,11 +11,11 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_helpers import compile_and_compare
 
 from polytile.ops.matmul import cpu_gemm_tiles
 from polytile.target import cpu_target
 from polytile.torch.schedules import inner_dims
-from torch_helpers import compile_and_compare
 
 
 @pytest.mark.parametrize("M,N,K", [(37, 53, 1031), (1, 19, 127), (130, 67, 97)])
