@@ -54,7 +54,7 @@ def _inlined_reads(stage: Stage) -> set[str]:
 
 def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str | None,
                layout: Callable[..., object] | None, loc: str, also: tuple[str, ...] = (),
-               pad: tuple[int, ...] = (), whole: tuple[int, ...] = ()) -> Stage:
+               pad: tuple[int, ...] = (), whole: tuple[int, ...] = (), copy_order: str = "") -> Stage:
     from .state import CacheSpec
     sched = stage.schedule
     taken = {t.name for t in sched.func.tensors} | {c.name for c in sched.caches}
@@ -78,7 +78,7 @@ def _add_cache(stage: Stage, kind: str, tensor: str, at: str | None, name: str |
                             "(cache_write); operands come from shared memory")
     if any(not isinstance(p, int) or p < 0 for p in pad):
         raise ScheduleError(f"cache {cname}: pad must be non-negative integers, got {pad!r}")
-    spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad), whole)
+    spec = CacheSpec(kind, tensor, stage.name, at, cname, layout, loc, also, tuple(pad), whole, copy_order)
     sched.caches.append(spec)
     try:
         check_narrowed_write_caches(sched)
@@ -107,7 +107,8 @@ def cache_identity(self: Stage, tensor: Tensor | str, at: str | None = None, *, 
 
 
 def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Callable[..., object] | None = None,
-          *, name: str | None = None, loc: str = "auto", pad: Sequence[int] = (), whole: Sequence[int] = ()) -> Stage:
+          *, name: str | None = None, loc: str = "auto", pad: Sequence[int] = (), whole: Sequence[int] = (),
+          copy_order: str = "") -> Stage:
     """Like ``cache_identity`` with a layout: ``layout(*rel)`` gives the buffer index of the element at
     ``rel`` (its index minus the footprint's origin), e.g. ``lambda k, j: (j // 16, k, j % 16)`` packs
     panels; ``pad`` adds elements to each buffer dimension (e.g. ``(0, 8)`` lengthens rows by 8 to
@@ -115,7 +116,13 @@ def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Call
     footprint's box up to multiples of the granules and copies it whole, zeros past the tensor's end:
     on a GPU, ``cache(A, None, loc="global", whole=(1, 8))`` gives a 16-bit matrix whose rows are
     not 16-byte aligned an aligned, zero-padded copy (one copy kernel) that the inner caches read with
-    16-byte asynchronous copies."""
+    16-byte asynchronous copies. ``copy_order``: the copy loops run over the buffer's layout ("cache":
+    contiguous writes; the default off shared memory) or over the tensor's indices ("source":
+    contiguous reads — a transposing pack that would otherwise read as many rows at once as its
+    panel is wide)."""
+    if copy_order not in ("", "cache", "source"):
+        raise ScheduleError(f"cache of {tensor} for {self.name}: copy_order must be 'cache' or 'source', "
+                            f"got {copy_order!r}")
     if layout is not None and not callable(layout):
         raise ScheduleError(f"cache of {tensor} for {self.name}: layout must be a function of the indices")
     name_t = _tensor_name(self, tensor)
@@ -124,7 +131,7 @@ def cache(self: Stage, tensor: Tensor | str, at: str | None = None, layout: Call
         raise ScheduleError(f"cache of {name_t} for {self.name}: whole must give a positive granule for each of "
                             f"its {rank} dimensions, got {tuple(whole)!r}")
     return _add_cache(self, "read", name_t, _level(self, at), name, layout, _check_loc(self, loc), (), tuple(pad),
-                      tuple(whole))
+                      tuple(whole), copy_order)
 
 
 def cache_write(self: Stage, at: str | None = None, *, name: str | None = None, loc: str = "auto",

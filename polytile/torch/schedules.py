@@ -17,6 +17,7 @@ row reduces the row across its threads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +107,11 @@ def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> No
             tiles.update(mr=k.gemm_tiles["mr"], nj=k.gemm_tiles["nr"] // tiles["lanes"])
         schedule_dot_cpu(sched, st.name, {**tiles, "parallel": tiles["parallel"] if k.parallel else None})
         return
-    tiles = cpu_gemm_tiles(st["M"], st["N"], st["K"], target, 4)
+    whole_k = sched.computation(st.name).finished  # an epilogue applies to complete sums: K in one block
+    tiles = cpu_gemm_tiles(st["M"], st["N"], st["K"], target, 4, whole_k=whole_k)
     if k.gemm_tiles:
         tiles.update(k.gemm_tiles)
-    if sched.computation(st.name).finished:  # an epilogue applies to complete sums: K in one block
+    if whole_k:
         tiles["kc"] = st["K"]
     schedule_gemm_cpu(sched, st.name, "A", "B", tiles, b_transposed=st["b_transposed"],
                       batch="bb" if st["batch"] is not None else None)
@@ -202,13 +204,31 @@ def _elementwise(sched: Schedule, t: ComputeTensor, target: CPUTarget | CUDATarg
         st.split(loop, k.threads or 256, "eb", "et").bind("eb", "blockIdx.x").bind("et", "threadIdx.x")
         return
     width = target.vector_lanes(4) * k.lanes_factor
-    rows = _fuse_all(sched, t, names[:-1], "rows") if len(names) > 1 else None
-    last = names[-1]
-    if shape[-1] >= width:
+    inner = inner_dims(shape, width)
+    rows = _fuse_all(sched, t, names[:-inner], "rows") if len(names) > inner else None
+    last = _fuse_all(sched, t, names[-inner:], "cols")
+    cols = math.prod(shape[-inner:])
+    if cols >= width:
+        # no ``separate`` here: the full tiles of one statement are isolated per kernel, and a
+        # convolution's register tiles (3×3 on 14×14: 13 + 1 columns) lost theirs to the epilogue's
+        # (accumulators in memory, 0.46× torch); GCC vectorizes this loop and its tail
         st.split(last, width, f"{last}_o", f"{last}_v").vectorize(f"{last}_v")
-    outer = rows if rows is not None else (f"{last}_o" if shape[-1] >= width else None)
+    outer = rows if rows is not None else (f"{last}_o" if cols >= width else None)
     if outer is not None and k.parallel:
         st.parallel(outer)
+
+
+def inner_dims(shape: list[int], width: int) -> int:
+    """How many trailing dimensions of an elementwise stage of ``shape`` form its vectorized inner loop:
+    the last one, or with the ones before it as few as make at least ``width`` elements (a convolution's
+    7×7 to 28×28 maps, whose rows are shorter than a vector or not a multiple of it, vectorize over the
+    whole map; the loops outside — the channels — then hold what is constant along a map, a batch
+    norm's per-channel values, out of the vector loop)."""
+    n, size = 1, shape[-1] if shape else 1
+    while size < width and n < len(shape):
+        n += 1
+        size *= shape[-n]
+    return n
 
 
 # --- row reductions (the structure of ops.softmax and ops.layernorm) -----------------------------------

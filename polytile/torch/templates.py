@@ -19,10 +19,12 @@ def imported_from_torch(op: Any, target: Any) -> bool:
     return isinstance(getattr(op.func, "torch_group", None), GroupInfo)
 
 
-def _gemm_knobs(cfg: TemplateConfig, st: Any) -> dict[str, int]:
+def _gemm_knobs(cfg: TemplateConfig, st: Any, whole_k: bool = False) -> dict[str, int]:
+    """``whole_k``: the product's sums are finished (an epilogue): its default tiles are those of K in
+    one block (``cpu_gemm_tiles(whole_k=True)``), as the default schedule's."""
     from ..ops.matmul import cpu_gemm_tiles
     from .schedules import gemm_dot_tiles
-    d = cpu_gemm_tiles(st["M"], st["N"], st["K"], cfg.target, 4)
+    d = cpu_gemm_tiles(st["M"], st["N"], st["K"], cfg.target, 4, whole_k=whole_k)
     lanes = d["lanes"]
     if st["dot"]:  # dot products: mr rows of A × nr / lanes rows of B a register tile (cache blocks unused)
         dot = gemm_dot_tiles(st, cfg.target)
@@ -50,7 +52,7 @@ def torch_group_cpu(cfg: TemplateConfig, op: Any) -> Any:
     gemms = g.of_kind("gemm")
     convs = g.of_kind("conv")
     if gemms:
-        knobs.gemm_tiles = _gemm_knobs(cfg, gemms[0])
+        knobs.gemm_tiles = _gemm_knobs(cfg, gemms[0], func.tensor(gemms[0].name).finished)
     if convs:  # k_tile 0: the default schedule (ops.conv.conv2d_cpu_default), else column vectors
         lanes = cfg.target.vector_lanes(4)
         k_tile, q_tile = cfg.knob("k_tile", [0, 8, 4, 16]), cfg.knob("q_tile", [lanes, lanes // 2, 2 * lanes])

@@ -126,3 +126,35 @@ def test_softmax_row_maximum_anywhere(where, rng):
 def test_rows_reduced_in_vector_lanes_other_types(dtype, rng):
     check(ops.softmax(3, 77, dtype), rng)
     check(ops.layernorm(3, 77, dtype), rng)
+
+
+@pytest.mark.parametrize("K,order", [(1031, "source"), (131, "cache")])
+def test_dense_packs_w_row_by_row_when_its_rows_span_a_page(K, order, rng):
+    """W (N × K, B transposed) is packed row by row (each row one stream) when a row is a page or
+    longer, else in the packed order; both correct at sizes off the tiles."""
+    op = ops.dense(67, 53, K)
+    (cache,) = [c for c in op.schedule("cpu").caches if c.tensor == "W"]
+    assert cache.copy_order == order
+    check(op, rng)
+
+
+@pytest.mark.parametrize("R,order", [(1, "source"), (3, "cache")])
+def test_conv2d_weights_packed_filter_by_filter_for_1x1(R, order, rng):
+    op = ops.conv2d(N=1, C=67, H=9, W=11, K=45, R=R, S=R, padding=R // 2)
+    (cache,) = [c for c in op.schedule("cpu").caches if c.tensor == "Wt"]
+    assert cache.copy_order == order
+    check(op, rng)
+    check(ops.conv2d(N=1, C=67, H=9, W=11, K=45, R=R, S=R, padding=R // 2), rng, WIDE)
+
+
+def test_cache_copy_order_is_checked():
+    from polytile.errors import ScheduleError
+    op = ops.matmul(8, 8, 8)
+    sched = pt_schedule(op)
+    with pytest.raises(ScheduleError, match="copy_order"):
+        sched["C"].cache("A", None, copy_order="rows")
+
+
+def pt_schedule(op):
+    from polytile.schedule.state import Schedule
+    return Schedule(op.func)

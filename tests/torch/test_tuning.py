@@ -143,3 +143,18 @@ def test_a_convolutions_default_schedule_is_the_group_templates_first_configurat
     task = mt.task
     default = build(schedule_group(task.op.func, task.target), task.target).source
     assert build(task.schedule(task.space.default.values), task.target).source == default
+
+
+@pytest.mark.parametrize("K", [131, 3079])
+def test_a_linear_layers_whole_k_product_is_the_templates_default(K: int) -> None:
+    """Many rows with an epilogue: K in one block (the column block sized for it, A read in place);
+    the group template's first configuration is that default schedule (at K = 3079 the column block
+    of K in one block is narrower than the one of K blocks: 300 columns do not fit beside it)."""
+    from polytile.build import build
+    from polytile.torch.schedules import schedule_group
+    model = torch.nn.Sequential(torch.nn.Linear(K, 300), torch.nn.GELU()).eval()
+    (mt,) = ptt.extract_tasks(model, [torch.randn(67, K)])
+    task = mt.task
+    default = build(schedule_group(task.op.func, task.target), task.target).source
+    assert "B_C_local" in default and "A_C_local" not in default  # W packed, A read in place
+    assert build(task.schedule(task.space.default.values), task.target).source == default

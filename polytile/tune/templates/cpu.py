@@ -160,7 +160,7 @@ def conv2d_cpu(cfg: TemplateConfig, op: Any) -> Any:
     sched = cfg.schedule(op.func)
     schedule_conv2d_tiles_cpu(sched, {"vectors": vectors, "lanes": lanes, "k_tile": k_tile, "p_tile": p_tile,
                                       "q_tile": q_tile, "order": order, "pack_w": pack_w, "parallel": par,
-                                      "unroll_p": unroll_p, "separate": separate},
+                                      "unroll_p": unroll_p, "separate": separate, "w_copy": d["w_copy"]},
                               has_pad="Ipad" in sched.stage_names())
     return sched
 
