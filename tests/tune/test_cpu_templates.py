@@ -87,7 +87,8 @@ def _check(task, values, rng: np.random.Generator) -> None:
 
 CHOICES = [  # the choices the shape-aware defaults brought into the spaces, at sizes off every tile
     ("matmul", dict(M=5, N=43, K=37), {"pack_a": False, "pack_b": False, "kc": 8}),
-    ("matmul", dict(M=1, N=77, K=29), {"nr_vecs": 8, "parallel": None}),
+    # 64 columns of B a register tile: 8 vectors of 8 lanes, 4 of 16 (AVX-512)
+    ("matmul", dict(M=1, N=77, K=29), {"nr_vecs": 64 // cpu_target().vector_lanes(4), "parallel": None}),
     ("matmul", dict(M=13, N=71, K=19), {"pack_b": False, "mr": 5}),
     ("batch_matmul", dict(batch=3, M=3, N=29, K=23), {"pack_a": False, "pack_b": False}),
     ("dense", dict(M=3, N=37, K=41), {"kernel": "dot"}),
