@@ -175,10 +175,17 @@ def gemv_mma(sched: Schedule, out: str, a: str, b: str, *, bn: int = 128, warps:
     for loop, axis in zip(lead, ("blockIdx.z", "blockIdx.y")[2 - len(lead):], strict=True):
         st.bind(loop, axis)
     st.bind("bj", "blockIdx.x").bind("wj", "threadIdx.y")
-    for t in (a, b):  # rows padded by 8 elements (conflict-free ldmatrix)
+    _mma_sync_operands(sched, st, a, b, "j3", stages)
+
+
+def _mma_sync_operands(sched: Schedule, st: object, a: str, b: str, tile_axis: str, stages: int) -> None:
+    """The operands of an ``mma.m16n8k16`` product staged per K tile ``ko``: ``a`` and ``b`` in shared memory
+    (rows padded by 8 elements: conflict-free ``ldmatrix``) pipelined over ``stages``, the accumulators of
+    each warp (``wj``) in fragments, the instruction at ``tile_axis``."""
+    for t in (a, b):
         st.cache(t, "ko", loc="shared", pad=(0,) * (len(sched.func.tensor(t).shape) - 1) + (8,), name=f"{t}_shared")
     st.cache_write("wj", loc="fragment")
-    st.tensorize("j3", "mma_m16n8k16")
+    st.tensorize(tile_axis, "mma_m16n8k16")
     if stages > 1:
         st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
 
@@ -218,12 +225,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
-    for t in (a, b):  # rows padded by 8 elements (conflict-free ldmatrix)
-        st.cache(t, "ko", loc="shared", pad=(0,) * (len(sched.func.tensor(t).shape) - 1) + (8,), name=f"{t}_shared")
-    st.cache_write("wj", loc="fragment")
-    st.tensorize("i3", "mma_m16n8k16")
-    if stages > 1:
-        st.pipeline(f"{a}_shared", stages).pipeline(f"{b}_shared", stages)
+    _mma_sync_operands(sched, st, a, b, "i3", stages)
     if reg_stages > 1 and bk > 16:
         st.pipeline(f"{a}_shared_frag", reg_stages).pipeline(f"{b}_shared_frag", reg_stages)
 

@@ -147,14 +147,19 @@ def test_explicit_stream_is_used_for_launches_and_allocations(monkeypatch, fw, m
         kern(a, b, stream="default")
 
 
-def test_zero_initialized_outputs_are_cleared_on_the_call_stream(monkeypatch, fw, nvcc, rng):
-    driver = fake_devices(monkeypatch)
+def build_lower_triangle() -> CUDAKernel:
+    """``L = 2 A`` below the diagonal, zero above (``where=``): its output is cleared before the launch."""
     N = pt.param("N")
     A = pt.placeholder((N, N), "float32", "A")
     L = pt.compute((N, N), lambda i, j: A[i, j] * 2.0, "L", where=lambda i, j: j <= i)
     s = pt.create_schedule(pt.Func([A], [L], name="lower"))
     s[L].split("i", 32, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    kern = pt.build(s, ARCH)
+    return pt.build(s, ARCH)
+
+
+def test_zero_initialized_outputs_are_cleared_on_the_call_stream(monkeypatch, fw, nvcc, rng):
+    driver = fake_devices(monkeypatch)
+    kern = build_lower_triangle()
     declare(driver, kern)
     a = FakeArray(rng.standard_normal((20, 20)).astype("float32"))
     out = kern(a)

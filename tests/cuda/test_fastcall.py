@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 from fake_gpu import FakeArray, fake_devices, fake_framework
-from test_call_path_fake import build_two_kernels, declare, fresh
+from test_call_path_fake import build_lower_triangle, build_two_kernels, declare, fresh
 
 import polytile as pt
 from polytile import ops
@@ -199,12 +199,7 @@ def test_zero_initialized_outputs_are_cleared_in_c_too(monkeypatch, nvcc, rng):
         pytest.skip("the C call path cannot be built here")
     fake_framework(monkeypatch)
     driver = fake_devices(monkeypatch)
-    N = pt.param("N")
-    A = pt.placeholder((N, N), "float32", "A")
-    L = pt.compute((N, N), lambda i, j: A[i, j] * 2.0, "L", where=lambda i, j: j <= i)
-    s = pt.create_schedule(pt.Func([A], [L], name="lower"))
-    s[L].split("i", 32, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    kern = pt.build(s, ARCH)
+    kern = build_lower_triangle()
     declare(driver, kern)
     a = FakeArray(rng.standard_normal((20, 20)).astype("float32"))
     kern(a)

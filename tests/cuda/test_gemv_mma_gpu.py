@@ -4,28 +4,13 @@ non-zero inputs at sizes that divide no tile — the default's opt-in choice (``
 fixed tiles and splits."""
 
 import pytest
+from gpu_inputs import rel_error, signed_inputs
 
 import polytile as pt
 from polytile import ops
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
-
-
-def _inputs(shapes, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    tdt = getattr(torch, dtype)
-    out = []
-    for s in shapes:
-        mag = torch.rand(s, device="cuda", generator=g) + 0.5
-        sign = torch.randint(0, 2, s, device="cuda", generator=g) * 2 - 1
-        out.append((mag * sign).to(tdt))
-    return out
-
-
-def _err(out, ref):
-    assert torch.isfinite(out).all()
-    return float((out.double() - ref).norm() / ref.norm())
 
 
 # rows 2..16 (one and two 8-column tiles, 3/5/7/13 off the tile), N a multiple of 8 but not of the block's
@@ -52,8 +37,8 @@ def test_opted_in_default_matmul(dims, dtype, out, monkeypatch):
     target = as_target("cuda")
     assert gemm_choice(target, M, N, K, getattr(pt, dtype)).kernel == "gemv_mma"
     op = ops.matmul(M, N, K, dtype, out_dtype=out)
-    a, b = _inputs([(M, K), (K, N)], dtype, M + N + K)
-    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
+    a, b = signed_inputs(torch, [(M, K), (K, N)], dtype, M + N + K)
+    assert rel_error(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
 
 
 # (M, N, K, split, chunk, params): 1, 2 and 4 warps of 16..64 columns, K tiles of 16..128, chunks of one
@@ -74,9 +59,9 @@ def test_fixed_tiles(M, N, K, split, chunk, params):
     g.gemv_mma(sched, "P" if split > 1 else "C", "A", "B", batch="s" if split > 1 else None, **params)
     if split > 1:
         g.sum_partials(sched, "C")
-    a, b = _inputs([(M, K), (K, N)], "bfloat16", M * N + K)
+    a, b = signed_inputs(torch, [(M, K), (K, N)], "bfloat16", M * N + K)
     out = pt.build(sched, "cuda")(a, b)
-    assert _err(out, a.double() @ b.double()) <= 2e-2
+    assert rel_error(out, a.double() @ b.double()) <= 2e-2
 
 
 @pytest.mark.parametrize("dims,dtype", [((5, 1000, 1003), "bfloat16"), ((13, 776, 3001), "float16")])
@@ -89,7 +74,7 @@ def test_the_space_s_mma_configurations(dims, dtype):
     M, N, K = dims
     target = as_target("cuda")
     task = make_task("matmul", target, M=M, N=N, K=K, dtype=dtype)
-    a, b = _inputs([(M, K), (K, N)], dtype, 7 * M + K)
+    a, b = signed_inputs(torch, [(M, K), (K, N)], dtype, 7 * M + K)
     ref = a.double() @ b.double()
     done = 0
     for digits in task.space.sample_valid(np.random.default_rng(1), 400):
@@ -97,7 +82,7 @@ def test_the_space_s_mma_configurations(dims, dtype):
         if values["kernel"] != "mma":
             continue
         out = pt.build(task.schedule(values), target)(a, b)
-        assert _err(out, ref) <= 2e-2, values
+        assert rel_error(out, ref) <= 2e-2, values
         done += 1
         if done == 4:
             break

@@ -3,28 +3,13 @@ uneven split-K, ``gpu_schedules.tile_chunks``), and GEMVs over whole register ti
 torch reference on random non-zero inputs at sizes that divide no tile."""
 
 import pytest
+from gpu_inputs import rel_error, signed_inputs
 
 import polytile as pt
 from polytile import ops
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
-
-
-def _inputs(shapes, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    tdt = getattr(torch, dtype)
-    out = []
-    for s in shapes:
-        mag = torch.rand(s, device="cuda", generator=g) + 0.5
-        sign = torch.randint(0, 2, s, device="cuda", generator=g) * 2 - 1
-        out.append((mag * sign).to(tdt))
-    return out
-
-
-def _err(out, ref):
-    assert torch.isfinite(out).all()
-    return float((out.double() - ref).norm() / ref.norm())
 
 
 DEFAULTS = [((61, 61, 8191), "bfloat16", "bfloat16"),  # one tile, a prime K: chunks of whole K tiles
@@ -40,8 +25,8 @@ DEFAULTS = [((61, 61, 8191), "bfloat16", "bfloat16"),  # one tile, a prime K: ch
 def test_default_matmul(dims, dtype, out):
     M, N, K = dims
     op = ops.matmul(M, N, K, dtype, out_dtype=out)
-    a, b = _inputs([(M, K), (K, N)], dtype, M + N + K)
-    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
+    a, b = signed_inputs(torch, [(M, K), (K, N)], dtype, M + N + K)
+    assert rel_error(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
 
 
 # (chunks, chunk length, kernel, tile parameters): wgmma and mma.sync, K tiles of 64 and 128, the last chunk
@@ -61,13 +46,13 @@ def test_tensor_core_chunks(K, split, chunk, kernel, params):
     g._gemm_schedule(g.GemmChoice(kernel, params, split, 0.0, chunk), sched, "P", "s")
     g.sum_partials(sched, "C")
     kern = pt.build(sched, "cuda")
-    a, b = _inputs([(M, K), (K, N)], "bfloat16", K + split)
-    assert _err(kern(a, b), a.double() @ b.double()) <= 1e-4
+    a, b = signed_inputs(torch, [(M, K), (K, N)], "bfloat16", K + split)
+    assert rel_error(kern(a, b), a.double() @ b.double()) <= 1e-4
 
 
 @pytest.mark.parametrize("dims", [(32, 1, 128, 2048), (20, 1, 1500, 80), (3, 5, 77, 300), (4, 16, 1001, 999)])
 def test_batch_gemv(dims):
     batch, M, N, K = dims
     op = ops.batch_matmul(batch, M, N, K, "float16")
-    a, b = _inputs([(batch, M, K), (batch, K, N)], "float16", sum(dims))
-    assert _err(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
+    a, b = signed_inputs(torch, [(batch, M, K), (batch, K, N)], "float16", sum(dims))
+    assert rel_error(op.build("cuda")(a, b), a.double() @ b.double()) <= op.tolerance
