@@ -274,8 +274,14 @@ class TemplateConfig:
         return self._declare(Split(name, choices, int(extent), n, policy))  # type: ignore[return-value]
 
     def knob(self, name: str, choices: Sequence[Value]) -> Value:
-        """Declare a choice among explicit values (the first is the default)."""
-        return self._declare(Knob(name, tuple(_from_json(c) for c in choices)))
+        """Declare a choice among explicit values (the first is the default); TuneError for a value given
+        twice (a configuration would have two digits, and a tensor sentence two words alike)."""
+        values = tuple(_from_json(c) for c in choices)
+        twice = [v for k, v in enumerate(values) if v in values[:k]]
+        if twice:
+            raise TuneError(f"knob {name!r}: the choice {twice[0]!r} is given twice in {list(values)!r}; give each "
+                            "value once")
+        return self._declare(Knob(name, values))
 
     def tag(self, name: str, loop: str, kinds: Sequence[str] = ("serial", "unroll")) -> str:
         """Declare which annotation loop ``loop`` gets; ``apply_tag`` applies it."""

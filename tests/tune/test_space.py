@@ -94,3 +94,20 @@ def test_builtin_templates_are_listed_for_each_target_kind():
     for op in ("matmul", "batch_matmul", "dense", "conv2d", "softmax", "layernorm"):
         assert (op, "cpu") in kinds
     assert ("matmul", "cuda") in kinds and ("conv2d", "cuda") in kinds and ("func", "cpu") in kinds
+
+
+def test_a_knob_refuses_a_value_given_twice():
+    cfg = TemplateConfig("define", CPUTarget(cores=2))
+    with pytest.raises(TuneError, match="knob 'threads': the choice 32 is given twice"):
+        cfg.knob("threads", [8, 1, 32, 32, 64])
+
+
+@pytest.mark.parametrize("name,N", [("softmax", 20), ("layernorm", 7), ("softmax", 200), ("layernorm", 511)])
+def test_narrow_row_templates_offer_each_width_once(name, N):
+    # parts of a warp (1-32 lanes) and blocks of whole warps (32-1024) both hold 32: the narrow rows'
+    # template declared it twice where the default was not 32, and TLM's corpus refused the space
+    from polytile.tune.tlm.sentence import decision_words
+    task = make_task(name, CUDATarget(arch="sm_90a"), M=4096, N=N)
+    threads = next(d for d in task.space.decisions if d.name == "threads").choices
+    assert len(set(threads)) == len(threads) and 32 in threads
+    assert decision_words(task.space)

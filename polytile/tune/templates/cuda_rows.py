@@ -28,7 +28,8 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def _first(default: object, choices: tuple[Any, ...]) -> list[Any]:
-    return [default, *(c for c in choices if c != default)]
+    """``choices`` once each, ``default`` first."""
+    return list(dict.fromkeys([default, *choices]))
 
 
 def _rows(cfg: TemplateConfig, op: Any) -> Any:
