@@ -197,6 +197,8 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str,
                 raise LoweringError(f"kernel {name}: two loops are bound to {st.kind}")
             index = None
             group = (rasters or {}).get(st.var.name, 0) if axis == "y" else 0
+            if group and _block_loop(root, "blockIdx.x") is None:
+                group = 0  # one column of blocks (its loop of one iteration gone): nothing to regroup
             if group:
                 inner = _block_loop(st.body, "blockIdx.x")
                 if inner is None:
