@@ -662,8 +662,15 @@ def _wgmma(target: CUDATarget) -> bool:
 
 
 GEMV_ROWS = 16  # products with at most this many rows stream B on the CUDA cores (gemv_cuda)
-# "1": the default GEMM of 2 to 16 rows of 16-bit operands is gemv_mma (gemm_choice's tensor_core_gemv)
+# "0": the default GEMM of 5 to 16 rows of 16-bit operands keeps the CUDA cores' GEMV (or mma.sync's own
+# 16-row tile) instead of gemv_mma (gemm_choice's tensor_core_gemv); "1": gemv_mma from 2 rows
 GEMV_MMA_VARIABLE = "POLYTILE_GEMV_MMA"
+# the fewest rows the default takes gemv_mma for. Measured on an H200 (2026-11-28,
+# benchmarks/results/gemv_rows-20261128-1745-h200.json, µs, CUDA-core GEMV / gemv_mma / torch): 2, 3, 4
+# rows × 4096×4096 bf16 19.5/21.1, 19.6/20.6, 19.9/21.3 (torch 18.9); 6 rows 21.5/21.0, 12 27.0/22.6,
+# 15 29.7/22.5; 16 rows (mma.sync's tile) 22.9/22.7; 16×28672×4096 87.1/77.9 (torch 70.6); 16×3072×768
+# fp16 11.3/9.6 (8.9); 5×5000×3000 bf16 24.0/20.2 (18.1); 2×28672×4096 70.8/72.0 (67.3)
+GEMV_MMA_MIN_ROWS = 5
 MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 # the most chunks of a GEMV's split: its partial products are M ≤ GEMV_ROWS rows (a 64-way split of
 # 1×4097×4093 writes 1 MB of them while streaming 33 MB of B), and more chunks are more warps
@@ -840,12 +847,14 @@ def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, b
 
 
 def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
-                       hw: Hardware, tensor_core_gemv: bool) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
-    """The kernel the operands call for and its candidate tiles (``gemm_choice``)."""
+                       hw: Hardware, gemv_mma_rows: tuple[int, int]
+                       ) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
+    """The kernel the operands call for and its candidate tiles (``gemm_choice``); ``gemv_mma`` for
+    ``gemv_mma_rows`` (first, last) rows where it applies."""
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
     tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
-    if tensor_core_gemv and gemv_mma_applies(target, M, N, K, dtype, batch):
+    if gemv_mma_rows[0] <= M <= gemv_mma_rows[1] and gemv_mma_applies(target, M, N, K, dtype, batch):
         found = _gemv_mma_candidates(M, N, K, it, hw)
         if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
             chunk = -(-K // split_k)
@@ -881,17 +890,22 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     of whole K tiles but the last, which ends at K (``tile_chunks``: up to ``GEMV_MAX_SPLIT`` for the
     GEMV, one chunk per SM for the tensor cores; not on the CUDA cores). A given ``split_k`` of
     unequal chunks of ⌈K/S⌉ takes K tiles that divide them (the GEMV: partial tiles, not whole).
-    ``tensor_core_gemv`` (opt-in, not the default until measured on a GPU; None: the environment variable
-    ``POLYTILE_GEMV_MMA=1``): 2 to 16 rows of 16-bit operands on mma.sync, transposed (``gemv_mma``, where
-    ``gemv_mma_applies``), its tiles and split by the same model. The CUDA cores' GEMV spends M FMAs and its
-    operands' loads on each element of B: issue-bound at 8 rows (H200, 2026-11-28 tuned suite: LLaMA's
-    8×6144×4096 at 1584 GB/s, 0.71× torch, where one row streams at 2100–3470 GB/s); the tensor cores
-    compute 16×8×16 products in one instruction."""
+    ``tensor_core_gemv`` (True: 2 to 16 rows; None: the default, ``GEMV_MMA_MIN_ROWS`` to 16 rows unless the
+    environment variable ``POLYTILE_GEMV_MMA`` is "0" (none) or "1" (from 2)): rows of 16-bit operands on
+    mma.sync, transposed (``gemv_mma``, where ``gemv_mma_applies``), its tiles and split by the same model.
+    The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
+    the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
+    (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
+    0.69–0.92× torch on the GEMV, 0.82–1.05× on gemv_mma (LLaMA's 8×28672×4096 96.3 → 74.5 µs, torch 69)."""
     hw = Hardware.of(target)
     it = dtype.itemsize
-    if tensor_core_gemv is None:
-        tensor_core_gemv = os.environ.get(GEMV_MMA_VARIABLE) == "1"
-    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, tensor_core_gemv)
+    if tensor_core_gemv is None:  # the default: from GEMV_MMA_MIN_ROWS rows, unless the environment says
+        setting = os.environ.get(GEMV_MMA_VARIABLE, "")
+        gemv_mma_rows = (0, 0) if setting == "0" else (2, GEMV_ROWS) if setting == "1" else (GEMV_MMA_MIN_ROWS,
+                                                                                           GEMV_ROWS)
+    else:
+        gemv_mma_rows = (2, GEMV_ROWS) if tensor_core_gemv else (0, 0)
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows)
     if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)
@@ -1089,16 +1103,20 @@ ROW_LANES = (1, 2, 4, 8, 16, 32)
 """The threads a narrow row may take, several rows a block (``RowPlan.rows``): an aligned part of a
 warp, whose lanes reduce the row by shuffles among themselves."""
 
-SUBWARP_ROW = 32
-"""Rows narrower than this (a warp's threads) take several rows a block by default (``row_plan``)."""
+SEVERAL_ROWS = 256
+"""Rows of at most this many elements take several rows a block by default (``row_plan``). Measured on
+an H200 (2026-11-28, ``benchmarks/narrow_rows.py --variants``,
+``benchmarks/results/narrow_rows-20261128-1720-h200.json``): softmax of 65536×32 0.27× torch one row a
+block, 1.12× 8 rows of 16 lanes; 8192×64 0.67× → 1.05×; 4096×128 0.90× → 1.07×; 16384×256 0.88× →
+0.95×; at 512 one row a block stays ahead (1.07× against 0.92–1.06×)."""
 
 NARROW_ROW = 512
 """Rows of at most this many elements are offered parts of a warp and several rows a block by the
-tuning templates (``tune/templates/cuda_rows.py``); wider rows than ``SUBWARP_ROW`` keep one block
-a row by default until several a block is measured faster on them."""
+tuning templates (``tune/templates/cuda_rows.py``)."""
 
-ROW_BLOCK = 256
-"""The threads of a block of narrow rows (``_narrow_rows``)."""
+ROW_BLOCK = 128
+"""The threads of a block of narrow rows (``_narrow_rows``): on the H200, blocks of 128 threads were
+within 3% of the best of 64–512 at every narrow width measured (the same record)."""
 
 
 def _row_threads(n: int) -> int:
@@ -1109,10 +1127,11 @@ def _row_threads(n: int) -> int:
 
 
 def _row_lanes(n: int) -> int:
-    """Threads of a narrow row (several a block): the most lanes of ``ROW_LANES`` that the row has
-    elements for, so that a warp's loads cover whole runs of the rows (rows of 7 elements: 4 lanes
-    each, every 8 rows 16-byte runs; one lane a row would read 4 bytes every 28)."""
-    return max(t for t in ROW_LANES if t <= max(n, 1))
+    """Threads of a narrow row (several a block): the most lanes of ``ROW_LANES`` with two elements of
+    the row each, at least (rows of 7 elements: 4 lanes; 20: 8; 32: 16; 64 and wider: a warp). Measured
+    on the H200 against a lane an element: 100000×20 1.05× against 0.82× torch, 65536×32 1.12× against
+    0.92× (``SEVERAL_ROWS``'s record)."""
+    return max(t for t in ROW_LANES if t <= max(-(-n // 2), 1))
 
 
 def _narrow_rows(target: CUDATarget, M: int, lanes: int) -> int:
@@ -1149,11 +1168,11 @@ def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | 
              shared_row: bool | None = None, M: int | None = None, rows: int | None = None,
              vec: int = 1) -> RowPlan:
     """The plan of a row operator ``op`` over ``M`` rows (None: many) of ``N`` elements of ``itemsize``
-    bytes: the given choices, the defaults for those left None — rows narrower than ``SUBWARP_ROW``
+    bytes: the given choices, the defaults for those left None — rows of at most ``SEVERAL_ROWS``
     ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider ones one a
     block of ``_row_threads`` (at most the target's block), the row in shared memory where it fits
     (``row_fits``), one element a read (``vec``). ScheduleError for a choice the block cannot take."""
-    narrow = N < SUBWARP_ROW
+    narrow = N <= SEVERAL_ROWS
     if threads is None:
         threads = _row_lanes(N) if narrow else min(_row_threads(N), target.max_threads_per_block)
     if rows is None:
@@ -1269,18 +1288,21 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
               shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
-    """One block per row, or several narrow rows a block, as for softmax (``row_plan``); both moments
-    reduced across the row's threads in one pass over the row, then the normalized row written.
-    ``threads``, ``shared_row``, ``rows`` and ``vec``: the tuning template's choices (``row_plan``)."""
+    """One block per row, or several narrow rows a block, as for softmax (``row_plan``): the row's first
+    element (its shift, ``x0``) read by every thread, both moments of the shifted row reduced across the
+    row's threads in one pass over the row, then the normalized row written. ``threads``, ``shared_row``,
+    ``rows`` and ``vec``: the tuning template's choices (``row_plan``)."""
     plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows,
                     vec)
+    _row_loops(sched, "x0", plan)
+    row = _row_blocks(sched, "x0", plan)
     _row_reduction(sched, "s1", "j1", plan)
-    row = _row_blocks(sched, "s1", plan)
+    sched["s1"].after(sched["x0"], row)
     _row_reduction(sched, "s2", "j2", plan)
     sched["s2"].after(sched["s1"], "j1o")  # both moments in one pass over the row
     _row_elementwise(sched, "Y", plan)
     sched["Y"].after(sched["s2"], row)
-    _row_shared(sched, plan, "s1", ["s2", "Y"], ("s1", "s2"))
+    _row_shared(sched, plan, "s1", ["s2", "Y"], ("x0", "s1", "s2"))
     _row_vectors(sched, plan, [("s1", "j1o", ["s2"]), ("Y", "jo", [])])
 
 

@@ -1,9 +1,10 @@
 """Row operators of every width on CUDA (issue 15, item 3): rows narrower than a warp built nothing
-("block must have a multiple of 32 threads"); now every width from 1 up builds. Rows narrower than a
-warp take several rows a block by default, each row a part of a warp reduced by shuffles among its
+("block must have a multiple of 32 threads"); now every width from 1 up builds. Rows of up to
+``SEVERAL_ROWS`` elements take several rows a block by default, each row a part of a warp (or a warp)
+reduced by shuffles among its
 own lanes (``lowering/passes/allreduce.py``: ``pt_group_allreduce``), their statistics in registers;
 rows of up to ``NARROW_ROW`` elements are offered that by the tuning templates (and by ``rows=``),
-wider ones keep one block a row by default until it is measured. Without a GPU: the plans, the
+wider ones keep one block a row. Without a GPU: the plans, the
 lowered kernels' structure, the reductions' groups (and what is refused), nvcc builds of odd widths
 without local memory; the lowered kernels run on the CPU by a lock-step emulation of their blocks
 (``block_emulator``: every width, several rows a block, sampled template configurations, row sums
@@ -24,7 +25,7 @@ import polytile as pt
 from polytile import ops
 from polytile.codegen.cuda import cuda_source
 from polytile.errors import LoweringError
-from polytile.ops.gpu_schedules import NARROW_ROW, ROW_LANES, RowPlan, row_plan
+from polytile.ops.gpu_schedules import NARROW_ROW, ROW_LANES, SEVERAL_ROWS, RowPlan, row_plan
 from polytile.target import CUDATarget
 from polytile.tune import make_task
 
@@ -51,23 +52,27 @@ def _worst_row(out: np.ndarray, ref: np.ndarray) -> float:
 # --- the plans -------------------------------------------------------------------------------------
 
 
-def test_rows_narrower_than_a_warp_take_several_a_block_of_part_of_a_warp_each():
-    assert row_plan(SM90A, "softmax", 20, 4, M=100000) == RowPlan(threads=16, shared_row=False, rows=16)
-    assert row_plan(SM90A, "layernorm", 7, 4, M=100000) == RowPlan(threads=4, shared_row=False, rows=64)
-    assert row_plan(SM90A, "softmax", 31, 2, M=8192) == RowPlan(threads=16, shared_row=False, rows=16)
+def test_narrow_rows_take_several_a_block_of_part_of_a_warp_each():
+    # two elements a lane at least, blocks of 128 threads (measured on an H200: SEVERAL_ROWS, _row_lanes)
+    assert row_plan(SM90A, "softmax", 20, 4, M=100000) == RowPlan(threads=8, shared_row=False, rows=16)
+    assert row_plan(SM90A, "layernorm", 7, 4, M=100000) == RowPlan(threads=4, shared_row=False, rows=32)
+    assert row_plan(SM90A, "softmax", 31, 2, M=8192) == RowPlan(threads=16, shared_row=False, rows=8)
+    assert row_plan(SM90A, "softmax", 32, 4, M=65536) == RowPlan(threads=16, shared_row=False, rows=8)
     assert row_plan(SM90A, "softmax", 1, 4, M=8192) == RowPlan(threads=1, shared_row=False, rows=32)
+    assert row_plan(SM90A, "softmax", 64, 4, M=8192) == RowPlan(threads=32, shared_row=False, rows=4)
+    assert row_plan(SM90A, "layernorm", SEVERAL_ROWS, 4, M=16384) == RowPlan(threads=32, shared_row=False, rows=4)
     # few rows: fewer a block, so that every SM has a block (132 on an H100)
     assert row_plan(SM90A, "softmax", 7, 4, M=1000).rows == 4
-    assert row_plan(CUDATarget(arch="sm_90a", sms=16), "softmax", 7, 4, M=1000).rows == 64
+    assert row_plan(CUDATarget(arch="sm_90a", sms=16), "softmax", 7, 4, M=1000).rows == 32
     assert row_plan(SM90A, "softmax", 7, 4, M=1) == RowPlan(threads=4, shared_row=True, rows=1)
+    assert row_plan(SM90A, "softmax", 128, 4, M=1) == RowPlan(threads=32, shared_row=True, rows=1)
 
 
 def test_wider_rows_keep_one_block_a_row_unless_asked():
-    # the plans before several rows a block existed (not measured on a GPU yet against them)
-    assert row_plan(SM90A, "softmax", 32, 4, M=8192) == RowPlan(threads=32, shared_row=True, rows=1)
+    assert row_plan(SM90A, "softmax", SEVERAL_ROWS + 1, 4, M=8192) == RowPlan(threads=32, shared_row=True, rows=1)
     assert row_plan(SM90A, "softmax", NARROW_ROW, 4, M=8192) == RowPlan(threads=32, shared_row=True, rows=1)
-    assert row_plan(SM90A, "softmax", 64, 4, M=8192, rows=8, shared_row=False) == RowPlan(32, False, 8)
-    assert _lowered("softmax", 8192, 64).count("pt_block_allreduce") == 2
+    assert row_plan(SM90A, "softmax", 512, 4, M=8192, rows=8, shared_row=False) == RowPlan(32, False, 8)
+    assert _lowered("softmax", 8192, 512).count("pt_block_allreduce") == 2
     assert row_plan(SM90A, "layernorm", 768, 4, M=2048) == RowPlan(threads=32, shared_row=True, rows=1)
     assert row_plan(SM90A, "softmax", 30522, 4, M=512) == RowPlan(threads=1024, shared_row=True, rows=1)
 

@@ -15,7 +15,7 @@ import polytile as pt
 from polytile import ops
 from polytile.dtypes import as_dtype
 from polytile.errors import ScheduleError
-from polytile.ops.gpu_schedules import GEMV_ROWS, gemm_choice
+from polytile.ops.gpu_schedules import GEMV_MMA_VARIABLE, GEMV_ROWS, gemm_choice
 from polytile.target import CUDATarget
 
 SM90A = CUDATarget(arch="sm_90a")  # the datasheets' H100 and A100
@@ -42,9 +42,20 @@ def _kernel_names(kern) -> list[str]:
 
 # --- the choice ------------------------------------------------------------------------------------
 
-def test_few_rows_stream_on_the_cuda_cores():
-    for M in (1, 8, 15):
+@pytest.fixture
+def cuda_core_gemv(monkeypatch):
+    """The CUDA cores' GEMV (mma.sync's tile at 16 rows) for 16-bit operands, not gemv_mma (the default)."""
+    monkeypatch.setenv(GEMV_MMA_VARIABLE, "0")
+
+
+def test_few_rows_stream_on_the_cuda_cores(monkeypatch):
+    monkeypatch.delenv(GEMV_MMA_VARIABLE, raising=False)
+    for M in (1, 2, 4):
         assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv"
+    for M in (5, 8, 15):  # the tensor cores' GEMV (tests/cuda/test_gemv_mma.py), the CUDA cores' on request
+        assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16")).kernel == "gemv_mma"
+        assert gemm_choice(SM90A, M, 4096, 4096, as_dtype("bfloat16"), tensor_core_gemv=False).kernel == "gemv"
+    monkeypatch.setenv(GEMV_MMA_VARIABLE, "0")
     # 16 rows fill mma.sync's tile (H200: 16×4096×4096 bf16 30.7 µs on the GEMV, 22.7 on mma.sync);
     # float32 operands and batched products keep the GEMV
     assert gemm_choice(SM90A, 16, 4096, 4096, as_dtype("bfloat16")).kernel == "mma"
@@ -172,7 +183,7 @@ def test_a_gemv_of_rows_only_4_byte_aligned_reads_b_directly():
 @pytest.mark.parametrize("dims,dtype", [((15, 3002, 1536), "bfloat16"), ((12, 2222, 3333), "bfloat16"),
                                         ((8, 4096, 4096), "bfloat16"), ((1, 4097, 4093), "bfloat16"),
                                         ((5, 1001, 999), "float16")])
-def test_gemv_products_are_whole_register_tiles(dims, dtype):
+def test_gemv_products_are_whole_register_tiles(dims, dtype, cuda_core_gemv):
     # the accumulators of a partial column tile were loops of variable bounds (isl's exact cut): 16×3002×1536
     # took 5,200 instructions a K step for 1,024 FFMA, 554 of them branches (0.33× torch); whole register
     # tiles run the products over constant loops (zeros past the ends of B's columns and rows)
@@ -290,7 +301,7 @@ def test_aligned_copy_is_one_kernel_of_16_bytes_per_thread():
 @pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
 @pytest.mark.parametrize("dims,dtype", [((1, 4096, 4093), "bfloat16"), ((8, 768, 3072), "float16"),
                                         ((3, 1000, 1000), "float32"), ((1, 4100, 4093), "bfloat16")])
-def test_gemv_streams_with_async_copies(target, dims, dtype):
+def test_gemv_streams_with_async_copies(target, dims, dtype, cuda_core_gemv):
     kern = ops.matmul(*dims, dtype).build(target)
     gemv = next(k for k in kern.kernels if k.dynamic_shared)
     sass = _sass(kern, gemv.name)
@@ -308,7 +319,7 @@ def test_gemv_streams_with_async_copies(target, dims, dtype):
 @needs_nvcc
 @pytest.mark.parametrize("dims,dtype", [((8, 768, 3072), "float16"), ((1, 4096, 4096), "bfloat16"),
                                         ((5, 1000, 2000), "bfloat16")])
-def test_gemv_k_loop_is_not_unrolled_past_the_instruction_cache(dims, dtype):
+def test_gemv_k_loop_is_not_unrolled_past_the_instruction_cache(dims, dtype, cuda_core_gemv):
     # the pipelined K loop of unrolled products was fully unrolled (`#pragma unroll` on every loop of
     # at most 32 steps): 8×768×3072 became 224 KB of machine code and its warps stalled on
     # instruction fetch (58 µs on an H200, torch 11 µs; 17 µs once the loop stays a loop)
@@ -319,7 +330,7 @@ def test_gemv_k_loop_is_not_unrolled_past_the_instruction_cache(dims, dtype):
 
 
 @needs_nvcc
-def test_register_copies_of_adjacent_elements_are_vector_loads():
+def test_register_copies_of_adjacent_elements_are_vector_loads(cuda_core_gemv):
     # the staged GEMV's 4 bf16 columns of B per thread: one LDS.64 (was 4 LDS.U16); the direct GEMV's
     # 8 columns straight from global memory: one LDG.128, zero-filling at a column bound that does not
     # cut a vector (N = 1000, a multiple of 8)
@@ -335,7 +346,7 @@ def test_register_copies_of_adjacent_elements_are_vector_loads():
 
 
 @needs_nvcc
-def test_bfloat16_loads_are_combined_like_float16_ones():
+def test_bfloat16_loads_are_combined_like_float16_ones(cuda_core_gemv):
     # __bfloat162float kept nvcc from combining adjacent loads of A's shared tile (128 LDS.U16 per K
     # step against none for float16: BERT's 8×768×3072 in 27 µs in bfloat16, 17.6 µs in float16 on
     # an H200); the conversion is a shift of the bits, and the loads are combined
