@@ -141,7 +141,7 @@ def main() -> int:
         rows.append(dict(variant=f"profile:{label}", kernels=per))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "conv": dims, "rows": rows},
-                                         indent=1))
+                                         indent=1, default=str))  # launch sizes may be expressions
     return 0
 
 
