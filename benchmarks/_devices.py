@@ -10,7 +10,6 @@ and the tuning records hold: the same command hands out only what is left.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -98,15 +97,6 @@ def read_rows(path: Path) -> list[dict]:
 
 def append_row(path: Path, row: dict) -> None:
     """Append one row, locked (the devices' processes share the file) and synced; a line cut by a killed
-    writer is ended first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0, os.SEEK_END)
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-        f.write((json.dumps(row, default=str) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
+    writer is ended first (as the tuning records are appended)."""
+    from polytile.tune.records import append_line
+    append_line(path, json.dumps(row, default=str))

@@ -1,6 +1,6 @@
 """Implicit-GEMM convolution defaults on the GPU (issue 15): for each 16-bit convolution of the shape
 suite and the off-suite list (``benchmarks/shapes.py``; at least 16 input channels), the default
-(``gpu_schedules.igemm_choice``), the analytical model's runners-up (``igemm_options``) and the choice
+(``conv_choice.igemm_choice``), the analytical model's runners-up (``igemm_options``) and the choice
 of the model without the gather rate (``Hardware.gather_bytes_per_cycle`` 0: the defaults before it),
 each checked against a float64 torch reference and timed beside torch (cuDNN) in the same process:
 CUDA events, L2 flushed before each launch, medians of interleaved rounds. The measurements check
@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import shapes  # noqa: E402
 
 import polytile as pt  # noqa: E402
-from polytile.ops.gpu_schedules import IgemmChoice, igemm_choice, igemm_options, igemm_schedule  # noqa: E402
+from polytile.ops.conv_choice import IgemmChoice, igemm_choice, igemm_options  # noqa: E402
+from polytile.ops.gpu_schedules import igemm_schedule  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 
 

@@ -46,7 +46,8 @@ def build(job: tuple[tuple[int, ...], str, str]) -> tuple[object | None, str]:
     dims, spec, target = job
     import polytile as pt
     from polytile import ops
-    from polytile.ops.gpu_schedules import IgemmChoice, igemm_schedule
+    from polytile.ops.conv_choice import IgemmChoice
+    from polytile.ops.gpu_schedules import igemm_schedule
     from polytile.target import as_target
     try:
         op = ops.conv2d_igemm(*dims, out_dtype="float16")

@@ -1,5 +1,5 @@
 """Split reductions of implicit-GEMM convolutions on the GPU (issue 15): for convolutions whose output
-tiles leave most SMs idle (ResNet-50's late layers at batch 1), the default (``gpu_schedules.igemm_choice``'s
+tiles leave most SMs idle (ResNet-50's late layers at batch 1), the default (``conv_choice.igemm_choice``'s
 choice) beside every split it considers — one chunk per filter row and/or equal channel chunks —
 and torch (cuDNN), in the same process; each checked against a float64 torch reference and timed
 with CUDA events after an L2 flush. The measurements calibrate the choice.
@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.gpu_schedules import igemm_choice, igemm_kernel, igemm_split_schedule, igemm_splits  # noqa: E402
+from polytile.ops.conv_choice import igemm_choice, igemm_kernel, igemm_splits  # noqa: E402
+from polytile.ops.gpu_schedules import igemm_split_schedule  # noqa: E402
 from polytile.ops.igemm import conv2d_igemm_split_func  # noqa: E402
 from polytile.target import as_target  # noqa: E402
 

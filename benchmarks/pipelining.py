@@ -40,13 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
+from polytile.ops.conv_choice import wgmma_igemm_config  # noqa: E402
 from polytile.ops.gpu_schedules import (  # noqa: E402
     gemm_tensorcore,
     gemm_wgmma,
     igemm_tensorcore,
     igemm_wgmma,
     wgmma_gemm_config,
-    wgmma_igemm_config,
 )
 from polytile.target import as_target  # noqa: E402
 

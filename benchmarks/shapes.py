@@ -350,16 +350,12 @@ def tune_key(w: Workload) -> str:
 
 def trials_done(records: Path) -> dict[str, int]:
     """Trials recorded per workload key (any template and GPU: for estimates)."""
+    from polytile.tune.records import RecordLog
     done: dict[str, int] = {}
-    if records.exists():
-        for line in records.read_text().splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue
-            parts = str(d.get("workload", "")).split("/")
-            if d.get("role", "trial") == "trial" and len(parts) >= 2:
-                done[parts[1]] = done.get(parts[1], 0) + 1
+    for r in RecordLog(records):
+        parts = r.workload.split("/")  # the task's key: template/workload/space signature
+        if r.role == "trial" and len(parts) >= 2:
+            done[parts[1]] = done.get(parts[1], 0) + 1
     return done
 
 

@@ -14,9 +14,9 @@ model's wave quantization (``tune.analytical.gemm_seconds``: SMs, resident block
 memory and registers, DRAM bandwidth) picks the fastest for the shape. Tensor-core operands whose
 rows are not 16-byte aligned are copied aligned first (``align_operands``).
 
-Convolutions: NHWC implicit GEMMs on the tensor cores (``igemm_kernel``), their block tiles and the
-split of their reduction over filter rows and channel chunks those the same model predicts fastest
-(``igemm_choice``, which also counts each block's gathered input tile); fewer than 16 input
+Convolutions: NHWC implicit GEMMs on the tensor cores, their kernel, block tiles and the split of
+their reduction over filter rows and channel chunks those the same model predicts fastest
+(``conv_choice.igemm_choice``, which also counts each block's gathered input tile); fewer than 16 input
 channels (an image's colors) over a channel-padded copy of the input on mma.sync (``igemm_rows``;
 the CUDA cores, ``igemm_cuda``, without mma.sync); NCHW ``conv2d`` whose GEMM takes the CUDA cores
 (float32) as one implicit GEMM on ``gemm_cuda`` with ``gemm_choice``'s tiles and split. Softmax and
@@ -36,7 +36,6 @@ from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
 from ..target import CUDATarget
 from ..tune.analytical import (
-    LOADED_LATENCY,
     WARP_FLOPS,
     BlockPlan,
     Hardware,
@@ -47,6 +46,8 @@ from ..tune.analytical import (
     occupancy,
     raster_group,
 )
+from .conv_choice import MMA_K, IgemmChoice, igemm_choice, igemm_kernel, igemm_rows_tiles, no_deeper
+from .split_rules import MAX_SPLIT, SPLIT_MARGIN
 
 
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
@@ -347,23 +348,6 @@ def _k_loop(st: object, taps: list[str]) -> str:
     return k_loop
 
 
-def _gemm_tiles(M: int, N: int) -> dict[str, int]:
-    """Block and warp tiles for a tensor-core GEMM of M × N outputs (the implicit-GEMM convolutions'):
-    128×128 tiles when the matrix gives every multiprocessor several blocks, 64×64 otherwise."""
-    if (M // 128) * (N // 128) >= 96:
-        return dict(bm=128, bn=128, wm=64, wn=64)
-    return dict(bm=64, bn=64, wm=32, wn=32)
-
-
-def wgmma_igemm_config(M: int, K: int, *, sms: int) -> dict[str, int]:
-    """Tiles of an implicit-GEMM convolution on warpgroup MMA (M output pixels, K output channels) for
-    a GPU of ``sms`` multiprocessors: 128×128 block tiles (128×64 when K is not a multiple of 128 or
-    the 128×128 tiles leave the GPU less than half full), 64-wide channel chunks, 4 stages, one MMA
-    group in flight."""
-    bn = 128 if K % 128 == 0 and 2 * (M // 128) * (K // 128) >= sms else 64
-    return dict(bm=128, bn=bn, bk=64, stages=4, inflight=1)
-
-
 def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, pixels: int = 128,
                channels: int = 16, per_thread: int = 1) -> None:
     """Schedule an implicit-GEMM convolution on the CUDA cores, for inputs of too few channels to fill a
@@ -393,9 +377,6 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
     st.unroll("ki").unroll("mp")  # inner first (unrolling.py)
 
 
-MMA_K = MMA_M16N8K16.shape[2]  # the K extent of one tensor-core instruction (16, as wgmma.m64nNk16's)
-
-
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
                padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
                stages: int = 3) -> Schedule:
@@ -423,13 +404,6 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     st.fuse("r", "u", "ru").fuse("ru", "k", "x").split("x", 256, "bx", "tx")
     st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     return rows
-
-
-def igemm_rows_tiles(M: int, K: int, run: int) -> tuple[dict[str, int], int]:
-    """``igemm_rows``' block and warp tiles and K tile for M pixels, K filters and filter rows of
-    ``run`` padded taps × channels: ``_gemm_tiles``' (128×32 for at most 32 filters), K tiles of 32
-    where they divide the run, else of 16."""
-    return (_gemm_tiles(M, K) if K > 32 else dict(bm=128, bn=32, wm=32, wn=32)), (32 if run % 32 == 0 else MMA_K)
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
@@ -488,168 +462,6 @@ def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows
     return split
 
 
-def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> tuple[str, dict[str, int]]:
-    """The implicit GEMM's kernel — "cuda" for fewer channels than a tensor-core K step, "wgmma" where
-    the target has it and the swizzled tiles fit (64 channels and filters), else "mma" — and the
-    tensor-core kernels' parameters: 64-row wgmma tiles for at most 64 pixels; a pipeline no deeper
-    than the K loop (``tap_count`` taps × channel tiles): deeper stages only take shared memory, and
-    with it resident blocks (a 1×1 convolution of 64 channels is one K step: 4 stages held one
-    block of 128×128 per SM). ``igemm_choice`` then picks among tiles and splits where the target's
-    gather rate is known (``igemm_tiles``)."""
-    if C < MMA_K:
-        return "cuda", {}
-    if _wgmma(target) and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
-        kernel, params = "wgmma", wgmma_igemm_config(M, K, sms=target.sms)
-        if M <= 64:
-            params["bm"] = 64
-    else:
-        # K tiles of 16 channels for 16 (MobileNet-v2's expansions: 32 would copy and multiply zeros)
-        bk = MMA_K if C <= MMA_K else 32
-        kernel, params = "mma", dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K))
-    return kernel, no_deeper(params, tap_count * -(-C // params["bk"]))
-
-
-def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
-    """The block tiles ``igemm_choice`` weighs for an implicit GEMM of M pixels, C channels and K
-    filters on ``kernel``: for warpgroup MMA 128 or 64 rows × 128 or 64 filters (tiles no taller or
-    wider than the matrix needs: 96→160 channels in 2 tiles of 128 filters rather than 3 of 64,
-    each of which gathers the same input tile again); for mma.sync ``igemm_kernel``'s tiles in K
-    tiles of 32 channels, or of 16 where the channels are an odd multiple of 16 (48: 32-channel
-    tiles would copy and multiply a third zeros, and no split into channel chunks is whole).
-    Measured on an H200 (``benchmarks/conv_choices.py``, 2026-11-28): 48→72 channels, 5×5 stride 2
-    on 2×64×64, 64×64 tiles: 25.1 µs unsplit in K tiles of 32, 13.7 µs in tiles of 16 split over
-    the filter rows (cuDNN 12.3); 128×128 tiles 16.3 µs; MobileNet-v2's 1×1 144→24 at batch 32:
-    38.5 µs in K tiles of 32, 41.8 in tiles of 16, 64×32 tiles no faster."""
-    out = []
-    if kernel == "wgmma":
-        for bm in (128, 64):
-            for bn in (128, 64):
-                if (bm > 64 and M <= 64) or (bn > 64 and K <= 64):
-                    continue
-                out.append(dict(bm=bm, bn=bn, bk=64, stages=4, inflight=1))
-        return out
-    bks = [MMA_K] if C <= MMA_K else [32, MMA_K] if C % 32 == MMA_K else [32]
-    return [dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **_gemm_tiles(M, K)) for bk in bks]
-
-
-def no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
-    """``params`` with a pipeline no deeper than a K loop of ``steps`` steps (and the wgmma groups
-    left in flight that its stages allow: inflight + 2 at most)."""
-    stages = max(1, min(params["stages"], steps))
-    out = dict(params, stages=stages)
-    if "inflight" in params:
-        out["inflight"] = min(params["inflight"], max(0, stages - 2))
-    return out
-
-
-def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
-    """The splits of an implicit GEMM's reduction (R·S taps × C channels in K tiles of ``bk``
-    channels) that ``igemm_choice`` considers, as (one chunk per filter row, channel chunks): (False, 1)
-    (none), and chunks of whole channel tiles, at least two K tiles each, at most ``MAX_SPLIT``."""
-    out = [(False, 1)]
-    for rows in ((False, True) if R > 1 else (False,)):
-        for chunks in range(1, C // bk + 1):
-            split = (R if rows else 1) * chunks
-            steps = (S if rows else R * S) * -(-C // chunks // bk)
-            if split > 1 and C % (chunks * bk) == 0 and split <= MAX_SPLIT and steps >= 2:
-                out.append((rows, chunks))
-    return out
-
-
-@dataclass(frozen=True)
-class IgemmChoice:
-    """A default implicit-GEMM schedule: the kernel ("wgmma", "mma" or "cuda"), its parameters, the
-    split of the reduction (one chunk per filter row: ``rows``; ``chunks`` channel chunks) and the
-    model's predicted seconds."""
-
-    kernel: str
-    params: dict[str, int]
-    rows: bool = False
-    chunks: int = 1
-    seconds: float = 0.0
-
-
-def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
-                 out_bytes: int = 4) -> IgemmChoice:
-    """The implicit GEMM's default schedule: the first of ``igemm_options``, unless it leaves
-    ``igemm_kernel``'s tiles for a predicted gain under ``TILE_MARGIN`` (the model's tiles are
-    calibrated on few measurements; most layers have been measured with those tiles): then the best
-    of those tiles; and where the gather rate is modeled, a split only for a clear gain over the
-    best unsplit kernel of those tiles (``SPLIT_MARGIN``, as ``gemm_choice``'s: the second kernel's
-    cost is an estimate)."""
-    options = igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
-    tiles = igemm_kernel(target, M, C, K, R * S)[1]
-    usual = [o for o in options if tiles and all(o.params[k] == tiles[k] for k in ("bm", "bn", "bk"))]
-    if usual and options[0].seconds > TILE_MARGIN * usual[0].seconds:
-        options = usual
-    unsplit = next((o for o in options if not o.rows and o.chunks == 1), None)
-    if Hardware.of(target).gather_bytes_per_cycle and unsplit is not None and \
-            options[0].seconds > SPLIT_MARGIN * unsplit.seconds:
-        return unsplit
-    return options[0]
-
-
-def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
-                  out_bytes: int = 4) -> list[IgemmChoice]:
-    """The kernels, block tiles and splits of an implicit GEMM's reduction (R·S taps × C channels,
-    ``igemm_splits``) fastest first, as the analytical model's wave quantization predicts them (``gemm_seconds``,
-    as ``gemm_choice``'s; no margin for the split). Where the target's gather rate is known
-    (``Hardware.gather_bytes_per_cycle``: sm_90) the model weighs the tiles of ``igemm_tiles`` and
-    counts each block's gathered input tile, the K tiles its copies run ahead, and DRAM reads of the
-    input (``pixels`` × C: N·H·W, M by default) and filter, not of the gathered matrix; elsewhere the
-    tiles are ``igemm_kernel``'s and the reduction is split only when they leave half the SMs idle.
-    Measured on an H100 (``benchmarks/conv_split_variants.py`` and the lead's probe, 2026-11-28):
-    ResNet-50's 3×3 512→512 on 7×7 at batch 1, 8 tiles, 34.7 µs unsplit, 15.2 µs in 12 chunks (3
-    filter rows × 4 channel chunks; cuDNN 15.7); 3×3 128→128 on 28×28, 14 tiles, 22.6 µs unsplit,
-    12.6 µs in 6 chunks; at batch 32, 128×64 tiles (104 blocks) 45.9 µs unsplit, 50.3 in 2 chunks
-    (two blocks an SM), 128×128 tiles in 2 chunks (104 blocks) 32.7 µs (cuDNN 20.4)."""
-    hw = Hardware.of(target)
-    kernel, default = igemm_kernel(target, M, C, K, R * S)
-    if kernel == "cuda":
-        return [IgemmChoice(kernel, default)]
-    modeled = hw.gather_bytes_per_cycle > 0
-    if not modeled and 2 * -(-M // default["bm"]) * -(-K // default["bn"]) >= hw.sms:
-        return [IgemmChoice(kernel, default)]
-    options: list[IgemmChoice] = []
-    for params in (igemm_tiles(kernel, M, C, K) if modeled else [default]):
-        bm, bn, bk = params["bm"], params["bn"], params["bk"]
-        for rows, chunks in igemm_splits(C, R, S, bk):
-            split = (R if rows else 1) * chunks
-            steps = (S if rows else R * S) * -(-C // chunks // bk)
-            chosen = no_deeper(params, steps)
-            # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
-            # unsplit kernel's depth in the model, as their split rule was calibrated
-            stages = chosen["stages"] if modeled else params["stages"]
-            if kernel == "wgmma":
-                cfg: object = WgmmaConfig(bm, bn, bk, stages, chosen["inflight"])
-                flops, lookahead = hw.wgmma_flops, max(1, stages - 1 - chosen["inflight"])
-            else:
-                cfg = TileConfig(bm, bn, bk, params["wm"], params["wn"], stages, params["reg_stages"])
-                flops, lookahead = hw.mma_flops, max(1, stages - 1)
-            resident = occupancy(cfg, hw, itemsize, gather=True).blocks  # type: ignore[arg-type]
-            if resident == 0:
-                continue
-            tiles = -(-M // bm) * -(-K // bn)
-            reads = (C * (pixels or M) + R * S * C * K) * itemsize if modeled else None
-            latency = 0.0
-            if modeled:
-                # a K tile's loads wait for the L2 where input and filter fit in half of it (the gather
-                # reads each input pixel once per tap), else for DRAM; the copies run lookahead tiles
-                # ahead; a step is no shorter than a thread's gathered copies (gather_copy_cycles)
-                wait = hw.l2_latency if reads <= hw.l2_bytes / 2 else hw.dram_latency
-                tile_bytes = (bm + bn) * bk * itemsize
-                copies = -(-bm * bk * itemsize // (16 * cfg.threads))  # type: ignore[attr-defined]
-                latency = max((LOADED_LATENCY * wait + tile_bytes / hw.sm_l2_bytes_per_cycle) / lookahead,
-                              copies * hw.gather_copy_cycles)
-            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
-                             step_latency=latency, gathered=bm * bk * itemsize if modeled else 0)
-            t = gemm_seconds(plan, target, M, K, R * S * C, 1, split, out_bytes if modeled else 4, reads)
-            options.append(IgemmChoice(kernel, params if split > 1 else chosen, rows, chunks, t))
-    if not options:
-        raise ScheduleError(f"no {kernel} implicit-GEMM tile fits one block of {target.name} ({M}×{K}, {C} channels)")
-    return sorted(options, key=lambda o: o.seconds)
-
-
 def conv3d_igemm(sched: Schedule, target: CUDATarget, N: int, D: int, H: int, W: int, C: int, K: int, T: int,
                  R: int, S: int, stride: int, padding: int) -> None:
     Z = (D + 2 * padding - T) // stride + 1
@@ -671,16 +483,12 @@ GEMV_MMA_VARIABLE = "POLYTILE_GEMV_MMA"
 # 15 29.7/22.5; 16 rows (mma.sync's tile) 22.9/22.7; 16×28672×4096 87.1/77.9 (torch 70.6); 16×3072×768
 # fp16 11.3/9.6 (8.9); 5×5000×3000 bf16 24.0/20.2 (18.1); 2×28672×4096 70.8/72.0 (67.3)
 GEMV_MMA_MIN_ROWS = 5
-MAX_SPLIT = 16  # the most chunks a split reduction (split-K) is cut into
 # the most chunks of a GEMV's split: its partial products are M ≤ GEMV_ROWS rows (a 64-way split of
 # 1×4097×4093 writes 1 MB of them while streaming 33 MB of B), and more chunks are more warps
 # streaming B. Measured on an H100 (benchmarks/results/gemv_split-20261128-0505-h100.json): 1×4097×4093
 # bf16 77 µs in 16 chunks, 38 in 32, 30 in 64 (torch 24); 1×3001×2999 fp16 98 µs in 16, 33 in 64
 # (torch 16); 4×1000×1999 fp16 27 µs in 16, 16 in 48; staged GEMVs of aligned rows within ±5%
 GEMV_MAX_SPLIT = 64
-# other implicit-GEMM tiles than ``igemm_kernel``'s are chosen when predicted at least 15% faster
-TILE_MARGIN = 0.85
-SPLIT_MARGIN = 0.85  # a split is chosen when predicted at least 15% faster than the best unsplit kernel
 # a K step of the direct GEMV (B's loads straight into registers, not pipelined), in idle DRAM latencies:
 # fitted to the H100's direct GEMVs of odd N (2 to 4 µs a step, 8 or 16 rows, 1 to 16 chunks: it picks
 # the measured best splits of 1×50257×768 and 1×4097×4096)

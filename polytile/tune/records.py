@@ -78,6 +78,26 @@ class Record:
         return Record(**{k: v for k, v in d.items() if k in known})  # type: ignore[arg-type]
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to the JSON-lines file ``path`` (its folders made) under an
+    exclusive lock, flushed and fsynced: several processes may append to one file, and a torn line
+    left by a killed writer is ended first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.seek(0, os.SEEK_END)
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # a torn line from a killed writer: end it
+                    f.write(b"\n")
+            f.write((line + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class RecordLog:
     """The records file at ``path`` (its folders made by ``check(writable=True)``, the file on first append)."""
 
@@ -135,21 +155,7 @@ class RecordLog:
                             "resume") from None
 
     def _append(self, rec: Record) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = rec.to_line() + "\n"
-        with open(self.path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.seek(0, os.SEEK_END)
-                if f.tell() > 0:
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":  # a torn line from a killed writer: end it
-                        f.write(b"\n")
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        append_line(self.path, rec.to_line())
 
     def __iter__(self) -> Iterator[Record]:
         if not self.path.exists():

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from call_paths import build_lower_triangle
 from fake_gpu import FakeArray, FakeFramework, fake_devices, fake_framework
 
 import polytile as pt
@@ -46,11 +47,6 @@ def build_two_kernels() -> CUDAKernel:
     for t in (B, C):
         s[t].split("i", 128, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     return pt.build(s, ARCH)
-
-
-@pytest.fixture(scope="module")
-def matmul(nvcc) -> CUDAKernel:
-    return ops.matmul(70, 50, 30).build(ARCH)
 
 
 @pytest.fixture(scope="module")
@@ -147,19 +143,9 @@ def test_explicit_stream_is_used_for_launches_and_allocations(monkeypatch, fw, m
         kern(a, b, stream="default")
 
 
-def build_lower_triangle() -> CUDAKernel:
-    """``L = 2 A`` below the diagonal, zero above (``where=``): its output is cleared before the launch."""
-    N = pt.param("N")
-    A = pt.placeholder((N, N), "float32", "A")
-    L = pt.compute((N, N), lambda i, j: A[i, j] * 2.0, "L", where=lambda i, j: j <= i)
-    s = pt.create_schedule(pt.Func([A], [L], name="lower"))
-    s[L].split("i", 32, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    return pt.build(s, ARCH)
-
-
 def test_zero_initialized_outputs_are_cleared_on_the_call_stream(monkeypatch, fw, nvcc, rng):
     driver = fake_devices(monkeypatch)
-    kern = build_lower_triangle()
+    kern = build_lower_triangle(ARCH)
     declare(driver, kern)
     a = FakeArray(rng.standard_normal((20, 20)).astype("float32"))
     out = kern(a)

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from call_paths import build_lower_triangle, capture, keep_busy, on_gpu, replay, warm_up
 
 import polytile as pt
 from polytile import ops
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
-
-
-def on_gpu(x: np.ndarray):  # noqa: ANN201 - a torch tensor
-    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
 
 def matmul_ref(a, b):  # noqa: ANN001, ANN201
@@ -44,9 +41,7 @@ def segsum():  # noqa: ANN201
 def test_results_consumed_on_the_same_stream_without_synchronizing(matmul, rng):
     a = on_gpu(rng.standard_normal((200, 100)).astype("float32"))
     b = on_gpu(rng.standard_normal((100, 300)).astype("float32"))
-    big = torch.randn(4096, 4096, device="cuda")
-    for _ in range(3):
-        big = big @ big / 64  # keep the stream busy so that a missing dependency would show
+    keep_busy()
     out = matmul(a, b)
     twice = out * 2  # torch reads the output on the same stream, no synchronize in between
     assert isinstance(out, torch.Tensor) and out.is_cuda and out.device == a.device
@@ -77,22 +72,12 @@ def test_a_non_default_current_stream_and_the_stream_keyword(matmul, rng):
 def test_cuda_graph_capture_and_replay_with_new_inputs(matmul, rng):
     static_a = on_gpu(rng.standard_normal((200, 100)).astype("float32"))
     static_b = on_gpu(rng.standard_normal((100, 300)).astype("float32"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up calls before capture, as torch.cuda.graph wants
-        for _ in range(2):
-            matmul(static_a, static_b)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = matmul(static_a, static_b)
+    warm_up(matmul, static_a, static_b)
+    graph, static_out = capture(matmul, static_a, static_b)
     for _ in range(2):
         a = on_gpu(rng.standard_normal((200, 100)).astype("float32"))
         b = on_gpu(rng.standard_normal((100, 300)).astype("float32"))
-        static_a.copy_(a)
-        static_b.copy_(b)
-        graph.replay()
-        torch.cuda.synchronize()
+        replay(graph, (static_a, static_b), (a, b))
         assert close(static_out, matmul_ref(a, b))
 
 
@@ -127,9 +112,7 @@ def test_index_checks_run_inside_a_captured_graph(segsum, rng):
     static_off, static_x = on_gpu(offsets), on_gpu(x)
     segsum(static_off, static_x)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = segsum(static_off, static_x)
+    graph, static_out = capture(segsum, static_off, static_x)
     graph.replay()
     pt.synchronize()
     assert close(static_out, on_gpu(op.reference(offsets, x)))
@@ -198,12 +181,7 @@ def test_numpy_arguments_are_synchronous(matmul, rng):
 
 
 def test_zero_initialized_outputs_from_the_caching_allocator(rng):
-    N = pt.param("N")
-    A = pt.placeholder((N, N), "float32", "A")
-    L = pt.compute((N, N), lambda i, j: A[i, j] * 2.0, "L", where=lambda i, j: j <= i)
-    s = pt.create_schedule(pt.Func([A], [L], name="lower"))
-    s[L].split("i", 32, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    kern = pt.build(s, "cuda")
+    kern = build_lower_triangle("cuda")
     a = on_gpu(rng.standard_normal((100, 100)).astype("float32"))
     for _ in range(3):
         garbage = torch.full((100, 100), float("nan"), device="cuda")

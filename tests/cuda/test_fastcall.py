@@ -10,28 +10,26 @@ import shutil
 
 import numpy as np
 import pytest
+from call_paths import build_lower_triangle
 from fake_gpu import FakeArray, fake_devices, fake_framework
-from test_call_path_fake import build_lower_triangle, build_two_kernels, declare, fresh
+from test_call_path_fake import ARCH, build_two_kernels, declare, fresh
 
 import polytile as pt
-from polytile import ops
 from polytile.errors import BuildError, DeviceError
 from polytile.runtime import fastcall, frameworks
 from polytile.runtime.cuda import CUDAKernel
 from polytile.toolchain import cuda_include
 
-ARCH = "cuda:sm_90a"
 
-
-@pytest.fixture(scope="module")
-def matmul(nvcc) -> CUDAKernel:  # the conftest's nvcc: skips without one
-    return ops.matmul(70, 50, 30).build(ARCH)
+@pytest.fixture
+def c_path() -> None:
+    """Skip the test where the C call path's extension cannot be built."""
+    if fastcall.module() is None:
+        pytest.skip("the C call path cannot be built here (a C compiler, Python.h and cuda.h are needed)")
 
 
 @pytest.fixture
-def setup(monkeypatch, matmul, rng):  # noqa: ANN201 - (driver, framework, kernel, a, b)
-    if fastcall.module() is None:
-        pytest.skip("the C call path cannot be built here (a C compiler, Python.h and cuda.h are needed)")
+def setup(monkeypatch, c_path, matmul, rng):  # noqa: ANN201 - (driver, framework, kernel, a, b)
     fw = fake_framework(monkeypatch)
     driver = fake_devices(monkeypatch, count=2)
     kern = fresh(matmul)
@@ -95,9 +93,7 @@ def test_a_repeated_call_runs_in_c_with_the_python_paths_launch_bytes(setup):
     assert kern.cache_info() == (2, 2)
 
 
-def test_global_temporaries_are_made_in_c_like_outputs(monkeypatch, matmul, rng):  # matmul: skips without nvcc
-    if fastcall.module() is None:
-        pytest.skip("the C call path cannot be built here")
+def test_global_temporaries_are_made_in_c_like_outputs(monkeypatch, c_path, nvcc, rng):
     fw = fake_framework(monkeypatch)
     driver = fake_devices(monkeypatch)
     kern = build_two_kernels()
@@ -194,12 +190,10 @@ def test_a_failed_launch_in_c_raises_the_python_paths_error(setup):
     assert driver.c_launches == 1
 
 
-def test_zero_initialized_outputs_are_cleared_in_c_too(monkeypatch, nvcc, rng):
-    if fastcall.module() is None:
-        pytest.skip("the C call path cannot be built here")
+def test_zero_initialized_outputs_are_cleared_in_c_too(monkeypatch, c_path, nvcc, rng):
     fake_framework(monkeypatch)
     driver = fake_devices(monkeypatch)
-    kern = build_lower_triangle()
+    kern = build_lower_triangle(ARCH)
     declare(driver, kern)
     a = FakeArray(rng.standard_normal((20, 20)).astype("float32"))
     kern(a)
@@ -240,13 +234,10 @@ def test_no_compiler_or_the_switch_leaves_the_python_path(monkeypatch, rebuilt, 
     assert fastcall.module() is None
 
 
-def test_torch_tensors_match_by_the_attributes_of_torchs_signature_key():
+def test_torch_tensors_match_by_the_attributes_of_torchs_signature_key(c_path):
     """A C call recorded from CPU torch tensors with torch's probes: the same tensors' signature runs, any
     other shape, dtype, strides, device or type does not (the launch is a fake driver's)."""
     torch = pytest.importorskip("torch")
-    mod = fastcall.module()
-    if mod is None:
-        pytest.skip("the C call path cannot be built here")
     from fake_gpu import FakeDriver
 
     from polytile.runtime.cuda_driver import KernelParams

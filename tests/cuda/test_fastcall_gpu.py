@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from call_paths import build_lower_triangle, capture, keep_busy, on_gpu, replay, warm_up
 
 import polytile as pt
 from polytile import ops
@@ -24,10 +25,6 @@ torch = pytest.importorskip("torch")
 def built() -> None:
     if fastcall.module() is None:
         pytest.fail("the C call path did not build on this GPU machine (run with a debug log of 'polytile')")
-
-
-def on_gpu(x: np.ndarray):  # noqa: ANN201 - a torch tensor
-    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
 
 def c_calls(kern) -> int:  # noqa: ANN001
@@ -50,15 +47,6 @@ def add_kernel(dtype: str = "float32"):  # noqa: ANN201
     return pt.build(s, "cuda")
 
 
-def lower_kernel():  # noqa: ANN201 - an output that starts as zeros (a memset per call)
-    N = pt.param("N")
-    A = pt.placeholder((N, N), "float32", "A")
-    L = pt.compute((N, N), lambda i, j: A[i, j] * 2.0, "L", where=lambda i, j: j <= i)
-    s = pt.create_schedule(pt.Func([A], [L], name="lower"))
-    s[L].split("i", 32, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    return pt.build(s, "cuda")
-
-
 @pytest.fixture(scope="module")
 def matmul():  # noqa: ANN201
     return ops.matmul(70, 50, 30).build("cuda")
@@ -78,7 +66,7 @@ def cases(rng):  # noqa: ANN001, ANN201 - (name, kernel, input makers, whether i
         out += [(f"add {dtype} {n}", add,
                  lambda n=n, dtype=dtype: [tensor(rng.standard_normal(n).astype(as_dtype(dtype).numpy)) for _ in "AB"],
                  True) for n in (1, 127, 1000, 4099)]
-    lower = lower_kernel()
+    lower = build_lower_triangle("cuda")  # an output that starts as zeros (a memset per call)
     out += [(f"lower {n}", lower, lambda n=n: [f32(n, n)], True) for n in (1, 37)]
     out.append(("softmax 33x257", ops.softmax(33, 257).build("cuda"), lambda: [f32(33, 257)], True))
     out.append(("matmul 70x50x30", ops.matmul(70, 50, 30).build("cuda"), lambda: [f32(70, 30), f32(30, 50)], True))
@@ -114,9 +102,7 @@ def test_results_consumed_on_a_non_default_stream_without_synchronizing(matmul, 
     side.wait_stream(torch.cuda.current_stream())
     before = c_calls(matmul)
     with torch.cuda.stream(side):
-        big = torch.randn(4096, 4096, device="cuda")
-        for _ in range(3):
-            big = big @ big / 64  # keeps `side` busy: a launch on another stream would race
+        keep_busy()  # `side`: a launch on another stream would race
         out = matmul(a, b)
         twice = out * 2
     torch.cuda.current_stream().wait_stream(side)
@@ -127,24 +113,14 @@ def test_results_consumed_on_a_non_default_stream_without_synchronizing(matmul, 
 def test_cuda_graph_capture_and_replay_through_c_calls(matmul, rng):
     static_a = on_gpu(rng.standard_normal((70, 30)).astype("float32"))
     static_b = on_gpu(rng.standard_normal((30, 50)).astype("float32"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            matmul(static_a, static_b)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    warm_up(matmul, static_a, static_b)
     before = c_calls(matmul)
-    with torch.cuda.graph(graph):
-        static_out = matmul(static_a, static_b)
+    graph, static_out = capture(matmul, static_a, static_b)
     assert c_calls(matmul) == before + 1  # captured from C
     for _ in range(2):
         a = on_gpu(rng.standard_normal((70, 30)).astype("float32"))
         b = on_gpu(rng.standard_normal((30, 50)).astype("float32"))
-        static_a.copy_(a)
-        static_b.copy_(b)
-        graph.replay()
-        torch.cuda.synchronize()
+        replay(graph, (static_a, static_b), (a, b))
         assert torch.allclose(static_out, (a.double() @ b.double()).float(), rtol=1e-4, atol=1e-4)
 
 

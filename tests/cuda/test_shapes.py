@@ -165,7 +165,8 @@ def test_a_gemv_over_a_prime_k_is_split_in_chunks_of_unequal_length():
 def test_a_gemv_of_unaligned_rows_is_split_past_sixteen_chunks():
     # the direct GEMV (rows 2-byte aligned) waits for each K step's loads: more chunks are more warps
     # streaming B (H100: 1×4097×4093 77 µs in 16 chunks, 30 µs in 64; torch 24)
-    from polytile.ops.gpu_schedules import GEMV_MAX_SPLIT, MAX_SPLIT
+    from polytile.ops.gpu_schedules import GEMV_MAX_SPLIT
+    from polytile.ops.split_rules import MAX_SPLIT
     choice = gemm_choice(SM90A, 1, 4097, 4093, as_dtype("bfloat16"))
     assert choice.params.get("direct") and MAX_SPLIT < choice.split <= GEMV_MAX_SPLIT
     # the tensor-core kernels keep MAX_SPLIT
@@ -707,7 +708,7 @@ def test_implicit_gemms_of_few_tiles_split_their_reduction():
     # ResNet-50's 3×3 512→512 on 7×7 at batch 1: 8 output tiles for 132 SMs (35 µs, cuDNN 15.5):
     # split in chunks of the filter rows and channels; a layer of many tiles is not split; a GPU of
     # 16 SMs splits less
-    from polytile.ops.gpu_schedules import igemm_choice
+    from polytile.ops.conv_choice import igemm_choice
 
     def split(target, N, H, C, K, R):
         c = igemm_choice(target, N * H * H, C, K, R, R, 2)
@@ -724,7 +725,7 @@ def test_implicit_gemm_model_counts_the_gathered_tiles():
     # 128×64 tiles 45.9 µs unsplit, 50.3 in 2 channel chunks (two blocks an SM: their gathered input
     # tiles do not overlap), 128×128 tiles in 2 chunks 32.7 (cuDNN 20.4). The model without the
     # gather rate ranked 2 chunks of 128×64 first (25 µs against 30 unsplit) and never weighed 128×128
-    from polytile.ops.gpu_schedules import igemm_choice, igemm_options
+    from polytile.ops.conv_choice import igemm_choice, igemm_options
     seconds = {(o.params["bm"], o.params["bn"], o.rows, o.chunks): o.seconds
                for o in igemm_options(SM90A, 1568, 512, 512, 3, 3, 2)}
     assert seconds[(128, 128, False, 2)] < seconds[(128, 64, False, 1)] < seconds[(128, 64, False, 2)]
@@ -738,7 +739,7 @@ def test_implicit_gemm_model_counts_the_gathered_tiles():
 def test_implicit_gemm_reads_its_input_not_the_gathered_matrix():
     # ResNet-50's 3×3 64→64 on 56×56 at batch 32 in 128×64 tiles took 31.6 µs on an H100: the
     # model's DRAM floor counted the gathered 100352 × 576 matrix (115 MB, 9 times the input: 45 µs)
-    from polytile.ops.gpu_schedules import igemm_options
+    from polytile.ops.conv_choice import igemm_options
     seconds = {(o.params["bm"], o.params["bn"], o.rows, o.chunks): o.seconds
                for o in igemm_options(SM90A, 100352, 64, 64, 3, 3, 2, 100352, 2)}
     assert seconds[(128, 64, False, 1)] < 40e-6
@@ -751,7 +752,7 @@ def test_implicit_gemm_tiles_follow_the_channel_and_filter_counts():
     # zeros, no whole channel chunks) unsplit 25.1 µs, K tiles of 16 split over the filter rows 13.7
     # (cuDNN 12.3); ResNet-50's 3×3 128→128 on 28×28 at batch 1: 6 chunks (3 K steps each) 11.5 µs,
     # 3 chunks 13.4 — the loads of these L2-resident operands wait for the L2, not DRAM
-    from polytile.ops.gpu_schedules import igemm_choice
+    from polytile.ops.conv_choice import igemm_choice
     choice = igemm_choice(SM90A, 3 * 45 * 45, 96, 160, 3, 3, 2, 3 * 45 * 45, 2)
     assert choice.kernel == "wgmma" and choice.params["bn"] == 128
     choice = igemm_choice(SM90A, 2 * 32 * 32, 48, 72, 5, 5, 2, 2 * 64 * 64, 2)
@@ -766,7 +767,7 @@ def test_one_by_one_convolutions_of_few_channels_build(C):
     # MobileNet-v2's expansion (1×1, 16 → 96 on 112×112) failed to build: fewer channels than a K
     # tile left the split choice no option at all (not even "no split"); fp16 on the GPU (lead's run
     # of 8dc97fc, 2026-11-28)
-    from polytile.ops.gpu_schedules import igemm_choice
+    from polytile.ops.conv_choice import igemm_choice
     choice = igemm_choice(SM90A, 12544, C, 96, 1, 1, 2)
     assert (choice.rows, choice.chunks) == (False, 1)
     kern = ops.conv2d_igemm(1, 112, 112, C, 96, 1, 1).build(SM90A)
@@ -777,7 +778,7 @@ def test_one_by_one_convolutions_of_few_channels_build(C):
 def test_implicit_gemm_pipelines_no_deeper_than_their_k_loop():
     # a 1×1 convolution of 64 channels is one K step: one stage of shared tiles (4 held one
     # 128×128 block per SM); a 3×3 one keeps the default depth
-    from polytile.ops.gpu_schedules import igemm_kernel
+    from polytile.ops.conv_choice import igemm_kernel
     assert igemm_kernel(SM90A, 100352, 64, 256, 1)[1]["stages"] == 1
     assert igemm_kernel(SM90A, 100352, 64, 256, 9)[1]["stages"] == 4
     assert igemm_kernel(SM80, 100352, 144, 24, 1)[1]["stages"] == 3  # 5 K steps of 32 channels

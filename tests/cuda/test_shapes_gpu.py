@@ -107,7 +107,8 @@ SPLITS = [((1, 7, 7, 512, 512, 3, 3, 1, 1), None),            # the default's sp
 
 @pytest.mark.parametrize("dims,split", SPLITS, ids=["default-l4", "rows-odd", "rows-channels", "1x1", "mma-3x2"])
 def test_conv_split_reduction(dims, split):
-    from polytile.ops.gpu_schedules import igemm_kernel, igemm_split_schedule
+    from polytile.ops.conv_choice import igemm_kernel
+    from polytile.ops.gpu_schedules import igemm_split_schedule
     from polytile.ops.igemm import conv2d_igemm_split_func
     from polytile.target import as_target
     N, H, W, C, K, R, S, stride, pad = dims
@@ -137,7 +138,8 @@ CHOICES = [(32, 7, 7, 512, 512, 3, 3, 1, 1),   # ResNet-50 l4 at batch 32: 128×
 def test_conv_model_choices(dims):
     # the default and the model's next two choices of tiles and split (igemm_options), each against
     # float64: the tiles and splits the gather-rate model may pick elsewhere
-    from polytile.ops.gpu_schedules import igemm_options, igemm_schedule
+    from polytile.ops.conv_choice import igemm_options
+    from polytile.ops.gpu_schedules import igemm_schedule
     from polytile.target import as_target
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(*dims)

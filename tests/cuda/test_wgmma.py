@@ -173,7 +173,8 @@ def test_wgmma_compiles_to_hgmma(dtype, cfg):
 def test_wide_conv_tile_compiles_without_spills():
     """The convolution template's 64×256 warpgroup tile (one warpgroup, 128 accumulators a thread)
     in two channel chunks with two MMA groups in flight: wgmma.m64n256k16, no local memory."""
-    from polytile.ops.gpu_schedules import IgemmChoice, igemm_schedule
+    from polytile.ops.conv_choice import IgemmChoice
+    from polytile.ops.gpu_schedules import igemm_schedule
     from polytile.runtime.cuda import compile_cuda
     dims = (32, 7, 7, 512, 512, 3, 3, 1, 1)
     s = pt.Schedule(ops.conv2d_igemm(*dims).func)

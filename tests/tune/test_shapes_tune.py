@@ -6,13 +6,15 @@ that would overrun ``--max-seconds``. The tuning itself is mocked: no GPU here."
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from polytile.tune.records import Record, RecordLog
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import _devices  # noqa: E402
@@ -56,8 +58,14 @@ def test_a_resumed_run_hands_out_only_what_is_left(tmp_path, monkeypatch):
     _devices.append_row(rows, _row(ws[1], trials=8))  # timed after another number of trials: again
     rows.open("a").write('{"name": "cut by a ki')  # a line cut by a kill is skipped
     # the records of ws[2] hold all its trials: it costs only its timing
-    key = f"matmul_gemv/{shapes.tune_key(ws[2])}/sig"
-    Path(args.records).write_text("".join(json.dumps({"workload": key, "role": "trial"}) + "\n" for _ in range(32)))
+    log = RecordLog(args.records)
+    trial = Record(f"matmul_gemv/{shapes.tune_key(ws[2])}/sig", "cuda:fake:sm_90a", "matmul_gemv",
+                   {"threads": 32}, "ok", [1e-5])
+    for k in range(32):
+        log.append(dataclasses.replace(trial, trial=k))
+    log.append(dataclasses.replace(trial, role="winner"))  # not a trial: not counted
+    with open(args.records, "a") as f:  # the trial in flight when a tuner was killed: not counted
+        f.write(trial.to_line()[:40])
     launched: dict[str, list[str]] = {}
 
     class FakeProcess:

@@ -34,30 +34,32 @@ from typing import Any
 
 from ...errors import ScheduleError
 from ...intrinsics import MMA_M16N8K16
+from ...ops.conv_choice import (
+    IgemmChoice,
+    igemm_choice,
+    igemm_kernel,
+    igemm_options,
+    igemm_rows_tiles,
+    igemm_splits,
+    no_deeper,
+)
 from ...ops.gpu_schedules import (
     GEMV_MAX_SPLIT,
     GEMV_ROWS,
-    MAX_SPLIT,
     GemmChoice,
-    IgemmChoice,
     conv2d_gemm,
     gemm_as,
     gemm_choice,
     gemm_chunks,
     gemm_cuda,
-    igemm_choice,
     igemm_cuda,
-    igemm_kernel,
-    igemm_options,
     igemm_rows,
-    igemm_rows_tiles,
     igemm_schedule,
-    igemm_splits,
     igemm_tensorcore,
-    no_deeper,
     tma_fits,
 )
 from ...ops.igemm import padded_channels
+from ...ops.split_rules import MAX_SPLIT
 from ...target import Target
 from ..analytical import GemmShape, TileConfig, WgmmaConfig, predict, raster_group, split_seconds
 from ..space import TemplateConfig
