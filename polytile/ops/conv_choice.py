@@ -49,16 +49,19 @@ def igemm_rows_tiles(M: int, K: int, run: int) -> tuple[dict[str, int], int]:
 
 
 def igemm_kernel(target: CUDATarget, M: int, C: int, K: int, tap_count: int) -> tuple[str, dict[str, int]]:
-    """The implicit GEMM's kernel — "cuda" for fewer channels than a tensor-core K step, "wgmma" where
-    the target has it and the swizzled tiles fit (64 channels and filters), else "mma" — and the
+    """The implicit GEMM's kernel — "cuda" for fewer channels than a tensor-core K step or one pixel, "wgmma" where
+    the target has it and the swizzled tiles fit (64 channels and filters, more than 16 pixels), else
+    "mma" — and the
     tensor-core kernels' parameters: 64-row wgmma tiles for at most 64 pixels; a pipeline no deeper
     than the K loop (``tap_count`` taps × channel tiles): deeper stages only take shared memory, and
     with it resident blocks (a 1×1 convolution of 64 channels is one K step: 4 stages held one
     block of 128×128 per SM). ``igemm_choice`` then picks among tiles and splits where the target's
     gather rate is known (``igemm_tiles``)."""
-    if C < MMA_K:
+    if C < MMA_K or M == 1:  # one pixel: no rows for the tensor cores' tiles (their loop of one step is gone)
         return "cuda", {}
-    if target.has("wgmma") and min(C, K) >= 64:  # swizzled tiles need 64 channels and filters
+    # swizzled tiles need 64 channels and filters; a warpgroup's warps more than one 16-row tile of pixels
+    # (16 pixels: the warps' loop of one iteration is gone, and wgmma cannot be bound)
+    if target.has("wgmma") and min(C, K) >= 64 and M > 16:
         kernel, params = "wgmma", wgmma_igemm_config(M, K, sms=target.sms)
         if M <= 64:
             params["bm"] = 64

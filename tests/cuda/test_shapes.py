@@ -466,6 +466,18 @@ def test_three_channel_convolution_builds(target):
     assert "HMMA" not in _sass(ops.conv2d_igemm(2, 30, 30, 3, 64, 7, 7, 2, 3).build(SM75))  # the CUDA cores
 
 
+@pytest.mark.parametrize("target", [SM90A, SM80], ids=["sm_90a", "sm_80"])
+@pytest.mark.parametrize("pixels", [(4, 4), (2, 2), (1, 1)])
+def test_convolutions_of_few_pixels_build(target, pixels):
+    # 16 output pixels took warpgroup MMA, whose warps' loop of one 16-row tile was gone ("bind the warps
+    # to threadIdx.z"); one pixel took mma.sync, whose row loop was ("loop i3 must run over axis m only")
+    from polytile.ops.conv_choice import igemm_kernel
+    H, W = pixels
+    op = ops.conv2d_igemm(1, H, W, 256, 256, 3, 3, 1, 1, dtype="bfloat16")
+    pt.lower(op.schedule(target), target)
+    assert igemm_kernel(target, H * W, 256, 256, 9)[0] == ("cuda" if H * W == 1 else "mma")
+
+
 @pytest.mark.parametrize("dims", [(2, 13, 11, 3, 8, 7, 7, 2, 3), (1, 9, 10, 3, 5, 3, 3, 2, 1),
                                   (2, 8, 7, 5, 6, 3, 3, 1, 1), (1, 7, 9, 1, 4, 5, 5, 1, 2),
                                   (1, 6, 6, 12, 3, 2, 2, 1, 0)],

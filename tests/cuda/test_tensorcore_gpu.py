@@ -100,7 +100,10 @@ def test_tensor_core_batch_matmul():
 
 
 @pytest.mark.parametrize("shape", [(3, 9, 11, 64, 72, 3, 3, 1, 1), (2, 14, 14, 256, 256, 3, 3, 1, 1),
-                                   (2, 15, 13, 32, 40, 3, 3, 2, 1)])
+                                   (2, 15, 13, 32, 40, 3, 3, 2, 1),
+                                   # 16 pixels, 4 and 1 (mma.sync; the CUDA cores): test_shapes.py's builds
+                                   (1, 4, 4, 256, 256, 3, 3, 1, 1), (1, 2, 2, 128, 64, 3, 3, 1, 1),
+                                   (1, 1, 1, 256, 96, 3, 3, 1, 1)])
 def test_conv2d_implicit_gemm(shape):
     op = ops.conv2d_igemm(*shape)
     kern = op.build("cuda")
