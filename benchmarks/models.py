@@ -10,7 +10,9 @@ the CPU. For each model, in one process:
 2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
    it beats torch on its own), timed, and its output checked against eager (relative error);
 3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
-   CUDA graphs; ``inductor-cudagraphs``) (``--peers``);
+   CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
+   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
+   (``--peers``);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU).
 
@@ -20,7 +22,7 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs] [--threads N] [--rounds 5] [--calls 10]
+        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5] [--calls 10]
         [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
 """
 
@@ -58,7 +60,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "resnet50-b32": ("resnet50", {"batch": 32}),
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
-PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")
+PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs", "polytile-unpacked")
 INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
@@ -82,7 +84,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     device = args.device
     names = args.models.split(",") if args.models else DEFAULT_MODELS["cuda" if device.startswith("cuda") else "cpu"]
-    peers = (args.peers or ("eager" if device == "cpu" else ",".join(PEERS))).split(",")
+    peers = (args.peers or ("eager" if device == "cpu" else "eager,inductor,inductor-max,inductor-cudagraphs")).split(",")
     for n in names:
         if n not in MODELS:
             p.error(f"unknown model {n!r}; known: {', '.join(MODELS)}")
@@ -141,7 +143,18 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
                                                                           else "") for g in report.taken]
         res["kernels"] = report.kernels  # launched by the taken groups (an epilogue fused into its product: none)
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
+        res["packed_weights"] = sum(g.packed for g in report.taken)
         variants["polytile"] = compiled
+        if "polytile-unpacked" in peers:
+            unpacked = ptt.Report()
+            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=unpacked,
+                                                         cuda_graphs=graphs, pack_weights=False), dynamic=False)
+            t0 = time.perf_counter()
+            res["rel_error_unpacked"] = _rel(c(*inputs), want)
+            _sync(device)
+            res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
+            res["taken_unpacked"] = len(unpacked.taken)
+            variants["polytile-unpacked"] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)
