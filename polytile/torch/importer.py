@@ -768,7 +768,7 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
     ``GroupInfo`` as ``func.torch_group``. ``lanes``: the CPU's vector lanes (row reductions are then
     written as vector partial results and their sum). ``fuse_epilogue``: a product's epilogue that
     reads the product element by element in place becomes the product's own epilogue, applied as
-    its sums are written back (``product_epilogue``). ``packing``: the constant weights of products
+    its sums are written back (``product_epilogue``; a convolution's too, on the CPU). ``packing``: the constant weights of products
     and convolutions are passed packed (``polytile.torch.packing``; CPU). Raises ``Unsupported`` (or another
     ``PolytileError``) when the group cannot be written."""
     from .schedules import GroupInfo, StageInfo
@@ -795,7 +795,9 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
         out_tensors.append(reused if reused is not None and reused not in out_tensors else stage)
         out_dtypes.append(t.dtype)
         out_perms.append(perm)
-    if fuse_epilogue and kind == "gemm":
+    # a convolution's epilogue in its write-back on the CPU (lanes given); the GPU convolutions'
+    # schedules (ops.gpu_schedules) store the sums as they are
+    if fuse_epilogue and (kind == "gemm" or (kind == "conv" and lanes is not None)):
         out_tensors = product_epilogue(low, list(outputs), out_tensors)
     ins = list(low.inputs)
     func = Func([low.inputs[n][0] for n in ins], out_tensors, name=low.name)
@@ -818,7 +820,8 @@ ENUMERATED_ELEMENTS = 1 << 22
 
 def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[ComputeTensor]
                      ) -> list[ComputeTensor]:
-    """The outputs of a product's group with its epilogue moved into the product (``with_epilogue``):
+    """The outputs of a product's (or convolution's) group with its epilogue moved into the product
+    (``with_epilogue``):
     the output's value at each element, as a function of the product's sum at the same position, is
     then computed where the sum leaves the accumulator registers, and the product's sums are never
     stored. Only where every read of the product is at the element being written: one output, of the
@@ -828,7 +831,7 @@ def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[Co
     by structure (``_reads_in_place``: elementwise operations and reshapes, row-major). Otherwise
     (several outputs — the raw product read outside the group —, broadcasts, transposes, slices)
     ``out_tensors`` as they are: the epilogue is a kernel of its own after the product's."""
-    products = [st for st in low.stage_list if st.kind == "gemm"]
+    products = [st for st in low.stage_list if st.kind in ("gemm", "conv")]
     if len(products) != 1 or len(outputs) != 1 or out_tensors[0] is products[0].tensor:
         return out_tensors
     stage = products[0]
