@@ -581,8 +581,10 @@ class Lowering:
                               else InputAdapter.of(meta(w), permute=False))
             O = func.outputs[0]
             self.stages[node] = O
-            shape = {"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "stride": stride[0],
-                     "padding": padding[0], "dilation": dilation[0]}
+            shape: dict[str, Any] = {"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "stride": stride[0],
+                                     "padding": padding[0], "dilation": dilation[0]}
+            if O.narrowed:  # as ops.conv2d describes it
+                shape["out_dtype"] = O.dtype.name
             self.stage_list.append(Stage("conv", O, {**shape, "has_pad": padding[0] > 0, "w_block": block or 0}))
         O = self.stages[node]
         v = O[idx]
@@ -768,9 +770,9 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
     ``GroupInfo`` as ``func.torch_group``. ``lanes``: the CPU's vector lanes (row reductions are then
     written as vector partial results and their sum). ``fuse_epilogue``: a product's epilogue that
     reads the product element by element in place becomes the product's own epilogue, applied as
-    its sums are written back (``product_epilogue``; a convolution's too, on the CPU). ``packing``: the constant weights of products
-    and convolutions are passed packed (``polytile.torch.packing``; CPU). Raises ``Unsupported`` (or another
-    ``PolytileError``) when the group cannot be written."""
+    its sums are written back (``product_epilogue``; a convolution's too, on the CPU). ``packing``:
+    the constant weights of products and convolutions are passed packed (``polytile.torch.packing``;
+    CPU). Raises ``Unsupported`` (or another ``PolytileError``) when the group cannot be written."""
     from .schedules import GroupInfo, StageInfo
     low = Lowering(nodes, f"torch_{kind}", lanes, packing)
     out_tensors: list[ComputeTensor] = []
