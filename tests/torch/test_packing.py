@@ -97,11 +97,29 @@ def test_a_model_with_packed_weights_matches_eager_and_sees_weights_written_in_p
 
 
 def test_few_rows_and_function_inputs_are_not_packed() -> None:
+    from torch._dynamo.backends.common import aot_autograd
+
+    import polytile as pt
+    from polytile.ops.matmul import cpu_gemm_tiles
+    from polytile.torch.compiler import extract
     fc = torch.nn.Linear(771, 769).eval()
-    report = ptt.Report()
-    compiled = torch.compile(lambda x, w: fc(x) + x[:, :769] @ w, backend=ptt.backend(report=report, choose="always"),
-                             dynamic=False)
-    x, w = torch.randn(1, 771), torch.randn(769, 769)  # one row: dot products, B read in place; w: an input
+    adapters: list[object] = []
+
+    def collect(gm: torch.fx.GraphModule, _: list[object]) -> object:
+        adapters.extend(a for _, imp in extract(gm, pt.CPUTarget())[0] for a in imp.adapters)  # type: ignore[attr-defined]
+        return gm.forward
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return fc(x) + x[:, :769] @ w
+    # one row: dot products, B read in place; w: a function's input, not a constant
     with torch.no_grad():
-        assert_close(compiled(x, w), fc(x) + x[:, :769] @ w)
-    assert report.taken and all(g.packed == 0 for g in report.taken)
+        torch.compile(fn, backend=aot_autograd(fw_compiler=collect), dynamic=False)(torch.randn(1, 771),
+                                                                                   torch.randn(769, 769))
+    assert adapters and not any(isinstance(a, PackedWeight) for a in adapters)
+    with torch.no_grad():  # the same at 37 rows: the layer's weight is packed, w is not
+        adapters.clear()
+        torch._dynamo.reset()
+        torch.compile(fn, backend=aot_autograd(fw_compiler=collect), dynamic=False)(torch.randn(37, 771),
+                                                                                   torch.randn(769, 769))
+    nr = cpu_gemm_tiles(37, 769, 771, pt.CPUTarget())["nr"]  # type: ignore[attr-defined]
+    assert [a.kernel_shape for a in adapters if isinstance(a, PackedWeight)] == [(-(-769 // nr), 771, nr)]
