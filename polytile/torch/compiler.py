@@ -624,10 +624,15 @@ def _captured(fns: tuple[Callable[[], Any], ...], calls: int) -> list[Callable[[
 
 
 def _cpu_time(fn: Callable[[], Any], calls: int) -> float:
-    t0 = time.perf_counter()
+    """Time of one call: with one torch thread, the process's CPU time (on a shared machine wall time
+    mostly measures the other processes, which made the choice close to random for groups near even;
+    polytile's own threads, where it runs more, count too: the choice errs towards torch), else wall
+    time (several threads: CPU time would not be the latency)."""
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+    t0 = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    return (clock() - t0) / calls
 
 
 def _cuda_time(fn: Callable[[], Any], calls: int) -> float:
