@@ -7,7 +7,7 @@ weighted by how often each kernel occurs in its model.
 
 Writes ``benchmarks/results/cpu_model_kernels-<date>.json`` (device, load average, threads, command).
 
-    python benchmarks/cpu_model_kernels.py [--only conv3x3_64_56,bert_qkv] [--threads 1] [--rounds 5]
+    python benchmarks/cpu_model_kernels.py [--only conv3x3_64_56,bert_qkv] [--threads 1] [--rounds 5] [--unpacked]
 """
 
 from __future__ import annotations
@@ -118,22 +118,31 @@ def cpu_seconds(fn: Callable[[], object], calls: int) -> float:
     return best
 
 
-def measure(model: torch.nn.Module, x: torch.Tensor, rounds: int, min_time: float, clock: str) -> dict:
+def measure(model: torch.nn.Module, x: torch.Tensor, rounds: int, min_time: float, clock: str,
+            unpacked: bool = False) -> dict:
     """The anchor group's times. ``clock`` "wall": the backend's own check (``explain``: wall time,
     interleaved rounds, medians); "cpu": the module compiled with the group taken (choose="always")
     and eager, each call timed by this thread's CPU time (the least of interleaved rounds: one
-    thread only), a call of the compiled module including torch.compile's guards."""
+    thread only), a call of the compiled module including torch.compile's guards. ``unpacked``
+    (cpu clock): also the module compiled with ``pack_weights=False`` (the weights packed by every
+    call), in the same rounds."""
     torch.manual_seed(0)
     if clock == "cpu":
         compiled = torch.compile(model, backend=ptt.backend(choose="always"), dynamic=False)
         torch._dynamo.reset()
+        variants = {"polytile_us": compiled, "torch_us": model}
+        if unpacked:
+            variants["unpacked_us"] = torch.compile(model, backend=ptt.backend(choose="always", pack_weights=False),
+                                                    dynamic=False)
+            torch._dynamo.reset()
         with torch.no_grad():
-            rel = float((compiled(x) - model(x)).norm() / model(x).norm())
-            ours, theirs = [], []
+            want = model(x)
+            rel = {k: float((fn(x) - want).norm() / want.norm()) for k, fn in variants.items() if fn is not model}
+            times: dict[str, list[float]] = {k: [] for k in variants}
             for _ in range(rounds):
-                ours.append(cpu_seconds(lambda: compiled(x), 3))
-                theirs.append(cpu_seconds(lambda: model(x), 3))
-        return {"polytile_us": min(ours) * 1e6, "torch_us": min(theirs) * 1e6, "rel_error": rel}
+                for k, fn in variants.items():
+                    times[k].append(cpu_seconds(lambda fn=fn: fn(x), 3))
+        return {**{k: min(v) * 1e6 for k, v in times.items()}, "rel_error": rel["polytile_us"]}
     rep = ptt.explain(model, x, rounds=rounds, min_time=min_time)
     for g in rep.taken:
         if g.kind in ("gemm", "conv"):
@@ -153,6 +162,8 @@ def main() -> int:
     p.add_argument("--min-time", type=float, default=0.05, help="seconds of calls per round and side")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                    help="cpu: this thread's CPU time (one thread; robust on a shared machine), wall: the backend's")
+    p.add_argument("--unpacked", action="store_true",
+                   help="also time the backend with pack_weights=False (cpu clock), in the same rounds")
     p.add_argument("--out", help="the JSON record (default benchmarks/results/cpu_model_kernels-<date>.json)")
     args = p.parse_args()
     if args.threads:
@@ -165,9 +176,12 @@ def main() -> int:
     for name, (model, x, n) in cases().items():
         if only and not any(name.startswith(o) for o in only):
             continue
-        r = {"name": name, "occurrences": n, **measure(model, x, args.rounds, args.min_time, args.clock)}
+        r = {"name": name, "occurrences": n, **measure(model, x, args.rounds, args.min_time, args.clock,
+                                                       args.unpacked)}
         if "torch_us" in r:
             r["speed_vs_torch"] = r["torch_us"] / r["polytile_us"]
+        if "unpacked_us" in r:
+            r["unpacked_vs_torch"] = r["torch_us"] / r["unpacked_us"]
         results.append(r)
         print(json.dumps(r), flush=True)
     now = datetime.datetime.now(datetime.UTC)
@@ -188,7 +202,8 @@ def main() -> int:
             print(f"{r['name']:26s} FAILED {r.get('error', '')[:200]}")
             continue
         print(f"{r['name']:26s} {r['occurrences']:3d} {r['polytile_us']:9.1f}u {r['torch_us']:9.1f}u "
-              f"{r['speed_vs_torch']:5.2f}x")
+              f"{r['speed_vs_torch']:5.2f}x" + (f"  unpacked {r['unpacked_us']:9.1f}u {r['unpacked_vs_torch']:5.2f}x"
+                                                if "unpacked_us" in r else ""))
         model = "bert" if r["name"].startswith("bert") else "resnet"
         t = tot.setdefault(model, [0.0, 0.0, 0.0])
         t[0] += r["occurrences"] * r["polytile_us"]

@@ -10,9 +10,13 @@ the CPU. For each model, in one process:
 2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
    it beats torch on its own), timed, and its output checked against eager (relative error);
 3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
-   CUDA graphs; ``inductor-cudagraphs``) (``--peers``);
+   CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
+   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
+   (``--peers``);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
-   events around one call on a GPU, wall time on the CPU).
+   events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
+   with ``--threads 1`` — what the model costs on a shared machine, where wall time mostly measures
+   the other processes).
 
 Writes ``benchmarks/results/models-<date>-<device>.json`` (device, load, threads, command, per model the
 times, ratios, compile and tuning seconds, the groups taken and left), rewritten after each model (a run
@@ -20,8 +24,8 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs] [--threads N] [--rounds 5] [--calls 10]
-        [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
+        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
+        [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "resnet50-b32": ("resnet50", {"batch": 32}),
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
-PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")
+GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
+PEERS = (*GPU_PEERS, "polytile-unpacked")
 INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
@@ -72,6 +77,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch and polytile (0: the default)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=10, help="calls per variant and round")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="CPU: wall time, or this thread's CPU time (cpu; needs --threads 1)")
     p.add_argument("--records-dir", default="benchmarks/results/records")
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--cuda-graphs", choices=["default", "on", "off"], default="default",
@@ -81,8 +88,10 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device
+    if args.clock == "cpu" and (device != "cpu" or torch.get_num_threads() != 1):
+        p.error("--clock cpu times one thread on the CPU: pass --device cpu --threads 1")
     names = args.models.split(",") if args.models else DEFAULT_MODELS["cuda" if device.startswith("cuda") else "cpu"]
-    peers = (args.peers or ("eager" if device == "cpu" else ",".join(PEERS))).split(",")
+    peers = (args.peers or ("eager" if device == "cpu" else ",".join(GPU_PEERS))).split(",")
     for n in names:
         if n not in MODELS:
             p.error(f"unknown model {n!r}; known: {', '.join(MODELS)}")
@@ -93,6 +102,7 @@ def main() -> int:
     out = Path(args.out) / f"models-{time.strftime('%Y%m%d-%H%M%S')}-{kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results = []
+    load_before = os.getloadavg()
     for name in names:
         print(f"== {name}", flush=True)
         results.append(run_model(name, device, peers, args))
@@ -100,7 +110,8 @@ def main() -> int:
         # rewritten after every model: a run stopped at a time limit keeps the models it finished
         record = {"benchmark": "models", "date": datetime.datetime.now(datetime.UTC).isoformat(),
                   "command": " ".join(sys.argv), "device": _device_name(device), "torch": torch.__version__,
-                  "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "host": platform.node(),
+                  "threads": torch.get_num_threads(), "clock": args.clock, "load_average": os.getloadavg(),
+                  "load_average_before": load_before, "host": platform.node(),
                   "models": results}
         out.write_text(json.dumps(record, indent=1))
     print_table(results, peers)
@@ -141,7 +152,18 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
                                                                           else "") for g in report.taken]
         res["kernels"] = report.kernels  # launched by the taken groups (an epilogue fused into its product: none)
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
+        res["packed_weights"] = sum(g.packed for g in report.taken)
         variants["polytile"] = compiled
+        if "polytile-unpacked" in peers:
+            unpacked = ptt.Report()
+            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=unpacked,
+                                                         cuda_graphs=graphs, pack_weights=False), dynamic=False)
+            t0 = time.perf_counter()
+            res["rel_error_unpacked"] = _rel(c(*inputs), want)
+            _sync(device)
+            res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
+            res["taken_unpacked"] = len(unpacked.taken)
+            variants["polytile-unpacked"] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)
@@ -153,20 +175,22 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         times = {k: [] for k in variants}
         for _ in range(args.rounds):
             for k, fn in variants.items():
-                times[k].append(_time(fn, inputs, device, args.calls))
+                times[k].append(_time(fn, inputs, device, args.calls, args.clock))
     res["ms"] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    res["ms_rounds"] = {k: [t * 1e3 for t in v] for k, v in times.items()}
     res["speedup"] = {k: res["ms"][k] / res["ms"]["polytile"] for k in res["ms"] if k != "polytile"}
     return res
 
 
-def _time(fn: Any, inputs: list[Any], device: str, calls: int) -> float:
+def _time(fn: Any, inputs: list[Any], device: str, calls: int, clock: str = "wall") -> float:
     fn(*inputs)
     ts = []
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     for _ in range(calls):
         if device == "cpu":
-            t0 = time.perf_counter()
+            t0 = now()
             fn(*inputs)
-            ts.append(time.perf_counter() - t0)
+            ts.append(now() - t0)
         else:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -29,14 +29,25 @@ def conv_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
-           dilation: int = 1, dtype: str = "float32", pad_stage: bool = True, out_dtype: str | None = None) -> Op:
-    """O[n, k, p, q] = sum_{c, r, s} I[n, c, p*st + r*dil - pad, q*st + s*dil - pad] * Wt[k, c, r, s]
-    (NCHW), summed in ``dtypes.accumulator(dtype)`` and returned as ``out_dtype`` (as ``matmul``).
-    ``pad_stage=False`` writes the padding as a select inside the one computation."""
+def conv2d_func(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
+                dilation: int = 1, dtype: str = "float32", pad_stage: bool = True, out_dtype: str | None = None,
+                weight_block: int | None = None) -> Func:
+    """The Func of ``conv2d``: inputs I and Wt, output O. ``weight_block``: Wt comes packed as the CPU
+    schedule would pack it per block of filters (``schedule_conv2d_tiles_cpu``), ``[K / b][C][R][S][b]``
+    with zeros past K (``polytile.torch.packing``: a model's constant weights, packed once)."""
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
     I = placeholder((N, C, H, W), dtype, "I")
-    Wt = placeholder((K, C, R, S), dtype, "Wt")
+    if weight_block:
+        b = weight_block
+        Wt = placeholder(((K + b - 1) // b, C, R, S, b), dtype, "Wt")
+
+        def weight(k, c, r, s):  # noqa: ANN001, ANN202 - iterators
+            return Wt[k // b, c, r, s, k % b]
+    else:
+        Wt = placeholder((K, C, R, S), dtype, "Wt")
+
+        def weight(k, c, r, s):  # noqa: ANN001, ANN202 - iterators
+            return Wt[k, c, r, s]
     c, r, s = reduce_axis(C, "c"), reduce_axis(R, "r"), reduce_axis(S, "s")
     if pad_stage and padding > 0:
         Ip = compute((N, C, H + 2 * padding, W + 2 * padding),
@@ -46,15 +57,26 @@ def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int =
 
         def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
             return lang.tensor.sum(product(Ip[n, c, p * stride + r * dilation, q * stride + s * dilation],
-                                           Wt[k, c, r, s], dtype), axis=[c, r, s])
+                                           weight(k, c, r, s), dtype), axis=[c, r, s])
     else:
         def body(n, k, p, q):  # noqa: ANN001, ANN202 - iterators
             h = p * stride + r * dilation - padding
             w = q * stride + s * dilation - padding
             inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
-            return lang.tensor.sum(product(select(inside, I[n, c, h, w], 0), Wt[k, c, r, s], dtype), axis=[c, r, s])
+            return lang.tensor.sum(product(select(inside, I[n, c, h, w], 0), weight(k, c, r, s), dtype),
+                                   axis=[c, r, s])
     O = compute((N, K, P, Q), body, "O", store_dtype=output_dtype("conv2d", dtype, out_dtype))
-    func = Func([I, Wt], [O], name="conv2d")
+    return Func([I, Wt], [O], name="conv2d")
+
+
+def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, padding: int = 0,
+           dilation: int = 1, dtype: str = "float32", pad_stage: bool = True, out_dtype: str | None = None) -> Op:
+    """O[n, k, p, q] = sum_{c, r, s} I[n, c, p*st + r*dil - pad, q*st + s*dil - pad] * Wt[k, c, r, s]
+    (NCHW), summed in ``dtypes.accumulator(dtype)`` and returned as ``out_dtype`` (as ``matmul``).
+    ``pad_stage=False`` writes the padding as a select inside the one computation."""
+    P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
+    func = conv2d_func(N, C, H, W, K, R, S, stride, padding, dilation, dtype, pad_stage, out_dtype)
+    O = func.outputs[0]
 
     def cpu(sched: Schedule, target: CPUTarget) -> None:
         schedule_conv2d_default_cpu(sched, target, K, Q, R * S, stride, has_pad=pad_stage and padding > 0)
@@ -120,9 +142,10 @@ def conv2d_gemm_func(N: int, C: int, H: int, W: int, K: int, R: int, S: int, str
 
 
 def schedule_conv2d_default_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, taps: int, stride: int,
-                                has_pad: bool) -> None:
-    """The default NCHW schedule (``conv2d_cpu_default``)."""
-    schedule_conv2d_tiles_cpu(sched, conv2d_cpu_default(K, Q, taps, stride, target), has_pad)
+                                has_pad: bool, pack_w: bool = True) -> None:
+    """The default NCHW schedule (``conv2d_cpu_default``); ``pack_w`` False: the weights come packed
+    (``conv2d_func(weight_block=...)``)."""
+    schedule_conv2d_tiles_cpu(sched, dict(conv2d_cpu_default(K, Q, taps, stride, target), pack_w=pack_w), has_pad)
 
 
 def conv2d_cpu_default(K: int, Q: int, taps: int, stride: int, target: CPUTarget, itemsize: int = 4
@@ -216,12 +239,13 @@ def schedule_conv2d_tiles_cpu(sched: Schedule, tiles: dict[str, Any], has_pad: b
 
 
 def schedule_conv2d_cpu(sched: Schedule, target: CPUTarget, K: int, Q: int, has_pad: bool,
-                        k_tile: int = 8, q_tile: int | None = None) -> None:
+                        k_tile: int = 8, q_tile: int | None = None, pack_w: bool = True) -> None:
     """Register tile of k_tile output channels × one vector of output columns (or ``q_tile``
-    columns), weights packed per channel block, the channel-block loop in parallel."""
+    columns), weights packed per channel block (unless they come packed: ``pack_w`` False), the
+    channel-block loop in parallel."""
     lanes = target.vector_lanes(4)
     schedule_conv2d_tiles_cpu(sched, {"vectors": "columns", "lanes": lanes, "k_tile": k_tile,
-                                      "q_tile": q_tile or lanes}, has_pad)
+                                      "q_tile": q_tile or lanes, "pack_w": pack_w}, has_pad)
 
 
 def conv2d_reference(i: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from ..errors import PolytileError
 from .customop import KernelCall
 from .explain import Report, TakenGroup
 from .importer import Imported, import_group, meta, node_kind
+from .packing import PackedWeight, WeightPacking, call_adapters, constant_inputs
 from .partition import Group, group_outputs, partition
 from .schedules import group_info, schedule_group
 
@@ -59,6 +60,9 @@ class Options:
     (``polytile.torch.graphs``: one launch for the whole forward instead of a host call per kernel);
     None (the default): on a CUDA target when gradients are off (inference), False: never, True: on a
     CUDA target whenever the forward is compiled with gradients off.
+    ``pack_weights``: on the CPU, pass the model's constant weights (parameters and buffers) of
+    products and convolutions packed in the blocks their kernels read, packed once per compiled
+    graph and again only when a weight changes (``polytile.torch.packing``); False: every call packs.
     """
 
     target: Any = None
@@ -69,6 +73,7 @@ class Options:
     min_time: float = 0.01  # seconds of calls per timing round
     rounds: int = 5
     cuda_graphs: bool | None = None
+    pack_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
@@ -209,12 +214,14 @@ repeated layers are measured once."""
 _KERNELS: dict[tuple[str, str, str], Any] = {}
 
 
-def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None
+def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None, pack_weights: bool = True
             ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str], dict[fx.Node, str]]:
     """The groups of an aten graph that import, the operations left with their reasons (those of
     ``exclude`` with the reason given there), and the anchors of groups that did not import but fused
-    more than their anchor (with the reason): without them, another partition may fuse the rest."""
+    more than their anchor (with the reason): without them, another partition may fuse the rest.
+    ``pack_weights``: on the CPU, constant weights are passed packed (``Options.pack_weights``)."""
     part = partition(gm, target.kind, exclude)
+    packing = WeightPacking(constant_inputs(gm), target) if pack_weights and target.kind == "cpu" else None
     left = dict(part.left)
     graph_outputs = _graph_outputs(gm)
     imported = []
@@ -223,7 +230,7 @@ def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None 
         try:
             imp = import_group(g.nodes, group_outputs(g, graph_outputs), g.kind,
                                target.vector_lanes(4) if target.kind == "cpu" else None,
-                               fuse_epilogue=True)
+                               fuse_epilogue=True, packing=packing)
         except PolytileError as err:
             for n in g.nodes:
                 if node_kind(n) not in ("view", "getitem"):
@@ -259,7 +266,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
         return _boxed(gm.forward)
     for c in chosen:
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
-                                       _us(c.polytile_s), _us(c.torch_s), len(getattr(c.call.kernel, "kernels", [1]))))
+                                       _us(c.polytile_s), _us(c.torch_s), len(getattr(c.call.kernel, "kernels", [1])),
+                                       sum(isinstance(a, PackedWeight) for a in c.imported.adapters)))
     report.compile_s += time.perf_counter() - start
     if cuda_graphs:
         from .graphs import GraphedForward
@@ -289,7 +297,7 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
     groups, the operations left with their reasons, and the anchors of groups that did not import,
     build or win but fused more than their anchor (with the reason): without them, the next round may
     fuse the rest."""
-    imported, left, rejected = extract(gm, target, excluded)
+    imported, left, rejected = extract(gm, target, excluded, opts.pack_weights)
     chosen: list[Candidate] = []
     built = build_groups([imp.func for _, imp in imported], target, records)
     for (g, imp), (kernel, origin) in zip(imported, built):
@@ -302,7 +310,8 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
             continue
         shapes = [tuple(meta(n).shape[d] for d in order) for n, order in zip(imp.outputs, imp.out_orders)]
         written = [tuple(int(d.value) for d in t.shape) for t in imp.func.outputs]  # a product's, with its epilogue
-        cand = Candidate(g, imp, KernelCall(kernel, imp.adapters, written, imp.out_orders, shapes), origin)
+        cand = Candidate(g, imp, KernelCall(kernel, call_adapters(imp.adapters), written, imp.out_orders, shapes),
+                         origin)
         decision = _decide(cand, opts, target, records)
         cand.polytile_s, cand.torch_s = decision.polytile_s, decision.torch_s
         if decision.keep:
@@ -615,10 +624,15 @@ def _captured(fns: tuple[Callable[[], Any], ...], calls: int) -> list[Callable[[
 
 
 def _cpu_time(fn: Callable[[], Any], calls: int) -> float:
-    t0 = time.perf_counter()
+    """Time of one call: with one torch thread, the process's CPU time (on a shared machine wall time
+    mostly measures the other processes, which made the choice close to random for groups near even;
+    polytile's own threads, where it runs more, count too: the choice errs towards torch), else wall
+    time (several threads: CPU time would not be the latency)."""
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+    t0 = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    return (clock() - t0) / calls
 
 
 def _cuda_time(fn: Callable[[], Any], calls: int) -> float:

@@ -22,6 +22,7 @@ class TakenGroup:
     polytile_us: float | None = None  # measured on random inputs at compile time (None: not measured)
     torch_us: float | None = None
     kernels: int = 1  # the kernels one call launches (GPU; a CPU call is one function)
+    packed: int = 0  # constant weights it reads packed once (polytile.torch.packing), not per call
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Report:
                 if g.polytile_us is not None and g.torch_us is not None:
                     t = f"  {g.polytile_us:.1f} µs vs torch {g.torch_us:.1f} µs"
                 n = f" ({g.kernels} kernels)" if g.kernels > 1 else ""
+                n += " (weights packed once)" if g.packed else ""
                 lines.append(f"  {g.kind:<11} {' + '.join(g.ops)} [{g.schedule}]{n}{t}")
         if self.left:
             lines.append("left to torch:")

@@ -9,7 +9,9 @@ computed over its own shape.
 
 Group inputs are torch tensors of any layout: an ``InputAdapter`` turns each into a contiguous array
 without copying where its strides allow (expanded dimensions narrowed to one element, permuted
-layouts permuted back) and the Func reads it through the matching index map.
+layouts permuted back) and the Func reads it through the matching index map. A constant weight of
+a product or convolution (``polytile.torch.packing``) is instead passed in the blocked layout the
+CPU schedule reads (``PackedWeight``), packed once per compiled graph rather than by every call.
 
 Arithmetic follows torch: 16-bit floating-point values are computed in float32 and rounded where
 a value leaves the kernel; products and convolutions sum in ``dtypes.accumulator``.
@@ -35,6 +37,7 @@ from ..lang.tensor import ComputeTensor, Placeholder, compute, placeholder, redu
 from ..lang.tensor import max as pt_max
 from ..lang.tensor import min as pt_min
 from ..lang.tensor import sum as pt_sum
+from .packing import PackedWeight, WeightPacking
 
 aten = torch.ops.aten
 Index = tuple[Expr, ...]
@@ -318,7 +321,7 @@ class Imported:
     func: Func
     kind: str  # "gemm", "conv", "reduce" or "elementwise"
     inputs: list[fx.Node]
-    adapters: list[InputAdapter]
+    adapters: list[InputAdapter | PackedWeight]  # a constant weight packed once: PackedWeight
     outputs: list[fx.Node]
     out_dtypes: list[torch.dtype]
     out_orders: list[tuple[int, ...]]  # each output's dimensions in storage order (``storage_order``)
@@ -327,12 +330,14 @@ class Imported:
 class Lowering:
     """Writes the nodes of one group as expressions and stages (see the module docstring)."""
 
-    def __init__(self, nodes: Sequence[fx.Node], name: str, lanes: int | None = None):
+    def __init__(self, nodes: Sequence[fx.Node], name: str, lanes: int | None = None,
+                 packing: WeightPacking | None = None):
         self.lanes = lanes  # CPU vector lanes: row reductions go through vector partial results
+        self.packing = packing  # constant weights passed packed (CPU)
         self.nodes = list(nodes)
         self.members = set(self.nodes)
         self.name = name
-        self.inputs: dict[fx.Node, tuple[Placeholder, InputAdapter]] = {}
+        self.inputs: dict[fx.Node, tuple[Placeholder, InputAdapter | PackedWeight]] = {}
         self.stages: dict[fx.Node, Any] = {}
         self.stage_list: list[Stage] = []
         self._axes = 0
@@ -360,8 +365,8 @@ class Lowering:
             return self._reduce(node, idx)
         raise Unsupported(f"{_name(node)} is not imported")
 
-    def input(self, node: fx.Node, permute: bool = True, adapter: InputAdapter | None = None
-              ) -> tuple[Placeholder, InputAdapter]:
+    def input(self, node: fx.Node, permute: bool = True, adapter: InputAdapter | PackedWeight | None = None
+              ) -> tuple[Placeholder, InputAdapter | PackedWeight]:
         """The kernel array of group input ``node`` and how it is passed (``adapter``, else in its storage
         order with ``permute``, as given otherwise); the first use decides."""
         if node not in self.inputs:
@@ -518,20 +523,26 @@ class Lowering:
         if a in self.members or b in self.members or a is b:
             raise Unsupported(f"{_name(node)}: operands computed in the same kernel")
         A, ad = self.input(a, adapter=product_operand(meta(a), "A"))
-        B, bd = self.input(b, adapter=product_operand(meta(b), "B"))
         batched = meta(node).ndim == 3
-        n = len(bd.shape)
-        if ad.perm[-1] != n - 1 or bd.perm[-1] not in (n - 1, n - 2):
+        shape = tuple(meta(node).shape)
+        K = meta(a).shape[-1]
+        stored = self.inputs[b][1] if b in self.inputs else product_operand(meta(b), "B")
+        n = len(stored.shape)
+        # k contiguous: B stored [n][k] (a linear layer's weight)
+        b_transposed = isinstance(stored, InputAdapter) and stored.perm[-1] == n - 2
+        # a linear layer's few rows (B transposed, on the CPU): dot products over K in vector lanes
+        dot = bool(self.lanes) and b_transposed and not batched and dot_form_fits(shape[-2], K, self.lanes or 0)
+        # a constant B (a weight) of the packed form: passed as the schedule's panels, packed once
+        block = stored.block if isinstance(stored, PackedWeight) else None
+        if self.packing is not None and not batched and not dot and b not in self.inputs and not stored.narrowed:
+            block = self.packing.product_block(b, shape[-2], shape[-1], K)
+        B, bd = self.input(b, adapter=PackedWeight(tuple(meta(b).shape), 1, block) if block else stored)
+        if ad.perm[-1] != n - 1 or (isinstance(bd, InputAdapter) and bd.perm[-1] not in (n - 1, n - 2)):
             raise Unsupported(f"{_name(node)}: an operand is also read elsewhere in the group in a layout the product "
                               "does not read (A with k contiguous, B with k or n contiguous)")
         A.name, B.name = "A", "B"
-        shape = tuple(meta(node).shape)
-        K = meta(a).shape[-1]
         k = reduce_axis(K, "k")
         dt = A.dtype
-        b_transposed = bd.perm[-1] == n - 2  # k contiguous: B stored [n][k] (a linear layer's weight)
-        # a linear layer's few rows (B transposed, on the CPU): dot products over K in vector lanes
-        dot = bool(self.lanes) and b_transposed and not batched and dot_form_fits(shape[-2], K, self.lanes or 0)
         if batched:
             C = compute(shape, lambda bb, i, j: pt_sum(product(A[ad.index((bb, i, k))], B[bd.index((bb, k, j))], dt),
                                                       axis=k), "C")
@@ -542,29 +553,39 @@ class Lowering:
             C = compute(shape, lambda i, j: pt_sum(product(A[ad.index((i, k))], B[bd.index((k, j))], dt), axis=k),
                         "C")
         info = {"M": shape[-2], "N": shape[-1], "K": K, "batch": shape[0] if batched else None,
-                "b_transposed": b_transposed, "dot": dot,
-                "a_broadcast": bool(ad.narrowed), "b_broadcast": bool(bd.narrowed)}
+                "b_transposed": b_transposed, "dot": dot, "b_block": block or 0,
+                "a_broadcast": bool(ad.narrowed), "b_broadcast": isinstance(bd, InputAdapter) and bool(bd.narrowed)}
         self.stage_list.append(Stage("gemm", C, info))
         return C
 
     def _conv(self, node: fx.Node, idx: Index) -> Expr:
-        from .. import ops
+        from ..ops.conv import conv2d_func, conv_out
         x, w, bias, stride, padding, dilation = node.args[:6]
         if node not in self.stages:
             if x in self.members or w in self.members:
                 raise Unsupported(f"{_name(node)}: operands computed in the same kernel")
             N, C, H, W = static_shape(meta(x), _name(x))
             K, _, R, S = static_shape(meta(w), _name(w))
-            op = ops.conv2d(N, C, H, W, K, R, S, stride=stride[0], padding=padding[0], dilation=dilation[0],
-                            dtype=pt_dtype(meta(x).dtype, _name(x)).name, pad_stage=True)
-            I, Wt = op.func.inputs
-            for ph, n in ((I, x), (Wt, w)):
-                self.inputs[n] = (ph, InputAdapter.of(meta(n), permute=False))
-                if self.inputs[n][1].narrowed:
+            for n in (x, w):
+                if InputAdapter.of(meta(n), permute=False).narrowed:
                     raise Unsupported(f"{_name(node)}: a broadcast convolution operand")
-            O = op.func.outputs[0]
+            Q = conv_out(W, S, stride[0], padding[0], dilation[0])
+            # a constant weight (the model's) is passed in the schedule's blocks of filters, packed once
+            block = (self.packing.conv_block(w, K, Q, R * S, stride[0])
+                     if self.packing is not None and w not in self.inputs else None)
+            func = conv2d_func(N, C, H, W, K, R, S, stride=stride[0], padding=padding[0], dilation=dilation[0],
+                               dtype=pt_dtype(meta(x).dtype, _name(x)).name, pad_stage=True, weight_block=block)
+            I, Wt = func.inputs
+            self.inputs[x] = (I, InputAdapter.of(meta(x), permute=False))
+            self.inputs[w] = (Wt, PackedWeight(tuple(meta(w).shape), 0, block) if block
+                              else InputAdapter.of(meta(w), permute=False))
+            O = func.outputs[0]
             self.stages[node] = O
-            self.stage_list.append(Stage("conv", O, {**op.shape, "has_pad": padding[0] > 0}))
+            shape: dict[str, Any] = {"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "stride": stride[0],
+                                     "padding": padding[0], "dilation": dilation[0]}
+            if O.narrowed:  # as ops.conv2d describes it
+                shape["out_dtype"] = O.dtype.name
+            self.stage_list.append(Stage("conv", O, {**shape, "has_pad": padding[0] > 0, "w_block": block or 0}))
         O = self.stages[node]
         v = O[idx]
         if bias is not None:
@@ -744,15 +765,16 @@ def _is_zero(e: Expr) -> bool:
 
 
 def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str, lanes: int | None = None,
-                 fuse_epilogue: bool = False) -> Imported:
+                 fuse_epilogue: bool = False, packing: WeightPacking | None = None) -> Imported:
     """Write ``nodes`` (a group, in graph order) as a Func computing ``outputs``; the Func carries its
     ``GroupInfo`` as ``func.torch_group``. ``lanes``: the CPU's vector lanes (row reductions are then
     written as vector partial results and their sum). ``fuse_epilogue``: a product's epilogue that
     reads the product element by element in place becomes the product's own epilogue, applied as
-    its sums are written back (``product_epilogue``). Raises ``Unsupported`` (or another
-    ``PolytileError``) when the group cannot be written."""
+    its sums are written back (``product_epilogue``; a convolution's too, on the CPU). ``packing``:
+    the constant weights of products and convolutions are passed packed (``polytile.torch.packing``;
+    CPU). Raises ``Unsupported`` (or another ``PolytileError``) when the group cannot be written."""
     from .schedules import GroupInfo, StageInfo
-    low = Lowering(nodes, f"torch_{kind}", lanes)
+    low = Lowering(nodes, f"torch_{kind}", lanes, packing)
     out_tensors: list[ComputeTensor] = []
     out_dtypes: list[torch.dtype] = []
     out_perms: list[tuple[int, ...]] = []
@@ -775,7 +797,9 @@ def import_group(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], kind: str
         out_tensors.append(reused if reused is not None and reused not in out_tensors else stage)
         out_dtypes.append(t.dtype)
         out_perms.append(perm)
-    if fuse_epilogue and kind == "gemm":
+    # a convolution's epilogue in its write-back on the CPU (lanes given); the GPU convolutions'
+    # schedules (ops.gpu_schedules) store the sums as they are
+    if fuse_epilogue and (kind == "gemm" or (kind == "conv" and lanes is not None)):
         out_tensors = product_epilogue(low, list(outputs), out_tensors)
     ins = list(low.inputs)
     func = Func([low.inputs[n][0] for n in ins], out_tensors, name=low.name)
@@ -798,7 +822,8 @@ ENUMERATED_ELEMENTS = 1 << 22
 
 def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[ComputeTensor]
                      ) -> list[ComputeTensor]:
-    """The outputs of a product's group with its epilogue moved into the product (``with_epilogue``):
+    """The outputs of a product's (or convolution's) group with its epilogue moved into the product
+    (``with_epilogue``):
     the output's value at each element, as a function of the product's sum at the same position, is
     then computed where the sum leaves the accumulator registers, and the product's sums are never
     stored. Only where every read of the product is at the element being written: one output, of the
@@ -808,7 +833,7 @@ def product_epilogue(low: Lowering, outputs: list[fx.Node], out_tensors: list[Co
     by structure (``_reads_in_place``: elementwise operations and reshapes, row-major). Otherwise
     (several outputs — the raw product read outside the group —, broadcasts, transposes, slices)
     ``out_tensors`` as they are: the epilogue is a kernel of its own after the product's."""
-    products = [st for st in low.stage_list if st.kind == "gemm"]
+    products = [st for st in low.stage_list if st.kind in ("gemm", "conv")]
     if len(products) != 1 or len(outputs) != 1 or out_tensors[0] is products[0].tensor:
         return out_tensors
     stage = products[0]

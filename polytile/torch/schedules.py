@@ -113,6 +113,8 @@ def _gemm_cpu(sched: Schedule, st: StageInfo, target: CPUTarget, k: Knobs) -> No
         tiles.update(k.gemm_tiles)
     if whole_k:
         tiles["kc"] = st["K"]
+    if st["b_block"]:  # B comes packed in the panels the schedule would copy it into
+        tiles["pack_b"] = False
     schedule_gemm_cpu(sched, st.name, "A", "B", tiles, b_transposed=st["b_transposed"],
                       batch="bb" if st["batch"] is not None else None)
     if not k.parallel:
@@ -166,11 +168,13 @@ def _conv(sched: Schedule, st: StageInfo, target: CPUTarget | CUDATarget, k: Kno
         return
     from ..ops.conv import conv_out, schedule_conv2d_cpu, schedule_conv2d_default_cpu
     Q = conv_out(st["W"], st["S"], st["stride"], st["padding"], st["dilation"])
+    pack_w = not st["w_block"]  # else the weights come packed in the default schedule's blocks of filters
     if k.conv_tiles is None:
-        schedule_conv2d_default_cpu(sched, target, st["K"], Q, st["R"] * st["S"], st["stride"], has_pad=st["has_pad"])
+        schedule_conv2d_default_cpu(sched, target, st["K"], Q, st["R"] * st["S"], st["stride"], has_pad=st["has_pad"],
+                                    pack_w=pack_w)
         return
     k_tile, q_tile = k.conv_tiles
-    schedule_conv2d_cpu(sched, target, st["K"], Q, has_pad=st["has_pad"], k_tile=k_tile, q_tile=q_tile)
+    schedule_conv2d_cpu(sched, target, st["K"], Q, has_pad=st["has_pad"], k_tile=k_tile, q_tile=q_tile, pack_w=pack_w)
 
 
 # --- elementwise stages ----------------------------------------------------------------------------------

@@ -30,7 +30,9 @@ def _gemm_knobs(cfg: TemplateConfig, st: Any, whole_k: bool = False) -> dict[str
         dot = gemm_dot_tiles(st, cfg.target)
         d.update(mr=dot["mr"], nr=dot["nj"] * lanes, mc=dot["mr"] * 4, nc=dot["nj"] * lanes * 4)
     mr = cfg.knob("mr", _first(d["mr"], [2, 4, 6, 8]))
-    nr = lanes * cfg.knob("nr_vecs", _first(d["nr"] // lanes, [1, 2, 3, 4]))  # type: ignore[operator]
+    # B packed once (a constant weight: polytile.torch.packing) comes in panels of its register tile's width
+    widths = [st["b_block"] // lanes] if st["b_block"] else _first(d["nr"] // lanes, [1, 2, 3, 4])
+    nr = lanes * cfg.knob("nr_vecs", widths)  # type: ignore[operator]
     mc = cfg.knob("mc", _first(d["mc"], [mr * b for b in (4, 8, 16, 32)]))  # type: ignore[operator]
     nc = cfg.knob("nc", _first(d["nc"], [nr * b for b in (4, 16, 64)]))
     kc = cfg.knob("kc", _first(d["kc"], [64, 128, 256, 512]))

@@ -3,7 +3,8 @@ group's Func is the product alone, its sums written back through the epilogue (`
 one kernel on a GPU instead of the product's and the epilogue's. Compared with eager torch on random
 inputs at sizes that divide no tile (7×129 @ 129×77), on the CPU and (marker gpu) on the GPU, and with
 the fallbacks — the raw product read outside the group, a transposed or sliced epilogue — that keep
-the epilogue as a computation of its own."""
+the epilogue as a computation of its own. On the CPU a convolution's epilogue (batch norm, residual,
+ReLU) is applied in its write-back the same way."""
 
 from __future__ import annotations
 
@@ -188,3 +189,58 @@ def test_a_bert_layer_on_the_gpu_matches_eager() -> None:
     from test_cuda_schedules import _bert_inputs, _bert_layer
     report = compile_and_compare(_bert_layer, *[t.cuda() for t in _bert_inputs()], cuda_graphs=False)
     assert report.taken_ops["addmm"] == 3 and report.kernels == len(report.taken), report
+
+
+class ConvBnResidual(torch.nn.Module):
+    """A ResNet block's convolution: batch norm (inference), the residual, ReLU."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(5, 19, 3, stride=stride, padding=1, bias=True)
+        self.bn = torch.nn.BatchNorm2d(19)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 1.5)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)) + r)
+
+
+def _convs(fn: Any, *inputs: torch.Tensor) -> list[Any]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    from polytile.torch.compiler import extract
+    found: list[Any] = []
+
+    def collect(gm: torch.fx.GraphModule, _: list[Any]) -> Any:
+        found.extend(imp for _, imp in extract(gm, pt.CPUTarget())[0] if imp.kind == "conv")  # type: ignore[attr-defined]
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=collect), dynamic=False)(*inputs)
+    return found
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_convolutions_epilogue_is_applied_in_its_write_back_on_the_cpu(stride: int) -> None:
+    # column vectors (stride 1) and channel vectors written back transposed to NCHW (stride 2)
+    m = ConvBnResidual(stride).eval()
+    x = torch.randn(1, 5, 11, 13)
+    r = torch.randn(1, 19, *((11, 13) if stride == 1 else (6, 7)))
+    (imp,) = _convs(m, x, r)
+    (O,) = imp.func.outputs
+    assert O.epilogue is not None and {c.name for c in imp.func.computations} == {"O", "Ipad"}
+    report = compile_and_compare(m, x, r)
+    assert [g.ops for g in report.taken] == [["convolution", "_native_batch_norm_legit_no_training", "add", "relu"]]
+
+
+def test_a_convolution_read_raw_outside_its_group_keeps_its_epilogue_a_computation() -> None:
+    def conv_twice(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.conv2d(x, w, padding=1)
+        return y, torch.relu(y) * 2
+    x, w = torch.randn(1, 5, 11, 13), torch.randn(19, 5, 3, 3)
+    (imp,) = _convs(conv_twice, x, w)
+    assert all(c.epilogue is None for c in imp.func.computations) and len(imp.func.outputs) == 2
+    compile_and_compare(conv_twice, x, w)

@@ -156,5 +156,10 @@ def test_a_linear_layers_whole_k_product_is_the_templates_default(K: int) -> Non
     (mt,) = ptt.extract_tasks(model, [torch.randn(67, K)])
     task = mt.task
     default = build(schedule_group(task.op.func, task.target), task.target).source
-    assert "B_C_local" in default and "A_C_local" not in default  # W packed, A read in place
+    # W (a parameter) comes packed once as the panels the kernel reads (polytile.torch.packing): no copy
+    # of it inside the kernel; A read in place
+    assert task.op.func.tensor("B").ndim == 3 and "B_C_local" not in default and "A_C_local" not in default
+    # the register tile is as wide as the packed panels
+    (widths,) = [d.choices for d in task.space.decisions if d.name == "nr_vecs"]
+    assert len(widths) == 1 and widths[0] * task.target.vector_lanes(4) == task.op.func.tensor("B").shape[-1].value
     assert build(task.schedule(task.space.default.values), task.target).source == default

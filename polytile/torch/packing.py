@@ -1,0 +1,134 @@
+"""Constant weights packed once: a product's B or a convolution's filters, when they are parameters
+or buffers of the model, are passed to the CPU kernel already in the blocked layout its schedule
+would otherwise copy them into on every call (``ops.matmul.schedule_gemm_cpu``'s panels of B,
+``ops.conv.schedule_conv2d_tiles_cpu``'s blocks of filters).
+
+``WeightPacking`` tells the importer which group inputs are constant (the graph's static inputs —
+AOT autograd's parameters and buffers — and views of them) and the block each kernel reads.
+``PackedWeight`` is such an input's adapter: the kernel's array ``[d // block][other dims][d % block]``
+(zeros past the end of ``d``) and how torch packs a tensor into it. ``PackCache`` keeps one packed
+copy per compiled call: it packs on the first call and again only when the weight changed — another
+tensor, or the same one written in place (its version counter moved: ``optimizer.step``,
+``load_state_dict``, ``w.add_(...)`` under ``no_grad``). A write through ``w.data`` is not seen:
+``.data`` has a version counter of its own, as autograd's own checks know.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..lang import expr as lx
+from ..target import CPUTarget
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """How a constant weight of ``shape`` is passed packed: dimension ``blocked`` cut into blocks of
+    ``block`` elements, the kernel's array ``[blocked // block][the other dimensions in order][blocked % block]``,
+    zeros past the end of ``blocked``. A linear layer's B ([K][N], the transposed weight): blocked = 1,
+    the panels ``[N / nr][K][nr]``; a convolution's filters [K][C][R][S]: blocked = 0, the blocks
+    ``[K / k_tile][C][R][S][k_tile]``."""
+
+    shape: tuple[int, ...]
+    blocked: int
+    block: int
+
+    @property
+    def rest(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.shape)) if d != self.blocked)
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        return (math.ceil(self.shape[self.blocked] / self.block), *(self.shape[d] for d in self.rest), self.block)
+
+    def index(self, idx: Sequence[lx.Expr]) -> tuple[lx.Expr, ...]:
+        """The kernel array's index of element ``idx`` of the weight."""
+        d = idx[self.blocked]
+        return (d // self.block, *(idx[r] for r in self.rest), d % self.block)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` packed (a new tensor; ``x`` of any strides)."""
+        with torch.no_grad():
+            n = x.shape[self.blocked]
+            padded = math.ceil(n / self.block) * self.block
+            x = x.movedim(self.blocked, 0)
+            if padded != n:
+                x = torch.cat([x, x.new_zeros((padded - n, *x.shape[1:]))])
+            x = x.reshape(padded // self.block, self.block, *x.shape[1:])
+            return x.movedim(1, -1).contiguous()
+
+
+class PackCache:
+    """A ``PackedWeight`` with the last weight it packed: the packed copy is reused while the weight is
+    the same tensor (or a view of the same base) with the same version, address and strides. A
+    tensor without a version counter (made under ``torch.inference_mode``) is packed on every call."""
+
+    def __init__(self, packing: PackedWeight):
+        self.packing = packing
+        self.packs = 0  # how many times a weight was packed (tests read it)
+        self._source: weakref.ref[torch.Tensor] | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._packed: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        base = x._base if x._base is not None else x
+        try:
+            key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+        except RuntimeError:  # an inference tensor: no version counter, so nothing tells a change
+            self.packs += 1
+            return self.packing(x)
+        if self._packed is None or self._key != key or self._source is None or self._source() is not base:
+            self._packed = self.packing(x)
+            self._source, self._key = weakref.ref(base), key
+            self.packs += 1
+        return self._packed
+
+
+def call_adapters(adapters: Sequence[Callable[[torch.Tensor], torch.Tensor]]
+                  ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """The adapters of one compiled call: each ``PackedWeight`` with a cache of its own (the packed
+    copy belongs to the call, so to the compiled graph)."""
+    return [PackCache(a) if isinstance(a, PackedWeight) else a for a in adapters]
+
+
+@dataclass(frozen=True)
+class WeightPacking:
+    """Which group inputs are constant weights (``constants``) and the blocks in which ``target``'s
+    default kernels read them; the importer asks per product and convolution."""
+
+    constants: frozenset[fx.Node]
+    target: CPUTarget
+
+    def product_block(self, b: fx.Node, M: int, N: int, K: int) -> int | None:
+        """The panel width of a product's constant B (the register tile's columns, ``nr``), or None."""
+        from ..ops.matmul import cpu_gemm_tiles
+        return cpu_gemm_tiles(M, N, K, self.target, 4)["nr"] if b in self.constants else None
+
+    def conv_block(self, w: fx.Node, K: int, Q: int, taps: int, stride: int) -> int | None:
+        """The filters a block of a convolution's constant weight holds (``k_tile``), or None."""
+        from ..ops.conv import conv2d_cpu_default
+        return conv2d_cpu_default(K, Q, taps, stride, self.target)["k_tile"] if w in self.constants else None
+
+
+def constant_inputs(gm: fx.GraphModule) -> frozenset[fx.Node]:
+    """The nodes of an AOT autograd forward graph that hold constant weights: its static inputs (the
+    model's parameters and buffers, as AOT autograd records them) and views of them (a linear
+    layer's ``t``). Empty when no tracing context says which inputs are static."""
+    from torch._guards import TracingContext
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    static = set(getattr(meta, "static_input_indices", None) or ())
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    consts = {n for k, n in enumerate(placeholders) if k in static}
+    from .importer import node_kind
+    for n in gm.graph.nodes:
+        if node_kind(n) == "view" and n.args and n.args[0] in consts:
+            consts.add(n)
+    return frozenset(consts)
