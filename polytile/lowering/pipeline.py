@@ -105,6 +105,8 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     whole_writes = {c.name for c in sched.caches if c.whole and c.kind == "write" and c.loc == "local"}
     rasters = {loop: st.raster for st in sched.states.values() if st.raster
                for loop, tag in st.tags.items() if tag == "blockIdx.y"}
+    persistent = frozenset(loop for st in sched.states.values() if st.persistent
+                           for loop, tag in st.tags.items() if tag.startswith("blockIdx"))
     passes: list[Pass] = [
         ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
         ("simplify", True, simplify),
@@ -112,7 +114,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("whole-tiles", gpu, lambda s: whole_tiles(s, whole_reads, whole_writes)),
         ("fragments", gpu, distribute_fragments),
         ("allreduce", gpu, cross_thread_reductions),
-        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters)),
+        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters, persistent)),
         ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
                                                      dict(sched.pipeline_producer))),
         ("simplify", gpu, simplify),

@@ -81,3 +81,20 @@ def raster(self: Stage, group: int) -> Stage:
     st.raster = group
     self.schedule.commit(self.name, st)
     return self
+
+
+@transactional
+def persistent(self: Stage) -> Stage:
+    """Run the blocks of this computation's loops bound to blockIdx as persistent blocks: the grid
+    is as many blocks as the target has multiprocessors (fewer where there are fewer tiles), and
+    each block loops over the tiles (the block loops' iterations) from its own index in steps of
+    the grid, in the launch order the tiles would have had (row by row, or grouped by ``raster``).
+    A pipelined loop inside carries its state across the tiles (``lowering/passes/pipeline.py``:
+    TMA rings initialized once, their phases counted over all the block's iterations)."""
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"persistent of {self.name}: it loops over the tiles of the loops bound to blockIdx; "
+                            "bind a loop to blockIdx.x first")
+    st.persistent = True
+    self.schedule.commit(self.name, st)
+    return self
