@@ -1,10 +1,13 @@
 """TMA-pipelined warpgroup-MMA GEMMs (``gemm_wgmma(..., producer="tma")``, issued by one thread or by a
-producer warpgroup: ``specialize=True``; blocks ordered down the columns of tiles: ``raster="columns"``)
-against the same tiles with cp.async copies and against
-torch.matmul (cuBLAS), in one run on one GPU: each kernel is checked against torch on fresh random
-inputs first, then timed (CUDA events, L2 flushed, median).
+producer warpgroup: ``specialize=True``; blocks ordered down the columns of tiles: ``raster="columns"``;
+row by row or in groups of rows: ``group``; persistent blocks, one per SM looping over the tiles:
+``persistent=True``) against the same tiles with cp.async copies and against torch.matmul (cuBLAS),
+in one run on one GPU: each kernel is checked against torch on fresh random inputs first, then
+timed (CUDA events, L2 flushed, median). Every variant keeps the default configuration's tiles and
+stages; the ones named after a group (``-rows``: 1, ``-g8``: 8) replace its group.
 
     PYTHONPATH=. python benchmarks/tma_gemm.py [--shapes 4096x4096x4096,2048x6144x4096] [--dtype bfloat16]
+        [--variants tma,tma-persist,...] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ from polytile.runtime.cuda_device import cuda_target
 from polytile.runtime.timing import time_gpu
 
 VARIANTS = {"cp.async": dict(producer="threads"), "tma": dict(producer="tma"),
-            "tma-ws": dict(producer="tma", specialize=True), "tma-cols": dict(producer="tma", raster="columns")}
+            "tma-ws": dict(producer="tma", specialize=True), "tma-cols": dict(producer="tma", raster="columns"),
+            "tma-rows": dict(producer="tma", group=1), "tma-g8": dict(producer="tma", group=8),
+            "tma-persist": dict(producer="tma", persistent=True),
+            "tma-persist-rows": dict(producer="tma", persistent=True, group=1),
+            "tma-persist-g8": dict(producer="tma", persistent=True, group=8)}
+DEFAULT_VARIANTS = "cp.async,tma,tma-ws,tma-cols"
 
 
 def build(M: int, N: int, K: int, dtype: str, variant: str, cfg: dict[str, int]):  # noqa: ANN201 - a kernel
     s = pt.Schedule(ops.matmul(M, N, K, dtype).func)
     how = VARIANTS[variant]
     align_operands(s, "C", ("A", "B"), granule=16 if how["producer"] == "tma" else 4)
-    gemm_wgmma(s, "C", "A", "B", **how, **cfg)
+    gemm_wgmma(s, "C", "A", "B", **{**cfg, **how})
     return pt.build(s, "cuda")
 
 
@@ -38,7 +46,13 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--stages", type=int, default=0, help="pipeline stages (0: the default config's)")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--out", help="write the rows as JSON to this file too")
     args = p.parse_args()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     target = cuda_target()
     rows = []
@@ -53,7 +67,7 @@ def main() -> None:
         ref = a.float() @ b.float()
         torch_s = time_gpu(lambda a=a, b=b: torch.matmul(a, b), repeat=args.repeat)
         row = {"shape": shape, "dtype": args.dtype, "cfg": cfg, "torch_ms": torch_s * 1e3}
-        for variant in VARIANTS:
+        for variant in variants:
             t0 = time.perf_counter()
             kern = build(M, N, K, args.dtype, variant, cfg)
             out = kern(a, b)
@@ -65,10 +79,13 @@ def main() -> None:
                              "build_s": round(time.perf_counter() - t0, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"{'shape':>18} {'torch ms':>9}" + "".join(f" {v + ' ms':>11} {'x torch':>7}" for v in VARIANTS))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'shape':>18} {'torch ms':>9}" + "".join(f" {v + ' ms':>16} {'x torch':>7}" for v in variants))
     for r in rows:
         print(f"{r['shape']:>18} {r['torch_ms']:9.3f}" +
-              "".join(f" {r[v]['ms']:11.3f} {r[v]['vs_torch']:7.2f}" for v in VARIANTS))
+              "".join(f" {r[v]['ms']:16.3f} {r[v]['vs_torch']:7.2f}" for v in variants))
 
 
 if __name__ == "__main__":

@@ -281,7 +281,7 @@ class TileConfig:
 @dataclass(frozen=True)
 class WgmmaConfig:
     """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages, MMA groups left in
-    flight and rows of blocks launched together (``gemm_wgmma``'s parameters)."""
+    flight, rows of blocks launched together and persistent blocks (``gemm_wgmma``'s parameters)."""
 
     bm: int
     bn: int
@@ -289,12 +289,14 @@ class WgmmaConfig:
     stages: int = 1
     inflight: int = 0
     group: int = 1
+    persistent: bool = False  # one block per SM looping over the tiles: one resident block
 
     @staticmethod
     def of(values: dict[str, object]) -> WgmmaConfig:
         names = ("bm", "bn", "bk", "stages", "inflight")
         return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
-                           group=int(values.get("group", 1) or 1))  # type: ignore[call-overload]
+                           group=int(values.get("group", 1) or 1),  # type: ignore[call-overload]
+                           persistent=bool(values.get("persistent", False)))
 
     @property
     def warps(self) -> int:
@@ -357,8 +359,13 @@ class Occupancy:
 
 
 def occupancy(cfg: GemmSchedule, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
-    """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers)."""
-    return block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
+    """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers;
+    persistent blocks: one per SM, whose tiles run one after the other — their prologues and
+    epilogues are not overlapped by other resident blocks, nor across tiles)."""
+    occ = block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
+    if getattr(cfg, "persistent", False):
+        occ.limits["persistent"] = 1
+    return occ
 
 
 def block_occupancy(hw: Hardware, threads: int, shared_bytes: int, registers_per_thread: int) -> Occupancy:

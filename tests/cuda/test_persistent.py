@@ -183,3 +183,23 @@ def test_persistent_gemm_compiles_without_local_memory(dtype, cfg):
     assert ("UTMALDG.2D" in text) == (cfg["producer"] == "tma")
     assert not re.search(r"\bLDL\b|\bSTL\b", text)
     assert all(r.stack_bytes == 0 and r.spill_stores == 0 for r in resources.values())
+
+
+def test_the_wgmma_tuning_space_offers_persistent_blocks():
+    from polytile.tune import make_task
+    task = make_task("matmul", SM90A, M=2048, N=28672, K=4096, dtype="bfloat16")
+    knob = next(k for k in task.space.decisions if k.name == "persistent")
+    assert knob.choices == (False, True)  # the default first
+    big = dict(bm=128, bn=256, bk=64, stages=4, inflight=1, split=1, producer="tma", group=0)
+    small = dict(big, bm=64, bn=64, stages=3)
+    # one block of 128 × 256 fits on an SM either way: the same prediction; 64 × 64 blocks are resident
+    # several to an SM, which the persistent grid gives up
+    same, persistent, old_record = task.predict([dict(big, persistent=False), dict(big, persistent=True), big])
+    assert same == persistent == old_record
+    shared, alone = task.predict([dict(small, persistent=False), dict(small, persistent=True)])
+    assert alone > shared
+    k = _kernel(task.schedule(dict(big, persistent=True)))
+    assert [ir.eval_int(g, {}) for g in k.grid] == [SM90A.sms, 1, 1]
+    assert any(isinstance(st, ir.For) and st.kind == "persistent" for st in ir.walk_stmt(k.body))
+    with pytest.raises(Exception, match="persistent blocks loop over the tiles of one product"):
+        task.schedule(dict(big, persistent=True, split=2))

@@ -356,9 +356,10 @@ def wgmma_op(op: Any, target: Target) -> bool:
 def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     """Block tile bm × bn (bm/64 warpgroups issuing wgmma.m64n{bn}k16), K tile bk, shared stages,
     the MMA groups left in flight, the block order (``group`` rows of blocks launched together: 0
-    sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row), the tiles'
-    loads (``producer``: the threads' asynchronous copies or TMA) and an unbatched product's split of
-    K; the first choices are the default's (``gemm_choice``)."""
+    sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row), persistent
+    blocks (one per SM looping over the tiles in that order; not the default, not yet measured),
+    the tiles' loads (``producer``: the threads' asynchronous copies or TMA) and an unbatched
+    product's split of K; the first choices are the default's (``gemm_choice``)."""
     shape = gemm_shape(op)
     d = default_gemm(cfg, op, "wgmma")
     p = d.params if d else {}
@@ -369,6 +370,7 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     t["inflight"] = cfg.integer("inflight", 0, 2, default=p.get("inflight", 1))
     group = int(cfg.knob("group", [0, 1, 8, 16]))  # type: ignore[call-overload]
     producer = str(cfg.knob("producer", _first(p.get("producer", "threads") if d else None, ["threads", "tma"])))
+    persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
     split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
     t["group"] = group or raster_group(shape.m, shape.n, chunk or -(-shape.k // split), shape.itemsize, t["bm"],
                                        cfg.target.l2_bytes)
@@ -388,8 +390,10 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
+    cfg.require(not persistent or split == 1, "persistent blocks loop over the tiles of one product: not split")
     params = {k: v for k, v in t.items() if k != "group" or v > 1}
-    return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **({"producer": "tma"} if tma else {})}, split, 0.0, chunk))
+    extra = {**({"producer": "tma"} if tma else {}), **({"persistent": True} if persistent else {})}
+    return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk))
 
 
 def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
