@@ -115,6 +115,36 @@ def test_slots_in_flight_are_released_at_the_tile_end(monkeypatch):
         run_grid(_kernel(s, CUDATarget(arch="sm_90a", sms=3)))
 
 
+def test_the_next_tile_is_loaded_during_the_last_iterations():
+    s = _sched(300, 248, 320, bm=64, bn=64, bk=64, stages=4, inflight=1, producer="tma", persistent=True)
+    k = _kernel(s, CUDATarget(arch="sm_90a", sms=3))
+    text = ir.stmt_text(k.body)
+    # the prologue runs in the block's first tile only; the K loop's copies past its end load the next
+    # tile's first K tiles (2 = 4 stages - 1 - 1 in flight) where the block has one
+    assert "if (pt_tile_k == 0):" in text
+    assert "if ((pt_tile_k + 1) < (((-1 * int64(blockIdx.x)) + 22) div 3)):" in text
+    assert "int32(((64 * ko) - 192))" in text  # K tile ko + 2 − 5 of the next tile
+
+
+def test_a_prefetch_of_the_wrong_tile_is_caught(monkeypatch):
+    # the next tile's copies made with this tile's coordinates: the products of the next tile read
+    # slots holding this tile's K tiles
+    real = pipeline_pass._TileCount.of
+
+    def this_tile(loop, depth):
+        count = real(loop, depth)
+        lets = {}
+        st = loop.body
+        while isinstance(st, ir.LetStmt):
+            lets[st.var.name] = st.var
+            st = st.body
+        return pipeline_pass._TileCount(count.step, count.defined, lets, count.trips, count.depth)
+    monkeypatch.setattr(pipeline_pass._TileCount, "of", staticmethod(this_tile))
+    s = _sched(300, 248, 320, bm=64, bn=64, bk=64, stages=4, inflight=1, producer="tma", persistent=True)
+    with pytest.raises(ProtocolError, match="multiplies slot"):
+        run_grid(_kernel(s, CUDATarget(arch="sm_90a", sms=3)))
+
+
 def test_batched_persistent_tiles_run_every_batch():
     s = _sched(200, 136, 64, dtype="bfloat16", batch=3, bm=64, bn=64, bk=64, stages=2, producer="tma", group=2,
                persistent=True)

@@ -26,6 +26,12 @@ its MMA groups that read a slot have completed each warp arrives on that slot's 
 on which the issuing thread waits before it refills the slot. The prologue and the distance ahead
 are the same as with cp.async.
 
+In a persistent kernel (``Stage.persistent``: a loop over each block's tiles around the pipelined
+loop) a TMA ring is initialized once, before the tiles, and its uses are counted over all the
+block's iterations (tile × iterations + iteration), so the slots and the parities of their phases
+continue across tiles instead of restarting (``TmaRing.uses_before``); the copies past a tile's end
+load the next tile's first iterations. The threads' copies wait at a barrier before a tile's prologue.
+
 Asynchronous consumers (wgmma groups) may be left running across iterations (``inflight`` groups,
 asked with ``pipeline(..., inflight=1)``): their ``wgmma.wait_group 0`` becomes ``wait_group
 inflight``, the copies run S−1−inflight iterations ahead — so that the slot refilled at iteration
@@ -196,7 +202,10 @@ class _Piped:
         persistent block the ring lives across its tiles: uses are counted from the block's first
         tile (``ring.uses_before``), so slots and phases continue where the last tile left them, the
         prologue waits for the slots it refills to be released, and the slots of the MMA groups
-        still in flight at a tile's end are released after them."""
+        still in flight at a tile's end are released after them; where the copies' boxes follow
+        from the tile's leading lets (``ring.prefetch``), the copies past a tile's last iteration
+        load the first iterations of the block's next tile and only the first tile has a
+        prologue."""
         S, A, n = self.stages, self.ahead, self.inflight
         rel = self.rel
         base = ring.uses_before(self.loop)
@@ -229,28 +238,48 @@ class _Piped:
             ring.stages = S
             others = [b for b in self.allocs if b.name not in self.enlarged]
             return self.wrap(ir.block([replace(self.loop, body=ir.block(consume)), *after]), others)
-        def refill(it: ir.Expr) -> ir.Stmt:
+        def refill(it: ir.Expr, at: dict[str, ir.Expr] | None = None) -> ir.Stmt:
             """The copy of iteration ``it`` (relative to the loop's start) into its slot, once the
-            slot's last readers released it."""
+            slot's last readers released it; ``at``: the iteration and tile it copies, when another
+            (a persistent block's next tile)."""
             u = ir.BinOp("+", use, it)
-            return ir.block([
-                ir.If(ir.Cmp(">=", u, ir.const(S)),
-                      ring.wait(ring.empty, ir.BinOp("%", u, ir.const(S)),
-                                ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", u, ir.const(S)), ir.const(1)),
-                                         ir.const(2)))),
-                self.produce(ir.BinOp("+", self.loop.var, it), ir.BinOp("%", u, ir.const(S)))])
+            iteration = ir.BinOp("+", self.loop.var, it)
+            wait = ir.If(ir.Cmp(">=", u, ir.const(S)),
+                         ring.wait(ring.empty, ir.BinOp("%", u, ir.const(S)),
+                                   ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", u, ir.const(S)), ir.const(1)),
+                                            ir.const(2))))
+            if at is not None:
+                fill = ring.produce(self.enlarged, at, ir.BinOp("%", u, ir.const(S)))
+            else:
+                fill = self.produce(iteration, ir.BinOp("%", u, ir.const(S)))
+            return ir.block([wait, fill])
 
-        issue = ir.If(ring.leader(), ir.If(ir.Cmp("<", ir.BinOp("+", self.loop.var, ir.const(A)), self.end),
-                                           refill(ir.const(A))))
-        loop = replace(self.loop, body=ir.block([issue, *consume]))
+        ahead = ir.BinOp("+", self.loop.var, ir.const(A))
+        refill_ahead: ir.Stmt = ir.If(ir.Cmp("<", ahead, self.end), refill(ir.const(A)))
+        extent = simplify_expr(self.loop.extent)
+        prefetch = ring.prefetch and isinstance(extent, ir.Const) and int(extent.value) >= A
+        if prefetch:
+            # the last A iterations load the first A of the block's next tile, if it has one: its
+            # prologue then overlaps this tile's last products and its epilogue
+            assert ring.persistent is not None
+            count = ring.persistent
+            there = {**count.following, self.loop.var.name: ir.BinOp("-", ahead, self.loop.extent)}
+            has_next = ir.Cmp("<", ir.BinOp("+", count.step, ir.const(1)), count.trips)
+            refill_ahead = ir.If(ir.Cmp("<", ahead, self.end), refill(ir.const(A)),
+                                 ir.If(has_next, refill(ir.const(A), there)))
+        loop = replace(self.loop, body=ir.block([ir.If(ring.leader(), refill_ahead), *consume]))
         if base is None:
             start = ir.block([ir.If(ring.leader(), ir.block([*ring.init(S), *self.prologue()])), SYNC])
             return self.wrap(ir.block([start, loop, *after]), [*self.allocs, ring.full, ring.empty])
         # persistent: the ring is initialized once before the tiles (``_Pipeline.visit_For``)
         first = {self.loop.var.name: self.loop.lo}
-        prologue = [ir.If(ir.Cmp("<", ir.const(s), self.loop.extent),
-                          ir.substitute(refill(ir.const(s)), first)) for s in range(A)]  # type: ignore[misc]
-        return self.wrap(ir.block([ir.If(ring.leader(), ir.block(prologue)), loop, *after]))
+        prologue: ir.Stmt = ir.If(ring.leader(), ir.block([
+            ir.If(ir.Cmp("<", ir.const(s), self.loop.extent), ir.substitute(refill(ir.const(s)), first))  # type: ignore[arg-type]
+            for s in range(A)]))
+        if prefetch:  # only the block's first tile loads its own first iterations
+            assert ring.persistent is not None
+            prologue = ir.If(ir.Cmp("==", ring.persistent.step, ir.const(0)), prologue)
+        return self.wrap(ir.block([prologue, loop, *after]))
 
 
 @dataclass
@@ -268,6 +297,7 @@ class TmaRing:
     buffers: list[ir.Buffer] = field(default_factory=list)  # specialized: the slots, allocated by the kernel
     stages: int = 0
     persistent: _TileCount | None = None  # in a persistent block: the loop over its tiles
+    prefetch: bool = False  # persistent: the last iterations of a tile load the first ones of the next
 
     def uses_before(self, loop: ir.For) -> ir.Expr | None:
         """How many iterations of ``loop`` the block ran in its earlier tiles (persistent blocks;
@@ -404,16 +434,44 @@ def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], ke
     first = piped[0].name
     ring = [ir.Buffer(f"{first}_{r}", dtypes.int64, (ir.const(stages),), "shared") for r in ("full", "empty")]
     return TmaRing(tiles, *ring, threads, kernel.tid, kind if kind.specialize else None, stages=stages,
-                   persistent=kernel.tiles)
+                   persistent=kernel.tiles, prefetch=_prefetches(loop, tiles, kernel))
+
+
+def _prefetches(loop: ir.For, tiles: list[TmaTile], kernel: _KernelScope) -> bool:
+    """Whether the copies of a persistent block's next tile can be issued by the current one: the
+    loop lies directly in the loop over the tiles (no condition could skip a tile the copies were
+    issued for), and the boxes' origins depend on the loops' variables only through the tile's
+    leading lets (``_TileCount.following``)."""
+    count = kernel.tiles
+    if count is None or kernel.nested != count.depth:
+        return False
+    used = {n.name for t in tiles for e in (t.row, t.col, *t.lead) for n in ir.walk_expr(e) if isinstance(n, ir.Var)}
+    return not (used & count.defined) - set(count.following) - {loop.var.name}
 
 
 @dataclass(frozen=True)
 class _TileCount:
-    """A persistent block's loop over its tiles: its variable (the tiles done before) and the
-    variables defined inside it (which differ between tiles)."""
+    """A persistent block's loop over its tiles: its variable (the tiles done before), the variables
+    defined inside it (which differ between tiles), its leading lets as they are at the block's next
+    tile (the tile index and the block coordinates made of it), its trip count, and the nesting depth
+    of its body (a loop directly inside has it)."""
 
     step: ir.Var
     defined: frozenset[str]
+    following: dict[str, ir.Expr]
+    trips: ir.Expr
+    depth: int
+
+    @staticmethod
+    def of(loop: ir.For, depth: int) -> _TileCount:
+        defined = frozenset(x.var.name for x in ir.walk_stmt(loop) if isinstance(x, (ir.For, ir.LetStmt)))
+        following: dict[str, ir.Expr] = {}
+        st = loop.body
+        nxt = {loop.var.name: ir.BinOp("+", loop.var, ir.const(1))}
+        while isinstance(st, ir.LetStmt):
+            following[st.var.name] = simplify_expr(ir.substitute(st.value, {**nxt, **following}))  # type: ignore[arg-type]
+            st = st.body
+        return _TileCount(loop.var, defined, following, loop.extent, depth)
 
 
 @dataclass
@@ -510,8 +568,7 @@ class _Pipeline(ir.Mutator):
         if kernel is not None:
             tiles = kernel.tiles
             if s.kind == TILE_LOOP:
-                defined = frozenset(x.var.name for x in ir.walk_stmt(s) if isinstance(x, (ir.For, ir.LetStmt)))
-                tiles = _TileCount(s.var, defined)
+                tiles = _TileCount.of(s, kernel.nested + 1)
             self.kernel = replace(kernel, nested=kernel.nested + 1, tiles=tiles)
         try:
             body = self.stmt(s.body)
