@@ -98,3 +98,20 @@ def persistent(self: Stage) -> Stage:
     st.persistent = True
     self.schedule.commit(self.name, st)
     return self
+
+
+@transactional
+def tma_store(self: Stage) -> Stage:
+    """Write this computation's results with TMA stores (sm_90): each block stages its tile in shared
+    memory and one thread copies it to the tensor with ``cp.async.bulk.tensor``, which clips the
+    tile at the tensor's end (``lowering/passes/tma_store.py``: the write-back must fill one box of
+    at most 256 × 256 elements whose rows are whole 16 bytes; the tensor's rows too)."""
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"tma_store of {self.name}: it stores the tiles of blocks; bind a loop to blockIdx.x "
+                            "first")
+    if self.name not in {o.name for o in self.schedule.func.outputs}:
+        raise ScheduleError(f"tma_store of {self.name}: only an output of the function is stored by TMA")
+    st.tma_store = True
+    self.schedule.commit(self.name, st)
+    return self

@@ -290,13 +290,16 @@ class WgmmaConfig:
     inflight: int = 0
     group: int = 1
     persistent: bool = False  # one block per SM looping over the tiles: one resident block
+    staged: int = 0  # bytes of each result element staged in shared memory for a TMA store (0: none)
 
     @staticmethod
-    def of(values: dict[str, object]) -> WgmmaConfig:
+    def of(values: dict[str, object], out_bytes: int = 4) -> WgmmaConfig:
+        """The configuration of a template's ``values`` (results of ``out_bytes`` bytes)."""
         names = ("bm", "bn", "bk", "stages", "inflight")
         return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
                            group=int(values.get("group", 1) or 1),  # type: ignore[call-overload]
-                           persistent=bool(values.get("persistent", False)))
+                           persistent=bool(values.get("persistent", False)),
+                           staged=out_bytes if values.get("store") == "tma" else 0)
 
     @property
     def warps(self) -> int:
@@ -307,8 +310,9 @@ class WgmmaConfig:
         return 32 * self.warps
 
     def shared_bytes(self, itemsize: int = 2) -> int:
-        """Operand tiles in shared memory (unpadded: swizzled core-matrix layouts), one per stage."""
-        return self.stages * (self.bm + self.bn) * self.bk * itemsize
+        """Operand tiles in shared memory (unpadded: swizzled core-matrix layouts), one per stage, and
+        a TMA store's staging tile."""
+        return self.stages * (self.bm + self.bn) * self.bk * itemsize + self.bm * self.bn * self.staged
 
     def registers_per_thread(self, itemsize: int = 2, gather: bool = False) -> int:
         """An estimate: the float32 accumulator (bn/2 per thread) and 64 for addresses and counters."""
