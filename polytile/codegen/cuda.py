@@ -609,6 +609,7 @@ template <typename T> __device__ __forceinline__ T pt_group_allreduce_{op}(T v, 
 instructions of the registered intrinsics (``polytile.intrinsics``) and the runtime's small functions."""
 
 STATIC_SHARED_LIMIT = 48 * 1024
+BULK_ALIGN = 128  # a bulk tensor copy's shared memory operand (dynamic buffers start at multiples of it)
 
 
 
@@ -682,6 +683,7 @@ class CUDAPrinter(CLikePrinter):
         self.written: dict[str, bool] = {}
         self.shared_global: set[str] = set()
         self.tensor_maps: dict[str, TensorMap] = {}
+        self.bulk: set[str] = set()  # shared buffers that bulk tensor copies read (128-byte aligned)
 
     # --- types ----------------------------------------------------------------------------------
     def half_type(self) -> str:
@@ -865,7 +867,8 @@ class CUDAPrinter(CLikePrinter):
             if b.name in self.dynamic:
                 self.emit(f"{t}* {b.name} = ({t}*)(pt_dynamic_smem + {self.dynamic[b.name]});")
             else:
-                self.emit(f"__shared__ __align__({1024 if b.swizzle else 16}) {t} {b.name}[{size}];")
+                align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
+                self.emit(f"__shared__ __align__({align}) {t} {b.name}[{size}];")
             self.stmt(s.body)
             return
         if b.scope in ("local", "auto", "stack", "register"):
@@ -895,6 +898,8 @@ class CUDAPrinter(CLikePrinter):
                   and st.buffer.scope == "shared"]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
+        self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
+                     and e.name in ("pt_tma_store_2d", "pt_tma_store_3d") and isinstance(e.args[1], ir.Load)}
         dyn = 0
         if total > STATIC_SHARED_LIMIT:
             for b in shared:

@@ -72,6 +72,13 @@ def test_the_write_back_stages_one_box(out_dtype, cfg, box):
     assert "cp.async.bulk.wait_group.read 0" in src
 
 
+def test_a_static_staging_tile_is_aligned_for_the_copy():
+    # one K tile and 64 × 64 tiles: 32 KiB of shared memory, declared statically; the bulk copy reads
+    # its shared operand at a 128-byte aligned address (16 would be the default alignment)
+    src = pt.build(_sched(129, 264, 64, dtype="float16", bm=64, bn=64, bk=64, stages=2), SM90A).source
+    assert "__shared__ __align__(128) float C_stage[(64) * (64)];" in src
+
+
 def test_a_barrier_and_a_fence_precede_the_store_and_the_next_tile():
     s = _sched(1000, 1000, 520, out_dtype="bfloat16", bm=128, bn=128, bk=64, stages=3, inflight=1, persistent=True)
     k = _kernel(s)
@@ -186,3 +193,22 @@ def test_the_wgmma_tuning_space_offers_tma_stores():
     wide = dict(cfg, bn=256)
     fits, too_big = task.predict([dict(wide, store="threads"), dict(wide, store="tma")])
     assert fits < float("inf") and too_big == float("inf")
+
+
+@pytest.mark.needs_nvcc
+def test_batched_tma_store_compiles_to_3d_stores():
+    from test_wgmma import _sass
+
+    from polytile.runtime.cuda import compile_cuda
+    s = pt.Schedule(ops.batch_matmul(3, 200, 136, 200, "bfloat16").func)
+    align_operands(s, "C", ("A", "B"), granule=16)
+    gemm_wgmma(s, "C", "A", "B", batch="bb", bm=64, bn=64, bk=64, stages=3, inflight=1, producer="tma", store="tma",
+               persistent=True, group=2)
+    kern = pt.build(s, SM90A)
+    # the box at (column, row, batch) of the block's tile
+    assert re.search(r"pt_tma_store_3d\(&pt_tmap_C_64x64_store, &C_stage\[0\], \(\(int32_t\)\(64 \* bj\)\), "
+                     r"\(\(int32_t\)\(64 \* bi\)\), \(\(int32_t\)bb\)\);", kern.source)
+    cubin, resources = compile_cuda(kern.source, "sm_90a")
+    text = _sass(cubin)
+    assert "UTMASTG.3D" in text and "UTMALDG.3D" in text
+    assert not re.search(r"\bLDL\b|\bSTL\b", text)

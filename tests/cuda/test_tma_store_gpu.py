@@ -3,7 +3,7 @@ store="tma")``: the block's tile staged in shared memory, one bulk tensor store 
 matrix's end) against a float64 reference on fresh random inputs, outputs filled with NaN first so
 that a tile left unwritten shows: rows and K off the tiles (partial boxes clipped by the tensor
 map), float32 and 16-bit results, TMA or cp.async loads, persistent blocks (the staging tile reused
-tile after tile), float16 and bfloat16 operands."""
+tile after tile), batches (3-D boxes), float16 and bfloat16 operands."""
 
 import pytest
 from gpu_inputs import rel_error, signed_inputs
@@ -50,3 +50,17 @@ def test_tma_store_matmul(dims, dtype, out_dtype, cfg):
     assert not out.isnan().any(), "a tile was left unwritten"
     ref = a.double() @ b.double()
     assert rel_error(out, ref) < (1e-5 if out_dtype is None else 1e-2)
+
+
+def test_batched_tma_store():
+    batch, M, N, K = 3, 200, 136, 200
+    s = pt.Schedule(ops.batch_matmul(batch, M, N, K, "bfloat16").func)
+    align_operands(s, "C", ("A", "B"), granule=16)
+    gemm_wgmma(s, "C", "A", "B", batch="bb", bm=64, bn=64, bk=64, stages=3, inflight=1, producer="tma", store="tma",
+               persistent=True, group=2)
+    kern = pt.build(s, "cuda")
+    a, b = signed_inputs(torch, [(batch, M, K), (batch, K, N)], "bfloat16", 5)
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    kern(a, b, out)
+    assert not out.isnan().any(), "a tile was left unwritten"
+    assert rel_error(out, a.double() @ b.double()) < 1e-5
