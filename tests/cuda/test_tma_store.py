@@ -212,3 +212,28 @@ def test_batched_tma_store_compiles_to_3d_stores():
     text = _sass(cubin)
     assert "UTMASTG.3D" in text and "UTMALDG.3D" in text
     assert not re.search(r"\bLDL\b|\bSTL\b", text)
+
+
+def _added(M, N):
+    A = pt.placeholder((M, N), "float32", "A")
+    B = pt.placeholder((M, N), "float32", "B")
+    C = pt.compute((M, N), lambda i, j: A[i, j] + B[i, j], "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C]
+    st.split("i", 16, "bi", "ii").split("j", 32, "bj", "jj").reorder("bi", "bj", "ii", "jj")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ii", "threadIdx.y").bind("jj", "threadIdx.x")
+    st.tma_store()
+    return s
+
+
+def test_any_block_tile_is_staged():
+    # an elementwise sum, a thread per element: 16 × 32 float32 boxes (128-byte rows), partial at the end
+    k = _kernel(_added(100, 300))
+    (call,) = [e for e in ir.all_exprs(k.body) if isinstance(e, ir.Call) and e.name == "pt_tma_store_2d"]
+    assert [ir.eval_int(a, {}) for a in call.args[-2:]] == [32, 16]
+    assert not any(isinstance(st, ir.Store) and st.buffer.name == "C" for st in ir.walk_stmt(k.body))
+
+
+def test_parametric_sizes_are_refused():
+    with pytest.raises(LoweringError, match="C's shape depends on M; the proof of the staged box needs constant sizes"):
+        pt.lower(_added(pt.param("M"), 256), SM90A)

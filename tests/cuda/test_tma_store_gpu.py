@@ -64,3 +64,21 @@ def test_batched_tma_store():
     kern(a, b, out)
     assert not out.isnan().any(), "a tile was left unwritten"
     assert rel_error(out, a.double() @ b.double()) < 1e-5
+
+
+def test_elementwise_tma_store():
+    # any block tile: a thread per element of a 16 × 32 float32 box, partial at the matrix's end
+    M, N = 1000, 300
+    A = pt.placeholder((M, N), "float32", "A")
+    B = pt.placeholder((M, N), "float32", "B")
+    C = pt.compute((M, N), lambda i, j: A[i, j] + B[i, j], "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C]
+    st.split("i", 16, "bi", "ii").split("j", 32, "bj", "jj").reorder("bi", "bj", "ii", "jj")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ii", "threadIdx.y").bind("jj", "threadIdx.x")
+    st.tma_store()
+    kern = pt.build(s, "cuda")
+    a, b = signed_inputs(torch, [(M, N), (M, N)], "float32", 3)
+    out = torch.full((M, N), float("nan"), device="cuda")
+    kern(a, b, out)
+    assert torch.equal(out, a + b)

@@ -131,6 +131,10 @@ class _Stager:
         lane = np.arange(lanes, dtype=np.int64).reshape(1, lanes)
         box: tuple[int, int] | None = None
         origin: tuple[ir.Expr, ...] | None = None
+        sizes_used = {n.name for d in tensor.shape for n in ir.walk_expr(d) if isinstance(n, ir.Var)}
+        if sizes_used:
+            raise LoweringError(f"{where}: {tensor.name}'s shape depends on {', '.join(sorted(sizes_used))}; the "
+                                "proof of the staged box needs constant sizes: leave tma_store off")
         for sample in range(3):
             env: dict[str, object] = {**threads, LANE: lane,
                                       **{n: np.asarray(0 if sample == 0 else sample * (k + 1) + 1, dtype=np.int64)
