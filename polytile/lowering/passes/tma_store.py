@@ -96,7 +96,9 @@ class _Stager:
         scopes = found.scopes[:-1] if dims is not None else found.scopes
         box, origin = self.prove(_Store(store, scopes), threads)
         rows, cols = box
-        stage = ir.Buffer(f"{tensor.name}_stage", tensor.dtype, (ir.const(rows), ir.const(cols)), "shared")
+        # each element written by one thread (``prove``): its stores need no barriers between them
+        stage = ir.Buffer(f"{tensor.name}_stage", tensor.dtype, (ir.const(rows), ir.const(cols)), "shared",
+                          disjoint_writes=True)
         local = (ir.BinOp("-", store.index[-2], origin[-2]), ir.BinOp("-", store.index[-1], origin[-1]))
 
         def restage(st: ir.Stmt) -> ir.Stmt | None:
