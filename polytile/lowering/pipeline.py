@@ -106,8 +106,8 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     whole_writes = {c.name for c in sched.caches if c.whole and c.kind == "write" and c.loc == "local"}
     rasters = {loop: st.raster for st in sched.states.values() if st.raster
                for loop, tag in st.tags.items() if tag == "blockIdx.y"}
-    persistent = frozenset(loop for st in sched.states.values() if st.persistent
-                           for loop, tag in st.tags.items() if tag.startswith("blockIdx"))
+    persistent = {loop: st.persistent for st in sched.states.values() if st.persistent
+                  for loop, tag in st.tags.items() if tag.startswith("blockIdx")}
     tma_stored = frozenset(name for name, st in sched.states.items() if st.tma_store)
     if tma_stored and not target.has("tma"):
         raise LoweringError(f"tma_store of {', '.join(sorted(tma_stored))}: the target ({target.key}) has no TMA "

@@ -232,7 +232,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
                stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
-               specialize: bool = False, raster: str = "rows", group: int = 1, persistent: bool = False,
+               specialize: bool = False, raster: str = "rows", group: int = 1, persistent: int = 0,
                store: str = "threads") -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
@@ -248,9 +248,10 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     blockIdx.x over the column tiles) or "columns" (blockIdx.x over the row tiles: a wave of blocks
     shares few column tiles of B, for products much wider than tall); ``group`` > 1: in groups of that
     many rows of tiles (``Stage.raster``: down a group's rows column by column, the next group after;
-    ``gemm_choice`` sizes it to the L2: ``raster_group``). ``persistent``: one block per multiprocessor
-    of the target, each looping over the block tiles in that order (``Stage.persistent``; the TMA
-    rings carry their phases across the tiles; not with ``specialize``). ``store="tma"``: the block's
+    ``gemm_choice`` sizes it to the L2: ``raster_group``). ``persistent`` (True or a count): that
+    many blocks per multiprocessor of the target, each looping over the block tiles in that order
+    (``Stage.persistent``; the TMA rings carry their phases across the tiles; not with
+    ``specialize``). ``store="tma"``: the block's
     results are staged in shared memory and written by one TMA store, clipped at the matrix's end
     (``Stage.tma_store``; sm_90, rows of ``out`` whole 16 bytes, the staging tile beside the stages
     within a block's shared memory); "threads": each thread stores its accumulators."""
@@ -277,7 +278,7 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     if group > 1:
         st.raster(group)
     if persistent:
-        st.persistent()
+        st.persistent(int(persistent))
     if store == "tma":
         st.tma_store()
     st.cache(a, "ko", loc="shared", name=f"{a}_shared")

@@ -72,7 +72,7 @@ class StageState:
     loc: str = "auto"
     reassociate: bool = False  # the reduction's accumulation order may change
     raster: int = 0  # the blocks run in groups of this many rows of blocks (``raster``; 0: row by row)
-    persistent: bool = False  # one block per multiprocessor looping over the tiles (``persistent``)
+    persistent: int = 0  # blocks per multiprocessor looping over the tiles (``persistent``; 0: a block a tile)
     tma_store: bool = False  # the blocks' tiles written by TMA stores (``tma_store``)
 
 

@@ -84,18 +84,22 @@ def raster(self: Stage, group: int) -> Stage:
 
 
 @transactional
-def persistent(self: Stage) -> Stage:
+def persistent(self: Stage, blocks_per_sm: int = 1) -> Stage:
     """Run the blocks of this computation's loops bound to blockIdx as persistent blocks: the grid
-    is as many blocks as the target has multiprocessors (fewer where there are fewer tiles), and
+    is ``blocks_per_sm`` blocks per multiprocessor of the target (the blocks an SM holds at once;
+    fewer where there are fewer tiles), and
     each block loops over the tiles (the block loops' iterations) from its own index in steps of
     the grid, in the launch order the tiles would have had (row by row, or grouped by ``raster``).
     A pipelined loop inside carries its state across the tiles (``lowering/passes/pipeline.py``:
     TMA rings initialized once, their phases counted over all the block's iterations)."""
+    if not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool) or blocks_per_sm < 1:
+        raise ScheduleError(f"persistent of {self.name}: blocks_per_sm must be a positive integer, got "
+                            f"{blocks_per_sm!r}")
     st = self.schedule.state_copy(self.name)
     if not any(t.startswith("blockIdx") for t in st.tags.values()):
         raise ScheduleError(f"persistent of {self.name}: it loops over the tiles of the loops bound to blockIdx; "
                             "bind a loop to blockIdx.x first")
-    st.persistent = True
+    st.persistent = blocks_per_sm
     self.schedule.commit(self.name, st)
     return self
 

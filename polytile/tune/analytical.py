@@ -289,7 +289,7 @@ class WgmmaConfig:
     stages: int = 1
     inflight: int = 0
     group: int = 1
-    persistent: bool = False  # one block per SM looping over the tiles: one resident block
+    persistent: int = 0  # blocks per SM looping over the tiles (0: a block a tile): at most that many resident
     staged: int = 0  # bytes of each result element staged in shared memory for a TMA store (0: none)
 
     @staticmethod
@@ -298,7 +298,7 @@ class WgmmaConfig:
         names = ("bm", "bn", "bk", "stages", "inflight")
         return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
                            group=int(values.get("group", 1) or 1),  # type: ignore[call-overload]
-                           persistent=bool(values.get("persistent", False)),
+                           persistent=int(values.get("persistent", 0)),  # type: ignore[call-overload]
                            staged=out_bytes if values.get("store") == "tma" else 0)
 
     @property
@@ -364,11 +364,11 @@ class Occupancy:
 
 def occupancy(cfg: GemmSchedule, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
     """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers;
-    persistent blocks: one per SM, whose tiles run one after the other — their prologues and
-    epilogues are not overlapped by other resident blocks, nor across tiles)."""
+    persistent blocks: as many per SM as launched, whose tiles run one after the other — their
+    prologues and epilogues are overlapped only by the other persistent blocks)."""
     occ = block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
-    if getattr(cfg, "persistent", False):
-        occ.limits["persistent"] = 1
+    if getattr(cfg, "persistent", 0):
+        occ.limits["persistent"] = cfg.persistent  # type: ignore[union-attr]
     return occ
 
 

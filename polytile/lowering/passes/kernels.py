@@ -57,11 +57,12 @@ def _extent_of(loop: ir.For) -> ir.Expr:
 
 
 def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dict[str, int] | None = None,
-                    persistent: frozenset[str] = frozenset()) -> ir.Stmt:
+                    persistent: dict[str, int] | None = None) -> ir.Stmt:
     """Replace every nest of blockIdx-bound loops by a Kernel; everything else must be host-level
     allocation of temporaries. ``rasters``: loops bound to blockIdx.y whose blocks run in groups of
     that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``); ``persistent``: loops
-    bound to blockIdx whose nest runs as persistent blocks (``Stage.persistent``: ``tile_loop``)."""
+    bound to blockIdx whose nest runs as persistent blocks, that many per SM (``Stage.persistent``:
+    ``tile_loop``)."""
     counter = [0]
 
     def kernel(st: ir.Stmt) -> ir.Stmt:
@@ -69,7 +70,7 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dic
         name = f"{func_name}_kernel{counter[0] - 1}"
         if _is_global_copy(st):
             return copy_kernel(st, name)
-        return make_kernel(st, name, target, rasters or {}, persistent)
+        return make_kernel(st, name, target, rasters or {}, persistent or {})
 
     return map_kernels(s, kernel)
 
@@ -228,7 +229,8 @@ def tile_loop(outer: ir.For, group: int, sms: int) -> _Tiles:
 
 
 def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str, int] | None = None,
-                persistent: frozenset[str] = frozenset()) -> ir.Kernel:
+                persistent: dict[str, int] | None = None) -> ir.Kernel:
+    persistent = persistent or {}
     grid: dict[str, ir.Expr] = {}
     grouped: dict[str, ir.Expr] = {}  # loop bound to blockIdx.x -> its index in a grouped grid
     tiles: list[_Tiles] = []  # the persistent nest, once its outermost loop is met
@@ -249,7 +251,7 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str,
         if isinstance(st, ir.For) and st.kind.startswith("blockIdx") and st.var.name in persistent and not tiles:
             group = max([(rasters or {}).get(x.var.name, 0) for x in ir.walk_stmt(st)
                          if isinstance(x, ir.For) and x.kind == "blockIdx.y"] or [0])
-            tiles.append(tile_loop(st, group, target.sms))
+            tiles.append(tile_loop(st, group, target.sms * persistent[st.var.name]))
             grid["x"] = tiles[0].blocks
             return tiles[0].loop(blocks(st))
         if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
