@@ -122,14 +122,20 @@ TMA = Intrinsic(
     "the tensor memory accelerator copies a box of a tensor (2-D, or 3-D with one index of the outer dimension: "
     "a batch; described by a tensor map made on the host) "
     "into shared memory, 128-byte swizzled, zeros past the tensor's end, and completes on an mbarrier that "
-    "counts the bytes; mbarriers also count the warps' arrivals", (
+    "counts the bytes; mbarriers also count the warps' arrivals; the reverse copy (a TMA store, "
+    "cp.async.bulk.tensor.global.shared::cta.bulk_group) writes a box of shared memory to the tensor, clipped at "
+    "its end, in bulk groups committed and waited for until read", (
         Instruction("pt_tma_load_2d", "tma", addresses=True, async_proxy=True, hardware_swizzle=True),
         Instruction("pt_tma_load_3d", "tma", addresses=True, async_proxy=True, hardware_swizzle=True),
         Instruction("pt_mbar_init", "tma", addresses=True),
         Instruction("pt_fence_mbar_init", "tma"),
         Instruction("pt_mbar_expect_tx", "tma", addresses=True),
         Instruction("pt_mbar_arrive", "tma", addresses=True),
-        Instruction("pt_mbar_wait", "tma", addresses=True)))
+        Instruction("pt_mbar_wait", "tma", addresses=True),
+        Instruction("pt_tma_store_2d", "tma", addresses=True, async_proxy=True, stores=True),
+        Instruction("pt_tma_store_3d", "tma", addresses=True, async_proxy=True, stores=True),
+        Instruction("pt_bulk_commit", "tma"),
+        Instruction("pt_bulk_wait_read", "tma")))
 
 SETMAXNREG = Intrinsic(
     "setmaxnreg", "setmaxnreg.inc/dec.sync.aligned.u32", ("setmaxnreg",),

@@ -365,6 +365,47 @@ __device__ __forceinline__ void pt_tma_load_3d(void* dst, const pt_tensor_map* m
 __device__ __forceinline__ void pt_tma_load_3d(void*, const pt_tensor_map*, void*, int, int, int) { __trap(); }
 #endif
 """),
+    Helper("pt_tma_store_2d", r"""
+// a TMA store (sm_90): the box at ``src`` in shared memory to the tensor at (x, y) (x the contiguous
+// dimension), clipped at the tensor's end; completes in the thread's current bulk group
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_tma_store_2d(const pt_tensor_map* map, void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+               :: "l"((unsigned long long)map), "r"(pt_smem(src)), "r"(x), "r"(y) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_tma_store_2d(const pt_tensor_map*, void*, int, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_tma_store_3d", r"""
+// a TMA store of a box at (x, y, z) of a 3-D tensor (one index along z: a batch)
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_tma_store_3d(const pt_tensor_map* map, void* src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               :: "l"((unsigned long long)map), "r"(pt_smem(src)), "r"(x), "r"(y), "r"(z) : "memory");
+}
+#else
+__device__ __forceinline__ void pt_tma_store_3d(const pt_tensor_map*, void*, int, int, int) { __trap(); }
+#endif
+"""),
+    Helper("pt_bulk_commit", r"""
+// closes the thread's bulk group of TMA stores
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void pt_bulk_commit() { __trap(); }
+#endif
+"""),
+    Helper("pt_bulk_wait_read", r"""
+// waits until every bulk group of the thread has read its shared memory (it may be written again)
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void pt_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+#else
+__device__ __forceinline__ void pt_bulk_wait_read() { __trap(); }
+#endif
+"""),
     Helper("pt_mbar_init", r"""
 // mbarriers (sm_90): a phase completes when ``count`` arrivals and the expected bytes have come
 #if __CUDA_ARCH__ >= 900
@@ -568,6 +609,7 @@ template <typename T> __device__ __forceinline__ T pt_group_allreduce_{op}(T v, 
 instructions of the registered intrinsics (``polytile.intrinsics``) and the runtime's small functions."""
 
 STATIC_SHARED_LIMIT = 48 * 1024
+BULK_ALIGN = 128  # a bulk tensor copy's shared memory operand (dynamic buffers start at multiples of it)
 
 
 
@@ -605,8 +647,9 @@ def _statements(s: ir.Stmt) -> int:
 @dataclass(frozen=True)
 class TensorMap:
     """A TMA tensor map parameter of a kernel: ``buffer`` (a kernel argument of 2 or more dimensions)
-    read in boxes of ``rows`` × ``width`` elements of its last two dimensions (``width`` along the
-    contiguous one), one index of each other dimension, 128-byte swizzled."""
+    read (or written) in boxes of ``rows`` × ``width`` elements of its last two dimensions (``width``
+    along the contiguous one), one index of each other dimension, ``swizzle``-byte swizzled in shared
+    memory (0: not swizzled)."""
 
     name: str
     buffer: ir.Buffer
@@ -640,6 +683,7 @@ class CUDAPrinter(CLikePrinter):
         self.written: dict[str, bool] = {}
         self.shared_global: set[str] = set()
         self.tensor_maps: dict[str, TensorMap] = {}
+        self.bulk: set[str] = set()  # shared buffers that bulk tensor copies read (128-byte aligned)
 
     # --- types ----------------------------------------------------------------------------------
     def half_type(self) -> str:
@@ -710,6 +754,14 @@ class CUDAPrinter(CLikePrinter):
             self.tensor_maps.setdefault(tmap.name, tmap)
             return (f"{e.name}({self.address(dst)}, &{tmap.name}, {self.address(bar)}, "
                     f"{', '.join(self.expr(c) for c in coords)})")
+        if e.name in ("pt_tma_store_2d", "pt_tma_store_3d"):
+            tensor, src, *coords, width, rows = e.args
+            assert isinstance(tensor, ir.Load) and isinstance(src, ir.Load)
+            box = f"{ir.eval_int(rows, {})}x{ir.eval_int(width, {})}"
+            tmap = TensorMap(f"pt_tmap_{tensor.buffer.name}_{box}_store", tensor.buffer, ir.eval_int(rows, {}),
+                             ir.eval_int(width, {}), swizzle=0)
+            self.tensor_maps.setdefault(tmap.name, tmap)
+            return f"{e.name}(&{tmap.name}, {self.address(src)}, {', '.join(self.expr(c) for c in coords)})"
         if e.name == "pt_store_pair":
             dst, a, b = e.args
             assert isinstance(dst, ir.Load)
@@ -815,7 +867,8 @@ class CUDAPrinter(CLikePrinter):
             if b.name in self.dynamic:
                 self.emit(f"{t}* {b.name} = ({t}*)(pt_dynamic_smem + {self.dynamic[b.name]});")
             else:
-                self.emit(f"__shared__ __align__({1024 if b.swizzle else 16}) {t} {b.name}[{size}];")
+                align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
+                self.emit(f"__shared__ __align__({align}) {t} {b.name}[{size}];")
             self.stmt(s.body)
             return
         if b.scope in ("local", "auto", "stack", "register"):
@@ -845,6 +898,8 @@ class CUDAPrinter(CLikePrinter):
                   and st.buffer.scope == "shared"]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
+        self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
+                     and e.name in ("pt_tma_store_2d", "pt_tma_store_3d") and isinstance(e.args[1], ir.Load)}
         dyn = 0
         if total > STATIC_SHARED_LIMIT:
             for b in shared:

@@ -37,6 +37,7 @@ from .passes.registers import promote_registers
 from .passes.simplify import simplify
 from .passes.swizzle import swizzle_shared
 from .passes.tensorize import tensorize_nests
+from .passes.tma_store import tma_stores
 from .passes.unroll import unroll_loops
 from .passes.vectorize import vectorize_loops
 from .passes.wgmma import async_proxy_fences
@@ -105,6 +106,12 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     whole_writes = {c.name for c in sched.caches if c.whole and c.kind == "write" and c.loc == "local"}
     rasters = {loop: st.raster for st in sched.states.values() if st.raster
                for loop, tag in st.tags.items() if tag == "blockIdx.y"}
+    persistent = {loop: st.persistent for st in sched.states.values() if st.persistent
+                  for loop, tag in st.tags.items() if tag.startswith("blockIdx")}
+    tma_stored = frozenset(name for name, st in sched.states.items() if st.tma_store)
+    if tma_stored and not target.has("tma"):
+        raise LoweringError(f"tma_store of {', '.join(sorted(tma_stored))}: the target ({target.key}) has no TMA "
+                            "(sm_90 or newer); leave tma_store off")
     passes: list[Pass] = [
         ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
         ("simplify", True, simplify),
@@ -112,9 +119,10 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("whole-tiles", gpu, lambda s: whole_tiles(s, whole_reads, whole_writes)),
         ("fragments", gpu, distribute_fragments),
         ("allreduce", gpu, cross_thread_reductions),
-        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters)),
+        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters, persistent)),
         ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
                                                      dict(sched.pipeline_producer))),
+        ("tma-stores", gpu, lambda s: tma_stores(s, tma_stored, target)),
         ("simplify", gpu, simplify),
         ("unroll", True, lambda s: unroll_loops(s, unrolled)),
         ("flatten", True, flatten_storage),
@@ -126,7 +134,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("realign-loads", gpu, realign_loads),
         ("registers", True, promote_registers),
         ("barriers", gpu, insert_barriers),
-        ("async-proxy", target.has("wgmma"), async_proxy_fences),
+        ("async-proxy", target.has("tma"), async_proxy_fences),
         ("simplify", True, simplify),
         ("exchange-stores", gpu, exchange_stores),
         ("pair-stores", gpu, pair_stores),

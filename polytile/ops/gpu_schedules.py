@@ -233,7 +233,8 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
 
 def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 256, bk: int = 64,
                stages: int = 3, inflight: int = 0, batch: str | None = None, producer: str = "threads",
-               specialize: bool = False, raster: str = "rows", group: int = 1) -> None:
+               specialize: bool = False, raster: str = "rows", group: int = 1, persistent: int = 0,
+               store: str = "threads") -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on Hopper's
     warpgroup MMA (sm_90a): a ``bm``×``bn`` block tile computed by bm/64 warpgroups, each issuing
     ``wgmma.m64n{bn}k16`` on operand tiles of ``bk`` columns that the instruction reads from shared
@@ -248,7 +249,18 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     blockIdx.x over the column tiles) or "columns" (blockIdx.x over the row tiles: a wave of blocks
     shares few column tiles of B, for products much wider than tall); ``group`` > 1: in groups of that
     many rows of tiles (``Stage.raster``: down a group's rows column by column, the next group after;
-    ``gemm_choice`` sizes it to the L2: ``raster_group``)."""
+    ``gemm_choice`` sizes it to the L2: ``raster_group``). ``persistent`` (True or a count): that
+    many blocks per multiprocessor of the target, each looping over the block tiles in that order
+    (``Stage.persistent``; the TMA rings carry their phases across the tiles; not with
+    ``specialize``). ``store="tma"``: the block's
+    results are staged in shared memory and written by one TMA store, clipped at the matrix's end
+    (``Stage.tma_store``; sm_90, rows of ``out`` whole 16 bytes, the staging tile beside the stages
+    within a block's shared memory); "threads": each thread stores its accumulators."""
+    if store not in ("threads", "tma"):
+        raise ScheduleError(f"gemm_wgmma: store must be 'threads' or 'tma', got {store!r}")
+    if persistent and specialize:
+        raise ScheduleError("gemm_wgmma: persistent=True with specialize=True is not supported (the producer "
+                            "warpgroup does not loop over the tiles); use one of them")
     if bm % 64 or bn % 8 or not 8 <= bn <= 256 or bk % 16:
         raise ScheduleError(f"gemm_wgmma: block tiles are multiples of 64 rows, 8..256 columns (a multiple of 8) "
                             f"and bk a multiple of 16 (got {bm}×{bn}, bk={bk})")
@@ -266,6 +278,10 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     st.bind(slow, "blockIdx.y").bind(fast, "blockIdx.x").bind("wi", "threadIdx.z")
     if group > 1:
         st.raster(group)
+    if persistent:
+        st.persistent(int(persistent))
+    if store == "tma":
+        st.tma_store()
     st.cache(a, "ko", loc="shared", name=f"{a}_shared")
     st.cache(b, "ko", loc="shared", name=f"{b}_shared")
     st.cache_write("wi", loc="fragment")

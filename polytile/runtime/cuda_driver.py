@@ -192,10 +192,10 @@ class Device:
         """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of the row-major tensor at ``ptr``
         of ``shape`` (2 to 5 dimensions, outermost first; rows ``row_bytes`` apart, the outer
         dimensions packed), read in boxes of ``box`` (rows, columns) elements of its last two
-        dimensions and one index of the others, ``swizzle``-byte swizzled in shared memory, zeros past
-        its end."""
+        dimensions and one index of the others, ``swizzle``-byte swizzled in shared memory (0: not
+        swizzled), zeros past its end (a store: clipped there)."""
         cu = self.cu
-        kind = {"float16": "FLOAT16", "bfloat16": "BFLOAT16"}[dtype]
+        kind = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float32": "FLOAT32"}[dtype]
         u64 = getattr(cu, "cuuint64_t", int)
         u32 = getattr(cu, "cuuint32_t", int)
         dims = list(reversed(shape))  # the contiguous dimension first
@@ -207,7 +207,8 @@ class Device:
             getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(dims), ptr,
             [u64(d) for d in dims], [u64(s) for s in strides], [u32(b) for b in boxes], [u32(1)] * len(dims),
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
+            getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B" if swizzle else
+                    "CU_TENSOR_MAP_SWIZZLE_NONE"),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         (tmap,) = self._check(result, f"cuTensorMapEncodeTiled({dtype} {'x'.join(map(str, shape))}, box "

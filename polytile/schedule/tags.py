@@ -81,3 +81,41 @@ def raster(self: Stage, group: int) -> Stage:
     st.raster = group
     self.schedule.commit(self.name, st)
     return self
+
+
+@transactional
+def persistent(self: Stage, blocks_per_sm: int = 1) -> Stage:
+    """Run the blocks of this computation's loops bound to blockIdx as persistent blocks: the grid
+    is ``blocks_per_sm`` blocks per multiprocessor of the target (the blocks an SM holds at once;
+    fewer where there are fewer tiles), and
+    each block loops over the tiles (the block loops' iterations) from its own index in steps of
+    the grid, in the launch order the tiles would have had (row by row, or grouped by ``raster``).
+    A pipelined loop inside carries its state across the tiles (``lowering/passes/pipeline.py``:
+    TMA rings initialized once, their phases counted over all the block's iterations)."""
+    if not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool) or blocks_per_sm < 1:
+        raise ScheduleError(f"persistent of {self.name}: blocks_per_sm must be a positive integer, got "
+                            f"{blocks_per_sm!r}")
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"persistent of {self.name}: it loops over the tiles of the loops bound to blockIdx; "
+                            "bind a loop to blockIdx.x first")
+    st.persistent = blocks_per_sm
+    self.schedule.commit(self.name, st)
+    return self
+
+
+@transactional
+def tma_store(self: Stage) -> Stage:
+    """Write this computation's results with TMA stores (sm_90): each block stages its tile in shared
+    memory and one thread copies it to the tensor with ``cp.async.bulk.tensor``, which clips the
+    tile at the tensor's end (``lowering/passes/tma_store.py``: the write-back must fill one box of
+    at most 256 × 256 elements whose rows are whole 16 bytes; the tensor's rows too)."""
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"tma_store of {self.name}: it stores the tiles of blocks; bind a loop to blockIdx.x "
+                            "first")
+    if self.name not in {o.name for o in self.schedule.func.outputs}:
+        raise ScheduleError(f"tma_store of {self.name}: only an output of the function is stored by TMA")
+    st.tma_store = True
+    self.schedule.commit(self.name, st)
+    return self

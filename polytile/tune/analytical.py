@@ -281,7 +281,7 @@ class TileConfig:
 @dataclass(frozen=True)
 class WgmmaConfig:
     """A warpgroup-MMA schedule (Hopper): block tile bm × bn × bk, shared stages, MMA groups left in
-    flight and rows of blocks launched together (``gemm_wgmma``'s parameters)."""
+    flight, rows of blocks launched together and persistent blocks (``gemm_wgmma``'s parameters)."""
 
     bm: int
     bn: int
@@ -289,12 +289,17 @@ class WgmmaConfig:
     stages: int = 1
     inflight: int = 0
     group: int = 1
+    persistent: int = 0  # blocks per SM looping over the tiles (0: a block a tile): at most that many resident
+    staged: int = 0  # bytes of each result element staged in shared memory for a TMA store (0: none)
 
     @staticmethod
-    def of(values: dict[str, object]) -> WgmmaConfig:
+    def of(values: dict[str, object], out_bytes: int = 4) -> WgmmaConfig:
+        """The configuration of a template's ``values`` (results of ``out_bytes`` bytes)."""
         names = ("bm", "bn", "bk", "stages", "inflight")
         return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
-                           group=int(values.get("group", 1) or 1))  # type: ignore[call-overload]
+                           group=int(values.get("group", 1) or 1),  # type: ignore[call-overload]
+                           persistent=int(values.get("persistent", 0)),  # type: ignore[call-overload]
+                           staged=out_bytes if values.get("store") == "tma" else 0)
 
     @property
     def warps(self) -> int:
@@ -305,8 +310,9 @@ class WgmmaConfig:
         return 32 * self.warps
 
     def shared_bytes(self, itemsize: int = 2) -> int:
-        """Operand tiles in shared memory (unpadded: swizzled core-matrix layouts), one per stage."""
-        return self.stages * (self.bm + self.bn) * self.bk * itemsize
+        """Operand tiles in shared memory (unpadded: swizzled core-matrix layouts), one per stage, and
+        a TMA store's staging tile."""
+        return self.stages * (self.bm + self.bn) * self.bk * itemsize + self.bm * self.bn * self.staged
 
     def registers_per_thread(self, itemsize: int = 2, gather: bool = False) -> int:
         """An estimate: the float32 accumulator (bn/2 per thread) and 64 for addresses and counters."""
@@ -357,8 +363,13 @@ class Occupancy:
 
 
 def occupancy(cfg: GemmSchedule, hw: Hardware, itemsize: int = 2, gather: bool = False) -> Occupancy:
-    """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers)."""
-    return block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
+    """N_mplx of a tensor-core schedule (``block_occupancy`` of its threads, shared memory and registers;
+    persistent blocks: as many per SM as launched, whose tiles run one after the other — their
+    prologues and epilogues are overlapped only by the other persistent blocks)."""
+    occ = block_occupancy(hw, cfg.threads, cfg.shared_bytes(itemsize), cfg.registers_per_thread(itemsize, gather))
+    if getattr(cfg, "persistent", 0):
+        occ.limits["persistent"] = cfg.persistent  # type: ignore[union-attr]
+    return occ
 
 
 def block_occupancy(hw: Hardware, threads: int, shared_bytes: int, registers_per_thread: int) -> Occupancy:

@@ -182,9 +182,11 @@ def test_the_wgmma_model_puts_the_measured_best_of_bert_ffn2_in_its_top_ten():
     # 128-wide K tiles, 5 stages, one group in flight ran 512×768×3072 in 0.014 ms, the 128×256×64
     # default of the time in 0.023 ms
     task, valid, t = _wgmma_task(512, 768, 3072)
-    # the model does not tell TMA from the threads' copies: each pair counts once
+    # the model does not tell TMA from the threads' copies, nor (at one block per SM) persistent
+    # blocks, nor the stores: each such group counts once
     ranked = [valid[k] for k in np.argsort(t, kind="stable")]
-    top = list({tuple((k, v) for k, v in c.items() if k != "producer"): c for c in ranked[:40]}.values())[:10]
+    same = ("producer", "persistent", "store")
+    top = list({tuple((k, v) for k, v in c.items() if k not in same): c for c in ranked[:160]}.values())[:10]
     best = {"bm": 64, "bn": 64, "bk": 128, "stages": 5, "inflight": 1}
     assert any(all(v[k] == x for k, x in best.items()) for v in top)
     old_default = task.predict([{**valid[0], "bm": 128, "bn": 256, "bk": 64, "stages": 4, "inflight": 1}])[0]

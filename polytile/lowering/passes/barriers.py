@@ -18,13 +18,18 @@ SHARED_SCOPES = ("shared", "global")
 class _Access:
     reads: set[str] = field(default_factory=set)
     writes: set[str] = field(default_factory=set)
+    disjoint: set[str] = field(default_factory=set)  # written buffers whose threads write disjoint elements
 
     def conflicts(self, later: _Access) -> bool:
-        return bool(self.writes & (later.reads | later.writes) or self.reads & later.writes)
+        # stores of two phases into a buffer whose threads write disjoint elements (a TMA store's
+        # staging tile, ``Buffer.disjoint_writes``) need no barrier between them: only a read does
+        rewritten = (self.writes & later.writes) - (self.disjoint & later.disjoint)
+        return bool(self.writes & later.reads or rewritten or self.reads & later.writes)
 
     def add(self, other: _Access) -> None:
         self.reads |= other.reads
         self.writes |= other.writes
+        self.disjoint |= other.disjoint
 
     def empty(self) -> bool:
         return not self.reads and not self.writes
@@ -35,6 +40,8 @@ def _accesses(st: ir.Stmt) -> _Access:
     for x in ir.walk_stmt(st):
         if isinstance(x, ir.Store) and x.buffer.scope in SHARED_SCOPES:
             acc.writes.add(x.buffer.name)
+            if x.buffer.disjoint_writes:
+                acc.disjoint.add(x.buffer.name)
         for e in ir.stmt_exprs(x):
             for n in ir.walk_expr(e):
                 if isinstance(n, ir.Load) and n.buffer.scope in SHARED_SCOPES:

@@ -56,11 +56,13 @@ def _extent_of(loop: ir.For) -> ir.Expr:
     return simplify_expr(ir.BinOp("+", ir.BinOp("-", hi_g, lo_g), ir.const(1)))
 
 
-def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dict[str, int] | None = None
-                    ) -> ir.Stmt:
+def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dict[str, int] | None = None,
+                    persistent: dict[str, int] | None = None) -> ir.Stmt:
     """Replace every nest of blockIdx-bound loops by a Kernel; everything else must be host-level
     allocation of temporaries. ``rasters``: loops bound to blockIdx.y whose blocks run in groups of
-    that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``)."""
+    that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``); ``persistent``: loops
+    bound to blockIdx whose nest runs as persistent blocks, that many per SM (``Stage.persistent``:
+    ``tile_loop``)."""
     counter = [0]
 
     def kernel(st: ir.Stmt) -> ir.Stmt:
@@ -68,7 +70,7 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dic
         name = f"{func_name}_kernel{counter[0] - 1}"
         if _is_global_copy(st):
             return copy_kernel(st, name)
-        return make_kernel(st, name, target, rasters or {})
+        return make_kernel(st, name, target, rasters or {}, persistent or {})
 
     return map_kernels(s, kernel)
 
@@ -173,10 +175,65 @@ def _block_loop(st: ir.Stmt, kind: str) -> ir.For | None:
     return None
 
 
-def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str, int] | None = None
-                ) -> ir.Kernel:
+TILE_LOOP = "persistent"  # the kind of a persistent block's loop over its tiles
+
+
+@dataclass
+class _Tiles:
+    """A persistent nest of block loops: the tile index of each loop (over ``tile``, the block's
+    current tile), the number of blocks and the loop over the block's tiles."""
+
+    index: dict[str, ir.Expr]
+    blocks: ir.Expr
+    count: ir.Expr
+    tile: ir.Var = field(default_factory=lambda: ir.Var("pt_tile"))
+    step: ir.Var = field(default_factory=lambda: ir.Var("pt_tile_k"))
+
+    def loop(self, body: ir.Stmt) -> ir.For:
+        """``for pt_tile_k in [0, ⌈(tiles − blockIdx.x) / blocks⌉): let pt_tile = blockIdx.x +
+        pt_tile_k · blocks`` around ``body``."""
+        bx = ir.Cast(dtypes.INDEX, thread_var("blockIdx.x"))
+        trips = ir.BinOp("div", ir.BinOp("+", ir.BinOp("-", self.count, bx), ir.BinOp("-", self.blocks, ir.const(1))),
+                         self.blocks)
+        at = ir.BinOp("+", bx, ir.BinOp("*", self.step, self.blocks))
+        return ir.For(self.step, ir.const(0), simplify_expr(trips), ir.LetStmt(self.tile, at, body), TILE_LOOP)
+
+
+def tile_loop(outer: ir.For, group: int, sms: int) -> _Tiles:
+    """The tiles of the nest of block loops starting at ``outer`` run by at most ``sms`` persistent
+    blocks: tile t is, from the slowest, the index along blockIdx.z, then the row and column of
+    blocks (grouped as ``grouped_blocks`` when ``group`` > 1, else row by row)."""
+    loops = {axis: _block_loop(outer, f"blockIdx.{axis}") for axis in AXES}
+    extents = {axis: _extent_of(lp) for axis, lp in loops.items() if lp is not None}
+    tile = ir.Var("pt_tile")
+    plane: ir.Expr = ir.const(1)
+    for axis in ("x", "y"):
+        if axis in extents:
+            plane = ir.BinOp("*", plane, extents[axis])
+    count = simplify_expr(ir.BinOp("*", plane, extents.get("z", ir.const(1))))
+    index: dict[str, ir.Expr] = {}
+    within = simplify_expr(ir.BinOp("mod", tile, plane)) if loops["z"] is not None else tile
+    if loops["y"] is not None and loops["x"] is not None and group > 1:
+        index[loops["y"].var.name], index[loops["x"].var.name] = grouped_blocks(extents["y"], extents["x"], group,
+                                                                                within)
+    else:
+        rest = within
+        for axis in ("x", "y"):
+            lp = loops[axis]
+            if lp is not None:
+                index[lp.var.name] = simplify_expr(ir.BinOp("mod", rest, extents[axis]))
+                rest = ir.BinOp("div", rest, extents[axis])
+    if loops["z"] is not None:
+        index[loops["z"].var.name] = simplify_expr(ir.BinOp("div", tile, plane))
+    return _Tiles(index, simplify_expr(ir.BinOp("min", count, ir.const(sms))), count, tile)
+
+
+def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str, int] | None = None,
+                persistent: dict[str, int] | None = None) -> ir.Kernel:
+    persistent = persistent or {}
     grid: dict[str, ir.Expr] = {}
     grouped: dict[str, ir.Expr] = {}  # loop bound to blockIdx.x -> its index in a grouped grid
+    tiles: list[_Tiles] = []  # the persistent nest, once its outermost loop is met
     info = _KernelInfo(block_shape(root))
     if any(_warp_call(e) for e in ir.all_exprs(root)) or any(
             isinstance(e, ir.Var) and e.name == "threadIdx.x" for e in ir.all_exprs(root)):
@@ -191,8 +248,18 @@ def make_kernel(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str,
                             f"{target.max_threads_per_block}")
 
     def blocks(st: ir.Stmt) -> ir.Stmt:
+        if isinstance(st, ir.For) and st.kind.startswith("blockIdx") and st.var.name in persistent and not tiles:
+            group = max([(rasters or {}).get(x.var.name, 0) for x in ir.walk_stmt(st)
+                         if isinstance(x, ir.For) and x.kind == "blockIdx.y"] or [0])
+            tiles.append(tile_loop(st, group, target.sms * persistent[st.var.name]))
+            grid["x"] = tiles[0].blocks
+            return tiles[0].loop(blocks(st))
         if isinstance(st, ir.For) and st.kind.startswith("blockIdx"):
             axis = st.kind[-1]
+            if tiles and st.var.name in tiles[0].index:
+                value, guard = _bound_index(st, tiles[0].index[st.var.name])
+                body = blocks(st.body)
+                return ir.LetStmt(st.var, value, body if guard is None else ir.If(guard, body))
             if axis in grid and st.var.name not in grouped:
                 raise LoweringError(f"kernel {name}: two loops are bound to {st.kind}")
             index = None

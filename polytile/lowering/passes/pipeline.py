@@ -26,6 +26,12 @@ its MMA groups that read a slot have completed each warp arrives on that slot's 
 on which the issuing thread waits before it refills the slot. The prologue and the distance ahead
 are the same as with cp.async.
 
+In a persistent kernel (``Stage.persistent``: a loop over each block's tiles around the pipelined
+loop) a TMA ring is initialized once, before the tiles, and its uses are counted over all the
+block's iterations (tile × iterations + iteration), so the slots and the parities of their phases
+continue across tiles instead of restarting (``TmaRing.uses_before``); the copies past a tile's end
+load the next tile's first iterations. The threads' copies wait at a barrier before a tile's prologue.
+
 Asynchronous consumers (wgmma groups) may be left running across iterations (``inflight`` groups,
 asked with ``pipeline(..., inflight=1)``): their ``wgmma.wait_group 0`` becomes ``wait_group
 inflight``, the copies run S−1−inflight iterations ahead — so that the slot refilled at iteration
@@ -43,7 +49,7 @@ from ...intrinsics import instruction
 from ...schedule.pipeline import Producer
 from .. import loopir as ir
 from .barriers import SYNC, thread_dependent_vars
-from .kernels import thread_var
+from .kernels import TILE_LOOP, thread_var
 from .simplify import simplify_expr
 from .tma import TmaTile, tile_loads, tma_tile
 
@@ -120,6 +126,7 @@ class _Piped:
     async_copy: bool
     inflight: int = 0  # asynchronous MMA groups left running across iterations
     tma: TmaRing | None = None  # filled by TMA copies on an mbarrier ring (None: the threads' copies)
+    tiles: ir.Var | None = None  # inside a persistent block's loop over its tiles: that loop's variable
 
     @property
     def ahead(self) -> int:
@@ -157,9 +164,9 @@ class _Piped:
         slot = ir.BinOp("%", ir.BinOp("+", self.rel, ir.const(A)), ir.const(S))
         return ir.If(ir.Cmp("<", ahead, self.end), self.produce(ahead, slot))
 
-    def compute(self) -> ir.Stmt:
-        body = _Reslot(self.enlarged, ir.BinOp("%", self.rel, ir.const(self.stages)), False).stmt(
-            ir.block(self.consumers))
+    def compute(self, slot: ir.Expr | None = None) -> ir.Stmt:
+        slot = ir.BinOp("%", self.rel, ir.const(self.stages)) if slot is None else slot
+        body = _Reslot(self.enlarged, slot, False).stmt(ir.block(self.consumers))
         if self.inflight:
             body = _in_flight(body, self.inflight)
         return body
@@ -168,6 +175,12 @@ class _Piped:
         for b in reversed(self.allocs if allocs is None else allocs):
             st = ir.Allocate(self.enlarged.get(b.name, b), st)
         return st
+
+    def enter(self) -> list[ir.Stmt]:
+        """What a tile of a persistent block does before its prologue refills the slots with the
+        threads' copies: wait until every warp has read the last tile's (TMA rings wait on their
+        empty barriers instead)."""
+        return [SYNC] if self.tiles is not None and self.async_copy else []
 
     def stmt(self) -> ir.Stmt:
         if self.tma is not None:
@@ -179,22 +192,40 @@ class _Piped:
             body, after = [self.issue(), self.compute()], []
         if self.inflight:
             after.insert(0, ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32)))
-        return self.wrap(ir.block([*self.prologue(), replace(self.loop, body=ir.block(body)), *after]))
+        return self.wrap(ir.block([*self.enter(), *self.prologue(), replace(self.loop, body=ir.block(body)),
+                                   *after]))
 
 
     def tma_stmt(self, ring: TmaRing) -> ir.Stmt:
         """The loop with TMA copies on full/empty mbarrier rings (module docstring); specialized, the
-        consumers' loop, the producer's left in ``ring`` for the kernel (``_specialize``)."""
+        consumers' loop, the producer's left in ``ring`` for the kernel (``_specialize``). In a
+        persistent block the ring lives across its tiles: uses are counted from the block's first
+        tile (``ring.uses_before``), so slots and phases continue where the last tile left them, the
+        prologue waits for the slots it refills to be released, and the slots of the MMA groups
+        still in flight at a tile's end are released after them; where the copies' boxes follow
+        from the tile's leading lets (``ring.prefetch``), the copies past a tile's last iteration
+        load the first iterations of the block's next tile and only the first tile has a
+        prologue."""
         S, A, n = self.stages, self.ahead, self.inflight
         rel = self.rel
-        used = ir.BinOp("-", rel, ir.const(n)) if n else rel
-        release: ir.Stmt = ir.If(ring.lane0(), ring.arrive(ring.empty, ir.BinOp("%", used, ir.const(S))))
+        base = ring.uses_before(self.loop)
+        use = ir.BinOp("+", base, rel) if base is not None else rel  # the slot's use, counted over the block
+
+        def released(it: ir.Expr) -> ir.Stmt:
+            at = ir.BinOp("+", base, it) if base is not None else it
+            return ir.If(ring.lane0(), ring.arrive(ring.empty, ir.BinOp("%", at, ir.const(S))))
+
+        release = released(ir.BinOp("-", rel, ir.const(n)) if n else rel)
         if n:
             release = ir.If(ir.Cmp(">=", rel, ir.const(n)), release)
-        consume = [ring.wait(ring.full, ir.BinOp("%", rel, ir.const(S)),
-                             ir.BinOp("%", ir.BinOp("div", rel, ir.const(S)), ir.const(2))),
-                   self.compute(), release]
+        consume = [ring.wait(ring.full, ir.BinOp("%", use, ir.const(S)),
+                             ir.BinOp("%", ir.BinOp("div", use, ir.const(S)), ir.const(2))),
+                   self.compute(ir.BinOp("%", use, ir.const(S))), release]
         after = [ir.call_stmt("pt_wgmma_wait", ir.const(0, dtypes.int32))] if n else []
+        if base is not None:  # the last n uses of the tile, released once their groups completed
+            for j in range(n):
+                last = ir.BinOp("-", self.loop.extent, ir.const(n - j))
+                after.append(ir.If(ir.Cmp(">=", last, ir.const(0)), released(last)))
         if ring.producer is not None:
             refill = ir.block([
                 ir.If(ir.Cmp(">=", rel, ir.const(S)),  # refilled: wait until the slot's last readers released it
@@ -207,17 +238,48 @@ class _Piped:
             ring.stages = S
             others = [b for b in self.allocs if b.name not in self.enlarged]
             return self.wrap(ir.block([replace(self.loop, body=ir.block(consume)), *after]), others)
-        ahead = ir.BinOp("+", rel, ir.const(A))
-        refill = ir.block([
-            ir.If(ir.Cmp(">=", ahead, ir.const(S)),  # refilled: wait until the slot's last readers released it
-                  ring.wait(ring.empty, ir.BinOp("%", ahead, ir.const(S)),
-                            ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", ahead, ir.const(S)), ir.const(1)),
-                                     ir.const(2)))),
-            self.produce(ir.BinOp("+", self.loop.var, ir.const(A)), ir.BinOp("%", ahead, ir.const(S)))])
-        issue = ir.If(ring.leader(), ir.If(ir.Cmp("<", ir.BinOp("+", self.loop.var, ir.const(A)), self.end), refill))
-        start = ir.block([ir.If(ring.leader(), ir.block([*ring.init(S), *self.prologue()])), SYNC])
-        loop = replace(self.loop, body=ir.block([issue, *consume]))
-        return self.wrap(ir.block([start, loop, *after]), [*self.allocs, ring.full, ring.empty])
+        def refill(it: ir.Expr, at: dict[str, ir.Expr] | None = None) -> ir.Stmt:
+            """The copy of iteration ``it`` (relative to the loop's start) into its slot, once the
+            slot's last readers released it; ``at``: the iteration and tile it copies, when another
+            (a persistent block's next tile)."""
+            u = ir.BinOp("+", use, it)
+            iteration = ir.BinOp("+", self.loop.var, it)
+            wait = ir.If(ir.Cmp(">=", u, ir.const(S)),
+                         ring.wait(ring.empty, ir.BinOp("%", u, ir.const(S)),
+                                   ir.BinOp("%", ir.BinOp("+", ir.BinOp("div", u, ir.const(S)), ir.const(1)),
+                                            ir.const(2))))
+            if at is not None:
+                fill = ring.produce(self.enlarged, at, ir.BinOp("%", u, ir.const(S)))
+            else:
+                fill = self.produce(iteration, ir.BinOp("%", u, ir.const(S)))
+            return ir.block([wait, fill])
+
+        ahead = ir.BinOp("+", self.loop.var, ir.const(A))
+        refill_ahead: ir.Stmt = ir.If(ir.Cmp("<", ahead, self.end), refill(ir.const(A)))
+        extent = simplify_expr(self.loop.extent)
+        prefetch = ring.prefetch and isinstance(extent, ir.Const) and int(extent.value) >= A
+        if prefetch:
+            # the last A iterations load the first A of the block's next tile, if it has one: its
+            # prologue then overlaps this tile's last products and its epilogue
+            assert ring.persistent is not None
+            count = ring.persistent
+            there = {**count.following, self.loop.var.name: ir.BinOp("-", ahead, self.loop.extent)}
+            has_next = ir.Cmp("<", ir.BinOp("+", count.step, ir.const(1)), count.trips)
+            refill_ahead = ir.If(ir.Cmp("<", ahead, self.end), refill(ir.const(A)),
+                                 ir.If(has_next, refill(ir.const(A), there)))
+        loop = replace(self.loop, body=ir.block([ir.If(ring.leader(), refill_ahead), *consume]))
+        if base is None:
+            start = ir.block([ir.If(ring.leader(), ir.block([*ring.init(S), *self.prologue()])), SYNC])
+            return self.wrap(ir.block([start, loop, *after]), [*self.allocs, ring.full, ring.empty])
+        # persistent: the ring is initialized once before the tiles (``_Pipeline.visit_For``)
+        first = {self.loop.var.name: self.loop.lo}
+        prologue: ir.Stmt = ir.If(ring.leader(), ir.block([
+            ir.If(ir.Cmp("<", ir.const(s), self.loop.extent), ir.substitute(refill(ir.const(s)), first))  # type: ignore[arg-type]
+            for s in range(A)]))
+        if prefetch:  # only the block's first tile loads its own first iterations
+            assert ring.persistent is not None
+            prologue = ir.If(ir.Cmp("==", ring.persistent.step, ir.const(0)), prologue)
+        return self.wrap(ir.block([prologue, loop, *after]))
 
 
 @dataclass
@@ -234,6 +296,15 @@ class TmaRing:
     loop: ir.For | None = None  # specialized: the producer's loop of copies, placed by ``_specialize``
     buffers: list[ir.Buffer] = field(default_factory=list)  # specialized: the slots, allocated by the kernel
     stages: int = 0
+    persistent: _TileCount | None = None  # in a persistent block: the loop over its tiles
+    prefetch: bool = False  # persistent: the last iterations of a tile load the first ones of the next
+
+    def uses_before(self, loop: ir.For) -> ir.Expr | None:
+        """How many iterations of ``loop`` the block ran in its earlier tiles (persistent blocks;
+        None: the kernel's blocks run one tile each)."""
+        if self.persistent is None:
+            return None
+        return ir.BinOp("*", self.persistent.step, loop.extent)
 
     def leader(self) -> ir.Expr:
         return ir.Cmp("==", self.tid, ir.const(0))
@@ -332,6 +403,16 @@ def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], ke
     names = ", ".join(b.name for b in piped)
     if kernel is None:
         raise LoweringError(f"pipeline of {names} with producer='tma': loop {loop.var.name} is not in a kernel")
+    if kernel.tiles is not None and kind.specialize:
+        raise LoweringError(f"pipeline of {names} with specialize=True in a persistent kernel: the producer "
+                            "warpgroup does not loop over the tiles; use persistent blocks with one issuing thread "
+                            "(specialize=False) or leave persistent off")
+    if kernel.tiles is not None:
+        varying = sorted({n.name for n in ir.walk_expr(loop.extent) if isinstance(n, ir.Var)} & kernel.tiles.defined)
+        if varying:
+            raise LoweringError(f"pipeline of {names} in a persistent kernel: loop {loop.var.name} runs a number of "
+                                f"iterations that differs between tiles ({', '.join(varying)}); the ring's phases are "
+                                "counted as tiles × iterations")
     if kernel.divergent:
         raise LoweringError(f"pipeline of {names} with producer='tma': loop {loop.var.name} runs under a condition "
                             f"on the threads ({kernel.divergent}); every warp of the block must run it, since each "
@@ -352,7 +433,45 @@ def _tma_ring(loop: ir.For, piped: list[ir.Buffer], producers: list[ir.Stmt], ke
                             "or a condition of its kernel; a producer warpgroup runs a kernel's top-level loop only")
     first = piped[0].name
     ring = [ir.Buffer(f"{first}_{r}", dtypes.int64, (ir.const(stages),), "shared") for r in ("full", "empty")]
-    return TmaRing(tiles, *ring, threads, kernel.tid, kind if kind.specialize else None)
+    return TmaRing(tiles, *ring, threads, kernel.tid, kind if kind.specialize else None, stages=stages,
+                   persistent=kernel.tiles, prefetch=_prefetches(loop, tiles, kernel))
+
+
+def _prefetches(loop: ir.For, tiles: list[TmaTile], kernel: _KernelScope) -> bool:
+    """Whether the copies of a persistent block's next tile can be issued by the current one: the
+    loop lies directly in the loop over the tiles (no condition could skip a tile the copies were
+    issued for), and the boxes' origins depend on the loops' variables only through the tile's
+    leading lets (``_TileCount.following``)."""
+    count = kernel.tiles
+    if count is None or kernel.nested != count.depth:
+        return False
+    used = {n.name for t in tiles for e in (t.row, t.col, *t.lead) for n in ir.walk_expr(e) if isinstance(n, ir.Var)}
+    return not (used & count.defined) - set(count.following) - {loop.var.name}
+
+
+@dataclass(frozen=True)
+class _TileCount:
+    """A persistent block's loop over its tiles: its variable (the tiles done before), the variables
+    defined inside it (which differ between tiles), its leading lets as they are at the block's next
+    tile (the tile index and the block coordinates made of it), its trip count, and the nesting depth
+    of its body (a loop directly inside has it)."""
+
+    step: ir.Var
+    defined: frozenset[str]
+    following: dict[str, ir.Expr]
+    trips: ir.Expr
+    depth: int
+
+    @staticmethod
+    def of(loop: ir.For, depth: int) -> _TileCount:
+        defined = frozenset(x.var.name for x in ir.walk_stmt(loop) if isinstance(x, (ir.For, ir.LetStmt)))
+        following: dict[str, ir.Expr] = {}
+        st = loop.body
+        nxt = {loop.var.name: ir.BinOp("+", loop.var, ir.const(1))}
+        while isinstance(st, ir.LetStmt):
+            following[st.var.name] = simplify_expr(ir.substitute(st.value, {**nxt, **following}))  # type: ignore[arg-type]
+            st = st.body
+        return _TileCount(loop.var, defined, following, loop.extent, depth)
 
 
 @dataclass
@@ -366,6 +485,7 @@ class _KernelScope:
     divergent: str = ""
     nested: int = 0  # loops and conditions around the statement being lowered
     rings: list[TmaRing] = field(default_factory=list)  # the TMA rings made in the kernel
+    tiles: _TileCount | None = None  # inside a persistent block's loop over its tiles
 
 
 def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
@@ -397,8 +517,8 @@ def _fused(outer: _Piped, inner: _Piped) -> ir.Stmt | None:
                            this_tile.stmt(inner.compute())])
     inner_loop = replace(inner.loop, body=inner_body)
     body = ir.block([outer.issue(), COMMIT, inner_loop])
-    out: ir.Stmt = ir.block([*outer.prologue(), _wait(S - 2), SYNC, inner_prologue(outer.loop.lo, ir.const(0)),
-                             replace(outer.loop, body=body), _wait(0)])
+    out: ir.Stmt = ir.block([*outer.enter(), *outer.prologue(), _wait(S - 2), SYNC,
+                             inner_prologue(outer.loop.lo, ir.const(0)), replace(outer.loop, body=body), _wait(0)])
     return outer.wrap(inner.wrap(out))
 
 
@@ -446,11 +566,17 @@ class _Pipeline(ir.Mutator):
     def visit_For(self, s: ir.For) -> ir.Stmt:
         kernel = self.kernel
         if kernel is not None:
-            self.kernel = replace(kernel, nested=kernel.nested + 1)
+            tiles = kernel.tiles
+            if s.kind == TILE_LOOP:
+                tiles = _TileCount.of(s, kernel.nested + 1)
+            self.kernel = replace(kernel, nested=kernel.nested + 1, tiles=tiles)
         try:
             body = self.stmt(s.body)
         finally:
             self.kernel = kernel
+        if s.kind == TILE_LOOP and kernel is not None:
+            return _rings_across_tiles(replace(s, body=body), [r for r in kernel.rings if r.persistent is not None
+                                                               and r.persistent.step is s.var])
         if s.kind != "serial":
             return replace(s, body=body)
         piped = _split(s, body, self.stages, self.inflight, self.producer, self.kernel)
@@ -458,6 +584,7 @@ class _Pipeline(ir.Mutator):
             self.kernel.rings.append(piped.tma)
         if piped is None:
             return replace(s, body=body)
+        piped.tiles = self.kernel.tiles.step if self.kernel is not None and self.kernel.tiles is not None else None
         inner = self.pieces.get(id(piped.consumers[0])) if len(piped.consumers) == 1 else None
         if inner is not None:
             fused = _fused(piped, inner[1])
@@ -466,6 +593,19 @@ class _Pipeline(ir.Mutator):
         out = piped.stmt()
         self.pieces[id(out)] = (out, piped)
         return out
+
+
+def _rings_across_tiles(loop: ir.For, rings: list[TmaRing]) -> ir.Stmt:
+    """A persistent block's loop over its tiles with the TMA rings used inside it allocated and
+    initialized once before it (their phases run on across the tiles)."""
+    if not rings:
+        return loop
+    init = [st for r in rings for st in r.init(r.stages)[:-1]]
+    out: ir.Stmt = ir.block([ir.If(rings[0].leader(), ir.block([*init, ir.call_stmt("pt_fence_mbar_init")])), SYNC,
+                             loop])
+    for r in reversed(rings):
+        out = ir.Allocate(r.full, ir.Allocate(r.empty, out))
+    return out
 
 
 def _linear_thread(block: tuple[int, int, int]) -> ir.Expr:

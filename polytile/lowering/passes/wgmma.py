@@ -262,8 +262,9 @@ def reads_through_async_proxy(s: ir.Stmt) -> bool:
 
 
 def async_proxy_fences(s: ir.Stmt) -> ir.Stmt:
-    """In kernels that use wgmma, ``fence.proxy.async`` before every barrier: what the threads wrote
-    to shared memory (``cp.async`` or stores) becomes visible to the instruction's async-proxy reads."""
+    """In kernels that read shared memory through the async proxy (wgmma, TMA stores),
+    ``fence.proxy.async`` before every barrier: what the threads wrote to shared memory (``cp.async``
+    or stores) becomes visible to the instructions' async-proxy reads."""
     fence = ir.call_stmt("pt_fence_proxy_async")
 
     def barriers(st: ir.Stmt) -> ir.Stmt | None:
