@@ -353,7 +353,7 @@ def eval_int_array(e: Expr, env: Mapping[str, object]) -> np.ndarray:
 _INT_OPS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "min": min, "max": max,
     "//": lambda a, b: a // b if b else 0, "div": lambda a, b: a // b if b else 0,
-    "%": lambda a, b: a % b if b else 0, "mod": lambda a, b: a % b if b else 0,
+    "%": lambda a, b: a % b if b else 0, "mod": lambda a, b: a % b if b else 0, "^": lambda a, b: a ^ b,
 }
 
 

@@ -270,9 +270,7 @@ class Simplifier(ir.Mutator):
 
     def visit_Kernel(self, s: ir.Kernel) -> ir.Stmt:
         saved = dict(self.bounds)
-        for axis, n in zip("xyz", s.block):
-            self.bounds[f"threadIdx.{axis}"] = (0, n - 1)
-            self.bounds[f"blockIdx.{axis}"] = (0, INF)
+        self.bounds.update(kernel_bounds(s))
         body = self.stmt(s.body)
         self.bounds = saved
         return replace(s, body=body)
@@ -350,6 +348,15 @@ def _fold(op: str, a: ir.Const, b: ir.Const, dtype: dtypes.DType) -> ir.Const | 
     if not dtype.is_float and not dtype.is_bool:  # integers wrap to their type, as the generated code's
         v = dtypes.wrap_int(int(v), dtype)
     return ir.Const(v, dtype)
+
+
+def kernel_bounds(s: ir.Kernel) -> dict[str, Interval]:
+    """The intervals of a kernel's thread and block indices."""
+    out: dict[str, Interval] = {}
+    for axis, n in zip("xyz", s.block):
+        out[f"threadIdx.{axis}"] = (0, n - 1)
+        out[f"blockIdx.{axis}"] = (0, INF)
+    return out
 
 
 def simplify(s: ir.Stmt) -> ir.Stmt:
