@@ -742,8 +742,13 @@ class CUDAPrinter(CLikePrinter):
             if e.name == "pt_cp_async_zfill":
                 inside = self.expr(lane(e.args[2], 0))
                 # outside the tensor nothing is read, but the address must still be a mapped one:
-                # the tensor's first element stands in (an address past an allocation faults)
-                src_ptr = f"(({inside}) ? (const void*){self.address(src)} : (const void*){src.buffer.name})"
+                # the tensor's first element stands in (an address past an allocation faults). The
+                # index is selected, not the pointer, as an unsigned number (an element's index, or 0):
+                # a select and one widening multiply-add from the parameter (a selected pointer took a
+                # reload of the parameter and two moves a copy; a signed index a sign extension)
+                (idx,) = src.index
+                base = self.expr(idx.base if isinstance(idx, ir.Ramp) else idx)
+                src_ptr = f"(const void*)&{src.buffer.name}[(unsigned)(({inside}) ? ({base}) : 0)]"
                 return f"pt_cp_async{nbytes}_zfill({self.address(dst)}, {src_ptr}, {inside})"
             return f"pt_cp_async{nbytes}({self.address(dst)}, {self.address(src)})"
         if e.name in ("pt_tma_load_2d", "pt_tma_load_3d"):

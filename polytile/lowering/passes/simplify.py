@@ -164,7 +164,10 @@ class Simplifier(ir.Mutator):
         return e if (a is e.a and b is e.b) else ir.BinOp(e.op, a, b)
 
     def merge_divmod(self, lin: Linear) -> Linear:
-        """a*(x % c) + a*c*(x // c) = a*x (floor division and modulo recombine)."""
+        """a*(x % c) + a*c*(x // c) = a*x (floor division and modulo recombine); and the other way,
+        a*x - a*c*(x // c) = a*(x % c), also where x is itself a quotient y // c1 that the sum holds
+        beside y // (c1·c) (a fused loop's indices: 64*r - 256*((r + 2) // 4) is 64*((r + 2) % 4) - 128,
+        whose bounds decide its comparisons)."""
         for key, (coef, atom) in list(lin.terms.items()):
             if not (isinstance(atom, ir.BinOp) and atom.op in ("%", "mod") and isinstance(atom.b, ir.Const)):
                 continue
@@ -173,6 +176,29 @@ class Simplifier(ir.Mutator):
             if key in lin.terms and div_key in lin.terms and lin.terms[div_key][0] == coef * c:
                 lin = lin.add(Linear({key: (coef, atom), div_key: (coef * c, lin.terms[div_key][1])}), -1)
                 lin = lin.add(self.linear(atom.a).scale(coef))
+        for key, (coef, atom) in list(lin.terms.items()):
+            if key in lin.terms and isinstance(atom, ir.BinOp) and atom.op in ("//", "div") and \
+                    isinstance(atom.b, ir.Const) and int(atom.b.value) > 1:
+                lin = self._split_quotient(lin, key, coef, atom)
+        return lin
+
+    def _split_quotient(self, lin: Linear, key: str, coef: int, atom: ir.BinOp) -> Linear:
+        """``lin`` with ``coef * atom`` (atom = y // c) and a*x, where x = y // c1 for a divisor c1 of c
+        (c1 = 1: x = y) and coef = -a*(c // c1), as a*(x % (c // c1)) and a constant."""
+        c = int(atom.b.value)
+        mod = "%" if atom.op == "//" else "mod"
+        for c1 in (d for d in range(1, c) if c % d == 0):
+            q = c // c1
+            if coef % q:
+                continue
+            a = -coef // q
+            x = atom.a if c1 == 1 else ir.BinOp(atom.op, atom.a, ir.const(c1))
+            inner = self.linear(x)
+            if not inner.terms or any(lin.terms.get(k, (0, None))[0] != a * v for k, (v, _) in inner.terms.items()):
+                continue
+            whole = Linear({k: (a * v, e) for k, (v, e) in inner.terms.items()})
+            lin = lin.add(whole, -1).add(Linear({key: (coef, atom)}), -1)
+            return lin.add(Linear(const=-a * inner.const)).add(self.linear(ir.BinOp(mod, x, ir.const(q))).scale(a))
         return lin
 
     def divmod(self, op: str, a: ir.Expr, c: int) -> ir.Expr:
