@@ -122,7 +122,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters, persistent)),
         ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
                                                      dict(sched.pipeline_producer))),
-        ("tma-stores", gpu, lambda s: tma_stores(s, tma_stored, target)),
+        ("tma-stores", target.has("tma"), lambda s: tma_stores(s, tma_stored, target)),
         ("simplify", gpu, simplify),
         ("unroll", True, lambda s: unroll_loops(s, unrolled)),
         ("flatten", True, flatten_storage),
