@@ -1,5 +1,6 @@
 """Inputs and errors of the GPU numeric tests: random non-zero values (magnitudes 0.5-1.5, random signs,
-so no sum cancels to zero by construction) and the relative error against a float64 reference."""
+so no sum cancels to zero by construction) and the relative error against a float64 reference; the
+skip of tests that need a Hopper GPU."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def rel_error(out, ref) -> float:  # noqa: ANN001
     """``|out - ref| / |ref|`` in float64; every value of ``out`` must be finite."""
     assert bool(out.isfinite().all())
     return float((out.double() - ref).norm() / ref.norm())
+
+
+def skip_unless_hopper(torch, what: str) -> None:  # noqa: ANN001 - torch is the test's import
+    """Skip the calling test unless an sm_90 GPU (H100/H200) is present: ``what`` needs one."""
+    import pytest
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"{what} need an sm_90 GPU (H100/H200)")

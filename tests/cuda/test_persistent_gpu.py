@@ -7,7 +7,7 @@ tile boundaries at every parity) and fewer, 2-6 stages with 0-2 MMA groups in fl
 order, cp.async copies, batches, float16 and bfloat16."""
 
 import pytest
-from gpu_inputs import rel_error, signed_inputs
+from gpu_inputs import rel_error, signed_inputs, skip_unless_hopper
 
 import polytile as pt
 from polytile import ops
@@ -19,8 +19,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("persistent wgmma GEMMs need an sm_90 GPU (H100/H200)")
+    skip_unless_hopper(torch, "persistent wgmma GEMMs")
 
 
 def _build(M, N, K, dtype, batch=None, producer="tma", **cfg):

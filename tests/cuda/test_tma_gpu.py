@@ -5,6 +5,7 @@ do not divide the tiles (partial boxes zero-filled by the copy engine), rows tha
 aligned (copied aligned first), several stage counts and groups in flight, float16 and bfloat16."""
 
 import pytest
+from gpu_inputs import skip_unless_hopper
 
 import polytile as pt
 from polytile import ops
@@ -18,8 +19,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("TMA with wgmma needs an sm_90 GPU (H100/H200)")
+    skip_unless_hopper(torch, "TMA with wgmma")
 
 
 def _tma_gemm(M, N, K, dtype, **cfg):

@@ -226,7 +226,8 @@ def test_batched_tma_store_compiles_to_3d_stores():
     assert not re.search(r"\bLDL\b|\bSTL\b", text)
 
 
-def _added(M, N):
+def added_with_tma_store(M, N):  # noqa: ANN001, ANN201 - sizes (or parameters); a Schedule
+    """C = A + B in 16 × 32 blocks of float32, a thread per element, written by TMA stores (the GPU test's too)."""
     A = pt.placeholder((M, N), "float32", "A")
     B = pt.placeholder((M, N), "float32", "B")
     C = pt.compute((M, N), lambda i, j: A[i, j] + B[i, j], "C")
@@ -240,7 +241,7 @@ def _added(M, N):
 
 def test_any_block_tile_is_staged():
     # an elementwise sum, a thread per element: 16 × 32 float32 boxes (128-byte rows), partial at the end
-    k = _kernel(_added(100, 300))
+    k = _kernel(added_with_tma_store(100, 300))
     (call,) = [e for e in ir.all_exprs(k.body) if isinstance(e, ir.Call) and e.name == "pt_tma_store_2d"]
     assert [ir.eval_int(a, {}) for a in call.args[-2:]] == [32, 16]
     assert not any(isinstance(st, ir.Store) and st.buffer.name == "C" for st in ir.walk_stmt(k.body))
@@ -248,4 +249,4 @@ def test_any_block_tile_is_staged():
 
 def test_parametric_sizes_are_refused():
     with pytest.raises(LoweringError, match="C's shape depends on M; the proof of the staged box needs constant sizes"):
-        pt.lower(_added(pt.param("M"), 256), SM90A)
+        pt.lower(added_with_tma_store(pt.param("M"), 256), SM90A)

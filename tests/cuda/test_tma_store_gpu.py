@@ -6,7 +6,8 @@ map), float32 and 16-bit results, TMA or cp.async loads, persistent blocks (the 
 tile after tile), batches (3-D boxes), float16 and bfloat16 operands."""
 
 import pytest
-from gpu_inputs import rel_error, signed_inputs
+from gpu_inputs import rel_error, signed_inputs, skip_unless_hopper
+from test_tma_store import added_with_tma_store
 
 import polytile as pt
 from polytile import ops
@@ -18,8 +19,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("TMA stores with wgmma need an sm_90 GPU (H100/H200)")
+    skip_unless_hopper(torch, "TMA stores with wgmma")
 
 
 CASES = [  # (M, N, K), operands, results, schedule; N keeps the results' rows whole 16 bytes
@@ -69,15 +69,7 @@ def test_batched_tma_store():
 def test_elementwise_tma_store():
     # any block tile: a thread per element of a 16 × 32 float32 box, partial at the matrix's end
     M, N = 1000, 300
-    A = pt.placeholder((M, N), "float32", "A")
-    B = pt.placeholder((M, N), "float32", "B")
-    C = pt.compute((M, N), lambda i, j: A[i, j] + B[i, j], "C")
-    s = pt.create_schedule(pt.Func([A, B], [C]))
-    st = s[C]
-    st.split("i", 16, "bi", "ii").split("j", 32, "bj", "jj").reorder("bi", "bj", "ii", "jj")
-    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ii", "threadIdx.y").bind("jj", "threadIdx.x")
-    st.tma_store()
-    kern = pt.build(s, "cuda")
+    kern = pt.build(added_with_tma_store(M, N), "cuda")
     a, b = signed_inputs(torch, [(M, N), (M, N)], "float32", 3)
     out = torch.full((M, N), float("nan"), device="cuda")
     kern(a, b, out)

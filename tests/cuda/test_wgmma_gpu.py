@@ -2,6 +2,7 @@
 inputs, with sizes that do not divide the tiles, for several tiles and 1 to 6 pipeline stages."""
 
 import pytest
+from gpu_inputs import skip_unless_hopper
 from source_text import body
 
 import polytile as pt
@@ -16,8 +17,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma needs an sm_90 GPU (H100/H200)")
+    skip_unless_hopper(torch, "wgmma GEMMs")
 
 
 def _inputs(seed, shapes, dtype):
