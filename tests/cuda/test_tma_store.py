@@ -250,3 +250,27 @@ def test_any_block_tile_is_staged():
 def test_parametric_sizes_are_refused():
     with pytest.raises(LoweringError, match="C's shape depends on M; the proof of the staged box needs constant sizes"):
         pt.lower(added_with_tma_store(pt.param("M"), 256), SM90A)
+
+
+def test_a_tuned_tma_store_applies_at_sizes_it_cannot_store():
+    # a winner with store="tma" is checked at sizes that divide no tile (primes: rows of 761 float16
+    # results, 1522 bytes): applied there it stores from the threads, as producer="tma" loads with
+    # the threads' copies where TMA cannot; the space itself still refuses it at such sizes
+    from polytile.tune import make_task
+    from polytile.tune.measure import odd_workload
+    from polytile.tune.task import Task
+    task = make_task("matmul", SM90A, M=512, N=768, K=3072, dtype="float16")
+    assert task.template.name == "matmul_wgmma"
+    values = dict(bm=64, bn=64, bk=128, stages=6, inflight=1, group=0, producer="threads", persistent=True,
+                  store="tma", split=1)
+    assert "pt_tma_store_2d" in _source(task.schedule(values))
+    odd = Task(task.template, odd_workload(task), task.target)
+    assert dict(odd.workload.shape)["N"] % 8
+    assert "pt_tma_store_2d" not in _source(odd.schedule(values))
+    why = odd.space.reason_invalid(odd.space.from_values(values).digits)
+    assert why and "TMA stores write an unsplit product's results in rows of whole 16 bytes" in why
+
+
+def _source(s):
+    kernels = [st for st in ir.walk_stmt(pt.lower(s, SM90A).body) if isinstance(st, ir.Kernel)]
+    return " ".join(e.name for k in kernels for e in ir.all_exprs(k.body) if isinstance(e, ir.Call))

@@ -401,9 +401,11 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
                 "TMA loads pipelined whole tiles of rows 16-byte aligned (tma_fits), in chunks of one length")
     tma = producer == "tma" and fits  # applied at sizes TMA cannot load: the threads' copies there
     out_bytes = op.func.tensor("C").dtype.itemsize
-    cfg.require(store != "tma" or (split == 1 and shape.n * out_bytes % 16 == 0),
+    stores_fit = split == 1 and shape.n * out_bytes % 16 == 0
+    cfg.require(store != "tma" or stores_fit or cfg.mode == "apply",
                 "TMA stores write an unsplit product's results in rows of whole 16 bytes")
-    tiles = WgmmaConfig(**t, staged=out_bytes if store == "tma" else 0)
+    tma_store = store == "tma" and stores_fit  # applied at sizes TMA cannot store: the threads' stores there
+    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store else 0)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
@@ -412,7 +414,7 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     # persistent: as many blocks per SM as fit (an H200 measured one per SM 0.92× → 0.74× where two fit)
     per_sm = occupancy(tiles, Hardware.of(cfg.target), shape.itemsize).blocks if persistent else 0
     extra = {**({"producer": "tma"} if tma else {}), **({"persistent": per_sm} if per_sm else {}),
-             **({"store": "tma"} if store == "tma" else {})}
+             **({"store": "tma"} if tma_store else {})}
     return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk))
 
 
