@@ -3,6 +3,7 @@ names), print the backend's report (groups taken, left and why), then torch.prof
 kernels of ``--calls`` forwards (time per kernel, calls), beside the forward's CUDA-event time and eager's.
 
     python benchmarks/profile_model.py --model bert-b1 [--cuda-graphs on|off] [--calls 10] [--rows 25]
+    python benchmarks/profile_model.py --model resnet50-b1 --backend inductor-cudagraphs   # a peer's kernels
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ def main() -> int:
                    help="the backend's cuda_graphs option (on: its default for inference)")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--rows", type=int, default=25)
+    p.add_argument("--backend", choices=["polytile", "inductor", "inductor-cudagraphs"], default="polytile",
+                   help="profile a peer instead (inductor's default mode, or reduce-overhead: CUDA graphs)")
     args = p.parse_args()
     name, kwargs = MODELS[args.model]
     model, inputs = zoo.model(name, device="cuda", **kwargs)
     report = ptt.Report()
-    compiled = torch.compile(model, backend=ptt.backend(report=report, cuda_graphs=args.cuda_graphs == "on"),
-                             dynamic=False)
+    if args.backend == "polytile":
+        compiled = torch.compile(model, backend=ptt.backend(report=report, cuda_graphs=args.cuda_graphs == "on"),
+                                 dynamic=False)
+    else:
+        mode = "reduce-overhead" if args.backend == "inductor-cudagraphs" else "default"
+        compiled = torch.compile(model, mode=mode, dynamic=False)
     with torch.no_grad():
         t0 = time.perf_counter()
         got = compiled(*inputs)
@@ -57,11 +64,12 @@ def main() -> int:
         want = model(*inputs)
         err = float(torch.linalg.vector_norm(got.double() - want.double()) / torch.linalg.vector_norm(want.double()))
         print(f"relative error vs eager {err:.2e}")
-        print(report)
-        print("operations taken:", dict(report.taken_ops))
+        if args.backend == "polytile":
+            print(report)
+            print("operations taken:", dict(report.taken_ops))
         for _ in range(3):
             compiled(*inputs)
-        print(f"{torch.cuda.get_device_name()}: polytile {_ms(compiled, inputs, 20):.3f} ms, "
+        print(f"{torch.cuda.get_device_name()}: {args.backend} {_ms(compiled, inputs, 20):.3f} ms, "
               f"eager {_ms(model, inputs, 20):.3f} ms per forward (median of 20, CUDA events)")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(args.calls):

@@ -275,6 +275,57 @@ def offsuite() -> list[Workload]:
                stride=1, padding=1)]
 
 
+def random_shapes(count: int, seed: int) -> list[Workload]:
+    """``count`` workloads of sizes drawn at random (``--random N --seed S``; the seed is in the record),
+    so that a run checks the defaults on shapes nobody chose: GEMMs and GEMVs (sizes log-uniform, a
+    third of them rounded to no multiple of 8), batched products, NHWC convolutions (filters 1, 3, 5,
+    7, strides 1 and 2, channels from 3) and row operators from 1 row to 128k-wide rows, in the three
+    dtypes. Sizes are bounded so that each workload runs within milliseconds."""
+    rng = np.random.default_rng(seed)
+
+    def size(lo: int, hi: int) -> int:
+        v = int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
+        if rng.random() < 0.5:  # half the sizes a multiple of 8, as a model's would be
+            v = max(8, v // 8 * 8) if v >= 8 else v
+        return max(lo, min(hi, v))
+
+    out: list[Workload] = []
+    kinds = ["matmul", "matmul", "matmul", "batch_matmul", "conv2d_igemm", "conv2d_igemm", "softmax", "layernorm"]
+    while len(out) < count:
+        kind = kinds[int(rng.integers(len(kinds)))]
+        dt = ["float16", "bfloat16", "float32"][int(rng.integers(3))]
+        if kind == "matmul":
+            M = 1 if rng.random() < 0.15 else size(1, 8192)
+            N, K = size(16, 16384), size(16, 8192)
+            if M * N * K > 2 ** 37:
+                continue
+            out.append(_w(f"rand.gemm.{M}x{N}x{K}.{dt}", "matmul", dt, "awkward", M=M, N=N, K=K))
+        elif kind == "batch_matmul":
+            b, M, N, K = size(2, 64), size(1, 2048), size(16, 2048), size(16, 256)
+            if b * M * N * K > 2 ** 35 or dt == "float32":
+                continue
+            out.append(_w(f"rand.bmm.{b}x{M}x{N}x{K}.{dt}", "batch_matmul", dt, "attention", batch=b, M=M, N=N,
+                          K=K))
+        elif kind == "conv2d_igemm":
+            R = [1, 3, 3, 5, 7][int(rng.integers(5))]
+            st = 1 if rng.random() < 0.7 else 2
+            n, hw = [1, 1, 2, 8, 16, 32][int(rng.integers(6))], size(7, 112)
+            C = 3 if rng.random() < 0.1 else size(8, 512)
+            K = size(8, 512)
+            P = (hw + 2 * (R // 2) - R) // st + 1
+            if P < 1 or n * P * P * K * C * R * R > 2 ** 34:
+                continue
+            out.append(_w(f"rand.conv.{n}x{hw}x{hw}x{C}x{K}x{R}x{R}s{st}", "conv2d_igemm", "float16", "conv", N=n,
+                          H=hw, W=hw, C=C, K=K, R=R, S=R, stride=st, padding=R // 2))
+        else:
+            M, N = size(1, 8192), size(8, 131072)
+            if M * N > 2 ** 26:
+                continue
+            out.append(_w(f"rand.{kind}.{M}x{N}", kind, "float32", "rows", M=M, N=N))
+        out = _unique(out)
+    return out
+
+
 def _unique(ws: list[Workload]) -> list[Workload]:
     seen, out = set(), []
     for w in ws:
@@ -790,6 +841,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated name patterns (glob or substring)")
     parser.add_argument("--cpu", action="store_true", help="the CPU-sized variant against NumPy/torch")
     parser.add_argument("--offsuite", action="store_true", help="shapes that are not in the suite (GPU)")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="N workloads of random sizes instead of the suite (GPU; see --seed)")
+    parser.add_argument("--seed", type=int, default=None, help="--random: the seed (default: from the clock; "
+                        "in the record)")
     parser.add_argument("--list", action="store_true", help="print the workloads and stop")
     parser.add_argument("--build-only", action="store_true", help="build every kernel (fills the cache) and stop")
     parser.add_argument("--target", default="cuda", help="the target of --build-only (e.g. cuda:sm_90a)")
@@ -821,8 +876,12 @@ def main() -> int:
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
-    ws = select(cpu_suite(args.quick) if args.cpu else offsuite() if args.offsuite else gpu_suite(args.quick),
-                args.only)
+    if args.random and (args.tune or args.cpu):
+        parser.error("--random draws GPU workloads timed with their default schedules (not with --tune or --cpu)")
+    if args.random and args.seed is None:
+        args.seed = int(time.time()) % 100000
+    ws = select(cpu_suite(args.quick) if args.cpu else random_shapes(args.random, args.seed) if args.random
+                else offsuite() if args.offsuite else gpu_suite(args.quick), args.only)
     if not args.half_out:
         ws = [dataclasses.replace(w, half_out=False) for w in ws]
     if args.tune_worker:
@@ -851,7 +910,8 @@ def main() -> int:
     started = datetime.datetime.now(datetime.UTC)
     record = run_cpu(ws, args) if args.cpu else run_gpu(ws, args)
     record = {**record, "date": started.isoformat(timespec="seconds"), "command": " ".join(["python", *sys.argv]),
-              "polytile_commit": git_commit(), "quick": args.quick, "only": args.only, "tune_trials": args.tune}
+              "polytile_commit": git_commit(), "quick": args.quick, "only": args.only, "tune_trials": args.tune,
+              **({"random": args.random, "seed": args.seed} if args.random else {})}
     record["summary"] = summary(record)
     path = Path(args.out) if args.out else (ROOT / "benchmarks" / "results" /
                                             f"shapes-{record['variant']}-{started:%Y%m%d-%H%M%S}.json")
