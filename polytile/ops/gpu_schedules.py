@@ -412,10 +412,13 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     tiles, bk = tiles or usual, bk or usual_bk
     igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
                      **tiles)
-    # the padded input: a thread per pixel, its cp channels unrolled (one gather of the pixel's index)
     st = rows["X"]
-    st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
-    st.reorder("bx", "tx", "c").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x").unroll("c")
+    if cp <= MMA_K:  # the padded input: a thread per pixel, its cp channels unrolled (one gather of its index)
+        st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
+        st.reorder("bx", "tx", "c").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x").unroll("c")
+    else:  # many channels: a thread per element, the reads and writes of a warp adjacent
+        st.fuse("n", "h", "nh").fuse("nh", "v", "x").split("x", 256, "bx", "tx")
+        st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
     st = rows["Wf"]
     st.fuse("r", "u", "ru").fuse("ru", "k", "x").split("x", 256, "bx", "tx")
     st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
@@ -438,13 +441,15 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
                  stride: int, padding: int) -> Schedule | None:
-    """The default 2-D implicit GEMM: few channels on ``igemm_rows``; otherwise the kernel, tiles and
+    """The default 2-D implicit GEMM: few channels, or channels that are no whole 16-byte vectors
+    (``igemm.pads_channels``), on ``igemm_rows``; otherwise the kernel, tiles and
     split of the reduction over filter rows and channel chunks that ``igemm_choice`` predicts fastest
     (a split: ``ops.igemm.conv2d_igemm_split_func``, then the chunks summed)."""
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     M = N * P * Q
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
-    if C < MMA_K and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
+    from .igemm import pads_channels
+    if pads_channels(C, dtype.itemsize) and target.has("mma.sync") and dtype.name in MMA_M16N8K16.operand_dtypes:
         return igemm_rows(target, N, H, W, C, K, R, S, stride, padding, dtype.name, out.name)
     choice = igemm_choice(target, M, C, K, R, S, dtype.itemsize, N * H * W, out.itemsize)
     return igemm_schedule(sched, target, choice, N, H, W, C, K, R, S, stride, padding)
@@ -701,7 +706,8 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
-                split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None) -> GemmChoice:
+                split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
+                unequal_chunks: bool = True) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -717,6 +723,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     ``tensor_core_gemv`` (True: 2 to 16 rows; None: the default, ``GEMV_MMA_MIN_ROWS`` to 16 rows unless the
     environment variable ``POLYTILE_GEMV_MMA`` is "0" (none) or "1" (from 2)): rows of 16-bit operands on
     mma.sync, transposed (``gemv_mma``, where ``gemv_mma_applies``), its tiles and split by the same model.
+    ``unequal_chunks``: False keeps to chunks of one length (the NCHW convolutions' implicit GEMM splits C·R·S evenly).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -751,7 +758,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         splits = ([split_k] if split_k else [1] if batch > 1 and kernel != "gemv"
                   else _splits(K, plan.bk, most) or [1])
         more: list[tuple[int, int]] = []
-        if not split_k and kernel != "cuda" and (batch == 1 or kernel == "gemv"):
+        if not split_k and unequal_chunks and (batch == 1 or kernel == "gemv"):
             # a GEMV's partial products are few rows: up to GEMV_MAX_SPLIT chunks; a tensor-core
             # GEMM's up to a chunk per SM, the model weighing their round trip
             more = [(s, c) for s, c in tile_chunks(K, plan.bk, most if gemv else hw.sms)
@@ -784,7 +791,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         # few warps when unsplit: every measured GEMV was faster split, gemv_variants-20261127-*.json)
         best = unsplit
     else:
-        chunk = K // best.split
+        chunk = best.chunk or -(-K // best.split)
         if kernel == "cuda" and chunk % best.params["bk"]:  # a given split: K tiles that divide its chunks
             best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
     if kernel == "wgmma" and not best.chunk and tma_fits(best.params, M, N, K, it, batch, best.split):
@@ -1157,7 +1164,7 @@ def conv2d(sched: Schedule, target: CUDATarget, N: int, C: int, H: int, W: int, 
     convolutions of at most ``GEMV_ROWS`` filters stay direct (``conv2d_direct``)."""
     from .conv import conv_out
     P, Q = conv_out(H, R, stride, padding, dilation), conv_out(W, S, stride, padding, dilation)
-    choice = gemm_choice(target, K, N * P * Q, C * R * S, sched.func.tensor("I").dtype)
+    choice = gemm_choice(target, K, N * P * Q, C * R * S, sched.func.tensor("I").dtype, unequal_chunks=False)
     if choice.kernel != "cuda":
         conv2d_direct(sched, N, K)
         return None

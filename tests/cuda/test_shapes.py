@@ -480,8 +480,9 @@ def test_convolutions_of_few_pixels_build(target, pixels):
 
 @pytest.mark.parametrize("dims", [(2, 13, 11, 3, 8, 7, 7, 2, 3), (1, 9, 10, 3, 5, 3, 3, 2, 1),
                                   (2, 8, 7, 5, 6, 3, 3, 1, 1), (1, 7, 9, 1, 4, 5, 5, 1, 2),
-                                  (1, 6, 6, 12, 3, 2, 2, 1, 0)],
-                         ids=["7x7s2", "3x3s2", "c5", "c1-5x5", "c12-2x2"])
+                                  (1, 6, 6, 12, 3, 2, 2, 1, 0), (2, 9, 9, 81, 12, 5, 5, 2, 2),
+                                  (1, 5, 6, 17, 7, 3, 3, 1, 1), (2, 4, 4, 41, 5, 1, 1, 1, 0)],
+                         ids=["7x7s2", "3x3s2", "c5", "c1-5x5", "c12-2x2", "c81-5x5s2", "c17-3x3", "c41-1x1"])
 def test_few_channel_convolution_rows_are_the_convolution(dims):
     # the algorithm of the default for few channels (input and filter copied with the channels padded
     # to 4, 8 or 16 and the image padded; a filter row's taps × channels one run), unscheduled on
@@ -672,7 +673,7 @@ def test_nchw_float32_convolution_is_a_cuda_core_gemm(dims):
     # Before: a direct convolution (ResNet-50's 1×1 C1024→256 at 14×14 in 199 µs, cuDNN 43 µs)
     N, C, H, W, K, R, S, stride, pad = dims
     P, Q = (H + 2 * pad - R) // stride + 1, (W + 2 * pad - S) // stride + 1
-    choice = gemm_choice(SM90A, K, N * P * Q, C * R * S, as_dtype("float32"))
+    choice = gemm_choice(SM90A, K, N * P * Q, C * R * S, as_dtype("float32"), unequal_chunks=False)
     op = ops.conv2d(*dims)
     sched = op.schedule(SM90A)
     assert ("P" in sched.stage_names()) == (choice.split > 1)
@@ -877,3 +878,33 @@ def test_three_channel_convolutions_have_a_cuda_core_space():
     pt.lower(task.schedule(task.space.config(digits).values), turing)
     assert make_task("conv2d_igemm", SM90A, N=1, H=14, W=14, C=64, K=64, R=3, S=3, stride=1,
                      padding=1).template.name == "conv2d_igemm_choices"
+
+
+def test_a_cuda_core_gemm_of_few_tiles_over_an_awkward_k_is_split_in_chunks_of_whole_k_tiles():
+    # 318×24×2936 in float32 (random shapes, seed 97052): 10 tiles of 32×64 and no even split (2936 = 8 · 367):
+    # 154 µs on an H200 against torch's 16 unsplit; chunks of whole 8-wide K tiles, the last one shorter
+    choice = gemm_choice(SM90A, 318, 24, 2936, as_dtype("float32"))
+    assert choice.kernel == "cuda" and choice.split >= 16, choice
+    length = choice.chunk or -(-2936 // choice.split)
+    assert length % choice.params["bk"] == 0 and (choice.split - 1) * length < 2936 <= choice.split * length
+    kern = ops.matmul(318, 24, 2936, "float32").schedule(SM90A)
+    P = kern.func.computations[0]
+    assert P.name == "P" and int(P.shape[0].value) == choice.split
+    # built for the GPU's architecture (nvcc), the whole-tile check of the split kernel passing
+    assert "__global__" in pt.build(kern, SM90A).source
+
+
+def test_channels_of_no_whole_16_byte_vectors_are_padded():
+    # 81 channels of float16 (162-byte pixels): every gathered copy was element by element (random shapes,
+    # seed 97052: 32×19×19, 81 → 12 filters, 5×5 stride 2 in 303 µs on an H200, cuDNN 32 µs); padded to 96
+    # the default reads the channel-padded copy (igemm_rows), as for an image's colors
+    from polytile.ops.igemm import padded_channels, pads_channels
+    from polytile.tune import make_task
+    assert [padded_channels(C, 5)[0] for C in (3, 5, 12, 16, 17, 81, 209)] == [4, 8, 16, 16, 32, 96, 224]
+    assert pads_channels(81, 2) and pads_channels(3, 2) and not pads_channels(64, 2) and not pads_channels(84, 4)
+    sched = ops.conv2d_igemm(32, 19, 19, 81, 12, 5, 5, 2, 2, dtype="float16").schedule(SM90A)
+    assert "X" in sched.stage_names()
+    assert "X" not in ops.conv2d_igemm(32, 19, 19, 80, 12, 5, 5, 2, 2, dtype="float16").schedule(SM90A).stage_names()
+    # the tuning template of the padded copy applies too (its first configuration: the default)
+    task = make_task("conv2d_igemm", SM90A, N=32, H=19, W=19, C=81, K=12, R=5, S=5, stride=2, padding=2)
+    assert task.template.name == "conv2d_igemm_rows"

@@ -79,7 +79,11 @@ def test_default_batch_gemv(dims):
                                   (8, 96, 96, 3, 32, 5, 5, 1, 2), (32, 224, 224, 3, 64, 7, 7, 2, 3),
                                   (2, 17, 19, 1, 16, 5, 5, 1, 2),   # one channel (padded to 4)
                                   (1, 21, 18, 5, 24, 3, 3, 2, 1),   # five channels (padded to 8)
-                                  (2, 9, 11, 12, 40, 2, 2, 1, 0)])  # twelve (padded to 16), an even filter
+                                  (2, 9, 11, 12, 40, 2, 2, 1, 0),   # twelve (padded to 16), an even filter
+                                  # channels that are no whole 16-byte vectors, padded to a multiple of 16
+                                  (32, 19, 19, 81, 12, 5, 5, 2, 2), (32, 17, 17, 209, 16, 1, 1, 1, 0),
+                                  (8, 12, 12, 17, 115, 7, 7, 1, 3), (2, 33, 33, 100, 256, 3, 3, 1, 1),
+                                  (1, 7, 7, 1001, 64, 3, 3, 1, 1)])
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")

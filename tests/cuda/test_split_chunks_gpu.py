@@ -1,5 +1,5 @@
-"""On a GPU: reductions split into chunks of whole K tiles, the last one shorter (the tensor cores'
-uneven split-K, ``gpu_schedules.tile_chunks``), and GEMVs over whole register tiles, against a float64
+"""On a GPU: reductions split into chunks of whole K tiles, the last one shorter (the tensor cores' and
+the CUDA cores' uneven split-K, ``gpu_schedules.tile_chunks``), and GEMVs over whole register tiles, against a float64
 torch reference on random non-zero inputs at sizes that divide no tile."""
 
 import pytest
@@ -18,7 +18,10 @@ DEFAULTS = [((61, 61, 8191), "bfloat16", "bfloat16"),  # one tile, a prime K: ch
             ((16, 3002, 1536), "bfloat16", "bfloat16"),  # GEMVs: whole register tiles, 4-byte aligned rows
             ((12, 2222, 3333), "bfloat16", "bfloat16"),
             ((9, 1001, 999), "float16", "float32"),
-            ((16, 4096, 4096), "bfloat16", "bfloat16")]
+            ((16, 4096, 4096), "bfloat16", "bfloat16"),
+            ((318, 24, 2936), "float32", "float32"),  # CUDA cores: 10 tiles, no even split (2936 = 8 · 367)
+            ((129, 4095, 1023), "float32", "float32"),
+            ((110, 2755, 229), "float32", "float32")]
 
 
 @pytest.mark.parametrize("dims,dtype,out", DEFAULTS, ids=[f"{d[0]}x{d[1]}x{d[2]}-{t}-{o}" for d, t, o in DEFAULTS])
@@ -48,6 +51,23 @@ def test_tensor_core_chunks(K, split, chunk, kernel, params):
     kern = pt.build(sched, "cuda")
     a, b = signed_inputs(torch, [(M, K), (K, N)], "bfloat16", K + split)
     assert rel_error(kern(a, b), a.double() @ b.double()) <= 1e-4
+
+
+# the CUDA cores' GEMM (float32) in chunks of whole K tiles of 8, the last one shorter, down to one element
+CUDA_CORES = [(2936, 92, 32), (1023, 3, 344), (229, 5, 48), (4097, 64, 64), (1001, 7, 144)]
+
+
+@pytest.mark.parametrize("K,split,chunk", CUDA_CORES, ids=[f"K{k}-S{s}x{c}" for k, s, c in CUDA_CORES])
+def test_cuda_core_chunks(K, split, chunk):
+    from polytile.ops import gpu_schedules as g
+    M, N = 37, 70
+    sched = pt.Schedule(ops.matmul_func(M, N, K, "float32", split, "float32", chunk=chunk))
+    g._gemm_schedule(g.GemmChoice("cuda", dict(bm=32, bn=64, bk=8, tm=4, tn=4, stages=3), split, 0.0, chunk),
+                     sched, "P", "s")
+    g.sum_partials(sched, "C")
+    kern = pt.build(sched, "cuda")
+    a, b = signed_inputs(torch, [(M, K), (K, N)], "float32", K + split)
+    assert rel_error(kern(a, b), a.double() @ b.double()) <= 1e-5
 
 
 @pytest.mark.parametrize("dims", [(32, 1, 128, 2048), (20, 1, 1500, 80), (3, 5, 77, 300), (4, 16, 1001, 999)])

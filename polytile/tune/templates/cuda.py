@@ -58,7 +58,7 @@ from ...ops.gpu_schedules import (
     igemm_tensorcore,
     tma_fits,
 )
-from ...ops.igemm import padded_channels
+from ...ops.igemm import padded_channels, pads_channels
 from ...ops.split_rules import MAX_SPLIT
 from ...target import Target
 from ..analytical import (
@@ -249,15 +249,12 @@ def _cuda_core_op(op: Any, target: Target) -> bool:
 
 
 def _cuda_core_gemm(cfg: TemplateConfig, op: Any) -> Any:
-    """``gemm_cuda``'s tiles and K's split in chunks of one length (divisors of K leaving whole K
-    tiles), the default's (``gemm_choice``) first."""
+    """``gemm_cuda``'s tiles and K's split: about S chunks of whole K tiles, the last one ending at K
+    (``gemm_chunks``, as the tensor cores': the kernel computes whole K tiles), the default's
+    (``gemm_choice``) first."""
     d = default_gemm(cfg, op, "cuda")
     tiles = _gemm_space(cfg, op.shape["M"], op.shape["N"], d.params if d else None)
-    divisors = [s for s in range(1, MAX_SPLIT + 1) if op.shape["K"] % s == 0]
-    split, chunk = _gemm_split(cfg, op, tiles["bk"], divisors, d, decide=op.name == "matmul")
-    cfg.require(chunk == 0 or cfg.mode == "apply", "chunks of unequal length: the CUDA cores' kernel sums equal ones")
-    if chunk:  # applied at sizes where the split leaves chunks of unequal length: unsplit there
-        split, chunk = 1, 0
+    split, chunk = _gemm_split(cfg, op, tiles["bk"], list(SPLITS), d, decide=op.name == "matmul")
     return _gemm_as(cfg, op, GemmChoice("cuda", tiles, split, 0.0, chunk))
 
 
@@ -289,7 +286,8 @@ def _conv_gemm(op: Any, target: Target) -> GemmChoice | None:
     s = op.shape
     P = conv_out(s["H"], s["R"], s["stride"], s["padding"], s.get("dilation", 1))
     Q = conv_out(s["W"], s["S"], s["stride"], s["padding"], s.get("dilation", 1))
-    return gemm_choice(target, s["K"], s["N"] * P * Q, s["C"] * s["R"] * s["S"], op.func.tensor("I").dtype)
+    return gemm_choice(target, s["K"], s["N"] * P * Q, s["C"] * s["R"] * s["S"], op.func.tensor("I").dtype,
+                       unequal_chunks=False)
 
 
 def _conv_on_cuda_cores(op: Any, target: Target) -> bool:
@@ -519,16 +517,19 @@ def _few_channels(op: Any, target: Target) -> bool:
     return target.has("gpu") and op.shape["C"] < MMA_M16N8K16.shape[2]
 
 
+def _padded_channels_tensor_core(op: Any, target: Target) -> bool:
+    """A 16-bit convolution the tensor cores compute over a channel-padded copy of its input: fewer
+    channels than a K step, or channels that are no whole 16-byte vectors (``igemm.pads_channels``)."""
+    return tensor_core_op(op, target) and pads_channels(op.shape["C"], op.func.tensor("I").dtype.itemsize)
+
+
 def _many_channels_tensor_core(op: Any, target: Target) -> bool:
-    return tensor_core_op(op, target) and not _few_channels(op, target)
+    return tensor_core_op(op, target) and not _padded_channels_tensor_core(op, target)
 
 
 def _few_channels_cuda_cores(op: Any, target: Target) -> bool:
     return _few_channels(op, target) and not tensor_core_op(op, target)
 
-
-def _few_channels_tensor_core(op: Any, target: Target) -> bool:
-    return _few_channels(op, target) and tensor_core_op(op, target)
 
 
 def _conv_sizes(op: Any) -> dict[str, int]:
@@ -644,7 +645,7 @@ def _igemm_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> in
     return (S if rows else R * S) * -(-C // chunks // bk)
 
 
-@template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_few_channels_tensor_core)
+@template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_padded_channels_tensor_core)
 def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     """A convolution of few input channels as the default builds it (``igemm_rows``: channels and image
     padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile and
