@@ -95,8 +95,8 @@ def cluster_blocks(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[s
     statements outside such loops run in each block on its own copies (LoweringError otherwise)."""
     blocks = block_shape(root).get("z", 1)
     if not target.has("clusters"):
-        raise LoweringError(f"kernel {name} runs its threadIdx.z as the blocks of a cluster (cluster), which the target "
-                            f"({target.key}) lacks; build for sm_90 or leave cluster off")
+        raise LoweringError(f"kernel {name} runs its threadIdx.z as the blocks of a cluster (cluster), which the "
+                            f"target ({target.key}) lacks; build for sm_90 or leave cluster off")
     if blocks > target.max_cluster_blocks:
         raise LoweringError(f"kernel {name}: {blocks} threads along threadIdx.z as the blocks of a cluster; a cluster "
                             f"holds at most {target.max_cluster_blocks} blocks on {target.key}")
