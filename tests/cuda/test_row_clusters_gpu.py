@@ -17,6 +17,7 @@ from gpu_inputs import signed_inputs, skip_unless_hopper
 import polytile as pt
 from polytile import ops
 from polytile.ops.gpu_schedules import SCHEDULES, row_cluster
+from polytile.target import as_target
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -64,7 +65,7 @@ def _tolerance(dtype: str) -> float:
 def _split(name: str, M: int, N: int, dtype: str, cluster: int) -> pt.Schedule:
     op = ops.get(name, M=M, N=N, dtype=dtype)
     sched = pt.Schedule(op.func)
-    SCHEDULES[name](sched, pt.as_target("cuda"), M, N, cluster=cluster)
+    SCHEDULES[name](sched, as_target("cuda"), M, N, cluster=cluster)
     return sched
 
 
@@ -93,7 +94,7 @@ def test_layernorm_of_rows_of_mean_300_split_over_a_cluster(N):
                                       ("softmax", 8, 50257)])
 def test_the_default_takes_the_devices_rule_when_switched_on(name, M, N, monkeypatch):
     monkeypatch.setenv("POLYTILE_ROW_CLUSTERS", "1")
-    target = pt.as_target("cuda")
+    target = as_target("cuda")
     kern = ops.get(name, M=M, N=N).build(target)
     assert kern.kernels[0].cluster == row_cluster(target, M, N) > 1
     inputs = _inputs(name, M, N, "float32", seed=7)
