@@ -964,8 +964,12 @@ class CUDAPrinter(CLikePrinter):
         self.emit("")
         # the tensor maps the body's TMA copies use (known once it is printed) come after the parameters
         args += [f"const __grid_constant__ pt_tensor_map {m.name}" for m in self.tensor_maps.values()]
-        # a cluster's size fixed at compile time: every launch path (driver call, CUDA graph) keeps it
+        # a cluster's size fixed at compile time: every launch path (driver call, CUDA graph) keeps it,
+        # and the grid along x is whole clusters
         dims = f"__cluster_dims__({k.cluster}, 1, 1) " if k.cluster > 1 else ""
+        if k.cluster > 1 and not (isinstance(k.grid[0], ir.Const) and int(k.grid[0].value) % k.cluster == 0):
+            raise LoweringError(f"kernel {k.name}: a grid of {ir.expr_text(k.grid[0])} blocks along x in clusters of "
+                                f"{k.cluster}; the grid must be whole clusters")
         self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}{cap}) {dims}'
                                   f'{k.name}({", ".join(args)}) {{')
         return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn, list(self.tensor_maps.values()),

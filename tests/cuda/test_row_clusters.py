@@ -260,3 +260,13 @@ def test_blocks_that_do_not_combine_their_statistics_compute_wrong_rows(name, rn
         assert "with different values" in str(err)
     else:
         assert _worst_row(out, op.reference(*inputs)) > 1e-2
+
+
+def test_a_grid_of_part_of_a_cluster_is_refused(clusters_on):
+    from dataclasses import replace
+    lowered = pt.lower(ops.get("softmax", M=2, N=50257).schedule(SM90A), SM90A)
+    assert cuda_source(lowered)[1][0].cluster == 8
+    cut = ir.map_stmts(lowered.body, lambda s: replace(s, grid=(ir.const(12), *s.grid[1:]))
+                       if isinstance(s, ir.Kernel) else None)
+    with pytest.raises(LoweringError, match="a grid of 12 blocks along x in clusters of 8; the grid must be whole"):
+        cuda_source(replace(lowered, body=cut))
