@@ -1105,6 +1105,9 @@ def _cluster_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: i
                             "(rows=1, shared_row=False)")
     if vec not in (1, 2, 4, 8, 16) or vec * itemsize > 16:
         raise ScheduleError(f"{op}: {vec} elements a read of {itemsize} bytes each: a power of two, at most 16 bytes")
+    if threads * vec > part:
+        raise ScheduleError(f"{op}: {threads} threads of {vec} elements a read for a slice of {part} elements: the "
+                            "block would shrink to its slice's reads; take fewer threads or fewer blocks")
     return RowPlan(threads, False, 1, vec, cluster, part)
 
 

@@ -89,6 +89,8 @@ def test_splits_a_target_or_a_row_cannot_take_are_refused():
         row_plan(SM90A, "layernorm", 50257, 4, M=1, cluster=2, shared_row=True)
     with pytest.raises(pt.ScheduleError, match="take a block of whole warps"):
         row_plan(SM90A, "softmax", 50257, 4, M=1, cluster=2, threads=16)
+    with pytest.raises(pt.ScheduleError, match="would shrink to its slice's reads"):
+        row_plan(SM90A, "softmax", 1024, 2, M=1, cluster=8, threads=32, vec=8)
 
 
 # --- the kernels ----------------------------------------------------------------------------------
@@ -165,6 +167,8 @@ def test_a_buffer_one_block_writes_and_another_reads_is_refused():
 BUILDS = [("softmax", 32, 128256, "float32", None), ("softmax", 1, 128257, "bfloat16", None),
           ("layernorm", 16, 128256, "float32", None), ("layernorm", 3, 12345, "float16", None),
           ("softmax", 8, 50257, "float16", 2), ("layernorm", 1, 50257, "float32", 4)]
+VECTOR_BUILDS = [("softmax", 32, 128256, "float32", 4), ("layernorm", 16, 128256, "float32", 4),
+                 ("softmax", 16, 128256, "bfloat16", 8)]
 
 
 @pytest.mark.needs_nvcc
@@ -177,6 +181,25 @@ def test_cluster_kernels_compile_for_sm90a_without_local_memory(name, M, N, dtyp
     assert k.cluster == (cluster or row_cluster(SM90A, M, N)) > 1
     res = kern.resources[k.name]
     assert res.spill_stores == 0 and res.stack_bytes == 0
+
+
+@pytest.mark.needs_nvcc
+@pytest.mark.parametrize("name,M,N,dtype,vec", VECTOR_BUILDS, ids=[f"{b[0]}-{b[3]}" for b in VECTOR_BUILDS])
+def test_cluster_kernels_read_16_bytes_a_thread_where_asked(name, M, N, dtype, vec):
+    # each thread's elements in its registers (inside the cluster's loops: a block's own), 16-byte loads
+    import re
+    import subprocess
+    import tempfile
+
+    from polytile.sass.disasm import find_nvdisasm
+    kern = pt.build(_split(name, M, N, dtype=dtype, cluster=4, vec=vec), SM90A)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.cubin)
+        f.flush()
+        sass = subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    loads = re.findall(r"\bLDG\.E[.\w]*", sass)
+    wide = [x for x in loads if ".128" in x]
+    assert len(wide) >= 2 and "UCGABAR_ARV" in sass and not re.search(r"\bLDL\b|\bSTL\b", sass), loads
 
 
 @pytest.mark.needs_nvcc
@@ -220,17 +243,21 @@ def _worst_row(out: np.ndarray, ref: np.ndarray) -> float:
 
 EMULATED = [("softmax", 3, 1001, 4, 64, "float32"), ("softmax", 1, 12345, 8, 128, "float32"),
             ("softmax", 2, 997, 2, 32, "float16"), ("layernorm", 2, 997, 8, 32, "float32"),
-            ("layernorm", 1, 333, 2, 64, "float16"), ("layernorm", 5, 1000, 4, 32, "float32")]
+            ("layernorm", 1, 333, 2, 64, "float16"), ("layernorm", 5, 1000, 4, 32, "float32"),
+            ("softmax", 2, 1000, 4, 32, "float32", 4), ("layernorm", 3, 2048, 8, 32, "float16", 8)]
+"""(operator, rows, width, blocks of the cluster, threads, type[, elements a read])."""
 
 
-@pytest.mark.parametrize("name,M,N,cluster,threads,dtype", EMULATED,
-                         ids=[f"{e[0]}-{e[1]}x{e[2]}-c{e[3]}-{e[5]}" for e in EMULATED])
-def test_rows_split_over_a_cluster_compute_their_rows_on_the_emulator(name, M, N, cluster, threads, dtype, rng):
+@pytest.mark.parametrize("case", EMULATED, ids=[f"{e[0]}-{e[1]}x{e[2]}-c{e[3]}-{e[5]}{'-v' if len(e) > 6 else ''}"
+                                                for e in EMULATED])
+def test_rows_split_over_a_cluster_compute_their_rows_on_the_emulator(case, rng):
+    name, M, N, cluster, threads, dtype, *vec = case
     op = ops.get(name, M=M, N=N, dtype=dtype)
     inputs = op.make_inputs(rng)
     if name == "layernorm":  # rows of mean ~300: each block's moments shifted by the same first element
         inputs[0] = (inputs[0].astype(np.float32) + 300).astype(inputs[0].dtype)
-    out = _emulated(_split(name, M, N, dtype=dtype, threads=threads, cluster=cluster), inputs, (M, N))
+    out = _emulated(_split(name, M, N, dtype=dtype, threads=threads, cluster=cluster, vec=vec[0] if vec else 1),
+                    inputs, (M, N))
     assert _worst_row(out, op.reference(*inputs)) < 1e-5
 
 

@@ -106,7 +106,9 @@ def cluster_blocks(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[s
     read = {n.buffer.name for e in ir.all_exprs(root) for n in ir.walk_expr(e) if isinstance(n, ir.Load)}
     for loop in (x for x in ir.walk_stmt(root) if isinstance(x, ir.For) and x.kind == "threadIdx.z"):
         for st in ir.walk_stmt(loop.body):
-            if isinstance(st, ir.Store) and (st.buffer.scope in ("shared", "global") or st.buffer.name in read):
+            # each thread's own buffers (registers) stay in its block; the others are the block's or all
+            if isinstance(st, ir.Store) and (st.buffer.scope in ("shared", "global")
+                                             or st.buffer.scope == "arg" and st.buffer.name in read):
                 raise LoweringError(f"kernel {name}: {st.buffer.name} is written inside loop {loop.var.name}, whose "
                                     "iterations (threadIdx.z) run in the blocks of a cluster, and read in the kernel, "
                                     "where the other blocks do not see it; keep the cluster's blocks to reductions "

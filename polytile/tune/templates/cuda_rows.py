@@ -66,9 +66,9 @@ def _rows(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(rows == 1 or threads * vec <= N or threads == default.threads and vec == 1,
                 f"{threads} threads of {vec} elements a read for a row of {N} elements, several rows a block")
     # a row split over a cluster: one a block of whole warps, from global memory, each block its slice
-    # (no narrower than the block: a wider one would shrink to it)
+    # (no fewer reads than the block's threads: a wider block would shrink to them)
     cfg.require(cluster == 1 or rows == 1 and not shared_row and threads in ROW_THREADS
-                and -(-N // cluster_slice(N, cluster)) == cluster and threads <= cluster_slice(N, cluster),
+                and -(-N // cluster_slice(N, cluster)) == cluster and threads * vec <= cluster_slice(N, cluster),
                 f"a row of {N} over {cluster} blocks of a cluster, {rows} rows of {threads} threads a block"
                 f"{', in shared memory' if shared_row else ''}")
     # the rows, the block reductions' scratch (32 floats) and one row's two statistics
