@@ -1,8 +1,9 @@
 """Few wide rows (issue 15): softmax and layernorm over 1 to 64 rows of 12K to 128K elements, one block
-a row (the default while ``POLYTILE_ROW_CLUSTERS`` is unset) beside each row split over the blocks of a
-thread-block cluster (``gpu_schedules.row_cluster``'s choice and its neighbours, 4- or 8-element reads
-where the rows are 16-byte aligned) and torch, each checked against a float64 reference and timed
-kernel-only in the same process: what decides whether the split becomes the default.
+a row (the template's default where ``gpu_schedules.row_cluster`` keeps it, and with
+``POLYTILE_ROW_CLUSTERS=0``) beside each row split over the blocks of a thread-block cluster (the rule's
+blocks, 2 at least, and their neighbours, 4- or 8-element reads where the rows are 16-byte aligned) and
+torch, each checked against a float64 reference and timed kernel-only in the same process: what decided
+that the split is the default (``ROW_CLUSTERS_DEFAULT``).
 
 Timing as ``shapes.py``'s kernel column: CUDA-event medians of single launches, L2 flushed before
 each, prepared arguments, interleaved with torch in rounds (medians of the rounds).
@@ -34,20 +35,23 @@ layernorm.wide.16x128256), then shapes off the suite (odd widths, bfloat16, LLaM
 
 
 def variants(w: shapes.Workload) -> list[dict]:
-    """One block a row (the template's default with the switch off), the rule's split, the split with
-    16-byte reads where the rows are aligned, half and twice the rule's blocks, one block a row with
-    16-byte reads (valid configurations of the template only)."""
-    from polytile.ops.gpu_schedules import row_cluster
+    """The default, one block a row (as before the split), the rule's split (2 blocks at least), with
+    16-byte reads where the rows are aligned, half and twice its blocks, one block a row with 16-byte
+    reads (valid configurations of the template only)."""
+    from polytile.ops.gpu_schedules import row_cluster, row_plan
     from polytile.tune import make_task
     task = make_task(w.kind, "cuda", **w.arguments())
     d = task.space.default.values
     M, N = dict(w.dims)["M"], dict(w.dims)["N"]
-    blocks = row_cluster(task.target, M, N)
-    widest = 16 // task.op.func.inputs[0].dtype.itemsize
+    itemsize = task.op.func.inputs[0].dtype.itemsize
+    blocks = max(2, row_cluster(task.target, M, N, itemsize))  # 2 at least: a split to time
+    widest = 16 // itemsize
     split = {**d, "shared_row": False, "rows": 1, "threads": 1024, "vec": 1, "cluster": blocks}
-    wanted = [d, split, {**split, "vec": widest}, {**split, "cluster": blocks // 2}, {**split, "cluster": 2 * blocks},
-              {**split, "cluster": blocks // 2, "vec": widest}, {**split, "cluster": 2 * blocks, "vec": widest},
-              {**d, "vec": widest, "shared_row": False}]
+    one = row_plan(task.target, w.kind, N, itemsize, M=M, cluster=1)  # one block a row, as before
+    before = {"threads": one.threads, "rows": one.rows, "shared_row": one.shared_row, "vec": 1, "cluster": 1}
+    wanted = [d, before, split, {**split, "vec": widest}, {**split, "cluster": blocks // 2},
+              {**split, "cluster": 2 * blocks}, {**split, "cluster": blocks // 2, "vec": widest},
+              {**split, "cluster": 2 * blocks, "vec": widest}, {**before, "vec": widest, "shared_row": False}]
     out: list[dict] = []
     for v in wanted:
         try:
@@ -112,10 +116,10 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
     summary = {"all_correct": all(r.get("correct") for r in rows)}
-    for kind in ("default", "split"):  # one block a row; the rule's split (the second variant)
-        picked = [r for r in rows if "speed" in r and (r["default"] if kind == "default" else
-                                                         r["cluster"] > 1 and r["config"]["vec"] == 1
-                                                         and r["config"]["cluster"] == _rule(r))]
+    for kind in ("default", "before", "split"):  # the default; one block a row; the rule's split (2 at least)
+        picked = [r for r in rows if "speed" in r and (
+            r["default"] if kind == "default" else r["cluster"] == 1 and r["config"]["vec"] == 1 if kind == "before"
+            else r["cluster"] > 1 and r["config"]["vec"] == 1 and r["config"]["cluster"] == _rule(r))]
         summary[f"{kind}_geomean_speed"] = statistics.geometric_mean([r["speed"] for r in picked]) if picked else None
     print(json.dumps(summary), flush=True)
     if args.out:
@@ -128,7 +132,8 @@ def _rule(row: dict) -> int:
     from polytile.ops.gpu_schedules import row_cluster
     from polytile.target import as_target
     M, N = (int(x) for x in row["name"].split(".")[1].split("x"))
-    return row_cluster(as_target("cuda"), M, N)
+    itemsize = {"float16": 2, "bfloat16": 2}.get(row["name"].split(".")[-1], 4)
+    return max(2, row_cluster(as_target("cuda"), M, N, itemsize))
 
 
 if __name__ == "__main__":

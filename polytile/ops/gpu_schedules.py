@@ -969,11 +969,22 @@ def _narrow_rows(target: CUDATarget, M: int, lanes: int) -> int:
 
 ROW_CLUSTERS_VARIABLE = "POLYTILE_ROW_CLUSTERS"
 """The environment's switch of the default row split over a cluster (``row_cluster``): "1" on, "0"
-off; unset, ``ROW_CLUSTERS_DEFAULT``."""
+off (one block a row, as before); unset, ``ROW_CLUSTERS_DEFAULT``."""
 
-ROW_CLUSTERS_DEFAULT = False
-"""Whether the default schedules split few wide rows over the blocks of a cluster: off until measured
-on a GPU (the choice is ``row_cluster``'s either way; the tuning templates offer it)."""
+ROW_CLUSTERS_DEFAULT = True
+"""Whether the default schedules split few wide rows over the blocks of a cluster (``row_cluster``).
+Measured on an H200 (2026-11-28, ``benchmarks/row_clusters.py``, ``row_clusters-20261128-2017-h200.json``;
+µs, one block a row → the rule's split, torch): softmax 32×128256 65.3 → 34.0 (4 blocks; 2: 42.2, 8: 37.7;
+torch 49.1), 1×128256 58.6 → 17.8 (44.6), 8×50257 23.4 → 14.3 (21.6), 4×128257 60.2 → 19.9, bf16 16×128256
+57.8 → 22.1 (38.9); layernorm 16×128256 72.5 → 22.2, 1×50257 24.1 → 13.9, 3×12345 11.8 → 11.6; all correct.
+Where it lost, softmax 64×32000 (16.5 with the row in shared memory → 18.1 over 2 blocks):
+``SHARED_ROW_SPLIT``."""
+
+SHARED_ROW_SPLIT = 4
+"""The fewest blocks a row is split over where one block holds the row in shared memory (``row_fits``):
+the split reads it from global memory in each pass (the later ones from L2), which more SMs than
+twice as many repay (the same record: 64×32000 over 2 blocks 0.91× of one block a row; 8×50257 over 8
+1.64×, 3×12345 over 8 as fast)."""
 
 CLUSTER_ROW = 8192
 """Rows wider than this (those of a block of 1024 threads: ``_row_threads``) may be split over a
@@ -990,19 +1001,20 @@ def cluster_slice(N: int, blocks: int) -> int:
     return -(-N // (blocks * CLUSTER_SLICE)) * CLUSTER_SLICE
 
 
-def row_cluster(target: CUDATarget, M: int | None, N: int) -> int:
-    """The blocks that split each of ``M`` rows (None: many) of ``N`` elements, a cluster a row: one
-    block a row (1) on targets without clusters, for rows of at most ``CLUSTER_ROW`` elements, and where
-    the rows give half the target's SMs a block already; else the most blocks, a power of two up to
-    the target's cluster, that keep the row's blocks within the SMs (one wave of blocks, each in its
-    own SM, all the SMs' memory pipes busy: 32 rows on an H100's 132 SMs, 4 blocks a row; 1 to 16
-    rows, 8)."""
+def row_cluster(target: CUDATarget, M: int | None, N: int, itemsize: int = 4) -> int:
+    """The blocks that split each of ``M`` rows (None: many) of ``N`` elements of ``itemsize`` bytes, a
+    cluster a row: one block a row (1) on targets without clusters, for rows of at most ``CLUSTER_ROW``
+    elements, and where the rows give half the target's SMs a block already; else the most blocks, a
+    power of two up to the target's cluster, that keep the row's blocks within the SMs (one wave of
+    blocks, each in its own SM, all the SMs' memory pipes busy: 32 rows on an H100's 132 SMs, 4 blocks
+    a row; 1 to 16 rows, 8) — at least ``SHARED_ROW_SPLIT`` where one block holds the row in shared
+    memory, else one block a row."""
     if not target.has("clusters") or M is None or N <= CLUSTER_ROW:
         return 1
     blocks = 1
     while 2 * blocks <= target.max_cluster_blocks and 2 * blocks * M <= target.sms:
         blocks *= 2
-    return blocks
+    return 1 if blocks < SHARED_ROW_SPLIT and row_fits(target, N, itemsize) else blocks
 
 
 def row_clusters_default() -> bool:
@@ -1048,7 +1060,7 @@ def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | 
     ``row_clusters_default`` (``row_cluster``), else one block a row. ScheduleError for a choice the
     block cannot take."""
     if cluster is None:
-        cluster = row_cluster(target, M, N) if row_clusters_default() and rows in (None, 1) else 1
+        cluster = row_cluster(target, M, N, itemsize) if row_clusters_default() and rows in (None, 1) else 1
     if cluster != 1:
         return _cluster_plan(target, op, N, itemsize, threads, shared_row, rows, vec, cluster)
     narrow = N <= SEVERAL_ROWS
