@@ -44,6 +44,8 @@ FEATURES: Mapping[str, str] = MappingProxyType({
     "mma.sync": "mma.sync.m16n8k16: warp-level tensor-core products of fp16/bf16 (sm_80 and newer)",
     "cp.async": "cp.async: asynchronous global-to-shared copies in commit groups (sm_80 and newer)",
     "tma": "cp.async.bulk.tensor: the tensor memory accelerator's bulk copies (sm_90 and newer)",
+    "clusters": "thread-block clusters: blocks of a cluster run together and read each other's shared memory "
+                "(distributed shared memory, cluster barriers; sm_90 and newer)",
     "wgmma": "wgmma.mma_async: warpgroup tensor-core products from shared memory (sm_90a only)",
     "setmaxnreg": "setmaxnreg: a warpgroup gives registers to (or takes them from) the others (sm_90a only)",
 })
@@ -131,7 +133,7 @@ DATASHEETS: Mapping[str, Mapping[str, object]] = MappingProxyType({a: MappingPro
 cross-compiling); a GPU present is read from the driver instead (``runtime.cuda_device.cuda_target``)."""
 
 # the first compute capability with each feature
-_SINCE = {"fp16": 53, "ldmatrix": 75, "bf16": 80, "mma.sync": 80, "cp.async": 80, "tma": 90}
+_SINCE = {"fp16": 53, "ldmatrix": 75, "bf16": 80, "mma.sync": 80, "cp.async": 80, "tma": 90, "clusters": 90}
 # features of one architecture only (the "a" targets: code built for them runs on that one)
 _ARCH_SPECIFIC = {"sm_90a": ("wgmma", "setmaxnreg")}
 
@@ -158,6 +160,7 @@ class CUDATarget(Target):
     max_threads_per_sm: int = None  # type: ignore[assignment]
     max_blocks_per_sm: int = None  # type: ignore[assignment]
     warp_size: int = 32
+    max_cluster_blocks: int = 8  # the portable cluster size (16 needs the non-portable attribute); with "clusters"
     vector_bits: int = 128  # the widest load or store of one thread (16 bytes)
     l2_bytes: int = None  # type: ignore[assignment]
     dram_bandwidth: float = None  # type: ignore[assignment]  # bytes per second

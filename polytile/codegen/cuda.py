@@ -599,6 +599,36 @@ template <typename T> __device__ __forceinline__ T pt_ragged_block_allreduce_{op
   return pt_ragged_block_allreduce(v, {identity}, pt_op_{op}());
 }}
 """) for op, identity in (("sum", "(T)0"), ("prod", "(T)1"), ("max", "v"), ("min", "v"))),
+    Helper("pt_cluster_allreduce", r"""
+// a reduction over the blocks of a thread-block cluster (sm_90), which every thread of each block
+// calls: the block's total (pt_block_allreduce) in one slot of the block's shared memory, a cluster
+// barrier, then every thread combines the blocks' slots in rank order through distributed shared
+// memory (the same value in every block); the second barrier keeps a slot until all have read it
+// (a later reduction rewrites it, and a block's shared memory goes when it exits)
+template <typename T, typename Op> __device__ __forceinline__ T pt_cluster_allreduce(T v, T identity, Op op) {
+#if __CUDA_ARCH__ >= 900
+  v = pt_block_allreduce(v, identity, op);
+  __shared__ T pt_cluster_slot;
+  if (pt_thread_rank() == 0) pt_cluster_slot = v;
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();
+  T total = *(const T*)__cluster_map_shared_rank(&pt_cluster_slot, 0);
+  for (unsigned r = 1; r < __clusterSizeInBlocks(); ++r)
+    total = op(total, *(const T*)__cluster_map_shared_rank(&pt_cluster_slot, r));
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();
+  return total;
+#else
+  __trap();  // clusters need sm_90
+  return v;
+#endif
+}
+"""),
+    *(Helper(f"pt_cluster_allreduce_{op}", f"""
+template <typename T> __device__ __forceinline__ T pt_cluster_allreduce_{op}(T v) {{
+  return pt_cluster_allreduce(v, {identity}, pt_op_{op}());
+}}
+""") for op, identity in (("sum", "(T)0"), ("prod", "(T)1"), ("max", "v"), ("min", "v"))),
     *(Helper(f"pt_group_allreduce_{op}", f"""
 template <typename T> __device__ __forceinline__ T pt_group_allreduce_{op}(T v, int lanes) {{
   return pt_group_allreduce(v, lanes, pt_op_{op}());
@@ -668,6 +698,7 @@ class KernelSource:
     dynamic_shared: int
     tensor_maps: list[TensorMap] = field(default_factory=list)  # passed after the params, in this order
     register_split: tuple[int, int] | None = None  # warp specialization: setmaxnreg's (producer, consumer) counts
+    cluster: int = 1  # blocks of a thread-block cluster along x (__cluster_dims__; 1: none)
 
 
 _RAW = {4: ("unsigned", "0u"), 8: ("uint2", "make_uint2(0u, 0u)"), 16: ("uint4", "make_uint4(0u, 0u, 0u, 0u)")}
@@ -933,10 +964,16 @@ class CUDAPrinter(CLikePrinter):
         self.emit("")
         # the tensor maps the body's TMA copies use (known once it is printed) come after the parameters
         args += [f"const __grid_constant__ pt_tensor_map {m.name}" for m in self.tensor_maps.values()]
-        self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}{cap}) '
+        # a cluster's size fixed at compile time: every launch path (driver call, CUDA graph) keeps it,
+        # and the grid along x is whole clusters
+        dims = f"__cluster_dims__({k.cluster}, 1, 1) " if k.cluster > 1 else ""
+        if k.cluster > 1 and not (isinstance(k.grid[0], ir.Const) and int(k.grid[0].value) % k.cluster == 0):
+            raise LoweringError(f"kernel {k.name}: a grid of {ir.expr_text(k.grid[0])} blocks along x in clusters of "
+                                f"{k.cluster}; the grid must be whole clusters")
+        self.lines.insert(header, f'extern "C" __global__ void __launch_bounds__({nthreads}{cap}) {dims}'
                                   f'{k.name}({", ".join(args)}) {{')
         return KernelSource(k.name, list(bufs.values()), used, k.grid, k.block, dyn, list(self.tensor_maps.values()),
-                            split)
+                            split, k.cluster)
 
     def source(self, f: ir.LoweredFunc) -> tuple[str, list[KernelSource]]:
         self.lines = []

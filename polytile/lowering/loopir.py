@@ -246,7 +246,8 @@ class Evaluate(Stmt):
 @dataclass(frozen=True, eq=False, repr=False)
 class Kernel(Stmt):
     """A GPU kernel launched by the host: ``grid`` (host expressions over parameters) by ``block``
-    threads; inside ``body``, ``blockIdx``/``threadIdx`` variables are in scope."""
+    threads, in clusters of ``cluster`` blocks along x (the grid's x a multiple of it; 1: no
+    clusters); inside ``body``, ``blockIdx``/``threadIdx`` variables are in scope."""
 
     name: str
     grid: tuple[Expr, Expr, Expr]
@@ -254,6 +255,7 @@ class Kernel(Stmt):
     body: Stmt
     args: tuple[Buffer, ...] = ()
     params: tuple[Var, ...] = ()
+    cluster: int = 1
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -626,7 +628,8 @@ def stmt_text(s: Stmt, indent: int = 0) -> str:
         return f"{pad}{s.var.name} = {expr_text(s.value)}"
     if isinstance(s, Kernel):
         grid = ", ".join(expr_text(g) for g in s.grid)
-        return (f"{pad}kernel {s.name} grid=({grid}) block={s.block}:\n{stmt_text(s.body, indent + 1)}")
+        cluster = f" cluster=({s.cluster}, 1, 1)" if s.cluster > 1 else ""
+        return (f"{pad}kernel {s.name} grid=({grid}) block={s.block}{cluster}:\n{stmt_text(s.body, indent + 1)}")
     return f"{pad}<{type(s).__name__}>"
 
 

@@ -108,6 +108,8 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
                for loop, tag in st.tags.items() if tag == "blockIdx.y"}
     persistent = {loop: st.persistent for st in sched.states.values() if st.persistent
                   for loop, tag in st.tags.items() if tag.startswith("blockIdx")}
+    clustered = frozenset(loop for st in sched.states.values() if st.cluster
+                          for loop, tag in st.tags.items() if tag.startswith("blockIdx") or tag == "threadIdx.z")
     tma_stored = frozenset(name for name, st in sched.states.items() if st.tma_store)
     if tma_stored and not target.has("tma"):
         raise LoweringError(f"tma_store of {', '.join(sorted(tma_stored))}: the target ({target.key}) has no TMA "
@@ -118,8 +120,8 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("tensorize", gpu, tensorize_nests),
         ("whole-tiles", gpu, lambda s: whole_tiles(s, whole_reads, whole_writes)),
         ("fragments", gpu, distribute_fragments),
-        ("allreduce", gpu, cross_thread_reductions),
-        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters, persistent)),
+        ("allreduce", gpu, lambda s: cross_thread_reductions(s, clustered)),
+        ("kernels", gpu, lambda s: outline_kernels(s, target, name, rasters, persistent, clustered)),
         ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
                                                      dict(sched.pipeline_producer))),
         ("tma-stores", target.has("tma"), lambda s: tma_stores(s, tma_stored, target)),

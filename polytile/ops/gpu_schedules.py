@@ -974,6 +974,62 @@ def _narrow_rows(target: CUDATarget, M: int, lanes: int) -> int:
     return rows
 
 
+ROW_CLUSTERS_VARIABLE = "POLYTILE_ROW_CLUSTERS"
+"""The environment's switch of the default row split over a cluster (``row_cluster``): "1" on, "0"
+off (one block a row, as before); unset, ``ROW_CLUSTERS_DEFAULT``."""
+
+ROW_CLUSTERS_DEFAULT = True
+"""Whether the default schedules split few wide rows over the blocks of a cluster (``row_cluster``).
+Measured on an H200 (2026-11-28, ``benchmarks/row_clusters.py``, ``row_clusters-20261128-2017-h200.json``;
+µs, one block a row → the rule's split, torch): softmax 32×128256 65.3 → 34.0 (4 blocks; 2: 42.2, 8: 37.7;
+torch 49.1), 1×128256 58.6 → 17.8 (44.6), 8×50257 23.4 → 14.3 (21.6), 4×128257 60.2 → 19.9, bf16 16×128256
+57.8 → 22.1 (38.9); layernorm 16×128256 72.5 → 22.2, 1×50257 24.1 → 13.9, 3×12345 11.8 → 11.6; all correct.
+Where it lost, softmax 64×32000 (16.5 with the row in shared memory → 18.1 over 2 blocks):
+``SHARED_ROW_SPLIT``."""
+
+SHARED_ROW_SPLIT = 4
+"""The fewest blocks a row is split over where one block holds the row in shared memory (``row_fits``):
+the split reads it from global memory in each pass (the later ones from L2), which more SMs than
+twice as many repay (the same record: 64×32000 over 2 blocks 0.91× of one block a row; 8×50257 over 8
+1.64×, 3×12345 over 8 as fast)."""
+
+CLUSTER_ROW = 8192
+"""Rows wider than this (those of a block of 1024 threads: ``_row_threads``) may be split over a
+cluster; narrower rows' blocks are short, and few rows of them take little time."""
+
+CLUSTER_SLICE = 16
+"""A block of a cluster takes a slice of its row that is a multiple of this many elements, so that
+the slices start as aligned as the row does (16-byte reads: ``vec``)."""
+
+
+def cluster_slice(N: int, blocks: int) -> int:
+    """The elements of a row of ``N`` each of a cluster's ``blocks`` blocks takes (the last one the
+    rest): ⌈N/blocks⌉ rounded up to ``CLUSTER_SLICE``."""
+    return -(-N // (blocks * CLUSTER_SLICE)) * CLUSTER_SLICE
+
+
+def row_cluster(target: CUDATarget, M: int | None, N: int, itemsize: int = 4) -> int:
+    """The blocks that split each of ``M`` rows (None: many) of ``N`` elements of ``itemsize`` bytes, a
+    cluster a row: one block a row (1) on targets without clusters, for rows of at most ``CLUSTER_ROW``
+    elements, and where the rows give half the target's SMs a block already; else the most blocks, a
+    power of two up to the target's cluster, that keep the row's blocks within the SMs (one wave of
+    blocks, each in its own SM, all the SMs' memory pipes busy: 32 rows on an H100's 132 SMs, 4 blocks
+    a row; 1 to 16 rows, 8) — at least ``SHARED_ROW_SPLIT`` where one block holds the row in shared
+    memory, else one block a row."""
+    if not target.has("clusters") or M is None or N <= CLUSTER_ROW:
+        return 1
+    blocks = 1
+    while 2 * blocks <= target.max_cluster_blocks and 2 * blocks * M <= target.sms:
+        blocks *= 2
+    return 1 if blocks < SHARED_ROW_SPLIT and row_fits(target, N, itemsize) else blocks
+
+
+def row_clusters_default() -> bool:
+    """Whether the default schedules take ``row_cluster``'s split (``ROW_CLUSTERS_VARIABLE``)."""
+    setting = os.environ.get(ROW_CLUSTERS_VARIABLE, "")
+    return ROW_CLUSTERS_DEFAULT if setting not in ("0", "1") else setting == "1"
+
+
 def row_fits(target: CUDATarget, n: int, itemsize: int, rows: int = 1) -> bool:
     """Whether a block's ``rows`` rows (and the reductions' scratch) fit in its shared memory."""
     return rows * n * itemsize + 4096 <= target.shared_per_block
@@ -987,22 +1043,33 @@ class RowPlan:
     (``shared_row``; else each pass reads them from global memory, the later passes mostly from the
     L1 or L2 cache); ``vec``: the adjacent elements of a row each thread reads together, into registers
     (one 16-byte load each where the rows are 16-byte aligned: ``combine_loads``; rows read from
-    global memory)."""
+    global memory); ``cluster``: the blocks of a thread-block cluster that split a row, each its
+    ``slice`` of it (``cluster_slice``; the rows along blockIdx.y, the slices along threadIdx.z run as
+    the cluster's blocks: ``Stage.cluster``), their partial statistics combined through distributed
+    shared memory (one pass over the row in device memory, the later passes mostly from L2)."""
 
     threads: int
     shared_row: bool
     rows: int = 1
     vec: int = 1
+    cluster: int = 1
+    slice: int = 0
 
 
 def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None = None,
              shared_row: bool | None = None, M: int | None = None, rows: int | None = None,
-             vec: int = 1) -> RowPlan:
+             vec: int = 1, cluster: int | None = None) -> RowPlan:
     """The plan of a row operator ``op`` over ``M`` rows (None: many) of ``N`` elements of ``itemsize``
     bytes: the given choices, the defaults for those left None — rows of at most ``SEVERAL_ROWS``
     ``_row_lanes`` threads each, ``_narrow_rows`` a block, read from global memory; wider ones one a
     block of ``_row_threads`` (at most the target's block), the row in shared memory where it fits
-    (``row_fits``), one element a read (``vec``). ScheduleError for a choice the block cannot take."""
+    (``row_fits``), one element a read (``vec``); few wide rows split over a cluster's blocks where
+    ``row_clusters_default`` (``row_cluster``), else one block a row. ScheduleError for a choice the
+    block cannot take."""
+    if cluster is None:
+        cluster = row_cluster(target, M, N, itemsize) if row_clusters_default() and rows in (None, 1) else 1
+    if cluster != 1:
+        return _cluster_plan(target, op, N, itemsize, threads, shared_row, rows, vec, cluster)
     narrow = N <= SEVERAL_ROWS
     if threads is None:
         threads = _row_lanes(N) if narrow else min(_row_threads(N), target.max_threads_per_block)
@@ -1033,6 +1100,36 @@ def row_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | 
     return plan
 
 
+def _cluster_plan(target: CUDATarget, op: str, N: int, itemsize: int, threads: int | None, shared_row: bool | None,
+                  rows: int | None, vec: int, cluster: int) -> RowPlan:
+    """``row_plan``'s plan of rows split over ``cluster`` blocks each: blocks of whole warps
+    (``_row_threads`` of the row by default), one row a block, read from global memory."""
+    if not target.has("clusters"):
+        raise ScheduleError(f"{op}: a row split over {cluster} blocks of a cluster; the target ({target.key}) has no "
+                            "clusters (sm_90 and newer): leave cluster at 1")
+    if not 1 < cluster <= target.max_cluster_blocks:
+        raise ScheduleError(f"{op}: a row split over {cluster} blocks; a cluster holds 2 to "
+                            f"{target.max_cluster_blocks} blocks on {target.key}")
+    if threads is None:
+        threads = min(_row_threads(N), target.max_threads_per_block)
+    part = cluster_slice(N, cluster)
+    if -(-N // part) != cluster:
+        raise ScheduleError(f"{op}: a row of {N} elements split over {cluster} blocks leaves one without its slice "
+                            f"({part} elements each, multiples of {CLUSTER_SLICE}); split a wider row or over fewer")
+    if threads not in ROW_THREADS or threads > target.max_threads_per_block:
+        raise ScheduleError(f"{op}: {threads} threads a block of a cluster; take a block of whole warps "
+                            f"({', '.join(map(str, ROW_THREADS))}), at most {target.max_threads_per_block}")
+    if rows not in (None, 1) or shared_row:
+        raise ScheduleError(f"{op}: a row split over a cluster takes one row a block, read from global memory "
+                            "(rows=1, shared_row=False)")
+    if vec not in (1, 2, 4, 8, 16) or vec * itemsize > 16:
+        raise ScheduleError(f"{op}: {vec} elements a read of {itemsize} bytes each: a power of two, at most 16 bytes")
+    if threads * vec > part:
+        raise ScheduleError(f"{op}: {threads} threads of {vec} elements a read for a slice of {part} elements: the "
+                            "block would shrink to its slice's reads; take fewer threads or fewer blocks")
+    return RowPlan(threads, False, 1, vec, cluster, part)
+
+
 def _row_loops(sched: Schedule, name: str, plan: RowPlan) -> tuple[str, ...]:
     """Split computation ``name``'s row loop into blocks of ``plan.rows`` (bound to blockIdx.x and
     threadIdx.y); its row loops, outermost first."""
@@ -1048,13 +1145,18 @@ def _row_threads_split(sched: Schedule, name: str, axis: str, plan: RowPlan) -> 
     elements a thread reads together (``{axis}v``, innermost)."""
     loops = _row_loops(sched, name, plan)
     st = sched[name]
-    steps = axis
+    steps, slices = axis, []
+    if plan.cluster > 1:  # the row's slices (``{axis}c``, the cluster's blocks), each split as a row
+        steps, slices = f"{axis}s", [f"{axis}c"]
+        st.split(axis, plan.slice, f"{axis}c", steps)
     if plan.vec > 1:
+        st.split(steps, plan.vec, f"{axis}a", f"{axis}v")
         steps = f"{axis}a"
-        st.split(axis, plan.vec, steps, f"{axis}v")
     st.split(steps, plan.threads, f"{axis}o", f"{axis}t")
-    st.reorder(*loops, f"{axis}t", f"{axis}o", *([f"{axis}v"] if plan.vec > 1 else []))
+    st.reorder(*loops, *slices, f"{axis}t", f"{axis}o", *([f"{axis}v"] if plan.vec > 1 else []))
     st.bind(f"{axis}t", "threadIdx.x")
+    if slices:
+        st.bind(slices[0], "threadIdx.z").cluster()
 
 
 def _row_reduction(sched: Schedule, name: str, axis: str, plan: RowPlan) -> None:
@@ -1076,8 +1178,12 @@ def _row_vectors(sched: Schedule, plan: RowPlan, reads: list[tuple[str, str, lis
 
 
 def _row_blocks(sched: Schedule, name: str, plan: RowPlan) -> str:
-    """Bind the first computation's row loops to the blocks (and the rows of a block to threadIdx.y);
-    the loop the others share with it (a row)."""
+    """Bind the first computation's row loops to the blocks (and the rows of a block to threadIdx.y;
+    rows split over a cluster: to blockIdx.y, the cluster's blocks along x); the loop the others
+    share with it (a row)."""
+    if plan.cluster > 1:
+        sched[name].bind("i", "blockIdx.y").cluster()
+        return "i"
     if plan.rows == 1:
         sched[name].bind("i", "blockIdx.x")
         return "i"
@@ -1099,13 +1205,15 @@ def _row_shared(sched: Schedule, plan: RowPlan, first: str, also: list[str], sta
 
 
 def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-            shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
+            shared_row: bool | None = None, rows: int | None = None, vec: int = 1, cluster: int | None = None) -> None:
     """One block per row, or several narrow rows a block (``row_plan``): a wide row is read once into
     shared memory (when it fits; a wider row is read from global memory by each pass, the later
     passes mostly from L2), then max and sum are reduced across the row's threads and the output
-    written (exp recomputed rather than stored). ``threads``, ``shared_row``, ``rows`` and ``vec``: the
-    tuning template's choices (``row_plan``)."""
-    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows, vec)
+    written (exp recomputed rather than stored); few wide rows each split over a cluster's blocks,
+    their maxima and sums combined across the cluster. ``threads``, ``shared_row``, ``rows``, ``vec``
+    and ``cluster``: the tuning template's choices (``row_plan``)."""
+    plan = row_plan(target, "softmax", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows, vec,
+                    cluster)
     sched["ex"].compute_inline()
     _row_reduction(sched, "mx", "j1", plan)
     row = _row_blocks(sched, "mx", plan)
@@ -1118,13 +1226,16 @@ def softmax(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | 
 
 
 def layernorm(sched: Schedule, target: CUDATarget, M: int, N: int, threads: int | None = None,
-              shared_row: bool | None = None, rows: int | None = None, vec: int = 1) -> None:
+              shared_row: bool | None = None, rows: int | None = None, vec: int = 1,
+              cluster: int | None = None) -> None:
     """One block per row, or several narrow rows a block, as for softmax (``row_plan``): the row's first
     element (its shift, ``x0``) read by every thread, both moments of the shifted row reduced across the
-    row's threads in one pass over the row, then the normalized row written. ``threads``, ``shared_row``,
-    ``rows`` and ``vec``: the tuning template's choices (``row_plan``)."""
+    row's threads in one pass over the row (few wide rows: over a cluster's blocks, each block's
+    moments of the same shift combined across the cluster), then the normalized row written.
+    ``threads``, ``shared_row``, ``rows``, ``vec`` and ``cluster``: the tuning template's choices
+    (``row_plan``)."""
     plan = row_plan(target, "layernorm", N, sched.func.tensor("X").dtype.itemsize, threads, shared_row, M, rows,
-                    vec)
+                    vec, cluster)
     _row_loops(sched, "x0", plan)
     row = _row_blocks(sched, "x0", plan)
     _row_reduction(sched, "s1", "j1", plan)

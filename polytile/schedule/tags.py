@@ -105,6 +105,33 @@ def persistent(self: Stage, blocks_per_sm: int = 1) -> Stage:
 
 
 @transactional
+def cluster(self: Stage) -> Stage:
+    """Run the threads along ``threadIdx.z`` of this computation's kernel as the blocks of a
+    thread-block cluster (sm_90: the target's ``clusters``), one block for each value of the loops
+    bound to threadIdx.z, the kernel's block then being the threads along x and y: a block of the
+    schedule larger than a multiprocessor holds. Its reductions across threadIdx.z combine the
+    blocks' partial results through distributed shared memory (``lowering/passes/allreduce.py``);
+    statements outside the threads' loops (the reductions' totals, statistics in shared memory) run
+    in every block of the cluster, on its own copy; a buffer in shared or global memory that one
+    block writes inside a loop bound to threadIdx.z is not read by the others (refused:
+    ``lowering/passes/kernels.py``). The grid's x dimension is the cluster's blocks (the kernel's
+    loops bound to blockIdx.x have one block): bind the blocks to blockIdx.y and blockIdx.z. The
+    kernel is known by this computation's loops bound to blockIdx or threadIdx.z: mark each computation
+    of the kernel that has such loops."""
+    st = self.schedule.state_copy(self.name)
+    bound = set(st.tags.values())
+    if not any(t.startswith("blockIdx") or t == "threadIdx.z" for t in bound):
+        raise ScheduleError(f"cluster of {self.name}: it spreads a kernel's threadIdx.z over the blocks of a cluster; "
+                            "bind a loop of it to blockIdx.y or threadIdx.z first")
+    if "blockIdx.x" in bound:
+        raise ScheduleError(f"cluster of {self.name}: the cluster's blocks take the grid's x dimension; bind the "
+                            "loop bound to blockIdx.x to blockIdx.y or blockIdx.z instead")
+    st.cluster = True
+    self.schedule.commit(self.name, st)
+    return self
+
+
+@transactional
 def tma_store(self: Stage) -> Stage:
     """Write this computation's results with TMA stores (sm_90): each block stages its tile in shared
     memory and one thread copies it to the tensor with ``cp.async.bulk.tensor``, which clips the

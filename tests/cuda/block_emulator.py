@@ -5,7 +5,10 @@ threads run to the longest, each thread only while its own lasts. What CUDA requ
 is checked as they run: a ``__syncthreads()`` and a block-wide reduction reached by every thread of
 the block; a group reduction's or synchronization's lanes (``pt_group_allreduce_*``, an aligned
 group of ``lanes`` lanes of a warp; ``pt_group_sync``) all active or all inactive; no two threads
-writing different values to one element in one store; no load or store outside its buffer. Values
+writing different values to one element in one store; no load or store outside its buffer. A kernel
+of clusters (``Kernel.cluster``) runs a cluster's blocks in lock step together, each block with its own
+copy of the shared buffers (a block that read another's would read its own), its block-wide
+reductions over its own threads and ``pt_cluster_allreduce_*`` over the cluster's. Values
 are float64 (float types) or int64: the emulated kernel computes more exactly than the GPU's float32,
 which a comparison with a float64 reference tolerates.
 
@@ -46,10 +49,11 @@ def _host(s: ir.Stmt, memory: dict[str, np.ndarray]) -> None:
         _host(s.body, memory)
     elif isinstance(s, ir.Kernel):
         grid = [int(ir.eval_int(g, {})) for g in s.grid]
+        assert grid[0] % s.cluster == 0, f"a grid of {grid[0]} blocks along x in clusters of {s.cluster}"
         for bz in range(grid[2]):
             for by in range(grid[1]):
-                for bx in range(grid[0]):
-                    _Block(s.block, (bx, by, bz), memory).stmt(s.body)
+                for bx in range(0, grid[0], s.cluster):
+                    _Block(s.block, (bx, by, bz), memory, s.cluster).stmt(s.body)
     else:
         raise NotImplementedError(f"host statement {type(s).__name__}")
 
@@ -59,16 +63,23 @@ def _size(buf: ir.Buffer) -> int:
 
 
 class _Block:
-    def __init__(self, block: tuple[int, int, int], index: tuple[int, int, int], memory: dict[str, np.ndarray]):
+    def __init__(self, block: tuple[int, int, int], index: tuple[int, int, int], memory: dict[str, np.ndarray],
+                 cluster: int = 1):
+        """The threads of ``cluster`` blocks (a cluster: the first at ``index``) in lock step."""
         bx, by, _ = block
-        self.n = int(np.prod(block))
+        self.threads = int(np.prod(block))  # of one block
+        self.n = self.threads * cluster
         self.rank = np.arange(self.n)
+        self.block_of = self.rank // self.threads
+        t = self.rank % self.threads
         self.env: dict[str, np.ndarray] = {
-            "threadIdx.x": self.rank % bx, "threadIdx.y": self.rank // bx % by, "threadIdx.z": self.rank // (bx * by),
+            "threadIdx.x": t % bx, "threadIdx.y": t // bx % by, "threadIdx.z": t // (bx * by),
             **{f"blockIdx.{a}": np.full(self.n, i) for a, i in zip("xyz", index)}}
+        self.env["blockIdx.x"] = self.env["blockIdx.x"] + self.block_of
+        self.cluster = cluster
         self.active = np.ones(self.n, bool)
-        self.memory = memory  # global: one copy; shared: the block's; local: one row per thread
-        self.local: set[str] = set()
+        self.memory = memory  # global: one copy; shared: a row per block; local: a row per thread
+        self.copies: dict[str, np.ndarray] = {}  # a buffer of copies: each thread's row of it
 
     # --- expressions ---
     def expr(self, e: ir.Expr) -> np.ndarray:
@@ -99,8 +110,8 @@ class _Block:
             return np.where(self.expr(e.cond) != 0, self.expr(e.a), self.expr(e.b))
         if isinstance(e, ir.Load):
             buf, idx = self._element(e.buffer, e.index)
-            if e.buffer.name in self.local:
-                return buf[self.rank, idx].astype(np.float64 if e.dtype.is_float else np.int64)
+            if e.buffer.name in self.copies:
+                return buf[self.copies[e.buffer.name], idx].astype(np.float64 if e.dtype.is_float else np.int64)
             return buf[idx].astype(np.float64 if e.dtype.is_float else np.int64)
         if isinstance(e, ir.Call):
             return self.call(e)
@@ -122,9 +133,12 @@ class _Block:
             with np.errstate(all="ignore"):
                 return _MATH[e.name](self.expr(e.args[0]))
         family, _, op = e.name.rpartition("_")
-        if family in ("pt_block_allreduce", "pt_ragged_block_allreduce"):
+        if family in ("pt_block_allreduce", "pt_ragged_block_allreduce", "pt_cluster_allreduce"):
             assert self.active.all(), f"{e.name} reached by {self.active.sum()} of the block's {self.n} threads"
-            return np.full(self.n, _COMBINE[op].reduce(self.expr(e.args[0])))
+            v = self.expr(e.args[0])
+            if family == "pt_cluster_allreduce":
+                return np.full(self.n, _COMBINE[op].reduce(v))
+            return np.repeat(_COMBINE[op].reduce(v.reshape(self.cluster, self.threads), axis=1), self.threads)
         if family == "pt_group_allreduce":
             v, lanes = self.expr(e.args[0]), int(e.args[1].value)  # type: ignore[attr-defined]
             self._converged(lanes, e.name)
@@ -156,8 +170,11 @@ class _Block:
         elif isinstance(s, ir.Allocate):
             size = _size(s.buffer)
             if s.buffer.scope == "local":
-                self.local.add(s.buffer.name)
+                self.copies[s.buffer.name] = self.rank
                 self.memory[s.buffer.name] = np.full((self.n, size), np.nan)
+            elif s.buffer.scope == "shared" and self.cluster > 1:
+                self.copies[s.buffer.name] = self.block_of
+                self.memory[s.buffer.name] = np.full((self.cluster, size), np.nan)
             else:
                 self.memory[s.buffer.name] = np.full(size, np.nan)
             self.stmt(s.body)
@@ -182,13 +199,15 @@ class _Block:
         elif isinstance(s, ir.Store):
             buf, idx = self._element(s.buffer, s.index)
             value = self.expr(s.value)
-            if s.buffer.name in self.local:
-                buf[self.rank[self.active], idx[self.active]] = value[self.active]
-                return
-            written: dict[int, float] = {}
-            for i, v in zip(idx[self.active], value[self.active]):
-                assert written.setdefault(int(i), v) == v, f"threads write {s.buffer.name}[{i}] with different values"
-            buf[idx[self.active]] = value[self.active]
+            copy = self.copies.get(s.buffer.name, np.zeros(self.n, np.int64))
+            written: dict[tuple[int, int], float] = {}
+            for c, i, v in zip(copy[self.active], idx[self.active], value[self.active]):
+                assert written.setdefault((int(c), int(i)), v) == v, \
+                    f"threads write {s.buffer.name}[{i}] with different values"
+            if s.buffer.name in self.copies:
+                buf[copy[self.active], idx[self.active]] = value[self.active]
+            else:
+                buf[idx[self.active]] = value[self.active]
         elif isinstance(s, ir.Evaluate):
             if s.call.name == "__syncthreads":
                 assert self.active.all(), f"__syncthreads() reached by {self.active.sum()} of {self.n} threads"

@@ -34,7 +34,7 @@ def _source(sched, target) -> str:
 def test_row_operators_have_cuda_templates(name):
     task = make_task(name, SM90A, M=3, N=1000)
     assert task.template.name == f"{name}_cuda"
-    assert [d.name for d in task.space.decisions] == ["threads", "rows", "shared_row", "vec"]
+    assert [d.name for d in task.space.decisions] == ["threads", "rows", "shared_row", "vec", "cluster"]
 
 
 DEFAULTS = [(name, N, dtype, target) for name in OPS
@@ -71,7 +71,8 @@ def test_the_shape_suites_row_workloads_are_tunable_from_their_default():
 
 def test_the_row_is_offered_in_shared_memory_only_where_it_fits():
     def choices(N, dtype, target):
-        return make_task("softmax", target, M=2, N=N, dtype=dtype).space.decisions[2].choices
+        # many rows: one block a row by default (few take a cluster's blocks, from global memory)
+        return make_task("softmax", target, M=1000, N=N, dtype=dtype).space.decisions[2].choices
     assert choices(30522, "float32", SM90A) == (True, False)  # 122 KB of 227
     assert choices(30522, "float32", SM75) == (False,)  # of 64 KB
     assert choices(128256, "float16", SM90A) == (False,)  # 257 KB
@@ -88,7 +89,7 @@ def test_choices_the_block_cannot_take_are_refused_with_a_reason():
     reasons = {task.space.reason_invalid(c.digits) for c in task.space}
     assert {"1024 threads for a row of 200 elements", "512 threads for a row of 200 elements",
             "256 threads for a row of 200 elements"} < reasons
-    choice = {"threads": 128, "rows": 1, "shared_row": False, "vec": 1}
+    choice = {"threads": 128, "rows": 1, "shared_row": False, "vec": 1, "cluster": 1}
     assert task.space.reason_invalid(task.space.from_values(choice).digits) is None
 
 
@@ -97,7 +98,7 @@ def test_a_smaller_gpu_discards_wider_blocks():
     valid = [c.values["threads"] for c in small.space if small.space.is_valid(c.digits)]
     assert valid and max(valid) == 256
     assert "threads_per_block 512 exceeds" in small.space.reason_invalid(
-        small.space.from_values({"threads": 512, "rows": 1, "shared_row": True, "vec": 1}).digits)
+        small.space.from_values({"threads": 512, "rows": 1, "shared_row": True, "vec": 1, "cluster": 1}).digits)
 
 
 COMPILED = [("softmax", 3, 1001, "float32"), ("layernorm", 5, 4093, "float16"), ("softmax", 2, 128257, "bfloat16"),

@@ -15,6 +15,11 @@ The threads that combine (a reduction's group) are the block's threads along the
   finishes on its own (a row past the tensor's end skips its reduction). Other groups (more than a
   warp, or not a power of two, across warps) are refused.
 
+In a kernel whose threadIdx.z runs as the blocks of a thread-block cluster (``Stage.cluster``), a
+reduction across threadIdx.z takes the whole block's tree, then combines the blocks' totals through
+distributed shared memory (``pt_cluster_allreduce_*``); the groups of other reductions are taken in
+the block of threads along x and y.
+
 Each thread of the group ends with the combined value. An accumulator in registers allocated outside
 the loop (each thread's own copy) is updated by every thread; one in shared or global memory by one
 thread of the group (at block level, ``kernels`` runs it in thread 0; inside other thread loops a
@@ -30,7 +35,7 @@ from dataclasses import replace
 from ... import dtypes
 from ...errors import LoweringError
 from .. import loopir as ir
-from .kernels import block_shape, map_kernels
+from .kernels import block_shape, is_cluster, map_kernels
 
 _OPS = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 SHARED_SCOPES = ("arg", "global", "shared", "heap")  # one copy for all threads of the block (or grid)
@@ -52,8 +57,9 @@ def _axis(loop: ir.For) -> str:
 
 
 class _CrossThread(ir.Mutator):
-    def __init__(self, block: dict[str, int]):
-        self.block = block
+    def __init__(self, block: dict[str, int], cluster: bool = False):
+        self.cluster = cluster  # threadIdx.z runs as the blocks of a cluster: the block is the other threads
+        self.block = {a: n for a, n in block.items() if a != "z"} if cluster else block
         self.enclosing: list[ir.For] = []  # thread loops around the statement being visited
 
     def visit_For(self, s: ir.For) -> ir.Stmt:
@@ -78,7 +84,12 @@ class _CrossThread(ir.Mutator):
             raise LoweringError(f"loop {s.var.name} is bound to {s.kind} and reduces across threads; it may hold "
                                 "only reductions (store other results in a separate loop)")
         reduced = [s, *(x for x in ir.walk_stmt(s.body) if isinstance(x, ir.For) and x.kind.startswith("threadIdx"))]
-        lanes = self._group(s, {_axis(x) for x in reduced})
+        across = self.cluster and any(_axis(x) == "z" for x in reduced)  # across the cluster's blocks
+        lanes = self._group(s, {_axis(x) for x in reduced} - ({"z"} if self.cluster else set()))
+        if across and lanes is not None:
+            raise LoweringError(f"loop {s.var.name} reduces across the blocks of a cluster (threadIdx.z) and across "
+                                "part of a block; bind the block's other threads to loops around it, or reduce over "
+                                "all of them")
         targets: dict[tuple[str, tuple[str, ...]], ir.Store] = {}
         for x in carried:
             targets.setdefault((x.buffer.name, tuple(ir.expr_text(i) for i in x.index)), x)
@@ -98,7 +109,12 @@ class _CrossThread(ir.Mutator):
         out: list[ir.Stmt] = [replace(s, body=ir.map_stmts(s.body, update))]
         for key, x in targets.items():  # one tree per reduction, then the total added in
             var, op = parts[key]
-            if lanes is None:
+            if across:
+                if math.prod(self.block.values()) % WARP:
+                    raise LoweringError(f"loop {s.var.name} reduces across the blocks of a cluster, whose blocks "
+                                        f"of {math.prod(self.block.values())} threads are not whole warps")
+                out.append(ir.Assign(var, ir.Call(f"pt_cluster_allreduce_{_OPS[op]}", (var,), var.dtype)))
+            elif lanes is None:
                 family = "block" if math.prod(self.block.values()) % WARP == 0 else "ragged_block"
                 out.append(ir.Assign(var, ir.Call(f"pt_{family}_allreduce_{_OPS[op]}", (var,), var.dtype)))
             elif lanes > 1:
@@ -152,6 +168,9 @@ def _identity(op: str, dtype) -> ir.Const:  # noqa: ANN001 - a DType
     return ir.Const(reduce_identity(_OPS[op], dtype).value, dtype)
 
 
-def cross_thread_reductions(s: ir.Stmt) -> ir.Stmt:
-    """Rewrite reduction loops bound to GPU threads into tree reductions over their groups of threads."""
-    return map_kernels(s, lambda kernel: _CrossThread(block_shape(kernel)).stmt(kernel))
+def cross_thread_reductions(s: ir.Stmt, clustered: frozenset[str] = frozenset()) -> ir.Stmt:
+    """Rewrite reduction loops bound to GPU threads into tree reductions over their groups of threads;
+    ``clustered``: the loops bound to blockIdx or threadIdx.z of the kernels whose threadIdx.z runs as
+    a cluster's blocks (``Stage.cluster``)."""
+    return map_kernels(s, lambda kernel: _CrossThread(block_shape(kernel), is_cluster(kernel, clustered))
+                       .stmt(kernel))

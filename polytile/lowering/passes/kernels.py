@@ -57,12 +57,13 @@ def _extent_of(loop: ir.For) -> ir.Expr:
 
 
 def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dict[str, int] | None = None,
-                    persistent: dict[str, int] | None = None) -> ir.Stmt:
+                    persistent: dict[str, int] | None = None, clustered: frozenset[str] = frozenset()) -> ir.Stmt:
     """Replace every nest of blockIdx-bound loops by a Kernel; everything else must be host-level
     allocation of temporaries. ``rasters``: loops bound to blockIdx.y whose blocks run in groups of
     that many rows (``Stage.raster``: one grid dimension, ``grouped_blocks``); ``persistent``: loops
     bound to blockIdx whose nest runs as persistent blocks, that many per SM (``Stage.persistent``:
-    ``tile_loop``)."""
+    ``tile_loop``); ``clustered``: loops bound to blockIdx or threadIdx.z of kernels whose threadIdx.z
+    runs as the blocks of a cluster (``Stage.cluster``: ``cluster_blocks``)."""
     counter = [0]
 
     def kernel(st: ir.Stmt) -> ir.Stmt:
@@ -70,9 +71,63 @@ def outline_kernels(s: ir.Stmt, target: CUDATarget, func_name: str, rasters: dic
         name = f"{func_name}_kernel{counter[0] - 1}"
         if _is_global_copy(st):
             return copy_kernel(st, name)
+        if is_cluster(st, clustered):
+            return cluster_blocks(st, name, target, rasters or {}, persistent or {})
         return make_kernel(st, name, target, rasters or {}, persistent or {})
 
     return map_kernels(s, kernel)
+
+
+def is_cluster(kernel: ir.Stmt, clustered: frozenset[str]) -> bool:
+    """Whether ``kernel``'s threadIdx.z runs as the blocks of a cluster: one of its loops bound to
+    blockIdx or threadIdx.z is among ``clustered`` (a loop of one block is no loop: the slices')."""
+    return bool(clustered) and any(isinstance(x, ir.For) and (x.kind.startswith("blockIdx") or x.kind == "threadIdx.z")
+                                   and x.var.name in clustered for x in ir.walk_stmt(kernel))
+
+
+def cluster_blocks(root: ir.Stmt, name: str, target: CUDATarget, rasters: dict[str, int],
+                   persistent: dict[str, int]) -> ir.Kernel:
+    """The kernel of ``root`` whose threads along threadIdx.z run as the blocks of a thread-block
+    cluster along the grid's x (``Stage.cluster``): a loop bound to threadIdx.z takes the block's
+    rank in its cluster (blockIdx.x, the grid's x being one cluster), the block its threads along x
+    and y. The blocks of a cluster share no buffer: a buffer in shared or global memory written
+    inside a loop bound to threadIdx.z (another block's) must not be read in the kernel, and the
+    statements outside such loops run in each block on its own copies (LoweringError otherwise)."""
+    blocks = block_shape(root).get("z", 1)
+    if not target.has("clusters"):
+        raise LoweringError(f"kernel {name} runs its threadIdx.z as the blocks of a cluster (cluster), which the "
+                            f"target ({target.key}) lacks; build for sm_90 or leave cluster off")
+    if blocks > target.max_cluster_blocks:
+        raise LoweringError(f"kernel {name}: {blocks} threads along threadIdx.z as the blocks of a cluster; a cluster "
+                            f"holds at most {target.max_cluster_blocks} blocks on {target.key}")
+    if _block_loop(root, "blockIdx.x") is not None or persistent.keys() & _loop_names(root):
+        raise LoweringError(f"kernel {name}: the blocks of its cluster take the grid's x dimension; bind no loop to "
+                            "blockIdx.x and leave persistent off")
+    read = {n.buffer.name for e in ir.all_exprs(root) for n in ir.walk_expr(e) if isinstance(n, ir.Load)}
+    for loop in (x for x in ir.walk_stmt(root) if isinstance(x, ir.For) and x.kind == "threadIdx.z"):
+        for st in ir.walk_stmt(loop.body):
+            # each thread's own buffers (registers) stay in its block; the others are the block's or all
+            if isinstance(st, ir.Store) and (st.buffer.scope in ("shared", "global")
+                                             or st.buffer.scope == "arg" and st.buffer.name in read):
+                raise LoweringError(f"kernel {name}: {st.buffer.name} is written inside loop {loop.var.name}, whose "
+                                    "iterations (threadIdx.z) run in the blocks of a cluster, and read in the kernel, "
+                                    "where the other blocks do not see it; keep the cluster's blocks to reductions "
+                                    "and to results the kernel does not read")
+    rank = ir.Cast(dtypes.INDEX, thread_var("blockIdx.x"))
+
+    def ranks(x: ir.Stmt) -> ir.Stmt | None:
+        if isinstance(x, ir.For) and x.kind == "threadIdx.z":
+            value, guard = _bound_index(x, rank)
+            body = ir.map_stmts(x.body, ranks)
+            return ir.LetStmt(x.var, value, body if guard is None else ir.If(guard, body))
+        return None
+
+    kernel = make_kernel(ir.map_stmts(root, ranks), name, target, rasters, persistent)
+    return replace(kernel, grid=(ir.const(blocks), *kernel.grid[1:]), cluster=blocks)
+
+
+def _loop_names(root: ir.Stmt) -> set[str]:
+    return {x.var.name for x in ir.walk_stmt(root) if isinstance(x, ir.For)}
 
 
 def map_kernels(s: ir.Stmt, fn: Callable[[ir.Stmt], ir.Stmt]) -> ir.Stmt:
