@@ -167,12 +167,7 @@ def gemm_variants(w: Workload, target: CUDATarget, model_pick: bool = True) -> l
     v = [Variant("default", "default", "all (the default)", _describe(d), ("gemm", replace(d, seconds=0.0)),
                  baseline="")]
     # switched off from the default
-    v.append(Variant("stages-1", "off", "multi-stage shared-memory pipelining",
-                     f"stages {p['stages']} → 1 (cp.async: TMA rings need 2; no MMA group in flight)",
-                     wg(stages=1, inflight=0, producer=None)))
-    v.append(Variant("stages-2", "off", "multi-stage shared-memory pipelining",
-                     f"stages {p['stages']} → 2 (double buffering; no MMA group in flight)",
-                     wg(stages=2, inflight=0)))
+    v += _fewer_stages(p, wg, "cp.async: TMA rings need 2")
     if p.get("inflight"):
         v.append(Variant("inflight-0", "off", "asynchronous MMA groups in flight (wgmma.wait_group)",
                          f"inflight {p['inflight']} → 0", wg(inflight=0)))
@@ -211,8 +206,10 @@ def gemm_variants(w: Workload, target: CUDATarget, model_pick: bool = True) -> l
     staged = {**staged, "producer": p.get("producer")}
     shrink = f"; stages {p['stages']} → {staged['stages']} to fit the staging tile" if staged["stages"] != p["stages"] \
         else ""
+    fewer = f"stages-{staged['stages']}"  # the same stages with the threads' stores: the store's own effect
     v.append(Variant("tma-store", "on", "TMA stores", f"store threads → tma{shrink}",
-                     wg(**{k: staged[k] for k in ("store", "stages", "inflight", "producer")})))
+                     wg(**{k: staged[k] for k in ("store", "stages", "inflight", "producer")}),
+                     baseline=fewer if shrink and any(x.name == fewer for x in v) else "default"))
     if tma:
         v.append(Variant("specialize", "on", "warp specialization (producer warpgroup, setmaxnreg)",
                          "specialize=True", wg(specialize=True)))
@@ -238,6 +235,23 @@ def gemm_variants(w: Workload, target: CUDATarget, model_pick: bool = True) -> l
     if group > 1:
         steps.append(("+group", f"+ grouped block order ({group} rows of tiles): the default", wg()))
     return v + _build_up(steps)
+
+
+def _fewer_stages(p: dict[str, int], make: object, single: str = "") -> list[Variant]:
+    """The pipeline 1, 2 and 3 stages deep where the default's is deeper (1: none; the MMA groups left
+    in flight that the stages allow: inflight + 2 at most); ``single``: what else one stage changes."""
+    out = []
+    for stages in (1, 2, 3):
+        if stages >= p["stages"]:
+            break
+        inflight = min(p.get("inflight", 0), max(0, stages - 2))
+        change = {"stages": stages, "inflight": inflight, **({"producer": None} if stages == 1 and single else {})}
+        notes = [single] if stages == 1 and single else []
+        notes += [f"inflight {inflight}"] if inflight != p.get("inflight", 0) else []
+        out.append(Variant(f"stages-{stages}", "off", "multi-stage shared-memory pipelining",
+                           f"stages {p['stages']} → {stages}" + (f" ({'; '.join(notes)})" if notes else ""),
+                           make(**change)))  # type: ignore[operator]
+    return out
 
 
 def _split_variant(d: GemmChoice, target: CUDATarget, M: int, N: int, K: int, itemsize: int) -> Variant:
@@ -298,10 +312,7 @@ def conv_variants(w: Workload, target: CUDATarget) -> list[Variant]:
 
     mma = replace(igemm_choice(without_wgmma(target), *args), seconds=0.0)
     v = [Variant("default", "default", "all (the default)", _describe(d), ("igemm", d), baseline="")]
-    v.append(Variant("stages-1", "off", "multi-stage shared-memory pipelining",
-                     f"stages {p['stages']} → 1 (no MMA group in flight)", ig(stages=1, inflight=0)))
-    v.append(Variant("stages-2", "off", "multi-stage shared-memory pipelining",
-                     f"stages {p['stages']} → 2 (no MMA group in flight)", ig(stages=2, inflight=0)))
+    v += _fewer_stages(p, ig)
     if p.get("inflight"):
         v.append(Variant("inflight-0", "off", "asynchronous MMA groups in flight (wgmma.wait_group)",
                          f"inflight {p['inflight']} → 0", ig(inflight=0)))
