@@ -502,27 +502,32 @@ def measure(name: str, w: Workload, vs: list[Variant], built: dict, args: argpar
 
 # --- reporting ---------------------------------------------------------------------------------------
 
-def cell(entry: dict) -> str:
+def cell(entry: dict, times: bool = True) -> str:
     if "us" in entry:
         ratio = f"{entry['vs_baseline']:.2f}, " if "vs_baseline" in entry else ""
-        return f"{ratio}{entry['vs_torch']:.2f}× ({entry['us']:.1f} µs)"
+        return f"{ratio}{entry['vs_torch']:.2f}×" + (f" ({entry['us']:.1f} µs)" if times else "")
     if "error" in entry:
         return "WRONG" if entry["error"].startswith("wrong") else "build failed"
     return "no switch" if entry["role"] == "no switch" else "—"
 
 
-def markdown(rows: list[dict]) -> str:
-    """Rows: the variants (in the first workload's order, then the others'); columns: the workloads.
-    A cell: time / baseline's time, × torch (torch's time / ours), and the time."""
-    names: list[str] = []
+ROLES = ("default", "off", "on", "same", "no switch", "build-up")
+
+
+def markdown(rows: list[dict], times: bool = True) -> str:
+    """Rows: the variants by role (the default, switched off, on, without a switch, the build-up), each
+    role's in the order the workloads list them; columns: the workloads. A cell: time / baseline's
+    time, × torch (torch's time / ours) and, with ``times``, our time."""
+    first: dict[str, dict] = {}
     for r in rows:
-        names += [n for n in r["variants"] if n not in names]
+        for n, entry in r["variants"].items():
+            first.setdefault(n, entry)
+    names = sorted(first, key=lambda n: ROLES.index(first[n]["role"]))  # stable: the listed order within a role
     head = "| variant | role | vs |" + "".join(f" {r['workload']} |" for r in rows)
     lines = [head, "|" + "---|" * (3 + len(rows))]
     for n in names:
-        entry = next(r["variants"][n] for r in rows if n in r["variants"])
-        lines.append(f"| {n} | {entry['role']} | {entry['baseline'] or '—'} |"
-                     + "".join(f" {cell(r['variants'][n]) if n in r['variants'] else ''} |" for r in rows))
+        lines.append(f"| {n} | {first[n]['role']} | {first[n]['baseline'] or '—'} |"
+                     + "".join(f" {cell(r['variants'][n], times) if n in r['variants'] else ''} |" for r in rows))
     lines.append("| torch | library | — |" + "".join(f" {r['library']} {r['library_us']:.1f} µs |" for r in rows))
     return "\n".join(lines)
 
@@ -542,10 +547,15 @@ def main() -> int:
     parser.add_argument("--no-model", action="store_true", help="leave out the analytical model's first pick")
     parser.add_argument("--max-seconds", type=float, default=0, help="print what was measured and end after this "
                         "many seconds (0: no limit)")
+    parser.add_argument("--table", help="print the markdown table of this record (no GPU) and end")
+    parser.add_argument("--no-times", action="store_true", help="with --table: ratios only, not our times")
     parser.add_argument("--build-only", action="store_true", help="lower and compile every variant; no GPU")
     parser.add_argument("--target", default="", help="the target to build for (default: the GPU's; --build-only: "
                         "cuda:sm_90a)")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())["rows"], times=not args.no_times))
+        return 0
     started = time.perf_counter()
     target = as_target(args.target or ("cuda:sm_90a" if args.build_only else "cuda"))
     wanted = {n for n in args.variants.split(",") if n}
