@@ -30,6 +30,7 @@ import datetime
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import threading
@@ -431,6 +432,9 @@ def per_call(fn: object, calls: int = 50) -> float:
     return (time.perf_counter() - t0) / calls
 
 
+LIBRARY = "library"  # torch's call among the kernels a round times
+
+
 def measure(name: str, w: Workload, vs: list[Variant], built: dict, args: argparse.Namespace) -> dict:
     """Check every built variant, then time the correct ones beside torch in interleaved rounds."""
     import torch
@@ -469,12 +473,18 @@ def measure(name: str, w: Workload, vs: list[Variant], built: dict, args: argpar
     inputs = torch_inputs(w.spec, w.dtype, seed=1)
     library, lib_fn, _, _ = vendor(w.spec, inputs)
     out = torch.empty(tuple(int(d.value) for d in op.func.outputs[0].shape), device="cuda", dtype=inputs[0].dtype)
-    times: dict[str, list[float]] = {key: [] for key in kernels}
-    theirs = []
-    for _ in range(args.rounds):
-        theirs.append(time_gpu(lib_fn, repeat=args.repeat))
-        for key, kern in kernels.items():
-            times[key].append(kern.benchmark(*inputs, out, repeat=args.repeat))  # type: ignore[attr-defined]
+    times: dict[str, list[float]] = {key: [] for key in [*kernels, LIBRARY]}
+    order = [*kernels, LIBRARY]
+    for k in range(args.rounds):
+        if args.shuffle:  # a drift of the clocks within a round falls on other variants each round
+            random.Random(k).shuffle(order)
+        for key in order:
+            kern = kernels.get(key)
+            times[key].append(time_gpu(lib_fn, repeat=args.repeat) if kern is None else
+                              kern.benchmark(*inputs, out, repeat=args.repeat))  # type: ignore[attr-defined]
+        if args.clocks:
+            row.setdefault("clocks_rounds", []).append(clocks())
+    theirs = times.pop(LIBRARY)
     row["library"] = library
     row["library_us"] = statistics.median(theirs) * 1e6
     for v in vs:
@@ -540,6 +550,9 @@ def main() -> int:
                         "default and each kept variant's baseline are always built")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (medians over them)")
     parser.add_argument("--repeat", type=int, default=10, help="timed launches per round (their median)")
+    parser.add_argument("--shuffle", action="store_true", help="time each round's variants and torch in another "
+                        "(seeded) order (default: torch first, then the variants as listed)")
+    parser.add_argument("--clocks", action="store_true", help="record the SM clock and power after each round")
     parser.add_argument("--tolerance", type=float, default=1e-2, help="the largest relative error accepted")
     parser.add_argument("--out", help="the JSON record (default: benchmarks/results/ablation-<date>.json)")
     parser.add_argument("--workers", type=int, default=14, help="build processes")
@@ -596,8 +609,8 @@ def main() -> int:
     record = {"benchmark": "ablation", "date": stamp.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
               **device_record(), "target": dataclasses.asdict(target),
               "timing": f"CUDA events, L2 flushed before each launch; {args.rounds} interleaved rounds of "
-                        f"{args.repeat} launches, median of the rounds' medians; results in the operands' type "
-                        "(as cuBLAS/cuDNN)", "rows": []}
+                        f"{args.repeat} launches{' in shuffled order' if args.shuffle else ''}, median of the rounds' "
+                        "medians; results in the operands' type (as cuBLAS/cuDNN)", "rows": []}
     record["clocks_before"] = clocks()
     watchdog = threading.Timer(max(0.0, args.max_seconds - (time.perf_counter() - started)), report,
                                (record, path, 3))
@@ -616,9 +629,14 @@ def main() -> int:
 
 
 def clocks() -> str:
-    """The SM clock, power and temperature (they move under load)."""
+    """The SM clock, power and temperature of the GPU in use (they move under load)."""
     import subprocess
-    return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+
+    import torch
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    which = [f"--id={pci[0]:08X}:{pci[1]:02X}:{pci[2]:02X}.0"] if None not in pci else []  # else every GPU's
+    return subprocess.run(["nvidia-smi", *which, "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 
 

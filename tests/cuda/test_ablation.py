@@ -132,7 +132,7 @@ def test_measure_times_only_correct_kernels(monkeypatch: pytest.MonkeyPatch) -> 
             built.setdefault(("w", ablation.build_key(v.how)), (
                 "BuildError: refused" if v.name == "stages-2" else
                 _FakeKernel(small, seconds.get(v.name, 3e-3), wrong=v.name == "inflight-0"), 1.0))
-    args = type("Args", (), dict(rounds=2, repeat=3, tolerance=1e-2, triton=False))()
+    args = type("Args", (), dict(rounds=2, repeat=3, tolerance=1e-2, triton=False, shuffle=True, clocks=False))()
     row = ablation.measure("w", small, vs, built, args)
     got = row["variants"]
     assert got["inflight-0"]["error"].startswith("wrong") and "us" not in got["inflight-0"]
