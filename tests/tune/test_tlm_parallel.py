@@ -70,6 +70,12 @@ def test_cpu_dry_run_of_the_whole_pipeline_on_two_worker_processes(tmp_path, mon
     assert ft["workloads"] == 1 and ft["sentences"] >= 1
     assert report["summary"]["per_workload"].keys() == {"h:softmax", "h:layernorm"}
     assert set(report["generation_s_per_100"]) == {"h:softmax", "h:layernorm"}
+    # the runner on half of the cores, its own: the target measured has that many cores (prompt, records)
+    cores = len(__import__("os").sched_getaffinity(0)) // 2
+    assert all(job["runner_cores"] == cores for job in jobs) and report["parallel"]["runner_cores"] == cores
+    if cores:
+        assert f":{cores}c:" in report["target"]
+        assert all(f":{cores}c:" in r.target for r in _trials(tmp_path, "heldout", "xgb"))
 
 
 # --- fake devices --------------------------------------------------------------------------------------
