@@ -10,9 +10,9 @@ on n cores of its own and the builders on the others (``cpu_partition``); on a G
 priority. A runner owns its GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
 fresh random inputs (seeded per configuration), one call checked against the operator's reference,
 then timed (median of repeats, optional cache flush between runs), with the conditions of the timing
-(clocks, power, versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result or a device
-error costs that candidate one failed trial, with its reason; that runner alone is replaced and
-tuning goes on. Outcomes that repeat are kept in the result cache (``result_cache``) and not measured
+(clocks, power, versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result
+or a device error costs that candidate one failed trial, with its reason; that runner alone is
+replaced and tuning goes on. Outcomes that repeat are kept in the result cache (``result_cache``) and not measured
 again. ``MeasureOptions(overlap=False)`` gives the batch-synchronous path (a whole batch built, then
 run one by one).
 """
@@ -62,8 +62,8 @@ class MeasureOptions:
     ``runner_cores``: the runner kept on this many of this process's CPU cores (the last ones,
     ``cpu_partition``) with as many OpenMP threads (unless ``threads`` says otherwise), the builders on
     the others, so that a timed kernel's threads never share a core with a compiler; the caller keeps
-    its own work off them with ``workers.pin_process(measurer.partition.others)``. 0: every process on every
-    core.
+    its own work off them with ``workers.pin_process(measurer.partition.others)``. 0: every process
+    on every core.
     ``pause_builds``: stop the builders while a kernel is timed (None: on CPU targets whose runner
     shares the builders' cores, ``runner_cores=0``).
     ``result_cache``: reuse the outcome of a configuration measured before on this target with this
