@@ -362,7 +362,7 @@ def worker(job_file: str) -> int:
     done = {r["name"] for r in _devices.read_rows(rows)}
     cases = [c for c in (Case(**c) for c in job["cases"]) if c.name not in done]
     with Measurer(measure_options(kind, job["builders"], cores)) as measurer:
-        if measurer.partition is not None:  # before torch starts its threads (each keeps the cores it started on)
+        if cores:  # before torch starts its threads (each keeps the cores it started on)
             pin_process(measurer.partition.others)
         import torch
         torch.set_num_threads(2)  # the cores are the builders'

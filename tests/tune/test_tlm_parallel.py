@@ -144,7 +144,8 @@ def fake_devices(monkeypatch):
 
 
 def test_a_killed_device_is_resumed_by_the_same_command(tmp_path, monkeypatch, fake_devices):
-    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--jobs", "4"))
+    # the workers run in this process, measuring nothing: no runner, so no cores of its own
+    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--jobs", "4", "--runner-cores", "0"))
     InProcess.dead = {"1"}
     assert bench.main() == _devices.RESUME  # device 1's worker died: its held-out workloads are not done
     assert not (tmp_path / "out.json").exists()
@@ -166,7 +167,7 @@ def test_a_killed_device_is_resumed_by_the_same_command(tmp_path, monkeypatch, f
 
 
 def test_held_out_workloads_of_a_dead_device_are_handed_out_again(tmp_path, monkeypatch, fake_devices):
-    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1"))
+    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--runner-cores", "0"))
     assert bench.main() == 0  # the whole run, to have the stages before the held-out one done
     rows = tmp_path / "heldout.rows.jsonl"
     first = {r["name"]: r for r in _devices.read_rows(rows)}
