@@ -119,6 +119,9 @@ def test_runner_cores_keep_the_runner_and_the_builders_on_cores_of_their_own():
         cpu_partition(len(mine))
     with pytest.raises(TuneError, match="runner_cores must be at least 0"):
         MeasureOptions(runner_cores=-1)
+    with pytest.raises(TuneError, match="leave runner_cores at 0 with cluster="):  # before connecting
+        tune_task(task, 1, None, measure=MeasureOptions(runner_cores=1), cluster="tcp://127.0.0.1:1",
+                  progress=False)
 
 
 def test_faulty_candidates_are_survived_and_recorded(tmp_path):
