@@ -87,6 +87,7 @@ from polytile.tune.tlm.finetune import analytical_sentences, best_sentences, fin
 from polytile.tune.tlm.model import TLM, resolve  # noqa: E402
 from polytile.tune.tlm.networks import HELD_OUT, TRAIN  # noqa: E402
 from polytile.tune.tlm.train import FINETUNE, TrainOptions, fit  # noqa: E402
+from polytile.tune.workers import pin_process  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # held-out CPU workloads: layers of ViT-B/16, Whisper-tiny, DenseNet-121 and SqueezeNet-1.1 small enough
@@ -243,14 +244,42 @@ def expected_seconds(case: Case, trials: int, builders: int) -> float:
     return _devices.expected_seconds(trials, family, builders)
 
 
-def measure_options(kind: str, builders: int) -> MeasureOptions:
-    """How the workers measure. CPU: three timed runs after one warm-up (hundreds of trials must fit the
-    time of a shared machine). GPU: every candidate checked and timed on one set of inputs, whose
-    reference is computed once; at least 10 ms of launches (tens of the 10–500 µs kernels); no re-timing
-    of winners (the curves are what is compared)."""
+def measure_options(kind: str, builders: int, runner_cores: int = 0) -> MeasureOptions:
+    """How the workers measure. CPU: the runner on ``runner_cores`` cores of its own, the builders and
+    the tuners on the others (``MeasureOptions.runner_cores``), the median of at least 10 runs or 20 ms
+    after two warm-ups. GPU: every candidate checked and timed on one set of inputs, whose reference is
+    computed once; at least 10 ms of launches (tens of the 10–500 µs kernels). No re-timing of winners
+    (the curves are what is compared)."""
     if kind == "cpu":
-        return MeasureOptions(builders=builders, repeat=3, warmup=1, min_time=0.0, retime=0)
+        return MeasureOptions(builders=builders, runner_cores=runner_cores, repeat=10, warmup=2, min_time=0.02,
+                              retime=0)
     return MeasureOptions(builders=builders, same_inputs=True, repeat=10, warmup=1, min_time=0.01, retime=0)
+
+
+def runner_cores(args: argparse.Namespace) -> int:
+    """The cores of the CPU runner (``--runner-cores``; default half of this process's, 0 on a GPU)."""
+    if args.target != "cpu":
+        return 0
+    if args.runner_cores is not None:
+        return args.runner_cores
+    return len(os.sched_getaffinity(0)) // 2
+
+
+def builders_per_device(args: argparse.Namespace) -> int:
+    """``--builders``, or the cores shared among the devices, one left to each (its tuners and runner); on
+    the CPU with a runner of its own, the cores that are not the runner's, one left to the tuners."""
+    cores = runner_cores(args)
+    if args.builders or not cores:
+        return _devices.builders_per_device(_devices.parse_devices(args.devices), args.builders)
+    return max(1, len(os.sched_getaffinity(0)) - cores - 1)
+
+
+def measured_target(target: str, cores: int) -> object:
+    """The target the kernels are measured on: with a CPU runner of its own, this CPU with the runner's
+    cores (what its kernels' threads get, and what the prompt and the records say)."""
+    if target == "cpu" and cores:
+        return dataclasses.replace(cpu_target(), cores=cores)
+    return as_target(target)
 
 
 @dataclass
@@ -279,7 +308,8 @@ def run_stage(stage: Stage, args: argparse.Namespace, records: Path, deadline: f
     """Tune the workloads of ``stage`` not yet finished, spread over ``--devices`` (a worker process each,
     stopping at ``deadline``); ``meanwhile`` runs here while they work. True when every workload is done."""
     devices = _devices.parse_devices(args.devices)
-    builders = _devices.builders_per_device(devices, args.builders)
+    cores = runner_cores(args)
+    builders = builders_per_device(args)
     done = stage.entries(records)
     todo = [c for c in stage.cases if c.name not in done]
     if todo and deadline and time.time() > deadline:
@@ -299,7 +329,8 @@ def run_stage(stage: Stage, args: argparse.Namespace, records: Path, deadline: f
         job = {"stage": stage.name, "model": stage.model, "target": args.target, "tuners": stage.tuners,
                "trials": stage.trials, "batch": args.batch, "temperature": args.temperature, "seed": args.seed,
                "cases": [dataclasses.asdict(c) for c in share], "records_dir": str(records / stage.name),
-               "rows": str(stage.rows_file(records)), "builders": builders, "deadline": deadline,
+               "rows": str(stage.rows_file(records)), "builders": builders, "runner_cores": cores,
+               "deadline": deadline,
                "jobs": args.jobs or max(1, builders // args.batch + 1)}
         path = records / f"{stage.name}.gpu{d}.job.json"
         path.write_text(json.dumps(job, indent=1) + "\n")
@@ -321,17 +352,22 @@ def worker(job_file: str) -> int:
     """One device's share of a stage (this process sees only that GPU): its workloads tuned by the
     stage's tuners, ``--jobs`` tunings at a time through one measurer (a builder pool and the device's
     runner), each workload's entry appended to the stage's rows as its tunings end. The model runs on
-    the CPU here: the GPU times kernels, undisturbed."""
-    import torch
+    the CPU here: the GPU times kernels, undisturbed. On the CPU with ``runner_cores``, this process
+    keeps to the cores that are not the runner's, as the builders do."""
     job = json.loads(Path(job_file).read_text())
-    torch.set_num_threads(2)  # the cores are the builders'
+    kind = "cpu" if job["target"] == "cpu" else "cuda"
+    cores = job.get("runner_cores", 0)
+    target = measured_target(job["target"], cores)
     rows = Path(job["rows"])
     done = {r["name"] for r in _devices.read_rows(rows)}
     cases = [c for c in (Case(**c) for c in job["cases"]) if c.name not in done]
-    kind = "cpu" if job["target"] == "cpu" else "cuda"
-    model = resolve(job["model"], kind, device="cpu") if job["model"] is not None else None
-    with Measurer(measure_options(kind, job["builders"])) as measurer:
-        evaluate(model, cases, job["target"], job["tuners"], job["trials"], job["batch"],
+    with Measurer(measure_options(kind, job["builders"], cores)) as measurer:
+        if cores:  # before torch starts its threads (each keeps the cores it started on)
+            pin_process(measurer.partition.others)
+        import torch
+        torch.set_num_threads(2)  # the cores are the builders'
+        model = resolve(job["model"], kind, device="cpu") if job["model"] is not None else None
+        evaluate(model, cases, target, job["tuners"], job["trials"], job["batch"],
                  records_dir=job["records_dir"], measurer=measurer, temperature=job["temperature"],
                  seed=job["seed"], progress=False, jobs=job["jobs"], deadline=job["deadline"],
                  on_workload=lambda name, entry: _devices.append_row(rows, {"name": name, **entry}))
@@ -386,17 +422,18 @@ def measured(args: argparse.Namespace) -> dict | None:
     if not done:
         return None
     tuned = resolve(str(tuned_dir), kind)
-    result: dict = {"target": held[0].task(args.target).target.key, "trials": args.trials, "tuners": tuners,
+    target = measured_target(args.target, runner_cores(args))
+    result: dict = {"target": held[0].task(target).target.key, "trials": args.trials, "tuners": tuners,
                     "workloads": stage.entries(records),
                     "model": {"path": str(tuned_dir), "parameters": tuned.parameters, "meta": tuned.meta}}
     result["fine_tuning"] = {"workloads": [c.name for c in train], "trials_each": args.train_trials,
                              "best": args.best, "analytical_sentences": len(prior),
                              "finetuned_on": tuned.meta.get("finetuned_on", [{}])[-1]}
-    result["generation_s_per_100"] = generation_seconds(tuned, held, args.target)
+    result["generation_s_per_100"] = generation_seconds(tuned, held, target)
     result["summary"] = summarize(result, f"xgb@{args.reference_trials}")
     result["timings"] = timings.values
-    result["parallel"] = {"devices": args.devices, "builders_per_device": _devices.builders_per_device(
-        _devices.parse_devices(args.devices), args.builders), "jobs": args.jobs, "records": str(records),
+    result["parallel"] = {"devices": args.devices, "builders_per_device": builders_per_device(args),
+                          "runner_cores": runner_cores(args), "jobs": args.jobs, "records": str(records),
         "trial_seconds": trial_seconds(records)}
     return result
 
@@ -560,7 +597,11 @@ def main() -> int:
     p.add_argument("--out", help="the JSON record (default benchmarks/results/tlm-<target>-<date>.json)")
     p.add_argument("--devices", default="0", help="measured runs: the GPUs, one worker process each (0,1)")
     p.add_argument("--builders", type=int, default=0, help="measured runs: build processes per device "
-                   "(default: the cores shared among the devices, one left to each)")
+                   "(default: the cores shared among the devices, one left to each; on the CPU the cores that "
+                   "are not the runner's, one left to the tuners)")
+    p.add_argument("--runner-cores", type=int, help="--target cpu: the cores of the process that times kernels "
+                   "(its OpenMP threads), the builders and tuners on the others (default: half of the cores; 0: "
+                   "every process on every core, the builders stopped while a kernel is timed)")
     p.add_argument("--jobs", type=int, default=0, help="measured runs: tunings at once per device, each "
                    "batch after batch (default: builders / batch + 1)")
     p.add_argument("--max-seconds", type=float, default=0, help="measured runs: stop the tunings this many "

@@ -199,6 +199,9 @@ def _ctrl_c_after() -> Iterator[None]:
 def _measurer(measure: MeasureOptions | None, devices: Sequence[int] | None, cluster: object) -> Any:
     """The measurer of a run: worker processes on this machine, or a Dask cluster when ``cluster`` is given."""
     if cluster is not None:
+        if measure is not None and measure.runner_cores:
+            raise TuneError("MeasureOptions.runner_cores places this machine's runner and builders; a cluster's "
+                            "workers are placed by Dask: leave runner_cores at 0 with cluster=")
         try:
             from .cluster import ClusterMeasurer
         except ImportError:

@@ -5,13 +5,14 @@ Building (template → schedule → lowering → compilation) happens in ``Measu
 processes; the iter features of the lowered IR come back with the kernel. Builds feed a measurement
 queue (``submit``/``collect``): a runner takes each built candidate as soon as it is free, while the
 builders go on with the next ones — on a CPU target the builders are stopped while a kernel is timed
-(so compilers do not disturb the timings), on a GPU they run at a lower priority. A runner owns its
-GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run: fresh random inputs (seeded
-per configuration), one call checked against the operator's reference, then timed (median of
-repeats, optional cache flush between runs), with the conditions of the timing (clocks, power,
-versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result or a device
-error costs that candidate one failed trial, with its reason; that runner alone is replaced and
-tuning goes on. Outcomes that repeat are kept in the result cache (``result_cache``) and not measured
+(so compilers do not disturb the timings), unless ``MeasureOptions(runner_cores=n)`` keeps the runner
+on n cores of its own and the builders on the others (``cpu_partition``); on a GPU they run at a lower
+priority. A runner owns its GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
+fresh random inputs (seeded per configuration), one call checked against the operator's reference,
+then timed (median of repeats, optional cache flush between runs), with the conditions of the timing
+(clocks, power, versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result
+or a device error costs that candidate one failed trial, with its reason; that runner alone is
+replaced and tuning goes on. Outcomes that repeat are kept in the result cache (``result_cache``) and not measured
 again. ``MeasureOptions(overlap=False)`` gives the batch-synchronous path (a whole batch built, then
 run one by one).
 """
@@ -58,7 +59,13 @@ class MeasureOptions:
     ``before_run``: a module-level function ``f(task, values)`` called in the runner before the
     kernel runs — a test hook to simulate faulty kernels; leave it None.
     ``overlap``: stream builds into the measurement queue (False: build a whole batch, then run it).
-    ``pause_builds``: stop the builders while a kernel is timed (None: on CPU targets only).
+    ``runner_cores``: the runner kept on this many of this process's CPU cores (the last ones,
+    ``cpu_partition``) with as many OpenMP threads (unless ``threads`` says otherwise), the builders on
+    the others, so that a timed kernel's threads never share a core with a compiler; the caller keeps
+    its own work off them with ``workers.pin_process(measurer.partition.others)``. 0: every process
+    on every core.
+    ``pause_builds``: stop the builders while a kernel is timed (None: on CPU targets whose runner
+    shares the builders' cores, ``runner_cores=0``).
     ``result_cache``: reuse the outcome of a configuration measured before on this target with this
     toolkit and this polytile (``result_cache.ResultCache``).
     ``retime``: how many of the best configurations are timed again in a fresh process before the
@@ -81,6 +88,7 @@ class MeasureOptions:
     check: bool = True
     check_odd_shape: bool = False
     threads: int = 0
+    runner_cores: int = 0
     same_inputs: bool = False
     before_run: Callable[[Task, dict[str, object]], None] | None = None
     overlap: bool = True
@@ -91,8 +99,8 @@ class MeasureOptions:
     quick_build: bool | None = None
 
     def __post_init__(self) -> None:
-        at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "min_time": 0.0, "retime": 0,
-                    "noise_band": 0.0}
+        at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "runner_cores": 0, "min_time": 0.0,
+                    "retime": 0, "noise_band": 0.0}
         for name, low in at_least.items():
             if not getattr(self, name) >= low:
                 raise TuneError(f"MeasureOptions.{name} must be at least {low}, got {getattr(self, name)!r}")
@@ -102,8 +110,36 @@ class MeasureOptions:
                                 f"got {getattr(self, name)!r}")
 
     def builder_count(self) -> int:
-        return self.builders or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                    else (os.cpu_count() or 1))
+        if self.builders:
+            return self.builders
+        if self.runner_cores:
+            return max(1, len(cpu_partition(self.runner_cores).others))
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+    @property
+    def kernel_threads(self) -> int:
+        """The OpenMP threads of a timed CPU kernel (0: OpenMP's default, every core it may use)."""
+        return self.threads or self.runner_cores
+
+
+@dataclass(frozen=True)
+class CorePartition:
+    """This process's CPU cores split between the runner that times kernels and everything else (the
+    builders, the tuner)."""
+
+    runner: frozenset[int]
+    others: frozenset[int]
+
+
+def cpu_partition(runner_cores: int) -> CorePartition:
+    """The last ``runner_cores`` of the cores this process may run on for the runner, the rest for the
+    others (``MeasureOptions.runner_cores``). TuneError when that leaves the others none."""
+    mine = sorted(os.sched_getaffinity(0))
+    if not 0 < runner_cores < len(mine):
+        fix = f"give 1 to {len(mine) - 1}, or 0" if len(mine) > 1 else "give 0"
+        raise TuneError(f"MeasureOptions.runner_cores={runner_cores} must leave the builders at least one of the "
+                        f"{len(mine)} cores this process may use ({fix} to share them)")
+    return CorePartition(frozenset(mine[-runner_cores:]), frozenset(mine[:-runner_cores]))
 
 
 @dataclass
@@ -339,7 +375,7 @@ def device_environment(ordinal: int | None) -> dict[str, str]:
 def cache_options(opts: MeasureOptions) -> dict[str, object]:
     """The measurement options that change a trial's outcome (part of its result-cache key)."""
     hook = opts.before_run
-    return {"check": opts.check, "odd": opts.check_odd_shape, "threads": opts.threads,
+    return {"check": opts.check, "odd": opts.check_odd_shape, "threads": opts.kernel_threads,
             "flush": opts.flush_cache, "same_inputs": opts.same_inputs,
             "hook": None if hook is None else f"{hook.__module__}.{hook.__qualname__}"}
 
@@ -384,15 +420,17 @@ class Measurer:
 
     def __init__(self, options: MeasureOptions | None = None, devices: Sequence[int] | None = None):
         self.options = options or MeasureOptions()
-        threads = self.options.threads
+        threads = self.options.kernel_threads
         # NumPy's BLAS computes references single-threaded: its idle threads spin after each call
         # and would steal the cores from the kernel timed next
         env = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
+        self.partition = cpu_partition(self.options.runner_cores) if self.options.runner_cores else None
+        runner_cores, builder_cores = (self.partition.runner, self.partition.others) if self.partition else (None, None)
         self.devices: list[int | None] = list(devices) if devices else [None]
-        self.builders = WorkerPool(self.options.builder_count(), {"OMP_NUM_THREADS": "1"})
-        self.runners = [WorkerPool(1, {**env, **device_environment(d)}) for d in self.devices]
+        self.builders = WorkerPool(self.options.builder_count(), {"OMP_NUM_THREADS": "1"}, cores=builder_cores)
+        self.runners = [WorkerPool(1, {**env, **device_environment(d)}, cores=runner_cores) for d in self.devices]
         self.cache = ResultCache() if self.options.result_cache else None
         self._trials: dict[int, _Trial] = {}
         self._builds: dict[int, int] = {}  # builder ticket -> trial
@@ -485,7 +523,7 @@ class Measurer:
 
     def _pausing(self, task: Task) -> bool:
         pause = self.options.pause_builds
-        return task.target.kind != "cuda" if pause is None else pause
+        return task.target.kind != "cuda" and self.partition is None if pause is None else pause
 
     def _start_runs(self) -> None:
         while self._queue:

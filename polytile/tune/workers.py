@@ -27,7 +27,7 @@ import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
@@ -158,6 +158,8 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
     _die_with_parent(setup["parent"])
     if setup.get("nice"):
         os.nice(setup["nice"])  # builders yield the cores to the process that times kernels
+    if setup.get("cores"):
+        pin_process(setup["cores"])
     sys.argv[:] = setup["argv"]
     if setup["main"] is not None:
         sys.modules["__main__"] = _CallerMain(*setup["main"])
@@ -186,6 +188,21 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
             return
 
 
+def pin_process(cores: Iterable[int]) -> None:
+    """Keep every thread of this process (those started at import too) on ``cores``; threads started
+    later inherit it (OpenMP's, a compiler the process runs)."""
+    cores = set(cores)
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except ProcessLookupError:  # a thread that has ended since
+            pass
+
+
 def _main_module() -> tuple[str, str] | None:
     """Where the caller's ``__main__`` comes from: ("path", script), ("module", name) for ``-m``, or
     None (an interactive session, ``-c``)."""
@@ -205,14 +222,14 @@ STARTUP_TIMEOUT = 300.0
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str], nice: int = 0):
+    def __init__(self, env: dict[str, str], nice: int = 0, cores: frozenset[int] | None = None):
         self.conn, child = Pipe()
         self.proc = subprocess.Popen([sys.executable, "-c", BOOT, str(child.fileno())],
                                      pass_fds=(child.fileno(),), env={**os.environ, **env},
                                      stdin=subprocess.DEVNULL, process_group=0)
         child.close()
         self.conn.send({"sys_path": list(sys.path), "argv": list(sys.argv), "main": _main_module(),
-                        "parent": os.getpid(), "nice": nice})
+                        "parent": os.getpid(), "nice": nice, "cores": sorted(cores or ())})
         self.ready = False
         self.started = time.monotonic()
 
@@ -266,7 +283,8 @@ def _signal_name(code: int | None) -> str:
 
 
 class WorkerPool:
-    """``size`` worker processes started lazily with extra environment ``env`` (at ``nice`` priority).
+    """``size`` worker processes started lazily with extra environment ``env`` (at ``nice`` priority;
+    kept on the CPU cores ``cores`` when given, ``os.sched_setaffinity``).
 
     Calls are submitted (``submit``) and their outcomes collected as they complete (``poll``), so a
     caller can keep the workers busy while it does other work; ``map`` does both for a list of calls.
@@ -274,11 +292,13 @@ class WorkerPool:
     ``resume`` continues them, moving their deadlines by the time they were stopped.
     """
 
-    def __init__(self, size: int, env: dict[str, str] | None = None, nice: int = 0):
+    def __init__(self, size: int, env: dict[str, str] | None = None, nice: int = 0,
+                 cores: frozenset[int] | None = None):
         check_not_loading_main()
         self.size = max(1, size)
         self.env = dict(env or {})
         self.nice = nice
+        self.cores = cores
         self._workers: list[_Worker] = []
         self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], float]] = deque()
         # worker slot -> (ticket, function, timeout, deadline) of the call it runs
@@ -288,7 +308,7 @@ class WorkerPool:
         self._unclaimed: list[tuple[int, Outcome]] = []  # outcomes ``map`` collected for other callers
 
     def _spawn(self) -> _Worker:
-        return _Worker(self.env, self.nice)
+        return _Worker(self.env, self.nice, self.cores)
 
     @property
     def pending(self) -> int:

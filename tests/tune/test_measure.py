@@ -87,6 +87,43 @@ def test_a_paused_pool_stops_its_calls_and_their_deadlines():
         assert isinstance(outcome, Returned) and outcome.value == 1.0
 
 
+def _placement() -> tuple[list[int], str | None]:
+    import os
+    return sorted(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS")
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores to split")
+def test_runner_cores_keep_the_runner_and_the_builders_on_cores_of_their_own():
+    """runner_cores=1: the runner on the last core this process may use, with one OpenMP thread; the
+    builders (as many as the other cores, by default) on the others; the builders then build on while a
+    kernel is timed (a CPU runner that shares their cores stops them)."""
+    import os
+
+    from polytile.tune.measure import Measurer, cpu_partition
+    mine = sorted(os.sched_getaffinity(0))
+    task = make_task("layernorm", "cpu", M=7, N=33)
+    with Measurer(MeasureOptions(runner_cores=1, result_cache=False)) as m:
+        assert m.partition == cpu_partition(1)
+        assert m.partition.runner == {mine[-1]} and m.partition.others == set(mine[:-1])
+        assert m.builders.size == len(mine) - 1
+        runner, builder = m.runner.call(_placement, (), 60.0), m.builders.call(_placement, (), 60.0)
+        assert not m._pausing(task)
+    assert runner.value == ([mine[-1]], "1")
+    assert builder.value == (mine[:-1], "1")
+    with Measurer(MeasureOptions(result_cache=False)) as shared:
+        assert shared.partition is None and shared._pausing(task)
+        assert shared.runner.call(_placement, (), 60.0).value[0] == mine
+    assert MeasureOptions(runner_cores=1).kernel_threads == 1
+    assert MeasureOptions(runner_cores=1, threads=2).kernel_threads == 2
+    with pytest.raises(TuneError, match="runner_cores=.* must leave the builders"):
+        cpu_partition(len(mine))
+    with pytest.raises(TuneError, match="runner_cores must be at least 0"):
+        MeasureOptions(runner_cores=-1)
+    with pytest.raises(TuneError, match="leave runner_cores at 0 with cluster="):  # before connecting
+        tune_task(task, 1, None, measure=MeasureOptions(runner_cores=1), cluster="tcp://127.0.0.1:1",
+                  progress=False)
+
+
 def test_faulty_candidates_are_survived_and_recorded(tmp_path):
     records = tmp_path / "faulty.jsonl"
     task = make_task(faulty.make_func(), "cpu", template=faulty.faulty)

@@ -363,6 +363,33 @@ def test_the_shipped_cpu_model_writes_valid_schedules_for_a_held_out_network():
     assert len({s.digits for s in got}) == 8 and all(checker.is_valid(s.digits) for s in got)
 
 
+def test_the_shipped_cpu_model_has_a_word_for_every_choice_of_the_cpu_templates():
+    """The shipped model is built from the templates as they are: every choice of every CPU template's
+    decisions, on a layer of the corpus's networks, is a word of its vocabulary (a template's new or
+    renamed decision would be [UNK] to it, drawn at random: the row templates' lanewise, accumulators,
+    vectors and row_buffer and most of conv2d_cpu's were, until the model was built again)."""
+    from polytile.tune.tlm.model import resolve
+    tlm = resolve("default", "cpu", device="cpu")
+    layers = corpus.workloads("cpu", tlm.meta["corpus"]["networks"])
+    # polytile's own templates (other tests register theirs)
+    for template in [t for t in list_templates() if t.kind == "cpu" and t.fn.__module__.startswith("polytile.")]:
+        if template.op == "func":  # a plain Func's choices depend on its extents: its decisions at least
+            task = example_task(template)
+            assert task is None or not tlm.unknown_decisions(task.space), template.name
+            continue
+        args = next(args for _, op, args in layers if op == template.op)
+        task = make_task(template.op, corpus.targets("cpu")[0], template, **args)
+        missing = [w for dw in decision_words(task.space) for w in dw.words if w not in tlm.ids]
+        assert not missing, (template.name, missing)
+    stale = copy.copy(tlm)
+    stale.ids = {w: k for w, k in tlm.ids.items() if not w.startswith("lanewise=")}
+    softmax = make_task("softmax", corpus.targets("cpu")[0], M=128, N=197)
+    assert stale.unknown_decisions(softmax.space) == ["lanewise"]
+    with pytest.warns(UserWarning, match="no word for the decisions lanewise of template softmax_cpu"):
+        tune_task(softmax, 2, None, tuner="tlm", batch_size=2, progress=False, build_best=False, verify=False,
+                  tuner_options={"model": stale}, measurer=HashMeasurer())
+
+
 @pytest.mark.gpu
 def test_training_and_decoding_on_the_gpu(tmp_path, training_tasks):
     rng = np.random.default_rng(6)

@@ -70,6 +70,12 @@ def test_cpu_dry_run_of_the_whole_pipeline_on_two_worker_processes(tmp_path, mon
     assert ft["workloads"] == 1 and ft["sentences"] >= 1
     assert report["summary"]["per_workload"].keys() == {"h:softmax", "h:layernorm"}
     assert set(report["generation_s_per_100"]) == {"h:softmax", "h:layernorm"}
+    # the runner on half of the cores, its own: the target measured has that many cores (prompt, records)
+    cores = len(__import__("os").sched_getaffinity(0)) // 2
+    assert all(job["runner_cores"] == cores for job in jobs) and report["parallel"]["runner_cores"] == cores
+    if cores:
+        assert f":{cores}c:" in report["target"]
+        assert all(f":{cores}c:" in r.target for r in _trials(tmp_path, "heldout", "xgb"))
 
 
 # --- fake devices --------------------------------------------------------------------------------------
@@ -138,7 +144,8 @@ def fake_devices(monkeypatch):
 
 
 def test_a_killed_device_is_resumed_by_the_same_command(tmp_path, monkeypatch, fake_devices):
-    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--jobs", "4"))
+    # the workers run in this process, measuring nothing: no runner, so no cores of its own
+    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--jobs", "4", "--runner-cores", "0"))
     InProcess.dead = {"1"}
     assert bench.main() == _devices.RESUME  # device 1's worker died: its held-out workloads are not done
     assert not (tmp_path / "out.json").exists()
@@ -160,7 +167,7 @@ def test_a_killed_device_is_resumed_by_the_same_command(tmp_path, monkeypatch, f
 
 
 def test_held_out_workloads_of_a_dead_device_are_handed_out_again(tmp_path, monkeypatch, fake_devices):
-    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1"))
+    monkeypatch.setattr(sys, "argv", _argv(tmp_path, "--devices", "0,1", "--runner-cores", "0"))
     assert bench.main() == 0  # the whole run, to have the stages before the held-out one done
     rows = tmp_path / "heldout.rows.jsonl"
     first = {r["name"]: r for r in _devices.read_rows(rows)}

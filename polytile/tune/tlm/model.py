@@ -224,6 +224,11 @@ class TLM:
         """Per decision, the word id of each choice ([UNK] for a word outside the vocabulary)."""
         return [np.array(self.word_ids(dw.words), dtype=np.int64) for dw in decision_words(space)]
 
+    def unknown_decisions(self, space: ConfigSpace) -> list[str]:
+        """The decisions of ``space`` none of whose choices is a word of the vocabulary: the model was
+        built before its template declared them, and decoding can only draw them uniformly."""
+        return [dw.name for dw in decision_words(space) if all(w not in self.ids for w in dw.words)]
+
     def encode(self, texts: Sequence[str]) -> list[tuple[list[int], int]]:
         """Sentences as ``[BOS] prompt [SEP] decisions [EOS]`` ids, each with its prompt length (the
         ids up to and including [SEP], which training does not score)."""

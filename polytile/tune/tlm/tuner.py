@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any
 
 from ..search import Digits, Tuner
@@ -41,6 +42,12 @@ class TLMTuner(Tuner):
         shared = resolve(model, task.target.kind, device)
         shared.check_task(task)
         shared.prompt_ids(task)  # the task's sentences fit the model: checked before anything runs
+        unknown = shared.unknown_decisions(space)
+        if unknown:
+            where = f" ({shared.path})" if shared.path else ""
+            warnings.warn(f"the TLM model{where} has no word for the decisions {', '.join(unknown)} of template "
+                          f"{task.template.name}: it draws them at random; build it again with `polytile tlm "
+                          f"corpus` and `polytile tlm pretrain`", stacklevel=2)
         self.tlm = TLM(shared.tokenizer, copy.deepcopy(shared.model), copy.deepcopy(shared.meta),
                        shared.path) if finetune else shared
         self.task = task
