@@ -87,7 +87,9 @@ def igemm_tiles(kernel: str, M: int, C: int, K: int) -> list[dict[str, int]]:
     if kernel == "wgmma":
         for bm in (128, 64):
             for bn in (128, 64):
-                if (bm > 64 and M <= 64) or (bn > 64 and K <= 64):
+                # no wider than the filters (a 128-wide tile over 96 or 112 filters is cut to them, and
+                # wgmma's 128-byte swizzled rows need whole 64-element tiles of the filter)
+                if (bm > 64 and M <= 64) or (bn > 64 and K < bn):
                     continue
                 out.append(dict(bm=bm, bn=bn, bk=64, stages=4, inflight=1))
         return out

@@ -908,3 +908,14 @@ def test_channels_of_no_whole_16_byte_vectors_are_padded():
     # the tuning template of the padded copy applies too (its first configuration: the default)
     task = make_task("conv2d_igemm", SM90A, N=32, H=19, W=19, C=81, K=12, R=5, S=5, stride=2, padding=2)
     assert task.template.name == "conv2d_igemm_rows"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims", [(2, 12, 12, 280, 112, 7, 7, 1, 3), (2, 8, 8, 376, 96, 3, 3, 1, 1)],
+                         ids=["280-112-7x7", "376-96-3x3"])
+def test_warpgroup_convolutions_of_fewer_filters_than_a_wide_tile_build(dims):
+    # random shapes (seed 99391, H200): the default took 128-wide wgmma tiles over 112 and 96 filters,
+    # which the filter's 128-byte swizzled tile refused (a ScheduleError from the default schedule)
+    op = ops.conv2d_igemm(*dims, dtype="float16")
+    kern = pt.build(op.schedule(SM90A), SM90A)
+    assert "wgmma" in kern.source

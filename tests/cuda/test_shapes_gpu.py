@@ -83,7 +83,9 @@ def test_default_batch_gemv(dims):
                                   # channels that are no whole 16-byte vectors, padded to a multiple of 16
                                   (32, 19, 19, 81, 12, 5, 5, 2, 2), (32, 17, 17, 209, 16, 1, 1, 1, 0),
                                   (8, 12, 12, 17, 115, 7, 7, 1, 3), (2, 33, 33, 100, 256, 3, 3, 1, 1),
-                                  (1, 7, 7, 1001, 64, 3, 3, 1, 1)])
+                                  (1, 7, 7, 1001, 64, 3, 3, 1, 1),
+                                  # aligned channels, fewer filters than a 128-wide wgmma tile (did not build)
+                                  (2, 12, 12, 280, 112, 7, 7, 1, 3), (2, 8, 8, 376, 96, 3, 3, 1, 1)])
 def test_conv_three_channels(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride, pad, dtype="float16")
