@@ -73,6 +73,17 @@ class Workload:
         return {"kind": self.kind, "dims": self.dims}
 
 
+
+def _mma_steps(kind: str, mma: GemmChoice | IgemmChoice) -> list[tuple[str, str, tuple[str, object]]]:
+    """The build-up's first steps on mma.sync (``kind``: "gemm" or "igemm", ``mma`` its choice): no
+    pipelining, then the shared stages, then the register level (ALCOP's multi-level pipeline)."""
+    mp = mma.params
+    return [("plain", "mma.sync, no pipelining (stages 1, reg_stages 1)",
+             (kind, replace(mma, params={**mp, "stages": 1, "reg_stages": 1}))),
+            ("+stages", f"+ {mp['stages']} shared stages (cp.async)",
+             (kind, replace(mma, params={**mp, "reg_stages": 1}))),
+            ("+registers", "+ register double-buffering (ALCOP's multi-level pipeline)", (kind, mma))]
+
 def _named() -> dict[str, Workload]:
     out = {}
     for tag, dtype in DTYPES.items():
@@ -222,11 +233,7 @@ def gemm_variants(w: Workload, target: CUDATarget, model_pick: bool = True) -> l
                          ("template", "matmul_wgmma", pick)))
     # built up from a plain kernel
     base = {**p, "inflight": 0, "producer": None, "group": None}
-    steps = [("plain", "mma.sync, no pipelining (stages 1, reg_stages 1)",
-              ("gemm", replace(mma, params={**mp, "stages": 1, "reg_stages": 1}))),
-             ("+stages", f"+ {mp['stages']} shared stages (cp.async)",
-              ("gemm", replace(mma, params={**mp, "reg_stages": 1}))),
-             ("+registers", "+ register double-buffering (ALCOP's multi-level pipeline)", ("gemm", mma)),
+    steps = [*_mma_steps("gemm", mma),
              ("+wgmma", f"+ wgmma in swizzled tiles {p['bm']}×{p['bn']}×{p['bk']}, {p['stages']} stages (cp.async)",
               wg(**{k: base[k] for k in ("inflight", "producer", "group")}))]
     if p.get("inflight"):
@@ -342,12 +349,7 @@ def conv_variants(w: Workload, target: CUDATarget) -> list[Variant]:
     v.append(Variant("model-first", "same" if same else "on", "the analytical model's first pick (igemm_options)",
                      _describe(first) + (" (the default's: no margin overrides it)" if same else ""),
                      ("igemm", first)))
-    mp = mma.params
-    steps = [("plain", "mma.sync, no pipelining (stages 1, reg_stages 1)",
-              ("igemm", replace(mma, params={**mp, "stages": 1, "reg_stages": 1}))),
-             ("+stages", f"+ {mp['stages']} shared stages (cp.async)",
-              ("igemm", replace(mma, params={**mp, "reg_stages": 1}))),
-             ("+registers", "+ register double-buffering (ALCOP's multi-level pipeline)", ("igemm", mma)),
+    steps = [*_mma_steps("igemm", mma),
              ("+wgmma", f"+ wgmma in swizzled tiles {p['bm']}×{p['bn']}×{p['bk']}, {p['stages']} stages",
               ("igemm", replace(d, rows=False, chunks=1, params={**no_deeper(p, steps_unsplit), "inflight": 0})))]
     if p.get("inflight"):

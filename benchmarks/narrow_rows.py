@@ -7,7 +7,8 @@ reference and timed kernel-only: what decides whether several rows a block (and 
 become the default up to ``NARROW_ROW``.
 
 Timing as ``shapes.py``'s kernel column: CUDA-event medians of single launches, L2 flushed before
-each, prepared arguments, interleaved with torch in rounds (medians of the rounds).
+each, prepared arguments, interleaved with torch in rounds (medians of the rounds; every configuration of
+a workload in each round).
 
     python benchmarks/narrow_rows.py [--variants] [--only PATTERN] [--rounds 3] [--out FILE.json]
 """
@@ -15,14 +16,12 @@ each, prepared arguments, interleaved with torch in rounds (medians of the round
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _row_configs  # noqa: E402 - the configurations' builds, checks and timings
 import shapes  # noqa: E402 - the suite's workloads, builders and torch cases
 
 WORKLOADS = [shapes._w(f"{kind}.{M}x{N}.{dt}", kind, dt, "rows", M=M, N=N)
@@ -61,21 +60,7 @@ def variants(w: shapes.Workload) -> list[dict]:
     lanes = max(x for x in (1, 2, 4, 8, 16, 32) if x <= max(1, N // widest))
     wanted += [{**several, "vec": widest, "threads": lanes, "rows": _narrow_rows(task.target, M, lanes)},
                {**d, "vec": widest, "shared_row": False}]
-    out: list[dict] = []
-    for v in wanted:
-        try:
-            config = task.space.from_values(v)
-        except Exception:  # noqa: BLE001 - a value the space does not offer
-            continue
-        if task.space.is_valid(config.digits) and config.values not in out:
-            out.append(config.values)
-    return out
-
-
-def _build(job: tuple[shapes.Workload, dict]):  # noqa: ANN202
-    w, config = job
-    name, kern, seconds = shapes.build_config(w, config)
-    return name, json.dumps(config, sort_keys=True), kern, seconds
+    return _row_configs.offered(task, wanted)
 
 
 def main() -> int:
@@ -86,49 +71,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    import torch
-
-    from polytile.runtime.timing import rel_error, time_gpu
     ws = shapes.select(WORKLOADS + (WIDER if args.variants else []), args.only)
     jobs = [(w, c) for w in ws for c in (variants(w) if args.variants else [variants(w)[0]])]
-    with ProcessPoolExecutor(max(1, min(16, (os.cpu_count() or 2) - 1))) as ex:
-        built = list(ex.map(_build, jobs))
-    rows = []
-    for w in ws:
-        op = w.op()
-        inputs, fn, ref_fn = shapes.torch_case(w, op, seed=1)
-        ref = ref_fn()
-        torch_err = rel_error(fn(*inputs).reshape(ref.shape), ref)
-        mine = [(json.loads(c), k, s) for n, c, k, s in built if n == w.name]
-        for config, kern, build_s in mine:
-            row = {"name": w.name, "config": config, "default": config == mine[0][0], "build_s": build_s}
-            if isinstance(kern, str):
-                rows.append({**row, "error": kern})
-                print(json.dumps(rows[-1]), flush=True)
-                continue
-            out = kern(*inputs)
-            err = rel_error(out.reshape(ref.shape), ref)
-            ours, theirs = [], []
-            for _ in range(args.rounds):
-                ours.append(kern.benchmark(*inputs, torch.empty_like(out), repeat=args.repeat))
-                theirs.append(time_gpu(lambda fn=fn, inputs=inputs: fn(*inputs), repeat=args.repeat))
-            t, tb = statistics.median(ours), statistics.median(theirs)
-            (k,) = kern.kernels
-            row.update(rel_error=err, torch_rel_error=torch_err, tolerance=op.tolerance,
-                       correct=bool(err <= op.tolerance), polytile_us=t * 1e6, torch_us=tb * 1e6, speed=tb / t,
-                       polytile_gbs=op.bytes_moved / t / 1e9, grid=[str(g) for g in k.grid], block=list(k.block),
-                       registers=kern.resources[k.name].registers if k.name in kern.resources else None)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        torch.cuda.empty_cache()
+    rows = _row_configs.measure(jobs, args.rounds, args.repeat)
     defaults = [r for r in rows if r["default"] and "speed" in r]
     summary = {"defaults": len(defaults), "all_correct": all(r.get("correct") for r in rows),
                "geomean_speed": statistics.geometric_mean([r["speed"] for r in defaults]) if defaults else None,
                "min_speed": min((r["speed"] for r in defaults), default=None)}
-    print(json.dumps(summary), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"gpu": shapes.gpu_record(), "commit": shapes.git_commit(),
-                                              "summary": summary, "rows": rows}, indent=1))
+    _row_configs.write(args.out, summary, rows)
     return 0
 
 

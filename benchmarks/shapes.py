@@ -277,9 +277,9 @@ def offsuite() -> list[Workload]:
 
 def random_shapes(count: int, seed: int) -> list[Workload]:
     """``count`` workloads of sizes drawn at random (``--random N --seed S``; the seed is in the record),
-    so that a run checks the defaults on shapes nobody chose: GEMMs and GEMVs (sizes log-uniform, a
-    third of them rounded to no multiple of 8), batched products, NHWC convolutions (filters 1, 3, 5,
-    7, strides 1 and 2, channels from 3) and row operators from 1 row to 128k-wide rows, in the three
+    so that a run checks the defaults on shapes nobody chose: GEMMs and GEMVs (sizes log-uniform, half
+    of them rounded down to a multiple of 8, as a model's would be), batched products, NHWC convolutions
+    (filters 1, 3, 5, 7, strides 1 and 2, channels from 3) and row operators from 1 row to 128k-wide rows, in the three
     dtypes. Sizes are bounded so that each workload runs within milliseconds."""
     rng = np.random.default_rng(seed)
 
@@ -876,6 +876,8 @@ def main() -> int:
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
+    if args.random < 0:
+        parser.error(f"--random takes a number of workloads, at least 1 (got {args.random})")
     if args.random and (args.tune or args.cpu):
         parser.error("--random draws GPU workloads timed with their default schedules (not with --tune or --cpu)")
     if args.random and args.seed is None:
