@@ -80,9 +80,10 @@ from .space import TuneError
 # accumulation (sm_90: the mma.sync path reaches about 63% of the wgmma peak of 4096); fma_flops:
 # float32 FLOP per cycle per SM on the CUDA cores (two per fused multiply-add); wgmma_flops: dense
 # fp16/bf16 warpgroup-MMA FLOP per cycle per SM (989 TFLOP/s on 132 SMs at 1.83 GHz); wgmma_latency:
-# cycles from issuing a K tile's group to its completion (approximate: microbenchmarks of
-# wgmma.m64nNk16 report on the order of a hundred cycles). Archs without the wgmma facts have no
-# warpgroup MMA (``Hardware.wgmma_flops`` is 0). gather_bytes_per_cycle: the operand bytes one SM
+# cycles from issuing a K tile's group to its completion (microbenchmarks of wgmma.m64nNk16 report
+# on the order of a hundred cycles; 256 fits the waits of blocks that leave no group in flight in the
+# H200 calibration of ``COPY_ISSUE_INSTRUCTIONS`` best: 128 left them 1.08× slower than predicted).
+# Archs without the wgmma facts have no warpgroup MMA (``Hardware.wgmma_flops`` is 0). gather_bytes_per_cycle: the operand bytes one SM
 # gathers per cycle for an implicit GEMM (``wave_cycles``); archs without it are not modeled so.
 # sm_90: each zero-filling 16-byte copy of a gathered pixel's channels costs its thread the pixel's
 # and tap's address arithmetic and bounds tests — 250 to 290 instructions per warp per K step of
@@ -105,13 +106,21 @@ ARCH_FACTS: dict[str, dict[str, float]] = {
                   dram_latency=520, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256),
     "sm_90": dict(mma_flops=2560, l2_bytes_per_cycle=4000, sm_l2_bytes_per_cycle=64, l2_latency=270,
                   dram_latency=600, shared_latency=30, shared_bytes_per_cycle=128, fma_flops=256,
-                  wgmma_flops=4096, wgmma_latency=128, gather_bytes_per_cycle=14,
+                  wgmma_flops=4096, wgmma_latency=256, gather_bytes_per_cycle=14,
                   gather_copy_cycles=240),
 }
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver keeps 1 KiB of shared memory per resident block (sm_80+)
 SYNC_CYCLES = 24                  # wait_group + __syncthreads per outer iteration
 OVERLAP_LOSS = 0.1                # the share of the overlapped (non-maximal) terms that still shows
 LAUNCH_SECONDS = 3e-6
+# Warpgroup MMA's costs the terms above do not show, calibrated on an H200 (2026-11-28: 250 measured
+# configurations of matmul_wgmma, random and model-ordered, over 4096³ fp16, 512×768×3072 fp16 and
+# 1536×2304×1024 bf16 — without them the log-residuals regressed on each choice showed 32-wide K
+# tiles 1.23× slower than predicted, the threads' copies 1.10× slower than TMA's, a TMA store 1.16×;
+# with these values 1.09×, 0.99× and 0.96×, and Spearman's rho 0.985 / 0.939 / 0.956 per GEMM).
+COPY_ISSUE_INSTRUCTIONS = 16       # warp instructions a 16-byte cp.async costs its warp (addresses, bounds)
+UNSWIZZLED_BYTES_PER_CYCLE = 16    # wgmma's reads of an unswizzled operand (core matrices), per SM
+TMA_STORE_BYTES_PER_CYCLE = 16     # a staged tile's TMA store, as its issuing thread waits for it
 LOADED_LATENCY = 3.0              # a load's latency with the memory system busy, in idle latencies
 WARP_FLOPS = 32.0                 # float32 FLOP per cycle one warp sustains (an FMA every other cycle)
 STREAM_WARPS = 4.0                # resident warps per SM a streaming kernel (GEMV) needs to reach DRAM bandwidth
@@ -291,6 +300,7 @@ class WgmmaConfig:
     group: int = 1
     persistent: int = 0  # blocks per SM looping over the tiles (0: a block a tile): at most that many resident
     staged: int = 0  # bytes of each result element staged in shared memory for a TMA store (0: none)
+    tma: bool = False  # the tiles loaded by TMA (else by the MMA warps' own cp.async copies)
 
     @staticmethod
     def of(values: dict[str, object], out_bytes: int = 4) -> WgmmaConfig:
@@ -299,7 +309,8 @@ class WgmmaConfig:
         return WgmmaConfig(**{k: int(values[k]) for k in names},  # type: ignore[call-overload]
                            group=int(values.get("group", 1) or 1),  # type: ignore[call-overload]
                            persistent=int(values.get("persistent", 0)),  # type: ignore[call-overload]
-                           staged=out_bytes if values.get("store") == "tma" else 0)
+                           staged=out_bytes if values.get("store") == "tma" else 0,
+                           tma=values.get("producer") == "tma")
 
     @property
     def warps(self) -> int:
@@ -329,11 +340,32 @@ class WgmmaConfig:
             raise TuneError("warpgroup MMA needs a Hopper GPU (sm_90a); this target has none")
 
     def compute_cycles(self, hw: Hardware, resident: int, itemsize: int) -> float:
-        return resident * 2.0 * self.bm * self.bn * self.bk / hw.wgmma_flops
+        """The K tile's MMAs, the operand reads wgmma makes from unswizzled core matrices (a K or
+        column tile that is no whole 128-byte row: ``tensorize`` lays those out unswizzled, read at
+        ``UNSWIZZLED_BYTES_PER_CYCLE``), and the issue of the MMA warps' own copies (without TMA):
+        the same warps, so not overlapped (``serial_cycles``)."""
+        mma = 2.0 * self.bm * self.bn * self.bk / hw.wgmma_flops
+        row = 128 // itemsize
+        unswizzled = ((self.bm * self.bk if self.bk % row else 0)
+                      + (self.bm // 64 * self.bn * self.bk if self.bn % row else 0)) * itemsize
+        return resident * (mma + unswizzled / UNSWIZZLED_BYTES_PER_CYCLE)
+
+    def serial_cycles(self, resident: int, itemsize: int) -> float:
+        """Work of a K tile that the block's warps do between their waits, overlapped with nothing of
+        their own: without TMA, the issue of their copies (16 bytes each, ``COPY_ISSUE_INSTRUCTIONS``
+        warp instructions, four schedulers an SM)."""
+        if self.tma:
+            return 0.0
+        return resident * (self.bm + self.bn) * self.bk * itemsize / 16 / 32 * COPY_ISSUE_INSTRUCTIONS / 4
 
     def shared_reads(self, itemsize: int) -> float:
         """Each warpgroup's wgmma reads its 64 rows of A and all of B's tile from shared memory."""
         return (self.bm + self.bm // 64 * self.bn) * self.bk * itemsize
+
+    def epilogue_cycles(self) -> float:
+        """A TMA store's wait: the thread that issues it waits until the staged tile is read
+        (``TMA_STORE_BYTES_PER_CYCLE``), and the block only then retires or takes its next tile."""
+        return self.bm * self.bn * self.staged / TMA_STORE_BYTES_PER_CYCLE
 
     def wait_terms(self, hw: Hardware, itemsize: int) -> dict[str, float]:
         """A block waits until at most ``inflight`` of its MMA groups run: per K tile, its own compute
@@ -341,7 +373,9 @@ class WgmmaConfig:
         return {"mma_wait": (self.compute_cycles(hw, 1, itemsize) + hw.wgmma_latency) / (self.inflight + 1)}
 
     def prologue_cycles(self, hw: Hardware) -> float:
-        return 0.0
+        """The first K tile shares the SM's L2 port with the other tiles the prologue loads ahead
+        (16-bit operands: warpgroup MMA's)."""
+        return max(0, self.stages - 2) * (self.bm + self.bn) * self.bk * 2 / hw.sm_l2_bytes_per_cycle
 
 
 GemmSchedule = TileConfig | WgmmaConfig
@@ -459,8 +493,11 @@ def estimate(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> Estimat
                  "l2": moving / hw.l2_bytes_per_cycle, "dram": moving * miss / hw.dram_bytes_per_cycle,
                  "shared": resident * shared_traffic / hw.shared_bytes_per_cycle, **cfg.wait_terms(hw, it)}
         round_cycles = overlap(*terms.values()) + SYNC_CYCLES
+        if isinstance(cfg, WgmmaConfig):
+            round_cycles += cfg.serial_cycles(resident, it)
         prologue = (load_latency if pipelined else 0.0) + cfg.prologue_cycles(hw)
-        epilogue = hw.dram_latency + moving / tile_bytes * cfg.bm * cfg.bn * 4 / hw.dram_bytes_per_cycle
+        epilogue = (hw.dram_latency + moving / tile_bytes * cfg.bm * cfg.bn * 4 / hw.dram_bytes_per_cycle
+                    + (cfg.epilogue_cycles() if isinstance(cfg, WgmmaConfig) else 0.0))
         return prologue + steps * round_cycles + epilogue, round_cycles, terms
 
     full, last = divmod(blocks, per_batch)
