@@ -36,10 +36,11 @@ from ...errors import ScheduleError
 from ...intrinsics import MMA_M16N8K16
 from ...ops.conv_choice import (
     IgemmChoice,
+    chunk_steps,
     igemm_choice,
     igemm_kernel,
     igemm_options,
-    igemm_rows_tiles,
+    igemm_rows_choice,
     igemm_splits,
     no_deeper,
 )
@@ -603,7 +604,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         bks = {_parse_tile(str(t))[1]["bk"] for t in tiles}
         splits = _first(_split_name(default.rows, default.chunks),
                         [_split_name(r, c) for bk in sorted(bks) for r, c in igemm_splits(C, R, S, bk)])
-        deepest = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
+        deepest = no_deeper(default.params, chunk_steps(C, R, S, default.params["bk"], default.rows,
                                                            default.chunks))
         first, first_inflight = deepest["stages"], deepest.get("inflight")
     kernel, params = _parse_tile(str(cfg.knob("tile", tiles)))
@@ -611,7 +612,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
     stages = cfg.integer("stages", 1, 6, default=first or 4)
     inflight = int(cfg.knob("inflight", _first(first_inflight, [1, 0, 2]))) if wgmma else 1  # type: ignore[arg-type]
     bk = params["bk"]
-    steps = _igemm_steps(C, R, S, bk, rows, chunks)
+    steps = chunk_steps(C, R, S, bk, rows, chunks)
     if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
         cfg.require((rows, chunks) in igemm_splits(C, R, S, bk), "a split of channels in chunks of no whole K tile")
         # wgmma reads the filter tile in 128-byte swizzled rows: 64 filters or a multiple (72 filters in a
@@ -621,7 +622,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
         cfg.require(kernel != "wgmma" or inflight <= max(0, min(stages, steps) - 2),
                     "more MMA groups in flight than the pipeline's stages leave: the same kernel as fewer")
-    elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
+    elif (rows, chunks) not in igemm_splits(C, R, S, bk):  # applied at other sizes, where the split does not fit
         rows, chunks = False, 1
     if kernel == "wgmma":
         params = {**params, "stages": stages, "inflight": inflight}
@@ -640,19 +641,20 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
                                                                        "padding"))) or sched
 
 
-def _igemm_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int:
-    """The K loop's steps of an implicit GEMM's chunk: its taps × its channels' K tiles."""
-    return (S if rows else R * S) * -(-C // chunks // bk)
-
-
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_padded_channels_tensor_core)
 def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     """A convolution of few input channels as the default builds it (``igemm_rows``: channels and image
-    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile and
-    stages, the default's (``igemm_rows_tiles``) first."""
+    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile,
+    stages and the split of the reduction (``split``: over the filter rows and/or run chunks), the
+    default's (``igemm_rows_choice``) first."""
     d = _conv_sizes(op)
     cp, Sp = padded_channels(d["C"], d["S"])
-    usual, usual_bk = igemm_rows_tiles(d["M"], d["K"], Sp * cp)
+    run = Sp * cp
+    itemsize = op.func.tensor("I").dtype.itemsize
+    default = igemm_rows_choice(cfg.target, d["M"], d["K"], d["R"], run, itemsize,
+                                (d["N"] * d["H"] * d["W"] * cp + d["R"] * run * d["K"]) * itemsize,
+                                op.func.tensor("O").dtype.itemsize)
+    usual, usual_bk = {k: default.params[k] for k in ("bm", "bn", "wm", "wn")}, default.params["bk"]
     names = [f"{t['bm']}x{t['bn']}:{t['wm']}x{t['wn']}" for t in (
         usual, dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32), dict(bm=128, bn=32, wm=32, wn=32),
         dict(bm=64, bn=32, wm=32, wn=32))]
@@ -660,16 +662,20 @@ def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     tiles = {"bm": int(block[0]), "bn": int(block[1]), "wm": int(warp[0]), "wn": int(warp[1])}
     bk = int(cfg.knob("bk", _first(usual_bk, [32, 16])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 4, default=3)
-    cfg.require(bk == 16 or (Sp * cp) % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    splits = [_split_name(r, c) for b in (32, 16) for r, c in igemm_splits(run, d["R"], 1, b)]
+    rows, chunks = _parse_split(str(cfg.knob("split", _first(_split_name(default.rows, default.chunks), splits))))
+    cfg.require(bk == 16 or run % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    if cfg.mode != "apply":
+        cfg.require((rows, chunks) in igemm_splits(run, d["R"], 1, bk), "a split of the runs in no whole K tiles")
     reg_stages = 2 if bk > MMA_M16N8K16.shape[2] else 1
     tile = TileConfig(tiles["bm"], tiles["bn"], bk, tiles["wm"], tiles["wn"], stages, reg_stages)
-    itemsize = op.func.tensor("I").dtype.itemsize
     regs = tile.registers_per_thread(itemsize, True)
     cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tile.threads)
     cfg.schedule(op.func)
     return igemm_rows(cfg.target, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")),
-                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages)
+                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages,
+                      (rows, chunks))
 
 
 def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
