@@ -5,8 +5,8 @@ chunks of whole K tiles but the last), the channel-padded convolution's split re
 ``batched_tiles``), each beside the schedule the default took before (the unsplit kernel; the GEMV)
 and torch in the same process: checked against a float64 torch reference, then CUDA events with the L2
 flushed before each launch, medians of interleaved rounds (``benchmarks/conv_choices.py``'s method).
-The workloads are random shapes (``shapes.py --random 40``) of seeds 97052, 99391 and 1–8 whose
-default changed.
+The workloads are random shapes (``shapes.py --random 40``) of seeds 97052, 99391, 31337 and 1–8
+whose default changed.
 
     python benchmarks/split_tails.py OUT.json [--only PART,...] [--workers 14] [--build-only]
 """
@@ -35,13 +35,14 @@ from polytile.target import as_target  # noqa: E402
 
 CONVS = ["1x14x14x313x22x5x5s2", "2x12x12x280x112x7x7s1", "2x8x8x376x96x3x3s1", "8x9x9x88x32x3x3s2",
          "1x8x8x264x461x7x7s2", "32x34x34x440x140x3x3s2", "1x18x18x24x328x7x7s2", "1x27x27x152x77x3x3s1",
-         "1x25x25x352x101x3x3s2", "8x9x9x224x300x7x7s2",
+         "1x25x25x352x101x3x3s2", "8x9x9x224x300x7x7s2", "1x8x8x200x24x3x3s1",
          # channel-padded (igemm_rows), split
          "32x19x19x81x12x5x5s2", "8x8x8x119x8x7x7s1", "1x12x12x274x43x5x5s1", "16x8x8x85x154x3x3s2",
          "1x28x28x79x33x5x5s1", "2x10x10x57x14x7x7s2"]
 BMMS = [(3, 12, 104, 40, "float16"), (2, 5, 16, 85, "float16"), (15, 15, 43, 192, "float16"),
         (9, 14, 1914, 56, "float16"), (32, 8, 190, 94, "float16"), (3, 8, 1209, 99, "bfloat16"),
-        (24, 7, 600, 58, "float16")]
+        (24, 7, 600, 58, "float16"), (6, 3, 77, 211, "float16"),
+        (16, 2, 60, 144, "float16")]
 
 
 def workloads(only: str) -> list[shapes.Workload]:

@@ -725,7 +725,9 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
     # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
     # keep the GEMV (its split; not measured on mma.sync)
-    if M <= GEMV_ROWS and not (tensor_cores and (M >= mma_rows and batch == 1 or batched_tiles and batch > 1)):
+    if tensor_cores and batched_tiles and batch > 1 and M <= GEMV_ROWS:  # at most 16 rows: one 64×64 tile a row
+        return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
+    if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         return "gemv", _gemv_candidates(M, N, K, it, hw)
     if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
         return "wgmma", _wgmma_candidates(M, N, K, it, hw)
@@ -753,16 +755,18 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     environment variable ``POLYTILE_GEMV_MMA`` is "0" (none) or "1" (from 2)): rows of 16-bit operands on
     mma.sync, transposed (``gemv_mma``, where ``gemv_mma_applies``), its tiles and split by the same model.
     ``unequal_chunks``: False keeps to chunks of one length (the NCHW convolutions' implicit GEMM splits C·R·S evenly).
-    ``batched_tiles`` (None: the model decides, for ``GEMV_MMA_MIN_ROWS`` to 16 rows): a batched product of
-    at most 16 rows of 16-bit operands on mma.sync's tiles (True) or the GEMV (False).
+    ``batched_tiles`` (None: the model decides): a batched product of 2 to 16 rows of 16-bit operands
+    on mma.sync's tiles (True) or the GEMV (False).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
     0.69–0.92× torch on the GEMV, 0.82–1.05× on gemv_mma (LLaMA's 8×28672×4096 96.3 → 74.5 µs, torch 69)."""
-    if batched_tiles is None and batch > 1 and GEMV_MMA_MIN_ROWS <= M <= GEMV_ROWS and not split_k:
+    if batched_tiles is None and batch > 1 and 1 < M <= GEMV_ROWS and not split_k:
         # the GEMV's blocks stream B for all M rows on the CUDA cores; a small batched product is
-        # mostly their K loop (3 × 12×104×40 fp16: 13.9 µs on the GEMV, torch 6.1; H200, random
-        # shapes, seed 97052): mma.sync's tiles where the model predicts them clearly faster
+        # mostly their K loop, or a split and its sum (H200, random shapes: 3 × 12×104×40 fp16 13.9 µs
+        # on the GEMV, torch 6.1, seed 97052; 6 × 3×77×211 0.55× torch, seed 31337): mma.sync's tiles
+        # where the model predicts them clearly faster (one row, decoding attention's, keeps the GEMV:
+        # mma.sync's 16-row tile has no row loop to bind there)
         args = (target, M, N, K, dtype, batch, split_k, out_bytes, tensor_core_gemv, unequal_chunks)
         streamed, tiled = gemm_choice(*args, batched_tiles=False), gemm_choice(*args, batched_tiles=True)
         return tiled if tiled.seconds < SPLIT_MARGIN * streamed.seconds else streamed

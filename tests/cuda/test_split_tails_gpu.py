@@ -38,12 +38,13 @@ DEFAULTS = [(2, 12, 12, 280, 112, 7, 7, 1, 3),   # random seed 99391: wgmma, row
             (1, 14, 14, 313, 22, 5, 5, 2, 2),    # seed 99391: channel-padded rows, split
             (32, 19, 19, 81, 12, 5, 5, 2, 2),    # channel-padded, many pixels
             (1, 9, 9, 38, 16, 7, 7, 1, 3),       # channel-padded, 7 filter rows
-            (1, 11, 13, 307, 29, 5, 5, 1, 2)]    # primes, W ≠ H
+            (1, 11, 13, 307, 29, 5, 5, 1, 2),    # primes, W ≠ H
+            (1, 8, 8, 200, 24, 3, 3, 1, 1)]      # seed 31337: mma.sync, filter rows × channel chunks
 
 
 @pytest.mark.parametrize("dims", DEFAULTS, ids=["c280-k112-7x7", "c376-k96", "c88-k32-s2", "c264-k461-7x7s2",
                                                 "c313-k22-padded", "c81-k12-n32-padded", "c38-k16-7x7-padded",
-                                                "primes"])
+                                                "primes", "c200-k24"])
 def test_default_split_convolution(dims):
     N, H, W, C, K, R, S, stride, pad = dims
     op = ops.conv2d_igemm(*dims, dtype="float16", out_dtype="float16")
@@ -92,6 +93,7 @@ BMMS = [((3, 12, 104, 40), "float16"),    # random seed 97052: 0.44× torch on t
         ((7, 13, 101, 37), "float16"),    # odd N, K not a multiple of 8 (aligned copies)
         ((2, 5, 16, 85), "float16"),
         ((3, 8, 1209, 99), "bfloat16"),
+        ((6, 3, 77, 211), "float16"),     # seed 31337: 0.55× torch on the GEMV
         ((1, 16, 333, 64), "bfloat16")]   # one batch
 
 

@@ -180,24 +180,40 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     K (also of a batched product's, as the default splits them); or with ``kernel="mma"`` (16-bit
     operands on mma.sync, an unbatched product whose B rows are 16-byte multiples) ``gemv_mma``: warps
     (threads / 32) of ``columns`` columns of B each, the K tile, stages and split. The first choices
-    are the default's (``gemm_choice``)."""
+    are the default's (``gemm_choice``). ``kernel="tiles"``: a batched product of 16-bit operands on
+    mma.sync's 64×64 tiles (``gemm_choice``'s ``batched_tiles``), the K tile and stages its knobs."""
     itemsize = op.func.inputs[0].dtype.itemsize
     d = default_gemm(cfg, op, "gemv") or default_gemm(cfg, op, "gemv_mma")
-    p = d.params if d else {}
+    tiled = default_gemm(cfg, op, "mma") if op.name == "batch_matmul" else None
+    p = d.params if d else tiled.params if tiled else {}
     on_mma = d is not None and d.kernel == "gemv_mma"
-    kernel = str(_added_knob(cfg, "kernel", _first("mma" if on_mma else "cuda" if d else None, ["cuda", "mma"]),
-                             "cuda"))
+    kernel = str(_added_knob(cfg, "kernel", _first("tiles" if tiled else "mma" if on_mma else "cuda" if d else None,
+                                                   ["cuda", "mma", "tiles"]), "cuda"))
     threads = int(cfg.knob("threads", _first(  # type: ignore[call-overload]
-        (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None, [128, 64, 32, 256])))
+        128 if tiled else (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None,
+        [128, 64, 32, 256])))
     columns = int(_added_knob(cfg, "columns", _first(p["bn"] // p["warps"] if on_mma else None,  # type: ignore[call-overload]
                                                      [32, 16, 64]), 32))
-    vector = int(cfg.knob("vector", _first(None if on_mma else p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
+    vector = int(cfg.knob("vector", _first(None if on_mma or not d else p["vec"] * itemsize, [8, 16])))  # type: ignore[call-overload]
     bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8, 128])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
     direct = bool(cfg.knob("direct", _first(bool(p.get("direct")) if d else None, [False, True])))
-    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True,
+    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d or tiled, decide=True,
                                batched=True)
     M = op.shape["M"]
+    if kernel == "tiles":
+        cfg.require(itemsize == 2 and cfg.target.has("mma.sync") and op.name == "batch_matmul" and M > 1,
+                    "the tiles kernel: a batched product of 2 to 16 rows of 16-bit operands on mma.sync")
+        cfg.require(threads == 128 and columns == 32 and vector == 8 and not direct and split == 1,
+                    "the tiles kernel: 4 warps of 32×32 in 64×64 tiles, unsplit (threads, columns, vector, direct, "
+                    "split: the GEMVs' knobs)")
+        cfg.require(bk in (16, 32, 64), "the tiles kernel's K tile: 16, 32 or 64")
+        tile = TileConfig(64, 64, bk, 32, 32, stages, 2 if bk > 16 else 1)
+        regs = tile.registers_per_thread(itemsize, False)
+        cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                      registers_per_thread=regs, registers_per_block=regs * tile.threads)
+        params = dict(bm=64, bn=64, wm=32, wn=32, bk=bk, stages=stages, reg_stages=2 if bk > 16 else 1)
+        return _gemm_as(cfg, op, GemmChoice("mma", params, 1, 0.0))
     if kernel == "mma":
         cfg.require(itemsize == 2 and cfg.target.has("mma.sync"), "the mma kernel takes 16-bit operands on mma.sync")
         cfg.require(op.name == "matmul", "the mma kernel computes unbatched products")
