@@ -723,8 +723,8 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
     # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
     # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
-    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
-    # keep the GEMV (its split; not measured on mma.sync)
+    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products keep the
+    # GEMV (its split) unless gemm_choice's model picks mma.sync's tiles (``batched_tiles``)
     if tensor_cores and batched_tiles and batch > 1 and M <= GEMV_ROWS:  # at most 16 rows: one 64×64 tile a row
         return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
