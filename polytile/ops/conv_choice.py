@@ -109,8 +109,8 @@ def no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
 
 def channel_chunk(C: int, chunks: int, bk: int) -> int:
     """The channels of each of ``chunks`` channel chunks but the last (which ends at C): all C for one
-    chunk, else ⌈T/chunks⌉ of the T = ⌈C/bk⌉ K tiles of ``bk`` channels (whole tiles, as the GEMMs'
-    ``gpu_schedules.tile_chunks``; C/chunks where that divides into whole tiles)."""
+    chunk, else ⌈T/chunks⌉ of the T = ⌈C/bk⌉ K tiles of ``bk`` channels (whole tiles; C/chunks where
+    that divides into whole tiles)."""
     tiles = -(-C // bk)
     return C if chunks == 1 else -(-tiles // chunks) * bk
 
@@ -125,17 +125,22 @@ def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
     """The splits of an implicit GEMM's reduction (R·S taps × C channels in K tiles of ``bk``
     channels) that ``igemm_choice`` considers, as (one chunk per filter row, channel chunks): (False, 1)
     (none), one chunk per filter row over all the channels (the channel tail a partial K tile, as
-    unsplit), and channel chunks of whole K tiles but the last, which ends at C (``channel_chunk``:
-    2×7×7 conv of 280 → 112 channels at batch 2, 10 tiles and no split of whole 64-channel tiles,
-    0.37× torch on an H200), at least two K tiles a chunk, at most ``MAX_SPLIT`` chunks."""
+    unsplit), and channel chunks of the same number of whole K tiles, the last ending at C within its
+    last tile (``channel_chunk``: 2×12×12, 280 → 112 channels, 7×7 at batch 2: 10 tiles and no split
+    of whole 64-channel tiles, 0.37× torch on an H200), at least two K steps a chunk, at most
+    ``MAX_SPLIT`` chunks. A last chunk of fewer K tiles than the others only where the chunk's K loop
+    is its channel tiles alone (one filter row of one tap: the channel-padded rows' runs, ``S`` = 1):
+    where the taps and the channel tiles form one K loop it computed wrong numbers (H200, c239e5e:
+    280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3 — the fused
+    loop's tap and tile indices mixed the chunks' tile counts)."""
     out = [(False, 1)]
     tiles = -(-C // bk)
     for rows in ((False, True) if R > 1 else (False,)):
         for chunks in range(1, tiles + 1):
             split = (R if rows else 1) * chunks
-            # no chunk empty: the chunks of whole tiles before the last leave it some channels
-            whole = chunks == 1 or (chunks - 1) * channel_chunk(C, chunks, bk) < C
-            if split > 1 and whole and split <= MAX_SPLIT and chunk_steps(C, R, S, bk, rows, chunks) >= 2:
+            # no chunk empty; as many K tiles in each as in the others unless the K loop is the tiles alone
+            fits = (chunks - 1) * channel_chunk(C, chunks, bk) < C if rows and S == 1 else tiles % chunks == 0
+            if split > 1 and fits and split <= MAX_SPLIT and chunk_steps(C, R, S, bk, rows, chunks) >= 2:
                 out.append((rows, chunks))
     return out
 
@@ -162,7 +167,11 @@ def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, ite
     best unsplit kernel (its tiles by the same rule among the unsplit kernels: a split not chosen
     leaves the tiles as they were without it; ``SPLIT_MARGIN``, as ``gemm_choice``'s: the second
     kernel's cost is an estimate). ``split`` False: that unsplit kernel."""
-    options = igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
+    sms = Hardware.of(target).sms
+    # a split only of tiles that leave SMs idle: 32×34×34, 440 → 140, 3×3/2 (290 tiles of 64×128) split
+    # over the filter rows took 107 µs, unsplit 69 (H200, the model 66 against 78)
+    options = [o for o in igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
+               if (not o.rows and o.chunks == 1) or -(-M // o.params["bm"]) * -(-K // o.params["bn"]) < sms]
     tiles = igemm_kernel(target, M, C, K, R * S)[1]
 
     def usual_unless_clearly_slower(found: list[IgemmChoice]) -> list[IgemmChoice]:

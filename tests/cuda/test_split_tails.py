@@ -44,16 +44,23 @@ def test_a_channel_tail_leaves_the_filter_row_split_and_chunks_of_whole_k_tiles(
     # 280 channels in K tiles of 64: 4 whole tiles and 24 channels. Before, no split at all (every
     # split needed C % (chunks·64) == 0, even one chunk per filter row)
     splits = igemm_splits(280, 7, 7, 64)
-    assert (True, 1) in splits and (False, 2) in splits and (True, 2) in splits
-    for rows, chunks in splits:
-        length = channel_chunk(280, chunks, 64)
-        assert chunks == 1 or length % 64 == 0, (rows, chunks)
-        assert (chunks - 1) * length < 280 <= chunks * length  # no chunk empty, C covered
-        assert (7 if rows else 1) * chunks <= 16
-    # 5 K tiles cannot be 4 chunks of whole tiles with none empty (2+2+1 is three chunks)
-    assert (False, 4) not in splits and (False, 3) in splits
+    assert (True, 1) in splits and (False, 5) in splits
+    for C, R, S, bk in [(280, 7, 7, 64), (264, 7, 7, 32), (200, 3, 3, 32), (376, 3, 3, 64), (776, 1, 1, 32)]:
+        tiles = -(-C // bk)
+        for rows, chunks in igemm_splits(C, R, S, bk):
+            length = channel_chunk(C, chunks, bk)
+            assert chunks == 1 or length % bk == 0, (C, rows, chunks)
+            assert (chunks - 1) * length < C <= chunks * length  # no chunk empty, C covered
+            assert (R if rows else 1) * chunks <= 16
+            # where the taps and the channel tiles form one K loop, every chunk has as many K tiles (a
+            # shorter last chunk computed wrong numbers on an H200: 280 in 192 + 88, 264, 200)
+            assert tiles % chunks == 0, (C, rows, chunks)
+    assert (False, 2) not in igemm_splits(280, 7, 7, 64) and (True, 4) not in igemm_splits(200, 3, 3, 32)
+    # a K loop of the channel tiles alone (one filter row of one tap: the channel-padded runs) may end
+    # with a shorter chunk: 1600 in 3 chunks of 17, 17 and 16 tiles of 32
+    assert (True, 3) in igemm_splits(1600, 5, 1, 32) and (False, 3) not in igemm_splits(1600, 5, 1, 32)
     # whole tiles where they divide: the chunks are as before
-    assert channel_chunk(512, 4, 64) == 128 and channel_chunk(280, 1, 64) == 280 and channel_chunk(280, 2, 64) == 192
+    assert channel_chunk(512, 4, 64) == 128 and channel_chunk(280, 1, 64) == 280 and channel_chunk(376, 3, 64) == 128
     # one filter row: no row split
     assert all(not rows for rows, _ in igemm_splits(280, 1, 1, 64))
 
@@ -86,9 +93,11 @@ def test_measured_layers_keep_their_choices():
     assert key(_choice(32, 56, 64, 256, 1, 1)) == (128, 128, False, 1)
     c = igemm_choice(SM90A, 2 * 32 * 32, 48, 72, 5, 5, 2, 2 * 64 * 64, 2)
     assert (c.kernel, c.params["bk"], c.rows, c.chunks) == ("mma", 16, True, 1)
-    # a large layer with a channel tail stays unsplit (it fills the GPU)
-    c = _choice(32, 56, 280, 256, 3, 1)
-    assert (c.rows, c.chunks) == (False, 1)
+    # a large layer with a channel tail stays unsplit (it fills the GPU); tiles that fill the SMs are not
+    # split (32×34×34, 440 → 140, 3×3/2 over the filter rows: 107 µs, unsplit 69; H200)
+    for shape in [(32, 56, 280, 256, 3, 1), (32, 34, 440, 140, 3, 2)]:
+        c = _choice(*shape)
+        assert (c.rows, c.chunks) == (False, 1), shape
 
 
 def test_channel_padded_convolution_of_one_tile_splits_its_filter_rows():
