@@ -1,6 +1,6 @@
 """The defaults that changed for random shapes (issue 15, shape15): implicit-GEMM convolutions split over
 channel tails (``conv_choice.igemm_splits``: one chunk per filter row over all the channels, channel
-chunks of whole K tiles but the last), the channel-padded convolution's split reduction
+chunks of whole K tiles, the last ending at C), the channel-padded convolution's split reduction
 (``igemm_rows_choice``) and small batched products on mma.sync's tiles (``gemm_choice``'s
 ``batched_tiles``), each beside the schedule the default took before (the unsplit kernel; the GEMV)
 and torch in the same process: checked against a float64 torch reference, then CUDA events with the L2
