@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import polytile as pt  # noqa: E402
 from polytile import ops  # noqa: E402
-from polytile.ops.conv_choice import igemm_choice, igemm_kernel, igemm_splits  # noqa: E402
+from polytile.ops.conv_choice import channel_chunk, igemm_choice, igemm_kernel, igemm_splits  # noqa: E402
 from polytile.ops.gpu_schedules import igemm_split_schedule  # noqa: E402
 from polytile.ops.igemm import conv2d_igemm_split_func  # noqa: E402
 from polytile.target import as_target  # noqa: E402
@@ -77,7 +77,8 @@ def main() -> int:
             kerns.append(("unsplit", pt.build(unsplit, "cuda")))
         for v in variants(target, dims):
             if v != choice:
-                func = conv2d_igemm_split_func(*dims, rows=v[0], channel_chunks=v[1])
+                func = conv2d_igemm_split_func(*dims, rows=v[0], channel_chunks=v[1],
+                                               channel_chunk=channel_chunk(C, v[1], params["bk"]))
                 kerns.append((f"split {v}", pt.build(igemm_split_schedule(func, kernel, params, v[0]), "cuda")))
         for label, kern in kerns:
             out = kern(x, w)

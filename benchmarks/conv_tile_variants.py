@@ -42,6 +42,7 @@ def build(job):
     name, params, split = job
     import polytile as pt
     from polytile import ops
+    from polytile.ops.conv_choice import channel_chunk
     from polytile.ops.gpu_schedules import igemm_split_schedule, igemm_wgmma
     from polytile.ops.igemm import conv2d_igemm_split_func
 
@@ -54,7 +55,8 @@ def build(job):
             s = pt.Schedule(op.func)
             igemm_wgmma(s, "O", "col", "Wt", ["r", "s"], **params)
             return pt.build(s, TARGET), ""
-        func = conv2d_igemm_split_func(*d, rows=split[0], channel_chunks=split[1])
+        func = conv2d_igemm_split_func(*d, rows=split[0], channel_chunks=split[1],
+                                       channel_chunk=channel_chunk(d[3], split[1], params["bk"]))
         return pt.build(igemm_split_schedule(func, "wgmma", params, split[0]), TARGET), ""
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"[:200]

@@ -11,7 +11,7 @@ and the unsplit kernel unless the model predicts a clear gain (``TILE_MARGIN``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..intrinsics import MMA_M16N8K16
@@ -107,16 +107,40 @@ def no_deeper(params: dict[str, int], steps: int) -> dict[str, int]:
     return out
 
 
+def channel_chunk(C: int, chunks: int, bk: int) -> int:
+    """The channels of each of ``chunks`` channel chunks but the last (which ends at C): all C for one
+    chunk, else ⌈T/chunks⌉ of the T = ⌈C/bk⌉ K tiles of ``bk`` channels (whole tiles; C/chunks where
+    that divides into whole tiles)."""
+    tiles = -(-C // bk)
+    return C if chunks == 1 else -(-tiles // chunks) * bk
+
+
+def chunk_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int:
+    """The K loop's steps of a chunk of an implicit GEMM's split reduction: its taps × its channels'
+    K tiles (the longest chunk's)."""
+    return (S if rows else R * S) * -(-channel_chunk(C, chunks, bk) // bk)
+
+
 def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
     """The splits of an implicit GEMM's reduction (R·S taps × C channels in K tiles of ``bk``
     channels) that ``igemm_choice`` considers, as (one chunk per filter row, channel chunks): (False, 1)
-    (none), and chunks of whole channel tiles, at least two K tiles each, at most ``MAX_SPLIT``."""
+    (none), one chunk per filter row over all the channels (the channel tail a partial K tile, as
+    unsplit), and channel chunks of the same number of whole K tiles, the last ending at C within its
+    last tile (``channel_chunk``: 2×12×12, 280 → 112 channels, 7×7 at batch 2: 10 tiles and no split
+    of whole 64-channel tiles, 0.37× torch on an H200), at least two K steps a chunk, at most
+    ``MAX_SPLIT`` chunks. A last chunk of fewer K tiles than the others only where the chunk's K loop
+    is its channel tiles alone (one filter row of one tap: the channel-padded rows' runs, ``S`` = 1):
+    where the taps and the channel tiles form one K loop it computed wrong numbers (H200, c239e5e:
+    280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3 — the fused
+    loop's tap and tile indices mixed the chunks' tile counts)."""
     out = [(False, 1)]
+    tiles = -(-C // bk)
     for rows in ((False, True) if R > 1 else (False,)):
-        for chunks in range(1, C // bk + 1):
+        for chunks in range(1, tiles + 1):
             split = (R if rows else 1) * chunks
-            steps = (S if rows else R * S) * -(-C // chunks // bk)
-            if split > 1 and C % (chunks * bk) == 0 and split <= MAX_SPLIT and steps >= 2:
+            # no chunk empty; as many K tiles in each as in the others unless the K loop is the tiles alone
+            fits = (chunks - 1) * channel_chunk(C, chunks, bk) < C if rows and S == 1 else tiles % chunks == 0
+            if split > 1 and fits and split <= MAX_SPLIT and chunk_steps(C, R, S, bk, rows, chunks) >= 2:
                 out.append((rows, chunks))
     return out
 
@@ -135,23 +159,71 @@ class IgemmChoice:
 
 
 def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
-                 out_bytes: int = 4) -> IgemmChoice:
+                 out_bytes: int = 4, split: bool = True) -> IgemmChoice:
     """The implicit GEMM's default schedule: the first of ``igemm_options``, unless it leaves
     ``igemm_kernel``'s tiles for a predicted gain under ``TILE_MARGIN`` (the model's tiles are
     calibrated on few measurements; most layers have been measured with those tiles): then the best
     of those tiles; and where the gather rate is modeled, a split only for a clear gain over the
-    best unsplit kernel of those tiles (``SPLIT_MARGIN``, as ``gemm_choice``'s: the second kernel's
-    cost is an estimate)."""
-    options = igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
+    best unsplit kernel (its tiles by the same rule among the unsplit kernels: a split not chosen
+    leaves the tiles as they were without it; ``SPLIT_MARGIN``, as ``gemm_choice``'s: the second
+    kernel's cost is an estimate). ``split`` False: that unsplit kernel."""
+    sms = Hardware.of(target).sms
+    # a split only of tiles that leave SMs idle: 32×34×34, 440 → 140, 3×3/2 (290 tiles of 64×128) split
+    # over the filter rows took 107 µs, unsplit 69 (H200, the model 66 against 78)
+    options = [o for o in igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
+               if (not o.rows and o.chunks == 1) or -(-M // o.params["bm"]) * -(-K // o.params["bn"]) < sms]
     tiles = igemm_kernel(target, M, C, K, R * S)[1]
-    usual = [o for o in options if tiles and all(o.params[k] == tiles[k] for k in ("bm", "bn", "bk"))]
-    if usual and options[0].seconds > TILE_MARGIN * usual[0].seconds:
-        options = usual
-    unsplit = next((o for o in options if not o.rows and o.chunks == 1), None)
-    if Hardware.of(target).gather_bytes_per_cycle and unsplit is not None and \
-            options[0].seconds > SPLIT_MARGIN * unsplit.seconds:
+
+    def usual_unless_clearly_slower(found: list[IgemmChoice]) -> list[IgemmChoice]:
+        usual = [o for o in found if tiles and all(o.params[k] == tiles[k] for k in ("bm", "bn", "bk"))]
+        return usual if usual and found[0].seconds > TILE_MARGIN * usual[0].seconds else found
+
+    best = usual_unless_clearly_slower(options)[0]
+    unsplit = next(iter(usual_unless_clearly_slower([o for o in options if not o.rows and o.chunks == 1])), best)
+    if not split or (Hardware.of(target).gather_bytes_per_cycle and best.seconds > SPLIT_MARGIN * unsplit.seconds):
         return unsplit
-    return options[0]
+    return best
+
+
+def split_option(target: CUDATarget, kernel: str, params: dict[str, int], M: int, K: int, reduction: int,
+                 split: int, steps: int, itemsize: int, out_bytes: int, reads: float | None) -> IgemmChoice | None:
+    """The model's seconds of an implicit GEMM of M pixels × K filters over ``reduction`` products a
+    pixel, on ``kernel`` ("wgmma" or "mma") with ``params``' tiles, its reduction in ``split`` chunks
+    of ``steps`` K steps (``igemm_options``, ``igemm_rows_choice``), as an unsplit choice (its
+    pipeline no deeper than the K loop where unsplit; the caller sets the split). None where no block
+    fits. ``reads``: the DRAM reads of input and filter, where the target's gather rate is modeled
+    (None elsewhere: no gather counted, as that target's split rule was calibrated)."""
+    hw = Hardware.of(target)
+    modeled = reads is not None
+    bm, bn, bk = params["bm"], params["bn"], params["bk"]
+    chosen = no_deeper(params, steps)
+    # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
+    # unsplit kernel's depth in the model, as their split rule was calibrated
+    stages = chosen["stages"] if modeled else params["stages"]
+    if kernel == "wgmma":
+        cfg: object = WgmmaConfig(bm, bn, bk, stages, chosen["inflight"])
+        flops, lookahead = hw.wgmma_flops, max(1, stages - 1 - chosen["inflight"])
+    else:
+        cfg = TileConfig(bm, bn, bk, params["wm"], params["wn"], stages, params["reg_stages"])
+        flops, lookahead = hw.mma_flops, max(1, stages - 1)
+    resident = occupancy(cfg, hw, itemsize, gather=True).blocks  # type: ignore[arg-type]
+    if resident == 0:
+        return None
+    tiles = -(-M // bm) * -(-K // bn)
+    latency = 0.0
+    if reads is not None:
+        # a K tile's loads wait for the L2 where input and filter fit in half of it (the gather
+        # reads each input pixel once per tap), else for DRAM; the copies run lookahead tiles
+        # ahead; a step is no shorter than a thread's gathered copies (gather_copy_cycles)
+        wait = hw.l2_latency if reads <= hw.l2_bytes / 2 else hw.dram_latency
+        tile_bytes = (bm + bn) * bk * itemsize
+        copies = -(-bm * bk * itemsize // (16 * cfg.threads))  # type: ignore[attr-defined]
+        latency = max((LOADED_LATENCY * wait + tile_bytes / hw.sm_l2_bytes_per_cycle) / lookahead,
+                      copies * hw.gather_copy_cycles)
+    plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
+                     step_latency=latency, gathered=bm * bk * itemsize if modeled else 0)
+    t = gemm_seconds(plan, target, M, K, reduction, 1, split, out_bytes if modeled else 4, reads)
+    return IgemmChoice(kernel, params if split > 1 else chosen, seconds=t)
 
 
 def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
@@ -176,40 +248,45 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
     if not modeled and 2 * -(-M // default["bm"]) * -(-K // default["bn"]) >= hw.sms:
         return [IgemmChoice(kernel, default)]
     options: list[IgemmChoice] = []
-    for params in (igemm_tiles(kernel, M, C, K) if modeled else [default]):
-        bm, bn, bk = params["bm"], params["bn"], params["bk"]
-        for rows, chunks in igemm_splits(C, R, S, bk):
-            split = (R if rows else 1) * chunks
-            steps = (S if rows else R * S) * -(-C // chunks // bk)
-            chosen = no_deeper(params, steps)
-            # the split's pipeline as built (no deeper than its K loop); unmodeled targets keep the
-            # unsplit kernel's depth in the model, as their split rule was calibrated
-            stages = chosen["stages"] if modeled else params["stages"]
-            if kernel == "wgmma":
-                cfg: object = WgmmaConfig(bm, bn, bk, stages, chosen["inflight"])
-                flops, lookahead = hw.wgmma_flops, max(1, stages - 1 - chosen["inflight"])
-            else:
-                cfg = TileConfig(bm, bn, bk, params["wm"], params["wn"], stages, params["reg_stages"])
-                flops, lookahead = hw.mma_flops, max(1, stages - 1)
-            resident = occupancy(cfg, hw, itemsize, gather=True).blocks  # type: ignore[arg-type]
-            if resident == 0:
-                continue
-            tiles = -(-M // bm) * -(-K // bn)
+    weighed = igemm_tiles(kernel, M, C, K) if modeled else [default]
+    for params in weighed:
+        bk = params["bk"]
+        # K tiles that leave a channel tail split only where no other K tile divides the channels (48
+        # channels: tiles of 16 split over the filter rows, measured; see igemm_tiles)
+        tail = C % bk and any(C % p["bk"] == 0 for p in weighed)
+        for rows, chunks in [(False, 1)] if tail else igemm_splits(C, R, S, bk):
             reads = (C * (pixels or M) + R * S * C * K) * itemsize if modeled else None
-            latency = 0.0
-            if modeled:
-                # a K tile's loads wait for the L2 where input and filter fit in half of it (the gather
-                # reads each input pixel once per tap), else for DRAM; the copies run lookahead tiles
-                # ahead; a step is no shorter than a thread's gathered copies (gather_copy_cycles)
-                wait = hw.l2_latency if reads <= hw.l2_bytes / 2 else hw.dram_latency
-                tile_bytes = (bm + bn) * bk * itemsize
-                copies = -(-bm * bk * itemsize // (16 * cfg.threads))  # type: ignore[attr-defined]
-                latency = max((LOADED_LATENCY * wait + tile_bytes / hw.sm_l2_bytes_per_cycle) / lookahead,
-                              copies * hw.gather_copy_cycles)
-            plan = BlockPlan(bm, bn, bk, tiles * split, steps, resident, flops, itemsize, stages,
-                             step_latency=latency, gathered=bm * bk * itemsize if modeled else 0)
-            t = gemm_seconds(plan, target, M, K, R * S * C, 1, split, out_bytes if modeled else 4, reads)
-            options.append(IgemmChoice(kernel, params if split > 1 else chosen, rows, chunks, t))
+            option = split_option(target, kernel, params, M, K, R * S * C, (R if rows else 1) * chunks,
+                                  chunk_steps(C, R, S, bk, rows, chunks), itemsize, out_bytes, reads)
+            if option is not None:
+                options.append(replace(option, rows=rows, chunks=chunks))
     if not options:
         raise ScheduleError(f"no {kernel} implicit-GEMM tile fits one block of {target.name} ({M}×{K}, {C} channels)")
     return sorted(options, key=lambda o: o.seconds)
+
+
+def igemm_rows_choice(target: CUDATarget, M: int, K: int, R: int, run: int, itemsize: int, reads: int,
+                      out_bytes: int = 4) -> IgemmChoice:
+    """The default of a channel-padded implicit GEMM (``gpu_schedules.igemm_rows``: M pixels, K
+    filters, R filter rows of ``run`` elements each): ``igemm_rows_tiles``' tiles on mma.sync, and
+    where the target's gather rate is modeled the split of the R × run reduction (one chunk per filter
+    row, and/or the runs in chunks of whole K tiles: ``igemm_splits`` with the run as the channels of
+    one tap) the model predicts fastest, for a clear gain (``SPLIT_MARGIN``) over the unsplit kernel.
+    ``reads``: the bytes of input and filter. Random shapes (seed 99391, H200): 313 → 22 channels,
+    5×5 stride 2 on 1×14×14 — one 128×32 tile over 5 rows of 1600 — 102 µs unsplit (cuDNN 33)."""
+    tiles, bk = igemm_rows_tiles(M, K, run)
+    params = dict(bk=bk, stages=3, reg_stages=2 if bk > MMA_K else 1, **tiles)
+    unsplit = IgemmChoice("mma", params)
+    if not Hardware.of(target).gather_bytes_per_cycle:
+        return unsplit
+    options = []
+    for rows, chunks in igemm_splits(run, R, 1, bk):
+        option = split_option(target, "mma", params, M, K, R * run, (R if rows else 1) * chunks,
+                              chunk_steps(run, R, 1, bk, rows, chunks), itemsize, out_bytes, reads)
+        if option is not None:
+            options.append(replace(option, rows=rows, chunks=chunks))
+    if not options:
+        return unsplit
+    best = min(options, key=lambda o: o.seconds)
+    alone = next(o for o in options if not o.rows and o.chunks == 1)
+    return best if best.seconds < SPLIT_MARGIN * alone.seconds else replace(unsplit, seconds=alone.seconds)

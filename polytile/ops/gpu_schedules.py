@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..dtypes import DType, float16
+from ..dtypes import DType, as_dtype, float16
 from ..errors import ScheduleError
 from ..intrinsics import MMA_M16N8K16, WGMMA_M64NNK16
 from ..schedule.state import Schedule
@@ -46,7 +46,17 @@ from ..tune.analytical import (
     occupancy,
     raster_group,
 )
-from .conv_choice import MMA_K, IgemmChoice, igemm_choice, igemm_kernel, igemm_rows_tiles, no_deeper
+from .conv_choice import (
+    MMA_K,
+    IgemmChoice,
+    channel_chunk,
+    chunk_steps,
+    igemm_choice,
+    igemm_kernel,
+    igemm_rows_choice,
+    igemm_splits,
+    no_deeper,
+)
 from .split_rules import MAX_SPLIT, SPLIT_MARGIN
 
 
@@ -356,9 +366,9 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
 
 
 def _k_loop(st: object, taps: list[str]) -> str:
-    """Fuse the taps and the channel chunks "co" into one sequential K loop; its name."""
-    k_loop = taps[0]
-    for t in [*taps[1:], "co"]:
+    """Fuse the taps and the channel chunks "co" into one sequential K loop (no taps: "co"); its name."""
+    k_loop, *rest = [*taps, "co"]
+    for t in rest:
         st.fuse(k_loop, t, f"{k_loop}_{t}")  # type: ignore[attr-defined]
         k_loop = f"{k_loop}_{t}"
     return k_loop
@@ -395,7 +405,7 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
 
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
                padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
-               stages: int = 3) -> Schedule:
+               stages: int = 3, split: tuple[bool, int] | None = None) -> Schedule:
     """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
     the input and filter copied once with the channels padded to 4 or 8 and the image padded,
     then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
@@ -403,26 +413,43 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     vectors), the two copies elementwise kernels of their own (the input's a thread per pixel, its
     channels unrolled). Before: the CUDA cores
     (``igemm_cuda``), ResNet-50's 7×7/2 stem at batch 32 in 691 µs on an H100 (cuDNN 90 µs).
-    ``tiles`` (bm, bn, wm, wn), ``bk`` and ``stages``: other than ``igemm_rows_tiles``' (tuning)."""
+    The reduction split as ``conv_choice.igemm_rows_choice`` predicts fastest (one chunk per filter
+    row and/or run chunks, the chunks along blockIdx.z, then their sum). ``tiles`` (bm, bn, wm, wn),
+    ``bk``, ``stages`` and ``split`` (one chunk per filter row, run chunks): other than the default's
+    (tuning)."""
     from .igemm import conv2d_igemm_rows_func, padded_channels
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     cp, Sp = padded_channels(C, S)
-    rows = Schedule(conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype))
-    usual, usual_bk = igemm_rows_tiles(N * P * Q, K, Sp * cp)
-    tiles, bk = tiles or usual, bk or usual_bk
-    igemm_tensorcore(rows, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
-                     **tiles)
-    st = rows["X"]
+    run = Sp * cp
+    itemsize = as_dtype(dtype).itemsize
+    default = igemm_rows_choice(target, N * P * Q, K, R, run, itemsize, (N * H * W * cp + R * run * K) * itemsize,
+                                as_dtype(out_dtype).itemsize)
+    tiles, bk = tiles or {k: default.params[k] for k in ("bm", "bn", "wm", "wn")}, bk or default.params["bk"]
+    rows, chunks = split or (default.rows, default.chunks)
+    if (rows, chunks) not in igemm_splits(run, R, 1, bk):
+        rows, chunks = False, 1
+    func = conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype, rows, chunks,
+                                  channel_chunk(run, chunks, bk))
+    sched = Schedule(func)
+    if rows or chunks > 1:
+        stages = min(stages, chunk_steps(run, R, 1, bk, rows, chunks))
+        igemm_tensorcore(sched, "P", "col", "Wf", [] if rows else ["r"], bk=bk, stages=stages,
+                         reg_stages=2 if bk > MMA_K else 1, batch="sp", **tiles)
+        sum_partials(sched, "O")
+    else:
+        igemm_tensorcore(sched, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
+                         **tiles)
+    st = sched["X"]
     if cp <= MMA_K:  # the padded input: a thread per pixel, its cp channels unrolled (one gather of its index)
         st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
         st.reorder("bx", "tx", "c").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x").unroll("c")
     else:  # many channels: a thread per element, the reads and writes of a warp adjacent
         st.fuse("n", "h", "nh").fuse("nh", "v", "x").split("x", 256, "bx", "tx")
         st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    st = rows["Wf"]
+    st = sched["Wf"]
     st.fuse("r", "u", "ru").fuse("ru", "k", "x").split("x", 256, "bx", "tx")
     st.bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    return rows
+    return sched
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
@@ -466,7 +493,8 @@ def igemm_schedule(sched: Schedule, target: CUDATarget, choice: IgemmChoice, N: 
         return None
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     return igemm_split_schedule(conv2d_igemm_split_func(N, H, W, C, K, R, S, stride, padding, dtype.name, out.name,
-                                                        choice.rows, choice.chunks),
+                                                        choice.rows, choice.chunks,
+                                                        channel_chunk(C, choice.chunks, choice.params["bk"])),
                                 choice.kernel, choice.params, choice.rows)
 
 
@@ -676,10 +704,11 @@ def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, b
 
 
 def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
-                       hw: Hardware, gemv_mma_rows: tuple[int, int]
+                       hw: Hardware, gemv_mma_rows: tuple[int, int], batched_tiles: bool = False
                        ) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
     """The kernel the operands call for and its candidate tiles (``gemm_choice``); ``gemv_mma`` for
-    ``gemv_mma_rows`` (first, last) rows where it applies."""
+    ``gemv_mma_rows`` (first, last) rows where it applies; ``batched_tiles``: a batched product of at most
+    ``GEMV_ROWS`` rows on mma.sync's tiles rather than the GEMV."""
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
     tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
@@ -694,8 +723,10 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     # rows that fill mma.sync's 16-row tile run on it (one warp tile: wgmma's warpgroups need more),
     # not on the GEMV, whose CUDA cores spend 16 FMAs on each element of B. Measured on an H200
     # (benchmarks/split_variants.py, 2026-11-28): 16×3002×1536 bf16 21.4 µs on the GEMV, 14.3 on
-    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products of 16 rows
-    # keep the GEMV (its split; not measured on mma.sync)
+    # mma.sync (torch 15.9); 16×4096×4096 30.7 against 22.7 (torch 19.2). Batched products keep the
+    # GEMV (its split) unless gemm_choice's model picks mma.sync's tiles (``batched_tiles``)
+    if tensor_cores and batched_tiles and batch > 1 and M <= GEMV_ROWS:  # at most 16 rows: one 64×64 tile a row
+        return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         return "gemv", _gemv_candidates(M, N, K, it, hw)
     if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
@@ -707,7 +738,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
-                unequal_chunks: bool = True) -> GemmChoice:
+                unequal_chunks: bool = True, batched_tiles: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -724,10 +755,21 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     environment variable ``POLYTILE_GEMV_MMA`` is "0" (none) or "1" (from 2)): rows of 16-bit operands on
     mma.sync, transposed (``gemv_mma``, where ``gemv_mma_applies``), its tiles and split by the same model.
     ``unequal_chunks``: False keeps to chunks of one length (the NCHW convolutions' implicit GEMM splits C·R·S evenly).
+    ``batched_tiles`` (None: the model decides): a batched product of 2 to 16 rows of 16-bit operands
+    on mma.sync's tiles (True) or the GEMV (False).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
     0.69–0.92× torch on the GEMV, 0.82–1.05× on gemv_mma (LLaMA's 8×28672×4096 96.3 → 74.5 µs, torch 69)."""
+    if batched_tiles is None and batch > 1 and 1 < M <= GEMV_ROWS and not split_k:
+        # the GEMV's blocks stream B for all M rows on the CUDA cores; a small batched product is
+        # mostly their K loop, or a split and its sum (H200, random shapes: 3 × 12×104×40 fp16 13.9 µs
+        # on the GEMV, torch 6.1, seed 97052; 6 × 3×77×211 0.55× torch, seed 31337): mma.sync's tiles
+        # where the model predicts them clearly faster (one row, decoding attention's, keeps the GEMV:
+        # mma.sync's 16-row tile has no row loop to bind there)
+        args = (target, M, N, K, dtype, batch, split_k, out_bytes, tensor_core_gemv, unequal_chunks)
+        streamed, tiled = gemm_choice(*args, batched_tiles=False), gemm_choice(*args, batched_tiles=True)
+        return tiled if tiled.seconds < SPLIT_MARGIN * streamed.seconds else streamed
     hw = Hardware.of(target)
     it = dtype.itemsize
     if tensor_core_gemv is None:  # the default: from GEMV_MMA_MIN_ROWS rows, unless the environment says
@@ -736,7 +778,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                                                                                            GEMV_ROWS)
     else:
         gemv_mma_rows = (2, GEMV_ROWS) if tensor_core_gemv else (0, 0)
-    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows)
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows, bool(batched_tiles))
     if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)

@@ -75,15 +75,21 @@ def conv2d_igemm(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride:
 
 def conv2d_igemm_split_func(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1,
                             padding: int = 0, dtype: str = "float16", out_dtype: str | None = None,
-                            rows: bool = False, channel_chunks: int = 1) -> Func:
+                            rows: bool = False, channel_chunks: int = 1, channel_chunk: int | None = None) -> Func:
     """``conv2d_igemm``'s algorithm with its reduction split (split-K): partial products
     ``P[sp, m, k]`` over chunk ``sp`` of the taps and channels — one filter row each (``rows``) and/or
-    ``channel_chunks`` equal ranges of the channels — then ``O[m, k] = sum_sp P[sp, m, k]``. Same
-    inputs and output as ``conv2d_igemm``; the partial sums stay in the summation type."""
-    if channel_chunks < 1 or C % channel_chunks:
-        raise PolytileError(f"conv2d_igemm: channel_chunks={channel_chunks} must divide the {C} input channels")
+    ``channel_chunks`` ranges of ``channel_chunk`` channels (by default C / channel_chunks), the last
+    one ending at C (shorter where the chunks overrun C: a kernel of whole K tiles takes chunks of
+    whole tiles, ``conv_choice.channel_chunk``) — then ``O[m, k] = sum_sp P[sp, m, k]``. Same inputs
+    and output as ``conv2d_igemm``; the partial sums stay in the summation type."""
+    Cs = channel_chunk or C // channel_chunks
+    if channel_chunks < 1 or (channel_chunk is None and C % channel_chunks) or \
+            not (channel_chunks - 1) * Cs < C <= channel_chunks * Cs:
+        raise PolytileError(f"conv2d_igemm: channel_chunks={channel_chunks} "
+                            + (f"of {channel_chunk} channels must cover" if channel_chunk else "must divide")
+                            + f" the {C} input channels" + (", none empty" if channel_chunk else ""))
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
-    M, Cs = N * P * Q, C // channel_chunks
+    M = N * P * Q
     chunks = (R if rows else 1) * channel_chunks
     I = placeholder((N, H, W, C), dtype, "I")
     Wt = placeholder((R, S, C, K), dtype, "Wt")
@@ -93,14 +99,22 @@ def conv2d_igemm_split_func(N: int, H: int, W: int, C: int, K: int, R: int, S: i
 
     def partial(sp, m, k):  # noqa: ANN001, ANN202 - iterators
         rr = sp // channel_chunks if rows else r
-        cc = sp % channel_chunks * Cs + c
-        return lang.tensor.sum(product(col[m, rr, s, cc], Wt[rr, s, cc, k], dtype), axis=[s, c] if rows else [r, s, c])
+        # one chunk: the channels' index as unsplit (the tensor cores' whole K tiles end with col's)
+        cc = sp % channel_chunks * Cs + c if channel_chunks > 1 else c
+        where = cc < C if channel_chunks * Cs > C else None  # the last chunk ends at C
+        return lang.tensor.sum(product(col[m, rr, s, cc], Wt[rr, s, cc, k], dtype), axis=[s, c] if rows else [r, s, c],
+                               where=where)
 
-    Pt = compute((chunks, M, K), partial, "P")
+    return Func([I, Wt], [_chunks_summed(chunks, M, K, partial, dtype, out_dtype)], name="conv2d_igemm")
+
+
+def _chunks_summed(chunks: int, M: int, K: int, partial: object, dtype: str, out_dtype: str | None) -> object:
+    """A split implicit GEMM's output ``O[m, k] = sum_sp P[sp, m, k]`` over the partial products
+    ``P[sp, m, k] = partial(sp, m, k)`` of its ``chunks`` chunks."""
+    Pt = compute((chunks, M, K), partial, "P")  # type: ignore[arg-type]
     sp = reduce_axis(chunks, "ks")
-    O = compute((M, K), lambda i, j: lang.tensor.sum(Pt[sp, i, j], axis=sp), "O",
-                store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
-    return Func([I, Wt], [O], name="conv2d_igemm")
+    return compute((M, K), lambda i, j: lang.tensor.sum(Pt[sp, i, j], axis=sp), "O",
+                   store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
 
 
 def _gather(H: int, W: int, P: int, Q: int, stride: int, padding: int, I: object):  # noqa: ANN202
@@ -131,7 +145,8 @@ def pads_channels(C: int, itemsize: int) -> bool:
 
 
 def conv2d_igemm_rows_func(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1,
-                           padding: int = 0, dtype: str = "float16", out_dtype: str | None = None) -> Func:
+                           padding: int = 0, dtype: str = "float16", out_dtype: str | None = None, rows: bool = False,
+                           run_chunks: int = 1, run_chunk: int | None = None) -> Func:
     """``conv2d_igemm``'s algorithm for inputs of few channels (an image's 3 colors), in the form the
     tensor cores take: the input copied once into ``X[n, h, w·cp + c]`` — zero padding around the
     image, channels padded to ``cp`` (``padded_channels``), rows 16-byte aligned — so that a filter
@@ -156,10 +171,28 @@ def conv2d_igemm_rows_func(N: int, H: int, W: int, C: int, K: int, R: int, S: in
                  "Wf")
     col = compute((N * P * Q, R, Sp * cp),
                   lambda m, r, u: X[m // (P * Q), (m // Q) % P * stride + r, m % Q * stride * cp + u], "col")
-    r, u = reduce_axis(R, "r"), reduce_axis(Sp * cp, "c")
-    O = compute((N * P * Q, K), lambda m, k: lang.tensor.sum(product(col[m, r, u], Wf[r, u, k], dtype), axis=[r, u]),
-                "O", store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
-    return Func([I, Wt], [O], name="conv2d_igemm")
+    run = Sp * cp
+    if not rows and run_chunks == 1:
+        r, u = reduce_axis(R, "r"), reduce_axis(run, "c")
+        O = compute((N * P * Q, K), lambda m, k: lang.tensor.sum(product(col[m, r, u], Wf[r, u, k], dtype),
+                                                                 axis=[r, u]),
+                    "O", store_dtype=output_dtype("conv2d_igemm", dtype, out_dtype))
+        return Func([I, Wt], [O], name="conv2d_igemm")
+    length = run_chunk or -(-run // run_chunks)
+    if run_chunks < 1 or not (run_chunks - 1) * length < run <= run_chunks * length:
+        raise PolytileError(f"conv2d_igemm: run_chunks={run_chunks} of {length} must cover a filter row's run of "
+                            f"{run} elements, none empty")
+    u = reduce_axis(length, "c")
+    r = None if rows else reduce_axis(R, "r")
+
+    def partial(sp, m, k):  # noqa: ANN001, ANN202 - iterators
+        rr = sp // run_chunks if rows else r
+        uu = sp % run_chunks * length + u if run_chunks > 1 else u
+        return lang.tensor.sum(product(col[m, rr, uu], Wf[rr, uu, k], dtype), axis=[u] if rows else [r, u],
+                               where=uu < run if run_chunks * length > run else None)
+
+    chunks = (R if rows else 1) * run_chunks
+    return Func([I, Wt], [_chunks_summed(chunks, N * P * Q, K, partial, dtype, out_dtype)], name="conv2d_igemm")
 
 
 def conv3d_igemm(N: int, D: int, H: int, W: int, C: int, K: int, T: int, R: int, S: int, stride: int = 1,

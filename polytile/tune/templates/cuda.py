@@ -36,10 +36,11 @@ from ...errors import ScheduleError
 from ...intrinsics import MMA_M16N8K16
 from ...ops.conv_choice import (
     IgemmChoice,
+    chunk_steps,
     igemm_choice,
     igemm_kernel,
     igemm_options,
-    igemm_rows_tiles,
+    igemm_rows_choice,
     igemm_splits,
     no_deeper,
 )
@@ -179,24 +180,40 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
     K (also of a batched product's, as the default splits them); or with ``kernel="mma"`` (16-bit
     operands on mma.sync, an unbatched product whose B rows are 16-byte multiples) ``gemv_mma``: warps
     (threads / 32) of ``columns`` columns of B each, the K tile, stages and split. The first choices
-    are the default's (``gemm_choice``)."""
+    are the default's (``gemm_choice``). ``kernel="tiles"``: a batched product of 16-bit operands on
+    mma.sync's 64×64 tiles (``gemm_choice``'s ``batched_tiles``), the K tile and stages its knobs."""
     itemsize = op.func.inputs[0].dtype.itemsize
     d = default_gemm(cfg, op, "gemv") or default_gemm(cfg, op, "gemv_mma")
-    p = d.params if d else {}
+    tiled = default_gemm(cfg, op, "mma") if op.name == "batch_matmul" else None
+    p = d.params if d else tiled.params if tiled else {}
     on_mma = d is not None and d.kernel == "gemv_mma"
-    kernel = str(_added_knob(cfg, "kernel", _first("mma" if on_mma else "cuda" if d else None, ["cuda", "mma"]),
-                             "cuda"))
+    kernel = str(_added_knob(cfg, "kernel", _first("tiles" if tiled else "mma" if on_mma else "cuda" if d else None,
+                                                   ["cuda", "mma", "tiles"]), "cuda"))
     threads = int(cfg.knob("threads", _first(  # type: ignore[call-overload]
-        (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None, [128, 64, 32, 256])))
+        128 if tiled else (p["warps"] * 32 if on_mma else p["bn"] // p["vec"]) if d else None,
+        [128, 64, 32, 256])))
     columns = int(_added_knob(cfg, "columns", _first(p["bn"] // p["warps"] if on_mma else None,  # type: ignore[call-overload]
                                                      [32, 16, 64]), 32))
-    vector = int(cfg.knob("vector", _first(None if on_mma else p["vec"] * itemsize if d else None, [8, 16])))  # type: ignore[call-overload]
+    vector = int(cfg.knob("vector", _first(None if on_mma or not d else p["vec"] * itemsize, [8, 16])))  # type: ignore[call-overload]
     bk = int(cfg.knob("bk", _first(p.get("bk"), [32, 16, 64, 8, 128])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
     direct = bool(cfg.knob("direct", _first(bool(p.get("direct")) if d else None, [False, True])))
-    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d, decide=True,
+    split, chunk = _gemm_split(cfg, op, bk, [s for s in SPLITS if s <= GEMV_MAX_SPLIT], d or tiled, decide=True,
                                batched=True)
     M = op.shape["M"]
+    if kernel == "tiles":
+        cfg.require(itemsize == 2 and cfg.target.has("mma.sync") and op.name == "batch_matmul" and M > 1,
+                    "the tiles kernel: a batched product of 2 to 16 rows of 16-bit operands on mma.sync")
+        cfg.require(threads == 128 and columns == 32 and vector == 8 and not direct and split == 1,
+                    "the tiles kernel: 4 warps of 32×32 in 64×64 tiles, unsplit (threads, columns, vector, direct, "
+                    "split: the GEMVs' knobs)")
+        cfg.require(bk in (16, 32, 64), "the tiles kernel's K tile: 16, 32 or 64")
+        tile = TileConfig(64, 64, bk, 32, 32, stages, 2 if bk > 16 else 1)
+        regs = tile.registers_per_thread(itemsize, False)
+        cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
+                      registers_per_thread=regs, registers_per_block=regs * tile.threads)
+        params = dict(bm=64, bn=64, wm=32, wn=32, bk=bk, stages=stages, reg_stages=2 if bk > 16 else 1)
+        return _gemm_as(cfg, op, GemmChoice("mma", params, 1, 0.0))
     if kernel == "mma":
         cfg.require(itemsize == 2 and cfg.target.has("mma.sync"), "the mma kernel takes 16-bit operands on mma.sync")
         cfg.require(op.name == "matmul", "the mma kernel computes unbatched products")
@@ -603,7 +620,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         bks = {_parse_tile(str(t))[1]["bk"] for t in tiles}
         splits = _first(_split_name(default.rows, default.chunks),
                         [_split_name(r, c) for bk in sorted(bks) for r, c in igemm_splits(C, R, S, bk)])
-        deepest = no_deeper(default.params, _igemm_steps(C, R, S, default.params["bk"], default.rows,
+        deepest = no_deeper(default.params, chunk_steps(C, R, S, default.params["bk"], default.rows,
                                                            default.chunks))
         first, first_inflight = deepest["stages"], deepest.get("inflight")
     kernel, params = _parse_tile(str(cfg.knob("tile", tiles)))
@@ -611,7 +628,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
     stages = cfg.integer("stages", 1, 6, default=first or 4)
     inflight = int(cfg.knob("inflight", _first(first_inflight, [1, 0, 2]))) if wgmma else 1  # type: ignore[arg-type]
     bk = params["bk"]
-    steps = _igemm_steps(C, R, S, bk, rows, chunks)
+    steps = chunk_steps(C, R, S, bk, rows, chunks)
     if cfg.mode != "apply":  # at the workload's own sizes: a split of whole channel tiles, each kernel once
         cfg.require((rows, chunks) in igemm_splits(C, R, S, bk), "a split of channels in chunks of no whole K tile")
         # wgmma reads the filter tile in 128-byte swizzled rows: 64 filters or a multiple (72 filters in a
@@ -621,7 +638,7 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
         cfg.require(stages <= steps, "more stages than the K loop has steps: the same kernel as fewer")
         cfg.require(kernel != "wgmma" or inflight <= max(0, min(stages, steps) - 2),
                     "more MMA groups in flight than the pipeline's stages leave: the same kernel as fewer")
-    elif C % chunks or (rows and R == 1):  # applied at other sizes, where the split does not fit: unsplit
+    elif (rows, chunks) not in igemm_splits(C, R, S, bk):  # applied at other sizes, where the split does not fit
         rows, chunks = False, 1
     if kernel == "wgmma":
         params = {**params, "stages": stages, "inflight": inflight}
@@ -640,19 +657,20 @@ def conv2d_igemm_choices(cfg: TemplateConfig, op: Any) -> Any:
                                                                        "padding"))) or sched
 
 
-def _igemm_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int:
-    """The K loop's steps of an implicit GEMM's chunk: its taps × its channels' K tiles."""
-    return (S if rows else R * S) * -(-C // chunks // bk)
-
-
 @template("conv2d_igemm", "cuda", name="conv2d_igemm_rows", applies=_padded_channels_tensor_core)
 def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     """A convolution of few input channels as the default builds it (``igemm_rows``: channels and image
-    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile and
-    stages, the default's (``igemm_rows_tiles``) first."""
+    padded, each filter row one run of the reduction, on mma.sync): block and warp tiles, K tile,
+    stages and the split of the reduction (``split``: over the filter rows and/or run chunks), the
+    default's (``igemm_rows_choice``) first."""
     d = _conv_sizes(op)
     cp, Sp = padded_channels(d["C"], d["S"])
-    usual, usual_bk = igemm_rows_tiles(d["M"], d["K"], Sp * cp)
+    run = Sp * cp
+    itemsize = op.func.tensor("I").dtype.itemsize
+    default = igemm_rows_choice(cfg.target, d["M"], d["K"], d["R"], run, itemsize,
+                                (d["N"] * d["H"] * d["W"] * cp + d["R"] * run * d["K"]) * itemsize,
+                                op.func.tensor("O").dtype.itemsize)
+    usual, usual_bk = {k: default.params[k] for k in ("bm", "bn", "wm", "wn")}, default.params["bk"]
     names = [f"{t['bm']}x{t['bn']}:{t['wm']}x{t['wn']}" for t in (
         usual, dict(bm=128, bn=128, wm=64, wn=64), dict(bm=64, bn=64, wm=32, wn=32), dict(bm=128, bn=32, wm=32, wn=32),
         dict(bm=64, bn=32, wm=32, wn=32))]
@@ -660,16 +678,20 @@ def conv2d_igemm_rows(cfg: TemplateConfig, op: Any) -> Any:
     tiles = {"bm": int(block[0]), "bn": int(block[1]), "wm": int(warp[0]), "wn": int(warp[1])}
     bk = int(cfg.knob("bk", _first(usual_bk, [32, 16])))  # type: ignore[call-overload]
     stages = cfg.integer("stages", 1, 4, default=3)
-    cfg.require(bk == 16 or (Sp * cp) % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    splits = [_split_name(r, c) for b in (32, 16) for r, c in igemm_splits(run, d["R"], 1, b)]
+    rows, chunks = _parse_split(str(cfg.knob("split", _first(_split_name(default.rows, default.chunks), splits))))
+    cfg.require(bk == 16 or run % 32 == 0, "K tiles of 32 that do not divide a filter row's run")
+    if cfg.mode != "apply":
+        cfg.require((rows, chunks) in igemm_splits(run, d["R"], 1, bk), "a split of the runs in no whole K tiles")
     reg_stages = 2 if bk > MMA_M16N8K16.shape[2] else 1
     tile = TileConfig(tiles["bm"], tiles["bn"], bk, tiles["wm"], tiles["wn"], stages, reg_stages)
-    itemsize = op.func.tensor("I").dtype.itemsize
     regs = tile.registers_per_thread(itemsize, True)
     cfg.resources(threads_per_block=tile.threads, shared_bytes=tile.shared_bytes(itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tile.threads)
     cfg.schedule(op.func)
     return igemm_rows(cfg.target, *(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")),
-                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages)
+                      op.func.tensor("I").dtype.name, op.func.tensor("O").dtype.name, tiles, bk, stages,
+                      (rows, chunks))
 
 
 def _igemm_cuda(cfg: TemplateConfig, op: Any, taps: list[str]) -> Any:
