@@ -1,12 +1,14 @@
 """Tuning throughput: trials per minute of the batch-synchronous path with the builds of before (each
-batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False)``, what
-`polytile tune` did before the streaming measurer and the quick builds) against today's path (builds
+batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False,
+inputs_in_builders=False)``, what `polytile tune` did before the streaming measurer and the quick
+builds) against today's path (builds
 feeding a measurement queue, quick builds: a precompiled header of the generated C++'s includes, no
 second legality check of an unchanged schedule state, legality checks that compare each
-dependence's pairs in the schedule space; the same kernels), on the same machine, in
+dependence's pairs in the schedule space; the same kernels; on a GPU the builders draw each
+check's inputs and reference, ``MeasureOptions.inputs_in_builders``), on the same machine, in
 interleaved rounds of one process session (a shared machine drifts; interleaving meets both paths
 with it). ``--paths batch,stream,batch_quick`` adds the batch path with quick builds, which tells
-the two gains apart.
+the two gains apart; ``stream_runner_inputs`` is today's path with the runner drawing the inputs.
 
     python benchmarks/tuning_throughput.py                      # CPU matmul 512³ (the BLIS template)
     python benchmarks/tuning_throughput.py --target cuda        # the wgmma GEMM (fp16 512×768×3072)
@@ -44,10 +46,12 @@ WORKLOADS = {
     "cpu": {"matmul512": ("matmul", dict(M=512, N=512, K=512))},
     "cuda": {"wgmma_gemm": ("matmul", dict(M=512, N=768, K=3072, dtype="float16"))},
 }
-PATHS = {
-    "batch": dict(overlap=False, result_cache=False, retime=0, quick_build=False),  # the baseline: as before
-    "stream": dict(overlap=True, result_cache=False, retime=0, quick_build=True),  # today's path
-    "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True),
+PATHS = {  # the baseline: as before (the runner draws each check's inputs); today's path; the baseline's builds quick
+    "batch": dict(overlap=False, result_cache=False, retime=0, quick_build=False, inputs_in_builders=False),
+    "stream": dict(overlap=True, result_cache=False, retime=0, quick_build=True),
+    "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True, inputs_in_builders=False),
+    "stream_runner_inputs": dict(overlap=True, result_cache=False, retime=0, quick_build=True,
+                                 inputs_in_builders=False),
 }
 
 
@@ -88,6 +92,9 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
     if "batch_quick" in rates:
         entry["speedup_of_quick_builds"] = round(rates["batch_quick"] / rates["batch"], 3)
         print(f"{name}: batch_quick / batch = {entry['speedup_of_quick_builds']:.2f}x")
+    if "stream_runner_inputs" in rates:
+        entry["speedup_of_runner_inputs"] = round(rates["stream_runner_inputs"] / rates["batch"], 3)
+        print(f"{name}: stream_runner_inputs / batch = {entry['speedup_of_runner_inputs']:.2f}x")
     return entry
 
 
