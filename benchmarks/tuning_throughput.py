@@ -57,16 +57,21 @@ PATHS = {  # the baseline: as before (the runner draws each check's inputs); tod
 
 def run_once(op: str, shape: dict, target: str, trials: int, batch: int, opts: dict, cache: str,
              devices: list[int] | None = None, tuner: str = "xgb") -> dict:
-    """One cold tuning run: trials, wall seconds, trials per minute, failures, mean build/run seconds."""
+    """One cold tuning run: trials, wall seconds, trials per minute, failures, mean build/run seconds, and
+    the seconds until the first trial's result (the workers' start and the first build: the runner's
+    wait before it measures anything)."""
     os.environ["POLYTILE_CACHE_DIR"] = cache  # workers started by this run build into it
     task = make_task(op, target, **shape)
+    heard: list[float] = []
     start = time.perf_counter()
     res = tune_task(task, trials, None, tuner=tuner, batch_size=batch, measure=MeasureOptions(**opts), seed=0,
-                    progress=False, verify=False, build_best=False, devices=devices)
+                    progress=False, verify=False, build_best=False, devices=devices,
+                    on_trial=lambda rec: heard.append(time.perf_counter()))
     wall = time.perf_counter() - start
     n = len(res.records)
     return {"trials": n, "seconds": round(wall, 2), "trials_per_minute": round(60 * n / wall, 2),
             "failures": res.failures, "load_before": round(os.getloadavg()[0], 2),
+            "first_trial_s": round(heard[0] - start, 2) if heard else None,
             "mean_build_s": round(statistics.mean(r.build_s for r in res.records), 3) if n else None,
             "mean_run_s": round(statistics.mean(r.run_s for r in res.records), 3) if n else None,
             "best_ms": round(min((r.cost for r in res.records), default=float("inf")) * 1e3, 4)}
