@@ -287,11 +287,24 @@ def trial_seed(values: dict[str, object]) -> int:
 
 
 def _check_data(op: Any, seed: int) -> CheckData | None:
-    """The check's inputs and reference for ``seed``; None when they exceed ``SHIPPED_INPUTS_BYTES``."""
-    if op.bytes_moved > SHIPPED_INPUTS_BYTES:  # inputs and results: the reference is as large as the results
+    """The check's inputs and reference for ``seed``; None when they would exceed ``SHIPPED_INPUTS_BYTES``."""
+    if _check_bytes(op) > SHIPPED_INPUTS_BYTES:
         return None
     inputs, ref = _reference(op, seed, None)
     return CheckData(seed, inputs, ref)
+
+
+def _check_bytes(op: Any) -> float:
+    """The bytes of an operator's inputs and of its reference results (8-byte elements at most: references
+    compute in float64); inf when a size is not a constant."""
+    total = 0.0
+    for tensors, widest in ((op.func.inputs, 0), (op.func.outputs, 8)):
+        for t in tensors:
+            sizes = [d if isinstance(d, int) else getattr(d, "value", None) for d in t.shape]
+            if not all(isinstance(n, int) for n in sizes):
+                return float("inf")
+            total += float(np.prod(sizes, dtype=np.float64)) * max(t.dtype.itemsize, widest)
+    return total
 
 
 def lower_features(task: Task, values: dict[str, object]) -> np.ndarray:

@@ -105,3 +105,11 @@ def test_the_measurer_sends_builder_drawn_inputs_to_its_runner():
         built = meas.build(task, batch)
         assert all(b.value[0].check is not None for b in built)
         assert all(r.ok for r in meas.measure(task, batch))
+
+
+def test_builders_leave_large_inputs_to_the_runner():
+    from polytile import ops
+    small, large = ops.get("matmul", M=37, N=29, K=61), ops.get("matmul", M=4096, N=4096, K=4096)
+    assert m._check_bytes(small) == 4 * (37 * 61 + 61 * 29) + 8 * 37 * 29  # float32 inputs, float64 reference
+    assert m._check_data(large, 0) is None  # 64 MiB of float32 inputs: drawn by the runner
+    assert m._check_data(small, 0) is not None
