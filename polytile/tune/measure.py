@@ -73,10 +73,10 @@ class MeasureOptions:
     tie (the tie goes to the one whose decisions come first in the template's order).
     ``inputs_in_builders``: the builder of each candidate also draws its check's random inputs and
     computes the reference on them, and sends them with the kernel (at most ``SHIPPED_INPUTS_BYTES``;
-    larger ones the runner draws), so that the runner only checks and times — on a GPU target the
-    runner, one per GPU, is what limits the trials per minute while the builders are many. None (the
-    default): on GPU targets; False: the runner draws them (as before). Not with ``same_inputs``,
-    whose runner computes one reference for every candidate.
+    larger ones the runner draws), so that the runner only checks and times — on a GPU target one
+    runner per GPU serves every builder. None (the default): on GPU targets; False: the runner draws
+    them (as before). Not with ``same_inputs``, whose runner computes one reference for every
+    candidate.
     ``quick_build``: builds take the shortcuts that give the same kernels (a precompiled header of
     the generated C++'s includes, no second legality check of an unchanged schedule state,
     legality checks that compare each dependence's pairs in the schedule space:
