@@ -1,12 +1,14 @@
 """Tuning throughput: trials per minute of the batch-synchronous path with the builds of before (each
-batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False)``, what
-`polytile tune` did before the streaming measurer and the quick builds) against today's path (builds
+batch built whole, then run one by one: ``MeasureOptions(overlap=False, quick_build=False,
+inputs_in_builders=False)``, what `polytile tune` did before the streaming measurer and the quick
+builds) against today's path (builds
 feeding a measurement queue, quick builds: a precompiled header of the generated C++'s includes, no
 second legality check of an unchanged schedule state, legality checks that compare each
-dependence's pairs in the schedule space; the same kernels), on the same machine, in
+dependence's pairs in the schedule space; the same kernels; on a GPU the builders draw each
+check's inputs and reference, ``MeasureOptions.inputs_in_builders``), on the same machine, in
 interleaved rounds of one process session (a shared machine drifts; interleaving meets both paths
 with it). ``--paths batch,stream,batch_quick`` adds the batch path with quick builds, which tells
-the two gains apart.
+the two gains apart; ``stream_runner_inputs`` is today's path with the runner drawing the inputs.
 
     python benchmarks/tuning_throughput.py                      # CPU matmul 512³ (the BLIS template)
     python benchmarks/tuning_throughput.py --target cuda        # the wgmma GEMM (fp16 512×768×3072)
@@ -44,25 +46,32 @@ WORKLOADS = {
     "cpu": {"matmul512": ("matmul", dict(M=512, N=512, K=512))},
     "cuda": {"wgmma_gemm": ("matmul", dict(M=512, N=768, K=3072, dtype="float16"))},
 }
-PATHS = {
-    "batch": dict(overlap=False, result_cache=False, retime=0, quick_build=False),  # the baseline: as before
-    "stream": dict(overlap=True, result_cache=False, retime=0, quick_build=True),  # today's path
-    "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True),
+PATHS = {  # the baseline: as before (the runner draws each check's inputs); today's path; the baseline's builds quick
+    "batch": dict(overlap=False, result_cache=False, retime=0, quick_build=False, inputs_in_builders=False),
+    "stream": dict(overlap=True, result_cache=False, retime=0, quick_build=True),
+    "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True, inputs_in_builders=False),
+    "stream_runner_inputs": dict(overlap=True, result_cache=False, retime=0, quick_build=True,
+                                 inputs_in_builders=False),
 }
 
 
 def run_once(op: str, shape: dict, target: str, trials: int, batch: int, opts: dict, cache: str,
              devices: list[int] | None = None, tuner: str = "xgb") -> dict:
-    """One cold tuning run: trials, wall seconds, trials per minute, failures, mean build/run seconds."""
+    """One cold tuning run: trials, wall seconds, trials per minute, failures, mean build/run seconds, and
+    the seconds until the first trial's result (the workers' start and the first build: the runner's
+    wait before it measures anything)."""
     os.environ["POLYTILE_CACHE_DIR"] = cache  # workers started by this run build into it
     task = make_task(op, target, **shape)
+    heard: list[float] = []
     start = time.perf_counter()
     res = tune_task(task, trials, None, tuner=tuner, batch_size=batch, measure=MeasureOptions(**opts), seed=0,
-                    progress=False, verify=False, build_best=False, devices=devices)
+                    progress=False, verify=False, build_best=False, devices=devices,
+                    on_trial=lambda rec: heard.append(time.perf_counter()))
     wall = time.perf_counter() - start
     n = len(res.records)
     return {"trials": n, "seconds": round(wall, 2), "trials_per_minute": round(60 * n / wall, 2),
             "failures": res.failures, "load_before": round(os.getloadavg()[0], 2),
+            "first_trial_s": round(heard[0] - start, 2) if heard else None,
             "mean_build_s": round(statistics.mean(r.build_s for r in res.records), 3) if n else None,
             "mean_run_s": round(statistics.mean(r.run_s for r in res.records), 3) if n else None,
             "best_ms": round(min((r.cost for r in res.records), default=float("inf")) * 1e3, 4)}
@@ -88,6 +97,9 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
     if "batch_quick" in rates:
         entry["speedup_of_quick_builds"] = round(rates["batch_quick"] / rates["batch"], 3)
         print(f"{name}: batch_quick / batch = {entry['speedup_of_quick_builds']:.2f}x")
+    if "stream_runner_inputs" in rates:
+        entry["speedup_of_runner_inputs"] = round(rates["stream_runner_inputs"] / rates["batch"], 3)
+        print(f"{name}: stream_runner_inputs / batch = {entry['speedup_of_runner_inputs']:.2f}x")
     return entry
 
 

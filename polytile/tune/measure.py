@@ -71,6 +71,12 @@ class MeasureOptions:
     ``retime``: how many of the best configurations are timed again in a fresh process before the
     winner is declared; ``noise_band``: relative difference under which two re-timed configurations
     tie (the tie goes to the one whose decisions come first in the template's order).
+    ``inputs_in_builders``: the builder of each candidate also draws its check's random inputs and
+    computes the reference on them, and sends them with the kernel (at most ``SHIPPED_INPUTS_BYTES``;
+    larger ones the runner draws), so that the runner only checks and times — on a GPU target one
+    runner per GPU serves every builder. None (the default): on GPU targets; False: the runner draws
+    them (as before). Not with ``same_inputs``, whose runner computes one reference for every
+    candidate.
     ``quick_build``: builds take the shortcuts that give the same kernels (a precompiled header of
     the generated C++'s includes, no second legality check of an unchanged schedule state,
     legality checks that compare each dependence's pairs in the schedule space:
@@ -97,6 +103,7 @@ class MeasureOptions:
     retime: int = 3
     noise_band: float = 0.02
     quick_build: bool | None = None
+    inputs_in_builders: bool | None = None
 
     def __post_init__(self) -> None:
         at_least = {"builders": 0, "repeat": 1, "warmup": 0, "threads": 0, "runner_cores": 0, "min_time": 0.0,
@@ -115,6 +122,13 @@ class MeasureOptions:
         if self.runner_cores:
             return max(1, len(cpu_partition(self.runner_cores).others))
         return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+    def builders_draw_inputs(self, task: Task) -> bool:
+        """Whether the builders of ``task``'s candidates draw their check's inputs and reference
+        (``inputs_in_builders``)."""
+        if not self.check or self.same_inputs:
+            return False
+        return task.target.kind == "cuda" if self.inputs_in_builders is None else self.inputs_in_builders
 
     @property
     def kernel_threads(self) -> int:
@@ -168,12 +182,29 @@ class MeasureResult:
 # --- kernels across processes -----------------------------------------------------------------------------
 
 
+SHIPPED_INPUTS_BYTES = 64 << 20
+"""The most bytes of check inputs and reference a builder sends with a kernel
+(``MeasureOptions.inputs_in_builders``): the measurer holds those of every built candidate that waits
+for a runner."""
+
+
+@dataclass
+class CheckData:
+    """A trial's random inputs drawn with ``seed`` and the operator's reference result on them."""
+
+    seed: int
+    inputs: list[np.ndarray]
+    reference: Any
+
+
 @dataclass
 class KernelArtifact:
-    """What a runner needs to load a built kernel without lowering it again."""
+    """What a runner needs to load a built kernel without lowering it again; ``check``: the check's
+    inputs and reference when the builder drew them (``MeasureOptions.inputs_in_builders``)."""
 
     kind: str
     payload: Any
+    check: CheckData | None = None
 
 
 def pack_kernel(kern: Any, task: Task, values: dict[str, object]) -> KernelArtifact:
@@ -229,10 +260,12 @@ def _prime_below(n: int) -> int:
     return m
 
 
-def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: bool | None = None
-                    ) -> tuple[KernelArtifact, np.ndarray, KernelArtifact | None, float]:
+def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: bool | None = None,
+                    inputs: bool = False) -> tuple[KernelArtifact, np.ndarray, KernelArtifact | None, float]:
     """Build one configuration (in a builder process): its kernel, iter features and, when ``odd``,
-    the kernel of the same configuration at odd sizes. ``quick``: ``MeasureOptions.quick_build``."""
+    the kernel of the same configuration at odd sizes. ``quick``: ``MeasureOptions.quick_build``;
+    ``inputs``: the kernel's artifact carries its check's inputs and reference
+    (``MeasureOptions.inputs_in_builders``)."""
     from ..build import build
     t0 = time.perf_counter()
     with quick_builds_set(quick):
@@ -242,7 +275,36 @@ def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: boo
         if odd:
             odd_task = Task(task.template, odd_workload(task), task.target)
             odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
-    return pack_kernel(kern, task, values), feats, odd_art, time.perf_counter() - t0
+    art = pack_kernel(kern, task, values)
+    if inputs:
+        art.check = _check_data(_operator(task), trial_seed(values))
+    return art, feats, odd_art, time.perf_counter() - t0
+
+
+def trial_seed(values: dict[str, object]) -> int:
+    """The seed of a configuration's random inputs (each configuration draws its own)."""
+    return zlib.crc32(repr(sorted(values.items())).encode())
+
+
+def _check_data(op: Any, seed: int) -> CheckData | None:
+    """The check's inputs and reference for ``seed``; None when they would exceed ``SHIPPED_INPUTS_BYTES``."""
+    if _check_bytes(op) > SHIPPED_INPUTS_BYTES:
+        return None
+    inputs, ref = _reference(op, seed, None)
+    return CheckData(seed, inputs, ref)
+
+
+def _check_bytes(op: Any) -> float:
+    """The bytes of an operator's inputs and of its reference results (8-byte elements at most: references
+    compute in float64); inf when a size is not a constant."""
+    total = 0.0
+    for tensors, widest in ((op.func.inputs, 0), (op.func.outputs, 8)):
+        for t in tensors:
+            sizes = [d if isinstance(d, int) else getattr(d, "value", None) for d in t.shape]
+            if not all(isinstance(n, int) for n in sizes):
+                return float("inf")
+            total += float(np.prod(sizes, dtype=np.float64)) * max(t.dtype.itemsize, widest)
+    return total
 
 
 def lower_features(task: Task, values: dict[str, object]) -> np.ndarray:
@@ -269,8 +331,9 @@ def _reference(op: Any, seed: int, keep: str | None) -> tuple[list[np.ndarray], 
     return found
 
 
-def _check(kern: Any, op: Any, seed: int, keep: str | None = None) -> tuple[list[np.ndarray], str]:
-    inputs, ref = _reference(op, seed, keep)
+def _check(kern: Any, op: Any, seed: int, keep: str | None = None, drawn: CheckData | None = None
+           ) -> tuple[list[np.ndarray], str]:
+    inputs, ref = (drawn.inputs, drawn.reference) if drawn is not None else _reference(op, seed, keep)
     out = kern(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     refs = ref if isinstance(ref, tuple) else (ref,)
@@ -290,7 +353,7 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
         opts.before_run(task, values)
     key = task.workload.key
     op = _operator(task)
-    seed = 0 if opts.same_inputs else zlib.crc32(repr(sorted(values.items())).encode())
+    seed = 0 if opts.same_inputs else trial_seed(values)
     kern = load_kernel(art)
     if odd_art is not None:
         _, err = _check(load_kernel(odd_art), odd_workload(task).instantiate(), seed)
@@ -298,7 +361,8 @@ def run_candidate(task: Task, values: dict[str, object], art: KernelArtifact, od
             return "wrong_result", [], f"at odd sizes: {err}", {}
     t0 = time.perf_counter()
     if opts.check:
-        inputs, err = _check(kern, op, seed, keep=key if opts.same_inputs else None)
+        drawn = art.check if art.check is not None and art.check.seed == seed else None
+        inputs, err = _check(kern, op, seed, keep=key if opts.same_inputs else None, drawn=drawn)
         if err:
             return "wrong_result", [], err, {}
     else:
@@ -423,13 +487,14 @@ class Measurer:
         threads = self.options.kernel_threads
         # NumPy's BLAS computes references single-threaded: its idle threads spin after each call
         # and would steal the cores from the kernel timed next
-        env = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        blas = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # builders too (references, many at once)
+        env = dict(blas)
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
         self.partition = cpu_partition(self.options.runner_cores) if self.options.runner_cores else None
         runner_cores, builder_cores = (self.partition.runner, self.partition.others) if self.partition else (None, None)
         self.devices: list[int | None] = list(devices) if devices else [None]
-        self.builders = WorkerPool(self.options.builder_count(), {"OMP_NUM_THREADS": "1"}, cores=builder_cores)
+        self.builders = WorkerPool(self.options.builder_count(), {**blas, "OMP_NUM_THREADS": "1"}, cores=builder_cores)
         self.runners = [WorkerPool(1, {**env, **device_environment(d)}, cores=runner_cores) for d in self.devices]
         self.cache = ResultCache() if self.options.result_cache else None
         self._trials: dict[int, _Trial] = {}
@@ -480,8 +545,9 @@ class Measurer:
             self._prepared.add(task.workload.key)
             for runner in self.runners:
                 runner.submit(prepare_runner, (task,), self.options.run_timeout)
-        ticket = self.builders.submit(build_candidate, (task, values, self.options.check_odd_shape,
-                                                        self.options.quick_build), self.options.build_timeout)
+        opts = self.options
+        ticket = self.builders.submit(build_candidate, (task, values, opts.check_odd_shape, opts.quick_build,
+                                                        opts.builders_draw_inputs(task)), opts.build_timeout)
         self._builds[ticket] = trial
         return trial
 
@@ -589,8 +655,9 @@ class Measurer:
         """Build every configuration of ``batch`` in parallel without running them: each outcome's
         value (when it returned) goes to ``run_built`` later, possibly on another machine (it pickles)."""
         opts = self.options
-        return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape, opts.quick_build) for v in batch],
-                                 opts.build_timeout)
+        inputs = opts.builders_draw_inputs(task)
+        return self.builders.map(build_candidate, [(task, v, opts.check_odd_shape, opts.quick_build, inputs)
+                                                   for v in batch], opts.build_timeout)
 
     def run_built(self, task: Task, values: dict[str, object], built: Outcome, device: int = 0) -> MeasureResult:
         """Check and time one configuration built by ``build`` (a build failure becomes its result) on
