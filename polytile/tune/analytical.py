@@ -84,7 +84,8 @@ from .space import TuneError
 # on the order of a hundred cycles; 256 fits the waits of blocks that leave no group in flight in the
 # H200 calibration of ``COPY_ISSUE_INSTRUCTIONS`` best: 128 left them 1.08× slower than predicted).
 # Archs without the wgmma facts have no warpgroup MMA (``Hardware.wgmma_flops`` is 0).
-# gather_bytes_per_cycle: the operand bytes one SM gathers per cycle for an implicit GEMM (``wave_cycles``); archs without it are not modeled so.
+# gather_bytes_per_cycle: the operand bytes one SM gathers per cycle for an implicit GEMM
+# (``wave_cycles``); archs without it are not modeled so.
 # sm_90: each zero-filling 16-byte copy of a gathered pixel's channels costs its thread the pixel's
 # and tap's address arithmetic and bounds tests — 250 to 290 instructions per warp per K step of
 # 128×64, 128×128 and 64×64 wgmma tiles in their SASS, at about 2 instructions per cycle per SM —
