@@ -11,7 +11,8 @@ the CPU. For each model, in one process:
    it beats torch on its own), timed, and its output checked against eager (relative error);
 3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
    CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
-   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
+   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option),
+   and the polytile backend with channels-last convolution weights (``polytile-nhwc``: ``channels_last=True``)
    (``--peers``);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
@@ -24,8 +25,8 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
-        [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
+        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-nhwc] [--threads N]
+        [--rounds 5] [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
 GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
-PEERS = (*GPU_PEERS, "polytile-unpacked")
+PEERS = (*GPU_PEERS, "polytile-unpacked", "polytile-nhwc")
 INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
@@ -164,6 +165,20 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
             res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
             res["taken_unpacked"] = len(unpacked.taken)
             variants["polytile-unpacked"] = c
+        if "polytile-nhwc" in peers:
+            nhwc = ptt.Report()
+            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=nhwc,
+                                                         cuda_graphs=graphs, channels_last=True), dynamic=False)
+            t0 = time.perf_counter()
+            out = c(*inputs)
+            _sync(device)
+            res["compile_s"]["polytile-nhwc"] = time.perf_counter() - t0
+            res["rel_error_nhwc"] = _rel(out, want)
+            res["out_strides_nhwc"] = [list(out.stride()), list(want.stride())]
+            res["taken_nhwc"] = [f"{g.kind}: {' + '.join(g.ops)}" for g in nhwc.taken]
+            res["left_nhwc"] = {op: dict(r) for op, r in nhwc.reasons().items()}
+            res["notes_nhwc"] = nhwc.notes
+            variants["polytile-nhwc"] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)

@@ -8,7 +8,9 @@ The capture happens on the second call (the first one runs as compiled: lazy ini
 kernels' first-call planning and any compilation are done then, none of which a capture allows) on a
 side stream, in a memory pool of its own. Inputs that dynamo marks static (the model's parameters and
 buffers) are used in place: a later call with another tensor in their place (new weights assigned to
-the module) is run as compiled and captured again. Other inputs (the user's tensors) are copied into
+the module) is run as compiled and captured again; weights the forward reads through a converted
+copy (the ``channels_last`` option's) are converted again into that copy before a replay when they
+were written in place (``packing.PackCache.refresh``). Other inputs (the user's tensors) are copied into
 the graph's own input tensors before each replay. Outputs are cloned out of the graph's memory, so a
 result stays valid after the next call. A forward that cannot be captured (an operation that
 synchronizes or copies to the host) runs as compiled from then on, with one warning saying why.
@@ -32,9 +34,10 @@ class GraphedForward:
     """``forward`` (a function of tensors returning a tuple or list of tensors) replayed as one CUDA
     graph from its second call on."""
 
-    def __init__(self, forward: Callable[..., Any], report: Any = None):
+    def __init__(self, forward: Callable[..., Any], report: Any = None, weights: Sequence[Any] = ()):
         self.forward = forward
         self.report = report  # an explain.Report: its notes and replay count
+        self.weights = list(weights)  # the forward's converted weights (packing.PackCache), refreshed before a replay
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: list[Any] = []  # the graph's input tensors (static ones: the caller's own)
@@ -51,7 +54,7 @@ class GraphedForward:
         self.calls += 1
         if self.failed or self.calls == 1:
             return self.forward(*args)
-        if self.graph is None or not self._matches(args):
+        if self.graph is None or not self._matches(args) or not all(w.refresh() for w in self.weights):
             if not self._capture(args):
                 return self.forward(*args)
         for k, a in enumerate(args):
