@@ -11,8 +11,7 @@ the CPU. For each model, in one process:
    it beats torch on its own), timed, and its output checked against eager (relative error);
 3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
    CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
-   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option),
-   and the polytile backend with channels-last convolution weights (``polytile-nhwc``: ``channels_last=True``)
+   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
    (``--peers``);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
@@ -25,8 +24,9 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-nhwc] [--threads N]
-        [--rounds 5] [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
+        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
+        [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--channels-last]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
 GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
-PEERS = (*GPU_PEERS, "polytile-unpacked", "polytile-nhwc")
+PEERS = (*GPU_PEERS, "polytile-unpacked")
 INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
@@ -84,6 +84,8 @@ def main() -> int:
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--cuda-graphs", choices=["default", "on", "off"], default="default",
                    help="the backend's cuda_graphs option (default: on a GPU, for inference)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="the backend's channels_last option (convolution weights channels-last, converted once)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
     args = p.parse_args()
     if args.threads:
@@ -142,12 +144,15 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         torch._dynamo.reset()
         graphs = {"default": None, "on": True, "off": False}[args.cuda_graphs]
         compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report,
-                                                            cuda_graphs=graphs), dynamic=False)
+                                                            cuda_graphs=graphs, channels_last=args.channels_last),
+                                 dynamic=False)
         t0 = time.perf_counter()
         got = compiled(*inputs)
         _sync(device)
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
         res["rel_error"] = _rel(got, want)
+        res["out_strides"] = [list(got.stride()), list(want.stride())]  # polytile's and eager's
+        res["notes"] = report.notes
         res["cuda_graphs"] = report.cuda_graphs
         res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" + (f" ({g.kernels} kernels)" if g.kernels > 1
                                                                           else "") for g in report.taken]
@@ -165,20 +170,6 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
             res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
             res["taken_unpacked"] = len(unpacked.taken)
             variants["polytile-unpacked"] = c
-        if "polytile-nhwc" in peers:
-            nhwc = ptt.Report()
-            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=nhwc,
-                                                         cuda_graphs=graphs, channels_last=True), dynamic=False)
-            t0 = time.perf_counter()
-            out = c(*inputs)
-            _sync(device)
-            res["compile_s"]["polytile-nhwc"] = time.perf_counter() - t0
-            res["rel_error_nhwc"] = _rel(out, want)
-            res["out_strides_nhwc"] = [list(out.stride()), list(want.stride())]
-            res["taken_nhwc"] = [f"{g.kind}: {' + '.join(g.ops)}" for g in nhwc.taken]
-            res["left_nhwc"] = {op: dict(r) for op, r in nhwc.reasons().items()}
-            res["notes_nhwc"] = nhwc.notes
-            variants["polytile-nhwc"] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)

@@ -94,9 +94,8 @@ def cache_weights(gm: fx.GraphModule) -> list[PackCache]:
     convolutions went to polytile) are dropped. Returns the caches (a CUDA-graph replay refreshes them,
     ``graphs.GraphedForward``)."""
     caches = []
-    for n in list(gm.graph.nodes):
-        if not is_weight_copy(n):
-            continue
+    copies = [n for n in gm.graph.nodes if is_weight_copy(n)]
+    for n in copies:
         if not n.users:
             gm.graph.erase_node(n)
             continue
@@ -107,7 +106,8 @@ def cache_weights(gm: fx.GraphModule) -> list[PackCache]:
         new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
-    gm.recompile()
+    if copies:
+        gm.recompile()
     return caches
 
 

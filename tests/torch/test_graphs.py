@@ -127,6 +127,28 @@ def test_a_replay_checks_only_the_parameters_addresses(monkeypatch: pytest.Monke
     assert fakes.captures == 2
 
 
+def test_a_converted_weight_written_in_place_is_converted_again_before_a_replay(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    # the channels_last option's weights: the graph reads a converted copy (here 2·w), which a replay
+    # must see change when the weight is written in place (same address: no new capture)
+    from polytile.torch.packing import PackCache
+    fakes = Fakes(monkeypatch)
+    w = torch.nn.Parameter(torch.randn(5, 3), requires_grad=False)
+    cache = PackCache(lambda t: t * 2)
+    runs: list[str] = []
+    inner = forward_of(fakes, w, runs)
+    g = GraphedForward(lambda x, w: inner(x, cache(w)), ptt.Report(), [cache])
+    x = torch.randn(4, 5)
+    g(x, w), g(x, w)
+    with torch.no_grad():
+        w.mul_(-3)
+    torch.testing.assert_close(g(x, w)[0], x @ (2 * w.detach()) + 1)
+    assert fakes.captures == 1 and runs[-1] == "captured"
+    monkeypatch.setattr(cache, "refresh", lambda: False)  # the weight converted last is gone: capture again
+    torch.testing.assert_close(g(x, w)[0], x @ (2 * w.detach()) + 1)
+    assert fakes.captures == 2
+
+
 def test_a_forward_that_cannot_be_captured_runs_as_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     fakes = Fakes(monkeypatch)
     runs: list[str] = []
