@@ -85,6 +85,7 @@ class PackCache:
             key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
         except RuntimeError:  # an inference tensor: no version counter, so nothing tells a change
             self.packs += 1
+            self._packed, self._key = None, None  # converted by every call (a captured one too)
             return self.packing(x)
         if self._packed is None or self._key != key or self._source is None or self._source() is not base:
             self._packed = self.packing(x)
@@ -96,7 +97,10 @@ class PackCache:
         """Convert the weight converted last again, into the same tensor, if it was written in place since
         (its version moved): a CUDA graph that reads the converted copy replays the new weight. False
         when that weight is gone or is no longer what was converted (another address or shape): the
-        next call must convert it, into a new tensor."""
+        next call must convert it, into a new tensor. True for a weight without a version counter: every
+        call converts it, so a captured call does too."""
+        if self.packs and self._key is None:
+            return True
         x = self._weight() if self._weight is not None else None
         if x is None or self._packed is None or self._key is None:
             return False

@@ -190,6 +190,10 @@ def test_a_refresh_converts_into_the_same_tensor() -> None:
     assert cache(w) is first and torch.equal(first, w)  # the same tensor, the new values
     del w
     assert not cache.refresh()  # the weight is gone: a new call must convert its successor
+    with torch.inference_mode():
+        w = torch.randn(4, 3, 3, 2)  # no version counter: converted by every call, captured ones too
+    assert torch.equal(cache(w), w) and cache(w) is not cache(w)
+    assert cache.refresh()
 
 
 @pytest.mark.gpu
