@@ -132,7 +132,7 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         records.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         rep = ptt.tune(model, inputs, trials_per_task=args.trials_per_task, records=str(records), tuner=args.tuner,
-                       progress=False)
+                       progress=False, channels_last=args.channels_last)
         res.update(tune_s=time.perf_counter() - t0, tasks=len(rep.tasks), trials=sum(t.trials for t in rep.tasks),
                    new_trials=rep.new_trials, trials_per_task=args.trials_per_task)
     variants: dict[str, Any] = {}

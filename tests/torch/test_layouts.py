@@ -178,6 +178,18 @@ def test_polytile_convolutions_read_the_weights_themselves() -> None:
     assert [g.ops for g in nhwc.taken] == [g.ops for g in plain.taken]
 
 
+def test_tuning_extracts_the_channels_last_workloads(convs_left: None) -> None:
+    # records tuned for the option's groups (NHWC arrays) are the ones its compile looks up
+    model, x = ConvNet(), torch.randn(2, 3, 11, 13)
+
+    def shapes(channels_last: bool) -> set[tuple[int, ...]]:
+        tasks = ptt.extract_tasks(model, [x], channels_last=channels_last)
+        return {tuple(int(d.value) for d in t.shape) for mt in tasks for t in mt.task.workload.func.inputs
+                if len(t.shape) == 4}
+
+    assert shapes(True) == {(2, 11, 13, 8)} and shapes(False) == {(2, 8, 11, 13)}
+
+
 def test_a_refresh_converts_into_the_same_tensor() -> None:
     w = torch.randn(4, 3, 3, 2)
     cache = PackCache(to_channels_last)
