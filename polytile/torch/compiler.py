@@ -293,11 +293,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
 
 def _channels_last(gm: fx.GraphModule, report: Report) -> fx.GraphModule:
     """``gm`` with channels-last convolution weights (``layouts.channels_last``), or ``gm`` as it is with
-    a note saying why not."""
+    a note saying why not (a failure of the pass itself too: the graph is then compiled as it is)."""
     try:
         new = channels_last(gm, constant_inputs(gm))
-    except PolytileError as err:
-        report.notes.append(f"channels_last: the graph keeps its layouts: {err}")
+    except Exception as err:  # noqa: BLE001 - Unsupported, or a polytile bug: the layouts stay as traced
+        reason = str(err) if isinstance(err, PolytileError) else f"{type(err).__name__}: {err}"
+        report.notes.append(f"channels_last: the graph keeps its layouts: {reason}")
         return gm
     copies = sum(is_weight_copy(n) for n in new.graph.nodes)
     if copies:
