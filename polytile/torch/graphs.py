@@ -18,8 +18,9 @@ synchronizes or copies to the host) runs as compiled from then on, with one warn
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +32,19 @@ DATA_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 def static_input(x: object) -> bool:
     """Whether dynamo marks ``x`` as a static address (parameters and buffers of the module)."""
     return isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type", None) is not None
+
+
+@contextlib.contextmanager
+def _refreshed(weights: Sequence[Any]) -> Iterator[None]:
+    """While capturing: the converted weights are refreshed before each replay, so the graph reads their
+    copies (``packing.PackCache.refreshed``)."""
+    for w in weights:
+        w.refreshed = True
+    try:
+        yield
+    finally:
+        for w in weights:
+            w.refreshed = False
 
 
 class GraphedForward:
@@ -109,7 +123,7 @@ class GraphedForward:
                 self.forward(*inputs)  # warm-up on the capture's stream
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), _refreshed(self.weights):
                 outputs = self.forward(*inputs)
             if not isinstance(outputs, (tuple, list)):
                 raise TypeError(f"the forward returned {type(outputs).__name__}, not a tuple or list")

@@ -69,7 +69,10 @@ class PackCache:
     """A weight's conversion (a ``PackedWeight``, or ``layouts``' channels-last copy) with the last
     weight it converted: the converted copy is reused while the weight is the same tensor (or a view
     of the same base) with the same version, address and strides. A tensor without a version counter
-    (made under ``torch.inference_mode``) is converted on every call."""
+    (made under ``torch.inference_mode``) is converted on every call. Inside the capture of a CUDA
+    graph that does not refresh the cache (the caller's own graph), the conversion is captured too, so
+    that each replay converts the weight as it is then; ``refreshed`` marks the captures of a replayer
+    that refreshes the cache before each replay (``graphs.GraphedForward``), which read the copy."""
 
     def __init__(self, packing: Callable[[torch.Tensor], torch.Tensor]):
         self.packing = packing
@@ -78,8 +81,11 @@ class PackCache:
         self._weight: weakref.ref[torch.Tensor] | None = None
         self._key: tuple[Any, ...] | None = None
         self._packed: torch.Tensor | None = None
+        self.refreshed = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.refreshed and capturing(x):
+            return self.packing(x)
         base = x._base if x._base is not None else x
         try:
             key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
@@ -114,6 +120,11 @@ class PackCache:
         self._key = key
         self.packs += 1
         return True
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of ``x``'s (CUDA) device."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def call_adapters(adapters: Sequence[Callable[[torch.Tensor], torch.Tensor]]

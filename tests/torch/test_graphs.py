@@ -169,9 +169,15 @@ def test_a_converted_weight_written_in_place_is_converted_again_before_a_replay(
     cache = PackCache(lambda t: t * 2)
     runs: list[str] = []
     inner = forward_of(fakes, w, runs)
-    g = GraphedForward(lambda x, w: inner(x, cache(w)), ptt.Report(), [cache])
+    refreshed: list[bool] = []
+
+    def forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        refreshed.append(cache.refreshed)
+        return inner(x, cache(w))
+    g = GraphedForward(forward, ptt.Report(), [cache])
     x = torch.randn(4, 5)
     g(x, w), g(x, w)
+    assert refreshed == [False, False, True] and not cache.refreshed  # the capture reads the cache's copy
     with torch.no_grad():
         w.mul_(-3)
     torch.testing.assert_close(g(x, w)[0], x @ (2 * w.detach()) + 1)

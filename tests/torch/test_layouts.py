@@ -208,6 +208,20 @@ def test_a_refresh_converts_into_the_same_tensor() -> None:
     assert cache.refresh()
 
 
+def test_inside_the_callers_own_capture_the_conversion_is_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CUDA graph of the caller's (not refreshed before its replays) must convert the weight as it is
+    # at each replay; a refreshing replayer's capture (GraphedForward) reads the converted copy
+    from polytile.torch import packing
+    w = torch.randn(4, 3, 3, 2)
+    cache = PackCache(to_channels_last)
+    first = cache(w)
+    monkeypatch.setattr(packing, "capturing", lambda x: True)
+    inside = cache(w)
+    assert inside is not first and _cl(inside) and torch.equal(inside, w) and cache.packs == 1
+    cache.refreshed = True
+    assert cache(w) is first
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("left", [True, False], ids=["convolutions-in-torch", "convolutions-in-polytile"])
 def test_channels_last_resnet_on_the_gpu_matches_eager_across_replays(monkeypatch: pytest.MonkeyPatch,
@@ -228,3 +242,23 @@ def test_channels_last_resnet_on_the_gpu_matches_eager_across_replays(monkeypatc
             assert_close(compiled(x).float(), model(x).float(), 3e-2)
     assert report.cuda_graph_replays >= 3, report
     assert any("passed channels-last" in n for n in report.notes), report.notes
+
+
+@pytest.mark.gpu
+def test_a_callers_cuda_graph_of_a_channels_last_model_sees_weights_written_in_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.torch import zoo
+    monkeypatch.setattr(importer, "CONVS", set())
+    model, inputs = zoo.model("resnet50", size="tiny", batch=1, device="cuda", dtype=torch.float16)
+    compiled = _compile(model, True)
+    static = inputs[0].clone()
+    with torch.no_grad():
+        compiled(static)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = compiled(static)
+        next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d)).weight.mul_(-1)
+        static.copy_(torch.randn_like(static))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out.float(), model(static).float(), 3e-2)
