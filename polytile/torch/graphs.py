@@ -10,7 +10,8 @@ side stream, in a memory pool of its own. Inputs that dynamo marks static (the m
 buffers) are used in place: a later call with another tensor in their place (new weights assigned to
 the module) is run as compiled and captured again; weights the forward reads through a converted
 copy (the ``channels_last`` option's) are converted again into that copy before a replay when they
-were written in place (``packing.PackCache.refresh``). Other inputs (the user's tensors) are copied into
+were written in place (``packing.PackCache.refresh``; inside the caller's own capture the conversion
+is captured instead). Other inputs (the user's tensors) are copied into
 the graph's own input tensors before each replay. Outputs are cloned out of the graph's memory, so a
 result stays valid after the next call. A forward that cannot be captured (an operation that
 synchronizes or copies to the host) runs as compiled from then on, with one warning saying why.
