@@ -67,7 +67,8 @@ class Options:
     ``channels_last``: pass the convolutions their constant weights channels-last (converted once per
     compiled graph, again only when a weight changes), so that activations stay channels-last from one
     convolution to the next (``polytile.torch.layouts``: cuDNN's fp16 convolutions compute in NHWC and
-    otherwise convert each input and result); for inference (gradients off) only. Off by default.
+    otherwise convert each input and result; ResNet-50 b1 fp16 on an H200 went 0.83 → 0.59 ms); for
+    inference (gradients off) only. None (the default): on a CUDA target; True: on any target; False: never.
     """
 
     target: Any = None
@@ -79,13 +80,13 @@ class Options:
     rounds: int = 5
     cuda_graphs: bool | None = None
     pack_weights: bool = True
-    channels_last: bool = False
+    channels_last: bool | None = None
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
-        if self.channels_last not in (True, False):
-            raise PolytileError(f"backend option channels_last={self.channels_last!r}: use True or False")
+        if self.channels_last not in (None, True, False):
+            raise PolytileError(f"backend option channels_last={self.channels_last!r}: use True, False or None")
         if self.cuda_graphs not in (None, True, False):
             raise PolytileError(f"backend option cuda_graphs={self.cuda_graphs!r}: use True, False or None")
         if self.attention not in ATTENTION:
@@ -150,9 +151,9 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], opts: Options) -> An
 
     def forward_compiler(fgm: fx.GraphModule, inputs: list[Any]) -> Any:
         try:
-            graphs = _graphs_wanted(opts, _target_of(fgm, opts), grad)
-            return compile_graph(fgm, inputs, opts, report, cuda_graphs=graphs, channels_last=opts.channels_last
-                                 and not grad)
+            target = _target_of(fgm, opts)
+            return compile_graph(fgm, inputs, opts, report, cuda_graphs=_graphs_wanted(opts, target, grad),
+                                 channels_last=channels_last_wanted(opts, target, grad))
         except Exception as err:  # noqa: BLE001 - a polytile bug must not take the user's model down
             note = f"polytile failed on this graph ({type(err).__name__}: {err}); the graph runs in torch"
             warnings.warn(f"polytile backend: {note}", stacklevel=2)
@@ -304,6 +305,16 @@ def _channels_last(gm: fx.GraphModule, report: Report) -> fx.GraphModule:
     if copies:
         report.notes.append(f"channels_last: {copies} convolution weight(s) passed channels-last")
     return new
+
+
+def channels_last_wanted(opts: Options, target: Any, grad: bool) -> bool:
+    """Whether the convolutions' weights are passed channels-last (``Options.channels_last``): only for
+    inference (``grad`` off: a training graph's saved activations are the backward's, in its layouts);
+    by default on a CUDA target (cuDNN's convolutions compute in NHWC; polytile's CPU ones read NCHW)."""
+    from ..target import CUDATarget
+    if grad or opts.channels_last is False:
+        return False
+    return opts.channels_last is True or isinstance(target, CUDATarget)
 
 
 def _graphs_wanted(opts: Options, target: Any, grad: bool) -> bool:

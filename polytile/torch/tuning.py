@@ -79,20 +79,21 @@ class TuneReport:
 
 
 def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = None,
-                  channels_last: bool = False) -> list[ModelTask]:
+                  channels_last: bool | None = None) -> list[ModelTask]:
     """The distinct workloads the backend would compile for ``model`` on ``example_inputs`` as tuning
     tasks, each weighted by its occurrences (the model is run once, in torch, to trace it);
-    ``channels_last``: those of the backend's option of that name (its groups read NHWC activations)."""
+    ``channels_last``: the backend's option of that name (with it, the groups read NHWC activations)."""
     from torch._dynamo.backends.common import aot_autograd
 
     from ..tune import TuneError, make_task
-    from .compiler import Options, _channels_last, _target_of, check_model, extract, template_name
+    from .compiler import Options, _channels_last, _target_of, channels_last_wanted, check_model, extract, template_name
     from .explain import Report
     tasks: dict[str, ModelTask] = {}
 
     def collect(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         tgt = as_target(target) if target is not None else _target_of(gm, Options())
-        imported, _, _ = extract(_channels_last(gm, Report()) if channels_last else gm, tgt)
+        layouts = channels_last_wanted(Options(channels_last=channels_last), tgt, grad=False)
+        imported, _, _ = extract(_channels_last(gm, Report()) if layouts else gm, tgt)
         for g, imp in imported:
             try:
                 task = make_task(imp.func, tgt, template=template_name(tgt))
@@ -116,7 +117,7 @@ def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = No
 def tune(model: Any, example_inputs: Sequence[Any], *, trials: int | None = None,
          trials_per_task: int | None = None, records: str | Path, target: object = None, tuner: str = "xgb",
          batch_size: int = 8, measure: Any = None, seed: int = 0, progress: bool = True,
-         channels_last: bool = False) -> TuneReport:
+         channels_last: bool | None = None) -> TuneReport:
     """Tune the distinct workloads of ``model`` (see the module docstring) and return the report.
 
     ``trials``: the global budget (trials over all tasks, those already in ``records`` included);

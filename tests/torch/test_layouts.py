@@ -178,6 +178,29 @@ def test_polytile_convolutions_read_the_weights_themselves() -> None:
     assert [g.ops for g in nhwc.taken] == [g.ops for g in plain.taken]
 
 
+def test_channels_last_by_default_on_a_cuda_target_for_inference_only() -> None:
+    from polytile.errors import PolytileError
+    from polytile.target import as_target
+    from polytile.torch.compiler import Options, channels_last_wanted
+    assert channels_last_wanted(Options(), as_target("cuda"), grad=False)
+    assert not channels_last_wanted(Options(), as_target("cpu"), grad=False)  # polytile's CPU convolutions read NCHW
+    assert channels_last_wanted(Options(channels_last=True), as_target("cpu"), grad=False)
+    assert not channels_last_wanted(Options(channels_last=True), as_target("cuda"), grad=True)
+    assert not channels_last_wanted(Options(channels_last=False), as_target("cuda"), grad=False)
+    with pytest.raises(PolytileError, match="channels_last='yes': use True, False or None"):
+        Options(channels_last="yes")
+
+
+def test_the_cpu_default_keeps_the_layouts(monkeypatch: pytest.MonkeyPatch, convs_left: None) -> None:
+    model, x = ConvNet(), torch.randn(1, 3, 5, 4)
+    watch = Watch(monkeypatch)
+    report = ptt.Report()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=ptt.backend(choose="always", report=report), dynamic=False)
+        assert_close(compiled(x), model(x))
+    assert watch.convs == [(False, False)] * 3 and not report.notes
+
+
 def test_tuning_extracts_the_channels_last_workloads(convs_left: None) -> None:
     # records tuned for the option's groups (NHWC arrays) are the ones its compile looks up
     model, x = ConvNet(), torch.randn(2, 3, 11, 13)
