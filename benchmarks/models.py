@@ -25,7 +25,8 @@ table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
         [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
-        [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off] [--out DIR]
+        [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off]
+        [--channels-last default|on|off] [--out DIR]
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
 GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
 PEERS = (*GPU_PEERS, "polytile-unpacked")
+LAYOUTS = {"default": None, "on": True, "off": False}  # --channels-last: the backend's channels_last option
 INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
 
 
@@ -83,6 +85,9 @@ def main() -> int:
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--cuda-graphs", choices=["default", "on", "off"], default="default",
                    help="the backend's cuda_graphs option (default: on a GPU, for inference)")
+    p.add_argument("--channels-last", choices=["default", "on", "off"], default="default",
+                   help="the backend's channels_last option (convolution weights channels-last, converted once; "
+                        "default: on a GPU)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
     args = p.parse_args()
     if args.threads:
@@ -129,7 +134,7 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         records.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         rep = ptt.tune(model, inputs, trials_per_task=args.trials_per_task, records=str(records), tuner=args.tuner,
-                       progress=False)
+                       progress=False, channels_last=LAYOUTS[args.channels_last])
         res.update(tune_s=time.perf_counter() - t0, tasks=len(rep.tasks), trials=sum(t.trials for t in rep.tasks),
                    new_trials=rep.new_trials, trials_per_task=args.trials_per_task)
     variants: dict[str, Any] = {}
@@ -141,12 +146,16 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         torch._dynamo.reset()
         graphs = {"default": None, "on": True, "off": False}[args.cuda_graphs]
         compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report,
-                                                            cuda_graphs=graphs), dynamic=False)
+                                                            cuda_graphs=graphs,
+                                                            channels_last=LAYOUTS[args.channels_last]),
+                                 dynamic=False)
         t0 = time.perf_counter()
         got = compiled(*inputs)
         _sync(device)
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
         res["rel_error"] = _rel(got, want)
+        res["out_strides"] = [list(got.stride()), list(want.stride())]  # polytile's and eager's
+        res["notes"] = report.notes
         res["cuda_graphs"] = report.cuda_graphs
         res["taken"] = [f"{g.kind}: {' + '.join(g.ops)} [{g.schedule}]" + (f" ({g.kernels} kernels)" if g.kernels > 1
                                                                           else "") for g in report.taken]

@@ -2,7 +2,8 @@
 names), print the backend's report (groups taken, left and why), then torch.profiler's table of the
 kernels of ``--calls`` forwards (time per kernel, calls), beside the forward's CUDA-event time and eager's.
 
-    python benchmarks/profile_model.py --model bert-b1 [--cuda-graphs on|off] [--calls 10] [--rows 25]
+    python benchmarks/profile_model.py --model bert-b1 [--cuda-graphs on|off] [--channels-last default|on|off]
+        [--calls 10] [--rows 25]
     python benchmarks/profile_model.py --model resnet50-b1 --backend inductor-cudagraphs   # a peer's kernels
 """
 
@@ -19,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from models import MODELS  # noqa: E402
+from models import LAYOUTS, MODELS  # noqa: E402
 
 import polytile.torch as ptt  # noqa: E402
 from polytile.torch import zoo  # noqa: E402
@@ -42,6 +43,8 @@ def main() -> int:
     p.add_argument("--model", default="bert-b1", choices=list(MODELS))
     p.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
                    help="the backend's cuda_graphs option (on: its default for inference)")
+    p.add_argument("--channels-last", choices=["default", "on", "off"], default="default",
+                   help="the backend's channels_last option (default: on, on a GPU)")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--rows", type=int, default=25)
     p.add_argument("--backend", choices=["polytile", "inductor", "inductor-cudagraphs"], default="polytile",
@@ -51,8 +54,9 @@ def main() -> int:
     model, inputs = zoo.model(name, device="cuda", **kwargs)
     report = ptt.Report()
     if args.backend == "polytile":
-        compiled = torch.compile(model, backend=ptt.backend(report=report, cuda_graphs=args.cuda_graphs == "on"),
-                                 dynamic=False)
+        backend = ptt.backend(report=report, cuda_graphs=args.cuda_graphs == "on",
+                              channels_last=LAYOUTS[args.channels_last])
+        compiled = torch.compile(model, backend=backend, dynamic=False)
     else:
         mode = "reduce-overhead" if args.backend == "inductor-cudagraphs" else "default"
         compiled = torch.compile(model, mode=mode, dynamic=False)

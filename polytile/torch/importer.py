@@ -560,7 +560,9 @@ class Lowering:
 
     def _conv(self, node: fx.Node, idx: Index) -> Expr:
         from ..ops.conv import conv2d_func, conv_out
+        from .layouts import weight_source
         x, w, bias, stride, padding, dilation = node.args[:6]
+        w = weight_source(w)  # polytile's convolutions read the filters NCHW, not a channels-last copy
         if node not in self.stages:
             if x in self.members or w in self.members:
                 raise Unsupported(f"{_name(node)}: operands computed in the same kernel")

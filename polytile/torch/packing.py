@@ -66,29 +66,65 @@ class PackedWeight:
 
 
 class PackCache:
-    """A ``PackedWeight`` with the last weight it packed: the packed copy is reused while the weight is
-    the same tensor (or a view of the same base) with the same version, address and strides. A
-    tensor without a version counter (made under ``torch.inference_mode``) is packed on every call."""
+    """A weight's conversion (a ``PackedWeight``, or ``layouts``' channels-last copy) with the last
+    weight it converted: the converted copy is reused while the weight is the same tensor (or a view
+    of the same base) with the same version, address and strides. A tensor without a version counter
+    (made under ``torch.inference_mode``) is converted on every call. Inside the capture of a CUDA
+    graph that does not refresh the cache (the caller's own graph), the conversion is captured too, so
+    that each replay converts the weight as it is then; ``refreshed`` marks the captures of a replayer
+    that refreshes the cache before each replay (``graphs.GraphedForward``), which read the copy."""
 
-    def __init__(self, packing: PackedWeight):
+    def __init__(self, packing: Callable[[torch.Tensor], torch.Tensor]):
         self.packing = packing
         self.packs = 0  # how many times a weight was packed (tests read it)
         self._source: weakref.ref[torch.Tensor] | None = None
+        self._weight: weakref.ref[torch.Tensor] | None = None
         self._key: tuple[Any, ...] | None = None
         self._packed: torch.Tensor | None = None
+        self.refreshed = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.refreshed and capturing(x):
+            return self.packing(x)
         base = x._base if x._base is not None else x
         try:
             key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
         except RuntimeError:  # an inference tensor: no version counter, so nothing tells a change
             self.packs += 1
+            self._packed, self._key = None, None  # converted by every call (a captured one too)
             return self.packing(x)
         if self._packed is None or self._key != key or self._source is None or self._source() is not base:
             self._packed = self.packing(x)
-            self._source, self._key = weakref.ref(base), key
+            self._source, self._weight, self._key = weakref.ref(base), weakref.ref(x), key
             self.packs += 1
         return self._packed
+
+    def refresh(self) -> bool:
+        """Convert the weight converted last again, into the same tensor, if it was written in place since
+        (its version moved): a CUDA graph that reads the converted copy replays the new weight. False
+        when that weight is gone or is no longer what was converted (another address or shape): the
+        next call must convert it, into a new tensor. True for a weight without a version counter: every
+        call converts it, so a captured call does too."""
+        if self.packs and self._key is None:
+            return True
+        x = self._weight() if self._weight is not None else None
+        if x is None or self._packed is None or self._key is None:
+            return False
+        if x._version == self._key[0]:
+            return True
+        key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+        if key[1:] != self._key[1:]:
+            return False
+        with torch.no_grad():
+            self._packed.copy_(self.packing(x))
+        self._key = key
+        self.packs += 1
+        return True
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of ``x``'s (CUDA) device."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def call_adapters(adapters: Sequence[Callable[[torch.Tensor], torch.Tensor]]

@@ -78,18 +78,22 @@ class TuneReport:
         return "\n".join(lines)
 
 
-def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = None) -> list[ModelTask]:
+def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = None,
+                  channels_last: bool | None = None) -> list[ModelTask]:
     """The distinct workloads the backend would compile for ``model`` on ``example_inputs`` as tuning
-    tasks, each weighted by its occurrences (the model is run once, in torch, to trace it)."""
+    tasks, each weighted by its occurrences (the model is run once, in torch, to trace it);
+    ``channels_last``: the backend's option of that name (with it, the groups read NHWC activations)."""
     from torch._dynamo.backends.common import aot_autograd
 
     from ..tune import TuneError, make_task
-    from .compiler import Options, _target_of, check_model, extract, template_name
+    from .compiler import Options, _channels_last, _target_of, channels_last_wanted, check_model, extract, template_name
+    from .explain import Report
     tasks: dict[str, ModelTask] = {}
 
     def collect(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         tgt = as_target(target) if target is not None else _target_of(gm, Options())
-        imported, _, _ = extract(gm, tgt)
+        layouts = channels_last_wanted(Options(channels_last=channels_last), tgt, grad=False)
+        imported, _, _ = extract(_channels_last(gm, Report()) if layouts else gm, tgt)
         for g, imp in imported:
             try:
                 task = make_task(imp.func, tgt, template=template_name(tgt))
@@ -112,13 +116,15 @@ def extract_tasks(model: Any, example_inputs: Sequence[Any], target: object = No
 
 def tune(model: Any, example_inputs: Sequence[Any], *, trials: int | None = None,
          trials_per_task: int | None = None, records: str | Path, target: object = None, tuner: str = "xgb",
-         batch_size: int = 8, measure: Any = None, seed: int = 0, progress: bool = True) -> TuneReport:
+         batch_size: int = 8, measure: Any = None, seed: int = 0, progress: bool = True,
+         channels_last: bool | None = None) -> TuneReport:
     """Tune the distinct workloads of ``model`` (see the module docstring) and return the report.
 
     ``trials``: the global budget (trials over all tasks, those already in ``records`` included);
     ``trials_per_task`` instead sets it to that many per distinct workload. ``records``: the JSON-lines
     file the trials are appended to (and resumed from). ``target``: default where the inputs live.
-    ``tuner``, ``batch_size``, ``measure`` and ``seed`` are ``pt.tune``'s.
+    ``tuner``, ``batch_size``, ``measure`` and ``seed`` are ``pt.tune``'s. ``channels_last``: tune the
+    workloads of the backend's option of that name (compile with it to use the records).
     """
     from ..tune import MeasureOptions, Measurer, RecordLog, TuneError, tune_task
     start = time.perf_counter()
@@ -129,7 +135,7 @@ def tune(model: Any, example_inputs: Sequence[Any], *, trials: int | None = None
             raise TuneError(f"{name} must be a positive integer, got {v!r}")
     log = RecordLog(records)
     log.check(writable=True)
-    tasks = extract_tasks(model, example_inputs, target)
+    tasks = extract_tasks(model, example_inputs, target, channels_last)
     if not tasks:
         raise TuneError("the model has no workload polytile compiles (see polytile.torch.explain)")
     tgt = tasks[0].task.target

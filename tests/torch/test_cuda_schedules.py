@@ -80,6 +80,27 @@ def test_cuda_schedule_of_a_convolution_with_its_epilogue_compiles(nvcc: str) ->
     assert "conv" in sources and "__global__" in sources["conv"][0]
 
 
+@pytest.mark.needs_nvcc
+def test_channels_last_batch_norms_compile_and_read_and_write_nhwc(nvcc: str) -> None:
+    # the channels_last option's activations: a batch norm, residual sum and ReLU between convolutions
+    # left to torch, read and written channels-last as they lie (no layout copy), compiled for an H100
+    from polytile.torch.compiler import build_groups
+    mean, var, g, b = (torch.randn(24).half() for _ in range(4))
+    var = var.abs() + 0.5
+    x, r = (torch.randn(1, 24, 7, 9).half().contiguous(memory_format=torch.channels_last) for _ in range(2))
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return F.relu(F.batch_norm(x, mean, var, g, b, False, 0.1, 1e-5) + r)
+    (imp,) = _groups(fn, x, r)
+    assert imp.kind == "elementwise" and imp.out_orders == [(0, 2, 3, 1)]
+    for ad, t in zip(imp.adapters, imp.inputs):
+        if t.meta["val"].ndim == 4:
+            assert ad.perm == (0, 2, 3, 1) and not ad.narrowed
+            assert ad(x).data_ptr() == x.data_ptr()  # a view, no copy
+    ((built, origin),) = build_groups([imp.func], pt.CUDATarget(arch="sm_90a"))  # type: ignore[attr-defined]
+    assert "__global__" in built.source, built
+
+
 def _bert_layer(x: torch.Tensor, wq: torch.Tensor, bq: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
                 w2: torch.Tensor, b2: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A BERT layer's linear layers (weights [out, in]: the product reads them transposed) with their

@@ -127,6 +127,66 @@ def test_a_replay_checks_only_the_parameters_addresses(monkeypatch: pytest.Monke
     assert fakes.captures == 2
 
 
+def test_a_replay_checks_the_addresses_in_one_call_of_torchs_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch's C++ check (CUDA builds) in place of the Python loop: its contract written here in Python
+    import polytile.torch.graphs as graphs
+    calls: list[list[int]] = []
+
+    def ptrs_equal(tensors: list, ptrs: list, indices: list) -> bool:
+        assert type(tensors) is list and type(ptrs) is list and type(indices) is list  # pybind11's py::list
+        calls.append(indices)
+        for i in indices:
+            if not isinstance(tensors[i], torch.Tensor):
+                raise RuntimeError("Unable to cast Python instance to C++ type")
+            if tensors[i].data_ptr() != ptrs[i]:
+                return False
+        return True
+
+    monkeypatch.setattr(graphs, "DATA_PTRS_EQUAL", ptrs_equal)
+    fakes = Fakes(monkeypatch)
+    ws = [torch.nn.Parameter(torch.randn(5, 3), requires_grad=False) for _ in range(3)]
+    runs: list[str] = []
+    inner = forward_of(fakes, ws[0], runs)
+    g = GraphedForward(lambda x, *w: inner(x, w[0]), ptt.Report())
+    x = torch.randn(4, 5)
+    g(x, *ws), g(x, *ws)
+    calls.clear()
+    torch.testing.assert_close(g(x, *ws)[0], x @ ws[0].detach() + 1)
+    assert calls == [[1, 2, 3]] and fakes.captures == 1
+    w2 = torch.nn.Parameter(torch.randn(5, 3), requires_grad=False)
+    torch.testing.assert_close(g(x, w2, ws[1], ws[2])[0], x @ w2.detach() + 1)  # another address: captured again
+    assert fakes.captures == 2
+    assert not g._static_in_place([x, 1.0, ws[1], ws[2]])  # a number where a parameter was
+
+
+def test_a_converted_weight_written_in_place_is_converted_again_before_a_replay(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    # the channels_last option's weights: the graph reads a converted copy (here 2·w), which a replay
+    # must see change when the weight is written in place (same address: no new capture)
+    from polytile.torch.packing import PackCache
+    fakes = Fakes(monkeypatch)
+    w = torch.nn.Parameter(torch.randn(5, 3), requires_grad=False)
+    cache = PackCache(lambda t: t * 2)
+    runs: list[str] = []
+    inner = forward_of(fakes, w, runs)
+    refreshed: list[bool] = []
+
+    def forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        refreshed.append(cache.refreshed)
+        return inner(x, cache(w))
+    g = GraphedForward(forward, ptt.Report(), [cache])
+    x = torch.randn(4, 5)
+    g(x, w), g(x, w)
+    assert refreshed == [False, False, True] and not cache.refreshed  # the capture reads the cache's copy
+    with torch.no_grad():
+        w.mul_(-3)
+    torch.testing.assert_close(g(x, w)[0], x @ (2 * w.detach()) + 1)
+    assert fakes.captures == 1 and runs[-1] == "captured"
+    monkeypatch.setattr(cache, "refresh", lambda: False)  # the weight converted last is gone: capture again
+    torch.testing.assert_close(g(x, w)[0], x @ (2 * w.detach()) + 1)
+    assert fakes.captures == 2
+
+
 def test_a_forward_that_cannot_be_captured_runs_as_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     fakes = Fakes(monkeypatch)
     runs: list[str] = []
