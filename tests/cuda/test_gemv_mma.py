@@ -187,7 +187,10 @@ def test_the_template_starts_at_the_default_and_offers_the_mma_kernel(monkeypatc
     default = task.space.default
     assert default.values["kernel"] == "cuda" and task.space.reason_invalid(default.digits) is None
     kernels = next(d for d in task.space.decisions if d.name == "kernel").choices
-    assert set(kernels) == {"cuda", "mma"}
+    assert set(kernels) == {"cuda", "mma", "tiles"}
+    # "tiles" (batched products on mma.sync's 64×64 tiles) is refused for an unbatched product
+    tiles = dict(default.values, kernel="tiles", threads=128, columns=32, vector=8, direct=False, bk=32)
+    assert "batched product" in (task._check(tiles) or "")
     # the default's gemv_mma choice is a configuration of the space, built by the same code
     choice = _choice(SM90A, 8, 6144, 4096, "bfloat16", out_bytes=2)
     p = choice.params

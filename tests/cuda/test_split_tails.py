@@ -192,6 +192,52 @@ def test_split_with_a_channel_tail_builds(dims):
     assert ("HGMMA" if c.kernel == "wgmma" else "HMMA") in sass and not re.search(r"\bLDL\b|\bSTL\b", sass)
 
 
+def _uneven_split(dims, rows, chunks):
+    """A split of ``dims`` (fp16) whose last channel chunk has fewer K tiles than the others — which
+    ``igemm_splits`` does not offer where taps and channel tiles form one K loop — built for sm_90a."""
+    from polytile.ops.conv_choice import igemm_kernel
+    from polytile.ops.gpu_schedules import igemm_split_schedule
+    N, H, W, C, K, R, S, stride, pad = dims
+    kernel, params = igemm_kernel(SM90A, N * _out(H, R, stride, pad) * _out(W, S, stride, pad), C, K, R * S)
+    bk = params["bk"]
+    length = channel_chunk(C, chunks, bk)
+    assert -(-(C - (chunks - 1) * length) // bk) < length // bk and (rows, chunks) not in igemm_splits(C, R, S, bk)
+    func = conv2d_igemm_split_func(*dims, rows=rows, channel_chunks=chunks, channel_chunk=length)
+    return kernel, pt.lower(igemm_split_schedule(func, kernel, params, rows), SM90A)
+
+
+@pytest.mark.parametrize("dims,rows,chunks", [((1, 8, 8, 200, 24, 3, 3, 1, 1), False, 4),
+                                              ((2, 12, 12, 280, 112, 7, 7, 1, 3), True, 2)],
+                         ids=["mma-200-in-64+64+64+8", "wgmma-280-in-192+88"])
+def test_a_k_tile_past_the_channels_computes_nothing(dims, rows, chunks):
+    # the last chunk's K loop (taps x its channel tiles, fused) has iterations whose tile lies wholly
+    # past C: their copies are skipped, so the shared tiles still hold the previous tile's data; the
+    # tensor-core products over the whole tile (tensorize runs the K steps inside a tile over their full
+    # range) must be skipped there too (H200, c239e5e: relative errors 0.17-0.35 without the guard)
+    from polytile.lowering import loopir as ir
+    kernel, low = _uneven_split(dims, rows, chunks)
+    instruction = "pt_wgmma_m64" if kernel == "wgmma" else "pt_mma_m16n8k16"
+    calls = []
+
+    def walk(st, guards):
+        if isinstance(st, ir.If):
+            walk(st.then, guards + [st.cond])
+            if st.orelse is not None:
+                walk(st.orelse, guards)
+        elif isinstance(st, ir.Block):
+            for child in st.body:
+                walk(child, guards)
+        elif isinstance(getattr(st, "body", None), ir.Stmt):
+            walk(st.body, guards)
+        elif instruction in ir.stmt_text(st):
+            calls.append(guards)
+
+    walk(low.body, [])
+    assert calls
+    # every product is under a test that its K tile's loop had iterations (the trip count > 0)
+    assert all(any(isinstance(g, ir.Cmp) and g.op == ">" and ir.is_const(g.b, 0) for g in guards) for guards in calls)
+
+
 @needs_nvcc
 def test_split_channel_padded_convolution_builds():
     kern = pt.build(ops.conv2d_igemm(1, 14, 14, 313, 22, 5, 5, 2, 2, dtype="float16").schedule(SM90A), SM90A)

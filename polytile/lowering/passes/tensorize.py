@@ -196,7 +196,10 @@ class _Tensorize(ir.Mutator):
             full = full_range(s, self.bounds)
             if full is not None and full is not s and _fits(nests, {**self.bounds, full.var.name: loop_span(
                     full, self.bounds), **self._inner_spans(full)}):
-                s = full
+                return self._nonempty(s, self._visit_loop(full, nests))
+        return self._visit_loop(s, nests)
+
+    def _visit_loop(self, s: ir.For, nests: list[_Nest | WgmmaNest]) -> ir.Stmt:
         if s.kind == "threadIdx.z" and isinstance(s.extent, ir.Const) and int(s.extent.value) % 4 and \
                 ir.is_const(simplify_expr(s.lo), 0) and any(isinstance(n, WgmmaNest) for n in nests):
             # a block tile taller than the matrix has fewer warps than whole warpgroups: the missing
@@ -236,6 +239,7 @@ class _Tensorize(ir.Mutator):
                 del self.threads[s.kind]
 
     def wgmma(self, nest: WgmmaNest, tiles: ir.For | None) -> ir.Stmt:
+        original = tiles
         if tiles is not None:
             full = full_range(tiles, self.bounds)
             if full is None:
@@ -243,7 +247,21 @@ class _Tensorize(ir.Mutator):
             tiles = full
         others = [t for k, t in self.threads.items() if k != "threadIdx.z"]
         call = warpgroup_mma(nest, tiles, self.threads.get("threadIdx.z"), others, self.bounds)
-        return call if self.grouped else wgmma_group(call)
+        call = call if self.grouped else wgmma_group(call)
+        return self._nonempty(original, call) if original is not None else call
+
+    def _nonempty(self, loop: ir.For, full: ir.Stmt) -> ir.Stmt:
+        """``full`` (``loop`` run over its full range) where ``loop`` has iterations at all. The extra
+        iterations of a partial tile compute on the zeros its whole-tile copy put past the tensors'
+        ends; a tile with none in range (the last channel chunk of a split reduction, shorter than the
+        others, in a K loop fused with the taps) was never copied — its buffers hold the previous
+        tile's data —, so its products are skipped, as its empty loop skipped them."""
+        simp = Simplifier()
+        simp.bounds = dict(self.bounds)
+        extent = simplify_expr(loop.extent)
+        if simp.interval(extent)[0] >= 1 or any(ir.uses_var(extent, t.var.name) for t in self.threads.values()):
+            return full  # (a guard on a thread's loop would split a warp's collective instruction)
+        return ir.If(ir.Cmp(">", extent, ir.const(0)), full)
 
     def _inner_spans(self, loop: ir.For) -> dict[str, tuple[float, float]]:
         """Ranges of the loops inside ``loop`` down to the nests, at their largest."""
