@@ -131,8 +131,10 @@ def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
     ``MAX_SPLIT`` chunks. A last chunk of fewer K tiles than the others only where the chunk's K loop
     is its channel tiles alone (one filter row of one tap: the channel-padded rows' runs, ``S`` = 1):
     where the taps and the channel tiles form one K loop it computed wrong numbers (H200, c239e5e:
-    280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3 — the fused
-    loop's tap and tile indices mixed the chunks' tile counts)."""
+    280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3: the products
+    of a tile wholly past C, never copied, read the previous tile's data). ``tensorize`` now skips
+    them (3d037d1); these splits stay out of the defaults until measured on a GPU
+    (``tests/cuda/test_split_tails_gpu.py::test_uneven_channel_chunks_in_a_fused_k_loop``)."""
     out = [(False, 1)]
     tiles = -(-C // bk)
     for rows in ((False, True) if R > 1 else (False,)):
