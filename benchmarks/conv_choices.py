@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
-import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import shapes  # noqa: E402
+from _variants import build_all, time_interleaved  # noqa: E402
 
 import polytile as pt  # noqa: E402
 from polytile.ops.conv_choice import IgemmChoice, igemm_choice, igemm_options  # noqa: E402
@@ -96,16 +94,14 @@ def main() -> int:
             if key not in seen:
                 seen.add(key)
                 jobs.append((w, label, c))
-    # spawned, not forked: the parent has initialized CUDA (the target's facts)
-    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        built = list(pool.map(build, jobs, chunksize=1))
+    built = build_all(build, jobs, args.workers)
     if args.build_only:
         for (w, label, c), (kern, err) in zip(jobs, built):
             print(f"{w.name:34s} {label:16s} {describe(c):30s} {'built' if kern is not None else err}")
         return 0 if all(kern is not None for kern, _ in built) else 1
     import torch
 
-    from polytile.runtime.timing import rel_error, time_gpu
+    from polytile.runtime.timing import rel_error
     rows = []
     for w in workloads(args.only):
         op = w.op()
@@ -118,17 +114,10 @@ def main() -> int:
                 rel = rel_error(kern(*inputs).reshape(ref.shape), ref)
                 row.update(rel_error=rel, ok=bool(rel <= op.tolerance))
             rows.append(row)
-        ours: dict[str, list[float]] = {label: [] for label, _, kern, _ in mine if kern is not None}
-        theirs = []
-        for _ in range(3):
-            theirs.append(time_gpu(lambda fn=fn, inputs=inputs: fn(*inputs), repeat=20))
-            for label, _, kern, _ in mine:
-                if kern is not None:
-                    ours[label].append(kern.benchmark(*inputs, repeat=20))
-        t_torch = statistics.median(theirs)
+        t_torch, ours = time_interleaved(fn, inputs, {label: kern for label, _, kern, _ in mine if kern is not None})
         for row in rows:
             if row["name"] == w.name and row["variant"] in ours:
-                t = statistics.median(ours[row["variant"]])
+                t = ours[row["variant"]]
                 row.update(us=t * 1e6, torch_us=t_torch * 1e6, ratio=t_torch / t)
         for row in (r for r in rows if r["name"] == w.name):
             timed = f"{row['us']:7.1f} us  ratio {row['ratio']:5.2f}" if "us" in row else row["error"]

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import shapes  # noqa: E402
+from _variants import build_all, time_interleaved  # noqa: E402
 
 import polytile as pt  # noqa: E402
 from polytile.ops.conv_choice import igemm_choice  # noqa: E402
@@ -93,34 +91,26 @@ def main() -> int:
     parser.add_argument("--build-only", action="store_true", help="build the variants and stop (no GPU needed)")
     args = parser.parse_args()
     jobs = [(w, label) for w in workloads(args.only) for label in ("default", "before")]
-    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        built = list(pool.map(build, jobs, chunksize=1))
+    built = build_all(build, jobs, args.workers)
     if args.build_only:
         for (w, label), (kern, err) in zip(jobs, built):
             print(f"{w.name:40s} {label:8s} {'built' if kern is not None else err}", flush=True)
         return 0 if all(kern is not None for kern, _ in built) else 1
     import torch
 
-    from polytile.runtime.timing import rel_error, time_gpu
+    from polytile.runtime.timing import rel_error
     rows = []
     for w in workloads(args.only):
         op = w.op()
         inputs, fn, ref_fn = shapes.torch_case(w, op, 7)
         ref = ref_fn()
         mine = [(label, kern, err) for (jw, label), (kern, err) in zip(jobs, built) if jw.name == w.name]
-        ours: dict[str, list[float]] = {label: [] for label, kern, _ in mine if kern is not None}
-        theirs = []
-        for _ in range(3):
-            theirs.append(time_gpu(lambda fn=fn, inputs=inputs: fn(*inputs), repeat=20))
-            for label, kern, _ in mine:
-                if kern is not None:
-                    ours[label].append(kern.benchmark(*inputs, repeat=20))
-        t_torch = statistics.median(theirs)
+        t_torch, ours = time_interleaved(fn, inputs, {label: kern for label, kern, _ in mine if kern is not None})
         for label, kern, err in mine:
             row = dict(name=w.name, variant=label, error=err, torch_us=t_torch * 1e6)
             if kern is not None:
                 rel = rel_error(kern(*inputs).reshape(ref.shape), ref)
-                t = statistics.median(ours[label])
+                t = ours[label]
                 row.update(rel_error=rel, ok=bool(rel <= op.tolerance), us=t * 1e6, ratio=t_torch / t,
                            launches=[[k.name, [str(g) for g in k.grid]] for k in kern.kernels])  # type: ignore[attr-defined]
             rows.append(row)

@@ -287,6 +287,12 @@ class TileConfig:
         """Beyond the first tile's load: the first fragments' load with register pipelining."""
         return hw.shared_latency if self.reg_stages >= 2 and self.bk > 16 else 0.0
 
+    def serial_cycles(self, resident: int, itemsize: int) -> float:
+        return 0.0  # the copies' issue is in the mma.sync model's inner cycles
+
+    def epilogue_cycles(self) -> float:
+        return 0.0
+
 
 @dataclass(frozen=True)
 class WgmmaConfig:
@@ -493,12 +499,10 @@ def estimate(shape: GemmShape, cfg: GemmSchedule, target: CUDATarget) -> Estimat
         terms = {"compute": cfg.compute_cycles(hw, resident, it), "latency": latency,
                  "l2": moving / hw.l2_bytes_per_cycle, "dram": moving * miss / hw.dram_bytes_per_cycle,
                  "shared": resident * shared_traffic / hw.shared_bytes_per_cycle, **cfg.wait_terms(hw, it)}
-        round_cycles = overlap(*terms.values()) + SYNC_CYCLES
-        if isinstance(cfg, WgmmaConfig):
-            round_cycles += cfg.serial_cycles(resident, it)
+        round_cycles = overlap(*terms.values()) + SYNC_CYCLES + cfg.serial_cycles(resident, it)
         prologue = (load_latency if pipelined else 0.0) + cfg.prologue_cycles(hw)
         epilogue = (hw.dram_latency + moving / tile_bytes * cfg.bm * cfg.bn * 4 / hw.dram_bytes_per_cycle
-                    + (cfg.epilogue_cycles() if isinstance(cfg, WgmmaConfig) else 0.0))
+                    + cfg.epilogue_cycles())
         return prologue + steps * round_cycles + epilogue, round_cycles, terms
 
     full, last = divmod(blocks, per_batch)

@@ -105,16 +105,21 @@ def test_new_parameters_are_captured_again(monkeypatch: pytest.MonkeyPatch) -> N
     torch.testing.assert_close(w2.detach(), before)  # a parameter is used in place, never overwritten
 
 
-def test_a_replay_checks_only_the_parameters_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
-    # comparing every parameter's shape and strides before each replay cost BERT-base b1 0.3-1.6 ms a
-    # call (200 parameters; its kernels take 0.8 ms): dynamo guards them, the replay checks addresses
+def _replayed(monkeypatch: pytest.MonkeyPatch) -> tuple[Fakes, GraphedForward, torch.Tensor, list[torch.Tensor]]:
+    """A forward of three parameters (the first used), called twice: captured, replayed once."""
     fakes = Fakes(monkeypatch)
     ws = [torch.nn.Parameter(torch.randn(5, 3), requires_grad=False) for _ in range(3)]
-    runs: list[str] = []
-    inner = forward_of(fakes, ws[0], runs)
+    inner = forward_of(fakes, ws[0], [])
     g = GraphedForward(lambda x, *w: inner(x, w[0]), ptt.Report())
     x = torch.randn(4, 5)
     g(x, *ws), g(x, *ws)
+    return fakes, g, x, ws
+
+
+def test_a_replay_checks_only_the_parameters_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # comparing every parameter's shape and strides before each replay cost BERT-base b1 0.3-1.6 ms a
+    # call (200 parameters; its kernels take 0.8 ms): dynamo guards them, the replay checks addresses
+    fakes, g, x, ws = _replayed(monkeypatch)
 
     def no_metadata(self: torch.Tensor, *args: object) -> object:
         raise AssertionError("a parameter's strides read before a replay")
@@ -143,13 +148,7 @@ def test_a_replay_checks_the_addresses_in_one_call_of_torchs_check(monkeypatch: 
         return True
 
     monkeypatch.setattr(graphs, "DATA_PTRS_EQUAL", ptrs_equal)
-    fakes = Fakes(monkeypatch)
-    ws = [torch.nn.Parameter(torch.randn(5, 3), requires_grad=False) for _ in range(3)]
-    runs: list[str] = []
-    inner = forward_of(fakes, ws[0], runs)
-    g = GraphedForward(lambda x, *w: inner(x, w[0]), ptt.Report())
-    x = torch.randn(4, 5)
-    g(x, *ws), g(x, *ws)
+    fakes, g, x, ws = _replayed(monkeypatch)
     calls.clear()
     torch.testing.assert_close(g(x, *ws)[0], x @ ws[0].detach() + 1)
     assert calls == [[1, 2, 3]] and fakes.captures == 1
