@@ -7,7 +7,8 @@ then timed (CUDA events, L2 flushed, median) in the same run as torch (cuBLAS) o
 
 A case is MxNxK or BATCHxMxNxK. A configuration is ``default`` or bm x bn x bk / stages / inflight,
 then optionally ``/gG`` (blocks launched in groups of G rows: ``Stage.raster``), ``/sS`` (K split in
-S chunks, unbatched products) and ``/threads`` or ``/tma`` (the producer; default: TMA where
+S chunks, unbatched products), ``/pP`` (P persistent blocks per multiprocessor), ``/tmastore`` (the
+results written by a TMA store) and ``/threads`` or ``/tma`` (the producer; default: TMA where
 ``tma_fits`` allows, cp.async otherwise). Results are
 written in float32 (as ``benchmarks/shapes.py`` does by default); torch writes the input dtype.
 """
@@ -38,6 +39,10 @@ def parse_config(text: str) -> dict[str, object]:
             cfg["split"] = int(extra[1:])
         elif extra in ("threads", "tma"):
             cfg["producer"] = extra
+        elif extra.startswith("p") and extra[1:].isdigit():
+            cfg["persistent"] = int(extra[1:])
+        elif extra == "tmastore":
+            cfg["store"] = "tma"
         else:
             raise SystemExit(f"unknown configuration part {extra!r} in {text!r}")
     return cfg

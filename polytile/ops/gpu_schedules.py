@@ -39,12 +39,15 @@ from ..tune.analytical import (
     WARP_FLOPS,
     BlockPlan,
     Hardware,
+    GemmShape,
     TileConfig,
     WgmmaConfig,
     block_occupancy,
     gemm_seconds,
     occupancy,
+    predict,
     raster_group,
+    split_seconds,
 )
 from .conv_choice import (
     MMA_K,
@@ -556,30 +559,34 @@ class GemmChoice:
     chunk: int = 0  # the length of each chunk of K but the last (0: ⌈K/split⌉)
 
 
-def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware, tall: bool = True
+                      ) -> list[tuple[dict[str, int], BlockPlan]]:
     """Warpgroup-MMA tiles: bm/64 warpgroups issuing wgmma.m64n{bn}k16 (bn a multiple of 64: B's
     128-byte swizzled rows, 192 included), 64-wide K tiles in 4 stages with one MMA group in flight —
     128-wide in 5 stages for the small tiles of a deep reduction (tuned: BERT's 512×768×3072 in
     0.014 ms instead of 0.023). Operands read in 4- or 8-byte pieces (rows not 16-byte aligned) take
-    4 to 2 times the copy instructions: tiles up to 128×128 (128×256 spills its accumulators)."""
+    4 to 2 times the copy instructions: tiles up to 128×128 (128×256 spills its accumulators).
+    ``tall``: 256×128 tiles too (four warpgroups of 64 accumulators a thread: 512 threads fill the
+    register file; wider ones would spill), fewer blocks for the same rows where 128-row tiles leave
+    a wave's tail (H200: 6000×600×3000 fp16 54.9 µs in 256×128 tiles, 74.1 in 128×128, torch 45.3)."""
     pieces = _in_pieces(K * it) or _in_pieces(N * it)
     out = []
-    for bm in (128, 64):
-        for bn in (256, 192, 128, 64):
-            if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn >= N + 64) or (pieces and bm * bn > 128 * 128):
-                # a tile twice the matrix's rows only repeats a smaller one's work; one 64 columns wider
-                # than the matrix computes them for nothing and leaves TMA out (a box wider than the
-                # tensor): 32×2048×128×2048 in 128×192 tiles with cp.async took 134.5 µs, 128×128 with
-                # TMA 127.1 (H100)
-                continue
-            bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
-            # one K tile: nothing to pipeline, two stages' shared memory (more blocks resident; measured
-            # on an H100, 12×1024×1024×64: 28.0 µs, with four stages 29.4); two K tiles keep 4 stages (3:
-            # 32×2048×2048×128 in 268 µs instead of 240, the second tile no longer loaded ahead)
-            stages, inflight = (2, 0) if K <= bk else (stages, 1)
-            params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=inflight)
-            resident = occupancy(WgmmaConfig(**params), hw, it).blocks
-            out.append((params, BlockPlan(bm, bn, bk, 0, 0, resident, hw.wgmma_flops, it, stages)))
+    tiles = [(bm, bn) for bm in (128, 64) for bn in (256, 192, 128, 64)]
+    for bm, bn in [(256, 128)] * tall + tiles:
+        if (bm > 64 and bm // 2 >= M) or (bn > 64 and bn >= N + 64) or (pieces and bm * bn > 128 * 128):
+            # a tile twice the matrix's rows only repeats a smaller one's work; one 64 columns wider
+            # than the matrix computes them for nothing and leaves TMA out (a box wider than the
+            # tensor): 32×2048×128×2048 in 128×192 tiles with cp.async took 134.5 µs, 128×128 with
+            # TMA 127.1 (H100)
+            continue
+        bk, stages = (128, 5) if bm * bn <= 64 * 128 and K >= 2048 else (64, 4)
+        # one K tile: nothing to pipeline, two stages' shared memory (more blocks resident; measured
+        # on an H100, 12×1024×1024×64: 28.0 µs, with four stages 29.4); two K tiles keep 4 stages (3:
+        # 32×2048×2048×128 in 268 µs instead of 240, the second tile no longer loaded ahead)
+        stages, inflight = (2, 0) if K <= bk else (stages, 1)
+        params = dict(bm=bm, bn=bn, bk=bk, stages=stages, inflight=inflight)
+        resident = occupancy(WgmmaConfig(**params), hw, it).blocks
+        out.append((params, BlockPlan(bm, bn, bk, 0, 0, resident, hw.wgmma_flops, it, stages)))
     return out
 
 
@@ -704,8 +711,8 @@ def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, b
 
 
 def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
-                       hw: Hardware, gemv_mma_rows: tuple[int, int], batched_tiles: bool = False
-                       ) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
+                       hw: Hardware, gemv_mma_rows: tuple[int, int], batched_tiles: bool = False,
+                       tall: bool = True) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
     """The kernel the operands call for and its candidate tiles (``gemm_choice``); ``gemv_mma`` for
     ``gemv_mma_rows`` (first, last) rows where it applies; ``batched_tiles``: a batched product of at most
     ``GEMV_ROWS`` rows on mma.sync's tiles rather than the GEMV."""
@@ -730,7 +737,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         return "gemv", _gemv_candidates(M, N, K, it, hw)
     if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
-        return "wgmma", _wgmma_candidates(M, N, K, it, hw)
+        return "wgmma", _wgmma_candidates(M, N, K, it, hw, tall)
     if tensor_cores:
         return "mma", _mma_candidates(M, N, K, it, hw)
     return "cuda", _cuda_candidates(M, N, K, it, hw)
@@ -738,7 +745,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
-                unequal_chunks: bool = True, batched_tiles: bool | None = None) -> GemmChoice:
+                unequal_chunks: bool = True, batched_tiles: bool | None = None, calibrated: bool = True) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -757,6 +764,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     ``unequal_chunks``: False keeps to chunks of one length (the NCHW convolutions' implicit GEMM splits C·R·S evenly).
     ``batched_tiles`` (None: the model decides): a batched product of 2 to 16 rows of 16-bit operands
     on mma.sync's tiles (True) or the GEMV (False).
+    ``calibrated`` (the default): warpgroup-MMA tiles (256×128 among them) ranked by the analytical
+    tuner's calibrated model (``wgmma_seconds``); False: by their waves alone, without 256×128, as the
+    default chose before 2026-11-29 (for A/B benchmarks: ``benchmarks/wgmma_defaults.py``).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -768,7 +778,8 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         # where the model predicts them clearly faster (one row, decoding attention's, keeps the GEMV:
         # mma.sync's 16-row tile has no row loop to bind there)
         args = (target, M, N, K, dtype, batch, split_k, out_bytes, tensor_core_gemv, unequal_chunks)
-        streamed, tiled = gemm_choice(*args, batched_tiles=False), gemm_choice(*args, batched_tiles=True)
+        streamed = gemm_choice(*args, batched_tiles=False, calibrated=calibrated)
+        tiled = gemm_choice(*args, batched_tiles=True, calibrated=calibrated)
         return tiled if tiled.seconds < SPLIT_MARGIN * streamed.seconds else streamed
     hw = Hardware.of(target)
     it = dtype.itemsize
@@ -778,7 +789,8 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                                                                                            GEMV_ROWS)
     else:
         gemv_mma_rows = (2, GEMV_ROWS) if tensor_core_gemv else (0, 0)
-    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows, bool(batched_tiles))
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows, bool(batched_tiles),
+                                       calibrated)
     if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)
@@ -809,8 +821,11 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             group = raster_group(M, N, chunk, it, plan.bm, hw.l2_bytes) if kernel == "wgmma" else 1
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk), group=group)
-            t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             chosen = {**params, "group": group} if group > 1 else params
+            if kernel == "wgmma" and calibrated:
+                t = wgmma_seconds(target, chosen, M, N, K, batch, split, chunk, out_bytes, (split, chunk) in more)
+            else:
+                t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             if kernel == "gemv":  # whole register tiles where no K tile crosses into the next chunk
                 chosen = {**params, "whole": split == 1 or chunk % plan.bk == 0}
             if (split, chunk) in more:
@@ -839,6 +854,22 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     if kernel == "wgmma" and not best.chunk and tma_fits(best.params, M, N, K, it, batch, best.split):
         best = replace(best, params={**best.params, "producer": "tma"})
     return best
+
+
+def wgmma_seconds(target: CUDATarget, params: dict[str, int], M: int, N: int, K: int, batch: int, split: int,
+                  chunk: int, out_bytes: int, uneven: bool) -> float:
+    """The warpgroup-MMA default's prediction of ``params`` by the calibrated model
+    (``tune.analytical.predict``, the analytical tuner's: threads' copy issue, unswizzled tiles,
+    prologue, tail wave; the chunks of a split as a batch of shorter products plus their sum) with
+    the loads it will build: TMA where ``tma_fits`` (chunks of one length), the threads' copies
+    otherwise. The wave model alone (``gemm_seconds``) ranked tiles by their waves and missed their
+    costs: measured on an H200 (2026-11-29, benchmarks/gemm_configs.py, fp16, µs, torch in the same
+    run), 6000×600×3000 in 128×128 tiles 74.1 (predicted 40 by the wave model, 68 by this one),
+    in 256×128 54.9 (this model: 54; torch 45.3)."""
+    tma = not uneven and tma_fits(params, M, N, K, 2, batch, split)
+    cfg = WgmmaConfig.of({**params, **({"producer": "tma"} if tma else {})}, out_bytes)
+    shape = GemmShape(M, N, chunk, batch * split)
+    return predict(shape, cfg, target) + split_seconds(target, M, N, batch, split, out_bytes)
 
 
 def tma_fits(params: dict[str, int], M: int, N: int, K: int, itemsize: int, batch: int = 1, split: int = 1) -> bool:

@@ -67,6 +67,7 @@ SIZES = [
     ((512, 384, 1024), dict(bm=128, bn=192, bk=128, stages=2)),  # two boxes of A per tile
     ((1000, 1000, 520), dict(bm=192, bn=128, bk=64, stages=5, inflight=2)),
     ((70, 64, 100), dict(bm=64, bn=64, bk=64, stages=2)),  # two K tiles, the second mostly outside
+    ((777, 600, 1000), dict(bm=256, bn=128, bk=64, stages=4, inflight=1)),  # four warpgroups (gemm_choice's tall tiles)
 ]
 
 

@@ -39,6 +39,7 @@ CONFIGS = [
     ((1000, 1000, 520), dict(bm=192, bn=96, bk=64, stages=5)),
     ((70, 8, 20), dict(bm=64, bn=8, bk=16, stages=2)),  # one column tile per warp: N = 8
     ((129, 136, 24), dict(bm=128, bn=136, bk=64, stages=3, inflight=1)),  # K: one and a half steps
+    ((600, 300, 333), dict(bm=256, bn=128, bk=64, stages=4, inflight=1)),  # four warpgroups, partial tiles
 ]
 
 
