@@ -38,8 +38,8 @@ from ..target import CUDATarget
 from ..tune.analytical import (
     WARP_FLOPS,
     BlockPlan,
-    Hardware,
     GemmShape,
+    Hardware,
     TileConfig,
     WgmmaConfig,
     block_occupancy,

@@ -317,7 +317,8 @@ def test_default_takes_tall_tiles_where_the_calibrated_model_ranks_them_first():
     from polytile.dtypes import float16
     from polytile.ops.gpu_schedules import gemm_choice
     tall = gemm_choice(SM90A, 6000, 600, 3000, float16, out_bytes=2)
-    assert (tall.kernel, tall.params["bm"], tall.params["bn"], tall.params.get("producer")) == ("wgmma", 256, 128, "tma")
+    assert (tall.kernel, tall.params["bm"], tall.params["bn"]) == ("wgmma", 256, 128)
+    assert tall.params.get("producer") == "tma"
     waves = gemm_choice(SM90A, 6000, 600, 3000, float16, out_bytes=2, calibrated=False)
     assert (waves.params["bm"], waves.params["bn"]) == (128, 128)
     square = gemm_choice(SM90A, 4096, 4096, 4096, float16, out_bytes=2)
