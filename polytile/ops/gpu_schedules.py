@@ -559,7 +559,7 @@ class GemmChoice:
     chunk: int = 0  # the length of each chunk of K but the last (0: ⌈K/split⌉)
 
 
-def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware, tall: bool = True
+def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware, tall: bool = False
                       ) -> list[tuple[dict[str, int], BlockPlan]]:
     """Warpgroup-MMA tiles: bm/64 warpgroups issuing wgmma.m64n{bn}k16 (bn a multiple of 64: B's
     128-byte swizzled rows, 192 included), 64-wide K tiles in 4 stages with one MMA group in flight —
@@ -711,8 +711,8 @@ def gemv_mma_applies(target: CUDATarget, M: int, N: int, K: int, dtype: DType, b
 
 
 def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int, split_k: int | None,
-                       hw: Hardware, gemv_mma_rows: tuple[int, int], batched_tiles: bool = False,
-                       tall: bool = True) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
+                       hw: Hardware, gemv_mma_rows: tuple[int, int], batched_tiles: bool = False
+                       ) -> tuple[str, list[tuple[dict[str, int], BlockPlan]]]:
     """The kernel the operands call for and its candidate tiles (``gemm_choice``); ``gemv_mma`` for
     ``gemv_mma_rows`` (first, last) rows where it applies; ``batched_tiles``: a batched product of at most
     ``GEMV_ROWS`` rows on mma.sync's tiles rather than the GEMV."""
@@ -737,7 +737,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         return "gemv", _gemv_candidates(M, N, K, it, hw)
     if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
-        return "wgmma", _wgmma_candidates(M, N, K, it, hw, tall)
+        return "wgmma", _wgmma_candidates(M, N, K, it, hw)
     if tensor_cores:
         return "mma", _mma_candidates(M, N, K, it, hw)
     return "cuda", _cuda_candidates(M, N, K, it, hw)
@@ -764,9 +764,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     ``unequal_chunks``: False keeps to chunks of one length (the NCHW convolutions' implicit GEMM splits C·R·S evenly).
     ``batched_tiles`` (None: the model decides): a batched product of 2 to 16 rows of 16-bit operands
     on mma.sync's tiles (True) or the GEMV (False).
-    ``calibrated`` (the default): warpgroup-MMA tiles (256×128 among them) ranked by the analytical
-    tuner's calibrated model (``wgmma_seconds``); False: by their waves alone, without 256×128, as the
-    default chose before 2026-11-29 (for A/B benchmarks: ``benchmarks/wgmma_defaults.py``).
+    ``calibrated`` (the default): a warpgroup-MMA product that TMA loads takes the tiles (256×128 among
+    them) the analytical tuner's calibrated model ranks first at the wave model's split
+    (``_calibrated_tiles``); False: the wave model's tiles, as the default chose before 2026-11-29 (for
+    A/B benchmarks: ``benchmarks/wgmma_defaults.py``).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -789,8 +790,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
                                                                                            GEMV_ROWS)
     else:
         gemv_mma_rows = (2, GEMV_ROWS) if tensor_core_gemv else (0, 0)
-    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows, bool(batched_tiles),
-                                       calibrated)
+    kernel, found = _kernel_candidates(target, M, N, K, dtype, batch, split_k, hw, gemv_mma_rows, bool(batched_tiles))
     if split_k and K % split_k and kernel not in ("gemv", "gemv_mma"):
         # a given split of unequal chunks of ⌈K/S⌉: the kernels of whole K tiles need K tiles dividing them
         chunk = -(-K // split_k)
@@ -822,10 +822,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             sized = replace(plan, tiles=batch * split * -(-M // plan.bm) * -(-N // plan.bn),
                             steps=-(-chunk // plan.bk), group=group)
             chosen = {**params, "group": group} if group > 1 else params
-            if kernel == "wgmma" and calibrated:
-                t = wgmma_seconds(target, chosen, M, N, K, batch, split, chunk, out_bytes, (split, chunk) in more)
-            else:
-                t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
+            t = gemm_seconds(sized, target, M, N, K, batch, split, out_bytes)
             if kernel == "gemv":  # whole register tiles where no K tile crosses into the next chunk
                 chosen = {**params, "whole": split == 1 or chunk % plan.bk == 0}
             if (split, chunk) in more:
@@ -853,11 +850,38 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             best = replace(best, params={**best.params, "bk": math.gcd(chunk, best.params["bk"])})
     if kernel == "wgmma" and not best.chunk and tma_fits(best.params, M, N, K, it, batch, best.split):
         best = replace(best, params={**best.params, "producer": "tma"})
+        if calibrated:
+            best = _calibrated_tiles(target, best, M, N, K, batch, out_bytes, hw)
+    return best
+
+
+def _calibrated_tiles(target: CUDATarget, choice: GemmChoice, M: int, N: int, K: int, batch: int, out_bytes: int,
+                      hw: Hardware) -> GemmChoice:
+    """The warpgroup-MMA tiles TMA loads (``tma_fits``, 256×128 among them) ranked by the calibrated
+    model (``wgmma_seconds``) at ``choice``'s split: its fastest, or ``choice`` (the wave model's).
+    Measured on an H200 (2026-11-29, ``benchmarks/wgmma_defaults.py``, 71 suite, off-suite and random
+    GEMMs whose default the model changed, µs against the wave model's pick, torch in the same run):
+    the TMA-loaded tiles it re-ranked 1.05× faster (geometric mean of 25; 4416×1256×1636 59.8 against
+    91.9, 1560×4896×1382 89.3 against 140.3, 2168×960×1032 14.4 against 18.8; slowest 0.89×). Its
+    splits (fewer chunks than the wave model's: 0.94×, 1368×128×4400 0.84×) and the tiles of
+    operands read in pieces by the threads' copies (0.49× at 8×177×1492×52, a model calibrated on TMA
+    loads) are not taken: the wave model keeps those."""
+    split = choice.split
+    chunk = -(-K // split)
+    best, best_t = choice, wgmma_seconds(target, choice.params, M, N, K, batch, split, chunk, out_bytes)
+    for params, plan in _wgmma_candidates(M, N, K, 2, hw, tall=True):
+        if plan.resident == 0 or not tma_fits(params, M, N, K, 2, batch, split):
+            continue
+        group = raster_group(M, N, chunk, 2, params["bm"], hw.l2_bytes)
+        chosen = {**params, **({"group": group} if group > 1 else {}), "producer": "tma"}
+        t = wgmma_seconds(target, chosen, M, N, K, batch, split, chunk, out_bytes)
+        if t < best_t:
+            best, best_t = replace(choice, params=chosen, seconds=t), t
     return best
 
 
 def wgmma_seconds(target: CUDATarget, params: dict[str, int], M: int, N: int, K: int, batch: int, split: int,
-                  chunk: int, out_bytes: int, uneven: bool) -> float:
+                  chunk: int, out_bytes: int) -> float:
     """The warpgroup-MMA default's prediction of ``params`` by the calibrated model
     (``tune.analytical.predict``, the analytical tuner's: threads' copy issue, unswizzled tiles,
     prologue, tail wave; the chunks of a split as a batch of shorter products plus their sum) with
@@ -866,7 +890,7 @@ def wgmma_seconds(target: CUDATarget, params: dict[str, int], M: int, N: int, K:
     costs: measured on an H200 (2026-11-29, benchmarks/gemm_configs.py, fp16, µs, torch in the same
     run), 6000×600×3000 in 128×128 tiles 74.1 (predicted 40 by the wave model, 68 by this one),
     in 256×128 54.9 (this model: 54; torch 45.3)."""
-    tma = not uneven and tma_fits(params, M, N, K, 2, batch, split)
+    tma = tma_fits(params, M, N, K, 2, batch, split)
     cfg = WgmmaConfig.of({**params, **({"producer": "tma"} if tma else {})}, out_bytes)
     shape = GemmShape(M, N, chunk, batch * split)
     return predict(shape, cfg, target) + split_seconds(target, M, N, batch, split, out_bytes)
