@@ -9,10 +9,12 @@ the CPU. For each model, in one process:
    workload into ``<records-dir>/<model>-<device>.jsonl`` (resumed when it exists), timed;
 2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
    it beats torch on its own), timed, and its output checked against eager (relative error);
-3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
-   CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
-   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
-   (``--peers``);
+3. the peers compiled: inductor (default), inductor max-autotune without CUDA graphs
+   (``inductor-max-nocg``: mode max-autotune-no-cudagraphs) and with them (``inductor-max``), inductor
+   reduce-overhead (its CUDA graphs; ``inductor-cudagraphs``), and the polytile backend with other
+   options (``POLYTILE_VARIANTS``: ``polytile-unpacked``, ``pack_weights=False``, every call packs the
+   constant weights, as before that option; ``polytile-vector``, ``vector_elementwise=True``)
+   (``--peers``); the table gives each one's time over polytile's (above 1: polytile faster);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
    with ``--threads 1`` — what the model costs on a shared machine, where wall time mostly measures
@@ -24,7 +26,8 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
+        [--peers eager,inductor,inductor-max-nocg,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-vector]
+        [--threads N] [--rounds 5]
         [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off]
         [--channels-last default|on|off] [--out DIR]
 """
@@ -57,16 +60,21 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "bert-b1": ("bert-base", {"batch": 1, "seq": 128}),
     "bert-b32": ("bert-base", {"batch": 32, "seq": 128}),
     "gpt2-prefill": ("gpt2-prefill", {"batch": 1, "seq": 512}),
+    "gpt2-s128": ("gpt2-prefill", {"batch": 1, "seq": 128}),
     "gpt2-decode": ("gpt2-decode", {"batch": 1, "seq": 512}),
     "llama": ("llama", {"batch": 1, "seq": 128, "layers": 2}),
     "resnet50-b1": ("resnet50", {"batch": 1}),
     "resnet50-b32": ("resnet50", {"batch": 32}),
 }
-DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
-GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
-PEERS = (*GPU_PEERS, "polytile-unpacked")
+DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": [m for m in MODELS if m != "gpt2-s128"]}
+GPU_PEERS = ("eager", "inductor", "inductor-max-nocg", "inductor-max", "inductor-cudagraphs")  # default on a GPU
+POLYTILE_VARIANTS = {"polytile-unpacked": {"pack_weights": False}, "polytile-vector": {"vector_elementwise": True}}
+"""The backend again with other options, timed in the same rounds (``--peers``)."""
+PEERS = (*GPU_PEERS, *POLYTILE_VARIANTS)
 LAYOUTS = {"default": None, "on": True, "off": False}  # --channels-last: the backend's channels_last option
-INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
+INDUCTOR_MODES = (("inductor", "default"), ("inductor-max-nocg", "max-autotune-no-cudagraphs"),
+                  ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
+"""inductor's modes: max-autotune also replays CUDA graphs (as reduce-overhead does); -nocg: without them."""
 
 
 def main() -> int:
@@ -163,16 +171,23 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
         res["packed_weights"] = sum(g.packed for g in report.taken)
         variants["polytile"] = compiled
-        if "polytile-unpacked" in peers:
-            unpacked = ptt.Report()
-            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=unpacked,
-                                                         cuda_graphs=graphs, pack_weights=False), dynamic=False)
+        for variant, options in POLYTILE_VARIANTS.items():
+            if variant not in peers:
+                continue
+            rep = ptt.Report()
+            c = torch.compile(model, backend=ptt.backend(**{"records": str(records) if records else None, "report": rep,
+                                                            "cuda_graphs": graphs,
+                                                            "channels_last": LAYOUTS[args.channels_last], **options}),
+                              dynamic=False)
             t0 = time.perf_counter()
-            res["rel_error_unpacked"] = _rel(c(*inputs), want)
+            short = variant.removeprefix("polytile-")
+            res[f"rel_error_{short}"] = _rel(c(*inputs), want)
             _sync(device)
-            res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
-            res["taken_unpacked"] = len(unpacked.taken)
-            variants["polytile-unpacked"] = c
+            res["compile_s"][variant] = time.perf_counter() - t0
+            res[f"taken_{short}"] = [f"{g.kind}: {' + '.join(g.ops)}" for g in rep.taken]
+            res[f"kernels_{short}"] = rep.kernels
+            res[f"left_{short}"] = {op: dict(r) for op, r in rep.reasons().items()}
+            variants[variant] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)

@@ -39,7 +39,7 @@ from .importer import Imported, import_group, meta, node_kind
 from .layouts import cache_weights, channels_last, is_weight_copy, to_channels_last, weight_source
 from .packing import PackedWeight, WeightPacking, call_adapters, constant_inputs
 from .partition import Group, group_outputs, partition
-from .schedules import group_info, schedule_group
+from .schedules import Knobs, group_info, schedule_group
 
 CHOICES = ("measure", "always")
 ATTENTION = ("torch", "pieces")
@@ -69,6 +69,13 @@ class Options:
     convolution to the next (``polytile.torch.layouts``: cuDNN's fp16 convolutions compute in NHWC and
     otherwise convert each input and result; ResNet-50 b1 fp16 on an H200 went 0.83 → 0.59 ms); for
     inference (gradients off) only. None (the default): on a CUDA target; True: on any target; False: never.
+    ``vector_elementwise``: on a CUDA target, each thread of an elementwise group's default schedule
+    computes 16 bytes of its result with 16-byte loads and stores (``schedules.Knobs.vector``, lowering's
+    ``vector_lanes`` pass; a batch norm + ReLU over ResNet-50's channels-last activations at batch 32 moved
+    a third of an H200's bandwidth one 2-byte element per thread); with ``merge_elementwise``, an elementwise
+    group that only feeds another is computed inside it (a downsampling branch's batch norm inside the
+    residual sum + ReLU that reads it: one kernel, its result never written). None (the default): off
+    (not measured yet); True: on.
     """
 
     target: Any = None
@@ -81,10 +88,14 @@ class Options:
     cuda_graphs: bool | None = None
     pack_weights: bool = True
     channels_last: bool | None = None
+    vector_elementwise: bool | None = None
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
+        if self.vector_elementwise not in (None, True, False):
+            raise PolytileError(f"backend option vector_elementwise={self.vector_elementwise!r}: use True, False or "
+                                "None")
         if self.channels_last not in (None, True, False):
             raise PolytileError(f"backend option channels_last={self.channels_last!r}: use True, False or None")
         if self.cuda_graphs not in (None, True, False):
@@ -224,13 +235,15 @@ repeated layers are measured once."""
 _KERNELS: dict[tuple[str, str, str], Any] = {}
 
 
-def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None, pack_weights: bool = True
+def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None, pack_weights: bool = True,
+            merge_elementwise: bool = False
             ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str], dict[fx.Node, str]]:
     """The groups of an aten graph that import, the operations left with their reasons (those of
     ``exclude`` with the reason given there), and the anchors of groups that did not import but fused
     more than their anchor (with the reason): without them, another partition may fuse the rest.
-    ``pack_weights``: on the CPU, constant weights are passed packed (``Options.pack_weights``)."""
-    part = partition(gm, target.kind, exclude)
+    ``pack_weights``: on the CPU, constant weights are passed packed (``Options.pack_weights``);
+    ``merge_elementwise``: see ``partition``."""
+    part = partition(gm, target.kind, exclude, merge_elementwise=merge_elementwise)
     packing = WeightPacking(constant_inputs(gm), target) if pack_weights and target.kind == "cpu" else None
     left = dict(part.left)
     graph_outputs = _graph_outputs(gm)
@@ -338,9 +351,10 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
     groups, the operations left with their reasons, and the anchors of groups that did not import,
     build or win but fused more than their anchor (with the reason): without them, the next round may
     fuse the rest."""
-    imported, left, rejected = extract(gm, target, excluded, opts.pack_weights)
+    vector = vector_wanted(opts, target)
+    imported, left, rejected = extract(gm, target, excluded, opts.pack_weights, merge_elementwise=vector)
     chosen: list[Candidate] = []
-    built = build_groups([imp.func for _, imp in imported], target, records)
+    built = build_groups([imp.func for _, imp in imported], target, records, vector=vector)
     for (g, imp), (kernel, origin) in zip(imported, built):
         if isinstance(kernel, PolytileError):
             first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
@@ -364,6 +378,18 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
         if anchor is not None and len(_ops_of(g)) > 1:
             rejected[anchor] = decision.reason
     return chosen, left, rejected
+
+
+def vector_wanted(opts: Options, target: Any) -> bool:
+    """Whether elementwise groups take 16-byte vector schedules and merge (``Options.vector_elementwise``):
+    on CUDA targets, when turned on."""
+    return bool(opts.vector_elementwise) and target.kind == "cuda"
+
+
+def vectorizes(func: Any) -> bool:
+    """Whether ``Knobs.vector`` may change the default schedule of an imported group: elementwise and
+    reduction groups (a product's or convolution's keeps its library schedule, built once for both)."""
+    return group_info(func).kind in ("elementwise", "reduce")
 
 
 def _us(s: float | None) -> float | None:
@@ -418,17 +444,18 @@ def template_name(target: Any) -> str:
     return f"torch_group_{target.kind}"
 
 
-def build_groups(funcs: list[Any], target: Any, records: _Records | None = None) -> list[tuple[Any, str]]:
+def build_groups(funcs: list[Any], target: Any, records: _Records | None = None, vector: bool = False
+                 ) -> list[tuple[Any, str]]:
     """The kernel of each imported group's Func (or the ``PolytileError`` that stopped it) and its
     schedule's origin: the best recorded configuration when the records have one for this workload and
     target ("tuned"), else the default schedule ("default"). Kernels are kept per process, and the
     groups of repeated layers are scheduled once; the new ones are compiled in parallel
-    (``_build_schedules``)."""
+    (``_build_schedules``). ``vector``: default schedules with ``Knobs.vector`` (``Options.vector_elementwise``)."""
     plans: list[tuple[Any, str, tuple[str, str, str]] | PolytileError] = []
     planned: set[tuple[str, str, str]] = set()
     for func in funcs:
         try:
-            plans.append(_schedule_of(func, target, records, lambda key: key in _KERNELS or key in planned))
+            plans.append(_schedule_of(func, target, records, lambda key: key in _KERNELS or key in planned, vector))
         except PolytileError as err:
             plans.append(err)
             continue
@@ -448,8 +475,8 @@ def build_groups(funcs: list[Any], target: Any, records: _Records | None = None)
     return out
 
 
-def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callable[[tuple[str, str, str]], bool]
-                 ) -> tuple[Any, str, tuple[str, str, str]]:
+def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callable[[tuple[str, str, str]], bool],
+                 vector: bool = False) -> tuple[Any, str, tuple[str, str, str]]:
     """The schedule of ``func`` (None when ``have`` says its kernel is built or scheduled already), its
     origin and the kernel's cache key."""
     key = _func_key(func)
@@ -460,8 +487,10 @@ def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callabl
         if rec is not None:
             cache_key = (key, target.key, repr(sorted(rec.config.items())))
             return (None if have(cache_key) else task.schedule(rec.config)), "tuned", cache_key
-    cache_key = (key, target.key, "default")
-    return (None if have(cache_key) else schedule_group(func, target)), "default", cache_key
+    vector = vector and vectorizes(func)
+    cache_key = (key, target.key, "default-vector" if vector else "default")
+    knobs = Knobs(vector=True) if vector else None
+    return (None if have(cache_key) else schedule_group(func, target, knobs)), "default", cache_key
 
 
 def _build_schedules(scheds: list[Any], target: Any) -> list[Any]:
@@ -528,7 +557,8 @@ def _func_key(func: Any) -> str:
 def _decide(c: Candidate, opts: Options, target: Any, records: _Records) -> _Decision:
     imp = c.imported
     dkey = (_key(imp), tuple(c.group.ops), tuple(a for a in imp.adapters), target.key, records.path,
-            opts.choose, tuple(tuple(meta(n).stride()) for n in imp.inputs))
+            opts.choose, tuple(tuple(meta(n).stride()) for n in imp.inputs),
+            vector_wanted(opts, target) and vectorizes(imp.func))
     if dkey in _DECISIONS:
         return _DECISIONS[dkey]
     from torch._subclasses.fake_tensor import unset_fake_temporarily
