@@ -210,9 +210,10 @@ def _elementwise(sched: Schedule, t: ComputeTensor, target: CPUTarget | CUDATarg
     if target.kind == "cuda":
         loop = _fuse_all(sched, t, names, "e")
         lanes = VECTOR_BYTES // t.dtype.itemsize
-        if k.vector and lanes > 1 and math.prod(shape) % lanes == 0:
+        if k.vector and t.reduction is None and lanes > 1 and math.prod(shape) % lanes == 0:
             # whole vectors only (no guard inside one): lowering's vector_lanes pass turns them into 16-byte
-            # loads and stores where the indices allow (a channels-last activation and its per-channel values)
+            # loads and stores where the indices allow (a channels-last activation and its per-channel values);
+            # a reduction's sums stay one per thread (n of them in a row would be n serial reductions)
             st.split(loop, lanes, "ev_o", "ev").vectorize("ev")
             loop = "ev_o"
         st.split(loop, k.threads or 256, "eb", "et").bind("eb", "blockIdx.x").bind("et", "threadIdx.x")

@@ -156,6 +156,28 @@ def test_vector_kernel_computes_the_unvectorized_programs_values(shape: tuple[in
     _emulated(imp, vector=False)
 
 
+def test_a_reductions_sums_stay_one_per_thread() -> None:
+    # the last block's batch norm + sum + ReLU + mean: the sums' kernel as without vectors, the mean's
+    # write-back vectorized
+    from polytile.codegen.cuda import cuda_source
+    from polytile.lowering.pipeline import lower
+    from polytile.torch.schedules import Knobs, schedule_group
+    c = 16
+    mean, var, g, b = torch.randn(c).half(), torch.rand(c).half() + 0.5, torch.randn(c).half(), torch.randn(c).half()
+    x, r = (torch.randn(3, c, 5, 7).half().contiguous(memory_format=torch.channels_last) for _ in range(2))
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return F.relu(F.batch_norm(x, mean, var, g, b, False, 0.1, 1e-5) + r).mean((2, 3))
+    from test_cuda_schedules import _groups
+    (imp,) = _groups(fn, x, r)
+    assert imp.kind == "reduce"
+    gpu = pt.CUDATarget(arch="sm_90a")  # type: ignore[attr-defined]
+    vec, scalar = (cuda_source(lower(schedule_group(imp.func, gpu, Knobs(vector=v)), gpu), True)[0].split("extern")
+                   for v in (True, False))
+    assert vec[1] == scalar[1] and "uint4" in vec[2] and "uint4" not in scalar[2]
+    _emulated(imp, vector=True)
+
+
 def test_vector_option_is_checked() -> None:
     with pytest.raises(PolytileError, match="vector_elementwise"):
         ptt.backend(vector_elementwise="yes")
