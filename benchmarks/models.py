@@ -13,7 +13,8 @@ the CPU. For each model, in one process:
    (``inductor-max-nocg``: mode max-autotune-no-cudagraphs) and with them (``inductor-max``), inductor
    reduce-overhead (its CUDA graphs; ``inductor-cudagraphs``), and the polytile backend with other
    options (``POLYTILE_VARIANTS``: ``polytile-unpacked``, ``pack_weights=False``, every call packs the
-   constant weights, as before that option; ``polytile-vector``, ``vector_elementwise=True``)
+   constant weights, as before that option; ``polytile-vector``, ``vector_elementwise=True``;
+   ``polytile-cudnn``, ``cudnn_fusion=True``; ``polytile-cudnn-vector``, both)
    (``--peers``); the table gives each one's time over polytile's (above 1: polytile faster);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
@@ -26,7 +27,8 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max-nocg,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-vector]
+        [--peers eager,inductor,inductor-max-nocg,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-vector,
+                 polytile-cudnn,polytile-cudnn-vector]
         [--threads N] [--rounds 5]
         [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off]
         [--channels-last default|on|off] [--out DIR]
@@ -68,7 +70,9 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": [m for m in MODELS if m != "gpt2-s128"]}
 GPU_PEERS = ("eager", "inductor", "inductor-max-nocg", "inductor-max", "inductor-cudagraphs")  # default on a GPU
-POLYTILE_VARIANTS = {"polytile-unpacked": {"pack_weights": False}, "polytile-vector": {"vector_elementwise": True}}
+POLYTILE_VARIANTS = {"polytile-unpacked": {"pack_weights": False}, "polytile-vector": {"vector_elementwise": True},
+                     "polytile-cudnn": {"cudnn_fusion": True},
+                     "polytile-cudnn-vector": {"cudnn_fusion": True, "vector_elementwise": True}}
 """The backend again with other options, timed in the same rounds (``--peers``)."""
 PEERS = (*GPU_PEERS, *POLYTILE_VARIANTS)
 LAYOUTS = {"default": None, "on": True, "off": False}  # --channels-last: the backend's channels_last option

@@ -35,6 +35,7 @@ import torch.fx as fx
 from ..errors import PolytileError
 from .customop import KernelCall
 from .explain import Report, TakenGroup
+from .folding import conv_bias_relu, fuse_conv_bn_relu, is_folded
 from .importer import Imported, import_group, meta, node_kind
 from .layouts import cache_weights, channels_last, is_weight_copy, to_channels_last, weight_source
 from .packing import PackedWeight, WeightPacking, call_adapters, constant_inputs
@@ -76,6 +77,10 @@ class Options:
     group that only feeds another is computed inside it (a downsampling branch's batch norm inside the
     residual sum + ReLU that reads it: one kernel, its result never written). None (the default): off
     (not measured yet); True: on.
+    ``cudnn_fusion``: with ``channels_last``, each chain of a convolution, an inference batch norm, an
+    optional residual sum and a ReLU, all with constant weights, runs as one cuDNN convolution with the
+    batch norm folded into its weight and bias (``polytile.torch.folding``; the folded weights computed
+    once, again when one changes); None (the default): off (not measured yet); True: on.
     """
 
     target: Any = None
@@ -89,10 +94,13 @@ class Options:
     pack_weights: bool = True
     channels_last: bool | None = None
     vector_elementwise: bool | None = None
+    cudnn_fusion: bool | None = None
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
+        if self.cudnn_fusion not in (None, True, False):
+            raise PolytileError(f"backend option cudnn_fusion={self.cudnn_fusion!r}: use True, False or None")
         if self.vector_elementwise not in (None, True, False):
             raise PolytileError(f"backend option vector_elementwise={self.vector_elementwise!r}: use True, False or "
                                 "None")
@@ -274,18 +282,27 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     target = _target_of(gm, opts)
     report.graphs += 1
     records = _Records.load(opts.records, target, report)
+    folds: list[Any] = []
     if channels_last:
         gm = _channels_last(gm, report)
+        if opts.cudnn_fusion and target.kind == "cuda":
+            folds = fuse_conv_bn_relu(gm, constant_inputs(gm))
+            if folds:
+                report.notes.append(f"cudnn_fusion: {len(folds)} convolution + batch norm (+ residual) + ReLU chains "
+                                    "run as cuDNN's fused convolutions")
     excluded: dict[fx.Node, str] = {n: "a weight's channels-last copy" for n in gm.graph.nodes if is_weight_copy(n)}
+    excluded.update({n: "cuDNN's fused convolution + bias (+ residual) + ReLU, a batch norm folded in"
+                     for n in gm.graph.nodes if is_folded(n)})
     for _ in range(MAX_ROUNDS):
         chosen, left, rejected = _choose(gm, target, opts, records, excluded)
         if not rejected:
             break
         excluded.update(rejected)
     for n, reason in left.items():
-        if is_weight_copy(n):
+        if is_weight_copy(n) or (is_folded(n) and n.target is not conv_bias_relu):
             continue
-        report.leave(str(getattr(n.target, "overloadpacket", n.target)).removeprefix("aten."), reason)
+        name = "convolution" if n.target is conv_bias_relu else str(getattr(n.target, "overloadpacket", n.target))
+        report.leave(name.removeprefix("aten."), reason)
     try:
         new_gm = _rewrite(gm, chosen)
     except _CycleError as err:  # a partition bug must not take the model down: run it in torch
@@ -296,7 +313,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
                                        _us(c.polytile_s), _us(c.torch_s), len(getattr(c.call.kernel, "kernels", [1])),
                                        sum(isinstance(a, PackedWeight) for a in c.imported.adapters)))
-    weights = cache_weights(new_gm)
+    weights = [*cache_weights(new_gm), *folds]
     report.compile_s += time.perf_counter() - start
     if cuda_graphs:
         from .graphs import GraphedForward
