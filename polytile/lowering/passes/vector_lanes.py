@@ -3,8 +3,9 @@ tensor becomes 16-byte (or 8-, 4-byte) loads into a thread's registers, the lane
 and one vector store.
 
 Without it, a GPU's vectorized loop is only unrolled: a thread's n lanes of a 16-bit elementwise
-kernel are n loads of 2 bytes per input and n stores of 2 bytes — a batch norm + ReLU over a channels-
-last activation of ResNet-50 at batch 32 moved 1.4 TB/s of an H200's 4.8. Here, for a loop ``v`` in
+kernel are n loads of 2 bytes per input and n stores of 2 bytes — a batch norm over a channels-last
+activation of ResNet-50 at batch 32 (51 MB read, 51 MB written) took 74.7 µs on an H200, 1.4 TB/s of its
+4.8. Here, for a loop ``v`` in
 [lo, lo + n) around ``out[f(v)] = g(..., X[h(v)], ...)``:
 
 - each lane's indices are flattened and written without the lane inside a division: ``(A + k) // D``
@@ -17,8 +18,9 @@ last activation of ResNet-50 at batch 32 moved 1.4 TB/s of an H200's 4.8. Here, 
   channels), copied once into a local array that the lanes read; loads that are the same in every
   lane or that do not fit stay as they were.
 
-Anything else (a body with guards or several statements, a store that does not fit, a vector width
-the target cannot copy) is left to the unrolling pass, as before.
+Anything else (a body with guards or several statements, a store that does not fit, a lane that reads
+the tensor the loop stores to, a vector width the target cannot copy) is left to the unrolling pass, as
+before.
 """
 
 from __future__ import annotations
@@ -67,15 +69,15 @@ class _Lanes(ir.Mutator):
         if out_index is None:
             return None
         loads = [[e for e in ir.walk_expr(s.value) if isinstance(e, ir.Load)] for s in lanes]
-        if len({len(x) for x in loads}) != 1:
-            return None
+        if len({len(x) for x in loads}) != 1 or any(x.buffer.name == store.buffer.name for x in loads[0]):
+            return None  # (a lane reading what an earlier one stored would read it before the vector store)
         self.serial += 1
         locals_: dict[tuple[str, str], ir.Buffer] = {}
         copies: list[ir.Stmt] = []
         replace_by: list[dict[int, ir.Expr]] = [{} for _ in range(n)]  # per lane: id(load) -> register
         for group in zip(*loads):
             first = group[0]
-            if first.buffer is store.buffer or first.buffer.scope not in TENSORS \
+            if first.buffer.scope not in TENSORS \
                     or n * first.buffer.dtype.itemsize not in VECTOR_BYTES \
                     or any(g.buffer is not first.buffer for g in group):
                 continue
