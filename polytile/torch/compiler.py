@@ -75,12 +75,13 @@ class Options:
     ``vector_lanes`` pass; a batch norm + ReLU over ResNet-50's channels-last activations at batch 32 moved
     a third of an H200's bandwidth one 2-byte element per thread); with ``merge_elementwise``, an elementwise
     group that only feeds another is computed inside it (a downsampling branch's batch norm inside the
-    residual sum + ReLU that reads it: one kernel, its result never written). None (the default): off
-    (not measured yet); True: on.
+    residual sum + ReLU that reads it: one kernel, its result never written). None (the default):
+    ``VECTOR_ELEMENTWISE`` (off: not measured yet); True: on; False: off.
     ``cudnn_fusion``: with ``channels_last``, each chain of a convolution, an inference batch norm, an
     optional residual sum and a ReLU, all with constant weights, runs as one cuDNN convolution with the
     batch norm folded into its weight and bias (``polytile.torch.folding``; the folded weights computed
-    once, again when one changes); None (the default): off (not measured yet); True: on.
+    once, again when one changes); None (the default): ``CUDNN_FUSION`` (off: not measured yet); True: on;
+    False: off.
     """
 
     target: Any = None
@@ -285,7 +286,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     folds: list[Any] = []
     if channels_last:
         gm = _channels_last(gm, report)
-        if opts.cudnn_fusion and target.kind == "cuda":
+        if _on(opts.cudnn_fusion, CUDNN_FUSION) and target.kind == "cuda":
             folds = fuse_conv_bn_relu(gm, constant_inputs(gm))
             if folds:
                 report.notes.append(f"cudnn_fusion: {len(folds)} convolution + batch norm (+ residual) + ReLU chains "
@@ -400,7 +401,17 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
 def vector_wanted(opts: Options, target: Any) -> bool:
     """Whether elementwise groups take 16-byte vector schedules and merge (``Options.vector_elementwise``):
     on CUDA targets, when turned on."""
-    return bool(opts.vector_elementwise) and target.kind == "cuda"
+    return _on(opts.vector_elementwise, VECTOR_ELEMENTWISE) and target.kind == "cuda"
+
+
+VECTOR_ELEMENTWISE = False
+"""``Options.vector_elementwise=None`` means this: off until a GPU measures it faster (ResNet-50 b32 on an H200)."""
+CUDNN_FUSION = False
+"""``Options.cudnn_fusion=None`` means this: off until a GPU measures it faster."""
+
+
+def _on(option: bool | None, default: bool) -> bool:
+    return default if option is None else option
 
 
 def vectorizes(func: Any) -> bool:

@@ -211,3 +211,15 @@ def test_vector_elementwise_resnet_on_the_gpu_matches_eager() -> None:
             x = torch.randn_like(inputs[0])
             assert_close(compiled(x).float(), model(x).float(), 3e-2)
     assert report.taken
+
+
+def test_the_default_follows_the_module_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytile.target import as_target
+    from polytile.torch import compiler
+    cuda, cpu = as_target("cuda:sm_90a"), as_target("cpu")
+    assert not compiler.vector_wanted(compiler.Options(), cuda)
+    assert compiler.vector_wanted(compiler.Options(vector_elementwise=True), cuda)
+    assert not compiler.vector_wanted(compiler.Options(vector_elementwise=True), cpu)
+    monkeypatch.setattr(compiler, "VECTOR_ELEMENTWISE", True)
+    assert compiler.vector_wanted(compiler.Options(), cuda)
+    assert not compiler.vector_wanted(compiler.Options(vector_elementwise=False), cuda)
