@@ -73,9 +73,10 @@ class Options:
     ``vector_elementwise``: on a CUDA target, each thread of an elementwise group's default schedule
     computes 16 bytes of its result with 16-byte loads and stores (``schedules.Knobs.vector``, lowering's
     ``vector_lanes`` pass; a batch norm + ReLU over ResNet-50's channels-last activations at batch 32 moved
-    a third of an H200's bandwidth one 2-byte element per thread); with ``merge_elementwise``, an elementwise
-    group that only feeds another is computed inside it (a downsampling branch's batch norm inside the
-    residual sum + ReLU that reads it: one kernel, its result never written). None (the default):
+    a third of an H200's bandwidth one 2-byte element per thread), and the partition computes an
+    elementwise group that only feeds another inside it (``partition``'s ``merge_elementwise``: a
+    downsampling branch's batch norm inside the residual sum + ReLU that reads it, one kernel, its result
+    never written). None (the default):
     ``VECTOR_ELEMENTWISE`` (off: not measured yet); True: on; False: off.
     ``cudnn_fusion``: with ``channels_last``, each chain of a convolution, an inference batch norm, an
     optional residual sum and a ReLU, all with constant weights, runs as one cuDNN convolution with the

@@ -183,6 +183,7 @@ def _conv(sched: Schedule, st: StageInfo, target: CPUTarget | CUDATarget, k: Kno
 VECTOR_BYTES = 16
 """Bytes of an elementwise stage a CUDA thread computes with ``Knobs.vector``: one 16-byte access per tensor."""
 
+
 def shape_of(t: ComputeTensor) -> list[int]:
     return [int(d.value) for d in t.shape]  # type: ignore[attr-defined]
 
