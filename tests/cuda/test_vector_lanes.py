@@ -81,3 +81,21 @@ def test_aligned_knows_a_remainder_of_a_multiple() -> None:
                                                                       ir.const(12))), eight_e), 8)
     assert not aligned(ir.BinOp("%", eight_e, ir.const(20)), 8)  # 8e mod 20 is 4 at e = 3
     assert not aligned(ir.BinOp("%", ir.BinOp("*", ir.const(4), e), ir.const(64)), 8)
+
+
+def test_mixed_widths_vectorize_each_tensor_by_its_own_bytes() -> None:
+    # a float32 result of float16 values: vectors of 4 lanes, X read 8 bytes at a time, s 16
+    rows, cols = 5, 12
+    X = pt.placeholder((rows, cols), "float16", "X")
+    s = pt.placeholder((cols,), "float32", "s")
+    Y = pt.compute((rows, cols), lambda i, j: pt.cast("float32", X[i, j]) * s[j], "Y")
+    sch = pt.Schedule(pt.Func([X, s], [Y]))
+    sch[Y].fuse("i", "j", "e").split("e", 4, "eo", "ev").split("eo", 32, "eb", "et")
+    sch[Y].bind("eb", "blockIdx.x").bind("et", "threadIdx.x").vectorize("ev")
+    low = pt.lower(sch, SM90A)
+    rng = np.random.default_rng(3)
+    x, sv = rng.standard_normal((rows, cols)).astype(np.float16), rng.standard_normal(cols).astype(np.float32)
+    (got,) = block_emulator.run(low, [x.astype(np.float64), sv.astype(np.float64), np.zeros((rows, cols))])
+    np.testing.assert_allclose(got, x.astype(np.float64) * sv, rtol=1e-6)
+    source = str(low)
+    assert "allocate X_v" in source and "allocate s_v" in source and "Y[ramp(" in source, source
