@@ -208,8 +208,8 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
             res[f"left_{short}"] = {op: dict(r) for op, r in rep.reasons().items()}
             res[f"notes_{short}"] = rep.notes
             if options.get("cudnn_fusion"):  # fused convolutions cuDNN had no kernel for (run unfused)
-                from polytile.torch.folding import _UNFUSED
-                res[f"unfused_{short}"] = [f"{k}: {v}" for k, v in _UNFUSED.items()]
+                from polytile.torch.folding import UNFUSED
+                res[f"unfused_{short}"] = [f"{k}: {v}" for k, v in UNFUSED.items()]
             variants[variant] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:

@@ -81,18 +81,18 @@ def conv_bias_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, z: torch.T
     elsewhere and where cuDNN has no fused kernel for the shapes (it raises before launching anything;
     remembered per shapes, so that later calls and a CUDA-graph capture go straight to the operations)."""
     key = (tuple(x.shape), tuple(w.shape), x.dtype, z is None, tuple(stride), tuple(padding), tuple(dilation), groups)
-    if x.is_cuda and key not in _UNFUSED:
+    if x.is_cuda and key not in UNFUSED:
         try:
             if z is None:
                 return aten.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
             return aten.cudnn_convolution_add_relu(x, w, z, 1.0, b, stride, padding, dilation, groups)
         except RuntimeError as err:
-            _UNFUSED[key] = str(err).splitlines()[0] if str(err) else type(err).__name__
+            UNFUSED[key] = str(err).splitlines()[0] if str(err) else type(err).__name__
     y = torch.nn.functional.conv2d(x, w, b, stride, padding, dilation, groups)
     return torch.relu(y if z is None else y + z)
 
 
-_UNFUSED: dict[tuple[Any, ...], str] = {}
+UNFUSED: dict[tuple[Any, ...], str] = {}
 """Shapes cuDNN had no fused kernel for, with its error (``conv_bias_relu``)."""
 
 
