@@ -9,10 +9,14 @@ the CPU. For each model, in one process:
    workload into ``<records-dir>/<model>-<device>.jsonl`` (resumed when it exists), timed;
 2. the polytile backend compiled with those records (the cost-based choice: a group is kept only when
    it beats torch on its own), timed, and its output checked against eager (relative error);
-3. the peers compiled: inductor (default), inductor max-autotune and inductor reduce-overhead (its
-   CUDA graphs; ``inductor-cudagraphs``), and the polytile backend without packing constant weights
-   once (``polytile-unpacked``: ``pack_weights=False``, every call packs them, as before that option)
-   (``--peers``);
+3. the peers compiled: inductor (default), inductor max-autotune without CUDA graphs
+   (``inductor-max-nocg``: mode max-autotune-no-cudagraphs) and with them (``inductor-max``), inductor
+   reduce-overhead (its CUDA graphs; ``inductor-cudagraphs``), and the polytile backend with other
+   options (``POLYTILE_VARIANTS``: ``polytile-unpacked``, ``pack_weights=False``, every call packs the
+   constant weights, as before that option; ``polytile-vector``, ``vector_elementwise=True``;
+   ``polytile-cudnn``, ``cudnn_fusion=True``; ``polytile-cudnn-vector``, both)
+   (``--peers``; ``polytile-default``: the backend's defaults, when ``--options`` changes polytile's);
+   the table gives each one's time over polytile's (above 1: polytile faster);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
    events around one call on a GPU, wall time on the CPU; ``--clock cpu``: this thread's CPU time,
    with ``--threads 1`` — what the model costs on a shared machine, where wall time mostly measures
@@ -24,9 +28,11 @@ stopped at a time limit keeps the models it finished; ``--out`` names another fo
 table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
-        [--peers eager,inductor,inductor-max,inductor-cudagraphs,polytile-unpacked] [--threads N] [--rounds 5]
+        [--peers eager,inductor,inductor-max-nocg,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-vector,
+                 polytile-cudnn,polytile-cudnn-vector]
+        [--threads N] [--rounds 5]
         [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off]
-        [--channels-last default|on|off] [--out DIR]
+        [--channels-last default|on|off] [--options JSON] [--torch-convs] [--out DIR]
 """
 
 from __future__ import annotations
@@ -57,16 +63,24 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "bert-b1": ("bert-base", {"batch": 1, "seq": 128}),
     "bert-b32": ("bert-base", {"batch": 32, "seq": 128}),
     "gpt2-prefill": ("gpt2-prefill", {"batch": 1, "seq": 512}),
+    "gpt2-s128": ("gpt2-prefill", {"batch": 1, "seq": 128}),
     "gpt2-decode": ("gpt2-decode", {"batch": 1, "seq": 512}),
     "llama": ("llama", {"batch": 1, "seq": 128, "layers": 2}),
     "resnet50-b1": ("resnet50", {"batch": 1}),
     "resnet50-b32": ("resnet50", {"batch": 32}),
 }
-DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": list(MODELS)}
-GPU_PEERS = ("eager", "inductor", "inductor-max", "inductor-cudagraphs")  # the default peers on a GPU
-PEERS = (*GPU_PEERS, "polytile-unpacked")
+DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": [m for m in MODELS if m != "gpt2-s128"]}
+GPU_PEERS = ("eager", "inductor", "inductor-max-nocg", "inductor-max", "inductor-cudagraphs")  # default on a GPU
+POLYTILE_VARIANTS = {"polytile-default": {}, "polytile-unpacked": {"pack_weights": False},
+                     "polytile-vector": {"vector_elementwise": True},
+                     "polytile-cudnn": {"cudnn_fusion": True},
+                     "polytile-cudnn-vector": {"cudnn_fusion": True, "vector_elementwise": True}}
+"""The backend again with other options, timed in the same rounds (``--peers``)."""
+PEERS = (*GPU_PEERS, *POLYTILE_VARIANTS)
 LAYOUTS = {"default": None, "on": True, "off": False}  # --channels-last: the backend's channels_last option
-INDUCTOR_MODES = (("inductor", "default"), ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
+INDUCTOR_MODES = (("inductor", "default"), ("inductor-max-nocg", "max-autotune-no-cudagraphs"),
+                  ("inductor-max", "max-autotune"), ("inductor-cudagraphs", "reduce-overhead"))
+"""inductor's modes: max-autotune also replays CUDA graphs (as reduce-overhead does); -nocg: without them."""
 
 
 def main() -> int:
@@ -88,10 +102,19 @@ def main() -> int:
     p.add_argument("--channels-last", choices=["default", "on", "off"], default="default",
                    help="the backend's channels_last option (convolution weights channels-last, converted once; "
                         "default: on a GPU)")
+    p.add_argument("--options", default="{}",
+                   help='more backend options for polytile (JSON), e.g. \'{"cudnn_fusion": true}\' '
+                        '(recorded as "options")')
+    p.add_argument("--torch-convs", action="store_true",
+                   help="leave every convolution to torch without trying polytile's (saves their builds and "
+                        "measurements: at ResNet-50 on an H200 each lost to cuDNN)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the JSON record")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.torch_convs:
+        from polytile.torch import importer
+        importer.CONVS = set()
     device = args.device
     if args.clock == "cpu" and (device != "cpu" or torch.get_num_threads() != 1):
         p.error("--clock cpu times one thread on the CPU: pass --device cpu --threads 1")
@@ -145,14 +168,17 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         report = ptt.Report()
         torch._dynamo.reset()
         graphs = {"default": None, "on": True, "off": False}[args.cuda_graphs]
+        extra = json.loads(args.options)
         compiled = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=report,
                                                             cuda_graphs=graphs,
-                                                            channels_last=LAYOUTS[args.channels_last]),
+                                                            channels_last=LAYOUTS[args.channels_last], **extra),
                                  dynamic=False)
         t0 = time.perf_counter()
         got = compiled(*inputs)
         _sync(device)
         res["compile_s"] = {"polytile": time.perf_counter() - t0}
+        res["options"] = extra
+        print(f"polytile compiled in {res['compile_s']['polytile']:.1f} s", flush=True)
         res["rel_error"] = _rel(got, want)
         res["out_strides"] = [list(got.stride()), list(want.stride())]  # polytile's and eager's
         res["notes"] = report.notes
@@ -163,16 +189,28 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
         res["left"] = {op: dict(r) for op, r in report.reasons().items()}
         res["packed_weights"] = sum(g.packed for g in report.taken)
         variants["polytile"] = compiled
-        if "polytile-unpacked" in peers:
-            unpacked = ptt.Report()
-            c = torch.compile(model, backend=ptt.backend(records=str(records) if records else None, report=unpacked,
-                                                         cuda_graphs=graphs, pack_weights=False), dynamic=False)
+        for variant, options in POLYTILE_VARIANTS.items():
+            if variant not in peers:
+                continue
+            rep = ptt.Report()
+            c = torch.compile(model, backend=ptt.backend(**{"records": str(records) if records else None, "report": rep,
+                                                            "cuda_graphs": graphs,
+                                                            "channels_last": LAYOUTS[args.channels_last], **options}),
+                              dynamic=False)
             t0 = time.perf_counter()
-            res["rel_error_unpacked"] = _rel(c(*inputs), want)
+            short = variant.removeprefix("polytile-")
+            res[f"rel_error_{short}"] = _rel(c(*inputs), want)
             _sync(device)
-            res["compile_s"]["polytile-unpacked"] = time.perf_counter() - t0
-            res["taken_unpacked"] = len(unpacked.taken)
-            variants["polytile-unpacked"] = c
+            res["compile_s"][variant] = time.perf_counter() - t0
+            print(f"{variant} compiled in {res['compile_s'][variant]:.1f} s", flush=True)
+            res[f"taken_{short}"] = [f"{g.kind}: {' + '.join(g.ops)}" for g in rep.taken]
+            res[f"kernels_{short}"] = rep.kernels
+            res[f"left_{short}"] = {op: dict(r) for op, r in rep.reasons().items()}
+            res[f"notes_{short}"] = rep.notes
+            if options.get("cudnn_fusion"):  # fused convolutions cuDNN had no kernel for (run unfused)
+                from polytile.torch.folding import UNFUSED
+                res[f"unfused_{short}"] = [f"{k}: {v}" for k, v in UNFUSED.items()]
+            variants[variant] = c
         for peer, mode in INDUCTOR_MODES:
             if peer in peers:
                 c = torch.compile(model, mode=mode, dynamic=False)
@@ -180,6 +218,7 @@ def run_model(name: str, device: str, peers: list[str], args: argparse.Namespace
                 c(*inputs)
                 _sync(device)
                 res["compile_s"][peer] = time.perf_counter() - t0
+                print(f"{peer} compiled in {res['compile_s'][peer]:.1f} s", flush=True)
                 variants[peer] = c
         times = {k: [] for k in variants}
         for _ in range(args.rounds):

@@ -39,6 +39,7 @@ from .passes.swizzle import swizzle_shared
 from .passes.tensorize import tensorize_nests
 from .passes.tma_store import tma_stores
 from .passes.unroll import unroll_loops
+from .passes.vector_lanes import vectorize_lanes
 from .passes.vectorize import vectorize_loops
 from .passes.wgmma import async_proxy_fences
 from .passes.whole_tiles import whole_tiles
@@ -126,6 +127,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
                                                      dict(sched.pipeline_producer))),
         ("tma-stores", target.has("tma"), lambda s: tma_stores(s, tma_stored, target)),
         ("simplify", gpu, simplify),
+        ("vector-lanes", gpu, vectorize_lanes),
         ("unroll", True, lambda s: unroll_loops(s, unrolled)),
         ("flatten", True, flatten_storage),
         ("simplify", True, simplify),

@@ -35,11 +35,12 @@ import torch.fx as fx
 from ..errors import PolytileError
 from .customop import KernelCall
 from .explain import Report, TakenGroup
+from .folding import conv_bias_relu, fuse_conv_bn_relu, is_folded
 from .importer import Imported, import_group, meta, node_kind
 from .layouts import cache_weights, channels_last, is_weight_copy, to_channels_last, weight_source
 from .packing import PackedWeight, WeightPacking, call_adapters, constant_inputs
 from .partition import Group, group_outputs, partition
-from .schedules import group_info, schedule_group
+from .schedules import Knobs, group_info, schedule_group
 
 CHOICES = ("measure", "always")
 ATTENTION = ("torch", "pieces")
@@ -69,6 +70,19 @@ class Options:
     convolution to the next (``polytile.torch.layouts``: cuDNN's fp16 convolutions compute in NHWC and
     otherwise convert each input and result; ResNet-50 b1 fp16 on an H200 went 0.83 → 0.59 ms); for
     inference (gradients off) only. None (the default): on a CUDA target; True: on any target; False: never.
+    ``vector_elementwise``: on a CUDA target, each thread of an elementwise group's default schedule
+    computes 16 bytes of its result with 16-byte loads and stores (``schedules.Knobs.vector``, lowering's
+    ``vector_lanes`` pass; a batch norm + ReLU over ResNet-50's channels-last activations at batch 32 moved
+    a third of an H200's bandwidth one 2-byte element per thread), and the partition computes an
+    elementwise group that only feeds another inside it (``partition``'s ``merge_elementwise``: a
+    downsampling branch's batch norm inside the residual sum + ReLU that reads it, one kernel, its result
+    never written). None (the default):
+    ``VECTOR_ELEMENTWISE`` (off: not measured yet); True: on; False: off.
+    ``cudnn_fusion``: with ``channels_last``, each chain of a convolution, an inference batch norm, an
+    optional residual sum and a ReLU, all with constant weights, runs as one cuDNN convolution with the
+    batch norm folded into its weight and bias (``polytile.torch.folding``; the folded weights computed
+    once, again when one changes); None (the default): ``CUDNN_FUSION`` (off: not measured yet); True: on;
+    False: off.
     """
 
     target: Any = None
@@ -81,10 +95,17 @@ class Options:
     cuda_graphs: bool | None = None
     pack_weights: bool = True
     channels_last: bool | None = None
+    vector_elementwise: bool | None = None
+    cudnn_fusion: bool | None = None
 
     def __post_init__(self) -> None:
         if self.choose not in CHOICES:
             raise PolytileError(f"backend option choose={self.choose!r}: use one of {', '.join(CHOICES)}")
+        if self.cudnn_fusion not in (None, True, False):
+            raise PolytileError(f"backend option cudnn_fusion={self.cudnn_fusion!r}: use True, False or None")
+        if self.vector_elementwise not in (None, True, False):
+            raise PolytileError(f"backend option vector_elementwise={self.vector_elementwise!r}: use True, False or "
+                                "None")
         if self.channels_last not in (None, True, False):
             raise PolytileError(f"backend option channels_last={self.channels_last!r}: use True, False or None")
         if self.cuda_graphs not in (None, True, False):
@@ -224,13 +245,15 @@ repeated layers are measured once."""
 _KERNELS: dict[tuple[str, str, str], Any] = {}
 
 
-def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None, pack_weights: bool = True
+def extract(gm: fx.GraphModule, target: Any, exclude: dict[fx.Node, str] | None = None, pack_weights: bool = True,
+            merge_elementwise: bool = False
             ) -> tuple[list[tuple[Group, Imported]], dict[fx.Node, str], dict[fx.Node, str]]:
     """The groups of an aten graph that import, the operations left with their reasons (those of
     ``exclude`` with the reason given there), and the anchors of groups that did not import but fused
     more than their anchor (with the reason): without them, another partition may fuse the rest.
-    ``pack_weights``: on the CPU, constant weights are passed packed (``Options.pack_weights``)."""
-    part = partition(gm, target.kind, exclude)
+    ``pack_weights``: on the CPU, constant weights are passed packed (``Options.pack_weights``);
+    ``merge_elementwise``: see ``partition``."""
+    part = partition(gm, target.kind, exclude, merge_elementwise=merge_elementwise)
     packing = WeightPacking(constant_inputs(gm), target) if pack_weights and target.kind == "cpu" else None
     left = dict(part.left)
     graph_outputs = _graph_outputs(gm)
@@ -261,18 +284,27 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
     target = _target_of(gm, opts)
     report.graphs += 1
     records = _Records.load(opts.records, target, report)
+    folds: list[Any] = []
     if channels_last:
         gm = _channels_last(gm, report)
+        if _on(opts.cudnn_fusion, CUDNN_FUSION) and target.kind == "cuda":
+            folds = fuse_conv_bn_relu(gm, constant_inputs(gm))
+            if folds:
+                report.notes.append(f"cudnn_fusion: {len(folds)} convolution + batch norm (+ residual) + ReLU chains "
+                                    "run as cuDNN's fused convolutions")
     excluded: dict[fx.Node, str] = {n: "a weight's channels-last copy" for n in gm.graph.nodes if is_weight_copy(n)}
+    excluded.update({n: "cuDNN's fused convolution + bias (+ residual) + ReLU, a batch norm folded in"
+                     for n in gm.graph.nodes if is_folded(n)})
     for _ in range(MAX_ROUNDS):
         chosen, left, rejected = _choose(gm, target, opts, records, excluded)
         if not rejected:
             break
         excluded.update(rejected)
     for n, reason in left.items():
-        if is_weight_copy(n):
+        if is_weight_copy(n) or (is_folded(n) and n.target is not conv_bias_relu):
             continue
-        report.leave(str(getattr(n.target, "overloadpacket", n.target)).removeprefix("aten."), reason)
+        name = "convolution" if n.target is conv_bias_relu else str(getattr(n.target, "overloadpacket", n.target))
+        report.leave(name.removeprefix("aten."), reason)
     try:
         new_gm = _rewrite(gm, chosen)
     except _CycleError as err:  # a partition bug must not take the model down: run it in torch
@@ -283,7 +315,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: Options, 
         report.taken.append(TakenGroup(c.group.kind, c.group.ops, _key(c.imported), c.schedule,
                                        _us(c.polytile_s), _us(c.torch_s), len(getattr(c.call.kernel, "kernels", [1])),
                                        sum(isinstance(a, PackedWeight) for a in c.imported.adapters)))
-    weights = cache_weights(new_gm)
+    weights = [*cache_weights(new_gm), *folds]
     report.compile_s += time.perf_counter() - start
     if cuda_graphs:
         from .graphs import GraphedForward
@@ -338,9 +370,10 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
     groups, the operations left with their reasons, and the anchors of groups that did not import,
     build or win but fused more than their anchor (with the reason): without them, the next round may
     fuse the rest."""
-    imported, left, rejected = extract(gm, target, excluded, opts.pack_weights)
+    vector = vector_wanted(opts, target)
+    imported, left, rejected = extract(gm, target, excluded, opts.pack_weights, merge_elementwise=vector)
     chosen: list[Candidate] = []
-    built = build_groups([imp.func for _, imp in imported], target, records)
+    built = build_groups([imp.func for _, imp in imported], target, records, vector=vector)
     for (g, imp), (kernel, origin) in zip(imported, built):
         if isinstance(kernel, PolytileError):
             first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
@@ -364,6 +397,28 @@ def _choose(gm: fx.GraphModule, target: Any, opts: Options, records: _Records, e
         if anchor is not None and len(_ops_of(g)) > 1:
             rejected[anchor] = decision.reason
     return chosen, left, rejected
+
+
+def vector_wanted(opts: Options, target: Any) -> bool:
+    """Whether elementwise groups take 16-byte vector schedules and merge (``Options.vector_elementwise``):
+    on CUDA targets, when turned on."""
+    return _on(opts.vector_elementwise, VECTOR_ELEMENTWISE) and target.kind == "cuda"
+
+
+VECTOR_ELEMENTWISE = False
+"""``Options.vector_elementwise=None`` means this: off until a GPU measures it faster (ResNet-50 b32 on an H200)."""
+CUDNN_FUSION = False
+"""``Options.cudnn_fusion=None`` means this: off until a GPU measures it faster."""
+
+
+def _on(option: bool | None, default: bool) -> bool:
+    return default if option is None else option
+
+
+def vectorizes(func: Any) -> bool:
+    """Whether ``Knobs.vector`` may change the default schedule of an imported group: elementwise and
+    reduction groups (a product's or convolution's keeps its library schedule, built once for both)."""
+    return group_info(func).kind in ("elementwise", "reduce")
 
 
 def _us(s: float | None) -> float | None:
@@ -418,17 +473,18 @@ def template_name(target: Any) -> str:
     return f"torch_group_{target.kind}"
 
 
-def build_groups(funcs: list[Any], target: Any, records: _Records | None = None) -> list[tuple[Any, str]]:
+def build_groups(funcs: list[Any], target: Any, records: _Records | None = None, vector: bool = False
+                 ) -> list[tuple[Any, str]]:
     """The kernel of each imported group's Func (or the ``PolytileError`` that stopped it) and its
     schedule's origin: the best recorded configuration when the records have one for this workload and
     target ("tuned"), else the default schedule ("default"). Kernels are kept per process, and the
     groups of repeated layers are scheduled once; the new ones are compiled in parallel
-    (``_build_schedules``)."""
+    (``_build_schedules``). ``vector``: default schedules with ``Knobs.vector`` (``Options.vector_elementwise``)."""
     plans: list[tuple[Any, str, tuple[str, str, str]] | PolytileError] = []
     planned: set[tuple[str, str, str]] = set()
     for func in funcs:
         try:
-            plans.append(_schedule_of(func, target, records, lambda key: key in _KERNELS or key in planned))
+            plans.append(_schedule_of(func, target, records, lambda key: key in _KERNELS or key in planned, vector))
         except PolytileError as err:
             plans.append(err)
             continue
@@ -448,8 +504,8 @@ def build_groups(funcs: list[Any], target: Any, records: _Records | None = None)
     return out
 
 
-def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callable[[tuple[str, str, str]], bool]
-                 ) -> tuple[Any, str, tuple[str, str, str]]:
+def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callable[[tuple[str, str, str]], bool],
+                 vector: bool = False) -> tuple[Any, str, tuple[str, str, str]]:
     """The schedule of ``func`` (None when ``have`` says its kernel is built or scheduled already), its
     origin and the kernel's cache key."""
     key = _func_key(func)
@@ -460,8 +516,10 @@ def _schedule_of(func: Any, target: Any, records: _Records | None, have: Callabl
         if rec is not None:
             cache_key = (key, target.key, repr(sorted(rec.config.items())))
             return (None if have(cache_key) else task.schedule(rec.config)), "tuned", cache_key
-    cache_key = (key, target.key, "default")
-    return (None if have(cache_key) else schedule_group(func, target)), "default", cache_key
+    vector = vector and vectorizes(func)
+    cache_key = (key, target.key, "default-vector" if vector else "default")
+    knobs = Knobs(vector=True) if vector else None
+    return (None if have(cache_key) else schedule_group(func, target, knobs)), "default", cache_key
 
 
 def _build_schedules(scheds: list[Any], target: Any) -> list[Any]:
@@ -528,7 +586,8 @@ def _func_key(func: Any) -> str:
 def _decide(c: Candidate, opts: Options, target: Any, records: _Records) -> _Decision:
     imp = c.imported
     dkey = (_key(imp), tuple(c.group.ops), tuple(a for a in imp.adapters), target.key, records.path,
-            opts.choose, tuple(tuple(meta(n).stride()) for n in imp.inputs))
+            opts.choose, tuple(tuple(meta(n).stride()) for n in imp.inputs),
+            vector_wanted(opts, target) and vectorizes(imp.func))
     if dkey in _DECISIONS:
         return _DECISIONS[dkey]
     from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -66,60 +66,70 @@ class PackedWeight:
 
 
 class PackCache:
-    """A weight's conversion (a ``PackedWeight``, or ``layouts``' channels-last copy) with the last
-    weight it converted: the converted copy is reused while the weight is the same tensor (or a view
-    of the same base) with the same version, address and strides. A tensor without a version counter
-    (made under ``torch.inference_mode``) is converted on every call. Inside the capture of a CUDA
-    graph that does not refresh the cache (the caller's own graph), the conversion is captured too, so
-    that each replay converts the weight as it is then; ``refreshed`` marks the captures of a replayer
-    that refreshes the cache before each replay (``graphs.GraphedForward``), which read the copy."""
+    """A weight's conversion (a ``PackedWeight``, ``layouts``' channels-last copy, or ``folding``'s batch
+    norm folded into a convolution: a conversion of several tensors) with the last weights it converted:
+    the converted copy is reused while each weight is the same tensor (or a view of the same base) with
+    the same version, address and strides. A tensor without a version counter (made under
+    ``torch.inference_mode``) is converted on every call. Inside the capture of a CUDA graph that does
+    not refresh the cache (the caller's own graph), the conversion is captured too, so that each replay
+    converts the weights as they are then; ``refreshed`` marks the captures of a replayer that
+    refreshes the cache before each replay (``graphs.GraphedForward``), which read the copy."""
 
-    def __init__(self, packing: Callable[[torch.Tensor], torch.Tensor]):
-        self.packing = packing
+    def __init__(self, packing: Callable[..., Any]):
+        self.packing = packing  # tensors -> a tensor (or a tuple of them)
         self.packs = 0  # how many times a weight was packed (tests read it)
-        self._source: weakref.ref[torch.Tensor] | None = None
-        self._weight: weakref.ref[torch.Tensor] | None = None
+        self._sources: list[weakref.ref[torch.Tensor]] | None = None
+        self._weights: list[weakref.ref[torch.Tensor]] | None = None
         self._key: tuple[Any, ...] | None = None
-        self._packed: torch.Tensor | None = None
+        self._packed: Any = None
         self.refreshed = False
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.refreshed and capturing(x):
-            return self.packing(x)
-        base = x._base if x._base is not None else x
+    def __call__(self, *xs: torch.Tensor) -> Any:
+        if not self.refreshed and capturing(xs[0]):
+            return self.packing(*xs)
         try:
-            key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
+            key = tuple(_key(x) for x in xs)
         except RuntimeError:  # an inference tensor: no version counter, so nothing tells a change
             self.packs += 1
             self._packed, self._key = None, None  # converted by every call (a captured one too)
-            return self.packing(x)
-        if self._packed is None or self._key != key or self._source is None or self._source() is not base:
-            self._packed = self.packing(x)
-            self._source, self._weight, self._key = weakref.ref(base), weakref.ref(x), key
+            return self.packing(*xs)
+        bases = [x._base if x._base is not None else x for x in xs]
+        if self._packed is None or self._key != key or self._sources is None \
+                or any(s() is not b for s, b in zip(self._sources, bases)):
+            self._packed = self.packing(*xs)
+            self._sources, self._weights = [weakref.ref(b) for b in bases], [weakref.ref(x) for x in xs]
+            self._key = key
             self.packs += 1
         return self._packed
 
     def refresh(self) -> bool:
-        """Convert the weight converted last again, into the same tensor, if it was written in place since
-        (its version moved): a CUDA graph that reads the converted copy replays the new weight. False
-        when that weight is gone or is no longer what was converted (another address or shape): the
-        next call must convert it, into a new tensor. True for a weight without a version counter: every
-        call converts it, so a captured call does too."""
+        """Convert the weights converted last again, into the same tensors, if one was written in place
+        since (its version moved): a CUDA graph that reads the converted copy replays the new weight.
+        False when a weight is gone or is no longer what was converted (another address or shape): the
+        next call must convert it, into a new tensor. True for weights without a version counter: every
+        call converts them, so a captured call does too."""
         if self.packs and self._key is None:
             return True
-        x = self._weight() if self._weight is not None else None
-        if x is None or self._packed is None or self._key is None:
+        xs = [w() for w in self._weights] if self._weights is not None else []
+        if not xs or any(x is None for x in xs) or self._packed is None or self._key is None:
             return False
-        if x._version == self._key[0]:
+        if all(x._version == k[0] for x, k in zip(xs, self._key)):
             return True
-        key = (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
-        if key[1:] != self._key[1:]:
+        key = tuple(_key(x) for x in xs)
+        if any(k[1:] != old[1:] for k, old in zip(key, self._key)):
             return False
         with torch.no_grad():
-            self._packed.copy_(self.packing(x))
+            new = self.packing(*xs)
+            pairs = zip(self._packed, new) if isinstance(new, tuple) else [(self._packed, new)]
+            for old, fresh in pairs:
+                old.copy_(fresh)
         self._key = key
         self.packs += 1
         return True
+
+
+def _key(x: torch.Tensor) -> tuple[Any, ...]:
+    return (x._version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
 
 
 def capturing(x: torch.Tensor) -> bool:

@@ -7,7 +7,10 @@ One pass in graph order, greedy as in a fusion scheduler:
 - a reduction (sum, mean, amax/amin over trailing dimensions, softmax, layer norm) joins the
   elementwise group that computes its input (the chain is inlined into the reduction: RMSnorm,
   residual + layer norm), and elementwise consumers of the reduction join it too;
-- other elementwise operations form elementwise groups.
+- other elementwise operations form elementwise groups; with ``merge_elementwise``, an elementwise
+  operation that joins one elementwise group also takes in the other elementwise groups it reads whose
+  results nothing else reads (ResNet's downsampling batch norm inside the residual sum + ReLU that
+  reads it: one kernel, the branch's result never written to memory).
 
 A node joins a group only if that keeps the graph acyclic (none of its other inputs depends on the
 group). Every node left to torch gets a reason (unsupported operation, dtype, dynamic size, device).
@@ -57,7 +60,8 @@ class Partition:
     left: dict[fx.Node, str]  # operations left to torch, with the reason
 
 
-def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] | None = None) -> Partition:
+def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] | None = None,
+              merge_elementwise: bool = False) -> Partition:
     """Group the nodes of ``gm`` (see the module docstring) for a ``target_kind`` ("cpu"/"cuda") target;
     the nodes of ``exclude`` are left to torch with the reason given there."""
     nodes = list(gm.graph.nodes)
@@ -94,6 +98,23 @@ def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] 
         g.nodes.append(n)
         group_of[n] = g
 
+    def merge_into(g: Group, n: fx.Node, producers: list[Group]) -> None:
+        """Move into ``g`` (which ``n`` just joined) each other elementwise group that ``n`` reads and
+        nothing outside it and ``n`` reads, where that keeps the graph acyclic."""
+        for h in producers:
+            if h is g or h.kind != "elementwise" or not h.nodes:
+                continue
+            members = set(h.nodes)
+            if any(u not in members and u is not n for m in h.nodes for u in m.users):
+                continue
+            if any(x not in members and group_of.get(x) is not g and depends_on(x, g)
+                   for m in h.nodes for x in m.all_input_nodes):
+                continue
+            for m in h.nodes:
+                group_of[m] = g
+            g.nodes = sorted(g.nodes + h.nodes, key=order.__getitem__)
+            h.nodes = []
+
     def place(n: fx.Node, kind: str) -> None:
         """Put ``n`` in the group of a producer it may join, or in a new group."""
         producers = [group_of[x] for x in n.all_input_nodes if x in group_of]
@@ -119,6 +140,8 @@ def partition(gm: fx.GraphModule, target_kind: str, exclude: dict[fx.Node, str] 
             for g in sorted(dict.fromkeys(producers), key=lambda g: rank[g.kind]):
                 if _fits(n, g) and can_join(n, g):
                     join(n, g)
+                    if merge_elementwise and g.kind == "elementwise":
+                        merge_into(g, n, list(dict.fromkeys(producers)))
                     break
             else:
                 new_group("elementwise", n)

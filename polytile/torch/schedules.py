@@ -68,6 +68,7 @@ class Knobs:
     lanes_factor: int = 1  # elementwise and row stages: vectors per inner step (CPU)
     parallel: bool = True
     threads: int | None = None  # CUDA: threads per block (elementwise) or per row (reductions)
+    vector: bool = False  # CUDA: an elementwise stage's thread computes 16 bytes of it (vector loads and stores)
 
 
 def schedule_group(func: Func, target: CPUTarget | CUDATarget, knobs: Knobs | None = None) -> Schedule:
@@ -179,6 +180,10 @@ def _conv(sched: Schedule, st: StageInfo, target: CPUTarget | CUDATarget, k: Kno
 
 # --- elementwise stages ----------------------------------------------------------------------------------
 
+VECTOR_BYTES = 16
+"""Bytes of an elementwise stage a CUDA thread computes with ``Knobs.vector``: one 16-byte access per tensor."""
+
+
 def shape_of(t: ComputeTensor) -> list[int]:
     return [int(d.value) for d in t.shape]  # type: ignore[attr-defined]
 
@@ -205,6 +210,13 @@ def _elementwise(sched: Schedule, t: ComputeTensor, target: CPUTarget | CUDATarg
     st = sched[t.name]
     if target.kind == "cuda":
         loop = _fuse_all(sched, t, names, "e")
+        lanes = VECTOR_BYTES // t.dtype.itemsize
+        if k.vector and t.reduction is None and lanes > 1 and math.prod(shape) % lanes == 0:
+            # whole vectors only (no guard inside one): lowering's vector_lanes pass turns them into 16-byte
+            # loads and stores where the indices allow (a channels-last activation and its per-channel values);
+            # a reduction's sums stay one per thread (n of them in a row would be n serial reductions)
+            st.split(loop, lanes, "ev_o", "ev").vectorize("ev")
+            loop = "ev_o"
         st.split(loop, k.threads or 256, "eb", "et").bind("eb", "blockIdx.x").bind("et", "threadIdx.x")
         return
     width = target.vector_lanes(4) * k.lanes_factor

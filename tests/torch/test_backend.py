@@ -36,9 +36,9 @@ def test_the_groups_of_repeated_layers_are_scheduled_once(monkeypatch: pytest.Mo
     monkeypatch.setattr(compiler, "_KERNELS", {})
     scheduled: list[str] = []
 
-    def schedule_group(func: object, target: object) -> object:
+    def schedule_group(func: object, target: object, knobs: object = None) -> object:
         scheduled.append(func.name)  # type: ignore[attr-defined]
-        return original(func, target)
+        return original(func, target, knobs)
     original = compiler.schedule_group
     monkeypatch.setattr(compiler, "schedule_group", schedule_group)
     layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(13, 13), torch.nn.Tanh()) for _ in range(3)])

@@ -3,6 +3,8 @@ where its offset is provably a multiple of its width; otherwise it is split into
 
 from __future__ import annotations
 
+import math
+
 from .. import loopir as ir
 from .simplify import Simplifier
 
@@ -13,10 +15,15 @@ def aligned(base: ir.Expr, lanes: int) -> bool:
     lin = Simplifier().linear(base)
     if lin.const % lanes:
         return False
-    for coef, _atom in lin.terms.values():
-        if coef % lanes:
-            return False
-    return True
+    return all(coef % lanes == 0 or _multiple(atom, lanes // math.gcd(coef, lanes))
+               for coef, atom in lin.terms.values())
+
+
+def _multiple(e: ir.Expr, m: int) -> bool:
+    """Whether ``e`` is a multiple of ``m`` for every value of its variables: ``A % D`` is where A is and
+    m divides D (a channel index of a fused channels-last loop)."""
+    return (isinstance(e, ir.BinOp) and e.op in ("%", "mod") and isinstance(e.b, ir.Const) and int(e.b.value) % m == 0
+            and aligned(e.a, m))
 
 
 class _Legalize(ir.Mutator):
