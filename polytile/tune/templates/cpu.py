@@ -17,6 +17,7 @@ and parallelism.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -77,10 +78,18 @@ def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int
 
 
 def _gemm_default(cfg: TemplateConfig, op: Any, batch: int = 0) -> dict[str, Any]:
-    from ...ops.matmul import cpu_gemm_default, whole_sums
+    from ...ops.matmul import whole_sums
     s, out = op.shape, op.func.outputs[0]
-    return whole_sums(cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, out.value_dtype.itemsize, batch), out,
-                      s["K"])
+    tiles = _cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, out.value_dtype.itemsize, batch)
+    return whole_sums(dict(tiles), out, s["K"])
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_gemm_default(M: int, N: int, K: int, target: Any, itemsize: int, batch: int) -> dict[str, Any]:
+    """``ops.matmul.cpu_gemm_default``, computed once per workload: the tuner's checks run the template
+    for every configuration annealing meets (tens of thousands per plan). Callers copy the result."""
+    from ...ops.matmul import cpu_gemm_default
+    return cpu_gemm_default(M, N, K, target, itemsize, batch)
 
 
 @template("matmul", "cpu")

@@ -88,8 +88,15 @@ def _first(default: object, choices: list[object]) -> list[object]:
     choice is the same configuration again: the implicit-GEMM tiles came once per split, 24 tile
     choices of 6 tiles for ResNet-50's 3×3 512→512 at batch 32)."""
     out: list[object] = []
+    seen: set[tuple[type, object]] = set()  # (type, value): 1 and True are two choices
     for c in ([] if default is None else [default]) + list(choices):
-        if not any(type(c) is type(o) and c == o for o in out):
+        try:
+            known = (type(c), c) in seen
+        except TypeError:  # an unhashable value: compared with the others one by one
+            known = any(type(c) is type(o) and c == o for o in out)
+        else:
+            seen.add((type(c), c))
+        if not known:
             out.append(c)
     return out
 
