@@ -377,7 +377,10 @@ class ConfigSpace:
 
     def config(self, digits: Sequence[int]) -> Config:
         digits = tuple(int(x) for x in digits)
-        return Config({d.name: d.choices[k] for d, k in zip(self.decisions, digits, strict=False)}, digits)
+        return Config(self._values(digits), digits)
+
+    def _values(self, digits: Sequence[int]) -> dict[str, Value]:
+        return {d.name: d.choices[k] for d, k in zip(self.decisions, digits, strict=False)}
 
     def config_at(self, index: int) -> Config:
         """The configuration of a flat index (mixed radix, last decision fastest)."""
@@ -409,7 +412,7 @@ class ConfigSpace:
         """Why a configuration is rejected before measuring (constraints, resources), or None."""
         key = digits if type(digits) is tuple else tuple(int(x) for x in digits)
         if key not in self._valid:
-            self._valid[key] = self.check(self.config(key).values)
+            self._valid[key] = self.check(self._values(key))
         return self._valid[key]
 
     def is_valid(self, digits: Sequence[int]) -> bool:
