@@ -6,8 +6,9 @@ processes; the iter features of the lowered IR come back with the kernel. Builds
 queue (``submit``/``collect``): a runner takes each built candidate as soon as it is free, while the
 builders go on with the next ones — on a CPU target the builders are stopped while a kernel is timed
 (so compilers do not disturb the timings), unless ``MeasureOptions(runner_cores=n)`` keeps the runner
-on n cores of its own and the builders on the others (``cpu_partition``); on a GPU they run at a lower
-priority. A runner owns its GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
+on n cores of its own and the builders on the others (``cpu_partition``); on a GPU they go on building
+at the tuner's priority (the kernel is timed on the device). A runner owns its GPU
+(``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
 fresh random inputs (seeded per configuration), one call checked against the operator's reference,
 then timed (median of repeats, optional cache flush between runs), with the conditions of the timing
 (clocks, power, versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result
