@@ -26,6 +26,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
@@ -266,20 +267,37 @@ def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: boo
     """Build one configuration (in a builder process): its kernel, iter features and, when ``odd``,
     the kernel of the same configuration at odd sizes. ``quick``: ``MeasureOptions.quick_build``;
     ``inputs``: the kernel's artifact carries its check's inputs and reference
-    (``MeasureOptions.inputs_in_builders``)."""
+    (``MeasureOptions.inputs_in_builders``), drawn on a thread of the builder while the kernel is
+    lowered and compiled (NumPy's generator, casts and BLAS release the GIL; the compiler is a process
+    of its own): the same inputs and reference, sooner."""
     from ..build import build
     t0 = time.perf_counter()
-    with quick_builds_set(quick):
-        kern = build(task.schedule(values), task.target)
-        feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
-        odd_art = None
-        if odd:
-            odd_task = Task(task.template, odd_workload(task), task.target)
-            odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
-    art = pack_kernel(kern, task, values)
-    if inputs:
-        art.check = _check_data(_operator(task), trial_seed(values))
+    drawn = _drawing().submit(_check_data, _operator(task), trial_seed(values)) if inputs else None
+    try:
+        with quick_builds_set(quick):
+            kern = build(task.schedule(values), task.target)
+            feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
+            odd_art = None
+            if odd:
+                odd_task = Task(task.template, odd_workload(task), task.target)
+                odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
+        art = pack_kernel(kern, task, values)
+        if drawn is not None:
+            art.check = drawn.result()
+    finally:
+        if drawn is not None:
+            drawn.cancel()  # a build that failed: its inputs are not drawn if they have not started
     return art, feats, odd_art, time.perf_counter() - t0
+
+
+_DRAWING: list[ThreadPoolExecutor] = []
+
+
+def _drawing() -> ThreadPoolExecutor:
+    """The builder's one thread that draws check inputs (started with its first candidate)."""
+    if not _DRAWING:
+        _DRAWING.append(ThreadPoolExecutor(1, thread_name_prefix="pt-check-inputs"))
+    return _DRAWING[0]
 
 
 def trial_seed(values: dict[str, object]) -> int:
