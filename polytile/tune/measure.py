@@ -20,6 +20,7 @@ run one by one).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
@@ -290,14 +291,10 @@ def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: boo
     return art, feats, odd_art, time.perf_counter() - t0
 
 
-_DRAWING: list[ThreadPoolExecutor] = []
-
-
+@functools.cache
 def _drawing() -> ThreadPoolExecutor:
     """The builder's one thread that draws check inputs (started with its first candidate)."""
-    if not _DRAWING:
-        _DRAWING.append(ThreadPoolExecutor(1, thread_name_prefix="pt-check-inputs"))
-    return _DRAWING[0]
+    return ThreadPoolExecutor(1, thread_name_prefix="pt-check-inputs")
 
 
 def trial_seed(values: dict[str, object]) -> int:
