@@ -8,8 +8,10 @@ inputs and reference, its checked call, the timing) and the functions that took 
 
 The candidates are the first valid draws of the space with seed 0 (the tuner's first proposals are
 such draws). Builds draw the check's inputs as the tuner's builders do on this target
-(``MeasureOptions.inputs_in_builders``); ``--runner-inputs`` leaves them to the runner. The build
-cache is this run's own (``POLYTILE_CACHE_DIR`` unless set: a fresh temporary folder).
+(``MeasureOptions.inputs_in_builders``), on a thread beside the build that cProfile does not follow
+(a build's ``check_inputs`` reads 0; their time overlaps the build's); ``--runner-inputs`` leaves them
+to the runner. The build cache is this run's own (``POLYTILE_CACHE_DIR`` unless set: a fresh temporary
+folder).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
@@ -100,7 +100,7 @@ class CPUTarget(Target):
     # where a computation's buffer may live (schedule locations) and the buffer scope each becomes
     locations: ClassVar[Mapping[str, str]] = MappingProxyType({"auto": "auto", "heap": "heap", "stack": "stack"})
 
-    @property
+    @cached_property  # a frozen target's fields never change; ``has`` reads this many times per check
     def features(self) -> frozenset[str]:
         isa = {"avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "asimd": "neon", "neon": "neon"}
         return frozenset({"openmp", "simd", *(isa[f] for f in self.flags if f in isa)})
@@ -183,12 +183,12 @@ class CUDATarget(Target):
         for name in missing:
             object.__setattr__(self, name, sheet[name])
 
-    @property
+    @cached_property
     def capability(self) -> int:
         """The compute capability as a number: 80 for sm_80, 90 for sm_90a."""
         return int(re.sub(r"\D", "", self.arch))
 
-    @property
+    @cached_property
     def features(self) -> frozenset[str]:
         common = {f for f, since in _SINCE.items() if self.capability >= since}
         return frozenset({"gpu", *common, *_ARCH_SPECIFIC.get(self.arch, ())})

@@ -6,8 +6,9 @@ processes; the iter features of the lowered IR come back with the kernel. Builds
 queue (``submit``/``collect``): a runner takes each built candidate as soon as it is free, while the
 builders go on with the next ones — on a CPU target the builders are stopped while a kernel is timed
 (so compilers do not disturb the timings), unless ``MeasureOptions(runner_cores=n)`` keeps the runner
-on n cores of its own and the builders on the others (``cpu_partition``); on a GPU they run at a lower
-priority. A runner owns its GPU (``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
+on n cores of its own and the builders on the others (``cpu_partition``); on a GPU they go on building
+at the tuner's priority (the kernel is timed on the device). A runner owns its GPU
+(``CUDA_VISIBLE_DEVICES``) and its CUDA context for the whole run:
 fresh random inputs (seeded per configuration), one call checked against the operator's reference,
 then timed (median of repeats, optional cache flush between runs), with the conditions of the timing
 (clocks, power, versions: ``hygiene``). A crash (segfault, abort), a hang (deadline), a wrong result
@@ -19,12 +20,14 @@ run one by one).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
@@ -265,20 +268,33 @@ def build_candidate(task: Task, values: dict[str, object], odd: bool, quick: boo
     """Build one configuration (in a builder process): its kernel, iter features and, when ``odd``,
     the kernel of the same configuration at odd sizes. ``quick``: ``MeasureOptions.quick_build``;
     ``inputs``: the kernel's artifact carries its check's inputs and reference
-    (``MeasureOptions.inputs_in_builders``)."""
+    (``MeasureOptions.inputs_in_builders``), drawn on a thread of the builder while the kernel is
+    lowered and compiled (NumPy's generator, casts and BLAS release the GIL; the compiler is a process
+    of its own): the same inputs and reference, sooner."""
     from ..build import build
     t0 = time.perf_counter()
-    with quick_builds_set(quick):
-        kern = build(task.schedule(values), task.target)
-        feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
-        odd_art = None
-        if odd:
-            odd_task = Task(task.template, odd_workload(task), task.target)
-            odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
-    art = pack_kernel(kern, task, values)
-    if inputs:
-        art.check = _check_data(_operator(task), trial_seed(values))
+    drawn = _drawing().submit(_check_data, _operator(task), trial_seed(values)) if inputs else None
+    try:
+        with quick_builds_set(quick):
+            kern = build(task.schedule(values), task.target)
+            feats = itervar_features(kern.lowered, getattr(task.target, "cores", 1))
+            odd_art = None
+            if odd:
+                odd_task = Task(task.template, odd_workload(task), task.target)
+                odd_art = pack_kernel(build(odd_task.schedule(values), task.target), odd_task, values)
+        art = pack_kernel(kern, task, values)
+        if drawn is not None:
+            art.check = drawn.result()
+    finally:
+        if drawn is not None:
+            drawn.cancel()  # a build that failed: its inputs are not drawn if they have not started
     return art, feats, odd_art, time.perf_counter() - t0
+
+
+@functools.cache
+def _drawing() -> ThreadPoolExecutor:
+    """The builder's one thread that draws check inputs (started with its first candidate)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="pt-check-inputs")
 
 
 def trial_seed(values: dict[str, object]) -> int:

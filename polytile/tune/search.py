@@ -43,10 +43,9 @@ def anneal(space: ConfigSpace, score: Callable[[np.ndarray], np.ndarray], n_keep
     best: list[tuple[float, Digits]] = []  # min-heap of the kept (score, digits)
     kept: set[Digits] = set()
 
-    def offer(rows: np.ndarray, vals: np.ndarray) -> bool:
+    def offer(rows: list[Digits], vals: np.ndarray) -> bool:
         changed = False
-        for row, v in zip(rows, vals, strict=False):
-            d = tuple(int(x) for x in row)
+        for d, v in zip(rows, vals.tolist(), strict=False):
             if d in kept or d in exclude or not np.isfinite(v):
                 continue
             if len(best) < n_keep:
@@ -60,12 +59,13 @@ def anneal(space: ConfigSpace, score: Callable[[np.ndarray], np.ndarray], n_keep
             changed = True
         return changed
 
-    offer(points, scores)
+    offer(start, scores)
     t, cool = temperature, temperature / max(1, steps)
     quiet = 0
     for _ in range(steps):
         new = space.neighbor(points, rng)
-        valid = np.array([space.is_valid(row) for row in new])
+        rows = [tuple(r) for r in new.tolist()]  # Python ints: the keys of the space's checks and of the sets
+        valid = np.array([space.is_valid(d) for d in rows])
         new_scores = np.full(len(new), -np.inf)
         if valid.any():
             new_scores[valid] = score(new[valid])
@@ -73,7 +73,8 @@ def anneal(space: ConfigSpace, score: Callable[[np.ndarray], np.ndarray], n_keep
         accept = valid & (rng.random(len(new)) < np.exp(np.minimum(gain / max(t, 1e-5), 0.0)))
         points[accept] = new[accept]
         scores[accept] = new_scores[accept]
-        quiet = 0 if offer(new[valid], new_scores[valid]) else quiet + 1
+        quiet = 0 if offer([d for d, ok in zip(rows, valid.tolist(), strict=True) if ok], new_scores[valid]) \
+            else quiet + 1
         if quiet >= early_stop:
             break
         t = max(0.0, t - cool)

@@ -243,8 +243,8 @@ class TemplateConfig:
 
     # --- declaring decisions ---------------------------------------------------------------------------
     def _declare(self, d: Decision) -> Value:
-        if self.mode != "define":
-            return self._value(d.name)
+        """Record decision ``d`` (define mode; the other modes read the configuration's value before
+        making the choices: a check runs the template once per configuration the search meets)."""
         if not d.choices:
             raise TuneError(f"decision {d.name!r} has no choices; widen its range or drop it")
         if any(x.name == d.name for x in self.decisions):
@@ -276,6 +276,8 @@ class TemplateConfig:
     def knob(self, name: str, choices: Sequence[Value]) -> Value:
         """Declare a choice among explicit values (the first is the default); TuneError for a value given
         twice (a configuration would have two digits, and a tensor sentence two words alike)."""
+        if self.mode != "define":  # the choices were checked when the space was defined
+            return self._value(name)
         values = tuple(_from_json(c) for c in choices)
         twice = [v for k, v in enumerate(values) if v in values[:k]]
         if twice:
@@ -285,10 +287,14 @@ class TemplateConfig:
 
     def tag(self, name: str, loop: str, kinds: Sequence[str] = ("serial", "unroll")) -> str:
         """Declare which annotation loop ``loop`` gets; ``apply_tag`` applies it."""
+        if self.mode != "define":
+            return self._value(name)  # type: ignore[return-value]
         return self._declare(Tag(name, tuple(kinds), loop))  # type: ignore[return-value]
 
     def integer(self, name: str, lo: int, hi: int, step: int = 1, default: int | None = None) -> int:
         """Declare an integer in ``[lo, hi]`` (pipeline stages, unroll depth, …); ``default`` first."""
+        if self.mode != "define":
+            return self._value(name)  # type: ignore[return-value]
         values = list(range(lo, hi + 1, step))
         if default in values:
             values.remove(default)
@@ -298,6 +304,8 @@ class TemplateConfig:
     def reorder(self, name: str, loops: Sequence[str], orders: Sequence[Sequence[str]] | None = None
                 ) -> tuple[str, ...]:
         """Declare an order of ``loops``: any permutation, or one of ``orders``."""
+        if self.mode != "define":
+            return self._value(name)  # type: ignore[return-value]
         perms = [tuple(o) for o in orders] if orders is not None else list(itertools.permutations(loops))
         for p in perms:
             if sorted(p) != sorted(loops):
@@ -369,7 +377,10 @@ class ConfigSpace:
 
     def config(self, digits: Sequence[int]) -> Config:
         digits = tuple(int(x) for x in digits)
-        return Config({d.name: d.choices[k] for d, k in zip(self.decisions, digits, strict=False)}, digits)
+        return Config(self._values(digits), digits)
+
+    def _values(self, digits: Sequence[int]) -> dict[str, Value]:
+        return {d.name: d.choices[k] for d, k in zip(self.decisions, digits, strict=False)}
 
     def config_at(self, index: int) -> Config:
         """The configuration of a flat index (mixed radix, last decision fastest)."""
@@ -399,9 +410,9 @@ class ConfigSpace:
 
     def reason_invalid(self, digits: Sequence[int]) -> str | None:
         """Why a configuration is rejected before measuring (constraints, resources), or None."""
-        key = tuple(int(x) for x in digits)
+        key = digits if type(digits) is tuple else tuple(int(x) for x in digits)
         if key not in self._valid:
-            self._valid[key] = self.check(self.config(key).values)
+            self._valid[key] = self.check(self._values(key))
         return self._valid[key]
 
     def is_valid(self, digits: Sequence[int]) -> bool:

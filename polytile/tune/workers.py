@@ -156,8 +156,6 @@ def serve(conn: Connection, setup: dict[str, Any]) -> None:
     """The worker's loop: read a call, run it, send its outcome; return when the caller closes the pipe."""
     os.set_inheritable(conn.fileno(), False)  # the pipe must close when this process dies
     _die_with_parent(setup["parent"])
-    if setup.get("nice"):
-        os.nice(setup["nice"])  # builders yield the cores to the process that times kernels
     if setup.get("cores"):
         pin_process(setup["cores"])
     sys.argv[:] = setup["argv"]
@@ -222,14 +220,14 @@ STARTUP_TIMEOUT = 300.0
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str], nice: int = 0, cores: frozenset[int] | None = None):
+    def __init__(self, env: dict[str, str], cores: frozenset[int] | None = None):
         self.conn, child = Pipe()
         self.proc = subprocess.Popen([sys.executable, "-c", BOOT, str(child.fileno())],
                                      pass_fds=(child.fileno(),), env={**os.environ, **env},
                                      stdin=subprocess.DEVNULL, process_group=0)
         child.close()
         self.conn.send({"sys_path": list(sys.path), "argv": list(sys.argv), "main": _main_module(),
-                        "parent": os.getpid(), "nice": nice, "cores": sorted(cores or ())})
+                        "parent": os.getpid(), "cores": sorted(cores or ())})
         self.ready = False
         self.started = time.monotonic()
 
@@ -283,8 +281,8 @@ def _signal_name(code: int | None) -> str:
 
 
 class WorkerPool:
-    """``size`` worker processes started lazily with extra environment ``env`` (at ``nice`` priority;
-    kept on the CPU cores ``cores`` when given, ``os.sched_setaffinity``).
+    """``size`` worker processes started lazily with extra environment ``env`` (kept on the CPU cores
+    ``cores`` when given, ``os.sched_setaffinity``), at the caller's priority.
 
     Calls are submitted (``submit``) and their outcomes collected as they complete (``poll``), so a
     caller can keep the workers busy while it does other work; ``map`` does both for a list of calls.
@@ -292,12 +290,10 @@ class WorkerPool:
     ``resume`` continues them, moving their deadlines by the time they were stopped.
     """
 
-    def __init__(self, size: int, env: dict[str, str] | None = None, nice: int = 0,
-                 cores: frozenset[int] | None = None):
+    def __init__(self, size: int, env: dict[str, str] | None = None, cores: frozenset[int] | None = None):
         check_not_loading_main()
         self.size = max(1, size)
         self.env = dict(env or {})
-        self.nice = nice
         self.cores = cores
         self._workers: list[_Worker] = []
         self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], float]] = deque()
@@ -308,7 +304,7 @@ class WorkerPool:
         self._unclaimed: list[tuple[int, Outcome]] = []  # outcomes ``map`` collected for other callers
 
     def _spawn(self) -> _Worker:
-        return _Worker(self.env, self.nice, self.cores)
+        return _Worker(self.env, self.cores)
 
     @property
     def pending(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from polytile import build
 from polytile.tune import MeasureOptions, make_task
@@ -71,6 +72,31 @@ def test_builders_draw_the_inputs_that_the_runner_would():
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(art.check.reference, ref)
     assert m.build_candidate(task, values, False, None)[0].check is None
+
+
+def test_builders_draw_the_inputs_on_a_thread_while_the_kernel_builds(monkeypatch):
+    """The inputs are drawn beside the build (the same ones: the test above); a build that fails raises
+    its own error, and the builder's next candidate gets its own inputs."""
+    import threading
+
+    from polytile.errors import ScheduleError
+    task = make_task("softmax", "cpu", M=13, N=37)
+    first, second = (task.space.config(d).values for d in task.space.sample_valid(np.random.default_rng(3), 2))
+    where = []
+    real = m._check_data
+    monkeypatch.setattr(m, "_check_data", lambda op, seed: where.append(threading.current_thread()) or real(op, seed))
+    art, *_ = m.build_candidate(task, first, False, None, inputs=True)
+    assert art.check.seed == m.trial_seed(first) and where and where[0] is not threading.main_thread()
+
+    def broken(values):
+        raise ScheduleError("a schedule that does not apply")
+
+    monkeypatch.setattr(task, "schedule", broken)
+    with pytest.raises(ScheduleError, match="does not apply"):
+        m.build_candidate(task, first, False, None, inputs=True)
+    monkeypatch.undo()
+    art, *_ = m.build_candidate(task, second, False, None, inputs=True)
+    assert art.check.seed == m.trial_seed(second)
 
 
 def test_the_runner_checks_on_the_inputs_its_builder_drew():

@@ -111,3 +111,84 @@ def test_narrow_row_templates_offer_each_width_once(name, N):
     threads = next(d for d in task.space.decisions if d.name == "threads").choices
     assert len(set(threads)) == len(threads) and 32 in threads
     assert decision_words(task.space)
+
+
+def _checked_template(cfg: TemplateConfig, op: object) -> None:
+    """Every kind of decision and a constraint over all of them (the check reads their values)."""
+    tile = cfg.split("tile", 16, 2)
+    width = cfg.knob("width", [8, 2, 4])
+    order = cfg.reorder("order", ["i", "j"])
+    ann = cfg.tag("ann", "j", ["serial", "unroll"])
+    stages = cfg.integer("stages", 1, 3, default=2)
+    cfg.require((tile[1] * stages + (width == 4) + order.index("i") + (ann == "unroll")) % 3 != 0, "odd rule")
+    cfg.schedule(op)
+
+
+def test_checks_give_each_configuration_its_own_values():
+    """A check runs the template with the configuration's values without making the choices again
+    (``TemplateConfig`` in check mode): its verdict is the constraint evaluated on those values, for
+    every configuration."""
+    from polytile.tune.space import InvalidConfig, _StopTemplate
+    target = CPUTarget(cores=2)
+
+    def run(mode: str, values: dict | None = None) -> TemplateConfig:
+        cfg = TemplateConfig(mode, target, values)
+        try:
+            _checked_template(cfg, None)
+        except _StopTemplate:
+            pass
+        return cfg
+
+    def check(values: dict) -> str | None:
+        try:
+            run("check", values)
+        except InvalidConfig as err:
+            return str(err)
+        return None
+
+    space = ConfigSpace(run("define").decisions, check)
+    verdicts = set()
+    for k in range(space.size):
+        c = space.config_at(k)
+        v = c.values
+        ok = (v["tile"][1] * v["stages"] + (v["width"] == 4) + v["order"].index("i") + (v["ann"] == "unroll")) % 3 != 0
+        assert space.is_valid(c.digits) == ok, v
+        verdicts.add(ok)
+    assert verdicts == {True, False}
+
+
+def test_first_choices_keep_each_value_once_by_type():
+    """The GPU templates' ``_first`` (default first, each choice once, 1 and True apart) against the
+    pairwise comparison it replaced, on random lists with unhashable values among them."""
+    from polytile.tune.templates.cuda import _first
+
+    def reference(default, choices):
+        out = []
+        for c in ([] if default is None else [default]) + list(choices):
+            if not any(type(c) is type(o) and c == o for o in out):
+                out.append(c)
+        return out
+
+    pool = [0, 1, 2, True, False, 1.0, "tma", "threads", None, (1, 2), (1, 2.0), [1], [1], [True]]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        choices = [pool[k] for k in rng.integers(0, len(pool), rng.integers(0, 8))]
+        default = pool[rng.integers(0, len(pool))]
+        got = _first(default, choices)
+        want = reference(default, choices)
+        assert got == want and [type(x) for x in got] == [type(x) for x in want], (default, choices)
+
+
+def test_target_facts_are_kept_per_target():
+    """``features`` and ``capability`` are computed once per (frozen) target: another architecture made
+    from it has its own, and a target read back from a pickle the same."""
+    import dataclasses
+    import pickle
+    h100 = CUDATarget()
+    assert h100.has("wgmma") and h100.capability == 90
+    a100 = dataclasses.replace(h100, arch="sm_80")
+    assert not a100.has("wgmma") and a100.has("cp.async") and a100.capability == 80
+    again = pickle.loads(pickle.dumps(h100))
+    assert again == h100 and again.features == h100.features
+    avx = CPUTarget(cores=2, flags=("avx2", "fma"))
+    assert avx.has("avx2") and not CPUTarget(cores=2).has("avx2")

@@ -17,7 +17,11 @@ and parallelism.
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ...ops.matmul import schedule_gemm_cpu
@@ -38,31 +42,27 @@ def _first(default: object, others: list[Any]) -> list[Any]:
     return [default] + [v for v in others if v != default]
 
 
-def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int = 0) -> dict[str, Any]:
+def gemm_space(cfg: TemplateConfig, op: Any, default: Mapping[str, Any], batch: int = 0) -> dict[str, Any]:
     """Declare the decisions of a GEMM schedule (``ops.matmul.schedule_gemm_cpu``) and its constraints;
     returns the tiles and form. The first choice of every decision is the operator's ``default``
     schedule for the shape and target, so the default is a point of the space: the BLIS form, or for
     few rows the streaming form (``cpu_gemm_default``: nothing packed, one block of rows, B read 8 rows
     at a time, no parallel loop unless the columns come in several blocks)."""
     M, N, K = (op.shape[k] for k in ("M", "N", "K"))
-    target = cfg.target
     lanes = default["lanes"]
-    regs = 32 if target.vector_bits >= 512 else 16
-    d = default
-    nr_vecs = cfg.knob("nr_vecs", _upto([1, 2, 3, 4, 6, 8, 16], max(1, min(regs // 2, math.ceil(N / lanes))),
-                                        d["nr"] // lanes))
-    mr = cfg.knob("mr", _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], min(M, 14), d["mr"]))
+    # checks and builds read a configuration's values: the choices are made when the space is defined
+    c = _gemm_choices(op, cfg.target, default, batch) if cfg.mode == "define" else _UNMADE
+    nr_vecs = cfg.knob("nr_vecs", c["nr_vecs"])
+    mr = cfg.knob("mr", c["mr"])
     nr = lanes * nr_vecs  # type: ignore[operator]
-    mc_blocks = cfg.knob("mc_blocks", _first(d["mc"] // d["mr"], [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]))
-    nc_blocks = cfg.knob("nc_blocks", _first(d["nc"] // d["nr"], [1, 2, 4, 8, 16, 32, 64]))
-    # a result stored narrower than its sums keeps them whole in its register tile (``whole_sums``)
-    kc = cfg.knob("kc", [K] if op.func.outputs[0].narrowed else
-                  _upto([8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024], K, d["kc"]))
+    mc_blocks = cfg.knob("mc_blocks", c["mc_blocks"])
+    nc_blocks = cfg.knob("nc_blocks", c["nc_blocks"])
+    kc = cfg.knob("kc", c["kc"])
     order = cfg.reorder("outer_order", ["jc", "kc", "ic"])
     inner = cfg.reorder("inner_order", ["jr", "ir"])
-    pack_a = cfg.knob("pack_a", _first(d["pack_a"], [True, False]))
-    pack_b = cfg.knob("pack_b", _first(d["pack_b"], [True, False]))
-    par = cfg.knob("parallel", _first(d["parallel"], ["ic", "jc", "jr", *(["batch"] if batch > 1 else []), None]))
+    pack_a = cfg.knob("pack_a", c["pack_a"])
+    pack_b = cfg.knob("pack_b", c["pack_b"])
+    par = cfg.knob("parallel", c["parallel"])
     unroll_m = cfg.tag("unroll_m", "im", ["unroll", "serial"])
     separate = cfg.knob("separate", [True, False])
     mc = mr * mc_blocks  # type: ignore[operator]
@@ -76,11 +76,43 @@ def gemm_space(cfg: TemplateConfig, op: Any, default: dict[str, Any], batch: int
             "pack_a": pack_a, "pack_b": pack_b, "parallel": par, "unroll_m": unroll_m, "separate": separate}
 
 
-def _gemm_default(cfg: TemplateConfig, op: Any, batch: int = 0) -> dict[str, Any]:
-    from ...ops.matmul import cpu_gemm_default, whole_sums
+def _gemm_choices(op: Any, target: Any, default: Mapping[str, Any], batch: int) -> dict[str, list[Any]]:
+    """The choices of ``gemm_space``'s knobs, the ``default``'s first."""
+    M, N, K = (op.shape[k] for k in ("M", "N", "K"))
+    lanes = default["lanes"]
+    regs = 32 if target.vector_bits >= 512 else 16
+    d = default
+    return {
+        "nr_vecs": _upto([1, 2, 3, 4, 6, 8, 16], max(1, min(regs // 2, math.ceil(N / lanes))), d["nr"] // lanes),
+        "mr": _upto([1, 2, 3, 4, 5, 6, 8, 10, 12, 14], min(M, 14), d["mr"]),
+        "mc_blocks": _first(d["mc"] // d["mr"], [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]),
+        "nc_blocks": _first(d["nc"] // d["nr"], [1, 2, 4, 8, 16, 32, 64]),
+        # a result stored narrower than its sums keeps them whole in its register tile (``whole_sums``)
+        "kc": [K] if op.func.outputs[0].narrowed else
+              _upto([8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024], K, d["kc"]),
+        "pack_a": _first(d["pack_a"], [True, False]),
+        "pack_b": _first(d["pack_b"], [True, False]),
+        "parallel": _first(d["parallel"], ["ic", "jc", "jr", *(["batch"] if batch > 1 else []), None]),
+    }
+
+
+_UNMADE: Mapping[str, list[Any]] = collections.defaultdict(list)
+"""The choices outside define mode: none (``TemplateConfig.knob`` returns the configuration's value)."""
+
+
+def _gemm_default(cfg: TemplateConfig, op: Any, batch: int = 0) -> Mapping[str, Any]:
+    from ...ops.matmul import whole_sums
     s, out = op.shape, op.func.outputs[0]
-    return whole_sums(cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, out.value_dtype.itemsize, batch), out,
-                      s["K"])
+    tiles = _cpu_gemm_default(s["M"], s["N"], s["K"], cfg.target, out.value_dtype.itemsize, batch)
+    return whole_sums(tiles, out, s["K"])  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_gemm_default(M: int, N: int, K: int, target: Any, itemsize: int, batch: int) -> Mapping[str, Any]:
+    """``ops.matmul.cpu_gemm_default``, computed once per workload (read-only): the tuner's checks run
+    the template for every configuration annealing meets (tens of thousands per plan)."""
+    from ...ops.matmul import cpu_gemm_default
+    return MappingProxyType(cpu_gemm_default(M, N, K, target, itemsize, batch))
 
 
 @template("matmul", "cpu")

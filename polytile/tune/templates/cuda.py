@@ -88,10 +88,24 @@ def _first(default: object, choices: list[object]) -> list[object]:
     choice is the same configuration again: the implicit-GEMM tiles came once per split, 24 tile
     choices of 6 tiles for ResNet-50's 3×3 512→512 at batch 32)."""
     out: list[object] = []
+    seen: set[tuple[type, object]] = set()  # (type, value): 1 and True are two choices
     for c in ([] if default is None else [default]) + list(choices):
-        if not any(type(c) is type(o) and c == o for o in out):
+        try:
+            known = (type(c), c) in seen
+        except TypeError:  # an unhashable value: compared with the others one by one
+            known = any(type(c) is type(o) and c == o for o in out)
+        else:
+            seen.add((type(c), c))
+        if not known:
             out.append(c)
     return out
+
+
+def _choices(cfg: TemplateConfig, default: object, choices: list[object]) -> list[object]:
+    """``_first(default, choices)`` when the space is defined; none otherwise: checks and builds read the
+    configuration's value (``TemplateConfig.knob``), and the tuner checks every configuration annealing
+    meets."""
+    return _first(default, choices) if cfg.mode == "define" else []
 
 
 def default_gemm(cfg: TemplateConfig, op: Any, kernel: str) -> GemmChoice | None:
@@ -146,7 +160,7 @@ def _gemm_split(cfg: TemplateConfig, op: Any, bk: int, counts: list[int], defaul
     if not decide:
         return 1, 0
     K = op.shape["K"]
-    split = int(cfg.knob("split", _first(default.split if default else None, counts)))  # type: ignore[call-overload]
+    split = int(cfg.knob("split", _choices(cfg, default.split if default else None, counts)))  # type: ignore[call-overload]
     count, chunk = gemm_chunks(K, bk, split)
     if cfg.mode != "apply":  # at the workload's own sizes: each kernel once, chunks of two K tiles or more
         cfg.require(count == split, "these chunks of whole K tiles are fewer: another split's kernel")
@@ -391,13 +405,14 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     shape = gemm_shape(op)
     d = default_gemm(cfg, op, "wgmma")
     p = d.params if d else {}
-    t = {"bm": int(cfg.knob("bm", _first(p.get("bm"), [128, 64, 256]))),  # type: ignore[call-overload]
-         "bn": int(cfg.knob("bn", _first(p.get("bn"), [256, 128, 64, 192]))),  # type: ignore[call-overload]
-         "bk": int(cfg.knob("bk", _first(p.get("bk"), [64, 128, 32])))}  # type: ignore[call-overload]
+    t = {"bm": int(cfg.knob("bm", _choices(cfg, p.get("bm"), [128, 64, 256]))),  # type: ignore[call-overload]
+         "bn": int(cfg.knob("bn", _choices(cfg, p.get("bn"), [256, 128, 64, 192]))),  # type: ignore[call-overload]
+         "bk": int(cfg.knob("bk", _choices(cfg, p.get("bk"), [64, 128, 32])))}  # type: ignore[call-overload]
     t["stages"] = cfg.integer("stages", 1, 6, default=p.get("stages", 4))
     t["inflight"] = cfg.integer("inflight", 0, 2, default=p.get("inflight", 1))
     group = int(cfg.knob("group", [0, 1, 8, 16]))  # type: ignore[call-overload]
-    producer = str(cfg.knob("producer", _first(p.get("producer", "threads") if d else None, ["threads", "tma"])))
+    producer = str(cfg.knob("producer", _choices(cfg, p.get("producer", "threads") if d else None,
+                                                 ["threads", "tma"])))
     persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
     store = str(_added_knob(cfg, "store", ["threads", "tma"], "threads"))
     split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
