@@ -11,7 +11,7 @@ interleaved rounds (``benchmarks/_variants.py``, as ``split_tails.py``).
   into registers, every load in flight at once; K > 64: steps of 64), steps of 16 and a split;
 - an fp16 GEMM of 2-byte aligned K and N (1001×10781×71: A and B copied aligned, then the product):
   the default against the same product on aligned sizes (72 and/or 10784: which part costs), other
-  tiles, and the product into a padded output copied out;
+  tiles, and the product into padded rows copied out (``gpu_schedules.padded_output``);
 - implicit-GEMM splits whose last channel chunk has fewer K tiles than the others where the taps and
   channel tiles form one K loop (``conv_choice.igemm_splits``' ``uneven``), where they change the
   choice, against the default.
@@ -40,10 +40,10 @@ from polytile.ops.gpu_schedules import (  # noqa: E402
     ONE_STEP_ROWS,
     GemmChoice,
     gemm_as,
-    gemm_choice,
     igemm_rows,
     igemm_schedule,
     one_step_gemv,
+    padded_output,
 )
 from polytile.ops.igemm import pads_channels  # noqa: E402
 from polytile.target import as_target  # noqa: E402
@@ -139,38 +139,8 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
         choice = GemmChoice("wgmma", dict(bm=128, bn=128, bk=64, stages=4, inflight=1), 1, 0.0)
         return gemm_as(sched, choice, M, N, K) or sched
     if label == "padded output":
-        return padded_output(M, N, K, w.dtype, target)
+        return padded_output(target, M, N, K, w.dtype, w.dtype)  # type: ignore[arg-type]
     raise ValueError(label)
-
-
-def padded_output(M: int, N: int, K: int, dtype: str, target: object) -> pt.Schedule:
-    """The product on aligned sizes — A and B copied with K and N rounded up to 8 (zeros), the product
-    ``Cp`` (M × Np) as the default schedules an aligned product, then C = Cp[:, :N] copied out by one
-    thread per element (a warp's stores contiguous)."""
-    from polytile import lang
-    from polytile.lang.expr import select
-    from polytile.lang.func import Func
-    from polytile.lang.tensor import compute, placeholder
-    from polytile.ops.gpu_schedules import gemm_wgmma
-    from polytile.ops.matmul import _gemm_func
-    Kp, Np = -(-K // 8) * 8, -(-N // 8) * 8
-    inner = _gemm_func("matmul", 0, M, Np, Kp, dtype, 1, dtype)
-    A = placeholder((M, K), dtype, "A")
-    B = placeholder((K, N), dtype, "B")
-    Ap = compute((M, Kp), lambda i, k: select(k < K, A[i, k], 0), "Ap")
-    Bp = compute((Kp, Np), lambda k, j: select((k < K) & (j < N), B[k, j], 0), "Bp")
-    k = lang.tensor.reduce_axis(Kp, "k")
-    from polytile.ops.matmul import product
-    Cp = compute((M, Np), lambda i, j: lang.tensor.sum(product(Ap[i, k], Bp[k, j], dtype), axis=k), "Cp",
-                 store_dtype=inner.tensor("C").dtype)
-    C = compute((M, N), lambda i, j: Cp[i, j], "C", store_dtype=inner.tensor("C").dtype)
-    sched = pt.Schedule(Func([A, B], [C], name="matmul"))
-    choice = gemm_choice(target, M, Np, Kp, inner.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
-    gemm_wgmma(sched, "Cp", "Ap", "Bp", **choice.params)
-    for name, (i, j) in (("Ap", ("i", "k")), ("Bp", ("k", "j")), ("C", ("i", "j"))):
-        st = sched[name]
-        st.fuse(i, j, "x").split("x", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
-    return sched
 
 
 def build(job: tuple[shapes.Workload, str]) -> tuple[object | None, str]:

@@ -572,6 +572,9 @@ DIRECT_STEP_LATENCY = 10.0
 # registers (``ONE_STEP_ROWS``) takes that step (``one_step_gemv``). 0: never (not yet measured)
 ONE_STEP_GEMV_BYTES = 0
 ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thread
+# 16-bit GEMM outputs of 2-byte aligned rows (an odd N) of at least this many results are computed in
+# padded rows and copied out (``pads_output``). 0: never (not yet measured)
+PADDED_OUTPUT_ELEMENTS = 0
 
 
 @dataclass(frozen=True)
@@ -946,7 +949,8 @@ def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", 
     return done
 
 
-def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None) -> None:
+def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None,
+                   a: str = "A", b: str = "B") -> None:
     fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda,
           "gemv_mma": gemv_mma}[choice.kernel]
     if choice.kernel in ("wgmma", "mma", "gemv", "gemv_mma"):
@@ -954,18 +958,48 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
         # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place,
         # and A too where its K loop is one step (its few rows are loaded once: no pipeline to feed)
         direct = bool(choice.params.get("direct"))
-        one_step = direct and choice.params["bk"] >= int(sched.func.tensor("A").shape[-1].value)  # type: ignore[attr-defined]
-        align_operands(sched, out, () if one_step else ("A",) if direct else ("A", "B"), granule=4)
-    fn(sched, out, "A", "B", batch=batch, **choice.params)  # type: ignore[operator]
+        one_step = direct and choice.params["bk"] >= int(sched.func.tensor(a).shape[-1].value)  # type: ignore[attr-defined]
+        align_operands(sched, out, () if one_step else (a,) if direct else (a, b), granule=4)
+    fn(sched, out, a, b, batch=batch, **choice.params)  # type: ignore[operator]
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k: int | None = None
            ) -> Schedule | None:
     """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
     products over the chunks of K and their sum (``ops.matmul_func``)."""
-    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
-                         out_bytes=sched.func.tensor("C").dtype.itemsize)
+    dtype, out = sched.func.tensor("A").dtype, sched.func.tensor("C").dtype
+    choice = gemm_choice(target, M, N, K, dtype, split_k=split_k, out_bytes=out.itemsize)
+    if split_k is None and pads_output(choice, M, N, out.itemsize):
+        return padded_output(target, M, N, K, dtype.name, out.name)
     return gemm_as(sched, choice, M, N, K, split_k)
+
+
+def pads_output(choice: GemmChoice, M: int, N: int, out_bytes: int, least: int | None = None) -> bool:
+    """Whether the default GEMM computes its output in padded rows and copies it out
+    (``padded_output``): an unsplit tensor-core product of 16-bit results whose rows are only 2-byte
+    aligned (an odd N), at least ``least`` results (by default ``PADDED_OUTPUT_ELEMENTS``; 0: never)."""
+    least = PADDED_OUTPUT_ELEMENTS if least is None else least
+    return (bool(least) and M * N >= least and out_bytes == 2 and N % 2 == 1 and choice.split == 1
+            and choice.kernel in ("wgmma", "mma"))
+
+
+def padded_output(target: CUDATarget, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:
+    """An M × N × K product on the tensor cores in rows of whole 16-byte vectors
+    (``ops.matmul.matmul_padded_func``): B copied with N rounded up (zeros), the product into the
+    padded rows as ``gemm_choice`` schedules an aligned product (16-byte stores of exchanged
+    accumulators), then the output copied out, a thread per element (a warp's stores contiguous).
+    Three kernels more than none, and the output's bytes twice more, against stores of one element
+    spread over 8 rows an instruction."""
+    from .matmul import matmul_padded_func
+    func = matmul_padded_func(M, N, K, dtype, out_dtype)
+    sched = Schedule(func)
+    Np = int(func.tensor("Cp").shape[-1].value)  # type: ignore[attr-defined]
+    choice = gemm_choice(target, M, Np, K, as_dtype(dtype), split_k=1, out_bytes=as_dtype(out_dtype).itemsize)
+    _gemm_schedule(choice, sched, "Cp", None, b="Bp")
+    for name, (i, j) in (("Bp", ("k", "j")), ("C", ("i", "j"))):
+        st = sched[name]
+        st.fuse(i, j, "x").split("x", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+    return sched
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
