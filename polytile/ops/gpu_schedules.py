@@ -766,7 +766,9 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     ``GEMV_ROWS`` rows on mma.sync's tiles rather than the GEMV."""
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
-    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    # a reduction shorter than the instructions' K step (16) takes the CUDA cores: the tensor-core
+    # schedules tensorize whole K steps (K = 8 did not build)
+    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync") and K >= MMA_K
     if gemv_mma_rows[0] <= M <= gemv_mma_rows[1] and gemv_mma_applies(target, M, N, K, dtype, batch):
         found = _gemv_mma_candidates(M, N, K, it, hw)
         if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
@@ -784,7 +786,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
         return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
         return "gemv", _gemv_candidates(M, N, K, it, hw)
-    if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
+    if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows and K >= MMA_K:
         return "wgmma", _wgmma_candidates(M, N, K, it, hw)
     if tensor_cores:
         return "mma", _mma_candidates(M, N, K, it, hw)
