@@ -134,8 +134,11 @@ def igemm_splits(C: int, R: int, S: int, bk: int, uneven: bool = False) -> list[
     280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3: the products
     of a tile wholly past C, never copied, read the previous tile's data). ``tensorize`` now skips
     them (3d037d1; ``tests/cuda/test_split_tails_gpu.py::test_uneven_channel_chunks_in_a_fused_k_loop``
-    passed on an H200 at 920a2b8); these splits stay out of the defaults until measured faster
-    (``uneven``: offered, for ``benchmarks/worst_shapes.py``)."""
+    passed on an H200 at 920a2b8). ``uneven`` offers them: correct, but mostly far slower (H200,
+    ``benchmarks/worst_shapes.py`` at 89b8efd, µs uneven / default): 2×12×12, 280 → 112, 7×7 19.2 / 26.0;
+    1×8×8, 200 → 24, 3×3 348.8 / 9.9; 1×15×15, 112 → 48 78.2 / 10.5; 16×8×8, 144 → 48, 7×7 538.4 / 25.8;
+    16×8×8, 256 → 63, 5×5/2 474.7 / 18.3; 1×8×8, 264 → 461, 7×7/2 325.6 / 39.2 — not understood (the
+    guarded K steps of the short chunk?), so they stay out of the defaults."""
     out = [(False, 1)]
     tiles = -(-C // bk)
     for rows in ((False, True) if R > 1 else (False,)):

@@ -61,7 +61,13 @@ from .split_rules import MAX_SPLIT, SPLIT_MARGIN
 
 # an implicit GEMM's filter whose rows are not a multiple of this many bytes is copied aligned first
 # (``aligned_filter``): 2-byte aligned rows (an odd number of 16-bit filters) allow no asynchronous
-# copy; 4- and 8-byte aligned ones are read in place in pieces of that width, as a GEMM's operands
+# copy; 4- and 8-byte aligned ones are read in place in pieces of that width, as a GEMM's operands.
+# Measured on an H200 (benchmarks/worst_shapes.py at 89b8efd, µs copied / in place / cuDNN): 1×102×102,
+# 304 → 33, 3×3 52.2 / 494.4 / 30.9; → 17 55.7 / 111.0 / 32.4; → 65 43.0 / 800.9 / 68.1; 1×16×16,
+# 64 → 33 11.0 / 112.0 / 19.5; 8×28×28, 128 → 75 16.5 / 28.1 / 24.9; 1×8×8, 264 → 461, 7×7/2 39.2 /
+# 94.4 / 63.4; 16×8×8, 256 → 63, 5×5/2 18.3 / 35.7 / 30.6; the channel-padded Wf in rows of 16 bytes:
+# 3 → 33 9.9 / 10.8 / 7.6, 14 → 161 1×1 77.9 / 80.4 / 28.3. 100 filters (8-byte rows): 44.5 in place in
+# 8-byte pieces, 44.5 copied (granule 16)
 FILTER_GRANULE = 4
 
 
@@ -569,12 +575,19 @@ GEMV_MAX_SPLIT = 64
 # the measured best splits of 1×50257×768 and 1×4097×4096)
 DIRECT_STEP_LATENCY = 10.0
 # a GEMV whose B has at most this many bytes and whose reduction fits one K step of the direct GEMV's
-# registers (``ONE_STEP_ROWS``) takes that step (``one_step_gemv``). 0: never (not yet measured)
-ONE_STEP_GEMV_BYTES = 0
+# registers (``ONE_STEP_ROWS``) takes that step (``one_step_gemv``). Measured on an H200
+# (benchmarks/worst_shapes.py at 89b8efd, µs one step / staged default / torch): 2×30×63 float32 6.0 /
+# 30.2 / 7.1; 4×100×50 10.0 / 14.7 / 6.6 (4 chunks of steps of 16: 7.4); 1×5044×24 (484 KB of B) 5.9 /
+# 10.3 / 5.8; past one step, in steps of 64 (not taken): 3×257×129 9.5 / 9.2, 1×88×72 bf16 7.0 / 7.4
+ONE_STEP_GEMV_BYTES = 512 * 1024
 ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thread
 # 16-bit GEMM outputs of 2-byte aligned rows (an odd N) of at least this many results are computed in
-# padded rows and copied out (``pads_output``). 0: never (not yet measured)
-PADDED_OUTPUT_ELEMENTS = 0
+# padded rows and copied out (``pads_output``). Measured on an H200 (benchmarks/worst_shapes.py at
+# 89b8efd, µs padded / default / torch): 1001×10781×71 fp16 53.1 / 67.5 / 30.5 (mma.sync 64.4, wgmma
+# 128×128 63.6: the tiles do not matter); 2085×3175×113 bf16 39.9 / 47.0 / 27.2. The odd N is the cost,
+# not the operands' copies: 1001×10784×71 (A copied) 20.8, 1001×10781×72 (B copied) 64.5, 1001×10784×72
+# 18.9. The copy-out, a thread per 2-byte element, is most of what is left (not measured apart)
+PADDED_OUTPUT_ELEMENTS = 6_000_000
 
 
 @dataclass(frozen=True)
@@ -657,13 +670,15 @@ def one_step_gemv(M: int, N: int, K: int, it: int, most: int | None = None) -> d
     return dict(bn=threads * vec, vec=vec, bk=-(-K // per) * per, stages=1, direct=True, whole=True)
 
 
-def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware, one_step: bool = True
+                     ) -> list[tuple[dict[str, int], BlockPlan]]:
     """``gemv_cuda`` blocks of 128, 64 or 32 threads, each thread 8 bytes of B's columns (4 16-bit
-    or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block); a
-    small product the direct GEMV of one K step alone (``one_step_gemv``)."""
+    or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block); with
+    ``one_step`` (unbatched products: the ones measured) a small product the direct GEMV of one K step
+    alone (``one_step_gemv``)."""
     vec = 8 // it
     out = []
-    one = one_step_gemv(M, N, K, it)
+    one = one_step_gemv(M, N, K, it) if one_step else None
     if one is not None:
         threads = one["bn"] // vec
         resident = block_occupancy(hw, threads, one["bk"] * M * it, M * vec + one["bk"] * vec * it // 4 + 32).blocks
@@ -785,7 +800,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     if tensor_cores and batched_tiles and batch > 1 and M <= GEMV_ROWS:  # at most 16 rows: one 64×64 tile a row
         return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
-        return "gemv", _gemv_candidates(M, N, K, it, hw)
+        return "gemv", _gemv_candidates(M, N, K, it, hw, one_step=batch == 1)
     if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows and K >= MMA_K:
         return "wgmma", _wgmma_candidates(M, N, K, it, hw)
     if tensor_cores:
@@ -969,10 +984,8 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
            ) -> Schedule | None:
     """The default GEMM (``gemm_choice``); a split reduction restructures the algorithm into partial
     products over the chunks of K and their sum (``ops.matmul_func``)."""
-    dtype, out = sched.func.tensor("A").dtype, sched.func.tensor("C").dtype
-    choice = gemm_choice(target, M, N, K, dtype, split_k=split_k, out_bytes=out.itemsize)
-    if split_k is None and pads_output(choice, M, N, out.itemsize):
-        return padded_output(target, M, N, K, dtype.name, out.name)
+    choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
+                         out_bytes=sched.func.tensor("C").dtype.itemsize)
     return gemm_as(sched, choice, M, N, K, split_k)
 
 
@@ -985,18 +998,14 @@ def pads_output(choice: GemmChoice, M: int, N: int, out_bytes: int, least: int |
             and choice.kernel in ("wgmma", "mma"))
 
 
-def padded_output(target: CUDATarget, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:
-    """An M × N × K product on the tensor cores in rows of whole 16-byte vectors
+def padded_output(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:
+    """An M × N × K product on the tensor cores as ``choice`` in rows of whole 16-byte vectors
     (``ops.matmul.matmul_padded_func``): B copied with N rounded up (zeros), the product into the
-    padded rows as ``gemm_choice`` schedules an aligned product (16-byte stores of exchanged
-    accumulators), then the output copied out, a thread per element (a warp's stores contiguous).
-    Three kernels more than none, and the output's bytes twice more, against stores of one element
-    spread over 8 rows an instruction."""
+    padded rows (16-byte stores of exchanged accumulators), then the output copied out, a thread per
+    element (a warp's stores contiguous). Two kernels more, and the output's bytes twice more,
+    against stores of one element spread over 8 rows an instruction."""
     from .matmul import matmul_padded_func
-    func = matmul_padded_func(M, N, K, dtype, out_dtype)
-    sched = Schedule(func)
-    Np = int(func.tensor("Cp").shape[-1].value)  # type: ignore[attr-defined]
-    choice = gemm_choice(target, M, Np, K, as_dtype(dtype), split_k=1, out_bytes=as_dtype(out_dtype).itemsize)
+    sched = Schedule(matmul_padded_func(M, N, K, dtype, out_dtype))
     _gemm_schedule(choice, sched, "Cp", None, b="Bp")
     for name, (i, j) in (("Bp", ("k", "j")), ("C", ("i", "j"))):
         st = sched[name]
@@ -1017,9 +1026,12 @@ def gemm_as(sched: Schedule, choice: GemmChoice, M: int, N: int, K: int, split_k
     batch loop "bb"; the operands' layouts as the caller's algorithm has them) as ``choice``
     (``gemm_choice``'s, or one the tuning templates make of a configuration: the same code for the
     same choice); a split the algorithm does not have (``split_k``: its own) returns the split
-    algorithm's schedule."""
+    algorithm's schedule, and so does an unbatched product whose output ``pads_output`` (the padded
+    product's: ``padded_output``)."""
     from .matmul import batch_matmul_func, matmul_func
     dt, out = sched.func.tensor("A").dtype.name, sched.func.tensor("C").dtype.name
+    if batch is None and split_k is None and pads_output(choice, M, N, sched.func.tensor("C").dtype.itemsize):
+        return padded_output(choice, M, N, K, dt, out)
     if batch is not None:
         return _scheduled(choice, sched, split_k, "bb", lambda s, ch: batch_matmul_func(batch, M, N, K, dt, s, out, ch))
     return _scheduled(choice, sched, split_k, None, lambda s, ch: matmul_func(M, N, K, dt, s, out, ch))
