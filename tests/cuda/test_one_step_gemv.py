@@ -2,12 +2,15 @@
 one_step_gemv``): the default's choice where ``ONE_STEP_GEMV_BYTES`` admits them, and the kernel nvcc
 builds for sm_90a — one kernel, no K loop, B's loads unrolled into registers, no local memory. (The
 staged GEMV of 2×30×63 float32 copied B through shared memory by 15 threads looping 70 times over
-synchronous loads: 29.7 µs on an H200, torch 7.4.) Numerics on a GPU: test_one_step_gemv_gpu.py."""
+synchronous loads: 29.7 µs on an H200, torch 7.4.) Numerics on the CPU's block emulator
+(tests/cuda/block_emulator.py) and on a GPU (test_one_step_gemv_gpu.py)."""
 
 import re
 import subprocess
 import tempfile
 
+import block_emulator
+import numpy as np
 import pytest
 
 import polytile as pt
@@ -107,3 +110,16 @@ def test_the_gemv_template_starts_at_the_one_step_default():
         default = task.space.default
         assert task.template.name == "matmul_gemv" and task.space.reason_invalid(default.digits) is None
         assert _code(task.schedule(default.values)) == _code(op.schedule(SM90A))
+
+
+@pytest.mark.parametrize("dims", [(2, 30, 63, "float32"), (4, 100, 50, "float32"), (1, 5044, 3, "float32"),
+                                  (2, 44, 33, "bfloat16"), (1, 1, 1, "float32")],
+                         ids=["2x30x63", "4x100x50", "1x5044x3", "2x44x33-bf16", "1x1x1"])
+def test_one_step_gemv_is_the_product_on_the_block_emulator(dims):
+    # the default's kernel (the measured bound) run on the CPU, thread block by thread block
+    M, N, K, dt = dims
+    op = ops.matmul(M, N, K, dt)
+    assert gemm_choice(SM90A, M, N, K, as_dtype(dt)).params["bk"] >= K
+    a, b = op.make_inputs(np.random.default_rng(M * N + K))
+    (out,) = block_emulator.run(pt.lower(op.schedule(SM90A), SM90A), [a, b, np.zeros((M, N), np.float32)])
+    assert ops.rel_error(out, op.reference(a, b)) <= op.tolerance

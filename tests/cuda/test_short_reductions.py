@@ -1,8 +1,10 @@
 """16-bit GEMMs whose reduction is shorter than the tensor cores' K step (K < 16) take the CUDA cores:
 the tensor-core schedules tensorize whole K steps, and K = 8 did not build (``tensorize of C: loop k3
-must run over 0..15``). The choice and the kernels nvcc builds for sm_90a and sm_80; numerics on a GPU
-in test_short_reductions_gpu.py."""
+must run over 0..15``). The choice and the kernels nvcc builds for sm_90a and sm_80; numerics on the CPU's
+block emulator (tests/cuda/block_emulator.py) and on a GPU in test_short_reductions_gpu.py."""
 
+import block_emulator
+import numpy as np
 import pytest
 
 import polytile as pt
@@ -32,3 +34,13 @@ def test_batched_short_reductions_leave_the_tensor_cores():
     # 16 is one whole K step: the tensor cores as before
     assert gemm_choice(SM90A, 200, 64, 16, as_dtype("float16"), out_bytes=2).kernel == "wgmma"
     assert gemm_choice(SM80, 200, 64, 16, as_dtype("float16"), out_bytes=2).kernel == "mma"
+
+
+@pytest.mark.parametrize("dims", [(129, 65, 8, "float16"), (64, 64, 1, "bfloat16"), (37, 70, 3, "float16")],
+                         ids=["129x65x8", "64x64x1-bf16", "37x70x3"])
+def test_short_reduction_is_the_product_on_the_block_emulator(dims):
+    M, N, K, dt = dims
+    op = ops.matmul(M, N, K, dt)
+    a, b = op.make_inputs(np.random.default_rng(M + N + K))
+    (out,) = block_emulator.run(pt.lower(op.schedule(SM90A), SM90A), [a, b, np.zeros((M, N), np.float32)])
+    assert ops.rel_error(out, op.reference(a, b)) <= op.tolerance
