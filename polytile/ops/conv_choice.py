@@ -121,7 +121,7 @@ def chunk_steps(C: int, R: int, S: int, bk: int, rows: bool, chunks: int) -> int
     return (S if rows else R * S) * -(-channel_chunk(C, chunks, bk) // bk)
 
 
-def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
+def igemm_splits(C: int, R: int, S: int, bk: int, uneven: bool = False) -> list[tuple[bool, int]]:
     """The splits of an implicit GEMM's reduction (R·S taps × C channels in K tiles of ``bk``
     channels) that ``igemm_choice`` considers, as (one chunk per filter row, channel chunks): (False, 1)
     (none), one chunk per filter row over all the channels (the channel tail a partial K tile, as
@@ -133,15 +133,20 @@ def igemm_splits(C: int, R: int, S: int, bk: int) -> list[tuple[bool, int]]:
     where the taps and the channel tiles form one K loop it computed wrong numbers (H200, c239e5e:
     280 in 192 + 88 channels, 7×7; 264 in 160 + 104, 7×7; 200 in 64 + 64 + 64 + 8, 3×3: the products
     of a tile wholly past C, never copied, read the previous tile's data). ``tensorize`` now skips
-    them (3d037d1); these splits stay out of the defaults until measured on a GPU
-    (``tests/cuda/test_split_tails_gpu.py::test_uneven_channel_chunks_in_a_fused_k_loop``)."""
+    them (3d037d1; ``tests/cuda/test_split_tails_gpu.py::test_uneven_channel_chunks_in_a_fused_k_loop``
+    passed on an H200 at 920a2b8). ``uneven`` offers them: correct, but mostly far slower (H200,
+    ``benchmarks/worst_shapes.py`` at 89b8efd, µs uneven / default): 2×12×12, 280 → 112, 7×7 19.2 / 26.0;
+    1×8×8, 200 → 24, 3×3 348.8 / 9.9; 1×15×15, 112 → 48 78.2 / 10.5; 16×8×8, 144 → 48, 7×7 538.4 / 25.8;
+    16×8×8, 256 → 63, 5×5/2 474.7 / 18.3; 1×8×8, 264 → 461, 7×7/2 325.6 / 39.2 — not understood (the
+    guarded K steps of the short chunk?), so they stay out of the defaults."""
     out = [(False, 1)]
     tiles = -(-C // bk)
     for rows in ((False, True) if R > 1 else (False,)):
         for chunks in range(1, tiles + 1):
             split = (R if rows else 1) * chunks
             # no chunk empty; as many K tiles in each as in the others unless the K loop is the tiles alone
-            fits = (chunks - 1) * channel_chunk(C, chunks, bk) < C if rows and S == 1 else tiles % chunks == 0
+            fits = (chunks - 1) * channel_chunk(C, chunks, bk) < C if uneven or (rows and S == 1) \
+                else tiles % chunks == 0
             if split > 1 and fits and split <= MAX_SPLIT and chunk_steps(C, R, S, bk, rows, chunks) >= 2:
                 out.append((rows, chunks))
     return out
@@ -161,18 +166,19 @@ class IgemmChoice:
 
 
 def igemm_choice(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
-                 out_bytes: int = 4, split: bool = True) -> IgemmChoice:
+                 out_bytes: int = 4, split: bool = True, uneven: bool = False) -> IgemmChoice:
     """The implicit GEMM's default schedule: the first of ``igemm_options``, unless it leaves
     ``igemm_kernel``'s tiles for a predicted gain under ``TILE_MARGIN`` (the model's tiles are
     calibrated on few measurements; most layers have been measured with those tiles): then the best
     of those tiles; and where the gather rate is modeled, a split only for a clear gain over the
     best unsplit kernel (its tiles by the same rule among the unsplit kernels: a split not chosen
     leaves the tiles as they were without it; ``SPLIT_MARGIN``, as ``gemm_choice``'s: the second
-    kernel's cost is an estimate). ``split`` False: that unsplit kernel."""
+    kernel's cost is an estimate). ``split`` False: that unsplit kernel; ``uneven``: as
+    ``igemm_splits``."""
     sms = Hardware.of(target).sms
     # a split only of tiles that leave SMs idle: 32×34×34, 440 → 140, 3×3/2 (290 tiles of 64×128) split
     # over the filter rows took 107 µs, unsplit 69 (H200, the model 66 against 78)
-    options = [o for o in igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes)
+    options = [o for o in igemm_options(target, M, C, K, R, S, itemsize, pixels, out_bytes, uneven)
                if (not o.rows and o.chunks == 1) or -(-M // o.params["bm"]) * -(-K // o.params["bn"]) < sms]
     tiles = igemm_kernel(target, M, C, K, R * S)[1]
 
@@ -229,7 +235,7 @@ def split_option(target: CUDATarget, kernel: str, params: dict[str, int], M: int
 
 
 def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, itemsize: int, pixels: int | None = None,
-                  out_bytes: int = 4) -> list[IgemmChoice]:
+                  out_bytes: int = 4, uneven: bool = False) -> list[IgemmChoice]:
     """The kernels, block tiles and splits of an implicit GEMM's reduction (R·S taps × C channels,
     ``igemm_splits``) fastest first, as the analytical model's wave quantization predicts them (``gemm_seconds``,
     as ``gemm_choice``'s; no margin for the split). Where the target's gather rate is known
@@ -256,7 +262,7 @@ def igemm_options(target: CUDATarget, M: int, C: int, K: int, R: int, S: int, it
         # K tiles that leave a channel tail split only where no other K tile divides the channels (48
         # channels: tiles of 16 split over the filter rows, measured; see igemm_tiles)
         tail = C % bk and any(C % p["bk"] == 0 for p in weighed)
-        for rows, chunks in [(False, 1)] if tail else igemm_splits(C, R, S, bk):
+        for rows, chunks in [(False, 1)] if tail else igemm_splits(C, R, S, bk, uneven):
             reads = (C * (pixels or M) + R * S * C * K) * itemsize if modeled else None
             option = split_option(target, kernel, params, M, K, R * S * C, (R if rows else 1) * chunks,
                                   chunk_steps(C, R, S, bk, rows, chunks), itemsize, out_bytes, reads)

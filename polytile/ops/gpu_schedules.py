@@ -62,6 +62,17 @@ from .conv_choice import (
 )
 from .split_rules import MAX_SPLIT, SPLIT_MARGIN
 
+# an implicit GEMM's filter whose rows are not a multiple of this many bytes is copied aligned first
+# (``aligned_filter``): 2-byte aligned rows (an odd number of 16-bit filters) allow no asynchronous
+# copy; 4- and 8-byte aligned ones are read in place in pieces of that width, as a GEMM's operands.
+# Measured on an H200 (benchmarks/worst_shapes.py at 89b8efd, µs copied / in place / cuDNN): 1×102×102,
+# 304 → 33, 3×3 52.2 / 494.4 / 30.9; → 17 55.7 / 111.0 / 32.4; → 65 43.0 / 800.9 / 68.1; 1×16×16,
+# 64 → 33 11.0 / 112.0 / 19.5; 8×28×28, 128 → 75 16.5 / 28.1 / 24.9; 1×8×8, 264 → 461, 7×7/2 39.2 /
+# 94.4 / 63.4; 16×8×8, 256 → 63, 5×5/2 18.3 / 35.7 / 30.6; the channel-padded Wf in rows of 16 bytes:
+# 3 → 33 9.9 / 10.8 / 7.6, 14 → 161 1×1 77.9 / 80.4 / 28.3. 100 filters (8-byte rows): 44.5 in place in
+# 8-byte pieces, 44.5 copied (granule 16)
+FILTER_GRANULE = 4
+
 
 def gemm_cuda(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 8,
               tm: int = 8, tn: int = 8, batch: str | None = None, b_transposed: bool = False,
@@ -308,16 +319,18 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
 
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
                      bn: int = 128, bk: int = 32, wm: int = 64, wn: int = 64, stages: int = 3,
-                     reg_stages: int = 1, batch: str | None = None) -> None:
+                     reg_stages: int = 1, batch: str | None = None, filter_granule: int | None = FILTER_GRANULE
+                     ) -> None:
     """Schedule an implicit-GEMM convolution ``out[m, k] = sum col[m, *taps, c] * w[*taps, c, k]`` on
     tensor cores like ``gemm_tensorcore``: the filter taps and the channel chunks form one sequential
     K loop (pipelined), the gathered input ``col`` is cached in shared memory as an [m][c] tile and
-    then inlined into its copies (zero-filling asynchronous copies straight from the input). With
-    ``batch`` (the chunks of a split reduction, ``out[batch, m, k]``) the blocks also run along
-    blockIdx.z."""
+    then inlined into its copies (zero-filling asynchronous copies straight from the input); the
+    filter as ``aligned_filter`` leaves it (``filter_granule``). With ``batch`` (the chunks of a split
+    reduction, ``out[batch, m, k]``) the blocks also run along blockIdx.z."""
     if bm % wm or bn % wn or wm % 16 or wn % 8 or bk % 16:
         raise ScheduleError(f"igemm_tensorcore: tiles {bm}×{bn}×{bk} with warp tiles {wm}×{wn} do not fit "
                             "mma.m16n8k16")
+    aligned_filter(sched, out, w, filter_granule)
     st = sched[out]
     st.split("m", bm, "bi", "i1").split("k", bn, "bj", "j1")
     st.split("i1", wm, "wi", "i2").split("j1", wn, "wj", "j2")
@@ -341,14 +354,16 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
 
 
 def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128, bn: int = 128,
-                bk: int = 64, stages: int = 4, inflight: int = 1, batch: str | None = None) -> None:
+                bk: int = 64, stages: int = 4, inflight: int = 1, batch: str | None = None,
+                filter_granule: int | None = FILTER_GRANULE) -> None:
     """Schedule an implicit-GEMM convolution like ``igemm_tensorcore`` on Hopper's warpgroup MMA:
     bm/64 warpgroups issue ``wgmma.m64n{bn}k16`` on the gathered [m][c] tile and the [c][k] filter
     tile (both in 128-byte swizzled rows: ``bk`` and ``bn`` multiples of 64), the taps and channel
-    chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch`` as in
-    ``igemm_tensorcore``."""
+    chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch`` and
+    ``filter_granule`` as in ``igemm_tensorcore``."""
     if bm % 64 or bn % 64 or bk % 64:
         raise ScheduleError(f"igemm_wgmma: bm, bn and bk must be multiples of 64 (got {bm}, {bn}, {bk})")
+    aligned_filter(sched, out, w, filter_granule)
     st = sched[out]
     st.split("m", bm, "bi", "i1").split("k", bn, "bj", "j1")
     st.split("i1", 16, "wi", "i3").split("j1", 8, "nj", "j3")
@@ -366,6 +381,18 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
     sched[col].compute_inline()  # after caching: the copies gather the input themselves
     if stages > 1:
         st.pipeline(f"{col}_shared", stages, inflight=inflight).pipeline(f"{w}_shared", stages, inflight=inflight)
+
+
+def aligned_filter(sched: Schedule, out: str, w: str, granule: int | None = FILTER_GRANULE) -> bool:
+    """Give an implicit GEMM's filter ``w`` (its filters the contiguous last dimension: the GEMM's
+    columns) an aligned copy — rows rounded up to 16 bytes, zeros past the last filter; one small
+    copy kernel — where its rows are not a multiple of ``granule`` bytes (None: never), so that the
+    K loop fills its filter tiles with 16-byte asynchronous copies (``align_operands``). Read in
+    place, rows of 33 16-bit filters (66 bytes) allow no asynchronous copy: every K step loaded 16
+    filter elements a thread synchronously and converted them, and the pipeline waited on them
+    (random shapes, seed 52817, H200: 304 → 33 channels, 3×3 on 1×102×102 in 477 µs, cuDNN 28).
+    Returns whether it copied."""
+    return bool(granule) and bool(align_operands(sched, out, (w,), granule=granule))  # type: ignore[arg-type]
 
 
 def _k_loop(st: object, taps: list[str]) -> str:
@@ -408,7 +435,7 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
 
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
                padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
-               stages: int = 3, split: tuple[bool, int] | None = None) -> Schedule:
+               stages: int = 3, split: tuple[bool, int] | None = None, aligned_filter: bool = True) -> Schedule:
     """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
     the input and filter copied once with the channels padded to 4 or 8 and the image padded,
     then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
@@ -419,7 +446,7 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     The reduction split as ``conv_choice.igemm_rows_choice`` predicts fastest (one chunk per filter
     row and/or run chunks, the chunks along blockIdx.z, then their sum). ``tiles`` (bm, bn, wm, wn),
     ``bk``, ``stages`` and ``split`` (one chunk per filter row, run chunks): other than the default's
-    (tuning)."""
+    (tuning); ``aligned_filter`` False: the padded filter's rows K filters long (as before)."""
     from .igemm import conv2d_igemm_rows_func, padded_channels
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     cp, Sp = padded_channels(C, S)
@@ -432,16 +459,17 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     if (rows, chunks) not in igemm_splits(run, R, 1, bk):
         rows, chunks = False, 1
     func = conv2d_igemm_rows_func(N, H, W, C, K, R, S, stride, padding, dtype, out_dtype, rows, chunks,
-                                  channel_chunk(run, chunks, bk))
+                                  channel_chunk(run, chunks, bk), aligned_filter)
     sched = Schedule(func)
+    granule = FILTER_GRANULE if aligned_filter else None  # Wf is a copy already: aligned, or left as before
     if rows or chunks > 1:
         stages = min(stages, chunk_steps(run, R, 1, bk, rows, chunks))
         igemm_tensorcore(sched, "P", "col", "Wf", [] if rows else ["r"], bk=bk, stages=stages,
-                         reg_stages=2 if bk > MMA_K else 1, batch="sp", **tiles)
+                         reg_stages=2 if bk > MMA_K else 1, batch="sp", filter_granule=granule, **tiles)
         sum_partials(sched, "O")
     else:
         igemm_tensorcore(sched, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
-                         **tiles)
+                         filter_granule=granule, **tiles)
     st = sched["X"]
     if cp <= MMA_K:  # the padded input: a thread per pixel, its cp channels unrolled (one gather of its index)
         st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
@@ -456,7 +484,7 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
-           chosen: tuple[str, dict[str, int]] | None = None) -> None:
+           chosen: tuple[str, dict[str, int]] | None = None, filter_granule: int | None = FILTER_GRANULE) -> None:
     kernel, params = chosen or igemm_kernel(target, M, C, K, tap_count)
     if kernel == "cuda":
         # pixels per thread and output channels per block: as many as divide the output evenly (no
@@ -466,7 +494,7 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
         igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
     else:
         fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
-        fn(sched, "O", "col", "Wt", taps, **params)  # type: ignore[operator]
+        fn(sched, "O", "col", "Wt", taps, filter_granule=filter_granule, **params)  # type: ignore[operator]
 
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
@@ -486,30 +514,34 @@ def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C:
 
 
 def igemm_schedule(sched: Schedule, target: CUDATarget, choice: IgemmChoice, N: int, H: int, W: int, C: int, K: int,
-                   R: int, S: int, stride: int, padding: int) -> Schedule | None:
+                   R: int, S: int, stride: int, padding: int, filter_granule: int | None = FILTER_GRANULE
+                   ) -> Schedule | None:
     """Schedule ``ops.conv2d_igemm``'s ``sched`` as ``choice`` (an ``igemm_options`` entry): in place
-    when unsplit (None), else the split algorithm's new schedule."""
+    when unsplit (None), else the split algorithm's new schedule; the filter as ``aligned_filter``
+    leaves it."""
     from .igemm import conv2d_igemm_split_func
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     if not choice.rows and choice.chunks == 1:
-        _igemm(sched, target, ["r", "s"], N * P * Q, C, K, R * S, (choice.kernel, choice.params))
+        _igemm(sched, target, ["r", "s"], N * P * Q, C, K, R * S, (choice.kernel, choice.params), filter_granule)
         return None
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     return igemm_split_schedule(conv2d_igemm_split_func(N, H, W, C, K, R, S, stride, padding, dtype.name, out.name,
                                                         choice.rows, choice.chunks,
                                                         channel_chunk(C, choice.chunks, choice.params["bk"])),
-                                choice.kernel, choice.params, choice.rows)
+                                choice.kernel, choice.params, choice.rows, filter_granule)
 
 
-def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows: bool) -> Schedule:
+def igemm_split_schedule(func: object, kernel: str, params: dict[str, int], rows: bool,
+                         filter_granule: int | None = FILTER_GRANULE) -> Schedule:
     """Schedule a split implicit GEMM (``ops.igemm.conv2d_igemm_split_func``): the partial products on
-    ``kernel`` ("wgmma" or "mma") with the chunks along blockIdx.z, then their sum."""
+    ``kernel`` ("wgmma" or "mma") with the chunks along blockIdx.z, then their sum; the filter as
+    ``aligned_filter`` leaves it."""
     split = Schedule(func)  # type: ignore[arg-type]
     *taps, channels = (int(a.hi.value) for a in split.computation("P").reduce_axes)  # type: ignore[attr-defined]
     steps = math.prod(taps) * -(-channels // params["bk"])  # a pipeline no deeper than a chunk's K loop
     fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
     fn(split, "P", "col", "Wt", ["s"] if rows else ["r", "s"], batch="sp",  # type: ignore[operator]
-       **no_deeper(params, steps))
+       filter_granule=filter_granule, **no_deeper(params, steps))
     sum_partials(split, "O")
     return split
 
@@ -545,6 +577,20 @@ GEMV_MAX_SPLIT = 64
 # fitted to the H100's direct GEMVs of odd N (2 to 4 µs a step, 8 or 16 rows, 1 to 16 chunks: it picks
 # the measured best splits of 1×50257×768 and 1×4097×4096)
 DIRECT_STEP_LATENCY = 10.0
+# a GEMV whose B has at most this many bytes and whose reduction fits one K step of the direct GEMV's
+# registers (``ONE_STEP_ROWS``) takes that step (``one_step_gemv``). Measured on an H200
+# (benchmarks/worst_shapes.py at 89b8efd, µs one step / staged default / torch): 2×30×63 float32 6.0 /
+# 30.2 / 7.1; 4×100×50 10.0 / 14.7 / 6.6 (4 chunks of steps of 16: 7.4); 1×5044×24 (484 KB of B) 5.9 /
+# 10.3 / 5.8; past one step, in steps of 64 (not taken): 3×257×129 9.5 / 9.2, 1×88×72 bf16 7.0 / 7.4
+ONE_STEP_GEMV_BYTES = 512 * 1024
+ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thread
+# 16-bit GEMM outputs of 2-byte aligned rows (an odd N) of at least this many results are computed in
+# padded rows and copied out (``pads_output``). Measured on an H200 (benchmarks/worst_shapes.py at
+# 89b8efd, µs padded / default / torch): 1001×10781×71 fp16 53.1 / 67.5 / 30.5 (mma.sync 64.4, wgmma
+# 128×128 63.6: the tiles do not matter); 2085×3175×113 bf16 39.9 / 47.0 / 27.2. The odd N is the cost,
+# not the operands' copies: 1001×10784×71 (A copied) 20.8, 1001×10781×72 (B copied) 64.5, 1001×10784×72
+# 18.9. The copy-out, a thread per 2-byte element, is most of what is left (not measured apart)
+PADDED_OUTPUT_ELEMENTS = 6_000_000
 
 
 @dataclass(frozen=True)
@@ -616,11 +662,35 @@ def _cuda_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
-def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tuple[dict[str, int], BlockPlan]]:
+def one_step_gemv(M: int, N: int, K: int, it: int, most: int | None = None) -> dict[str, int] | None:
+    """The direct GEMV of one K step for a small product (B at most ``most`` bytes, by default
+    ``ONE_STEP_GEMV_BYTES``; K at most ``ONE_STEP_ROWS``): each thread loads its K rows × 8 bytes of
+    B's columns into registers at once — every load in flight together — in blocks of 32 to 128
+    threads; None where it does not apply. The staged GEMV copies B's tile through shared memory by
+    its N/vec threads, each looping over many rows (2×30×63 float32: 15 threads, 70 iterations of
+    synchronous loads, 29.7 µs on an H200 against torch's 7.4, seed 52817)."""
+    if N * K * it > (ONE_STEP_GEMV_BYTES if most is None else most) or K > ONE_STEP_ROWS:
+        return None
+    vec = 8 // it
+    threads = max(32, min(128, 32 * -(-N // (32 * vec))))
+    per = 16 // it  # A's shared rows of whole 16-byte vectors
+    return dict(bn=threads * vec, vec=vec, bk=-(-K // per) * per, stages=1, direct=True, whole=True)
+
+
+def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware, one_step: bool = True
+                     ) -> list[tuple[dict[str, int], BlockPlan]]:
     """``gemv_cuda`` blocks of 128, 64 or 32 threads, each thread 8 bytes of B's columns (4 16-bit
-    or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block)."""
+    or 2 float32 values), K tiles of about 16 KiB of B in 4 stages (48 KiB in flight per block); with
+    ``one_step`` (unbatched products: the ones measured) a small product the direct GEMV of one K step
+    alone (``one_step_gemv``)."""
     vec = 8 // it
     out = []
+    one = one_step_gemv(M, N, K, it) if one_step else None
+    if one is not None:
+        threads = one["bn"] // vec
+        resident = block_occupancy(hw, threads, one["bk"] * M * it, M * vec + one["bk"] * vec * it // 4 + 32).blocks
+        return [(one, BlockPlan(M, one["bn"], one["bk"], 0, 0, resident, hw.fma_flops, it, 1, max(1, threads // 32),
+                                WARP_FLOPS * M / (M + 2), streaming=True, step_latency=hw.dram_latency))]
     if (N * it) % 8:
         # B's rows 4-byte aligned: 4-byte asynchronous copies, four per 16 bytes, starved the staged
         # kernel (H100, benchmarks/results/gemv_align-20261128-0600-h100.json: 8×4098×4096 bf16 152 µs
@@ -718,7 +788,9 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     ``GEMV_ROWS`` rows on mma.sync's tiles rather than the GEMV."""
     it = dtype.itemsize
     mma_rows = MMA_M16N8K16.shape[0]
-    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync")
+    # a reduction shorter than the instructions' K step (16) takes the CUDA cores: the tensor-core
+    # schedules tensorize whole K steps (K = 8 did not build)
+    tensor_cores = dtype.name in MMA_M16N8K16.operand_dtypes and target.has("mma.sync") and K >= MMA_K
     if gemv_mma_rows[0] <= M <= gemv_mma_rows[1] and gemv_mma_applies(target, M, N, K, dtype, batch):
         found = _gemv_mma_candidates(M, N, K, it, hw)
         if split_k:  # the instruction computes whole K tiles: K tiles that divide the given chunks
@@ -735,8 +807,8 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
     if tensor_cores and batched_tiles and batch > 1 and M <= GEMV_ROWS:  # at most 16 rows: one 64×64 tile a row
         return "mma", [c for c in _mma_candidates(M, N, K, it, hw) if c[0]["bm"] == 64]
     if M <= GEMV_ROWS and not (tensor_cores and M >= mma_rows and batch == 1):
-        return "gemv", _gemv_candidates(M, N, K, it, hw)
-    if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows:
+        return "gemv", _gemv_candidates(M, N, K, it, hw, one_step=batch == 1)
+    if dtype.name in WGMMA_M64NNK16.operand_dtypes and _wgmma(target) and M > mma_rows and K >= MMA_K:
         return "wgmma", _wgmma_candidates(M, N, K, it, hw)
     if tensor_cores:
         return "mma", _mma_candidates(M, N, K, it, hw)
@@ -949,15 +1021,18 @@ def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", 
     return done
 
 
-def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None) -> None:
+def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | tuple[str, ...] | None,
+                   a: str = "A", b: str = "B") -> None:
     fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda,
           "gemv_mma": gemv_mma}[choice.kernel]
     if choice.kernel in ("wgmma", "mma", "gemv", "gemv_mma"):
         # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
-        # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place
+        # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place,
+        # and A too where its K loop is one step (its few rows are loaded once: no pipeline to feed)
         direct = bool(choice.params.get("direct"))
-        align_operands(sched, out, ("A",) if direct else ("A", "B"), granule=4)
-    fn(sched, out, "A", "B", batch=batch, **choice.params)  # type: ignore[operator]
+        one_step = direct and choice.params["bk"] >= int(sched.func.tensor(a).shape[-1].value)  # type: ignore[attr-defined]
+        align_operands(sched, out, () if one_step else (a,) if direct else (a, b), granule=4)
+    fn(sched, out, a, b, batch=batch, **choice.params)  # type: ignore[operator]
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k: int | None = None
@@ -967,6 +1042,30 @@ def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k:
     choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, split_k=split_k,
                          out_bytes=sched.func.tensor("C").dtype.itemsize)
     return gemm_as(sched, choice, M, N, K, split_k)
+
+
+def pads_output(choice: GemmChoice, M: int, N: int, out_bytes: int, least: int | None = None) -> bool:
+    """Whether the default GEMM computes its output in padded rows and copies it out
+    (``padded_output``): an unsplit tensor-core product of 16-bit results whose rows are only 2-byte
+    aligned (an odd N), at least ``least`` results (by default ``PADDED_OUTPUT_ELEMENTS``; 0: never)."""
+    least = PADDED_OUTPUT_ELEMENTS if least is None else least
+    return (bool(least) and M * N >= least and out_bytes == 2 and N % 2 == 1 and choice.split == 1
+            and choice.kernel in ("wgmma", "mma"))
+
+
+def padded_output(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:
+    """An M × N × K product on the tensor cores as ``choice`` in rows of whole 16-byte vectors
+    (``ops.matmul.matmul_padded_func``): B copied with N rounded up (zeros), the product into the
+    padded rows (16-byte stores of exchanged accumulators), then the output copied out, a thread per
+    element (a warp's stores contiguous). Two kernels more, and the output's bytes twice more,
+    against stores of one element spread over 8 rows an instruction."""
+    from .matmul import matmul_padded_func
+    sched = Schedule(matmul_padded_func(M, N, K, dtype, out_dtype))
+    _gemm_schedule(choice, sched, "Cp", None, b="Bp")
+    for name, (i, j) in (("Bp", ("k", "j")), ("C", ("i", "j"))):
+        st = sched[name]
+        st.fuse(i, j, "x").split("x", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
+    return sched
 
 
 def batch_matmul(sched: Schedule, target: CUDATarget, batch: int, M: int, N: int, K: int,
@@ -982,9 +1081,12 @@ def gemm_as(sched: Schedule, choice: GemmChoice, M: int, N: int, K: int, split_k
     batch loop "bb"; the operands' layouts as the caller's algorithm has them) as ``choice``
     (``gemm_choice``'s, or one the tuning templates make of a configuration: the same code for the
     same choice); a split the algorithm does not have (``split_k``: its own) returns the split
-    algorithm's schedule."""
+    algorithm's schedule, and so does an unbatched product whose output ``pads_output`` (the padded
+    product's: ``padded_output``)."""
     from .matmul import batch_matmul_func, matmul_func
     dt, out = sched.func.tensor("A").dtype.name, sched.func.tensor("C").dtype.name
+    if batch is None and split_k is None and pads_output(choice, M, N, sched.func.tensor("C").dtype.itemsize):
+        return padded_output(choice, M, N, K, dt, out)
     if batch is not None:
         return _scheduled(choice, sched, split_k, "bb", lambda s, ch: batch_matmul_func(batch, M, N, K, dt, s, out, ch))
     return _scheduled(choice, sched, split_k, None, lambda s, ch: matmul_func(M, N, K, dt, s, out, ch))

@@ -146,14 +146,16 @@ def pads_channels(C: int, itemsize: int) -> bool:
 
 def conv2d_igemm_rows_func(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1,
                            padding: int = 0, dtype: str = "float16", out_dtype: str | None = None, rows: bool = False,
-                           run_chunks: int = 1, run_chunk: int | None = None) -> Func:
+                           run_chunks: int = 1, run_chunk: int | None = None, aligned_filter: bool = True) -> Func:
     """``conv2d_igemm``'s algorithm for inputs of few channels (an image's 3 colors), in the form the
     tensor cores take: the input copied once into ``X[n, h, w·cp + c]`` — zero padding around the
     image, channels padded to ``cp`` (``padded_channels``), rows 16-byte aligned — so that a filter
     row at one output pixel reads one contiguous run of Sp·cp elements ``X[n, p·st + r, q·st·cp + u]``
     (the taps and channels of the row jointly: the reduction is R × Sp·cp, whole tensor-core K steps,
     vector copies without bounds tests); the filter likewise as ``Wf[r, u, k]`` (zeros for the padded
-    channels and taps). Same inputs and output as ``conv2d_igemm``."""
+    channels and taps, and with ``aligned_filter`` for the filters past K in rows of 16-byte
+    multiples: an odd number of 16-bit filters would allow no asynchronous copy of its tiles,
+    ``gpu_schedules.aligned_filter``). Same inputs and output as ``conv2d_igemm``."""
     P, Q = conv_out(H, R, stride, padding, 1), conv_out(W, S, stride, padding, 1)
     cp, Sp = padded_channels(C, S)
     Hp = H + 2 * padding
@@ -167,8 +169,9 @@ def conv2d_igemm_rows_func(N: int, H: int, W: int, C: int, K: int, R: int, S: in
         return select((hh >= 0) & (hh < H) & (w >= 0) & (w < W) & (c < C), I[n, hh, w, c], 0)
 
     X = compute((N, Hp, Wp * cp), padded, "X")
-    Wf = compute((R, Sp * cp, K), lambda r, u, k: select((u < S * cp) & (u % cp < C), Wt[r, u // cp, u % cp, k], 0),
-                 "Wf")
+    Kp = -(-K * Wt.dtype.itemsize // 16) * 16 // Wt.dtype.itemsize if aligned_filter else K
+    Wf = compute((R, Sp * cp, Kp), lambda r, u, k: select((u < S * cp) & (u % cp < C) & (k < K),
+                                                         Wt[r, u // cp, u % cp, k], 0), "Wf")
     col = compute((N * P * Q, R, Sp * cp),
                   lambda m, r, u: X[m // (P * Q), (m // Q) % P * stride + r, m % Q * stride * cp + u], "col")
     run = Sp * cp

@@ -19,6 +19,7 @@ import numpy as np
 from .. import lang
 from ..dtypes import accumulator, as_dtype, tolerance
 from ..errors import PolytileError
+from ..lang.expr import select
 from ..lang.func import Func
 from ..lang.tensor import Tensor, compute, placeholder, reduce_axis
 from ..schedule.state import Schedule
@@ -288,6 +289,25 @@ def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_
         P = compute((split_k, M, N), lambda s, i, j: chunk_sum((), i, j, s), "P")
         C = compute((M, N), lambda i, j: lang.tensor.sum(P[ks, i, j], axis=ks), "C", store_dtype=out)
     return Func([A, B], [C], name=name)
+
+
+def matmul_padded_func(M: int, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None) -> Func:
+    """``matmul``'s algorithm with its product computed in rows of whole 16-byte vectors: B copied as
+    ``Bp[k, j]`` with its columns rounded up to Np, a multiple of 16 bytes of the output (zeros past
+    N), the product ``Cp[i, j]`` (M × Np, in the output type), then ``C[i, j] = Cp[i, j]`` for j < N.
+    Same inputs and output as ``matmul``: for outputs whose rows are only 2-byte aligned (an odd N of
+    16-bit results), which a tensor-core kernel otherwise writes element by element, 8 rows a store
+    instruction (``gpu_schedules.padded_output``)."""
+    out = output_dtype("matmul", dtype, out_dtype)
+    Np = -(-N * out.itemsize // 16) * 16 // out.itemsize
+    A = placeholder((M, K), dtype, "A")
+    B = placeholder((K, N), dtype, "B")
+    Bp = compute((K, Np), lambda k, j: select(j < N, B[k, j], 0), "Bp")
+    k = reduce_axis(K, "k")
+    Cp = compute((M, Np), lambda i, j: lang.tensor.sum(product(A[i, k], Bp[k, j], dtype), axis=k), "Cp",
+                 store_dtype=out)
+    C = compute((M, N), lambda i, j: Cp[i, j], "C", store_dtype=out)
+    return Func([A, B], [C], name="matmul")
 
 
 def matmul(M: int, N: int, K: int, dtype: str = "float32", split_k: int | None = None,

@@ -106,8 +106,16 @@ class _Block:
         if isinstance(e, ir.Logic):
             values = [self.expr(x) != 0 for x in e.args]
             return (np.logical_and.reduce(values) if e.op == "&&" else np.logical_or.reduce(values)).astype(np.int64)
-        if isinstance(e, ir.Select):
-            return np.where(self.expr(e.cond) != 0, self.expr(e.a), self.expr(e.b))
+        if isinstance(e, ir.Select):  # each side for the threads that take it (C's ?: evaluates one)
+            cond, saved = self.expr(e.cond) != 0, self.active
+            try:
+                self.active = saved & cond
+                a = self.expr(e.a)
+                self.active = saved & ~cond
+                b = self.expr(e.b)
+            finally:
+                self.active = saved
+            return np.where(cond, a, b)
         if isinstance(e, ir.Load):
             buf, idx = self._element(e.buffer, e.index)
             if e.buffer.name in self.copies:

@@ -47,6 +47,7 @@ from ...ops.conv_choice import (
 from ...ops.gpu_schedules import (
     GEMV_MAX_SPLIT,
     GEMV_ROWS,
+    ONE_STEP_ROWS,
     GemmChoice,
     conv2d_gemm,
     gemm_as,
@@ -252,7 +253,9 @@ def _gemv(cfg: TemplateConfig, op: Any) -> Any:
                 "the block is twice the matrix's columns")
     b_tile = 0 if direct else threads * vec  # B in registers (direct) or in shared tiles
     b_regs = bk * vec * itemsize // 4 if direct else vec
-    cfg.require(not direct or b_regs <= 64, "a direct K step of more than 64 registers of B per thread")
+    # at most the default's one K step (``one_step_gemv``: ONE_STEP_ROWS rows of 8 bytes)
+    cfg.require(not direct or b_regs <= ONE_STEP_ROWS * 2,
+                f"a direct K step of more than {ONE_STEP_ROWS * 2} registers of B per thread")
     cfg.resources(threads_per_block=threads, shared_bytes=stages * bk * (b_tile + M) * itemsize,
                   registers_per_thread=M * vec + b_regs + 32, registers_per_block=(M * vec + b_regs + 32) * threads)
     # whole register tiles: the chunks are whole K tiles (the last ending at K)
