@@ -589,8 +589,11 @@ ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thr
 # 89b8efd, µs padded / default / torch): 1001×10781×71 fp16 53.1 / 67.5 / 30.5 (mma.sync 64.4, wgmma
 # 128×128 63.6: the tiles do not matter); 2085×3175×113 bf16 39.9 / 47.0 / 27.2. The odd N is the cost,
 # not the operands' copies: 1001×10784×71 (A copied) 20.8, 1001×10781×72 (B copied) 64.5, 1001×10784×72
-# 18.9. The copy-out, a thread per 2-byte element, is most of what is left (not measured apart)
-PADDED_OUTPUT_ELEMENTS = 6_000_000
+# 18.9. The copy-out, a thread per 2-byte element, is most of what is left (not measured apart).
+# Off (0) since: GPT-2's vocabulary projection at 128 tokens (128×50257×768 fp16, 6.4M results) took
+# 184–188 µs padded at eafb8a8 against 97–103 by default at dc7b3df (torch 110; H200,
+# benchmarks/wgmma_defaults.py, both runs): a size bound does not tell the two apart
+PADDED_OUTPUT_ELEMENTS = 0
 
 
 @dataclass(frozen=True)
