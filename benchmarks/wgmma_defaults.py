@@ -36,10 +36,21 @@ def choice(w: shapes.Workload, calibrated: bool):  # noqa: ANN201 - a GemmChoice
                        out_bytes=out.itemsize, calibrated=calibrated)
 
 
-def changed(seeds: str, only: str) -> list[shapes.Workload]:
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: comma-separated non-negative integers."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"--seeds takes non-negative integers, got {text!r}")
+    return seeds
+
+
+def changed(seeds: list[int], only: str) -> list[shapes.Workload]:
     """The GEMM workloads whose default differs with and without the calibrated model."""
     ws = shapes.gpu_suite() + shapes.offsuite()
-    for seed in (int(s) for s in seeds.split(",") if s):
+    for seed in seeds:
         ws += shapes.random_shapes(40, seed)
     out = []
     for w in shapes._unique(ws):
@@ -69,7 +80,8 @@ def build(job: tuple[shapes.Workload, str]) -> tuple[object | None, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="the JSON record of the rows")
-    parser.add_argument("--seeds", default=SEEDS, help="seeds of shapes.py --random 40 (comma-separated)")
+    parser.add_argument("--seeds", type=seed_list, default=seed_list(SEEDS),
+                        help="seeds of shapes.py --random 40 (comma-separated)")
     parser.add_argument("--only", default="", help="comma-separated parts of workload names")
     parser.add_argument("--workers", type=int, default=14, help="parallel builds")
     parser.add_argument("--list", action="store_true", help="print the changed defaults and stop (no GPU needed)")
