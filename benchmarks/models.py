@@ -14,7 +14,8 @@ the CPU. For each model, in one process:
    reduce-overhead (its CUDA graphs; ``inductor-cudagraphs``), and the polytile backend with other
    options (``POLYTILE_VARIANTS``: ``polytile-unpacked``, ``pack_weights=False``, every call packs the
    constant weights, as before that option; ``polytile-vector``, ``vector_elementwise=True``;
-   ``polytile-cudnn``, ``cudnn_fusion=True``; ``polytile-cudnn-vector``, both)
+   ``polytile-cudnn``, ``cudnn_fusion=True``; ``polytile-cudnn-vector``, both; ``polytile-plain``, both off, as
+   the backend was before they became the default on 2026-11-29)
    (``--peers``; ``polytile-default``: the backend's defaults, when ``--options`` changes polytile's);
    the table gives each one's time over polytile's (above 1: polytile faster);
 4. every variant timed in interleaved rounds: the median over rounds of the median call time (CUDA
@@ -29,7 +30,7 @@ table last.
 
     python benchmarks/models.py [--device cpu|cuda] [--models bert-b1,resnet50-b1] [--trials-per-task 20]
         [--peers eager,inductor,inductor-max-nocg,inductor-max,inductor-cudagraphs,polytile-unpacked,polytile-vector,
-                 polytile-cudnn,polytile-cudnn-vector]
+                 polytile-cudnn,polytile-cudnn-vector,polytile-plain]
         [--threads N] [--rounds 5]
         [--calls 10] [--clock wall|cpu] [--records-dir DIR] [--cuda-graphs default|on|off]
         [--channels-last default|on|off] [--options JSON] [--torch-convs] [--out DIR]
@@ -72,6 +73,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 DEFAULT_MODELS = {"cpu": ["bert-b1", "resnet50-b1"], "cuda": [m for m in MODELS if m != "gpt2-s128"]}
 GPU_PEERS = ("eager", "inductor", "inductor-max-nocg", "inductor-max", "inductor-cudagraphs")  # default on a GPU
 POLYTILE_VARIANTS = {"polytile-default": {}, "polytile-unpacked": {"pack_weights": False},
+                     "polytile-plain": {"vector_elementwise": False, "cudnn_fusion": False},
                      "polytile-vector": {"vector_elementwise": True},
                      "polytile-cudnn": {"cudnn_fusion": True},
                      "polytile-cudnn-vector": {"cudnn_fusion": True, "vector_elementwise": True}}
