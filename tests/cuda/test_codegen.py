@@ -2,6 +2,8 @@
 sm_80, and the generated kernels have the structure we expect (launch bounds, barriers, guards,
 vector copies, registers)."""
 
+import block_emulator
+import numpy as np
 import pytest
 from source_text import body
 
@@ -104,6 +106,30 @@ def test_cross_thread_reduction_needs_reassociate():
     s[s1].bind("i", "blockIdx.x").bind("jt", "threadIdx.x")
     kern = pt.build(s, "cuda:sm_90a")
     assert "pt_block_allreduce_sum(" in body(kern.source)
+
+
+def test_cross_thread_reduction_into_elements_of_an_inner_loop_is_refused():
+    # a K loop bound to the lanes with the output's columns (jv) inside it: each thread's partial result
+    # was one scalar summing every column, then written with jv out of scope (nvcc: "jv is undefined")
+    A = pt.placeholder((1, 77), "float16", "A")
+    B = pt.placeholder((77, 100), "float16", "B")
+    k = pt.reduce_axis(77, "k")
+    C = pt.compute((1, 100), lambda i, j: pt.sum(A[i, k].astype("float32") * B[k, j].astype("float32"), axis=k),
+                   "C")
+    s = pt.create_schedule(pt.Func([A, B], [C]))
+    st = s[C].reassociate()
+    st.split("j", 8, "jo", "jv").split("jo", 8, "bj", "ty").split("k", 32, "ko", "kt")
+    st.reorder("bj", "ty", "kt", "ko", "i", "jv")
+    st.bind("bj", "blockIdx.x").bind("ty", "threadIdx.y").bind("kt", "threadIdx.x")
+    with pytest.raises(pt.LoweringError, match=r"into C, whose elements are chosen by loop\(s\) jv inside it"):
+        pt.lower(s, "cuda:sm_90a")
+    st.reorder("bj", "ty", "i", "jv", "kt", "ko")  # one element per tree: accepted, and the sum is per column
+    low = pt.lower(s, "cuda:sm_90a")
+    assert "pt_group_allreduce_sum(C_part, 32)" in str(low)
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((1, 77)).astype(np.float16), rng.standard_normal((77, 100)).astype(np.float16)
+    (c,) = block_emulator.run(low, [a, b, np.full((1, 100), np.nan, np.float32)])
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
 def test_host_level_loop_is_refused():

@@ -83,6 +83,15 @@ class _CrossThread(ir.Mutator):
         if len([x for x in carried if x.buffer.scope in SHARED_SCOPES]) != len(shared):
             raise LoweringError(f"loop {s.var.name} is bound to {s.kind} and reduces across threads; it may hold "
                                 "only reductions (store other results in a separate loop)")
+        inner = _bound_inside(s.body)
+        for x in carried:  # its total is added in after the tree, outside the loops that index it
+            late = sorted(n for n in inner if any(ir.uses_var(i, n) for i in x.index))
+            if late:
+                raise LoweringError(
+                    f"loop {s.var.name} is bound to {s.kind} and reduces across threads into {x.buffer.name}, whose "
+                    f"elements are chosen by loop(s) {', '.join(late)} inside it: each thread's partial result "
+                    f"is one value, combined once after the loop. Reorder {', '.join(late)} outside "
+                    f"{s.var.name} (or cache the result inside them)")
         reduced = [s, *(x for x in ir.walk_stmt(s.body) if isinstance(x, ir.For) and x.kind.startswith("threadIdx"))]
         across = self.cluster and any(_axis(x) == "z" for x in reduced)  # across the cluster's blocks
         lanes = self._group(s, {_axis(x) for x in reduced} - ({"z"} if self.cluster else set()))
@@ -161,6 +170,11 @@ class _CrossThread(ir.Mutator):
         # the group's lanes wrote and read the accumulator before; they read it after
         sync = ir.call_stmt("pt_group_sync", ir.const(lanes, dtypes.int32))
         return [sync, one, sync]
+
+
+def _bound_inside(s: ir.Stmt) -> set[str]:
+    """The names of the variables that loops, lets and declarations inside ``s`` bind."""
+    return {x.var.name for x in ir.walk_stmt(s) if isinstance(x, (ir.For, ir.LetStmt, ir.Declare))}
 
 
 def _identity(op: str, dtype) -> ir.Const:  # noqa: ANN001 - a DType
