@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +28,7 @@ import polytile as pt  # noqa: E402
 from polytile.dtypes import as_dtype  # noqa: E402
 from polytile.ops.gpu_schedules import GemmChoice, gemm_as, gemm_choice, tail_split_choice, wgmma_seconds  # noqa: E402
 from polytile.target import CUDATarget, as_target  # noqa: E402
-from polytile.tune.analytical import Hardware, occupancy, WgmmaConfig  # noqa: E402
+from polytile.tune.analytical import Hardware, WgmmaConfig, occupancy  # noqa: E402
 
 # (N, K, dtype) of the derived shapes, and the waves their M is sized around
 BASES = [(1024, 4096, "float16", 1), (768, 3072, "bfloat16", 2), (2304, 1536, "float16", 1),
