@@ -1033,6 +1033,22 @@ def tail_split_choice(target: CUDATarget, whole: GemmChoice, M: int, N: int, K: 
     if head_rows <= 0 or tail_rows < TAIL_MIN_ROWS:
         return None
     head_t = wgmma_seconds(target, whole.params, head_rows, N, K, 1, 1, K, out_bytes)
+    key = (hw, head_rows, tail_rows, N, K, it, out_bytes, tail_split_k)
+    if key not in _TAILS:  # the tuning template asks for each configuration of the head's tiles
+        _TAILS[key] = _tail_choice(target, hw, head_rows, tail_rows, N, K, it, out_bytes, tail_split_k)
+    tail = _TAILS[key]
+    if tail is None:
+        return None
+    return replace(whole, seconds=head_t + tail.seconds, tail=TailSplit(head_rows, tail))
+
+
+_TAILS: dict[tuple[object, ...], GemmChoice | None] = {}
+
+
+def _tail_choice(target: CUDATarget, hw: Hardware, head_rows: int, tail_rows: int, N: int, K: int, it: int,
+                 out_bytes: int, tail_split_k: int | None) -> GemmChoice | None:
+    """The tail's tiles and split of ``tail_split_choice``, its seconds those of the tail's product and the
+    combination."""
     tail: GemmChoice | None = None
     for params, plan in _wgmma_candidates(tail_rows, N, K, it, hw, tall=True):
         if plan.resident == 0:
@@ -1051,9 +1067,7 @@ def tail_split_choice(target: CUDATarget, whole: GemmChoice, M: int, N: int, K: 
                  + tail_combine_seconds(target, head_rows, tail_rows, N, split, out_bytes))
             if tail is None or t < tail.seconds:
                 tail = GemmChoice("wgmma", chosen, split, t, chunk)
-    if tail is None:
-        return None
-    return replace(whole, seconds=head_t + tail.seconds, tail=TailSplit(head_rows, tail))
+    return tail
 
 
 def tail_split_schedule(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:

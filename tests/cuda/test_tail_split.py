@@ -94,7 +94,9 @@ def test_the_default_takes_the_split_only_when_asked_and_predicted_faster(monkey
     M, N, K = 5096, 840, 4216
     monkeypatch.delenv(gpu_schedules.TAIL_SPLIT_VARIABLE, raising=False)
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2).tail is None  # off by default
-    # the combination predicted to save a millisecond: the split wins the model's comparison
+    # the combination predicted to save a millisecond: the split wins the model's comparison (tails
+    # the model chose before are cached: a fresh cache)
+    monkeypatch.setattr(gpu_schedules, "_TAILS", {})
     monkeypatch.setattr(gpu_schedules, "tail_combine_seconds", lambda *a: -1e-3)
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2).tail is None
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2, tail_split=True).tail is not None
@@ -104,6 +106,7 @@ def test_the_default_takes_the_split_only_when_asked_and_predicted_faster(monkey
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2, batch=2).tail is None
     monkeypatch.setenv(gpu_schedules.TAIL_SPLIT_VARIABLE, "0")
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2).tail is None
+    monkeypatch.setattr(gpu_schedules, "_TAILS", {})
     monkeypatch.setattr(gpu_schedules, "tail_combine_seconds", lambda *a: 1e-3)  # to cost one: it loses
     assert gemm_choice(SM90A, M, N, K, f16, out_bytes=2, tail_split=True).tail is None
 
@@ -165,3 +168,33 @@ def test_odd_rows_copy_each_products_operands_under_their_own_names():
     src = kern.source
     assert "A_aligned" in src and "P_A_aligned" in src and "P_B_aligned" in src
     assert len(kern.kernels) == 7  # two copies for each product, the products, the combination
+
+
+def test_the_wgmma_tuning_space_offers_the_row_split():
+    from polytile.tune import make_task
+    from polytile.tune.measure import odd_workload
+    from polytile.tune.task import Task
+    task = make_task("matmul", SM90A, M=5096, N=840, K=4216, dtype="float16", out_dtype="float16")
+    assert task.template.name == "matmul_wgmma"
+    knob = next(k for k in task.space.decisions if k.name == "tail")
+    assert knob.choices == (False, True)  # the default (off) first
+    base = dict(bm=128, bn=192, bk=64, stages=4, inflight=1, group=0, producer="tma", persistent=False,
+                store="threads", split=1)
+    split = dict(base, tail=True)
+    assert task.space.reason_invalid(task.space.from_values(split).digits) is None
+    sched = task.schedule(split)
+    assert {"H", "P", "C"} <= set(sched.stage_names())
+    assert "P" not in task.schedule(dict(base, tail=False)).stage_names()
+    whole = gemm_choice(SM90A, 5096, 840, 4216, f16, out_bytes=2, split_k=1)
+    expect = tail_split_choice(SM90A, whole, 5096, 840, 4216, f16, 2)
+    with_tail, without = task.predict([split, dict(base, tail=False)])
+    assert with_tail == pytest.approx(expect.seconds) and with_tail != without
+    why = task.space.reason_invalid(task.space.from_values(dict(split, split=2, producer="threads")).digits)
+    assert why and "unsplit product" in why
+    # one wave of tiles: nothing to split
+    one = make_task("matmul", SM90A, M=1024, N=1024, K=1024, dtype="float16")
+    why = one.space.reason_invalid(one.space.from_values(dict(base, bn=128, tail=True)).digits)
+    assert why and "partial last wave" in why
+    # applied at sizes without a partial last wave (the tuner's check at odd sizes): unsplit there
+    odd = Task(task.template, odd_workload(task), task.target)
+    odd.schedule(split)
