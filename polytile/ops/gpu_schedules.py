@@ -631,7 +631,11 @@ class TailSplit:
 
 
 # "1": the default GEMM splits the rows of a last wave that the model predicts clearly faster split
-# (``tail_split_choice``); off by default until measured
+# (``tail_split_choice``). Off: measured slower on all of 11 GEMMs with a 15–55% full last wave (H200,
+# benchmarks/results/tail_wave-20261129-0503-h200-a2613d0.json: 0.77× the default, geometric mean of the
+# best split per GEMM; 5096×840×4216 fp16 102.2 µs default, 117.4 split). The split's head alone, one
+# wave of 130 tiles, took 63.1 µs and the default's second wave of 70 tiles 39 more: these kernels run in
+# proportion to their tiles, not their waves (the model predicted no split past its margin either)
 TAIL_SPLIT_VARIABLE = "POLYTILE_TAIL_SPLIT"
 TAIL_SPLIT_DEFAULT = False
 # the fewest rows a tail takes: fewer rows than a tile of the tail's kernel (warpgroup MMA's 64) leave it
