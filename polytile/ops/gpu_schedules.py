@@ -1148,12 +1148,14 @@ def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", 
     load every tile with 16-byte asynchronous copies. Without it, rows of an odd number of 16-bit
     columns are copied element by element, synchronously, and the unrolled copies spill the
     accumulators (measured: 4095×4097×1023 fp16 in 3.8 ms, cuBLAS 0.24 ms). With ``granule`` = 4,
-    rows that allow 4- or 8-byte asynchronous copies are read in place. Returns the operands copied."""
+    rows that allow 4- or 8-byte asynchronous copies are read in place. A ``granule`` above 16 bytes
+    (128: whole cache lines, an experiment of ``benchmarks/gemm_configs.py``'s ``/rows128``) rounds the
+    copies' rows up to it. Returns the operands copied."""
     done = []
     for name in operands:
         t = sched.func.tensor(name)
         row = t.shape[-1]
-        vec = 16 // t.dtype.itemsize
+        vec = max(16, granule) // t.dtype.itemsize
         if not hasattr(row, "value") or int(row.value) * t.dtype.itemsize % granule == 0:  # type: ignore[attr-defined]
             continue
         sched[out].cache(name, None, loc="global", name=_cache_name(sched, f"{name}_aligned", out),
