@@ -968,6 +968,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         best = replace(best, params={**best.params, "producer": "tma"})
         if calibrated:
             best = _calibrated_tiles(target, best, M, N, K, batch, out_bytes, hw)
+        lines = line_operands(M, N, K, it) if best.split == 1 and batch == 1 else ""
+        if lines:
+            best = replace(best, params={**best.params, "lines": lines})
     if (kernel == "wgmma" and batch == 1 and not split_k
             and (tail_split_default() if tail_split is None else tail_split)):
         rows = tail_split_choice(target, best, M, N, K, dtype, out_bytes)
@@ -1000,6 +1003,23 @@ def _calibrated_tiles(target: CUDATarget, choice: GemmChoice, M: int, N: int, K:
         if t < best_t:
             best, best_t = replace(choice, params=chosen, seconds=t), t
     return best
+
+
+# "A", "B" or "AB": the default's unsplit warpgroup-MMA products loaded by TMA copy these operands, where
+# their rows are not whole lines of ``LINE_BYTES``, into rows that are (``line_operands``); "" (the
+# default): none. An experiment (benchmarks/gemm_configs.py ``/rows128``): 5096×840×4216 (rows of 8432
+# and 1680 bytes) ran 30% slower per tile than 4256×1024×4096 in the same tiles and waves
+LINE_ROWS_VARIABLE = "POLYTILE_LINE_ROWS"
+LINE_ROWS_DEFAULT = ""
+LINE_BYTES = 128
+
+
+def line_operands(M: int, N: int, K: int, itemsize: int, which: str | None = None) -> str:
+    """The operands (of ``which``, by default ``POLYTILE_LINE_ROWS`` or ``LINE_ROWS_DEFAULT``) whose rows
+    are not whole ``LINE_BYTES`` lines: A's rows are K long, B's N."""
+    which = os.environ.get(LINE_ROWS_VARIABLE, LINE_ROWS_DEFAULT) if which is None else which
+    rows = {"A": K, "B": N}
+    return "".join(x for x in "AB" if x in which.upper() and rows[x] * itemsize % LINE_BYTES)
 
 
 def tail_split_default() -> bool:
@@ -1138,8 +1158,8 @@ def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str
     if not _wgmma(target):
         raise ScheduleError(f"{target.name} ({target.arch}) has no warpgroup MMA (wgmma): its GEMMs take "
                             "mma.sync or the CUDA cores (gemm_choice)")
-    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16,
-                            split_k=1).params)
+    params = gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16, split_k=1).params
+    return {k: v for k, v in params.items() if k != "lines"}  # the tiles (the copies are the schedule's)
 
 
 def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", "B"), granule: int = 16) -> list[str]:
@@ -1168,6 +1188,10 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
                    a: str = "A", b: str = "B") -> None:
     fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda,
           "gemv_mma": gemv_mma}[choice.kernel]
+    params = dict(choice.params)
+    lines = str(params.pop("lines", ""))
+    if lines:  # operands copied into rows of whole 128-byte lines first (``line_operands``)
+        align_operands(sched, out, tuple({"A": a, "B": b}[x] for x in lines), granule=LINE_BYTES)
     if choice.kernel in ("wgmma", "mma", "gemv", "gemv_mma"):
         # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
         # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place,
@@ -1175,7 +1199,7 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
         direct = bool(choice.params.get("direct"))
         one_step = direct and choice.params["bk"] >= int(sched.func.tensor(a).shape[-1].value)  # type: ignore[attr-defined]
         align_operands(sched, out, () if one_step else (a,) if direct else (a, b), granule=4)
-    fn(sched, out, a, b, batch=batch, **choice.params)  # type: ignore[operator]
+    fn(sched, out, a, b, batch=batch, **params)  # type: ignore[operator]
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k: int | None = None

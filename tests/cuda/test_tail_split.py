@@ -198,3 +198,23 @@ def test_the_wgmma_tuning_space_offers_the_row_split():
     # applied at sizes without a partial last wave (the tuner's check at odd sizes): unsplit there
     odd = Task(task.template, odd_workload(task), task.target)
     odd.schedule(split)
+
+
+@pytest.mark.needs_nvcc
+def test_operands_copied_into_whole_lines_only_when_asked(monkeypatch):
+    from polytile.ops.gpu_schedules import line_operands
+    assert line_operands(5096, 840, 4216, 2, "AB") == "AB"  # rows of 8432 and 1680 bytes
+    assert line_operands(5096, 896, 4224, 2, "AB") == ""  # 8448 and 1792: whole lines
+    assert line_operands(5096, 840, 4224, 2, "B") == "B" and line_operands(5096, 840, 4224, 2, "A") == ""
+    monkeypatch.delenv(gpu_schedules.LINE_ROWS_VARIABLE, raising=False)
+    assert "lines" not in gemm_choice(SM90A, 5096, 840, 4216, f16, out_bytes=2).params  # off by default
+    monkeypatch.setenv(gpu_schedules.LINE_ROWS_VARIABLE, "B")
+    c = gemm_choice(SM90A, 5096, 840, 4216, f16, out_bytes=2)
+    assert c.params["lines"] == "B" and "lines" not in gpu_schedules.wgmma_gemm_config(5096, 840, 4216, target=SM90A)
+    sched = pt.Schedule(ops.matmul(5096, 840, 4216, "float16", out_dtype="float16").func)
+    gemm_as(sched, c, 5096, 840, 4216)
+    kern = pt.build(sched, SM90A)
+    assert {b.name: [str(d) for d in b.shape] for b in kern.temporaries} == {"B_aligned": ["4216", "896"]}
+    assert len(kern.kernels) == 2  # B's rows rounded up to 64 half-precision values by a copy, the product
+    # a split product keeps its operands in place
+    assert "lines" not in gemm_choice(SM90A, 64, 64, 8192, f16, out_bytes=2).params
