@@ -218,3 +218,17 @@ def test_operands_copied_into_whole_lines_only_when_asked(monkeypatch):
     assert len(kern.kernels) == 2  # B's rows rounded up to 64 half-precision values by a copy, the product
     # a split product keeps its operands in place
     assert "lines" not in gemm_choice(SM90A, 64, 64, 8192, f16, out_bytes=2).params
+
+
+@pytest.mark.needs_nvcc
+def test_the_line_switch_builds_what_gemm_configs_measured(monkeypatch):
+    # benchmarks/gemm_configs.py's 128x192x64/4/1/tma/rows128B at 5096x840x4216 fp16 (H200: 85.5 µs, the
+    # default 103.3): the switch's default is the same kernel
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gemm_configs import build
+    monkeypatch.setenv(gpu_schedules.LINE_ROWS_VARIABLE, "B")
+    measured, _ = build((5096, 840, 4216), "float16", "128x192x64/4/1/tma/rows128B", SM90A)
+    default = ops.matmul(5096, 840, 4216, "float16").build(SM90A)
+    assert default.source == measured.source and "B_aligned" in default.source
