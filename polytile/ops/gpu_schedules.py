@@ -1007,8 +1007,10 @@ def _calibrated_tiles(target: CUDATarget, choice: GemmChoice, M: int, N: int, K:
 
 # "A", "B" or "AB": the default's unsplit warpgroup-MMA products loaded by TMA copy these operands, where
 # their rows are not whole lines of ``LINE_BYTES``, into rows that are (``line_operands``); "" (the
-# default): none. An experiment (benchmarks/gemm_configs.py ``/rows128``): 5096×840×4216 (rows of 8432
-# and 1680 bytes) ran 30% slower per tile than 4256×1024×4096 in the same tiles and waves
+# default): none. Measured on an H200 (benchmarks/results/row_strides-20261129-0535-h200-700bffc.json,
+# fp16, the same 200 tiles of 128×192): 5096×840×4216 (rows of 8432 and 1680 bytes) 103.3 µs, ×896×4224
+# (whole lines) 78.4; B copied (``/rows128B``, the copy in the time) 85.5, ×840×4224 86.1 → 83.3; A copied
+# too 106.6 (43 MB). Off until measured on more shapes, small products among them (the copy's share)
 LINE_ROWS_VARIABLE = "POLYTILE_LINE_ROWS"
 LINE_ROWS_DEFAULT = ""
 LINE_BYTES = 128
