@@ -8,7 +8,9 @@ then timed (CUDA events, L2 flushed, median) in the same run as torch (cuBLAS) o
 A case is MxNxK or BATCHxMxNxK. A configuration is ``default`` or bm x bn x bk / stages / inflight,
 then optionally ``/gG`` (blocks launched in groups of G rows: ``Stage.raster``), ``/sS`` (K split in
 S chunks, unbatched products), ``/pP`` (P persistent blocks per multiprocessor), ``/tmastore`` (the
-results written by a TMA store) and ``/threads`` or ``/tma`` (the producer; default: TMA where
+results written by a TMA store), ``/rows128`` (``/rows128A``, ``/rows128B``: the operands, or the one
+named, whose rows are not whole 128-byte lines copied into rows that are, each copy a kernel of its own)
+and ``/threads`` or ``/tma`` (the producer; default: TMA where
 ``tma_fits`` allows, cp.async otherwise). Results are
 written in float32 (as ``benchmarks/shapes.py`` does by default); torch writes the input dtype.
 """
@@ -43,6 +45,8 @@ def parse_config(text: str) -> dict[str, object]:
             cfg["persistent"] = int(extra[1:])
         elif extra == "tmastore":
             cfg["store"] = "tma"
+        elif extra.startswith("rows128"):
+            cfg["rows128"] = extra[len("rows128"):] or "AB"
         else:
             raise SystemExit(f"unknown configuration part {extra!r} in {text!r}")
     return cfg
@@ -57,6 +61,7 @@ def build(dims: tuple[int, ...], dtype: str, config: str, target: object):  # no
         return op.build(target), dict(choice.params, split=choice.split)
     cfg = parse_config(config)
     split = int(cfg.pop("split", 1))  # type: ignore[call-overload]
+    rows128 = str(cfg.pop("rows128", ""))
     if "producer" not in cfg:
         cfg["producer"] = "tma" if tma_fits(cfg, M, N, K, as_dtype(dtype).itemsize, batch, split) else "threads"
     if lead:
@@ -65,6 +70,8 @@ def build(dims: tuple[int, ...], dtype: str, config: str, target: object):  # no
         op = ops.matmul(M, N, K, dtype, split_k=split if split > 1 else None)
     s = pt.Schedule(op.func)
     out = "P" if split > 1 else "C"  # a split reduction: partial products P over the chunks, then their sum
+    if rows128:  # operands whose rows are not whole 128-byte lines copied into rows that are
+        align_operands(s, out, tuple(rows128), granule=128)
     align_operands(s, out, ("A", "B"), granule=16 if cfg["producer"] == "tma" else 4)
     loops = tuple(x for x in ("bb" if lead else None, "s" if split > 1 else None) if x)
     gemm_wgmma(s, out, "A", "B", batch=(loops[0] if len(loops) == 1 else None), **cfg)

@@ -48,6 +48,7 @@ from ..tune.analytical import (
     predict,
     raster_group,
     split_seconds,
+    tail_combine_seconds,
 )
 from .conv_choice import (
     MMA_K,
@@ -306,15 +307,23 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
         st.persistent(int(persistent))
     if store == "tma":
         st.tma_store()
-    st.cache(a, "ko", loc="shared", name=f"{a}_shared")
-    st.cache(b, "ko", loc="shared", name=f"{b}_shared")
+    # a second product of the same operands in one function (``tail_split``'s) names its tiles after itself
+    shared = [_cache_name(sched, f"{t}_shared", out) for t in (a, b)]
+    for t, name in zip((a, b), shared, strict=True):
+        st.cache(t, "ko", loc="shared", name=name)
     st.cache_write("wi", loc="fragment")
     st.tensorize("i3", "wgmma_m64nNk16")
     if stages > 1:
-        st.pipeline(f"{a}_shared", stages, inflight=inflight, producer=producer, specialize=specialize)
-        st.pipeline(f"{b}_shared", stages, inflight=inflight, producer=producer, specialize=specialize)
+        for name in shared:
+            st.pipeline(name, stages, inflight=inflight, producer=producer, specialize=specialize)
     elif producer != "threads":
         raise ScheduleError(f"gemm_wgmma: producer={producer!r} fills pipelined tiles; it needs stages >= 2")
+
+
+def _cache_name(sched: Schedule, name: str, out: str) -> str:
+    """``name`` for a cache of ``out``'s schedule, or ``out``'s own name for it where another product of
+    the same function has taken it (``tail_split_schedule``: two GEMMs reading A and B)."""
+    return name if name not in {c.name for c in sched.caches} else f"{out}_{name}"
 
 
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
@@ -599,13 +608,40 @@ PADDED_OUTPUT_ELEMENTS = 0
 @dataclass(frozen=True)
 class GemmChoice:
     """A default GEMM schedule: the kernel ("wgmma", "mma", "cuda", "gemv" or "gemv_mma"), its parameters, the
-    number of chunks the reduction is split into (1: none) and the model's predicted seconds."""
+    number of chunks the reduction is split into (1: none) and the model's predicted seconds; with
+    ``tail`` the rows split for the last wave (``tail_split_choice``): this kernel computes the first
+    ``tail.head_rows`` rows, ``tail.tail`` the rest."""
 
     kernel: str
     params: dict[str, int]
     split: int
     seconds: float
     chunk: int = 0  # the length of each chunk of K but the last (0: ⌈K/split⌉)
+    tail: TailSplit | None = None
+
+
+@dataclass(frozen=True)
+class TailSplit:
+    """The rows of a GEMM past its whole waves of output tiles (``tail_split_choice``): the head's rows
+    (``head_rows``, a multiple of its block rows) and the tail's own choice (``tail``: its tiles and its
+    split of K, which fill the multiprocessors that the last wave would leave idle)."""
+
+    head_rows: int
+    tail: GemmChoice
+
+
+# "1": the default GEMM splits the rows of a last wave that the model predicts clearly faster split
+# (``tail_split_choice``). Off: measured slower on all of 11 GEMMs with a 15–55% full last wave (H200,
+# benchmarks/results/tail_wave-20261129-0503-h200-a2613d0.json: 0.77× the default, geometric mean of the
+# best split per GEMM; 5096×840×4216 fp16 102.2 µs default, 117.4 split). The split's head alone, one
+# wave of 130 tiles, took 63.1 µs and the default's second wave of 70 tiles 39 more: these kernels run in
+# proportion to their tiles, not their waves (the model predicted no split past its margin either)
+TAIL_SPLIT_VARIABLE = "POLYTILE_TAIL_SPLIT"
+TAIL_SPLIT_DEFAULT = False
+# the fewest rows a tail takes: fewer rows than a tile of the tail's kernel (warpgroup MMA's 64) leave it
+# one row of tiles
+TAIL_MIN_ROWS = 64
+TAIL_MAX_SPLIT = 8  # the most chunks of K a tail is split into (its partial sums' traffic grows with them)
 
 
 def _wgmma_candidates(M: int, N: int, K: int, it: int, hw: Hardware, tall: bool = False
@@ -820,7 +856,8 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
-                unequal_chunks: bool = True, batched_tiles: bool | None = None, calibrated: bool = True) -> GemmChoice:
+                unequal_chunks: bool = True, batched_tiles: bool | None = None, calibrated: bool = True,
+                tail_split: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -843,6 +880,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     them) the analytical tuner's calibrated model ranks first at the wave model's split
     (``_calibrated_tiles``); False: the wave model's tiles, as the default chose before 2026-11-29 (for
     A/B benchmarks: ``benchmarks/wgmma_defaults.py``).
+    ``tail_split`` (None: ``tail_split_default()``, off unless ``POLYTILE_TAIL_SPLIT=1``): an unsplit,
+    unbatched warpgroup-MMA product whose last wave of tiles leaves SMs idle takes its rows split
+    (``tail_split_choice``: the whole waves over all of K, the rest split in K) where the model
+    predicts that clearly faster (``SPLIT_MARGIN``).
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -927,6 +968,15 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         best = replace(best, params={**best.params, "producer": "tma"})
         if calibrated:
             best = _calibrated_tiles(target, best, M, N, K, batch, out_bytes, hw)
+        lines = line_operands(M, N, K, it) if best.split == 1 and batch == 1 else ""
+        if lines:
+            best = replace(best, params={**best.params, "lines": lines})
+    if (kernel == "wgmma" and batch == 1 and not split_k
+            and (tail_split_default() if tail_split is None else tail_split)):
+        rows = tail_split_choice(target, best, M, N, K, dtype, out_bytes)
+        if rows is not None and rows.seconds < SPLIT_MARGIN * wgmma_seconds(target, best.params, M, N, K, 1, 1, K,
+                                                                            out_bytes):
+            best = rows
     return best
 
 
@@ -953,6 +1003,115 @@ def _calibrated_tiles(target: CUDATarget, choice: GemmChoice, M: int, N: int, K:
         if t < best_t:
             best, best_t = replace(choice, params=chosen, seconds=t), t
     return best
+
+
+# "A", "B" or "AB": the default's unsplit warpgroup-MMA products loaded by TMA copy these operands, where
+# their rows are not whole lines of ``LINE_BYTES``, into rows that are (``line_operands``); "" (the
+# default): none. Measured on an H200 (benchmarks/results/row_strides-20261129-0535-h200-700bffc.json,
+# fp16, the same 200 tiles of 128×192): 5096×840×4216 (rows of 8432 and 1680 bytes) 103.3 µs, ×896×4224
+# (whole lines) 78.4; B copied (``/rows128B``, the copy in the time) 85.5, ×840×4224 86.1 → 83.3; A copied
+# too 106.6 (43 MB). Off until measured on more shapes, small products among them (the copy's share)
+LINE_ROWS_VARIABLE = "POLYTILE_LINE_ROWS"
+LINE_ROWS_DEFAULT = ""
+LINE_BYTES = 128
+
+
+def line_operands(M: int, N: int, K: int, itemsize: int, which: str | None = None) -> str:
+    """The operands (of ``which``, by default ``POLYTILE_LINE_ROWS`` or ``LINE_ROWS_DEFAULT``) whose rows
+    are not whole ``LINE_BYTES`` lines: A's rows are K long, B's N."""
+    which = os.environ.get(LINE_ROWS_VARIABLE, LINE_ROWS_DEFAULT) if which is None else which
+    rows = {"A": K, "B": N}
+    return "".join(x for x in "AB" if x in which.upper() and rows[x] * itemsize % LINE_BYTES)
+
+
+def tail_split_default() -> bool:
+    """Whether the default GEMM considers splitting the rows of its last wave: ``TAIL_SPLIT_DEFAULT`` unless
+    the environment variable ``POLYTILE_TAIL_SPLIT`` is "0" or "1" (the A/B switch)."""
+    setting = os.environ.get(TAIL_SPLIT_VARIABLE, "")
+    return setting == "1" if setting in ("0", "1") else TAIL_SPLIT_DEFAULT
+
+
+def tail_split_choice(target: CUDATarget, whole: GemmChoice, M: int, N: int, K: int, dtype: DType,
+                      out_bytes: int = 4, head_rows: int | None = None, tail_split_k: int | None = None
+                      ) -> GemmChoice | None:
+    """An unsplit warpgroup-MMA product ``whole`` (``gemm_choice``'s) whose block tiles fill some whole
+    waves of the GPU and then a last one that leaves multiprocessors idle, with its rows split in two
+    (``ops.matmul.matmul_tail_split_func``): the rows of the whole waves' tiles (``head_rows``; by
+    default as many rows of ``whole``'s tiles as the whole waves hold) as ``whole``'s kernel over all
+    of K, the rest as a product of their own whose tiles and split of K (chunks of whole K tiles,
+    ``gemm_chunks``; ``tail_split_k`` chunks, or by default the fastest of 1 to ``TAIL_MAX_SPLIT``) fill
+    the SMs, then a kernel that writes the head's rows and sums the tail's chunks into the output.
+    Each product predicted by the calibrated model (``wgmma_seconds``), plus the combination's traffic
+    (``tail_combine_seconds``); None where there is no partial last wave, or a tail shorter than
+    ``TAIL_MIN_ROWS`` rows."""
+    if whole.kernel != "wgmma" or whole.split != 1 or whole.tail is not None:
+        return None
+    hw = Hardware.of(target)
+    it = dtype.itemsize
+    if head_rows is None:
+        bm, bn = whole.params["bm"], whole.params["bn"]
+        wave = hw.sms * max(1, occupancy(WgmmaConfig.of(whole.params, out_bytes), hw, it).blocks)
+        columns, tiles = -(-N // bn), -(-M // bm) * -(-N // bn)
+        if tiles <= wave or tiles % wave == 0:
+            return None
+        head_rows = tiles // wave * wave // columns * bm
+    tail_rows = M - head_rows
+    if head_rows <= 0 or tail_rows < TAIL_MIN_ROWS:
+        return None
+    head_t = wgmma_seconds(target, whole.params, head_rows, N, K, 1, 1, K, out_bytes)
+    key = (hw, head_rows, tail_rows, N, K, it, out_bytes, tail_split_k)
+    if key not in _TAILS:  # the tuning template asks for each configuration of the head's tiles
+        _TAILS[key] = _tail_choice(target, hw, head_rows, tail_rows, N, K, it, out_bytes, tail_split_k)
+    tail = _TAILS[key]
+    if tail is None:
+        return None
+    return replace(whole, seconds=head_t + tail.seconds, tail=TailSplit(head_rows, tail))
+
+
+_TAILS: dict[tuple[object, ...], GemmChoice | None] = {}
+
+
+def _tail_choice(target: CUDATarget, hw: Hardware, head_rows: int, tail_rows: int, N: int, K: int, it: int,
+                 out_bytes: int, tail_split_k: int | None) -> GemmChoice | None:
+    """The tail's tiles and split of ``tail_split_choice``, its seconds those of the tail's product and the
+    combination."""
+    tail: GemmChoice | None = None
+    for params, plan in _wgmma_candidates(tail_rows, N, K, it, hw, tall=True):
+        if plan.resident == 0:
+            continue
+        for want in [tail_split_k] if tail_split_k else range(1, TAIL_MAX_SPLIT + 1):
+            split, chunk = gemm_chunks(K, params["bk"], want)
+            if tail_split_k and split != tail_split_k:
+                continue
+            length = chunk or -(-K // split)
+            group = raster_group(tail_rows, N, length, it, params["bm"], hw.l2_bytes)
+            chosen = {**params, **({"group": group} if group > 1 else {}),
+                      **({"producer": "tma"} if tma_fits(params, tail_rows, N, K, it, 1, split) else {})}
+            # the tail's partial sums are combined with the head's rows, not summed by a kernel of their own
+            t = (wgmma_seconds(target, chosen, tail_rows, N, K, 1, split, length, 4)
+                 - split_seconds(target, tail_rows, N, 1, split, 4)
+                 + tail_combine_seconds(target, head_rows, tail_rows, N, split, out_bytes))
+            if tail is None or t < tail.seconds:
+                tail = GemmChoice("wgmma", chosen, split, t, chunk)
+    return tail
+
+
+def tail_split_schedule(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dtype: str) -> Schedule:
+    """The schedule of ``choice``'s row split (``tail_split_choice``): the head's rows ``H`` as ``choice``'s
+    kernel, the tail's chunks ``P`` as its own choice (one chunk a blockIdx.z), the output ``C`` a thread
+    per element (``sum_partials``). Operands whose rows allow no asynchronous copy are copied aligned
+    by each product (its own footprint: A's rows once, B twice)."""
+    from .matmul import matmul_tail_split_func
+    split = choice.tail
+    if split is None:
+        raise ScheduleError("tail_split_schedule: the choice has no row split (tail_split_choice makes one)")
+    tail = split.tail
+    sched = Schedule(matmul_tail_split_func(M, N, K, dtype, split.head_rows, tail.split, out_dtype,
+                                            tail.chunk or None))
+    _gemm_schedule(replace(choice, tail=None), sched, "H", None)
+    _gemm_schedule(tail, sched, "P", "s")
+    sum_partials(sched, "C")
+    return sched
 
 
 def wgmma_seconds(target: CUDATarget, params: dict[str, int], M: int, N: int, K: int, batch: int, split: int,
@@ -1001,8 +1160,8 @@ def wgmma_gemm_config(M: int, N: int, K: int, *, target: CUDATarget) -> dict[str
     if not _wgmma(target):
         raise ScheduleError(f"{target.name} ({target.arch}) has no warpgroup MMA (wgmma): its GEMMs take "
                             "mma.sync or the CUDA cores (gemm_choice)")
-    return dict(gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16,
-                            split_k=1).params)
+    params = gemm_choice(target, max(M, GEMV_ROWS + 1, MMA_M16N8K16.shape[0] + 1), N, K, float16, split_k=1).params
+    return {k: v for k, v in params.items() if k != "lines"}  # the tiles (the copies are the schedule's)
 
 
 def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", "B"), granule: int = 16) -> list[str]:
@@ -1011,15 +1170,18 @@ def align_operands(sched: Schedule, out: str, operands: tuple[str, ...] = ("A", 
     load every tile with 16-byte asynchronous copies. Without it, rows of an odd number of 16-bit
     columns are copied element by element, synchronously, and the unrolled copies spill the
     accumulators (measured: 4095×4097×1023 fp16 in 3.8 ms, cuBLAS 0.24 ms). With ``granule`` = 4,
-    rows that allow 4- or 8-byte asynchronous copies are read in place. Returns the operands copied."""
+    rows that allow 4- or 8-byte asynchronous copies are read in place. A ``granule`` above 16 bytes
+    (128: whole cache lines, an experiment of ``benchmarks/gemm_configs.py``'s ``/rows128``) rounds the
+    copies' rows up to it. Returns the operands copied."""
     done = []
     for name in operands:
         t = sched.func.tensor(name)
         row = t.shape[-1]
-        vec = 16 // t.dtype.itemsize
+        vec = max(16, granule) // t.dtype.itemsize
         if not hasattr(row, "value") or int(row.value) * t.dtype.itemsize % granule == 0:  # type: ignore[attr-defined]
             continue
-        sched[out].cache(name, None, loc="global", name=f"{name}_aligned", whole=(1,) * (len(t.shape) - 1) + (vec,))
+        sched[out].cache(name, None, loc="global", name=_cache_name(sched, f"{name}_aligned", out),
+                         whole=(1,) * (len(t.shape) - 1) + (vec,))
         done.append(name)
     return done
 
@@ -1028,6 +1190,10 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
                    a: str = "A", b: str = "B") -> None:
     fn = {"wgmma": gemm_wgmma, "mma": gemm_tensorcore, "cuda": gemm_cuda, "gemv": gemv_cuda,
           "gemv_mma": gemv_mma}[choice.kernel]
+    params = dict(choice.params)
+    lines = str(params.pop("lines", ""))
+    if lines:  # operands copied into rows of whole 128-byte lines first (``line_operands``)
+        align_operands(sched, out, tuple({"A": a, "B": b}[x] for x in lines), granule=LINE_BYTES)
     if choice.kernel in ("wgmma", "mma", "gemv", "gemv_mma"):
         # rows that allow no asynchronous copy at all (2-byte aligned) are copied aligned first; 4- and
         # 8-byte aligned rows are read in place in pieces of that width; a direct GEMV reads B in place,
@@ -1035,7 +1201,7 @@ def _gemm_schedule(choice: GemmChoice, sched: Schedule, out: str, batch: str | t
         direct = bool(choice.params.get("direct"))
         one_step = direct and choice.params["bk"] >= int(sched.func.tensor(a).shape[-1].value)  # type: ignore[attr-defined]
         align_operands(sched, out, () if one_step else (a,) if direct else (a, b), granule=4)
-    fn(sched, out, a, b, batch=batch, **choice.params)  # type: ignore[operator]
+    fn(sched, out, a, b, batch=batch, **params)  # type: ignore[operator]
 
 
 def matmul(sched: Schedule, target: CUDATarget, M: int, N: int, K: int, split_k: int | None = None
@@ -1088,6 +1254,11 @@ def gemm_as(sched: Schedule, choice: GemmChoice, M: int, N: int, K: int, split_k
     product's: ``padded_output``)."""
     from .matmul import batch_matmul_func, matmul_func
     dt, out = sched.func.tensor("A").dtype.name, sched.func.tensor("C").dtype.name
+    if choice.tail is not None:
+        if batch is not None or split_k is not None:
+            raise ScheduleError("a GEMM's row split for its last wave (tail_split) is of unbatched products "
+                                "whose split_k is unset")
+        return tail_split_schedule(choice, M, N, K, dt, out)
     if batch is None and split_k is None and pads_output(choice, M, N, sched.func.tensor("C").dtype.itemsize):
         return padded_output(choice, M, N, K, dt, out)
     if batch is not None:

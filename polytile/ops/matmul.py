@@ -291,6 +291,46 @@ def _gemm_func(name: str, batch: int, M: int, N: int, K: int, dtype: str, split_
     return Func([A, B], [C], name=name)
 
 
+def matmul_tail_split_func(M: int, N: int, K: int, dtype: str = "float16", head_rows: int = 0, split: int = 1,
+                           out_dtype: str | None = None, chunk: int | None = None) -> Func:
+    """``matmul``'s algorithm with its rows in two parts, for a GPU whose last wave of output tiles would
+    leave most multiprocessors idle: the first ``head_rows`` rows summed over the whole of K,
+    ``H[i, j]`` (in the output type: the whole waves), the rest as partial sums over ``split`` chunks of
+    K, ``P[s, i, j]`` (float32; chunks of ``chunk``, by default ⌈K/split⌉, the last one ending at K:
+    more blocks for the tail), then ``C[i, j]`` = H's row where i < head_rows, else the sum of the
+    tail's chunks (only the chosen side is read). Same inputs and output as ``matmul``
+    (``gpu_schedules.tail_split_schedule``)."""
+    if not 0 < head_rows < M:
+        raise PolytileError(f"matmul: head_rows={head_rows} must leave rows on both sides (0 < head_rows < M={M})")
+    out = output_dtype("matmul", dtype, out_dtype)
+    tail = M - head_rows
+    kc = chunk or -(-K // split)
+    if split < 1 or (split - 1) * kc >= K or split * kc < K:
+        raise PolytileError(f"matmul: {split} chunks of {kc} must cover K={K} with none empty")
+    A = placeholder((M, K), dtype, "A")
+    B = placeholder((K, N), dtype, "B")
+    k = reduce_axis(K, "k")
+    H = compute((head_rows, N), lambda i, j: lang.tensor.sum(product(A[i, k], B[k, j], dtype), axis=k), "H",
+                store_dtype=out)
+    kk = reduce_axis(kc, "k")
+
+    def chunk_sum(s: object, i: object, j: object) -> lang.expr.Expr:
+        kx = s * kc + kk if split > 1 else kk  # type: ignore[operator]
+        where = kx < K if split * kc > K else None
+        return lang.tensor.sum(product(A[head_rows + i, kx], B[kx, j], dtype), axis=kk, where=where)  # type: ignore[operator]
+
+    P = compute((split, tail, N), chunk_sum, "P")
+
+    def combined(i: object, j: object) -> lang.expr.Expr:
+        total = P[0, i - head_rows, j]  # type: ignore[operator]
+        for s in range(1, split):
+            total = total + P[s, i - head_rows, j]  # type: ignore[operator]
+        return select(i < head_rows, H[i, j].astype(total.dtype), total)  # type: ignore[operator]
+
+    C = compute((M, N), combined, "C", store_dtype=out)
+    return Func([A, B], [C], name="matmul")
+
+
 def matmul_padded_func(M: int, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None) -> Func:
     """``matmul``'s algorithm with its product computed in rows of whole 16-byte vectors: B copied as
     ``Bp[k, j]`` with its columns rounded up to Np, a multiple of 16 bytes of the output (zeros past

@@ -676,3 +676,13 @@ def split_seconds(target: CUDATarget, m: int, n: int, batch: int = 1, split: int
     if split <= 1:
         return 0.0
     return (2 * split * 4 + out_bytes) * batch * m * n / target.dram_bandwidth + LAUNCH_SECONDS
+
+
+def tail_combine_seconds(target: CUDATarget, head_rows: int, tail_rows: int, n: int, split: int,
+                         out_bytes: int = 4) -> float:
+    """What the row split of a GEMM's last wave (``ops.matmul.matmul_tail_split_func``) adds to its two
+    products: the tail's ``split`` float32 partial products written and read back, the head's
+    results (``out_bytes``) read back, the whole output written once more, and the launch of the
+    kernel that combines them."""
+    moved = 2 * split * 4 * tail_rows * n + out_bytes * head_rows * n + out_bytes * (head_rows + tail_rows) * n
+    return moved / target.dram_bandwidth + LAUNCH_SECONDS

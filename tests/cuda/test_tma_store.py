@@ -262,7 +262,7 @@ def test_a_tuned_tma_store_applies_at_sizes_it_cannot_store():
     task = make_task("matmul", SM90A, M=512, N=768, K=3072, dtype="float16")
     assert task.template.name == "matmul_wgmma"
     values = dict(bm=64, bn=64, bk=128, stages=6, inflight=1, group=0, producer="threads", persistent=True,
-                  store="tma", split=1)
+                  store="tma", split=1, tail=False)
     assert "pt_tma_store_2d" in _source(task.schedule(values))
     odd = Task(task.template, odd_workload(task), task.target)
     assert dict(odd.workload.shape)["N"] % 8

@@ -58,6 +58,7 @@ from ...ops.gpu_schedules import (
     igemm_rows,
     igemm_schedule,
     igemm_tensorcore,
+    tail_split_choice,
     tma_fits,
 )
 from ...ops.igemm import padded_channels, pads_channels
@@ -418,6 +419,9 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
                                                  ["threads", "tma"])))
     persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
     store = str(_added_knob(cfg, "store", ["threads", "tma"], "threads"))
+    # an unbatched product's rows split for its last wave (tail_split_choice: the tail's tiles and split the model's)
+    tail = op.name == "matmul" and bool(_added_knob(cfg, "tail", _first(d.tail is not None if d else None,
+                                                                         [False, True]), False))
     split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
     t["group"] = group or raster_group(shape.m, shape.n, chunk or -(-shape.k // split), shape.itemsize, t["bm"],
                                        cfg.target.l2_bytes)
@@ -448,7 +452,25 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     per_sm = occupancy(tiles, Hardware.of(cfg.target), shape.itemsize).blocks if persistent else 0
     extra = {**({"producer": "tma"} if tma else {}), **({"persistent": per_sm} if per_sm else {}),
              **({"store": "tma"} if tma_store else {})}
-    return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk))
+    choice = GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk)
+    if tail:
+        cfg.require(split == 1 and not persistent and not tma_store and op.shape.get("split_k") is None,
+                    "a row split for the last wave takes an unsplit product's tiles, without persistent blocks or "
+                    "TMA stores")
+        rows = _tail_split(cfg, op, choice)
+        cfg.require(rows is not None or cfg.mode == "apply",
+                    "a row split needs a partial last wave and a tail of warpgroup-MMA rows (tail_split_choice)")
+        choice = rows or choice  # applied at sizes without a partial last wave: the product unsplit there
+    return _gemm_as(cfg, op, choice)
+
+
+def _tail_split(cfg: TemplateConfig, op: Any, choice: GemmChoice) -> GemmChoice | None:
+    """``choice``'s rows split for its last wave (``tail_split_choice``), None where that does not apply."""
+    s = op.shape
+    if choice.split != 1 or op.name != "matmul":
+        return None
+    return tail_split_choice(cfg.target, choice, s["M"], s["N"], s["K"], op.func.tensor("A").dtype,
+                             op.func.tensor("C").dtype.itemsize)
 
 
 def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
@@ -464,6 +486,15 @@ def wgmma_model(op: Any, target: Any, values: dict[str, object]) -> float:
         cfg = replace(cfg, persistent=occupancy(replace(cfg, persistent=0), Hardware.of(target), shape.itemsize).blocks)
     if not values.get("group"):  # 0: sized to the L2 as the template builds it
         cfg = replace(cfg, group=raster_group(shape.m, shape.n, length, shape.itemsize, cfg.bm, target.l2_bytes))
+    if values.get("tail") and op.name == "matmul" and split == 1:  # the two products and their combination
+        params = {k: values[k] for k in ("bm", "bn", "bk", "stages", "inflight") if k in values}
+        tma = values.get("producer") == "tma" and tma_fits(params, shape.m, shape.n, shape.k, shape.itemsize)
+        s = op.shape
+        rows = tail_split_choice(target, GemmChoice("wgmma", {**params, "group": cfg.group,
+                                                              **({"producer": "tma"} if tma else {})}, 1, 0.0),
+                                 s["M"], s["N"], s["K"], op.func.tensor("A").dtype, op.func.tensor("C").dtype.itemsize)
+        if rows is not None:
+            return rows.seconds
     return predict(chunks, cfg, target) + split_seconds(target, shape.m, shape.n, shape.batch, split)
 
 
