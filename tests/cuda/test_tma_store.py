@@ -106,7 +106,7 @@ def test_a_barrier_and_a_fence_precede_the_store_and_the_next_tile():
 
 
 def test_tma_store_refusals():
-    with pytest.raises(ScheduleError, match="store must be 'threads' or 'tma', got 'bulk'"):
+    with pytest.raises(ScheduleError, match="store must be one of 'threads', 'tma', 'staged', got 'bulk'"):
         gemm_wgmma(pt.Schedule(ops.matmul(256, 256, 128, "float16").func), "C", "A", "B", store="bulk")
     s = pt.Schedule(ops.matmul(64, 64, 64, "float32").func)
     with pytest.raises(ScheduleError, match="tma_store of C: .*bind a loop to blockIdx.x first"):

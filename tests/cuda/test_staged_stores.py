@@ -1,0 +1,123 @@
+"""Staged stores of a block's results (``Stage.staged_store``, ``gemm_wgmma``/``gemm_tensorcore``
+``store="staged"``): the write-back of each block's tile into a shared staging tile (rows padded by
+16 bytes), a barrier, then the threads' copy-out row by row under the tensor's bounds. Numerics of the
+pass on the CPU's block emulator (a CUDA-core schedule at sizes off the tiles), the tensor-core
+kernels' source and SASS for sm_90a (the accumulators' stores into shared memory, the copy-out's
+global stores consecutive by thread), the refusals, and the default's decision
+(``gpu_schedules.STAGED_ODD_STORES``). Numerics on a GPU: test_staged_stores_gpu.py."""
+
+import re
+import subprocess
+import tempfile
+
+import block_emulator
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile import ops
+from polytile.codegen.cuda import cuda_source
+from polytile.errors import ScheduleError
+from polytile.lowering import loopir as ir
+from polytile.lowering.pipeline import lower
+from polytile.ops.gpu_schedules import align_operands, gemm_tensorcore, gemm_wgmma
+from polytile.runtime.cuda import index32_ok
+from polytile.target import CUDATarget
+
+SM90A = CUDATarget(arch="sm_90a")
+needs_nvcc = pytest.mark.needs_nvcc
+
+
+def _cuda_core(M, N, K, staged=True, bm=8, bn=32, out_dtype=None):
+    """A thread per result, bm × bn blocks, the sum in a register: a write-back of one box per block."""
+    s = pt.Schedule(ops.matmul(M, N, K, "float32", **({"out_dtype": out_dtype} if out_dtype else {})).func)
+    st = s["C"]
+    st.split("i", bm, "bi", "ti").split("j", bn, "bj", "tj").reorder("bi", "bj", "ti", "tj", "k")
+    st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ti", "threadIdx.y").bind("tj", "threadIdx.x")
+    st.cache_write("tj", loc="local")
+    if staged:
+        st.staged_store()
+    return s
+
+
+@pytest.mark.parametrize("dims", [(13, 37, 5), (1, 97, 3), (8, 32, 4), (29, 1, 7)], ids=str)
+def test_staged_store_is_the_product_on_the_block_emulator(dims):
+    M, N, K = dims
+    op = ops.matmul(M, N, K, "float32")
+    a, b = op.make_inputs(np.random.default_rng(M * N + K))
+    low = pt.lower(_cuda_core(M, N, K), SM90A)
+    stages = [st.buffer for st in ir.walk_stmt(low.body) if isinstance(st, ir.Allocate) and st.buffer.scope == "shared"]
+    assert [b.name for b in stages] == ["C_stage"]
+    assert [int(d.value) for d in stages[0].shape] == [min(M, 8), min(N, 32) + 4]  # rows padded by 16 bytes
+    (out,) = block_emulator.run(low, [a, b, np.full((M, N), np.nan, np.float32)])
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-6, atol=1e-6)
+
+
+def test_the_copy_out_is_row_major_by_thread():
+    # the global stores: element e = q·threads + tid of the tile, (e div cols, e mod cols) from the origin
+    text = ir.stmt_text(pt.lower(_cuda_core(13, 37, 5), SM90A).body)
+    assert "C_stage_e" in text and "__syncthreads" in text
+    (store,) = [line for line in text.splitlines() if line.strip().startswith("C[")]
+    assert "C_stage_e div 32" in store and "C_stage_e mod 32" in store
+    unstaged = ir.stmt_text(pt.lower(_cuda_core(13, 37, 5, staged=False), SM90A).body)
+    assert "C_stage" not in unstaged
+
+
+def test_staged_store_refusals():
+    s = pt.Schedule(ops.matmul(9, 9, 9, "float32").func)
+    with pytest.raises(ScheduleError, match="bind a loop"):
+        s["C"].staged_store()
+    s = _cuda_core(9, 9, 9, staged=False)
+    s["C"].tma_store()
+    with pytest.raises(ScheduleError, match="already written by TMA"):
+        s["C"].staged_store()
+    s = _cuda_core(9, 9, 9)
+    with pytest.raises(ScheduleError, match="already staged"):
+        s["C"].tma_store()
+    with pytest.raises(ScheduleError, match="store must be"):
+        gemm_tensorcore(pt.Schedule(ops.matmul(64, 64, 64, "float16").func), "C", "A", "B", store="tma")
+
+
+def _tensor_core(M, N, K, dtype, kernel, store="staged"):
+    s = pt.Schedule(ops.matmul(M, N, K, dtype, out_dtype=dtype).func)
+    align_operands(s, "C", granule=4)
+    if kernel == "wgmma":
+        gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=64, stages=4, inflight=1, store=store)
+    else:
+        gemm_tensorcore(s, "C", "A", "B", bm=128, bn=128, wm=64, wn=64, bk=64, stages=3, reg_stages=2, store=store)
+    return s
+
+
+def _source(s) -> str:
+    low = lower(s, SM90A)
+    return cuda_source(low, index32_ok(low))[0]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "mma"])
+def test_tensor_core_write_back_goes_through_the_stage(kernel):
+    src = _source(_tensor_core(1001, 10781, 72, "float16", kernel))
+    product = src[src.index("C_stage"):]
+    # the accumulators into the padded tile (rows of 136), the copy-out's global stores from it
+    assert re.search(r"C_stage\[.*136 \* C_local_q3", product)
+    assert re.search(r"C\[\(+10781 \* \(C_stage_e / 128\)\) \+ \(C_stage_e % 128\)", product)
+    assert "__syncthreads();\n" in product.split("C_stage_q")[0]
+    assert "C_stage" not in _source(_tensor_core(1001, 10781, 72, "float16", kernel, store="threads"))
+
+
+def _sass(kern) -> str:
+    from polytile.sass.disasm import find_nvdisasm
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kern.cubin)
+        f.flush()
+        return subprocess.run([find_nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", ["wgmma", "mma"])
+def test_staged_kernels_build_without_local_memory(kernel):
+    kern = pt.build(_tensor_core(1001, 10781, 71, "bfloat16", kernel), SM90A)
+    sass = _sass(kern)
+    assert "STL" not in sass and "LDL" not in sass
+    product = sass[sass.index("matmul_kernel2"):] if "matmul_kernel2" in sass else sass
+    assert "STS.U16" in product or "STS" in product  # the accumulators into the stage
+    assert re.search(r"STG\.E\.U16", product)  # the copy-out, an element a thread
