@@ -17,10 +17,12 @@ import pytest
 import polytile as pt
 from polytile import ops
 from polytile.codegen.cuda import cuda_source
+from polytile.dtypes import as_dtype
 from polytile.errors import ScheduleError
 from polytile.lowering import loopir as ir
 from polytile.lowering.pipeline import lower
-from polytile.ops.gpu_schedules import align_operands, gemm_tensorcore, gemm_wgmma
+from polytile.ops import gpu_schedules
+from polytile.ops.gpu_schedules import align_operands, gemm_choice, gemm_tensorcore, gemm_wgmma
 from polytile.runtime.cuda import index32_ok
 from polytile.target import CUDATarget
 
@@ -28,11 +30,13 @@ SM90A = CUDATarget(arch="sm_90a")
 needs_nvcc = pytest.mark.needs_nvcc
 
 
-def _cuda_core(M, N, K, staged=True, bm=8, bn=32, out_dtype=None):
-    """A thread per result, bm × bn blocks, the sum in a register: a write-back of one box per block."""
-    s = pt.Schedule(ops.matmul(M, N, K, "float32", **({"out_dtype": out_dtype} if out_dtype else {})).func)
+def _cuda_core(M, N, K, staged=True, bm=8, bn=32, per=1):
+    """``per`` × ``per`` results a thread (bm/per × bn/per threads), bm × bn blocks, the sums in registers: a
+    write-back of one box per block."""
+    s = pt.Schedule(ops.matmul(M, N, K, "float32").func)
     st = s["C"]
-    st.split("i", bm, "bi", "ti").split("j", bn, "bj", "tj").reorder("bi", "bj", "ti", "tj", "k")
+    st.split("i", bm, "bi", "i1").split("j", bn, "bj", "j1").split("i1", per, "ti", "ii").split("j1", per, "tj", "jj")
+    st.reorder("bi", "bj", "ti", "tj", "k", "ii", "jj")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("ti", "threadIdx.y").bind("tj", "threadIdx.x")
     st.cache_write("tj", loc="local")
     if staged:
@@ -40,12 +44,13 @@ def _cuda_core(M, N, K, staged=True, bm=8, bn=32, out_dtype=None):
     return s
 
 
-@pytest.mark.parametrize("dims", [(13, 37, 5), (1, 97, 3), (8, 32, 4), (29, 1, 7)], ids=str)
+@pytest.mark.parametrize("dims", [(13, 37, 5, 1), (1, 97, 3, 1), (8, 32, 4, 1), (29, 1, 7, 1), (13, 37, 5, 2),
+                                  (31, 67, 3, 2)], ids=str)
 def test_staged_store_is_the_product_on_the_block_emulator(dims):
-    M, N, K = dims
+    M, N, K, per = dims  # per × per results a thread: several elements of the copy-out a thread
     op = ops.matmul(M, N, K, "float32")
     a, b = op.make_inputs(np.random.default_rng(M * N + K))
-    low = pt.lower(_cuda_core(M, N, K), SM90A)
+    low = pt.lower(_cuda_core(M, N, K, per=per), SM90A)
     stages = [st.buffer for st in ir.walk_stmt(low.body) if isinstance(st, ir.Allocate) and st.buffer.scope == "shared"]
     assert [b.name for b in stages] == ["C_stage"]
     assert [int(d.value) for d in stages[0].shape] == [min(M, 8), min(N, 32) + 4]  # rows padded by 16 bytes
@@ -121,3 +126,52 @@ def test_staged_kernels_build_without_local_memory(kernel):
     product = sass[sass.index("matmul_kernel2"):] if "matmul_kernel2" in sass else sass
     assert "STS.U16" in product or "STS" in product  # the accumulators into the stage
     assert re.search(r"STG\.E\.U16", product)  # the copy-out, an element a thread
+
+
+def test_the_rule_stages_only_odd_16_bit_rows_of_unsplit_tensor_core_products():
+    f16, bf16, f32 = (as_dtype(d) for d in ("float16", "bfloat16", "float32"))
+    for M, N, K, dt in [(1001, 10781, 71, f16), (128, 50257, 768, f16), (77, 30523, 512, f16), (2048, 4097, 1023, bf16),
+                        (16, 4097, 512, f16)]:
+        on = gemm_choice(SM90A, M, N, K, dt, out_bytes=2, staged_stores=True)
+        off = gemm_choice(SM90A, M, N, K, dt, out_bytes=2, staged_stores=False)
+        assert on.params.pop("store") == "staged" and on.kernel in ("wgmma", "mma") and on.split == 1
+        # the same tiles, their stages fewer only where the staging tile would not fit beside them
+        assert {k: v for k, v in on.params.items() if k not in ("stages", "inflight")} == \
+            {k: v for k, v in off.params.items() if k not in ("stages", "inflight")}
+        p = on.params
+        assert 2 <= p["stages"] <= off.params["stages"]
+        stage = p["bm"] * (p["bn"] + 8) * 2
+        pad = 8 if on.kernel == "mma" else 0  # mma.sync's operand rows padded by 8 elements
+        assert p["stages"] * (p["bm"] + p["bn"]) * (p["bk"] + pad) * 2 + stage <= SM90A.shared_per_block
+        assert gemm_choice(SM90A, M, N, K, dt, out_bytes=2) == off  # STAGED_ODD_STORES off: as before
+    for M, N, K, dt, out in [(128, 50256, 768, f16, 2),   # even N: paired or exchanged stores
+                             (1001, 10781, 71, f16, 4),   # float32 results
+                             (8, 50257, 768, f16, 2),     # the GEMV writes its own rows
+                             (61, 61, 8191, f16, 2)]:     # split: the partial sums, then their sum
+        assert "store" not in gemm_choice(SM90A, M, N, K, dt, out_bytes=out, staged_stores=True).params, (M, N, K)
+    assert "store" not in gemm_choice(SM90A, 128, 301, 4096, f32, out_bytes=2, staged_stores=True).params
+
+
+def test_the_wide_one_step_gemv_fills_the_sms(monkeypatch):
+    f32 = as_dtype("float32")
+    before = gemm_choice(SM90A, 1, 8424, 48, f32)
+    assert not before.params.get("direct")  # the staged GEMV: 0.385× torch at seed 424242
+    monkeypatch.setattr(gpu_schedules, "WIDE_ONE_STEP", True)
+    c = gemm_choice(SM90A, 1, 8424, 48, f32)
+    assert c.kernel == "gemv" and c.split == 1 and c.params["direct"] and c.params["bk"] == 48
+    threads = c.params["bn"] // c.params["vec"]
+    assert threads == 32 and -(-8424 // c.params["bn"]) >= SM90A.sms  # a block on every SM
+    assert gemm_choice(SM90A, 1, 5044, 24, f32) == gemm_choice(SM90A, 1, 5044, 24, f32)
+    for M, N, K in [(1, 20000, 128), (1, 50000, 64)]:  # K past one step, B past WIDE_ONE_STEP_BYTES
+        assert not gemm_choice(SM90A, M, N, K, f32).params.get("stages") == 1
+
+
+@pytest.mark.parametrize("dims", [(1, 8424, 48), (3, 9002, 33), (1, 20006, 64)], ids=str)  # 8-byte rows of B
+def test_the_wide_one_step_gemv_is_the_product_on_the_block_emulator(monkeypatch, dims):
+    monkeypatch.setattr(gpu_schedules, "WIDE_ONE_STEP", True)
+    M, N, K = dims
+    op = ops.matmul(M, N, K, "float32")
+    assert gemm_choice(SM90A, M, N, K, as_dtype("float32")).params["direct"]
+    a, b = op.make_inputs(np.random.default_rng(M * N + K))
+    (out,) = block_emulator.run(pt.lower(op.schedule(SM90A), SM90A), [a, b, np.full((M, N), np.nan, np.float32)])
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
