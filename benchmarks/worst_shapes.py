@@ -53,6 +53,7 @@ from polytile.ops.gpu_schedules import (  # noqa: E402
     igemm_schedule,
     one_step_gemv,
     padded_output,
+    staged_stores_choice,
 )
 from polytile.ops.igemm import pads_channels  # noqa: E402
 from polytile.target import as_target  # noqa: E402
@@ -81,6 +82,7 @@ GEMMS = [  # (M, N, K, dtype)
     (1001, 10781, 71, "float16"),         # seed 52817: 0.47x, three kernels
     (1001, 10784, 72, "float16"),         # the same, aligned: one kernel
     (1001, 10781, 72, "float16"),         # K aligned (B copied; odd rows of C)
+    (1001, 10782, 72, "float16"),         # rows of C 4-byte aligned: paired stores over 8 rows
     (1001, 10784, 71, "float16"),         # N aligned (A copied)
     (2085, 3175, 113, "bfloat16"),        # seed 52817: 0.58x, three kernels
     (128, 50257, 768, "float16"),         # GPT-2's vocabulary projection, 128 tokens (odd N)
@@ -121,7 +123,7 @@ def variants(w: shapes.Workload) -> list[str]:
         staged = list(STAGED) if d["K"] % 2 else []
         return ["default", *other, *staged] + (["uneven chunks"] if geometry in UNEVEN else [])
     M, N, K = d["M"], d["N"], d["K"]
-    staged = list(STAGED) if N % 2 and w.dtype != "float32" and M >= 16 else []
+    staged = list(STAGED) if N % 8 and w.dtype != "float32" and M >= 16 else []
     if M <= 16 and K <= ONE_STEP_ROWS and N * K * (4 if w.dtype == "float32" else 2) > 512 * 1024:
         return ["default", "wide one step", "direct one step"]
     if M < 16:
@@ -155,9 +157,9 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
     if label == "wide one step":  # gpu_schedules.WIDE_ONE_STEP's choice
         one = one_step_gemv(M, N, K, it, WIDE_ONE_STEP_BYTES, target.sms)
         return gemm_as(sched, GemmChoice("gemv", one, 1, 0.0), M, N, K) or sched  # type: ignore[arg-type]
-    if label in STAGED:
-        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2,  # type: ignore[arg-type]
-                             staged_stores=True)
+    if label in STAGED:  # gpu_schedules.STAGED_ODD_STORES's choice (also for rows 4-byte aligned)
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
+        choice = staged_stores_choice(target, choice, N, K, it, 2, granule=16)
         return gemm_as(sched, choice, M, N, K) or sched
     if label.startswith("direct"):
         # the direct GEMV of one_step_gemv (8 bytes of B's columns a thread), its K in one step (at

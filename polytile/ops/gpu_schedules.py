@@ -990,13 +990,13 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     return best
 
 
-def staged_stores_choice(target: CUDATarget, choice: GemmChoice, N: int, K: int, itemsize: int, out_bytes: int
-                         ) -> GemmChoice:
+def staged_stores_choice(target: CUDATarget, choice: GemmChoice, N: int, K: int, itemsize: int, out_bytes: int,
+                         granule: int = 4) -> GemmChoice:
     """``choice`` with its results staged in shared memory and copied out by the threads (store="staged")
-    where it is an unsplit tensor-core product of 16-bit results in rows only 2-byte aligned (an odd
-    N), its pipeline stages fewer if the staging tile (rows padded by 16 bytes) and the stages would
-    not fit a block's shared memory; ``choice`` otherwise."""
-    if choice.kernel not in ("wgmma", "mma") or choice.split != 1 or out_bytes != 2 or N % 2 == 0:
+    where it is an unsplit tensor-core product of 16-bit results in rows not a multiple of ``granule``
+    bytes (4: only 2-byte aligned, an odd N), its pipeline stages fewer if the staging tile (rows
+    padded by 16 bytes) and the stages would not fit a block's shared memory; ``choice`` otherwise."""
+    if choice.kernel not in ("wgmma", "mma") or choice.split != 1 or out_bytes != 2 or N * out_bytes % granule == 0:
         return choice
     p = choice.params
     stage = p["bm"] * (p["bn"] + 16 // out_bytes) * out_bytes

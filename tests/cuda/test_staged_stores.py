@@ -150,6 +150,12 @@ def test_the_rule_stages_only_odd_16_bit_rows_of_unsplit_tensor_core_products():
                              (61, 61, 8191, f16, 2)]:     # split: the partial sums, then their sum
         assert "store" not in gemm_choice(SM90A, M, N, K, dt, out_bytes=out, staged_stores=True).params, (M, N, K)
     assert "store" not in gemm_choice(SM90A, 128, 301, 4096, f32, out_bytes=2, staged_stores=True).params
+    # the suite's aligned neighbours (BERT's linears, LLaMA's decode and vocabulary) are left as they were
+    for M, N, K in [(128, 768, 768), (128, 3072, 768), (2048, 768, 3072), (8, 4096, 4096), (8, 14336, 4096),
+                    (2048, 128256, 4096), (1, 50257, 768)]:
+        for dt in (f16, bf16):
+            assert gemm_choice(SM90A, M, N, K, dt, out_bytes=2, staged_stores=True) == \
+                gemm_choice(SM90A, M, N, K, dt, out_bytes=2, staged_stores=False), (M, N, K)
 
 
 def test_the_wide_one_step_gemv_fills_the_sms(monkeypatch):
