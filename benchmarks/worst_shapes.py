@@ -18,7 +18,8 @@ interleaved rounds (``benchmarks/_variants.py``, as ``split_tails.py``).
 - 16-bit results in rows only 2-byte aligned (an odd N, or an odd number of filters) on the tensor
   cores: the default (each thread stores its accumulators, a warp's store over 8 rows) against the
   tile staged in shared memory and copied out row by row ("staged stores": ``gpu_schedules.
-  STAGED_ODD_STORES``), also on GPT-2's vocabulary projection and other odd-N neighbours;
+  STAGED_ODD_STORES``; "staged overlaid": the tile in the operand tiles' shared memory, the
+  pipeline's stages as the default's), also on GPT-2's vocabulary projection and odd-N neighbours;
 - float32 GEMVs of a short K and 1.6 to 8 MB of B (1×8424×48: 0.385× torch, the staged GEMV in 132
   blocks of one warp): the default against the direct GEMV of one K step in blocks of as few threads
   as leave one on every SM ("wide one step": ``gpu_schedules.WIDE_ONE_STEP``) and in 128-thread blocks.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,7 @@ GEMMS = [  # (M, N, K, dtype)
     (1, 8424, 48, "bfloat16"),
 ]
 STAGED = ("staged stores",)  # the variant of 16-bit results in rows only 2-byte aligned
+OVERLAID = "staged overlaid"  # the same, the staging tile in the storage of the operand tiles
 
 
 def _conv_name(d: tuple[int, ...]) -> str:
@@ -124,6 +127,7 @@ def variants(w: shapes.Workload) -> list[str]:
         return ["default", *other, *staged] + (["uneven chunks"] if geometry in UNEVEN else [])
     M, N, K = d["M"], d["N"], d["K"]
     staged = list(STAGED) if N % 8 and w.dtype != "float32" and M >= 16 else []
+    staged += [OVERLAID] if staged and M > 16 else []  # warpgroup MMA's tiles
     if M <= 16 and K <= ONE_STEP_ROWS and N * K * (4 if w.dtype == "float32" else 2) > 512 * 1024:
         return ["default", "wide one step", "direct one step"]
     if M < 16:
@@ -157,6 +161,10 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
     if label == "wide one step":  # gpu_schedules.WIDE_ONE_STEP's choice
         one = one_step_gemv(M, N, K, it, WIDE_ONE_STEP_BYTES, target.sms)
         return gemm_as(sched, GemmChoice("gemv", one, 1, 0.0), M, N, K) or sched  # type: ignore[arg-type]
+    if label == OVERLAID:  # the default's tiles and stages, the staging tile overlaid
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
+        choice = replace(choice, params={**choice.params, "store": "staged overlaid"})
+        return gemm_as(sched, choice, M, N, K) or sched
     if label in STAGED:  # gpu_schedules.STAGED_ODD_STORES's choice (also for rows 4-byte aligned)
         choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
         choice = staged_stores_choice(target, choice, N, K, it, 2, granule=16)

@@ -905,7 +905,9 @@ class CUDAPrinter(CLikePrinter):
         t = self.storage_type(b.dtype)
         size = self.buffer_elems(b)
         if b.scope == "shared":
-            if b.name in self.dynamic:
+            if b.overlays:  # the storage of an enclosing buffer, whose uses are over
+                self.emit(f"{t}* {b.name} = ({t}*){b.overlays};")
+            elif b.name in self.dynamic:
                 self.emit(f"{t}* {b.name} = ({t}*)(pt_dynamic_smem + {self.dynamic[b.name]});")
             else:
                 align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
@@ -936,7 +938,7 @@ class CUDAPrinter(CLikePrinter):
         names = {n.name for n in ir.all_exprs(k.body) if isinstance(n, ir.Var)}
         used = [p for p in params if p.name in names]
         shared = [st.buffer for st in ir.walk_stmt(k.body) if isinstance(st, ir.Allocate)
-                  and st.buffer.scope == "shared"]
+                  and st.buffer.scope == "shared" and not st.buffer.overlays]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
         self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)

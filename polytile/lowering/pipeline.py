@@ -116,7 +116,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     if tma_stored and not target.has("tma"):
         raise LoweringError(f"tma_store of {', '.join(sorted(tma_stored))}: the target ({target.key}) has no TMA "
                             "(sm_90 or newer); leave tma_store off")
-    staged = frozenset(name for name, st in sched.states.items() if st.staged_store)
+    staged = {name: st.staged_overlay for name, st in sched.states.items() if st.staged_store}
     passes: list[Pass] = [
         ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
         ("simplify", True, simplify),

@@ -225,14 +225,16 @@ def sum_partials(sched: Schedule, out: str, threads: int = 256, batch: str | Non
         st.bind(batch, "blockIdx.y")
 
 
-STORES = ("threads", "tma", "staged")  # how a tensor-core GEMM's blocks write their results (gemm_wgmma's store)
+# how a tensor-core GEMM's blocks write their results (gemm_wgmma's store): "staged overlaid" stages
+# them in the storage of the operand tiles (``Stage.staged_store``'s overlay)
+STORES = ("threads", "tma", "staged", "staged overlaid")
 
 
 def _store(st: object, store: str) -> None:
     if store == "tma":
         st.tma_store()  # type: ignore[attr-defined]
-    elif store == "staged":
-        st.staged_store()  # type: ignore[attr-defined]
+    elif store.startswith("staged"):
+        st.staged_store(overlay=store == "staged overlaid")  # type: ignore[attr-defined]
 
 
 def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 32,
@@ -245,8 +247,8 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
     ``reg_stages=2`` the operand fragments are double-buffered across the 16-wide K steps of a tile
     (ALCOP's register level). ``store``: "threads" (each thread its accumulators) or "staged" (the
     block's tile through shared memory, copied out row by row: ``gemm_wgmma``'s)."""
-    if store not in ("threads", "staged"):
-        raise ScheduleError(f"gemm_tensorcore: store must be 'threads' or 'staged', got {store!r}")
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"gemm_tensorcore: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     for what, v, m in (("bm", bm, wm), ("bn", bn, wn)):
         if v % m:
             raise ScheduleError(f"gemm_tensorcore: {what}={v} must be a multiple of the warp tile ({m})")
@@ -295,8 +297,8 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     (``Stage.tma_store``; sm_90, rows of ``out`` whole 16 bytes, the staging tile beside the stages
     within a block's shared memory); "staged": staged in shared memory too and copied out by the
     threads, consecutive threads on consecutive elements of a row (``Stage.staged_store``: rows of
-    any length, 16-bit results in rows only 2-byte aligned); "threads": each thread stores its
-    accumulators."""
+    any length, 16-bit results in rows only 2-byte aligned), "staged overlaid" in the operand tiles'
+    shared memory; "threads": each thread stores its accumulators."""
     if store not in STORES:
         raise ScheduleError(f"gemm_wgmma: store must be one of {', '.join(map(repr, STORES))}, got {store!r}")
     if persistent and specialize:
@@ -344,8 +346,8 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
     filter as ``aligned_filter`` leaves it (``filter_granule``). With ``batch`` (the chunks of a split
     reduction, ``out[batch, m, k]``) the blocks also run along blockIdx.z. ``store``: "threads" or
     "staged" (``gemm_tensorcore``'s)."""
-    if store not in ("threads", "staged"):
-        raise ScheduleError(f"igemm_tensorcore: store must be 'threads' or 'staged', got {store!r}")
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"igemm_tensorcore: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     if bm % wm or bn % wn or wm % 16 or wn % 8 or bk % 16:
         raise ScheduleError(f"igemm_tensorcore: tiles {bm}×{bn}×{bk} with warp tiles {wm}×{wn} do not fit "
                             "mma.m16n8k16")
@@ -381,8 +383,8 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
     tile (both in 128-byte swizzled rows: ``bk`` and ``bn`` multiples of 64), the taps and channel
     chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch``,
     ``filter_granule`` and ``store`` as in ``igemm_tensorcore``."""
-    if store not in ("threads", "staged"):
-        raise ScheduleError(f"igemm_wgmma: store must be 'threads' or 'staged', got {store!r}")
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"igemm_wgmma: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     if bm % 64 or bn % 64 or bk % 64:
         raise ScheduleError(f"igemm_wgmma: bm, bn and bk must be multiples of 64 (got {bm}, {bn}, {bk})")
     aligned_filter(sched, out, w, filter_granule)

@@ -75,6 +75,7 @@ class StageState:
     persistent: int = 0  # blocks per multiprocessor looping over the tiles (``persistent``; 0: a block a tile)
     tma_store: bool = False  # the blocks' tiles written by TMA stores (``tma_store``)
     staged_store: bool = False  # the blocks' tiles staged in shared memory, copied out by the threads
+    staged_overlay: bool = False  # the staging tile in the storage of shared buffers used before it
     cluster: bool = False  # the kernel's threadIdx.z runs as the blocks of a thread-block cluster (``cluster``)
 
 

@@ -22,7 +22,7 @@ from polytile.errors import ScheduleError
 from polytile.lowering import loopir as ir
 from polytile.lowering.pipeline import lower
 from polytile.ops import gpu_schedules
-from polytile.ops.gpu_schedules import align_operands, gemm_choice, gemm_tensorcore, gemm_wgmma
+from polytile.ops.gpu_schedules import align_operands, gemm_choice, gemm_cuda, gemm_tensorcore, gemm_wgmma
 from polytile.runtime.cuda import index32_ok
 from polytile.target import CUDATarget
 
@@ -83,11 +83,11 @@ def test_staged_store_refusals():
         gemm_tensorcore(pt.Schedule(ops.matmul(64, 64, 64, "float16").func), "C", "A", "B", store="tma")
 
 
-def _tensor_core(M, N, K, dtype, kernel, store="staged"):
+def _tensor_core(M, N, K, dtype, kernel, store="staged", bn=128):
     s = pt.Schedule(ops.matmul(M, N, K, dtype, out_dtype=dtype).func)
     align_operands(s, "C", granule=4)
     if kernel == "wgmma":
-        gemm_wgmma(s, "C", "A", "B", bm=128, bn=128, bk=64, stages=4, inflight=1, store=store)
+        gemm_wgmma(s, "C", "A", "B", bm=128, bn=bn, bk=64, stages=4, inflight=1, store=store)
     else:
         gemm_tensorcore(s, "C", "A", "B", bm=128, bn=128, wm=64, wn=64, bk=64, stages=3, reg_stages=2, store=store)
     return s
@@ -181,3 +181,58 @@ def test_the_wide_one_step_gemv_is_the_product_on_the_block_emulator(monkeypatch
     a, b = op.make_inputs(np.random.default_rng(M * N + K))
     (out,) = block_emulator.run(pt.lower(op.schedule(SM90A), SM90A), [a, b, np.full((M, N), np.nan, np.float32)])
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [(1001, 10781, 71), (77, 30523, 512)], ids=str)
+def test_the_wgmma_template_starts_at_the_staged_default(monkeypatch, dims):
+    from polytile.tune import make_task
+    monkeypatch.setattr(gpu_schedules, "STAGED_ODD_STORES", True)
+    op = ops.matmul(*dims, "float16", out_dtype="float16")
+    task = make_task(op, SM90A)
+    default = task.space.default
+    assert task.space.reason_invalid(default.digits) is None and default.values["store"] == "staged"
+    source = _source(task.schedule(default.values))
+    assert source == _source(op.schedule(SM90A)) and "C_stage" in source
+    # the store is a knob of the space: the threads' stores are a configuration of it
+    threads = task.schedule({**default.values, "store": "threads"})
+    assert "C_stage" not in _source(threads)
+
+
+def _overlaid_cuda_core(M, N, K, bk=64):
+    s = pt.Schedule(ops.matmul(M, N, K, "float32").func)
+    gemm_cuda(s, "C", "A", "B", bm=32, bn=32, bk=bk, tm=4, tn=4, stages=1)
+    s["C"].staged_store(overlay=True)
+    return s
+
+
+@pytest.mark.parametrize("dims", [(37, 45, 70), (1, 33, 129), (64, 31, 5)], ids=str)
+def test_overlaid_stage_is_the_product_on_the_block_emulator(dims):
+    # the staging tile in the storage of A's shared tile (the emulator's view of it), after the K loop
+    M, N, K = dims
+    op = ops.matmul(M, N, K, "float32")
+    low = pt.lower(_overlaid_cuda_core(M, N, K), SM90A)
+    shared = {x.buffer.name: x.buffer.overlays for x in ir.walk_stmt(low.body)
+              if isinstance(x, ir.Allocate) and x.buffer.scope == "shared"}
+    assert shared["C_stage"] in ("A_shared", "B_shared")
+    a, b = op.make_inputs(np.random.default_rng(M + N * K))
+    (out,) = block_emulator.run(low, [a, b, np.full((M, N), np.nan, np.float32)])
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-6, atol=1e-6)
+
+
+def test_overlay_needs_a_large_enough_buffer_unused_after_the_k_loop():
+    def overlays(s):
+        low = pt.lower(s, SM90A)
+        (stage,) = [x for x in ir.walk_stmt(low.body) if isinstance(x, ir.Allocate) and x.buffer.name == "C_stage"]
+        # a barrier first: every warp done with the operand tiles before their storage is written
+        first = stage.body.body[0] if isinstance(stage.body, ir.Block) else stage.body
+        return stage.buffer.overlays, ir.stmt_text(first).strip()
+    assert overlays(_overlaid_cuda_core(37, 45, 70)) == ("A_shared", "__syncthreads()")
+    assert overlays(_overlaid_cuda_core(37, 45, 70, bk=8))[0] == ""  # operand tiles smaller than the stage
+    wgmma = _tensor_core(77, 30523, 512, "float16", "wgmma", store="staged overlaid")
+    src = _source(wgmma)
+    assert re.search(r"__half\* C_stage = \(__half\*\)[AB]_shared;", src)
+    # 4 stages of 128×128 operand tiles and the stage would not fit beside them: overlaid, they do
+    from polytile.errors import LoweringError
+    with pytest.raises(LoweringError, match="exceed"):
+        _source(_tensor_core(77, 30523, 512, "float16", "wgmma", store="staged", bn=256))
+    _source(_tensor_core(77, 30523, 512, "float16", "wgmma", store="staged overlaid", bn=256))

@@ -61,3 +61,29 @@ def test_wide_one_step_gemv_is_the_product(monkeypatch, dims):
     assert "B_local" in kern.source and "B_shared" not in kern.source and len(kern.kernels) == 1
     a, b = signed_inputs(torch, [(M, K), (K, N)], dt, M * N + K)
     assert rel_error(kern(a, b), a.double() @ b.double()) <= op.tolerance
+
+
+OVERLAID = [(1001, 10781, 71, "float16"), (77, 30523, 512, "float16"), (2048, 4097, 1023, "bfloat16"),
+            (16, 4097, 512, "float16"), (300, 517, 333, "bfloat16")]
+
+
+@pytest.mark.parametrize("dims", OVERLAID, ids=["x".join(map(str, c[:3])) + "-" + c[3] for c in OVERLAID])
+def test_overlaid_stage_is_the_product(dims):
+    # the staging tile in the operand tiles' storage, behind a barrier: a warp still reading its operands
+    # (wgmma, ldmatrix) or a load still landing in them would show here
+    from dataclasses import replace
+
+    import polytile as pt
+    from polytile.dtypes import as_dtype
+    from polytile.ops.gpu_schedules import gemm_as, gemm_choice
+    from polytile.target import as_target
+    M, N, K, dt = dims
+    op = ops.matmul(M, N, K, dt, out_dtype=dt)
+    choice = gemm_choice(as_target("cuda"), M, N, K, as_dtype(dt), out_bytes=2)
+    choice = replace(choice, params={**choice.params, "store": "staged overlaid"})
+    sched = pt.Schedule(op.func)
+    kern = pt.build(gemm_as(sched, choice, M, N, K) or sched, "cuda")
+    assert "C_stage = (" in kern.source  # overlaid
+    a, b = signed_inputs(torch, [(M, K), (K, N)], dt, M * 3 + N + K)
+    out = kern(a, b)
+    assert rel_error(out, a.double() @ b.double()) <= op.tolerance

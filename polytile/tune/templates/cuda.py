@@ -402,9 +402,9 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row), persistent
     blocks (one per SM looping over the tiles in that order; not the default, not yet measured),
     the tiles' loads (``producer``: the threads' asynchronous copies or TMA), the results' stores
-    (``store``: each thread's, or a TMA store of the tile staged in shared memory; not the default,
-    not yet measured) and an unbatched product's split of K; the first choices are the default's
-    (``gemm_choice``)."""
+    (``store``: each thread's, a TMA store of the tile staged in shared memory, not the default, not yet
+    measured, or the staged tile copied out by the threads row by row, ``STAGED_ODD_STORES``) and an
+    unbatched product's split of K; the first choices are the default's (``gemm_choice``)."""
     shape = gemm_shape(op)
     d = default_gemm(cfg, op, "wgmma")
     p = d.params if d else {}
@@ -417,7 +417,8 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     producer = str(cfg.knob("producer", _choices(cfg, p.get("producer", "threads") if d else None,
                                                  ["threads", "tma"])))
     persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
-    store = str(_added_knob(cfg, "store", ["threads", "tma"], "threads"))
+    store = str(_added_knob(cfg, "store", _first(p.get("store", "threads"), ["threads", "tma", "staged"]),
+                            "threads"))
     split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
     t["group"] = group or raster_group(shape.m, shape.n, chunk or -(-shape.k // split), shape.itemsize, t["bm"],
                                        cfg.target.l2_bytes)
@@ -438,7 +439,10 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(store != "tma" or stores_fit or cfg.mode == "apply",
                 "TMA stores write an unsplit product's results in rows of whole 16 bytes")
     tma_store = store == "tma" and stores_fit  # applied at sizes TMA cannot store: the threads' stores there
-    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store else 0)
+    cfg.require(store != "staged" or split == 1 or cfg.mode == "apply",
+                "staged stores copy out an unsplit product's results (a split's are its partial sums)")
+    staged = store == "staged" and split == 1
+    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store or staged else 0)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
@@ -447,7 +451,7 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     # persistent: as many blocks per SM as fit (an H200 measured one per SM 0.92× → 0.74× where two fit)
     per_sm = occupancy(tiles, Hardware.of(cfg.target), shape.itemsize).blocks if persistent else 0
     extra = {**({"producer": "tma"} if tma else {}), **({"persistent": per_sm} if per_sm else {}),
-             **({"store": "tma"} if tma_store else {})}
+             **({"store": "tma"} if tma_store else {"store": "staged"} if staged else {})}
     return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk))
 
 
