@@ -198,6 +198,15 @@ def test_the_wgmma_template_starts_at_the_staged_default(monkeypatch, dims):
     assert "C_stage" not in _source(threads)
 
 
+def test_the_wgmma_template_offers_staged_stores_only_for_rows_2_byte_aligned():
+    from polytile.tune import make_task
+    for N, offered in [(10781, True), (10782, False), (768, False)]:
+        task = make_task(ops.matmul(1001, N, 72, "float16", out_dtype="float16"), SM90A)
+        space = task.space
+        staged = [c for c in space if c.values.get("store") == "staged" and space.is_valid(c.digits)]
+        assert bool(staged) == offered, N
+
+
 def _overlaid_cuda_core(M, N, K, bk=64):
     s = pt.Schedule(ops.matmul(M, N, K, "float32").func)
     gemm_cuda(s, "C", "A", "B", bm=32, bn=32, bk=bk, tm=4, tn=4, stages=1)

@@ -439,9 +439,11 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(store != "tma" or stores_fit or cfg.mode == "apply",
                 "TMA stores write an unsplit product's results in rows of whole 16 bytes")
     tma_store = store == "tma" and stores_fit  # applied at sizes TMA cannot store: the threads' stores there
-    cfg.require(store != "staged" or split == 1 or cfg.mode == "apply",
-                "staged stores copy out an unsplit product's results (a split's are its partial sums)")
-    staged = store == "staged" and split == 1
+    odd_rows = split == 1 and shape.n * out_bytes % 4 != 0
+    cfg.require(store != "staged" or odd_rows or cfg.mode == "apply",
+                "staged stores copy out an unsplit product's results in rows only 2-byte aligned (the "
+                "accumulators' own stores there are single elements over 8 rows; a split's are its partial sums)")
+    staged = store == "staged" and odd_rows
     tiles = WgmmaConfig(**t, staged=out_bytes if tma_store or staged else 0)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
