@@ -514,9 +514,13 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
 
 def staged_output(N: int, out_bytes: int, staged: bool | None = None) -> str:
     """The store of a tensor-core product's unsplit results in rows of ``N``: "staged" for 16-bit results
-    in rows only 2-byte aligned (an odd N) where ``staged`` (None: ``STAGED_ODD_STORES``), else "threads"."""
+    in rows only 2-byte aligned (an odd N) where ``staged`` (None: ``STAGED_ODD_STORES``; "staged
+    overlaid" where ``STAGED_OVERLAY``: in a tile of its own where no operand tile is large enough),
+    else "threads"."""
     on = STAGED_ODD_STORES if staged is None else staged
-    return "staged" if on and out_bytes == 2 and N % 2 else "threads"
+    if not (on and out_bytes == 2 and N % 2):
+        return "threads"
+    return "staged overlaid" if STAGED_OVERLAY else "staged"
 
 
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
@@ -646,6 +650,9 @@ PADDED_OUTPUT_ELEMENTS = 0
 # instruction over 8 rows (1001×10781×72 fp16 64.5 µs, 1001×10784×72 18.9 on an H200). True: the default
 # (gemm_choice's ``staged_stores``); False: each thread stores its accumulators, as before
 STAGED_ODD_STORES = False
+# staged as STAGED_ODD_STORES does, the staging tile in the storage of an operand's shared tiles (the
+# pipeline's stages kept: ``Stage.staged_store(overlay=True)``) where one is large enough
+STAGED_OVERLAY = False
 
 
 @dataclass(frozen=True)
@@ -993,17 +1000,22 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
 
 
 def staged_stores_choice(target: CUDATarget, choice: GemmChoice, N: int, K: int, itemsize: int, out_bytes: int,
-                         granule: int = 4) -> GemmChoice:
+                         granule: int = 4, overlay: bool | None = None) -> GemmChoice:
     """``choice`` with its results staged in shared memory and copied out by the threads (store="staged")
     where it is an unsplit tensor-core product of 16-bit results in rows not a multiple of ``granule``
-    bytes (4: only 2-byte aligned, an odd N), its pipeline stages fewer if the staging tile (rows
-    padded by 16 bytes) and the stages would not fit a block's shared memory; ``choice`` otherwise."""
+    bytes (4: only 2-byte aligned, an odd N): overlaid on an operand's shared tiles where ``overlay``
+    (None: ``STAGED_OVERLAY``) and one is at least the staging tile's size (rows padded by 16 bytes),
+    else in a tile of its own, the pipeline's stages fewer if they would not fit beside it;
+    ``choice`` otherwise."""
     if choice.kernel not in ("wgmma", "mma") or choice.split != 1 or out_bytes != 2 or N * out_bytes % granule == 0:
         return choice
     p = choice.params
     stage = p["bm"] * (p["bn"] + 16 // out_bytes) * out_bytes
     pad = 8 if choice.kernel == "mma" else 0  # mma.sync's operand rows padded by 8 elements
     stages = p["stages"]
+    operands = stages * max(p["bm"] * (p["bk"] + pad), p["bk"] * (p["bn"] + pad)) * itemsize  # A's or B's tiles
+    if (STAGED_OVERLAY if overlay is None else overlay) and operands >= stage:
+        return replace(choice, params={**p, "store": "staged overlaid"})
     while stages > 2 and stages * ((p["bm"] + p["bn"]) * (p["bk"] + pad)) * itemsize + stage > target.shared_per_block:
         stages -= 1
     inflight = min(p.get("inflight", 0), max(0, stages - 2))

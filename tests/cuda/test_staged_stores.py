@@ -150,6 +150,12 @@ def test_the_rule_stages_only_odd_16_bit_rows_of_unsplit_tensor_core_products():
                              (61, 61, 8191, f16, 2)]:     # split: the partial sums, then their sum
         assert "store" not in gemm_choice(SM90A, M, N, K, dt, out_bytes=out, staged_stores=True).params, (M, N, K)
     assert "store" not in gemm_choice(SM90A, 128, 301, 4096, f32, out_bytes=2, staged_stores=True).params
+    # overlaid (STAGED_OVERLAY): the default's stages kept, where an operand's tiles hold the staging tile
+    for M, N, K, dt in [(1001, 10781, 71, f16), (77, 30523, 512, f16), (2048, 4097, 1023, bf16), (16, 4097, 512, f16),
+                        (300, 517, 64, f16)]:
+        off = gemm_choice(SM90A, M, N, K, dt, out_bytes=2)
+        on = gpu_schedules.staged_stores_choice(SM90A, off, N, K, 2, 2, overlay=True)
+        assert on.params == {**off.params, "store": "staged overlaid"}, (M, N, K)
     # the suite's aligned neighbours (BERT's linears, LLaMA's decode and vocabulary) are left as they were
     for M, N, K in [(128, 768, 768), (128, 3072, 768), (2048, 768, 3072), (8, 4096, 4096), (8, 14336, 4096),
                     (2048, 128256, 4096), (1, 50257, 768)]:
@@ -183,14 +189,18 @@ def test_the_wide_one_step_gemv_is_the_product_on_the_block_emulator(monkeypatch
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dims", [(1001, 10781, 71), (77, 30523, 512)], ids=str)
+@pytest.mark.parametrize("dims", [(1001, 10781, 71, False), (77, 30523, 512, False), (77, 30523, 512, True)],
+                         ids=str)
 def test_the_wgmma_template_starts_at_the_staged_default(monkeypatch, dims):
     from polytile.tune import make_task
+    *mnk, overlay = dims
     monkeypatch.setattr(gpu_schedules, "STAGED_ODD_STORES", True)
-    op = ops.matmul(*dims, "float16", out_dtype="float16")
+    monkeypatch.setattr(gpu_schedules, "STAGED_OVERLAY", overlay)
+    op = ops.matmul(*mnk, "float16", out_dtype="float16")
     task = make_task(op, SM90A)
     default = task.space.default
-    assert task.space.reason_invalid(default.digits) is None and default.values["store"] == "staged"
+    assert task.space.reason_invalid(default.digits) is None
+    assert default.values["store"] == ("staged overlaid" if overlay else "staged")
     source = _source(task.schedule(default.values))
     assert source == _source(op.schedule(SM90A)) and "C_stage" in source
     # the store is a knob of the space: the threads' stores are a configuration of it

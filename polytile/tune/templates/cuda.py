@@ -403,7 +403,8 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     blocks (one per SM looping over the tiles in that order; not the default, not yet measured),
     the tiles' loads (``producer``: the threads' asynchronous copies or TMA), the results' stores
     (``store``: each thread's, a TMA store of the tile staged in shared memory, not the default, not yet
-    measured, or the staged tile copied out by the threads row by row, ``STAGED_ODD_STORES``) and an
+    measured, or the staged tile copied out by the threads row by row, in its own shared memory or
+    overlaid on the operand tiles', ``STAGED_ODD_STORES``) and an
     unbatched product's split of K; the first choices are the default's (``gemm_choice``)."""
     shape = gemm_shape(op)
     d = default_gemm(cfg, op, "wgmma")
@@ -417,8 +418,8 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     producer = str(cfg.knob("producer", _choices(cfg, p.get("producer", "threads") if d else None,
                                                  ["threads", "tma"])))
     persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
-    store = str(_added_knob(cfg, "store", _first(p.get("store", "threads"), ["threads", "tma", "staged"]),
-                            "threads"))
+    store = str(_added_knob(cfg, "store", _first(p.get("store", "threads"),
+                                                 ["threads", "tma", "staged", "staged overlaid"]), "threads"))
     split, chunk = _gemm_split(cfg, op, t["bk"], list(SPLITS), d, decide=op.name == "matmul")
     t["group"] = group or raster_group(shape.m, shape.n, chunk or -(-shape.k // split), shape.itemsize, t["bm"],
                                        cfg.target.l2_bytes)
@@ -440,11 +441,12 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
                 "TMA stores write an unsplit product's results in rows of whole 16 bytes")
     tma_store = store == "tma" and stores_fit  # applied at sizes TMA cannot store: the threads' stores there
     odd_rows = split == 1 and shape.n * out_bytes % 4 != 0
-    cfg.require(store != "staged" or odd_rows or cfg.mode == "apply",
+    cfg.require(not store.startswith("staged") or odd_rows or cfg.mode == "apply",
                 "staged stores copy out an unsplit product's results in rows only 2-byte aligned (the "
                 "accumulators' own stores there are single elements over 8 rows; a split's are its partial sums)")
-    staged = store == "staged" and odd_rows
-    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store or staged else 0)
+    staged = store.startswith("staged") and odd_rows
+    # the staging tile's shared memory (not overlaid: in the operand tiles' storage)
+    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store or (staged and store == "staged") else 0)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
@@ -453,7 +455,7 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     # persistent: as many blocks per SM as fit (an H200 measured one per SM 0.92× → 0.74× where two fit)
     per_sm = occupancy(tiles, Hardware.of(cfg.target), shape.itemsize).blocks if persistent else 0
     extra = {**({"producer": "tma"} if tma else {}), **({"persistent": per_sm} if per_sm else {}),
-             **({"store": "tma"} if tma_store else {"store": "staged"} if staged else {})}
+             **({"store": "tma"} if tma_store else {"store": store} if staged else {})}
     return _gemm_as(cfg, op, GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk))
 
 
