@@ -1157,7 +1157,8 @@ def padded_output(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dt
     against stores of one element spread over 8 rows an instruction."""
     from .matmul import matmul_padded_func
     sched = Schedule(matmul_padded_func(M, N, K, dtype, out_dtype))
-    _gemm_schedule(choice, sched, "Cp", None, b="Bp")
+    padded = {k: v for k, v in choice.params.items() if k != "store"}  # rows of 16-byte vectors: not staged
+    _gemm_schedule(replace(choice, params=padded), sched, "Cp", None, b="Bp")
     for name, (i, j) in (("Bp", ("k", "j")), ("C", ("i", "j"))):
         st = sched[name]
         st.fuse(i, j, "x").split("x", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")
