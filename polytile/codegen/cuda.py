@@ -834,6 +834,10 @@ class CUDAPrinter(CLikePrinter):
         return f"{buf.name}[{idx}]"
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
+        if (isinstance(value, ir.Load) and value.lanes == 1 and value.buffer.dtype == buf.dtype and buf.dtype.bits == 16
+                and value.buffer.name not in self.shared_global):  # a copy: the element as it is, unconverted
+            (idx,) = value.index
+            return f"{value.buffer.name}[{self.expr(idx)}]"
         text = self.value_expr(_unrounded(value, buf.dtype))
         if buf.dtype.name == "bfloat16":
             return f"__float2bfloat16({text})"
