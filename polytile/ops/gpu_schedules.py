@@ -497,8 +497,9 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
         sum_partials(sched, "O")
     else:
         igemm_tensorcore(sched, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
-                         filter_granule=granule, store=staged_output(K, as_dtype(out_dtype).itemsize, staged_stores),
-                         **tiles)
+                         filter_granule=granule, **tiles,
+                         store=staged_output(K, as_dtype(out_dtype).itemsize, staged_stores,
+                                             None if staged_stores else N * P * Q * K))
     st = sched["X"]
     if cp <= MMA_K:  # the padded input: a thread per pixel, its cp channels unrolled (one gather of its index)
         st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
@@ -512,13 +513,13 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     return sched
 
 
-def staged_output(N: int, out_bytes: int, staged: bool | None = None) -> str:
+def staged_output(N: int, out_bytes: int, staged: bool | None = None, results: int | None = None) -> str:
     """The store of a tensor-core product's unsplit results in rows of ``N``: "staged" for 16-bit results
-    in rows only 2-byte aligned (an odd N) where ``staged`` (None: ``STAGED_ODD_STORES``; "staged
-    overlaid" where ``STAGED_OVERLAY``: in a tile of its own where no operand tile is large enough),
-    else "threads"."""
+    in rows only 2-byte aligned (an odd N), at least ``STAGED_LEAST_RESULTS`` ``results`` (None: any),
+    where ``staged`` (None: ``STAGED_ODD_STORES``; "staged overlaid" where ``STAGED_OVERLAY``: in a tile
+    of its own where no operand tile is large enough), else "threads"."""
     on = STAGED_ODD_STORES if staged is None else staged
-    if not (on and out_bytes == 2 and N % 2):
+    if not (on and out_bytes == 2 and N % 2) or (results is not None and results < STAGED_LEAST_RESULTS):
         return "threads"
     return "staged overlaid" if STAGED_OVERLAY else "staged"
 
@@ -535,7 +536,8 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
         igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
     else:
         fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
-        store = staged_output(K, sched.func.tensor("O").dtype.itemsize, staged_stores)
+        store = staged_output(K, sched.func.tensor("O").dtype.itemsize, staged_stores,
+                              None if staged_stores else M * K)
         fn(sched, "O", "col", "Wt", taps, filter_granule=filter_granule, store=store,  # type: ignore[operator]
            **params)
 
@@ -629,11 +631,15 @@ DIRECT_STEP_LATENCY = 10.0
 ONE_STEP_GEMV_BYTES = 512 * 1024
 ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thread
 # past ONE_STEP_GEMV_BYTES, up to this many bytes of B take the one step too where ``WIDE_ONE_STEP``, in
-# blocks of as few threads as leave a block on every SM (``one_step_gemv``'s ``sms``). Before, the staged
-# GEMV: 1×8424×48 float32 (1.6 MB of B) in 132 blocks of one warp, each copying its 48×64 tile through
-# shared memory, then its products (0.385× torch on an H200, random seed 52817)
+# blocks of as few threads as leave a block on every SM (``one_step_gemv``'s ``sms``), for the float32
+# products whose staged GEMV has a partial K tile (``wide_one_step``). Measured on an H200 (2026-11-29,
+# benchmarks/worst_shapes.py at a6936f8, µs staged default / wide one step / torch): 1×8424×48 float32
+# 16.9 / 6.1 / 6.6 (seed 424242: 0.385×; the default's 132 one-warp blocks copy their 48 of 64 rows
+# of B with synchronous loads), 4×8424×48 16.3 / 6.9 / 7.3; not taken (the staged GEMV faster): K a
+# multiple of its K tile, 1×12000×32 5.9 / 6.6, 1×20000×64 6.5 / 9.4; 16-bit, 1×8424×48 fp16 5.1 / 6.2,
+# bf16 5.4 / 6.3. Why the float32 partial tile is slow where the 16-bit one is not is not understood
 WIDE_ONE_STEP_BYTES = 8 * 1024 * 1024
-WIDE_ONE_STEP = False
+WIDE_ONE_STEP = True
 # 16-bit GEMM outputs of 2-byte aligned rows (an odd N) of at least this many results are computed in
 # padded rows and copied out (``pads_output``). Measured on an H200 (benchmarks/worst_shapes.py at
 # 89b8efd, µs padded / default / torch): 1001×10781×71 fp16 53.1 / 67.5 / 30.5 (mma.sync 64.4, wgmma
@@ -644,12 +650,21 @@ WIDE_ONE_STEP = False
 # 184–188 µs padded at eafb8a8 against 97–103 by default at dc7b3df (torch 110; H200,
 # benchmarks/wgmma_defaults.py, both runs): a size bound does not tell the two apart
 PADDED_OUTPUT_ELEMENTS = 0
-# 16-bit results of a tensor-core GEMM (unsplit) in rows only 2-byte aligned (an odd N) staged in shared
-# memory and copied out by the threads, a row at a time (``gemm_wgmma``'s and ``gemm_tensorcore``'s
-# store="staged", ``staged_stores``): the accumulators' own stores are single elements, a warp's store
-# instruction over 8 rows (1001×10781×72 fp16 64.5 µs, 1001×10784×72 18.9 on an H200). True: the default
-# (gemm_choice's ``staged_stores``); False: each thread stores its accumulators, as before
-STAGED_ODD_STORES = False
+# 16-bit results of a tensor-core GEMM (unsplit) in rows only 2-byte aligned (an odd N), at least
+# STAGED_LEAST_RESULTS of them, staged in shared memory and copied out by the threads, a row at a time
+# (``gemm_wgmma``'s, ``gemm_tensorcore``'s and the implicit GEMMs' store="staged", ``staged_stores``): the
+# accumulators' own stores are single elements, a warp's store instruction over 8 rows (1001×10781×72
+# fp16 64.5 µs, 1001×10784×72 18.9 on an H200). True: the default (gemm_choice's ``staged_stores``, for
+# unbatched products, and ``staged_output``); False: each thread stores its accumulators, as before. Measured on an H200
+# (2026-11-29, benchmarks/worst_shapes.py at a6936f8, µs threads' stores / staged / torch): 1001×10781×71
+# fp16 66.2 / 45.6 / 30.5, 1001×10781×72 64.3 / 42.9 / 32.0, 2085×3175×113 bf16 46.4 / 34.0 / 26.6, GPT-2's
+# 128×50257×768 97.0 / 81.4 / 109.6 and 2048×50257×768 693.7 / 488.9 / 1234.1, 77×30523×512 43.5 / 40.2 /
+# 38.9, 2048×4097×1023 bf16 74.8 / 49.7 / 121.6, the 16×70×70 14→161 1×1 convolution 77.4 / 64.1 / 28.2;
+# fewer results within ±2% (1×102×102 304→33 3×3 52.0 / 51.6, 8×28×28 128→75 16.4 / 16.1, 1×8×8
+# 264→461 7×7/2 38.2 / 38.4) or slower (16×4097×512 fp16 on mma.sync 12.4 / 13.2, 1×64×64 3→33 3×3
+# 10.5 / 12.1); rows 4-byte aligned slower (1001×10782×72 36.3 / 45.9: not staged)
+STAGED_ODD_STORES = True
+STAGED_LEAST_RESULTS = 1 << 20
 # staged as STAGED_ODD_STORES does, the staging tile in the storage of an operand's shared tiles (the
 # pipeline's stages kept: ``Stage.staged_store(overlay=True)``) where one is large enough
 STAGED_OVERLAY = False
@@ -749,10 +764,7 @@ def _gemv_candidates(M: int, N: int, K: int, it: int, hw: Hardware, one_step: bo
     alone (``one_step_gemv``)."""
     vec = 8 // it
     out = []
-    one = None
-    if one_step:
-        one = one_step_gemv(M, N, K, it) or (one_step_gemv(M, N, K, it, WIDE_ONE_STEP_BYTES, hw.sms) if WIDE_ONE_STEP
-                                             else None)
+    one = one_step_gemv(M, N, K, it) if one_step else None
     if one is not None:
         threads = one["bn"] // vec
         resident = block_occupancy(hw, threads, one["bk"] * M * it, M * vec + one["bk"] * vec * it // 4 + 32).blocks
@@ -994,20 +1006,35 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         best = replace(best, params={**best.params, "producer": "tma"})
         if calibrated:
             best = _calibrated_tiles(target, best, M, N, K, batch, out_bytes, hw)
-    if STAGED_ODD_STORES if staged_stores is None else staged_stores:
-        best = staged_stores_choice(target, best, N, K, it, out_bytes)
+    if (STAGED_ODD_STORES if staged_stores is None else staged_stores) and batch == 1:  # batched: not yet measured
+        best = staged_stores_choice(target, best, N, K, it, out_bytes, results=M * N)
+    if WIDE_ONE_STEP and batch == 1 and not split_k:
+        best = wide_one_step(best, M, N, K, it, hw.sms)
     return best
 
 
+def wide_one_step(choice: GemmChoice, M: int, N: int, K: int, itemsize: int, sms: int) -> GemmChoice:
+    """The direct GEMV of one K step in blocks that leave one on each of ``sms`` SMs (``one_step_gemv``, B
+    up to ``WIDE_ONE_STEP_BYTES``) for an unsplit staged float32 GEMV whose K tile does not divide K
+    (``WIDE_ONE_STEP``'s measurements); ``choice`` otherwise."""
+    p = choice.params
+    if choice.kernel != "gemv" or choice.split != 1 or itemsize != 4 or p.get("direct") or K % p["bk"] == 0:
+        return choice
+    one = one_step_gemv(M, N, K, itemsize, WIDE_ONE_STEP_BYTES, sms)
+    return choice if one is None else replace(choice, params=one)
+
+
 def staged_stores_choice(target: CUDATarget, choice: GemmChoice, N: int, K: int, itemsize: int, out_bytes: int,
-                         granule: int = 4, overlay: bool | None = None) -> GemmChoice:
+                         granule: int = 4, overlay: bool | None = None, results: int | None = None) -> GemmChoice:
     """``choice`` with its results staged in shared memory and copied out by the threads (store="staged")
     where it is an unsplit tensor-core product of 16-bit results in rows not a multiple of ``granule``
     bytes (4: only 2-byte aligned, an odd N): overlaid on an operand's shared tiles where ``overlay``
     (None: ``STAGED_OVERLAY``) and one is at least the staging tile's size (rows padded by 16 bytes),
-    else in a tile of its own, the pipeline's stages fewer if they would not fit beside it;
-    ``choice`` otherwise."""
+    else in a tile of its own, the pipeline's stages fewer if they would not fit beside it; at least
+    ``STAGED_LEAST_RESULTS`` ``results`` (None: any); ``choice`` otherwise."""
     if choice.kernel not in ("wgmma", "mma") or choice.split != 1 or out_bytes != 2 or N * out_bytes % granule == 0:
+        return choice
+    if results is not None and results < STAGED_LEAST_RESULTS:
         return choice
     p = choice.params
     stage = p["bm"] * (p["bn"] + 16 // out_bytes) * out_bytes

@@ -1,6 +1,6 @@
 """On a GPU: tensor-core GEMMs and implicit-GEMM convolutions whose 16-bit results are staged in shared
-memory and copied out by the threads (``gpu_schedules.STAGED_ODD_STORES`` set for the test), and the
-direct GEMV of one K step for B past ``ONE_STEP_GEMV_BYTES`` (``WIDE_ONE_STEP``), against a float64
+memory and copied out by the threads (``gpu_schedules.STAGED_ODD_STORES``, its bound off for the test), and the
+direct GEMV of one K step for B past ``ONE_STEP_GEMV_BYTES`` (``wide_one_step``'s), against a float64
 torch reference on fresh random inputs at sizes off the tiles (odd, prime, M = 1)."""
 
 import pytest
@@ -20,6 +20,7 @@ GEMMS = [(1001, 10781, 71, "float16"), (128, 50257, 768, "float16"), (77, 30523,
 @pytest.mark.parametrize("dims", GEMMS, ids=["x".join(map(str, c[:3])) + "-" + c[3] for c in GEMMS])
 def test_staged_gemm_is_the_product(monkeypatch, dims):
     monkeypatch.setattr(gpu_schedules, "STAGED_ODD_STORES", True)
+    monkeypatch.setattr(gpu_schedules, "STAGED_LEAST_RESULTS", 0)  # small products too
     M, N, K, dt = dims
     op = ops.matmul(M, N, K, dt, out_dtype=dt)
     kern = op.build("cuda")
@@ -37,6 +38,7 @@ CONVS = [(16, 70, 70, 14, 161, 1, 1, 1, 0), (1, 101, 103, 304, 33, 3, 3, 1, 1), 
 @pytest.mark.parametrize("dims", CONVS, ids=["x".join(map(str, c)) for c in CONVS])
 def test_staged_conv_is_the_convolution(monkeypatch, dims):
     monkeypatch.setattr(gpu_schedules, "STAGED_ODD_STORES", True)
+    monkeypatch.setattr(gpu_schedules, "STAGED_LEAST_RESULTS", 0)  # small products too
     N, H, W, C, K, R, S, st, pad = dims
     op = ops.conv2d_igemm(N, H, W, C, K, R, S, stride=st, padding=pad, dtype="float16", out_dtype="float16")
     kern = op.build("cuda")
@@ -53,11 +55,16 @@ WIDE = [(1, 8424, 48, "float32"), (1, 20011, 64, "float32"), (3, 9001, 33, "floa
 
 
 @pytest.mark.parametrize("dims", WIDE, ids=["x".join(map(str, c[:3])) + "-" + c[3] for c in WIDE])
-def test_wide_one_step_gemv_is_the_product(monkeypatch, dims):
-    monkeypatch.setattr(gpu_schedules, "WIDE_ONE_STEP", True)
+def test_wide_one_step_gemv_is_the_product(dims):
+    import polytile as pt
+    from polytile.target import as_target
     M, N, K, dt = dims
     op = ops.matmul(M, N, K, dt)
-    kern = op.build("cuda")
+    it = 4 if dt == "float32" else 2
+    one = gpu_schedules.one_step_gemv(M, N, K, it, gpu_schedules.WIDE_ONE_STEP_BYTES, as_target("cuda").sms)
+    sched = pt.Schedule(op.func)
+    kern = pt.build(gpu_schedules.gemm_as(sched, gpu_schedules.GemmChoice("gemv", one, 1, 0.0), M, N, K) or sched,
+                    "cuda")
     assert "B_local" in kern.source and "B_shared" not in kern.source and len(kern.kernels) == 1
     a, b = signed_inputs(torch, [(M, K), (K, N)], dt, M * N + K)
     assert rel_error(kern(a, b), a.double() @ b.double()) <= op.tolerance
