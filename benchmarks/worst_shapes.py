@@ -22,7 +22,9 @@ interleaved rounds (``benchmarks/_variants.py``, as ``split_tails.py``).
   pipeline's stages as the default's), also on GPT-2's vocabulary projection and odd-N neighbours;
 - float32 GEMVs of a short K and 1.6 to 8 MB of B (1×8424×48: 0.385× torch, the staged GEMV in 132
   blocks of one warp): the default against the direct GEMV of one K step in blocks of as few threads
-  as leave one on every SM ("wide one step": ``gpu_schedules.WIDE_ONE_STEP``) and in 128-thread blocks.
+  as leave one on every SM ("wide one step": ``gpu_schedules.wide_one_step``), in 128-thread blocks,
+  and the staged GEMV ("staged GEMV": the default before, ``WIDE_ONE_STEP`` off);
+- the defaults before both rules ("threads' stores": ``STAGED_ODD_STORES`` off) beside the default.
 
     python benchmarks/worst_shapes.py OUT.json [--only PART,...] [--workers 14] [--build-only]
 """
@@ -102,6 +104,7 @@ GEMMS = [  # (M, N, K, dtype)
 ]
 STAGED = ("staged stores",)  # the variant of 16-bit results in rows only 2-byte aligned
 OVERLAID = "staged overlaid"  # the same, the staging tile in the storage of the operand tiles
+BEFORE = "threads' stores"  # the default before staged stores (STAGED_ODD_STORES off)
 
 
 def _conv_name(d: tuple[int, ...]) -> str:
@@ -123,13 +126,13 @@ def variants(w: shapes.Workload) -> list[str]:
         geometry = tuple(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding"))
         other = ["in place"] if d["K"] * 2 % 4 or pads_channels(d["C"], 2) else \
             ["aligned copy"] if d["K"] * 2 % 16 else []
-        staged = list(STAGED) if d["K"] % 2 else []
+        staged = [*STAGED, BEFORE] if d["K"] % 2 else []
         return ["default", *other, *staged] + (["uneven chunks"] if geometry in UNEVEN else [])
     M, N, K = d["M"], d["N"], d["K"]
     staged = list(STAGED) if N % 8 and w.dtype != "float32" and M >= 16 else []
-    staged += [OVERLAID] if staged and M > 16 else []  # warpgroup MMA's tiles
+    staged += [OVERLAID, BEFORE] if staged and M > 16 else [BEFORE] if staged else []  # OVERLAID: wgmma's tiles
     if M <= 16 and K <= ONE_STEP_ROWS and N * K * (4 if w.dtype == "float32" else 2) > 512 * 1024:
-        return ["default", "wide one step", "direct one step"]
+        return ["default", "wide one step", "direct one step", "staged GEMV"]
     if M < 16:
         return ["default", "direct one step", "direct steps of 16", "direct split 4"]
     if (M, N, K) in ((1001, 10781, 71), (2085, 3175, 113)):
@@ -149,7 +152,7 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
         geometry = [d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")]
         N, H, W, C, K, R, S, st, pad = geometry
         M = N * ((H + 2 * pad - R) // st + 1) * ((W + 2 * pad - S) // st + 1)
-        staged = label in STAGED
+        staged = True if label in STAGED else False if label in ("in place", "aligned copy", BEFORE) else None
         if pads_channels(C, 2):  # the channel-padded filter's rows K filters long, as before
             return igemm_rows(target, *geometry, "float16", "float16", aligned_filter=label != "in place",
                               staged_stores=staged)
@@ -158,7 +161,11 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
         return igemm_schedule(sched, target, choice, *geometry, filter_granule=granule, staged_stores=staged) or sched
     M, N, K = d["M"], d["N"], d["K"]
     it = 2 if w.dtype != "float32" else 4
-    if label == "wide one step":  # gpu_schedules.WIDE_ONE_STEP's choice
+    if label in (BEFORE, "staged GEMV"):  # the default before its rule
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype,  # type: ignore[arg-type]
+                             out_bytes=sched.func.tensor("C").dtype.itemsize, staged_stores=False, wide_gemv=False)
+        return gemm_as(sched, choice, M, N, K) or sched
+    if label == "wide one step":  # gpu_schedules.wide_one_step's choice
         one = one_step_gemv(M, N, K, it, WIDE_ONE_STEP_BYTES, target.sms)
         return gemm_as(sched, GemmChoice("gemv", one, 1, 0.0), M, N, K) or sched  # type: ignore[arg-type]
     if label == OVERLAID:  # the default's tiles and stages, the staging tile overlaid

@@ -897,7 +897,7 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
                 unequal_chunks: bool = True, batched_tiles: bool | None = None, calibrated: bool = True,
-                staged_stores: bool | None = None) -> GemmChoice:
+                staged_stores: bool | None = None, wide_gemv: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -921,7 +921,8 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     (``_calibrated_tiles``); False: the wave model's tiles, as the default chose before 2026-11-29 (for
     A/B benchmarks: ``benchmarks/wgmma_defaults.py``).
     ``staged_stores`` (None: ``STAGED_ODD_STORES``): a tensor-core product's 16-bit results in rows only
-    2-byte aligned through shared memory (``staged_stores``).
+    2-byte aligned through shared memory (``staged_stores``). ``wide_gemv`` (None: ``WIDE_ONE_STEP``): the
+    float32 GEMVs ``wide_one_step`` takes on the direct GEMV of one K step.
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -933,8 +934,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         # where the model predicts them clearly faster (one row, decoding attention's, keeps the GEMV:
         # mma.sync's 16-row tile has no row loop to bind there)
         args = (target, M, N, K, dtype, batch, split_k, out_bytes, tensor_core_gemv, unequal_chunks)
-        streamed = gemm_choice(*args, batched_tiles=False, calibrated=calibrated, staged_stores=staged_stores)
-        tiled = gemm_choice(*args, batched_tiles=True, calibrated=calibrated, staged_stores=staged_stores)
+        streamed = gemm_choice(*args, batched_tiles=False, calibrated=calibrated, staged_stores=staged_stores,
+                               wide_gemv=wide_gemv)
+        tiled = gemm_choice(*args, batched_tiles=True, calibrated=calibrated, staged_stores=staged_stores,
+                            wide_gemv=wide_gemv)
         return tiled if tiled.seconds < SPLIT_MARGIN * streamed.seconds else streamed
     hw = Hardware.of(target)
     it = dtype.itemsize
@@ -1008,7 +1011,7 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
             best = _calibrated_tiles(target, best, M, N, K, batch, out_bytes, hw)
     if (STAGED_ODD_STORES if staged_stores is None else staged_stores) and batch == 1:  # batched: not yet measured
         best = staged_stores_choice(target, best, N, K, it, out_bytes, results=M * N)
-    if WIDE_ONE_STEP and batch == 1 and not split_k:
+    if (WIDE_ONE_STEP if wide_gemv is None else wide_gemv) and batch == 1 and not split_k:
         best = wide_one_step(best, M, N, K, it, hw.sms)
     return best
 
