@@ -14,7 +14,17 @@ interleaved rounds (``benchmarks/_variants.py``, as ``split_tails.py``).
   tiles, and the product into padded rows copied out (``gpu_schedules.padded_output``);
 - implicit-GEMM splits whose last channel chunk has fewer K tiles than the others where the taps and
   channel tiles form one K loop (``conv_choice.igemm_splits``' ``uneven``), where they change the
-  choice, against the default.
+  choice, against the default;
+- 16-bit results in rows only 2-byte aligned (an odd N, or an odd number of filters) on the tensor
+  cores: the default (each thread stores its accumulators, a warp's store over 8 rows) against the
+  tile staged in shared memory and copied out row by row ("staged stores": ``gpu_schedules.
+  STAGED_ODD_STORES``; "staged overlaid": the tile in the operand tiles' shared memory, the
+  pipeline's stages as the default's), also on GPT-2's vocabulary projection and odd-N neighbours;
+- float32 GEMVs of a short K and 1.6 to 8 MB of B (1×8424×48: 0.385× torch, the staged GEMV in 132
+  blocks of one warp): the default against the direct GEMV of one K step in blocks of as few threads
+  as leave one on every SM ("wide one step": ``gpu_schedules.wide_one_step``), in 128-thread blocks,
+  and the staged GEMV ("staged GEMV": the default before, ``WIDE_ONE_STEP`` off);
+- the defaults before both rules ("threads' stores": ``STAGED_ODD_STORES`` off) beside the default.
 
     python benchmarks/worst_shapes.py OUT.json [--only PART,...] [--workers 14] [--build-only]
 """
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +49,7 @@ from polytile.ops.conv_choice import igemm_choice  # noqa: E402
 from polytile.ops.gpu_schedules import (  # noqa: E402
     FILTER_GRANULE,
     ONE_STEP_ROWS,
+    WIDE_ONE_STEP_BYTES,
     GemmChoice,
     gemm_as,
     gemm_choice,
@@ -45,6 +57,7 @@ from polytile.ops.gpu_schedules import (  # noqa: E402
     igemm_schedule,
     one_step_gemv,
     padded_output,
+    staged_stores_choice,
 )
 from polytile.ops.igemm import pads_channels  # noqa: E402
 from polytile.target import as_target  # noqa: E402
@@ -73,9 +86,25 @@ GEMMS = [  # (M, N, K, dtype)
     (1001, 10781, 71, "float16"),         # seed 52817: 0.47x, three kernels
     (1001, 10784, 72, "float16"),         # the same, aligned: one kernel
     (1001, 10781, 72, "float16"),         # K aligned (B copied; odd rows of C)
+    (1001, 10782, 72, "float16"),         # rows of C 4-byte aligned: paired stores over 8 rows
     (1001, 10784, 71, "float16"),         # N aligned (A copied)
     (2085, 3175, 113, "bfloat16"),        # seed 52817: 0.58x, three kernels
+    (128, 50257, 768, "float16"),         # GPT-2's vocabulary projection, 128 tokens (odd N)
+    (2048, 50257, 768, "float16"),        # the same, 2048 tokens
+    (77, 30523, 512, "float16"),          # odd N, few rows
+    (2048, 4097, 1023, "bfloat16"),       # odd N and K
+    (16, 4097, 512, "float16"),           # 16 rows: mma.sync's tile
+    (1, 8424, 48, "float32"),             # seed 424242: 0.385x (17.2 us, torch 6.6), 132 one-warp blocks
+    (1, 5000, 16, "float32"),
+    (1, 12000, 32, "float32"),
+    (1, 20000, 64, "float32"),
+    (4, 8424, 48, "float32"),
+    (1, 8424, 48, "float16"),
+    (1, 8424, 48, "bfloat16"),
 ]
+STAGED = ("staged stores",)  # the variant of 16-bit results in rows only 2-byte aligned
+OVERLAID = "staged overlaid"  # the same, the staging tile in the storage of the operand tiles
+BEFORE = "threads' stores"  # the default before staged stores (STAGED_ODD_STORES off)
 
 
 def _conv_name(d: tuple[int, ...]) -> str:
@@ -97,13 +126,18 @@ def variants(w: shapes.Workload) -> list[str]:
         geometry = tuple(d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding"))
         other = ["in place"] if d["K"] * 2 % 4 or pads_channels(d["C"], 2) else \
             ["aligned copy"] if d["K"] * 2 % 16 else []
-        return ["default", *other] + (["uneven chunks"] if geometry in UNEVEN else [])
+        staged = [*STAGED, BEFORE] if d["K"] % 2 else []
+        return ["default", *other, *staged] + (["uneven chunks"] if geometry in UNEVEN else [])
     M, N, K = d["M"], d["N"], d["K"]
-    if M <= 16:
+    staged = list(STAGED) if N % 8 and w.dtype != "float32" and M >= 16 else []
+    staged += [OVERLAID, BEFORE] if staged and M > 16 else [BEFORE] if staged else []  # OVERLAID: wgmma's tiles
+    if M <= 16 and K <= ONE_STEP_ROWS and N * K * (4 if w.dtype == "float32" else 2) > 512 * 1024:
+        return ["default", "wide one step", "direct one step", "staged GEMV"]
+    if M < 16:
         return ["default", "direct one step", "direct steps of 16", "direct split 4"]
     if (M, N, K) in ((1001, 10781, 71), (2085, 3175, 113)):
-        return ["default", "mma.sync", "wgmma 128x128", "padded output"]
-    return ["default"]
+        return ["default", "mma.sync", "wgmma 128x128", "padded output", *staged]
+    return ["default", *staged]
 
 
 def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
@@ -118,13 +152,30 @@ def schedule(w: shapes.Workload, label: str) -> pt.Schedule | None:
         geometry = [d[k] for k in ("N", "H", "W", "C", "K", "R", "S", "stride", "padding")]
         N, H, W, C, K, R, S, st, pad = geometry
         M = N * ((H + 2 * pad - R) // st + 1) * ((W + 2 * pad - S) // st + 1)
+        staged = True if label in STAGED else False if label in ("in place", "aligned copy", BEFORE) else None
         if pads_channels(C, 2):  # the channel-padded filter's rows K filters long, as before
-            return igemm_rows(target, *geometry, "float16", "float16", aligned_filter=False)
+            return igemm_rows(target, *geometry, "float16", "float16", aligned_filter=label != "in place",
+                              staged_stores=staged)
         choice = igemm_choice(target, M, C, K, R, S, 2, N * H * W, 2, uneven=label == "uneven chunks")
         granule = None if label == "in place" else 16 if label == "aligned copy" else FILTER_GRANULE
-        return igemm_schedule(sched, target, choice, *geometry, filter_granule=granule) or sched
+        return igemm_schedule(sched, target, choice, *geometry, filter_granule=granule, staged_stores=staged) or sched
     M, N, K = d["M"], d["N"], d["K"]
     it = 2 if w.dtype != "float32" else 4
+    if label in (BEFORE, "staged GEMV"):  # the default before its rule
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype,  # type: ignore[arg-type]
+                             out_bytes=sched.func.tensor("C").dtype.itemsize, staged_stores=False, wide_gemv=False)
+        return gemm_as(sched, choice, M, N, K) or sched
+    if label == "wide one step":  # gpu_schedules.wide_one_step's choice
+        one = one_step_gemv(M, N, K, it, WIDE_ONE_STEP_BYTES, target.sms)
+        return gemm_as(sched, GemmChoice("gemv", one, 1, 0.0), M, N, K) or sched  # type: ignore[arg-type]
+    if label == OVERLAID:  # the default's tiles and stages, the staging tile overlaid
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
+        choice = replace(choice, params={**choice.params, "store": "staged overlaid"})
+        return gemm_as(sched, choice, M, N, K) or sched
+    if label in STAGED:  # gpu_schedules.STAGED_ODD_STORES's choice (also for rows 4-byte aligned)
+        choice = gemm_choice(target, M, N, K, sched.func.tensor("A").dtype, out_bytes=2)  # type: ignore[arg-type]
+        choice = staged_stores_choice(target, choice, N, K, it, 2, granule=16)
+        return gemm_as(sched, choice, M, N, K) or sched
     if label.startswith("direct"):
         # the direct GEMV of one_step_gemv (8 bytes of B's columns a thread), its K in one step (at
         # most ONE_STEP_ROWS), in steps of 16, or split in 4 chunks of steps of 16

@@ -834,6 +834,10 @@ class CUDAPrinter(CLikePrinter):
         return f"{buf.name}[{idx}]"
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
+        if (isinstance(value, ir.Load) and value.lanes == 1 and value.buffer.dtype == buf.dtype and buf.dtype.bits == 16
+                and value.buffer.name not in self.shared_global):  # a copy: the element as it is, unconverted
+            (idx,) = value.index
+            return f"{value.buffer.name}[{self.expr(idx)}]"
         text = self.value_expr(_unrounded(value, buf.dtype))
         if buf.dtype.name == "bfloat16":
             return f"__float2bfloat16({text})"
@@ -905,7 +909,9 @@ class CUDAPrinter(CLikePrinter):
         t = self.storage_type(b.dtype)
         size = self.buffer_elems(b)
         if b.scope == "shared":
-            if b.name in self.dynamic:
+            if b.overlays:  # the storage of an enclosing buffer, whose uses are over
+                self.emit(f"{t}* {b.name} = ({t}*){b.overlays};")
+            elif b.name in self.dynamic:
                 self.emit(f"{t}* {b.name} = ({t}*)(pt_dynamic_smem + {self.dynamic[b.name]});")
             else:
                 align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
@@ -936,7 +942,7 @@ class CUDAPrinter(CLikePrinter):
         names = {n.name for n in ir.all_exprs(k.body) if isinstance(n, ir.Var)}
         used = [p for p in params if p.name in names]
         shared = [st.buffer for st in ir.walk_stmt(k.body) if isinstance(st, ir.Allocate)
-                  and st.buffer.scope == "shared"]
+                  and st.buffer.scope == "shared" and not st.buffer.overlays]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
         self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)

@@ -28,6 +28,7 @@ class Buffer:
     scope: str = "heap"
     swizzle: int = 0  # shared memory: 16-byte chunks XOR-permuted within rows of this many bytes (128)
     disjoint_writes: bool = False  # shared memory: no two threads write one element between barriers (proven)
+    overlays: str = ""  # shared memory: stored in this enclosing shared buffer's storage, unused by then (proven)
 
     def __repr__(self) -> str:
         return f"Buffer({self.name})"

@@ -35,6 +35,7 @@ from .passes.pipeline import pipeline_buffers
 from .passes.realign_loads import realign_loads
 from .passes.registers import promote_registers
 from .passes.simplify import simplify
+from .passes.staged_stores import staged_stores
 from .passes.swizzle import swizzle_shared
 from .passes.tensorize import tensorize_nests
 from .passes.tma_store import tma_stores
@@ -115,6 +116,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
     if tma_stored and not target.has("tma"):
         raise LoweringError(f"tma_store of {', '.join(sorted(tma_stored))}: the target ({target.key}) has no TMA "
                             "(sm_90 or newer); leave tma_store off")
+    staged = {name: st.staged_overlay for name, st in sched.states.items() if st.staged_store}
     passes: list[Pass] = [
         ("allocate", True, lambda s: allocate_intermediates(s, intermediates)),
         ("simplify", True, simplify),
@@ -126,6 +128,7 @@ def _lower(sched: Schedule, target: Target, name: str | None) -> ir.LoweredFunc:
         ("pipeline", gpu, lambda s: pipeline_buffers(s, dict(sched.pipelines), dict(sched.pipeline_inflight),
                                                      dict(sched.pipeline_producer))),
         ("tma-stores", target.has("tma"), lambda s: tma_stores(s, tma_stored, target)),
+        ("staged-stores", gpu, lambda s: staged_stores(s, staged, target)),
         ("simplify", gpu, simplify),
         ("vector-lanes", gpu, vectorize_lanes),
         ("unroll", True, lambda s: unroll_loops(s, unrolled)),

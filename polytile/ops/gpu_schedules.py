@@ -226,15 +226,30 @@ def sum_partials(sched: Schedule, out: str, threads: int = 256, batch: str | Non
         st.bind(batch, "blockIdx.y")
 
 
+# how a tensor-core GEMM's blocks write their results (gemm_wgmma's store): "staged overlaid" stages
+# them in the storage of the operand tiles (``Stage.staged_store``'s overlay)
+STORES = ("threads", "tma", "staged", "staged overlaid")
+
+
+def _store(st: object, store: str) -> None:
+    if store == "tma":
+        st.tma_store()  # type: ignore[attr-defined]
+    elif store.startswith("staged"):
+        st.staged_store(overlay=store == "staged overlaid")  # type: ignore[attr-defined]
+
+
 def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: int = 128, bk: int = 32,
                     wm: int = 64, wn: int = 64, stages: int = 3, reg_stages: int = 1,
-                    batch: str | None = None) -> None:
+                    batch: str | None = None, store: str = "threads") -> None:
     """Schedule ``out[i, j] = sum_k a[i, k] * b[k, j]`` (16-bit operands, float32 result) on tensor
     cores: a ``bm``×``bn`` block tile, (bm/wm)×(bn/wn) warps each owning a ``wm``×``wn`` tile of
     ``mma.m16n8k16`` accumulators in registers, operand tiles of ``bk`` columns in shared memory
     (rows padded by 8 elements: conflict-free ``ldmatrix``), pipelined over ``stages`` K steps; with
     ``reg_stages=2`` the operand fragments are double-buffered across the 16-wide K steps of a tile
-    (ALCOP's register level)."""
+    (ALCOP's register level). ``store``: "threads" (each thread its accumulators) or "staged" (the
+    block's tile through shared memory, copied out row by row: ``gemm_wgmma``'s)."""
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"gemm_tensorcore: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     for what, v, m in (("bm", bm, wm), ("bn", bn, wn)):
         if v % m:
             raise ScheduleError(f"gemm_tensorcore: {what}={v} must be a multiple of the warp tile ({m})")
@@ -251,6 +266,7 @@ def gemm_tensorcore(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128,
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
+    _store(st, store)
     _mma_sync_operands(sched, st, a, b, "i3", stages)
     if reg_stages > 1 and bk > 16:
         st.pipeline(f"{a}_shared_frag", reg_stages).pipeline(f"{b}_shared_frag", reg_stages)
@@ -280,9 +296,12 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
     ``specialize``). ``store="tma"``: the block's
     results are staged in shared memory and written by one TMA store, clipped at the matrix's end
     (``Stage.tma_store``; sm_90, rows of ``out`` whole 16 bytes, the staging tile beside the stages
-    within a block's shared memory); "threads": each thread stores its accumulators."""
-    if store not in ("threads", "tma"):
-        raise ScheduleError(f"gemm_wgmma: store must be 'threads' or 'tma', got {store!r}")
+    within a block's shared memory); "staged": staged in shared memory too and copied out by the
+    threads, consecutive threads on consecutive elements of a row (``Stage.staged_store``: rows of
+    any length, 16-bit results in rows only 2-byte aligned), "staged overlaid" in the operand tiles'
+    shared memory; "threads": each thread stores its accumulators."""
+    if store not in STORES:
+        raise ScheduleError(f"gemm_wgmma: store must be one of {', '.join(map(repr, STORES))}, got {store!r}")
     if persistent and specialize:
         raise ScheduleError("gemm_wgmma: persistent=True with specialize=True is not supported (the producer "
                             "warpgroup does not loop over the tiles); use one of them")
@@ -305,8 +324,7 @@ def gemm_wgmma(sched: Schedule, out: str, a: str, b: str, *, bm: int = 128, bn: 
         st.raster(group)
     if persistent:
         st.persistent(int(persistent))
-    if store == "tma":
-        st.tma_store()
+    _store(st, store)
     # a second product of the same operands in one function (``tail_split``'s) names its tiles after itself
     shared = [_cache_name(sched, f"{t}_shared", out) for t in (a, b)]
     for t, name in zip((a, b), shared, strict=True):
@@ -328,14 +346,17 @@ def _cache_name(sched: Schedule, name: str, out: str) -> str:
 
 def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128,
                      bn: int = 128, bk: int = 32, wm: int = 64, wn: int = 64, stages: int = 3,
-                     reg_stages: int = 1, batch: str | None = None, filter_granule: int | None = FILTER_GRANULE
-                     ) -> None:
+                     reg_stages: int = 1, batch: str | None = None, filter_granule: int | None = FILTER_GRANULE,
+                     store: str = "threads") -> None:
     """Schedule an implicit-GEMM convolution ``out[m, k] = sum col[m, *taps, c] * w[*taps, c, k]`` on
     tensor cores like ``gemm_tensorcore``: the filter taps and the channel chunks form one sequential
     K loop (pipelined), the gathered input ``col`` is cached in shared memory as an [m][c] tile and
     then inlined into its copies (zero-filling asynchronous copies straight from the input); the
     filter as ``aligned_filter`` leaves it (``filter_granule``). With ``batch`` (the chunks of a split
-    reduction, ``out[batch, m, k]``) the blocks also run along blockIdx.z."""
+    reduction, ``out[batch, m, k]``) the blocks also run along blockIdx.z. ``store``: "threads" or
+    "staged" (``gemm_tensorcore``'s)."""
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"igemm_tensorcore: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     if bm % wm or bn % wn or wm % 16 or wn % 8 or bk % 16:
         raise ScheduleError(f"igemm_tensorcore: tiles {bm}×{bn}×{bk} with warp tiles {wm}×{wn} do not fit "
                             "mma.m16n8k16")
@@ -351,6 +372,7 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z").bind("wj", "threadIdx.y")
+    _store(st, store)
     st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", pad=(0, 8), name=f"{col}_shared")
     st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", pad=(0, 8), name=f"{w}_shared")
     st.cache_write("wj", loc="fragment")
@@ -364,12 +386,14 @@ def igemm_tensorcore(sched: Schedule, out: str, col: str, w: str, taps: list[str
 
 def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, bm: int = 128, bn: int = 128,
                 bk: int = 64, stages: int = 4, inflight: int = 1, batch: str | None = None,
-                filter_granule: int | None = FILTER_GRANULE) -> None:
+                filter_granule: int | None = FILTER_GRANULE, store: str = "threads") -> None:
     """Schedule an implicit-GEMM convolution like ``igemm_tensorcore`` on Hopper's warpgroup MMA:
     bm/64 warpgroups issue ``wgmma.m64n{bn}k16`` on the gathered [m][c] tile and the [c][k] filter
     tile (both in 128-byte swizzled rows: ``bk`` and ``bn`` multiples of 64), the taps and channel
-    chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch`` and
-    ``filter_granule`` as in ``igemm_tensorcore``."""
+    chunks one pipelined K loop with ``inflight`` MMA groups left running; ``batch``,
+    ``filter_granule`` and ``store`` as in ``igemm_tensorcore``."""
+    if store not in ("threads", "staged", "staged overlaid"):
+        raise ScheduleError(f"igemm_wgmma: store must be 'threads', 'staged' or 'staged overlaid', got {store!r}")
     if bm % 64 or bn % 64 or bk % 64:
         raise ScheduleError(f"igemm_wgmma: bm, bn and bk must be multiples of 64 (got {bm}, {bn}, {bk})")
     aligned_filter(sched, out, w, filter_granule)
@@ -383,6 +407,7 @@ def igemm_wgmma(sched: Schedule, out: str, col: str, w: str, taps: list[str], *,
     if batch:
         st.bind(batch, "blockIdx.z")
     st.bind("bi", "blockIdx.y").bind("bj", "blockIdx.x").bind("wi", "threadIdx.z")
+    _store(st, store)
     st.cache(col, k_loop, layout=lambda m, *tc: (m, tc[-1]), loc="shared", name=f"{col}_shared")
     st.cache(w, k_loop, layout=lambda *tck: (tck[-2], tck[-1]), loc="shared", name=f"{w}_shared")
     st.cache_write("wi", loc="fragment")
@@ -444,7 +469,8 @@ def igemm_cuda(sched: Schedule, out: str, col: str, w: str, taps: list[str], *, 
 
 def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int,
                padding: int, dtype: str, out_dtype: str, tiles: dict[str, int] | None = None, bk: int | None = None,
-               stages: int = 3, split: tuple[bool, int] | None = None, aligned_filter: bool = True) -> Schedule:
+               stages: int = 3, split: tuple[bool, int] | None = None, aligned_filter: bool = True,
+               staged_stores: bool | None = None) -> Schedule:
     """A convolution of fewer input channels than a tensor-core K step (``ops.igemm.conv2d_igemm_rows_func``:
     the input and filter copied once with the channels padded to 4 or 8 and the image padded,
     then each filter row's taps and channels one contiguous run of the reduction) on ``mma.sync``
@@ -455,7 +481,9 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     The reduction split as ``conv_choice.igemm_rows_choice`` predicts fastest (one chunk per filter
     row and/or run chunks, the chunks along blockIdx.z, then their sum). ``tiles`` (bm, bn, wm, wn),
     ``bk``, ``stages`` and ``split`` (one chunk per filter row, run chunks): other than the default's
-    (tuning); ``aligned_filter`` False: the padded filter's rows K filters long (as before)."""
+    (tuning); ``aligned_filter`` False: the padded filter's rows K filters long (as before).
+    ``staged_stores`` (None: ``STAGED_ODD_STORES``): an unsplit product's 16-bit results in rows only
+    2-byte aligned (an odd K) through shared memory (``staged_output``)."""
     from .igemm import conv2d_igemm_rows_func, padded_channels
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     cp, Sp = padded_channels(C, S)
@@ -478,7 +506,9 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
         sum_partials(sched, "O")
     else:
         igemm_tensorcore(sched, "O", "col", "Wf", ["r"], bk=bk, stages=stages, reg_stages=2 if bk > MMA_K else 1,
-                         filter_granule=granule, **tiles)
+                         filter_granule=granule, **tiles,
+                         store=staged_output(K, as_dtype(out_dtype).itemsize, staged_stores,
+                                             None if staged_stores else N * P * Q * K))
     st = sched["X"]
     if cp <= MMA_K:  # the padded input: a thread per pixel, its cp channels unrolled (one gather of its index)
         st.split("v", cp, "w", "c").fuse("n", "h", "nh").fuse("nh", "w", "x").split("x", 256, "bx", "tx")
@@ -492,8 +522,20 @@ def igemm_rows(target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: in
     return sched
 
 
+def staged_output(N: int, out_bytes: int, staged: bool | None = None, results: int | None = None) -> str:
+    """The store of a tensor-core product's unsplit results in rows of ``N``: "staged" for 16-bit results
+    in rows only 2-byte aligned (an odd N), at least ``STAGED_LEAST_RESULTS`` ``results`` (None: any),
+    where ``staged`` (None: ``STAGED_ODD_STORES``; "staged overlaid" where ``STAGED_OVERLAY``: in a tile
+    of its own where no operand tile is large enough), else "threads"."""
+    on = STAGED_ODD_STORES if staged is None else staged
+    if not (on and out_bytes == 2 and N % 2) or (results is not None and results < STAGED_LEAST_RESULTS):
+        return "threads"
+    return "staged overlaid" if STAGED_OVERLAY else "staged"
+
+
 def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int, K: int, tap_count: int,
-           chosen: tuple[str, dict[str, int]] | None = None, filter_granule: int | None = FILTER_GRANULE) -> None:
+           chosen: tuple[str, dict[str, int]] | None = None, filter_granule: int | None = FILTER_GRANULE,
+           staged_stores: bool | None = None) -> None:
     kernel, params = chosen or igemm_kernel(target, M, C, K, tap_count)
     if kernel == "cuda":
         # pixels per thread and output channels per block: as many as divide the output evenly (no
@@ -503,7 +545,10 @@ def _igemm(sched: Schedule, target: CUDATarget, taps: list[str], M: int, C: int,
         igemm_cuda(sched, "O", "col", "Wt", taps, channels=channels, per_thread=per_thread)
     else:
         fn = igemm_wgmma if kernel == "wgmma" else igemm_tensorcore
-        fn(sched, "O", "col", "Wt", taps, filter_granule=filter_granule, **params)  # type: ignore[operator]
+        store = staged_output(K, sched.func.tensor("O").dtype.itemsize, staged_stores,
+                              None if staged_stores else M * K)
+        fn(sched, "O", "col", "Wt", taps, filter_granule=filter_granule, store=store,  # type: ignore[operator]
+           **params)
 
 
 def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C: int, K: int, R: int, S: int,
@@ -523,15 +568,16 @@ def conv2d_igemm(sched: Schedule, target: CUDATarget, N: int, H: int, W: int, C:
 
 
 def igemm_schedule(sched: Schedule, target: CUDATarget, choice: IgemmChoice, N: int, H: int, W: int, C: int, K: int,
-                   R: int, S: int, stride: int, padding: int, filter_granule: int | None = FILTER_GRANULE
-                   ) -> Schedule | None:
+                   R: int, S: int, stride: int, padding: int, filter_granule: int | None = FILTER_GRANULE,
+                   staged_stores: bool | None = None) -> Schedule | None:
     """Schedule ``ops.conv2d_igemm``'s ``sched`` as ``choice`` (an ``igemm_options`` entry): in place
     when unsplit (None), else the split algorithm's new schedule; the filter as ``aligned_filter``
-    leaves it."""
+    leaves it; ``staged_stores`` as in ``igemm_rows``."""
     from .igemm import conv2d_igemm_split_func
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     if not choice.rows and choice.chunks == 1:
-        _igemm(sched, target, ["r", "s"], N * P * Q, C, K, R * S, (choice.kernel, choice.params), filter_granule)
+        _igemm(sched, target, ["r", "s"], N * P * Q, C, K, R * S, (choice.kernel, choice.params), filter_granule,
+               staged_stores)
         return None
     dtype, out = sched.func.tensor("I").dtype, sched.func.tensor("O").dtype
     return igemm_split_schedule(conv2d_igemm_split_func(N, H, W, C, K, R, S, stride, padding, dtype.name, out.name,
@@ -593,6 +639,16 @@ DIRECT_STEP_LATENCY = 10.0
 # 10.3 / 5.8; past one step, in steps of 64 (not taken): 3×257×129 9.5 / 9.2, 1×88×72 bf16 7.0 / 7.4
 ONE_STEP_GEMV_BYTES = 512 * 1024
 ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thread
+# past ONE_STEP_GEMV_BYTES, up to this many bytes of B take the one step too where ``WIDE_ONE_STEP``, in
+# blocks of as few threads as leave a block on every SM (``one_step_gemv``'s ``sms``), for the float32
+# products whose staged GEMV has a partial K tile (``wide_one_step``). Measured on an H200 (2026-11-29,
+# benchmarks/worst_shapes.py at a6936f8, µs staged default / wide one step / torch): 1×8424×48 float32
+# 16.9 / 6.1 / 6.6 (seed 424242: 0.385×; the default's 132 one-warp blocks copy their 48 of 64 rows
+# of B with synchronous loads), 4×8424×48 16.3 / 6.9 / 7.3; not taken (the staged GEMV faster): K a
+# multiple of its K tile, 1×12000×32 5.9 / 6.6, 1×20000×64 6.5 / 9.4; 16-bit, 1×8424×48 fp16 5.1 / 6.2,
+# bf16 5.4 / 6.3. Why the float32 partial tile is slow where the 16-bit one is not is not understood
+WIDE_ONE_STEP_BYTES = 8 * 1024 * 1024
+WIDE_ONE_STEP = True
 # 16-bit GEMM outputs of 2-byte aligned rows (an odd N) of at least this many results are computed in
 # padded rows and copied out (``pads_output``). Measured on an H200 (benchmarks/worst_shapes.py at
 # 89b8efd, µs padded / default / torch): 1001×10781×71 fp16 53.1 / 67.5 / 30.5 (mma.sync 64.4, wgmma
@@ -603,6 +659,24 @@ ONE_STEP_ROWS = 64  # 8 bytes of B's columns a row: 512 bytes of registers a thr
 # 184–188 µs padded at eafb8a8 against 97–103 by default at dc7b3df (torch 110; H200,
 # benchmarks/wgmma_defaults.py, both runs): a size bound does not tell the two apart
 PADDED_OUTPUT_ELEMENTS = 0
+# 16-bit results of a tensor-core GEMM (unsplit) in rows only 2-byte aligned (an odd N), at least
+# STAGED_LEAST_RESULTS of them, staged in shared memory and copied out by the threads, a row at a time
+# (``gemm_wgmma``'s, ``gemm_tensorcore``'s and the implicit GEMMs' store="staged", ``staged_stores``): the
+# accumulators' own stores are single elements, a warp's store instruction over 8 rows (1001×10781×72
+# fp16 64.5 µs, 1001×10784×72 18.9 on an H200). True: the default (gemm_choice's ``staged_stores``, for
+# unbatched products, and ``staged_output``); False: each thread stores its accumulators, as before. Measured on an H200
+# (2026-11-29, benchmarks/worst_shapes.py at a6936f8, µs threads' stores / staged / torch): 1001×10781×71
+# fp16 66.2 / 45.6 / 30.5, 1001×10781×72 64.3 / 42.9 / 32.0, 2085×3175×113 bf16 46.4 / 34.0 / 26.6, GPT-2's
+# 128×50257×768 97.0 / 81.4 / 109.6 and 2048×50257×768 693.7 / 488.9 / 1234.1, 77×30523×512 43.5 / 40.2 /
+# 38.9, 2048×4097×1023 bf16 74.8 / 49.7 / 121.6, the 16×70×70 14→161 1×1 convolution 77.4 / 64.1 / 28.2;
+# fewer results within ±2% (1×102×102 304→33 3×3 52.0 / 51.6, 8×28×28 128→75 16.4 / 16.1, 1×8×8
+# 264→461 7×7/2 38.2 / 38.4) or slower (16×4097×512 fp16 on mma.sync 12.4 / 13.2, 1×64×64 3→33 3×3
+# 10.5 / 12.1); rows 4-byte aligned slower (1001×10782×72 36.3 / 45.9: not staged)
+STAGED_ODD_STORES = True
+STAGED_LEAST_RESULTS = 1 << 20
+# staged as STAGED_ODD_STORES does, the staging tile in the storage of an operand's shared tiles (the
+# pipeline's stages kept: ``Stage.staged_store(overlay=True)``) where one is large enough
+STAGED_OVERLAY = False
 
 
 @dataclass(frozen=True)
@@ -701,17 +775,19 @@ def _cuda_candidates(M: int, N: int, K: int, it: int, hw: Hardware) -> list[tupl
     return out
 
 
-def one_step_gemv(M: int, N: int, K: int, it: int, most: int | None = None) -> dict[str, int] | None:
+def one_step_gemv(M: int, N: int, K: int, it: int, most: int | None = None, sms: int = 0) -> dict[str, int] | None:
     """The direct GEMV of one K step for a small product (B at most ``most`` bytes, by default
     ``ONE_STEP_GEMV_BYTES``; K at most ``ONE_STEP_ROWS``): each thread loads its K rows × 8 bytes of
     B's columns into registers at once — every load in flight together — in blocks of 32 to 128
-    threads; None where it does not apply. The staged GEMV copies B's tile through shared memory by
+    threads (with ``sms``: as few as leave a block for each of that many SMs); None where it does not
+    apply. The staged GEMV copies B's tile through shared memory by
     its N/vec threads, each looping over many rows (2×30×63 float32: 15 threads, 70 iterations of
     synchronous loads, 29.7 µs on an H200 against torch's 7.4, seed 52817)."""
     if N * K * it > (ONE_STEP_GEMV_BYTES if most is None else most) or K > ONE_STEP_ROWS:
         return None
     vec = 8 // it
-    threads = max(32, min(128, 32 * -(-N // (32 * vec))))
+    warps = -(-N // (32 * vec * sms)) if sms else -(-N // (32 * vec))
+    threads = max(32, min(128, 32 * warps))
     per = 16 // it  # A's shared rows of whole 16-byte vectors
     return dict(bn=threads * vec, vec=vec, bk=-(-K // per) * per, stages=1, direct=True, whole=True)
 
@@ -857,7 +933,8 @@ def _kernel_candidates(target: CUDATarget, M: int, N: int, K: int, dtype: DType,
 def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch: int = 1,
                 split_k: int | None = None, out_bytes: int = 4, tensor_core_gemv: bool | None = None,
                 unequal_chunks: bool = True, batched_tiles: bool | None = None, calibrated: bool = True,
-                tail_split: bool | None = None) -> GemmChoice:
+                tail_split: bool | None = None, staged_stores: bool | None = None,
+                wide_gemv: bool | None = None) -> GemmChoice:
     """The default GEMM schedule for ``target`` by the analytical model's wave quantization
     (``tune.analytical.gemm_seconds``): the kernel the operands call for (matrix–vector streaming for
     at most ``GEMV_ROWS`` rows — fewer than mma.sync's 16 for its operand types, unbatched —, warpgroup
@@ -884,6 +961,9 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
     unbatched warpgroup-MMA product whose last wave of tiles leaves SMs idle takes its rows split
     (``tail_split_choice``: the whole waves over all of K, the rest split in K) where the model
     predicts that clearly faster (``SPLIT_MARGIN``).
+    ``staged_stores`` (None: ``STAGED_ODD_STORES``): a tensor-core product's 16-bit results in rows only
+    2-byte aligned through shared memory (``staged_stores``). ``wide_gemv`` (None: ``WIDE_ONE_STEP``): the
+    float32 GEMVs ``wide_one_step`` takes on the direct GEMV of one K step.
     The CUDA cores' GEMV spends M FMAs and its operands' loads on each element of B: issue-bound at 8 rows;
     the tensor cores compute 16×8×16 products in one instruction. Measured on an H200
     (2026-11-28, ``shapes.py --only '*.t8'``, same run): the suite's 11 16-bit linear layers of 8 tokens
@@ -895,8 +975,10 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         # where the model predicts them clearly faster (one row, decoding attention's, keeps the GEMV:
         # mma.sync's 16-row tile has no row loop to bind there)
         args = (target, M, N, K, dtype, batch, split_k, out_bytes, tensor_core_gemv, unequal_chunks)
-        streamed = gemm_choice(*args, batched_tiles=False, calibrated=calibrated)
-        tiled = gemm_choice(*args, batched_tiles=True, calibrated=calibrated)
+        streamed = gemm_choice(*args, batched_tiles=False, calibrated=calibrated, staged_stores=staged_stores,
+                               wide_gemv=wide_gemv)
+        tiled = gemm_choice(*args, batched_tiles=True, calibrated=calibrated, staged_stores=staged_stores,
+                            wide_gemv=wide_gemv)
         return tiled if tiled.seconds < SPLIT_MARGIN * streamed.seconds else streamed
     hw = Hardware.of(target)
     it = dtype.itemsize
@@ -977,7 +1059,48 @@ def gemm_choice(target: CUDATarget, M: int, N: int, K: int, dtype: DType, batch:
         if rows is not None and rows.seconds < SPLIT_MARGIN * wgmma_seconds(target, best.params, M, N, K, 1, 1, K,
                                                                             out_bytes):
             best = rows
+    if (STAGED_ODD_STORES if staged_stores is None else staged_stores) and batch == 1 and best.tail is None:
+        best = staged_stores_choice(target, best, N, K, it, out_bytes, results=M * N)  # batched: not yet measured
+    if (WIDE_ONE_STEP if wide_gemv is None else wide_gemv) and batch == 1 and not split_k:
+        best = wide_one_step(best, M, N, K, it, hw.sms)
     return best
+
+
+def wide_one_step(choice: GemmChoice, M: int, N: int, K: int, itemsize: int, sms: int) -> GemmChoice:
+    """The direct GEMV of one K step in blocks that leave one on each of ``sms`` SMs (``one_step_gemv``, B
+    up to ``WIDE_ONE_STEP_BYTES``) for an unsplit staged float32 GEMV whose K tile does not divide K
+    (``WIDE_ONE_STEP``'s measurements); ``choice`` otherwise."""
+    p = choice.params
+    if choice.kernel != "gemv" or choice.split != 1 or itemsize != 4 or p.get("direct") or K % p["bk"] == 0:
+        return choice
+    one = one_step_gemv(M, N, K, itemsize, WIDE_ONE_STEP_BYTES, sms)
+    return choice if one is None else replace(choice, params=one)
+
+
+def staged_stores_choice(target: CUDATarget, choice: GemmChoice, N: int, K: int, itemsize: int, out_bytes: int,
+                         granule: int = 4, overlay: bool | None = None, results: int | None = None) -> GemmChoice:
+    """``choice`` with its results staged in shared memory and copied out by the threads (store="staged")
+    where it is an unsplit tensor-core product of 16-bit results in rows not a multiple of ``granule``
+    bytes (4: only 2-byte aligned, an odd N): overlaid on an operand's shared tiles where ``overlay``
+    (None: ``STAGED_OVERLAY``) and one is at least the staging tile's size (rows padded by 16 bytes),
+    else in a tile of its own, the pipeline's stages fewer if they would not fit beside it; at least
+    ``STAGED_LEAST_RESULTS`` ``results`` (None: any); ``choice`` otherwise."""
+    if choice.kernel not in ("wgmma", "mma") or choice.split != 1 or out_bytes != 2 or N * out_bytes % granule == 0:
+        return choice
+    if results is not None and results < STAGED_LEAST_RESULTS:
+        return choice
+    p = choice.params
+    stage = p["bm"] * (p["bn"] + 16 // out_bytes) * out_bytes
+    pad = 8 if choice.kernel == "mma" else 0  # mma.sync's operand rows padded by 8 elements
+    stages = p["stages"]
+    operands = stages * max(p["bm"] * (p["bk"] + pad), p["bk"] * (p["bn"] + pad)) * itemsize  # A's or B's tiles
+    if (STAGED_OVERLAY if overlay is None else overlay) and operands >= stage:
+        return replace(choice, params={**p, "store": "staged overlaid"})
+    while stages > 2 and stages * ((p["bm"] + p["bn"]) * (p["bk"] + pad)) * itemsize + stage > target.shared_per_block:
+        stages -= 1
+    inflight = min(p.get("inflight", 0), max(0, stages - 2))
+    params = {**p, "stages": stages, **({"inflight": inflight} if "inflight" in p else {}), "store": "staged"}
+    return replace(choice, params=params)
 
 
 def _calibrated_tiles(target: CUDATarget, choice: GemmChoice, M: int, N: int, K: int, batch: int, out_bytes: int,
@@ -1230,7 +1353,8 @@ def padded_output(choice: GemmChoice, M: int, N: int, K: int, dtype: str, out_dt
     against stores of one element spread over 8 rows an instruction."""
     from .matmul import matmul_padded_func
     sched = Schedule(matmul_padded_func(M, N, K, dtype, out_dtype))
-    _gemm_schedule(choice, sched, "Cp", None, b="Bp")
+    padded = {k: v for k, v in choice.params.items() if k != "store"}  # rows of 16-byte vectors: not staged
+    _gemm_schedule(replace(choice, params=padded), sched, "Cp", None, b="Bp")
     for name, (i, j) in (("Bp", ("k", "j")), ("C", ("i", "j"))):
         st = sched[name]
         st.fuse(i, j, "x").split("x", 256, "bx", "tx").bind("bx", "blockIdx.x").bind("tx", "threadIdx.x")

@@ -74,6 +74,8 @@ class StageState:
     raster: int = 0  # the blocks run in groups of this many rows of blocks (``raster``; 0: row by row)
     persistent: int = 0  # blocks per multiprocessor looping over the tiles (``persistent``; 0: a block a tile)
     tma_store: bool = False  # the blocks' tiles written by TMA stores (``tma_store``)
+    staged_store: bool = False  # the blocks' tiles staged in shared memory, copied out by the threads
+    staged_overlay: bool = False  # the staging tile in the storage of shared buffers used before it
     cluster: bool = False  # the kernel's threadIdx.z runs as the blocks of a thread-block cluster (``cluster``)
 
 
@@ -346,7 +348,18 @@ class Stage:
     )
     from .order import after, before  # noqa: E402
     from .pipeline import pipeline  # noqa: E402
-    from .tags import bind, cluster, parallel, persistent, raster, tag, tma_store, unroll, vectorize  # noqa: E402
+    from .tags import (  # noqa: E402
+        bind,
+        cluster,
+        parallel,
+        persistent,
+        raster,
+        staged_store,
+        tag,
+        tma_store,
+        unroll,
+        vectorize,
+    )
     from .tensorize import tensorize  # noqa: E402
 
     @transactional

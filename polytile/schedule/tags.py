@@ -143,6 +143,33 @@ def tma_store(self: Stage) -> Stage:
                             "first")
     if self.name not in {o.name for o in self.schedule.func.outputs}:
         raise ScheduleError(f"tma_store of {self.name}: only an output of the function is stored by TMA")
+    if st.staged_store:
+        raise ScheduleError(f"tma_store of {self.name}: its tiles are already staged for the threads (staged_store); "
+                            "use one of them")
     st.tma_store = True
+    self.schedule.commit(self.name, st)
+    return self
+
+
+@transactional
+def staged_store(self: Stage, overlay: bool = False) -> Stage:
+    """Write this computation's results through shared memory: each block stages its tile there and its
+    threads copy the tile to the tensor row by row, consecutive threads on consecutive elements, those
+    inside the tensor (``lowering/passes/staged_stores.py``: the write-back must fill one box). For
+    16-bit results in rows only 2-byte aligned, whose accumulators a warp otherwise stores 8 rows an
+    instruction. ``overlay``: the staging tile in the storage of a shared buffer of the kernel that
+    no statement uses after the write-back begins (a product's operand tiles), where one is large
+    enough and the block does not loop over tiles; its own shared memory otherwise."""
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"staged_store of {self.name}: it stages the tiles of blocks; bind a loop to "
+                            "blockIdx.x first")
+    if self.name not in {o.name for o in self.schedule.func.outputs}:
+        raise ScheduleError(f"staged_store of {self.name}: only an output of the function is staged")
+    if st.tma_store:
+        raise ScheduleError(f"staged_store of {self.name}: its tiles are already written by TMA (tma_store); "
+                            "use one of them")
+    st.staged_store = True
+    st.staged_overlay = bool(overlay)
     self.schedule.commit(self.name, st)
     return self

@@ -122,9 +122,9 @@ def test_one_pass_list_guarded_by_target_features(tmp_path, monkeypatch):
     pt.lower(s, CUDATarget(arch="sm_80"))
     gpu = _dumps(tmp_path / "sm_80")
     assert [p for p, _ in gpu] == ["ast-to-ir", "allocate", "simplify", "tensorize", "whole-tiles", "fragments",
-                                   "allreduce", "kernels", "pipeline", "simplify", "vector-lanes", "unroll", "flatten",
-                                   "simplify", "combine-loads", "gpu-vectorize", "realign-loads", "registers",
-                                   "barriers", "simplify", "exchange-stores", "pair-stores", "swizzle"]
+                                   "allreduce", "kernels", "pipeline", "staged-stores", "simplify", "vector-lanes",
+                                   "unroll", "flatten", "simplify", "combine-loads", "gpu-vectorize", "realign-loads",
+                                   "registers", "barriers", "simplify", "exchange-stores", "pair-stores", "swizzle"]
     assert dict(gpu)["tensorize"] == "(unchanged)\n" and "kernel" in dict(gpu)["kernels"]
     monkeypatch.setenv("POLYTILE_DUMP", str(tmp_path / "sm_90a"))
     pt.lower(s, CUDATarget(arch="sm_90a"))

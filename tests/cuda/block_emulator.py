@@ -8,7 +8,8 @@ group of ``lanes`` lanes of a warp; ``pt_group_sync``) all active or all inactiv
 writing different values to one element in one store; no load or store outside its buffer. A kernel
 of clusters (``Kernel.cluster``) runs a cluster's blocks in lock step together, each block with its own
 copy of the shared buffers (a block that read another's would read its own), its block-wide
-reductions over its own threads and ``pt_cluster_allreduce_*`` over the cluster's. Values
+reductions over its own threads and ``pt_cluster_allreduce_*`` over the cluster's. A shared buffer that
+overlays another (``Buffer.overlays``) shares its elements from the first (a view). Values
 are float64 (float types) or int64: the emulated kernel computes more exactly than the GPU's float32,
 which a comparison with a float64 reference tolerates.
 
@@ -183,6 +184,10 @@ class _Block:
             elif s.buffer.scope == "shared" and self.cluster > 1:
                 self.copies[s.buffer.name] = self.block_of
                 self.memory[s.buffer.name] = np.full((self.cluster, size), np.nan)
+            elif s.buffer.overlays:  # the storage of an enclosing buffer, element by element from its start
+                under = self.memory[s.buffer.overlays]
+                assert under.ndim == 1 and under.size >= size, f"{s.buffer.name} overlays a smaller buffer"
+                self.memory[s.buffer.name] = under[:size]
             else:
                 self.memory[s.buffer.name] = np.full(size, np.nan)
             self.stmt(s.body)

@@ -76,6 +76,7 @@ def test_the_measured_bound():
 
 def test_the_rule_is_off_without_a_bound(monkeypatch):
     monkeypatch.setattr(gpu_schedules, "ONE_STEP_GEMV_BYTES", 0)
+    monkeypatch.setattr(gpu_schedules, "WIDE_ONE_STEP", False)  # the wide products' rule (test_staged_stores.py)
     assert one_step_gemv(2, 30, 63, 4) is None
     assert not gemm_choice(SM90A, 2, 30, 63, f32).params.get("direct")
 

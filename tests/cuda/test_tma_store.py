@@ -106,7 +106,8 @@ def test_a_barrier_and_a_fence_precede_the_store_and_the_next_tile():
 
 
 def test_tma_store_refusals():
-    with pytest.raises(ScheduleError, match="store must be 'threads' or 'tma', got 'bulk'"):
+    with pytest.raises(ScheduleError,
+                       match="store must be one of 'threads', 'tma', 'staged', 'staged overlaid', got 'bulk'"):
         gemm_wgmma(pt.Schedule(ops.matmul(256, 256, 128, "float16").func), "C", "A", "B", store="bulk")
     s = pt.Schedule(ops.matmul(64, 64, 64, "float32").func)
     with pytest.raises(ScheduleError, match="tma_store of C: .*bind a loop to blockIdx.x first"):
@@ -196,7 +197,7 @@ def test_the_wgmma_tuning_space_offers_tma_stores():
     from polytile.tune import make_task
     task = make_task("matmul", SM90A, M=4096, N=4096, K=4096, dtype="bfloat16")
     knob = next(k for k in task.space.decisions if k.name == "store")
-    assert knob.choices == ("threads", "tma")  # the default first
+    assert knob.choices == ("threads", "tma", "staged", "staged overlaid")  # the default first
     cfg = dict(bm=128, bn=128, bk=64, stages=4, inflight=1, split=1, producer="tma", group=0)
     k = _kernel(task.schedule(dict(cfg, store="tma")))
     assert any(isinstance(e, ir.Call) and e.name == "pt_tma_store_2d" for e in ir.all_exprs(k.body))

@@ -51,9 +51,11 @@ class _Stager:
     """Finds the write-back of ``name`` in a kernel (below blocks, lets, allocations and a
     persistent block's loop over its tiles) and stages it."""
 
+    what, primitive = "TMA store", "tma_store"
+
     def __init__(self, kernel: ir.Kernel, name: str, target: CUDATarget):
         self.kernel, self.name, self.target = kernel, name, target
-        self.where = f"TMA store of {name} in kernel {kernel.name}"
+        self.where = f"{self.what} of {name} in kernel {kernel.name}"
         self.divergent = thread_dependent_vars(kernel.body)
         self.lets: list[ir.LetStmt] = []  # the lets of values that differ between threads, above the write-back
 
@@ -85,10 +87,7 @@ class _Stager:
         if any(isinstance(e, ir.Load) and e.buffer.name == tensor.name for e in ir.walk_expr(store.value)):
             raise LoweringError(f"{where}: the write-back reads {tensor.name} too")
         itemsize = tensor.dtype.itemsize
-        row = simplify_expr(tensor.shape[-1])
-        if isinstance(row, ir.Const) and int(row.value) * itemsize % BULK_ROW_BYTES:
-            raise LoweringError(f"{where}: the rows of {tensor.name} are {int(row.value) * itemsize} bytes long; TMA "
-                                f"stores rows of whole {BULK_ROW_BYTES} bytes: leave tma_store off")
+        self.check_rows(tensor)
         # the guard of the stores (the tensor's bounds) goes: the tensor map clips the box instead
         inner = found.scopes[-1] if found.scopes else None
         guard = inner.cond if isinstance(inner, ir.If) and inner.then is store else None
@@ -97,7 +96,8 @@ class _Stager:
         box, origin = self.prove(_Store(store, scopes), threads)
         rows, cols = box
         # each element written by one thread (``prove``): its stores need no barriers between them
-        stage = ir.Buffer(f"{tensor.name}_stage", tensor.dtype, (ir.const(rows), ir.const(cols)), "shared",
+        pitch = cols + self.pad(cols, itemsize)
+        stage = ir.Buffer(f"{tensor.name}_stage", tensor.dtype, (ir.const(rows), ir.const(pitch)), "shared",
                           disjoint_writes=True)
         local = (ir.BinOp("-", store.index[-2], origin[-2]), ir.BinOp("-", store.index[-1], origin[-1]))
 
@@ -108,17 +108,39 @@ class _Stager:
                 return ir.Store(stage, tuple(simplify_expr(i) for i in local), store.value)
             return None
         staged = ir.map_stmts(root, restage)
-        self.check_shared(rows * cols * itemsize)
+        self.check_shared(rows * pitch * itemsize)
+        return ir.Allocate(stage, ir.block([staged, self.copy_out(stage, tensor, origin, box)]))
+
+    def check_rows(self, tensor: ir.Buffer) -> None:
+        """Refuse a tensor whose rows the copy-out cannot write."""
+        row = simplify_expr(tensor.shape[-1])
+        if isinstance(row, ir.Const) and int(row.value) * tensor.dtype.itemsize % BULK_ROW_BYTES:
+            raise LoweringError(f"{self.where}: the rows of {tensor.name} are {int(row.value) * tensor.dtype.itemsize} "
+                                f"bytes long; TMA stores rows of whole {BULK_ROW_BYTES} bytes: leave tma_store off")
+
+    def check_box(self, rows: int, cols: int, tensor: ir.Buffer) -> None:
+        """Refuse a box the copy-out cannot write."""
+        if rows > MAX_BOX or cols > MAX_BOX or cols * tensor.dtype.itemsize % BULK_ROW_BYTES:
+            raise LoweringError(f"{self.where}: the block stores a box of {rows} × {cols} elements; a TMA box has at "
+                                f"most {MAX_BOX} along each dimension and rows of whole {BULK_ROW_BYTES} bytes")
+
+    def pad(self, cols: int, itemsize: int) -> int:
+        """Elements past each row of the staging tile (TMA reads it dense: none)."""
+        return 0
+
+    def copy_out(self, stage: ir.Buffer, tensor: ir.Buffer, origin: tuple[ir.Expr, ...], box: tuple[int, int]
+                 ) -> ir.Stmt:
+        """The block's copy of the filled staging tile to the tensor: one thread's bulk tensor store."""
+        rows, cols = box
         rank = len(tensor.shape)
         at = [ir.Cast(dtypes.int32, simplify_expr(o)) for o in reversed(origin)]  # contiguous dimension first
         copy = ir.call_stmt(f"pt_tma_store_{rank}d", ir.Load(tensor, (ir.const(0),) * rank),
                             ir.Load(stage, (ir.const(0), ir.const(0))), *at,
                             ir.const(cols, dtypes.int32), ir.const(rows, dtypes.int32))
         leader = ir.Cmp("==", _linear_thread(self.kernel.block), ir.const(0))
-        issue = ir.If(leader, ir.block([copy, ir.call_stmt("pt_bulk_commit"), ir.call_stmt("pt_bulk_wait_read")]))
         # the barrier between the threads' stores and the copy (and, in a persistent block, before the
         # next tile's stores) comes from ``insert_barriers``, the fence before it from ``async_proxy_fences``
-        return ir.Allocate(stage, ir.block([staged, issue]))
+        return ir.If(leader, ir.block([copy, ir.call_stmt("pt_bulk_commit"), ir.call_stmt("pt_bulk_wait_read")]))
 
     def prove(self, found: _Store, root: ir.Stmt) -> tuple[tuple[int, int], tuple[ir.Expr, ...]]:
         """The box (rows, columns) the write-back fills and its origin (an expression per dimension of
@@ -136,7 +158,7 @@ class _Stager:
         sizes_used = {n.name for d in tensor.shape for n in ir.walk_expr(d) if isinstance(n, ir.Var)}
         if sizes_used:
             raise LoweringError(f"{where}: {tensor.name}'s shape depends on {', '.join(sorted(sizes_used))}; the "
-                                "proof of the staged box needs constant sizes: leave tma_store off")
+                                f"proof of the staged box needs constant sizes: leave {self.primitive} off")
         for sample in range(3):
             env: dict[str, object] = {**threads, LANE: lane,
                                       **{n: np.asarray(0 if sample == 0 else sample * (k + 1) + 1, dtype=np.int64)
@@ -162,9 +184,7 @@ class _Stager:
             r, c = at_all[-2], at_all[-1]
             r0, c0 = int(r.min()), int(c.min())  # the box over every store (the guards' masks left out)
             rows, cols = int(r.max()) - r0 + 1, int(c.max()) - c0 + 1
-            if rows > MAX_BOX or cols > MAX_BOX or cols * tensor.dtype.itemsize % BULK_ROW_BYTES:
-                raise LoweringError(f"{where}: the block stores a box of {rows} × {cols} elements; a TMA box has at "
-                                    f"most {MAX_BOX} along each dimension and rows of whole {BULK_ROW_BYTES} bytes")
+            self.check_box(rows, cols, tensor)
             if box is not None and box != (rows, cols):
                 raise LoweringError(f"{where}: the box changes between tiles")
             box = (rows, cols)
@@ -206,7 +226,7 @@ class _Stager:
             raise LoweringError(f"{self.where}: its staging tile ({staged} bytes) and the kernel's other shared "
                                 f"buffers ({used} bytes) exceed the {self.target.shared_per_block} bytes of shared "
                                 "memory a block may have; use fewer pipeline stages, smaller tiles or 16-bit results, "
-                                "or leave tma_store off")
+                                f"or leave {self.primitive} off")
 
 
 def _const_bytes(b: ir.Buffer) -> int:

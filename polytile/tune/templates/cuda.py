@@ -403,9 +403,10 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     sizes it to the target's L2 as the default does, ``raster_group``; 1 is row by row), persistent
     blocks (one per SM looping over the tiles in that order; not the default, not yet measured),
     the tiles' loads (``producer``: the threads' asynchronous copies or TMA), the results' stores
-    (``store``: each thread's, or a TMA store of the tile staged in shared memory; not the default,
-    not yet measured) and an unbatched product's split of K; the first choices are the default's
-    (``gemm_choice``)."""
+    (``store``: each thread's, a TMA store of the tile staged in shared memory, not the default, not yet
+    measured, or the staged tile copied out by the threads row by row, in its own shared memory or
+    overlaid on the operand tiles', ``STAGED_ODD_STORES``) and an
+    unbatched product's split of K; the first choices are the default's (``gemm_choice``)."""
     shape = gemm_shape(op)
     d = default_gemm(cfg, op, "wgmma")
     p = d.params if d else {}
@@ -418,7 +419,8 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     producer = str(cfg.knob("producer", _choices(cfg, p.get("producer", "threads") if d else None,
                                                  ["threads", "tma"])))
     persistent = bool(_added_knob(cfg, "persistent", [False, True], False))
-    store = str(_added_knob(cfg, "store", ["threads", "tma"], "threads"))
+    store = str(_added_knob(cfg, "store", _first(p.get("store", "threads"),
+                                                 ["threads", "tma", "staged", "staged overlaid"]), "threads"))
     # an unbatched product's rows split for its last wave (tail_split_choice: the tail's tiles and split the model's)
     tail = op.name == "matmul" and bool(_added_knob(cfg, "tail", _first(d.tail is not None if d else None,
                                                                          [False, True]), False))
@@ -442,7 +444,13 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     cfg.require(store != "tma" or stores_fit or cfg.mode == "apply",
                 "TMA stores write an unsplit product's results in rows of whole 16 bytes")
     tma_store = store == "tma" and stores_fit  # applied at sizes TMA cannot store: the threads' stores there
-    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store else 0)
+    odd_rows = split == 1 and shape.n * out_bytes % 4 != 0
+    cfg.require(not store.startswith("staged") or odd_rows or cfg.mode == "apply",
+                "staged stores copy out an unsplit product's results in rows only 2-byte aligned (the "
+                "accumulators' own stores there are single elements over 8 rows; a split's are its partial sums)")
+    staged = store.startswith("staged") and odd_rows
+    # the staging tile's shared memory (not overlaid: in the operand tiles' storage)
+    tiles = WgmmaConfig(**t, staged=out_bytes if tma_store or (staged and store == "staged") else 0)
     regs = tiles.registers_per_thread(shape.itemsize)
     cfg.resources(threads_per_block=tiles.threads, shared_bytes=tiles.shared_bytes(shape.itemsize),
                   registers_per_thread=regs, registers_per_block=regs * tiles.threads)
@@ -451,12 +459,12 @@ def _wgmma_gemm(cfg: TemplateConfig, op: Any) -> Any:
     # persistent: as many blocks per SM as fit (an H200 measured one per SM 0.92× → 0.74× where two fit)
     per_sm = occupancy(tiles, Hardware.of(cfg.target), shape.itemsize).blocks if persistent else 0
     extra = {**({"producer": "tma"} if tma else {}), **({"persistent": per_sm} if per_sm else {}),
-             **({"store": "tma"} if tma_store else {})}
+             **({"store": "tma"} if tma_store else {"store": store} if staged else {})}
     choice = GemmChoice("wgmma", {**params, **extra}, split, 0.0, chunk)
     if tail:
-        cfg.require(split == 1 and not persistent and not tma_store and op.shape.get("split_k") is None,
-                    "a row split for the last wave takes an unsplit product's tiles, without persistent blocks or "
-                    "TMA stores")
+        cfg.require(split == 1 and not persistent and not tma_store and not staged and op.shape.get("split_k") is None,
+                    "a row split for the last wave takes an unsplit product's tiles, without persistent blocks, "
+                    "TMA or staged stores")
         rows = _tail_split(cfg, op, choice)
         cfg.require(rows is not None or cfg.mode == "apply",
                     "a row split needs a partial last wave and a tail of warpgroup-MMA rows (tail_split_choice)")
