@@ -123,3 +123,16 @@ def test_nvrtc_rejection_shows_its_log(monkeypatch):
     with pytest.raises(BuildError, match="(?s)NVRTC rejected the generated CUDA.*undefined_name"):
         cuda.compile_cuda("#include <stdint.h>\n__global__ void k(int32_t* p) { *p = undefined_name; }\n",
                           "sm_90a")
+
+
+@needs_nvrtc
+@pytest.mark.needs_nvcc
+def test_the_records_name_the_compiler(monkeypatch):
+    """NVRTC's kernels are not nvcc's: the result cache's key and each record's toolkit say which built them."""
+    from polytile.tune.hygiene import toolkit_version
+    monkeypatch.setenv("POLYTILE_CUDA_COMPILER", "nvcc")
+    assert toolkit_version("cuda").startswith("nvcc ")
+    monkeypatch.setenv("POLYTILE_CUDA_COMPILER", "nvrtc")
+    assert toolkit_version("cuda") == "nvrtc {}.{}".format(*nvrtc().version)
+    monkeypatch.setenv("POLYTILE_NVRTC", "/nonexistent/libnvrtc.so.13")
+    assert toolkit_version("cuda").startswith("nvcc ")  # fallen back to nvcc, which builds them then
