@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ typedef unsigned long uint64_t; typedef long intptr_t; typedef unsigned long uin
 """``<stdint.h>`` for NVRTC: glibc's types on x86-64 and aarch64 Linux (LP64), which nvcc's builds see."""
 
 HEADERS = {"stdint.h": STDINT_H}
+OPTIONS = ("-std=c++17", "-Xptxas=-v")  # after -arch: C++17 as nvcc's builds; ptxas's resource report in the log
 TOOLKIT_HEADERS = frozenset({"cuda_fp16.h", "cuda_bf16.h"})  # found through -I<the toolkit's include>
 
 
@@ -49,14 +51,16 @@ class Nvrtc:
 
     def __init__(self, path: str):
         self.path = path
-        folder, name = path.rsplit("/", 1) if "/" in path else ("", path)
+        folder, name = os.path.split(path)
         m = re.match(r"libnvrtc\.so\.(\d+)", name)
         if folder and m:  # NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name: load it first, globally
-            for builtins in sorted(glob.glob(f"{folder}/libnvrtc-builtins.so.{m.group(1)}.*")):
+            for builtins in sorted(glob.glob(os.path.join(folder, f"libnvrtc-builtins.so.{m.group(1)}.*"))):
                 if ".alt." not in builtins:
                     ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
                     break
         self.lib = ctypes.CDLL(path)
+        if not hasattr(self.lib, "nvrtcGetCUBIN"):  # before CUDA 11.1: PTX only
+            raise BuildError(f"NVRTC ({path}) cannot write cubins; use CUDA 11.1 or later")
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         major, minor = ctypes.c_int(), ctypes.c_int()
         self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
@@ -77,7 +81,7 @@ class Nvrtc:
                                            (ctypes.c_char_p * len(names))(*(n.encode() for n in names))),
                     "nvrtcCreateProgram")
         try:
-            opts = [f"-arch={arch}", "-std=c++17", "-Xptxas=-v"]
+            opts = [f"-arch={arch}", *OPTIONS]
             include = cuda_include()
             if include is not None:
                 opts.append(f"-I{include}")
@@ -116,10 +120,10 @@ def nvrtc() -> Nvrtc | None:
     with _LOCK:
         try:
             return _load(path)
-        except (OSError, BuildError):
+        except (OSError, BuildError):  # not loadable, or too old to write cubins
             return None
 
 
 def options_key(lib: Nvrtc, arch: str) -> Sequence[str]:
     """What a cubin of ``lib`` depends on besides the source (the build cache's key)."""
-    return ["nvrtc", f"{lib.version[0]}.{lib.version[1]}", lib.path, arch, "-std=c++17", str(cuda_include())]
+    return ["nvrtc", f"{lib.version[0]}.{lib.version[1]}", lib.path, arch, *OPTIONS, str(cuda_include())]
