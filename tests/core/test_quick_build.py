@@ -266,6 +266,12 @@ def _carried_refusals() -> list[str]:
     refused = [lambda: s["Y"].parallel("i"), lambda: s["Y"].vectorize("i")]
     m = pt.Schedule(_matmul(16))
     refused += [lambda: m["C"].parallel("k"), lambda: m["C"].split("k", 4, "ko", "ki").parallel("ko")]
+    n = pt.param("n")  # the same fusion at a size known at run time only
+    Xn = pt.placeholder((n,), "float32", "X")
+    Tn = pt.compute((n,), lambda i: Xn[i] + 1.0, "T")
+    p = pt.Schedule(pt.Func([Xn], [pt.compute((n - 2,), lambda i: Tn[i] + Tn[i + 2], "Y")]))
+    p["T"].shift("i", -2).before("Y", "i")
+    refused.append(lambda: p["Y"].parallel("i"))
     for refuse in refused:
         with pytest.raises(ScheduleError) as err:
             refuse()
@@ -280,7 +286,7 @@ def test_quick_checks_refuse_the_same_carried_dependences_with_the_same_example(
         _quick(monkeypatch, quick)
         messages[quick] = _carried_refusals()
     assert messages[True] == messages[False]
-    assert all("carries a dependence" in m for m in messages[True]) and len(messages[True]) == 4
+    assert all("carries a dependence" in m for m in messages[True]) and len(messages[True]) == 5
 
 
 def test_legal_loop_tags_are_checked_without_the_union_of_every_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
