@@ -94,8 +94,7 @@ def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[byt
     if lib is not None:
         key_parts = options_key(lib, arch)
     else:
-        cc = _nvcc()
-        flags = ["-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", *arch_flags(arch), *extra]
+        cc, flags = _nvcc(), _nvcc_flags(arch, extra)
         key_parts = [cc, *flags]
     key = hashlib.sha256("\0".join([source, *key_parts]).encode()).hexdigest()[:24]
     cubin = cache_dir() / f"pt_{key}.cubin"
@@ -107,7 +106,9 @@ def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[byt
         if lib is not None:
             binary, log = lib.compile(source, arch)
             out.write_bytes(binary)
-        else:
+            if not parse_ptxas(log):  # no kernel's registers in the log nor the cubin: nvcc, whose report has them
+                lib, cc, flags = None, _nvcc(), _nvcc_flags(arch, extra)
+        if lib is None:
             src = Path(tmp) / "kernel.cu"
             src.write_text(source)
             proc = run_compiler([cc, *flags, str(src), "-o", str(out)], "a CUDA kernel")
@@ -118,6 +119,10 @@ def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[byt
         os.replace(Path(tmp) / "report", report)
         os.replace(out, cubin)
     return cubin.read_bytes(), parse_ptxas(report.read_text())
+
+
+def _nvcc_flags(arch: str, extra: Sequence[str]) -> list[str]:
+    return ["-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", *arch_flags(arch), *extra]
 
 
 def _nvcc() -> str:

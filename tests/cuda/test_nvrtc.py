@@ -136,3 +136,36 @@ def test_the_records_name_the_compiler(monkeypatch):
     assert toolkit_version("cuda") == "nvrtc {}.{}".format(*nvrtc().version)
     monkeypatch.setenv("POLYTILE_NVRTC", "/nonexistent/libnvrtc.so.13")
     assert toolkit_version("cuda").startswith("nvcc ")  # fallen back to nvcc, which builds them then
+
+
+@pytest.mark.needs_nvcc
+def test_a_cubins_registers_are_ptxas_reports(monkeypatch):
+    """``cubin_registers`` reads what ptxas reported (EIATTR_REGCOUNT), for nvcc cubins of one kernel and
+    of two (a split K's partial sums and their sum)."""
+    from polytile.runtime.nvrtc import cubin_registers
+    from polytile.tune import make_task
+    monkeypatch.setenv("POLYTILE_CUDA_COMPILER", "nvcc")
+    task = make_task("matmul", "cuda:sm_90a", M=512, N=768, K=3072, dtype="float16")
+    two = _source(task.schedule(dict(bm=64, bn=64, bk=32, stages=1, inflight=0, group=8, producer="threads",
+                                     persistent=False, store="threads", split=24)))
+    for src in (_wgmma_source(), two):
+        cubin, resources = cuda.compile_cuda(src, "sm_90a")
+        assert resources and cubin_registers(cubin) == {name: r.registers for name, r in resources.items()}
+    assert len(resources) == 2
+    assert cubin_registers(b"not an ELF") == {}
+
+
+@needs_nvrtc
+def test_nvrtc_without_a_report_in_its_log_reads_the_registers_from_the_cubin(monkeypatch):
+    """NVRTC 13.0 of the H200 host logged no ptxas report: the registers (which warp-specialized kernels
+    are checked against) come from the cubin then."""
+    from polytile.runtime import nvrtc as nvrtc_module
+    monkeypatch.setenv("POLYTILE_CUDA_COMPILER", "nvrtc")
+    src = _wgmma_source()
+    reported = cuda.compile_cuda(src, "sm_90a")[1]
+    monkeypatch.setattr(nvrtc_module, "OPTIONS", ("-std=c++17",))  # no -Xptxas=-v
+    monkeypatch.setattr(nvrtc_module, "options_key", lambda lib, arch: ["no report"])
+    _, log = nvrtc().compile(src, "sm_90a")
+    assert "read from the cubin" in log
+    assert {k: r.registers for k, r in cuda.compile_cuda(src, "sm_90a")[1].items()} == \
+        {k: r.registers for k, r in reported.items()}
