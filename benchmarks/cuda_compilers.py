@@ -8,7 +8,8 @@ same random inputs, the result checked against a float64 reference).
 
 The candidates are the first valid draws of the space (``--seed``, default 0), lowered once; each
 compiler builds them into a fresh cache of its own. A compile's CPU time is the process's and its
-children's (nvcc's processes; NVRTC runs in this one). Disassembly needs ``nvdisasm`` (the ``sass``
+children's (nvcc's processes; NVRTC runs in this one: on the H200 host, where ptxas seems to run on
+a thread whose time ``os.times`` did not count, only the wall seconds tell). Disassembly needs ``nvdisasm`` (the ``sass``
 extra); without it the SASS columns are left out.
 """
 
@@ -104,6 +105,7 @@ def main(argv: list[str]) -> int:
         for comp in COMPILERS:
             builds = [r[k] for r in rounds[comp]]
             row[f"{comp}_cpu_s"] = round(statistics.median(b["cpu_s"] for b in builds), 3)
+            row[f"{comp}_wall_s"] = round(statistics.median(b["wall_s"] for b in builds), 3)
             row[f"{comp}_registers"] = builds[0]["registers"]
             row[f"{comp}_spills"] = builds[0]["spills"]
         a, b = sass_lines(rounds["nvcc"][0][k]["cubin"]), sass_lines(rounds["nvrtc"][0][k]["cubin"])
@@ -111,16 +113,20 @@ def main(argv: list[str]) -> int:
             row["same_sass"] = a == b
             row["instructions"] = [len(a), len(b)]
         rows.append(row)
-        print(f"nvcc {row['nvcc_cpu_s']:.2f} s, NVRTC {row['nvrtc_cpu_s']:.2f} s CPU; registers "
+        print(f"nvcc {row['nvcc_cpu_s']:.2f} s, NVRTC {row['nvrtc_cpu_s']:.2f} s CPU (wall {row['nvcc_wall_s']:.2f}, "
+              f"{row['nvrtc_wall_s']:.2f} s); registers "
               f"{row['nvcc_registers']} / {row['nvrtc_registers']}; same SASS {row.get('same_sass')} "
               f"{row.get('instructions')} {values}", flush=True)
     if args.run:
         time_kernels(task, configs, rows)
     total = {c: round(sum(r[f"{c}_cpu_s"] for r in rows), 2) for c in COMPILERS}
-    print(f"CPU seconds of {len(rows)} compiles: nvcc {total['nvcc']}, NVRTC {total['nvrtc']}")
+    wall = {c: round(sum(r[f"{c}_wall_s"] for r in rows), 2) for c in COMPILERS}
+    print(f"CPU seconds of {len(rows)} compiles: nvcc {total['nvcc']}, NVRTC {total['nvrtc']}; wall seconds: "
+          f"nvcc {wall['nvcc']}, NVRTC {wall['nvrtc']}")
     result = {"benchmark": "cuda_compilers", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "command": " ".join(["cuda_compilers.py", *argv]), "host": platform.node(), "nvrtc": find_nvrtc(),
-              "load": os.getloadavg(), "workload": {"op": op, **shape}, "candidates": rows, "cpu_s_total": total}
+              "load": os.getloadavg(), "workload": {"op": op, **shape}, "candidates": rows, "cpu_s_total": total,
+              "wall_s_total": wall}
     out = Path(args.out or f"benchmarks/results/cuda_compilers-{datetime.datetime.now():%Y%m%d-%H%M%S}.json")
     out.write_text(json.dumps(result, indent=1))
     print(f"written to {out}")

@@ -1,7 +1,6 @@
 """On a Hopper GPU: kernels compiled by NVRTC (``POLYTILE_CUDA_COMPILER=nvrtc``) against a float64
-reference on random inputs at sizes off the tiles (the GEMM templates refuse M = 1 at tensorize): wgmma
-and mma.sync GEMMs
-(``runtime.nvrtc``; its code differs from nvcc's)."""
+reference on random inputs at sizes off the tiles: wgmma and mma.sync GEMMs (``runtime.nvrtc``; its
+code differs from nvcc's). M = 1 is not among them: these schedules refuse it at tensorize."""
 
 import pytest
 from gpu_inputs import skip_unless_hopper
