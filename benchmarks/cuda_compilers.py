@@ -9,8 +9,8 @@ same random inputs, the result checked against a float64 reference).
 The candidates are the first valid draws of the space (``--seed``, default 0), lowered once; each
 compiler builds them into a fresh cache of its own. A compile's CPU time is the process's and its
 children's (nvcc's processes; NVRTC runs in this one: on the H200 host, where ptxas seems to run on
-a thread whose time ``os.times`` did not count, only the wall seconds tell). Disassembly needs ``nvdisasm`` (the ``sass``
-extra); without it the SASS columns are left out.
+a thread whose time ``os.times`` did not count, only the wall seconds tell). Disassembly needs
+``nvdisasm`` (the ``sass`` extra); without it the SASS columns are left out.
 """
 
 from __future__ import annotations
