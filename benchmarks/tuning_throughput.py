@@ -101,7 +101,7 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
         for path in order:
             with tempfile.TemporaryDirectory(prefix="pt-throughput-") as cache:
                 opts = {**PATHS[path], "builders": args.builders}
-                run = run_once(op, shape, target, args.trials, args.batch, opts, cache)
+                run = run_once(op, shape, target, args.trials, args.batch, opts, cache, tuner=args.tuner)
             runs[path].append(run)
             print(f"{name} round {rnd + 1} {path:6s}: {run['trials']} trials in {run['seconds']:.1f} s = "
                   f"{run['trials_per_minute']:.1f}/min (load {run['load_before']})", flush=True)
@@ -151,6 +151,8 @@ def main(argv: list[str]) -> int:
                         "'' for none: --devices alone)")
     p.add_argument("--devices", help="GPUs for the one-against-several comparison, e.g. 0,1")
     p.add_argument("--threads", type=int, default=0, help="threads of the timed CPU kernels and BLAS")
+    p.add_argument("--tuner", default="xgb", help="the paths' tuner (default xgb, which follows the measured "
+                   "costs; random: the same candidates in every run, for paths whose kernels differ)")
     p.add_argument("--out", help="result JSON (default benchmarks/results/tuning_throughput-<time>-<target>.json)")
     args = p.parse_args(argv)
     result = {"benchmark": "tuning_throughput", "date": datetime.datetime.now(datetime.UTC).isoformat(),
