@@ -40,6 +40,7 @@ from pathlib import Path
 import _threads  # noqa: F401 - sets the thread variables before NumPy loads its BLAS
 
 # isort: split
+from polytile.toolchain import find_nvrtc  # noqa: E402
 from polytile.tune import MeasureOptions, make_task, tune_task  # noqa: E402
 
 WORKLOADS = {
@@ -52,6 +53,7 @@ PATHS = {  # the baseline: as before (the runner draws each check's inputs); tod
     "batch_quick": dict(overlap=False, result_cache=False, retime=0, quick_build=True, inputs_in_builders=False),
     "stream_runner_inputs": dict(overlap=True, result_cache=False, retime=0, quick_build=True,
                                  inputs_in_builders=False),
+    "stream_nvrtc": dict(overlap=True, result_cache=False, retime=0, quick_build=True, cuda_compiler="nvrtc"),
 }
 
 
@@ -61,12 +63,18 @@ def run_once(op: str, shape: dict, target: str, trials: int, batch: int, opts: d
     the seconds until the first trial's result (the workers' start and the first build: the runner's
     wait before it measures anything)."""
     os.environ["POLYTILE_CACHE_DIR"] = cache  # workers started by this run build into it
+    opts = dict(opts)
+    compiler = opts.pop("cuda_compiler", "nvcc")
+    os.environ["POLYTILE_CUDA_COMPILER"] = compiler  # so do its workers' CUDA compilers
     task = make_task(op, target, **shape)
     heard: list[float] = []
     start = time.perf_counter()
-    res = tune_task(task, trials, None, tuner=tuner, batch_size=batch, measure=MeasureOptions(**opts), seed=0,
-                    progress=False, verify=False, build_best=False, devices=devices,
-                    on_trial=lambda rec: heard.append(time.perf_counter()))
+    try:
+        res = tune_task(task, trials, None, tuner=tuner, batch_size=batch, measure=MeasureOptions(**opts), seed=0,
+                        progress=False, verify=False, build_best=False, devices=devices,
+                        on_trial=lambda rec: heard.append(time.perf_counter()))
+    finally:
+        os.environ.pop("POLYTILE_CUDA_COMPILER")
     wall = time.perf_counter() - start
     n = len(res.records)
     return {"trials": n, "seconds": round(wall, 2), "trials_per_minute": round(60 * n / wall, 2),
@@ -74,7 +82,15 @@ def run_once(op: str, shape: dict, target: str, trials: int, batch: int, opts: d
             "first_trial_s": round(heard[0] - start, 2) if heard else None,
             "mean_build_s": round(statistics.mean(r.build_s for r in res.records), 3) if n else None,
             "mean_run_s": round(statistics.mean(r.run_s for r in res.records), 3) if n else None,
-            "best_ms": round(min((r.cost for r in res.records), default=float("inf")) * 1e3, 4)}
+            "best_ms": round(min((r.cost for r in res.records), default=float("inf")) * 1e3, 4),
+            "cuda_compiler": _compiler_used(compiler)}
+
+
+def _compiler_used(asked: str) -> str:
+    if asked == "nvcc":
+        return "nvcc"
+    found = find_nvrtc()
+    return f"nvrtc ({found})" if found else "nvcc (NVRTC asked for, not found)"
 
 
 def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.Namespace) -> dict:
@@ -85,7 +101,7 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
         for path in order:
             with tempfile.TemporaryDirectory(prefix="pt-throughput-") as cache:
                 opts = {**PATHS[path], "builders": args.builders}
-                run = run_once(op, shape, target, args.trials, args.batch, opts, cache)
+                run = run_once(op, shape, target, args.trials, args.batch, opts, cache, tuner=args.tuner)
             runs[path].append(run)
             print(f"{name} round {rnd + 1} {path:6s}: {run['trials']} trials in {run['seconds']:.1f} s = "
                   f"{run['trials_per_minute']:.1f}/min (load {run['load_before']})", flush=True)
@@ -97,6 +113,9 @@ def compare_paths(name: str, op: str, shape: dict, target: str, args: argparse.N
     if "batch_quick" in rates:
         entry["speedup_of_quick_builds"] = round(rates["batch_quick"] / rates["batch"], 3)
         print(f"{name}: batch_quick / batch = {entry['speedup_of_quick_builds']:.2f}x")
+    if "stream_nvrtc" in rates:
+        entry["speedup_of_nvrtc"] = round(rates["stream_nvrtc"] / rates["batch"], 3)
+        print(f"{name}: stream_nvrtc / batch = {entry['speedup_of_nvrtc']:.2f}x")
     if "stream_runner_inputs" in rates:
         entry["speedup_of_runner_inputs"] = round(rates["stream_runner_inputs"] / rates["batch"], 3)
         print(f"{name}: stream_runner_inputs / batch = {entry['speedup_of_runner_inputs']:.2f}x")
@@ -132,6 +151,8 @@ def main(argv: list[str]) -> int:
                         "'' for none: --devices alone)")
     p.add_argument("--devices", help="GPUs for the one-against-several comparison, e.g. 0,1")
     p.add_argument("--threads", type=int, default=0, help="threads of the timed CPU kernels and BLAS")
+    p.add_argument("--tuner", default="xgb", help="the paths' tuner (default xgb, which follows the measured "
+                   "costs; random: the same candidates in every run, for paths whose kernels differ)")
     p.add_argument("--out", help="result JSON (default benchmarks/results/tuning_throughput-<time>-<target>.json)")
     args = p.parse_args(argv)
     result = {"benchmark": "tuning_throughput", "date": datetime.datetime.now(datetime.UTC).isoformat(),

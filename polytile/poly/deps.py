@@ -98,13 +98,14 @@ def first_violation(deps: list[Dependence], sched: Mapping[str, isl.Map],
 
     ``relaxed``: reductions whose accumulation order may change (their update-to-update
     dependences are not enforced; the initialization still comes first)."""
-    theta = schedule_union(sched)
     quick = quick_builds()
+    theta: isl.UnionMap | None = None
     ge: isl.UnionMap | None = None
     for d in deps:
-        if quick and not _out_of_order(_drop_relaxed(d, d.relation, relaxed), theta):
+        if quick and not _out_of_order(_drop_relaxed(d, d.relation, relaxed), sched):
             continue
-        if ge is None:
+        if theta is None:
+            theta = schedule_union(sched)
             ge = theta.lex_ge_union_map(theta)
         bad = _drop_relaxed(d, d.relation.intersect(ge), relaxed)
         if not bad.is_empty():
@@ -112,8 +113,20 @@ def first_violation(deps: list[Dependence], sched: Mapping[str, isl.Map],
     return None
 
 
-def _out_of_order(rel: isl.UnionMap, theta: isl.UnionMap) -> bool:
-    """Whether ``theta`` runs the source of some pair of ``rel`` at or after its sink, the same
+def _times(rel: isl.UnionMap, sched: Mapping[str, isl.Map]) -> list[isl.Map]:
+    """The pairs of ``rel`` as pairs of schedule times, one map per pair of statements: each map of
+    the dependence taken through its two statements' schedules alone (through the union of every
+    statement's schedule, isl matches each map against all of them; a third of a check's time)."""
+    out = []
+    for m in maps_of(rel):
+        src, dst = sched.get(m.get_tuple_name(isl.dim_type.in_)), sched.get(m.get_tuple_name(isl.dim_type.out))
+        if src is not None and dst is not None:  # an unscheduled end has no time: no pair, as through the union
+            out.append(m.apply_domain(src).apply_range(dst))
+    return out
+
+
+def _out_of_order(rel: isl.UnionMap, sched: Mapping[str, isl.Map]) -> bool:
+    """Whether ``sched`` runs the source of some pair of ``rel`` at or after its sink, the same
     question as a non-empty ``rel ∩ theta.lex_ge_union_map(theta)`` asked in the schedule space: the
     instances' order relates every two statements of the schedule (tens of maps, each a disjunction
     over the schedule dimensions), of which a dependence touches a few; building it was half of a
@@ -121,10 +134,9 @@ def _out_of_order(rel: isl.UnionMap, theta: isl.UnionMap) -> bool:
     for a dependence broken, to name its first pair (``toolchain.quick_builds``)."""
     if rel.is_empty():
         return False
-    times = rel.apply_domain(theta).apply_range(theta)
-    for m in maps_of(times):
-        space = m.get_space()
-        if space.domain().is_equal(space.range()) and not m.intersect(isl.Map.lex_ge(space.domain())).is_empty():
+    for times in _times(rel, sched):
+        space = times.get_space()
+        if space.domain().is_equal(space.range()) and not times.intersect(isl.Map.lex_ge(space.domain())).is_empty():
             return True
     return False
 
@@ -145,13 +157,21 @@ def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim:
     """A dependence carried by schedule dimension ``dim`` (its two ends differ first there).
 
     ``reduction_of``: update statements of reductions whose own accumulation may be carried
-    (a cross-thread reduction combines the partial results in a fixed tree)."""
-    theta = schedule_union(sched)
+    (a cross-thread reduction combines the partial results in a fixed tree). Quick builds compare
+    each dependence's pairs of times (``_times``) first and relate every two statements' instances
+    only for a dependence carried, to name its first pair (``toolchain.quick_builds``)."""
     xs = [f"t{k}" for k in range(width)]
     ys = [f"u{k}" for k in range(width)]
     eq = " and ".join(f"{a} = {b}" for a, b in zip(xs[:dim], ys[:dim]))
     text = f"{{ [{', '.join(xs)}] -> [{', '.join(ys)}] : {eq + ' and ' if eq else ''}" \
            f"({xs[dim]} < {ys[dim]} or {xs[dim]} > {ys[dim]}) }}"
+    if quick_builds():
+        differ = isl.Map(text)  # two times equal before ``dim`` and not at it
+        first = next((d for d in deps if _carries(d, sched, differ, reduction_of, inside)), None)
+        if first is None:
+            return None
+        deps = [first]
+    theta = schedule_union(sched)
     carried = theta.apply_range(isl.UnionMap(text)).apply_range(theta.reverse())
     for d in deps:
         rel = d.relation.intersect(carried)
@@ -162,6 +182,18 @@ def carried_violation(deps: list[Dependence], sched: Mapping[str, isl.Map], dim:
         if not rel.is_empty():
             return _example(d, rel, theta)
     return None
+
+
+def _carries(d: Dependence, sched: Mapping[str, isl.Map], differ: isl.Map, reduction_of: frozenset[str],
+             inside: set[str] | None) -> bool:
+    """Whether a pair of ``d`` (between statements ``inside``, reductions' own pairs left out) has times
+    related by ``differ``."""
+    rel = _drop_relaxed(d, d.relation, reduction_of) if reduction_of else d.relation
+    if inside is not None:
+        rel = _between(rel, inside)
+    if rel.is_empty():
+        return False
+    return any(not times.intersect(differ).is_empty() for times in _times(rel, sched))
 
 
 def _between(rel: isl.UnionMap, names: set[str]) -> isl.UnionMap:

@@ -1,4 +1,4 @@
-"""CUDA kernels: nvcc to a cubin (content-hash cache, ptxas resource report) and the call path.
+"""CUDA kernels: nvcc (or NVRTC) to a cubin (content-hash cache, ptxas resource report) and the call path.
 
 A call on GPU arrays (torch, CuPy, other ``__cuda_array_interface__`` objects) enqueues on the
 caller's stream (the framework's current stream, or ``stream=``) and returns without synchronizing;
@@ -33,7 +33,7 @@ from ..errors import BuildError, DeviceError, InputError
 from ..lang.func import Func
 from ..lowering import loopir as ir
 from ..target import CUDATarget
-from ..toolchain import arch_flags, nvcc, run_compiler
+from ..toolchain import arch_flags, cuda_compiler, find_nvcc, nvcc, run_compiler
 from .args import ArrayInfo, IndexCheck, Signature, bind
 from .cpu import cache_dir
 from .cuda_driver import CudaError, Device, KernelParams
@@ -84,25 +84,55 @@ def parse_ptxas(text: str) -> dict[str, Resources]:
 
 
 def compile_cuda(source: str, arch: str, extra: Sequence[str] = ()) -> tuple[bytes, dict[str, Resources]]:
-    """A cubin of ``source`` for ``arch`` and ptxas's resource report, reusing earlier builds."""
-    cc = nvcc()
-    flags = ["-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", *arch_flags(arch), *extra]
-    key = hashlib.sha256("\0".join([source, cc, *flags]).encode()).hexdigest()[:24]
+    """A cubin of ``source`` for ``arch`` and ptxas's resource report, reusing earlier builds. nvcc
+    compiles it, or NVRTC where ``POLYTILE_CUDA_COMPILER=nvrtc`` asks for it, is found and takes the
+    source's headers (``runtime.nvrtc``; no ``extra`` nvcc flags)."""
+    lib = None
+    if cuda_compiler() == "nvrtc" and not extra:
+        from .nvrtc import nvrtc, nvrtc_can_compile, options_key
+        lib = nvrtc() if nvrtc_can_compile(source) else None
+    if lib is not None:
+        key_parts = options_key(lib, arch)
+    else:
+        cc, flags = _nvcc(), _nvcc_flags(arch, extra)
+        key_parts = [cc, *flags]
+    key = hashlib.sha256("\0".join([source, *key_parts]).encode()).hexdigest()[:24]
     cubin = cache_dir() / f"pt_{key}.cubin"
     report = cache_dir() / f"pt_{key}.ptxas"
     if cubin.exists() and report.exists():
         return cubin.read_bytes(), parse_ptxas(report.read_text())
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        src = Path(tmp) / "kernel.cu"
-        src.write_text(source)
         out = Path(tmp) / "kernel.cubin"
-        proc = run_compiler([cc, *flags, str(src), "-o", str(out)], "a CUDA kernel")
-        if proc.returncode != 0:
-            raise BuildError(f"nvcc rejected the generated CUDA:\n{proc.stderr[-4000:]}")
-        (Path(tmp) / "report").write_text(proc.stderr)
+        if lib is not None:
+            binary, log = lib.compile(source, arch)
+            out.write_bytes(binary)
+            if not parse_ptxas(log):  # no kernel's registers in the log nor the cubin: nvcc, whose report has them
+                lib, cc, flags = None, _nvcc(), _nvcc_flags(arch, extra)
+        if lib is None:
+            src = Path(tmp) / "kernel.cu"
+            src.write_text(source)
+            proc = run_compiler([cc, *flags, str(src), "-o", str(out)], "a CUDA kernel")
+            if proc.returncode != 0:
+                raise BuildError(f"nvcc rejected the generated CUDA:\n{proc.stderr[-4000:]}")
+            log = proc.stderr
+        (Path(tmp) / "report").write_text(log)
         os.replace(Path(tmp) / "report", report)
         os.replace(out, cubin)
     return cubin.read_bytes(), parse_ptxas(report.read_text())
+
+
+def _nvcc_flags(arch: str, extra: Sequence[str]) -> list[str]:
+    return ["-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", *arch_flags(arch), *extra]
+
+
+def _nvcc() -> str:
+    """nvcc's path; where NVRTC was asked for but could not be used, an error that says so too."""
+    if cuda_compiler() == "nvrtc" and find_nvcc() is None:
+        raise BuildError("neither NVRTC (POLYTILE_CUDA_COMPILER=nvrtc) nor nvcc can compile this kernel: NVRTC's "
+                         "library was not found (pip install polytile[nvrtc], or set POLYTILE_NVRTC=/path/to/"
+                         "libnvrtc.so.13) or the source includes a host header, and nvcc was not found (install "
+                         "the CUDA toolkit or set NVCC=/path/to/nvcc)")
+    return nvcc()
 
 
 def eval_expr(e: ir.Expr, env: Mapping[str, int]) -> int:

@@ -26,10 +26,22 @@ def conditions(target: Any) -> dict[str, object]:
     return {**_cpu_now(), "toolkit": toolkit_version("cpu")}
 
 
-@cache
 def toolkit_version(kind: str) -> str:
-    """The compiler that builds kernels of a target ``kind`` ("cuda": nvcc's release line; "cpu": the C++
-    compiler and its version), or "" when it cannot be run."""
+    """The compiler that builds kernels of a target ``kind`` ("cuda": nvcc's release line, or NVRTC's
+    version where ``POLYTILE_CUDA_COMPILER=nvrtc`` builds with it: its kernels are not nvcc's; "cpu": the
+    C++ compiler and its version), or "" when it cannot be run. Part of the result cache's key."""
+    if kind == "cuda":
+        from ..toolchain import cuda_compiler
+        if cuda_compiler() == "nvrtc":
+            from ..runtime.nvrtc import nvrtc
+            lib = nvrtc()
+            if lib is not None:
+                return f"nvrtc {lib.version[0]}.{lib.version[1]}"
+    return _compiler_version(kind)
+
+
+@cache
+def _compiler_version(kind: str) -> str:
     try:
         if kind == "cuda":
             from ..toolchain import find_nvcc

@@ -252,3 +252,58 @@ def test_quick_checks_refuse_the_same_schedules_with_the_same_example(monkeypatc
         messages[quick] = _refusals()
     assert messages[True] == messages[False]
     assert all(messages[True])
+
+
+def _carried_refusals() -> list[str]:
+    """The messages of loop tags refused for a dependence the loop carries, each naming its first pair:
+    a fused producer read two iterations on, a reduction loop, an outer part of one."""
+    out = []
+    X = pt.placeholder((10,), "float32", "X")
+    T = pt.compute((10,), lambda i: X[i] + 1.0, "T")
+    Y = pt.compute((8,), lambda i: T[i] + T[i + 2], "Y")
+    s = pt.Schedule(pt.Func([X], [Y]))
+    s["T"].shift("i", -2).before("Y", "i")  # legal: T[i + 2] is made in Y[i]'s iteration, T[i] two before
+    refused = [lambda: s["Y"].parallel("i"), lambda: s["Y"].vectorize("i")]
+    m = pt.Schedule(_matmul(16))
+    refused += [lambda: m["C"].parallel("k"), lambda: m["C"].split("k", 4, "ko", "ki").parallel("ko")]
+    n = pt.param("n")  # the same fusion at a size known at run time only
+    Xn = pt.placeholder((n,), "float32", "X")
+    Tn = pt.compute((n,), lambda i: Xn[i] + 1.0, "T")
+    p = pt.Schedule(pt.Func([Xn], [pt.compute((n - 2,), lambda i: Tn[i] + Tn[i + 2], "Y")]))
+    p["T"].shift("i", -2).before("Y", "i")
+    refused.append(lambda: p["Y"].parallel("i"))
+    for refuse in refused:
+        with pytest.raises(ScheduleError) as err:
+            refuse()
+        out.append(str(err.value))
+    return out
+
+
+def test_quick_checks_refuse_the_same_carried_dependences_with_the_same_example(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    messages = {}
+    for quick in (False, True):
+        _quick(monkeypatch, quick)
+        messages[quick] = _carried_refusals()
+    assert messages[True] == messages[False]
+    assert all("carries a dependence" in m for m in messages[True]) and len(messages[True]) == 5
+
+
+def test_legal_loop_tags_are_checked_without_the_union_of_every_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quick checks take each dependence through its own two statements' schedules
+    (``poly.deps._times``); the union of every statement's schedule is built only to name a broken pair."""
+    from polytile.poly import deps
+    calls = [0]
+    original = deps.schedule_union
+
+    def counted(sched):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        return original(sched)
+
+    monkeypatch.setattr(deps, "schedule_union", counted)
+    for quick in (False, True):
+        _quick(monkeypatch, quick)
+        calls[0] = 0
+        s = _tiled(_matmul(43))  # parallel, vectorized and unrolled loops, a cache: every check
+        s["C"].parallel("jo")
+        assert (calls[0] == 0) == quick
