@@ -132,6 +132,25 @@ def test_cross_thread_reduction_into_elements_of_an_inner_loop_is_refused():
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
+def test_shared_cache_some_threads_do_not_need_is_filled_whole():
+    # polytile fuzz --seed 1 --case 2 --target cuda: a shared cache at a thread loop whose footprint is empty
+    # for thread 0 (k runs over [0, i)): its fill, spread over the threads, sat under `if (i_t >= 1)`, so
+    # thread 0's share (elements 0 and 1) was never written and the other threads read them uninitialized
+    A = pt.placeholder((16,), "float32", "A")
+
+    def prefix_sum(i):
+        k = pt.reduce_axis((0, i), "k")
+        return pt.sum(A[k], axis=k)
+    T = pt.compute((11,), prefix_sum, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].split("i", 16, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache_identity("A", "i_t", loc="shared")
+    low = pt.lower(s, "cuda:sm_90a")
+    a = np.random.default_rng(3).standard_normal(16).astype(np.float32)
+    (t,) = block_emulator.run(low, [a, np.full(11, np.nan, np.float32)])
+    np.testing.assert_allclose(t, [a[:i].astype(np.float64).sum() for i in range(11)], rtol=1e-5, atol=1e-5)
+
+
 def test_host_level_loop_is_refused():
     A = pt.placeholder((64,), "float32", "A")
     B = pt.compute((64,), lambda i: A[i] * 2.0, "B")
