@@ -256,3 +256,65 @@ def test_a_source_includes_the_16_bit_headers_it_uses(dtype, headers):
                     if line.startswith("#include <cuda_")]
         assert included == headers, (name, included)
         assert kern.cubin[:4] == b"\x7fELF"
+
+
+# --- found by `polytile fuzz --target cuda` (seed 2): CUDA source that nvcc rejected ----------------------
+
+def test_a_bool_result_read_by_a_later_kernel_compiles(nvcc):
+    # case 36: __ldg has no bool overload
+    N = pt.param("N")
+    T = pt.compute((N,), lambda i: i != 2, "T")
+    U = pt.compute((16, N), lambda i, j: pt.cast("float16", T[j]), "U")
+    s = pt.create_schedule(pt.Func([], [T, U], constraints=[N >= 2]))
+    s["T"].split("i", 8, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["U"].split("j", 8, "j_b", "j_t").bind("j_b", "blockIdx.x").bind("j_t", "threadIdx.x").reorder("j_b", "j_t", "i")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert "__ldg(&T[" not in kern.source
+
+
+def test_a_group_reduction_of_8_bit_integers_compiles(nvcc):
+    # case 133: __shfl_xor_sync of an int8_t returns an int, and pt_op_sum's (T, T) did not match
+    A = pt.placeholder((11, 8), "int8", "A")
+    k = pt.reduce_axis(8, "k")
+    U = pt.compute((11,), lambda i: pt.sum(A[i, k], axis=k), "U")
+    s = pt.create_schedule(pt.Func([A], [U]))
+    s["U"].reassociate().split("i", 4, "i_b", "i_t").split("k", 4, "k_s", "k_t")
+    s["U"].bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.y").bind("k_t", "threadIdx.x")
+    s["U"].reorder("i_b", "i_t", "k_t", "k_s")
+    low = pt.lower(s, "cuda:sm_90a")
+    a = np.random.default_rng(5).integers(-9, 9, (11, 8)).astype(np.int8)
+    (u,) = block_emulator.run(low, [a, np.zeros(11, np.int8)])
+    np.testing.assert_array_equal(u, a.astype(np.int64).sum(1).astype(np.int8))
+    assert "pt_group_allreduce_sum(" in pt.build(s, "cuda:sm_90a").source
+
+
+def test_a_half_read_back_after_other_threads_wrote_it_compiles(nvcc):
+    # case 41: a float16 result read through a volatile pointer (other threads of the block wrote it):
+    # a volatile __half converts to nothing (nvcc: no operator "+" for volatile __half and float)
+    N = pt.param("N")
+    A = pt.placeholder((N, N + 2, 17), "float16", "A")
+    idx0 = pt.placeholder((7,), "int64", "idx0", value_range=(0, N - 1))
+
+    def f_T(i):
+        k = pt.reduce_axis((0, i), "k")
+        return pt.sum(pt.select(i != k, -2.5, pt.cast("float16", k)) *
+                      pt.select((k >= 1) & (k - 1 < N + 2), A[idx0[i], k - 1, k], 1.0), axis=k)
+    T = pt.compute((7,), f_T, "T", where=lambda i: i != 4)
+    U = pt.compute((31, 7), lambda i, j: pt.maximum(1.5, T[0]), "U")
+    s = pt.create_schedule(pt.Func([A, idx0], [U], constraints=[N >= 1]))
+    s["T"].reassociate().split("i", 256, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["U"].split("j", 2, "j_b", "j_t").bind("j_b", "blockIdx.x").bind("j_t", "threadIdx.x").reorder("j_b", "j_t", "i")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert "__half2float(__ushort_as_half(((volatile unsigned short*)T)[" in kern.source
+
+
+def test_a_threads_array_of_parametric_size_is_refused():
+    # case 432: `double T_local[(1) * (N)]` (nvcc: expression must have a constant value)
+    N = pt.param("N")
+    A = pt.placeholder((4,), "float64", "A")
+    T = pt.compute((17, N), lambda i, j: A[i % 4] * j, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 0]))
+    s["T"].split("i", 16, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache_write("i_t", loc="local")
+    with pytest.raises(pt.LoweringError, match=r"T_local in local memory .* size that depends on parameters"):
+        pt.build(s, "cuda:sm_90a")
