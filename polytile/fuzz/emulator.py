@@ -35,7 +35,8 @@ _CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equ
         "!=": np.not_equal}
 _MATH = {"exp": np.exp, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "log": np.log, "tanh": np.tanh,
          "abs": np.abs, "fabs": np.abs, "sin": np.sin, "cos": np.cos, "exp2": np.exp2, "log2": np.log2,
-         "floor": np.floor, "ceil": np.ceil, "erf": np.vectorize(math.erf, otypes=[np.float64])}
+         "floor": np.floor, "ceil": np.ceil, "erf": np.vectorize(math.erf, otypes=[np.float64]),
+         "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
 def run(func: ir.LoweredFunc, arrays: list[np.ndarray], params: dict[str, int] | None = None) -> list[np.ndarray]:
@@ -162,6 +163,9 @@ class _Block:
         if e.name in _MATH:
             with np.errstate(all="ignore"):
                 return _MATH[e.name](self.expr(e.args[0]))
+        if e.name == "pow":
+            with np.errstate(all="ignore"):
+                return np.power(self.expr(e.args[0]).astype(np.float64), self.expr(e.args[1]))
         family, _, op = e.name.rpartition("_")
         if family in ("pt_block_allreduce", "pt_ragged_block_allreduce", "pt_cluster_allreduce"):
             assert self.active.all(), f"{e.name} reached by {self.active.sum()} of the block's {self.n} threads"
