@@ -151,6 +151,27 @@ def test_shared_cache_some_threads_do_not_need_is_filled_whole():
     np.testing.assert_allclose(t, [a[:i].astype(np.float64).sum() for i in range(11)], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("body", ["a + b", "a * 2 - b + 1", "m.maximum(a, b) - 3"])
+def test_cross_thread_reduction_of_a_sum_of_terms(body):
+    # polytile fuzz --seed 2 --case 368 --target cuda: a body that is a sum of terms is folded into the
+    # accumulator as `T = (T + a) + b`, `(a + b) + T` or `(T + a) - 3`, which were not taken for reductions:
+    # the threads of the reduction loop each added into T at once (a race; 6 of 7 sums wrong)
+    A = pt.placeholder((9, 13), "int64", "A")
+    B = pt.placeholder((9, 13), "int64", "B")
+    k = pt.reduce_axis(13, "k")
+    T = pt.compute((9,), lambda i: pt.sum(eval(body, {"a": A[i, k], "b": B[i, k], "m": pt}), axis=k), "T")
+    s = pt.create_schedule(pt.Func([A, B], [T]))
+    s["T"].reassociate().split("i", 4, "i_b", "i_t").split("k", 4, "k_s", "k_t")
+    s["T"].bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.y").bind("k_t", "threadIdx.x")
+    s["T"].reorder("i_b", "i_t", "k_t", "k_s")
+    low = pt.lower(s, "cuda:sm_90a")
+    assert "pt_group_allreduce_sum(T_part, 4)" in str(low)
+    rng = np.random.default_rng(11)
+    a, b = rng.integers(-50, 50, (9, 13)), rng.integers(-50, 50, (9, 13))
+    (t,) = block_emulator.run(low, [a, b, np.zeros(9, np.int64)])
+    np.testing.assert_array_equal(t, eval(body, {"a": a, "b": b, "m": np}).sum(1))
+
+
 def test_host_level_loop_is_refused():
     A = pt.placeholder((64,), "float32", "A")
     B = pt.compute((64,), lambda i: A[i] * 2.0, "B")
