@@ -141,6 +141,8 @@ class _Block:
             return np.where(cond, a, b)
         if isinstance(e, ir.Load):
             buf, idx = self._element(e.buffer, e.index)
+            if buf.shape[-1] == 0:  # no active thread reads it (``_element`` checks): any value
+                return np.zeros(self.n, np.float64 if e.dtype.is_float else np.int64)
             if e.buffer.name in self.copies:
                 return buf[self.copies[e.buffer.name], idx].astype(np.float64 if e.dtype.is_float else np.int64)
             return buf[idx].astype(np.float64 if e.dtype.is_float else np.int64)
@@ -197,13 +199,14 @@ class _Block:
                 self.stmt(x)
         elif isinstance(s, (ir.LetStmt, ir.Declare)):
             value = s.value
-            self.env[s.var.name] = np.zeros(self.n) if value is None else np.array(self.expr(value))
+            kind = np.float64 if s.var.dtype.is_float else np.int64
+            self.env[s.var.name] = np.zeros(self.n, kind) if value is None else np.array(self.expr(value))
             self.stmt(s.body)
         elif isinstance(s, ir.Assign):
             self.env[s.var.name] = np.where(self.active, self.expr(s.value), self.env[s.var.name])
         elif isinstance(s, ir.Allocate):
             size = _size(s.buffer, self.params)
-            if s.buffer.scope == "local":
+            if s.buffer.scope in ("local", "auto", "stack", "register"):  # a thread's array (as the CUDA printer)
                 self.copies[s.buffer.name] = self.rank
                 self.memory[s.buffer.name] = np.full((self.n, size), np.nan)
             elif s.buffer.scope == "shared" and self.cluster > 1:

@@ -99,3 +99,28 @@ def test_emulator_refuses_what_it_does_not_cover():
     kernel = ir.Kernel("k", (ir.const(2), ir.const(1), ir.const(1)), (32, 1, 1), fence)
     with pytest.raises(NotImplementedError, match="pt_fence_proxy_async"):
         emulator.run(ir.LoweredFunc("f", [], [], kernel), [])
+
+
+def test_emulator_keeps_a_threads_arrays_apart_and_typed():
+    # seed 2 cases 281, 317 (an array in "auto" memory is a thread's own, as the CUDA printer makes it)
+    # and 314 (a declared int32 register used as an index was a float64 zero)
+    A = pt.placeholder((16, 4), "float32", "A")
+    idx = pt.placeholder((9,), "int32", "idx", value_range=(0, 15))
+    k = pt.reduce_axis(4, "k")
+    T = pt.compute((9,), lambda i: pt.sum(A[idx[i], k], axis=k), "T")
+    s = pt.create_schedule(pt.Func([A, idx], [T]))
+    s["T"].split("i", 4, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache("idx", "i_t", loc="auto")
+    low = pt.lower(s, "cuda:sm_90a")
+    assert "var idx_T_local" in str(low)
+    rng = np.random.default_rng(2)
+    a, ix = rng.standard_normal((16, 4)).astype(np.float32), rng.integers(0, 16, 9).astype(np.int32)
+    (t,) = emulator.run(low, [a, ix, np.full(9, np.nan, np.float32)])
+    np.testing.assert_allclose(t, a[ix].astype(np.float64).sum(1), rtol=1e-6)
+    s = pt.create_schedule(pt.Func([A, idx], [T]))
+    s["T"].split("i", 4, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache_identity("A", "i_t", loc="auto")
+    low = pt.lower(s, "cuda:sm_90a")
+    assert "in auto" in str(low)
+    (t,) = emulator.run(low, [a, ix, np.full(9, np.nan, np.float32)])
+    np.testing.assert_allclose(t, a[ix].astype(np.float64).sum(1), rtol=1e-6)
