@@ -918,12 +918,20 @@ class CUDAPrinter(CLikePrinter):
         t = self.storage_type(b.dtype)
         size = self.buffer_elems(b)
         if b.scope == "shared":
+            again = b.name in self.declared  # a copy of the allocation (an unrolled loop's): a scope of its own
+            if again:
+                self.emit("{")
+                self.depth += 1
+            self.declared.add(b.name)
             if b.name in self.dynamic:
                 self.emit(f"{t}* {b.name} = ({t}*)(pt_dynamic_smem + {self.dynamic[b.name]});")
             else:
                 align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
                 self.emit(f"__shared__ __align__({align}) {t} {b.name}[{size}];")
             self.stmt(s.body)
+            if again:
+                self.depth -= 1
+                self.emit("}")
             return
         if b.scope in ("local", "auto", "stack", "register"):
             if not all(_constant(d) for d in b.shape):
@@ -957,6 +965,7 @@ class CUDAPrinter(CLikePrinter):
                   and st.buffer.scope == "shared"]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
+        self.declared: set[str] = set()  # shared buffers declared so far in the kernel
         self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
                      and e.name in ("pt_tma_store_2d", "pt_tma_store_3d") and isinstance(e.args[1], ir.Load)}
         dyn = 0

@@ -339,3 +339,18 @@ def test_a_threads_array_of_parametric_size_is_refused():
     s["T"].cache_write("i_t", loc="local")
     with pytest.raises(pt.LoweringError, match=r"T_local in local memory .* size that depends on parameters"):
         pt.build(s, "cuda:sm_90a")
+
+
+def test_an_unrolled_loop_holding_a_shared_buffer_compiles(nvcc):
+    # seed 2 cases 122, 300, 457, 486 (seed 3: 81, 166): unroll or vectorize of a loop around a shared
+    # allocation copied `__shared__ float T_local[3]` into one scope (nvcc: "already been declared")
+    A = pt.placeholder((4, 8), "float32", "A")
+    k = pt.reduce_axis(8, "k")
+    T = pt.compute((4, 3), lambda i, j: pt.sum(A[i, k] * j, axis=k), "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].bind("i", "blockIdx.x").cache_write("j", loc="shared").unroll("j")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert kern.source.count("__shared__ __align__(16) float T_local[") == 3
+    a = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float32)
+    (t,) = block_emulator.run(pt.lower(s, "cuda:sm_90a"), [a, np.full((4, 3), np.nan, np.float32)])
+    np.testing.assert_allclose(t, a.astype(np.float64).sum(1)[:, None] * np.arange(3), rtol=1e-5, atol=1e-5)
