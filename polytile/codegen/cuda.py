@@ -491,7 +491,7 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_block_allredu
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const int nt = blockDim.x * blockDim.y * blockDim.z;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
   if (nt <= 32) return v;
   __shared__ T pt_scratch[32];
   __syncthreads();
@@ -499,7 +499,7 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_block_allredu
   __syncthreads();
   v = (tid & 31) < ((nt + 31) >> 5) ? pt_scratch[tid & 31] : identity;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 """),
@@ -523,7 +523,7 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_group_allredu
   const unsigned mask = pt_group_mask(lanes);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
-    if (o < lanes) v = op(v, __shfl_xor_sync(mask, v, o));
+    if (o < lanes) v = op(v, (T)__shfl_xor_sync(mask, v, o));  // (T): 8- and 16-bit integers shuffle as int
   return v;
 }
 """),
@@ -539,10 +539,10 @@ template <typename T, typename Op> __device__ __forceinline__ T pt_warp_allreduc
   const unsigned mask = (1u << present) - 1, lane = pt_thread_rank() & 31;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const T w = __shfl_down_sync(mask, v, o);
+    const T w = (T)__shfl_down_sync(mask, v, o);
     if (lane + o < (unsigned)present) v = op(v, w);
   }
-  return __shfl_sync(mask, v, 0);
+  return (T)__shfl_sync(mask, v, 0);
 }
 """),
     Helper("pt_ragged_block_allreduce", r"""
@@ -650,6 +650,14 @@ BULK_ALIGN = 128  # a bulk tensor copy's shared memory operand (dynamic buffers 
 
 AUTO_UNROLL_EXTENT = 32  # serial loops of at most this many iterations are unrolled without being asked ...
 AUTO_UNROLL_STATEMENTS = 1024  # ... when the unrolled loop stays within this many statements
+
+
+def _constant(e: ir.Expr) -> bool:
+    try:
+        ir.eval_int(e, {})
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 def _unrolled(s: ir.For) -> bool:
@@ -823,14 +831,19 @@ class CUDAPrinter(CLikePrinter):
 
     def scalar_load(self, buf: ir.Buffer, idx: str) -> str:
         if buf.name in self.shared_global:  # written by other threads of the block before a barrier
+            if buf.dtype.name in ("float16", "bfloat16"):  # a volatile __half converts to nothing: load its bits
+                bits = f"((volatile unsigned short*){buf.name})[{idx}]"
+                if buf.dtype.name == "float16":
+                    return f"__half2float(__ushort_as_half({bits}))"
+                return f"__uint_as_float(((unsigned){bits}) << 16)"
             return f"((volatile {self.storage_type(buf.dtype)}*){buf.name})[{idx}]"
         if buf.dtype.name == "bfloat16":  # exact: a bfloat16 is the high half of a float32 (a plain shift,
             # which nvcc combines with its neighbours' loads where __bfloat162float kept them apart)
             return f"__uint_as_float(((unsigned)__bfloat16_as_ushort({buf.name}[{idx}])) << 16)"
         if buf.dtype.name == "float16":
             return f"__half2float({buf.name}[{idx}])"
-        if buf.scope == "arg" and not self.written.get(buf.name, False):
-            return f"__ldg(&{buf.name}[{idx}])"
+        if buf.scope == "arg" and not self.written.get(buf.name, False) and buf.dtype.name != "bool":
+            return f"__ldg(&{buf.name}[{idx}])"  # (no __ldg of a bool)
         return f"{buf.name}[{idx}]"
 
     def store_value(self, buf: ir.Buffer, value: ir.Expr) -> str:
@@ -909,6 +922,11 @@ class CUDAPrinter(CLikePrinter):
         t = self.storage_type(b.dtype)
         size = self.buffer_elems(b)
         if b.scope == "shared":
+            again = b.name in self.declared  # a copy of the allocation (an unrolled loop's): a scope of its own
+            if again:
+                self.emit("{")
+                self.depth += 1
+            self.declared.add(b.name)
             if b.overlays:  # the storage of an enclosing buffer, whose uses are over
                 self.emit(f"{t}* {b.name} = ({t}*){b.overlays};")
             elif b.name in self.dynamic:
@@ -917,8 +935,16 @@ class CUDAPrinter(CLikePrinter):
                 align = 1024 if b.swizzle else BULK_ALIGN if b.name in self.bulk else 16
                 self.emit(f"__shared__ __align__({align}) {t} {b.name}[{size}];")
             self.stmt(s.body)
+            if again:
+                self.depth -= 1
+                self.emit("}")
             return
         if b.scope in ("local", "auto", "stack", "register"):
+            if not all(_constant(d) for d in b.shape):
+                shape = list(map(ir.expr_text, b.shape))
+                raise LoweringError(f"buffer {b.name} in {b.scope} memory (a thread's array) has a size that depends "
+                                    f"on parameters, {shape}: give it a place in a loop of constant extent (a cache "
+                                    "at an inner loop), or loc=\"global\"")
             self.emit("{")
             self.depth += 1
             self.emit(f"__align__(16) {t} {b.name}[{size}];")  # vector copies (combine_loads) are aligned
@@ -945,6 +971,7 @@ class CUDAPrinter(CLikePrinter):
                   and st.buffer.scope == "shared" and not st.buffer.overlays]
         total = sum(_const_bytes(b) for b in shared)
         self.dynamic = {}
+        self.declared: set[str] = set()  # shared buffers declared so far in the kernel
         self.bulk = {e.args[1].buffer.name for e in ir.all_exprs(k.body) if isinstance(e, ir.Call)
                      and e.name in ("pt_tma_store_2d", "pt_tma_store_3d") and isinstance(e.args[1], ir.Load)}
         dyn = 0

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from .execute import generate_case
+from .execute import TARGETS, generate_case
 from .runner import Result, Summary, campaign, case_job, run_one
-from .spec import case_source
+from .spec import CUDA_TARGET, case_source
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,7 +36,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=default_jobs(),
                    help=f"cases run at once (default: the CPUs this process may use, {default_jobs()} here)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take (default 60)")
-    p.add_argument("--target", default="cpu", choices=["cpu"], help="target to build for (cpu)")
+    p.add_argument("--target", default="cpu", choices=list(TARGETS),
+                   help="cpu: build and run the kernels (default); cuda: GPU schedules (loops bound to blocks and "
+                        "threads, shared and local caches, cross-thread reductions) lowered for "
+                        f"{CUDA_TARGET}, run on the CPU by the block emulator, compiled with nvcc where found")
+    p.add_argument("--no-nvcc", action="store_true",
+                   help="with --target cuda: do not compile the CUDA source with nvcc (about 2 s a case)")
     p.add_argument("--json", help="write the campaign's record (summary, every finding) to this file")
     p.add_argument("--record", action="store_true",
                    help="also write the record to benchmarks/results/fuzz-<date>-<time>.json (under the current "
@@ -57,6 +62,8 @@ def fuzz_main(argv: Sequence[str]) -> int:
     for name in ("budget", "timeout"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser().error(f"--{name} must be a positive number of seconds")
+    from . import execute
+    execute.NVCC = not args.no_nvcc
     if args.case is not None:
         return replay(args)
     return run_campaign(args)
@@ -74,11 +81,13 @@ def run_campaign(args: argparse.Namespace) -> int:
             bar.set_postfix_str(", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), refresh=False)
 
     started = datetime.datetime.now(datetime.UTC)
-    summary = campaign(args.seed, cases, args.budget, args.first, args.jobs, args.timeout, on_result)
+    summary = campaign(args.seed, cases, args.budget, args.first, args.jobs, args.timeout, on_result, args.target)
     if bar is not None:
         bar.close()
     print(summary.line())
     print(f"{summary.rate_per_core(args.jobs):.1f} cases/min/core ({args.jobs} jobs on {os.cpu_count()} CPUs)")
+    if summary.not_emulated:
+        print("not emulated: " + ", ".join(f"{what} ({n})" for what, n in summary.not_emulated.most_common()))
     print_findings(summary)
     record = campaign_record(args, summary, started)
     paths = [Path(args.json)] if args.json else []
@@ -106,6 +115,7 @@ def campaign_record(args: argparse.Namespace, summary: Summary, started: datetim
         "command": " ".join(["polytile fuzz", *args.argv]),
         "seed": args.seed, "first": args.first, "last": args.first + summary.cases - 1,
         "jobs": args.jobs, "timeout": args.timeout, "target": args.target,
+        **({"nvcc": not args.no_nvcc} if args.target == "cuda" else {}),
         "commit": _commit(), "host": platform.node(), "cpu": cpu.model, "cpus": os.cpu_count(),
         "load_average_after": list(os.getloadavg()),
         "cases_per_min_per_core": round(summary.rate_per_core(args.jobs), 2),
@@ -147,9 +157,10 @@ def _gist(detail: str) -> str:
 
 
 def replay(args: argparse.Namespace) -> int:
-    r = run_one(case_job(args.seed, args.case), (args.seed, args.case), args.timeout)
-    case = generate_case(args.seed, args.case).with_calls(r.calls)
-    print(case_source(case, f"polytile fuzz --seed {args.seed} --case {args.case}: {r.kind}"))
+    r = run_one(case_job(args.seed, args.case, args.target), (args.seed, args.case), args.timeout)
+    r.target = args.target
+    case = generate_case(args.seed, args.case, args.target).with_calls(r.calls)
+    print(case_source(case, f"{r.replay_command()}: {r.kind}"))
     print(f"# outcome: {r.kind}" + (f" at {r.phase}" if r.phase else "") + (f": {r.detail}" if r.detail else ""))
     if not args.minimize:
         return 1 if r.is_finding else 0
@@ -158,10 +169,11 @@ def replay(args: argparse.Namespace) -> int:
         return 0
     from .minimize import isolated, minimize, pytest_source
     small, result = minimize(case, r, isolated(args.timeout), log=lambda msg: print(f"# {msg}", file=sys.stderr))
-    title = f"polytile fuzz --seed {args.seed} --case {args.case} (minimized): {result.kind}"
+    title = f"{r.replay_command()} (minimized): {result.kind}"
     print(case_source(small, title))
     print(f"# outcome: {result.kind} at {result.phase}: {result.detail}")
-    path = Path(args.test_dir) / f"test_fuzz_seed{args.seed}_case{args.case}.py"
+    cuda = "_cuda" if args.target == "cuda" else ""
+    path = Path(args.test_dir) / f"test_fuzz{cuda}_seed{args.seed}_case{args.case}.py"
     path.write_text(pytest_source(small, result))
     print(f"# wrote {path}")
     return 1

@@ -13,7 +13,16 @@ Kinds of outcome:
   primitive that changed the schedule (primitives are transactional);
 - ``invalid``: the fuzzer's fault: polytile refused the generated program, or the reference
   found it undefined on its inputs;
-- ``crash`` and ``hang`` are decided by the process that runs the case (``runner``).
+- ``crash`` and ``hang`` are decided by the process that runs the case (``runner``);
+- ``not-emulated`` (``--target cuda``): lowered, but the block emulator does not cover a construct
+  of the kernel (counted, not a finding); nvcc still compiles its source.
+
+For ``--target cuda`` the case is lowered for ``CUDA_TARGET`` (``pt.lower``), its CUDA source
+printed, its kernels run on the CPU by the block emulator (``emulator``) and compared with the
+reference, and, where nvcc is found, the source compiled. A PolytileError at lowering or printing is
+``refused-late``, as at ``pt.build``; an emulator's assertion (a thread out of its buffer, a barrier
+some threads of a block miss, two threads writing one element with different values) is a
+``miscompile``; nvcc rejecting the source is ``internal``.
 
 Primitive refusals (a PolytileError at a primitive) are legal and do not end a case.
 """
@@ -26,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BuildError, PolytileError
-from . import inputs, reference, schedules
+from . import gpu_schedules, inputs, reference, schedules
 from .programs import generate
-from .spec import Case, fence_at_start, inputs_source, program_source
+from .spec import CUDA_TARGET, Case, fence_at_start, inputs_source, program_source
 
 PROGRAM, SCHEDULE, MODES = 0, 1, 2  # random streams of a case
 
@@ -41,6 +50,10 @@ class Outcome:
 
 
 FINDINGS = ("miscompile", "crash", "hang", "internal")
+TARGETS = ("cpu", "cuda")
+NVCC = True
+"""Whether CUDA cases compile their source with nvcc where it is found (``--no-nvcc``: not; the
+processes of cases are forked, so setting it before a campaign reaches them)."""
 
 
 def case_rng(seed: int, index: int, stream: int) -> np.random.Generator:
@@ -48,12 +61,19 @@ def case_rng(seed: int, index: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, index, stream])
 
 
-def generate_case(seed: int, index: int) -> Case:
-    """Case ``index`` of seed ``seed`` without its schedule (drawn while it runs: each primitive's
-    arguments come from the schedule's state after the calls before it)."""
+def generate_case(seed: int, index: int, target: str = "cpu") -> Case:
+    """Case ``index`` of seed ``seed`` for ``target`` without its schedule (drawn while it runs: each
+    primitive's arguments come from the schedule's state after the calls before it). A CUDA case's
+    program is a CPU case's without the modes the emulator does not model (integer overflow in
+    narrow types, NaN inputs) and never malformed (refusing those is the CPU fuzzer's)."""
     rng = case_rng(seed, index, PROGRAM)
-    program = generate(rng, case_rng(seed, index, MODES))
-    return Case(seed, index, program, int(rng.integers(2 ** 31)))
+    if target == "cuda":
+        program = generate(rng)
+        while program.malformed:  # drawn again from the stream: still a function of (seed, index)
+            program = generate(rng)
+    else:
+        program = generate(rng, case_rng(seed, index, MODES))
+    return Case(seed, index, program, int(rng.integers(2 ** 31)), target=target)
 
 
 Report = Callable[[dict], None]
@@ -100,13 +120,16 @@ def run_case(case: Case, report: Report, draw_schedule: bool) -> Outcome:
         return True
 
     if draw_schedule:
-        schedules.generate_calls(case_rng(case.seed, case.index, SCHEDULE), s, ns, on_call)
+        draw = gpu_schedules.generate_calls if case.target == "cuda" else schedules.generate_calls
+        draw(case_rng(case.seed, case.index, SCHEDULE), s, ns, on_call)
     else:
         for call in case.calls:
             if not on_call(call.text, schedules.apply(s, call.text, ns)):
                 break
     if failure:
         return failure[0]
+    if case.target == "cuda":
+        return run_cuda(case, func, s, args, params, report)
     report({"phase": "build"})
     try:
         kern = pt.build(s)
@@ -131,6 +154,60 @@ def run_case(case: Case, report: Report, draw_schedule: bool) -> Outcome:
     if problems:
         return Outcome("miscompile", "check", "; ".join(problems)[:1500])
     return Outcome("ok", "check")
+
+
+def run_cuda(case: Case, func, s, args: list, params: dict, report: Report) -> Outcome:  # noqa: ANN001
+    """Lower ``s`` for ``CUDA_TARGET``, print its CUDA source, run it on the block emulator and check
+    it against the reference, then compile the source with nvcc where there is one."""
+    import polytile as pt
+
+    from ..codegen.cuda import cuda_source
+    from ..runtime.cuda import index32_ok
+    from ..target import as_target
+    from ..toolchain import find_nvcc
+    from . import emulator
+    target = as_target(CUDA_TARGET)
+    for phase in ("lower", "source"):
+        report({"phase": phase})
+        try:
+            if phase == "lower":
+                low = pt.lower(s, target)
+            else:
+                source, kernels = cuda_source(low, index32_ok(low))
+        except BuildError as err:
+            return Outcome("internal", phase, f"BuildError: {str(err)[:400]}")
+        except PolytileError as err:
+            return Outcome("refused-late", phase, f"{type(err).__name__}: {str(err)[:400]}")
+        except Exception as err:  # noqa: BLE001
+            return _internal(phase, err)
+    for k in kernels:  # build_cuda_kernel's refusal, before nvcc
+        if k.dynamic_shared > target.shared_per_block:
+            return Outcome("refused-late", "source", f"kernel {k.name} needs {k.dynamic_shared} bytes of shared memory")
+    report({"phase": "emulate"})
+    at_start = fence_at_start(case)
+    outs = inputs.output_arrays(func, params, at_start)
+    outcome = Outcome("ok", "check")
+    try:
+        emulator.run(low, [*args, *outs], params)
+    except NotImplementedError as err:
+        outcome = Outcome("not-emulated", "emulate", str(err)[:300])
+    except AssertionError as err:
+        return Outcome("miscompile", "emulate", f"the emulated kernel broke a rule of CUDA: {str(err)[:1000]}")
+    except Exception as err:  # noqa: BLE001 - e.g. a variable used out of its scope
+        return _internal("emulate", err)
+    if outcome.kind == "ok":
+        report({"phase": "check"})
+        problems = reference.differences(func, args, outs, params)
+        if problems:
+            return Outcome("miscompile", "check", "; ".join(problems)[:1500])
+    if NVCC and find_nvcc() is not None:
+        from ..runtime.cuda import compile_cuda
+        report({"phase": "nvcc"})
+        try:
+            compile_cuda(source, target.arch)
+        except BuildError as err:
+            return Outcome("internal", "nvcc", f"generated code does not compile: {_compiler_error(str(err))}")
+    return outcome
 
 
 def run_malformed(case: Case, report: Report, ns: dict) -> Outcome:

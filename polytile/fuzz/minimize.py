@@ -48,7 +48,11 @@ def signature(r: Result) -> tuple[str, ...]:
 
 def isolated(timeout: float) -> Callable[[Case], Result]:
     """Runs a case's recorded calls in its own process, as a campaign would."""
-    return lambda case: run_one(fixed_job(case), (case.seed, case.index), timeout)
+    def run(case: Case) -> Result:
+        r = run_one(fixed_job(case), (case.seed, case.index), timeout)
+        r.target = case.target
+        return r
+    return run
 
 
 def minimize(case: Case, result: Result, run: Callable[[Case], Result], max_runs: int = 300,
@@ -200,7 +204,8 @@ def _with_comp(p: Program, k: int, c: CompSpec) -> Program:
 def pytest_source(case: Case, result: Result) -> str:
     """A pytest file that runs the minimized case as a script in its own process (a crash fails the
     test, not pytest) and passes once polytile computes the right result or refuses cleanly."""
-    title = f"polytile fuzz --seed {case.seed} --case {case.index} (minimized): {result.kind}"
+    target = "" if case.target == "cpu" else f" --target {case.target}"
+    title = f"polytile fuzz --seed {case.seed} --case {case.index}{target} (minimized): {result.kind}"
     snippet = case_source(case, title)
     name = f"test_fuzz_seed{case.seed}_case{case.index}"
     detail = result.detail.replace('"""', "'''")

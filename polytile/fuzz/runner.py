@@ -43,13 +43,15 @@ class Result:
     detail: str = ""
     calls: list[Call] = field(default_factory=list)
     seconds: float = 0.0
+    target: str = "cpu"
 
     @property
     def is_finding(self) -> bool:
         return self.kind in FINDINGS
 
     def replay_command(self) -> str:
-        return f"polytile fuzz --seed {self.seed} --case {self.index}"
+        target = "" if self.target == "cpu" else f" --target {self.target}"
+        return f"polytile fuzz --seed {self.seed} --case {self.index}{target}"
 
 
 Job = Callable[[Report], Outcome]
@@ -203,9 +205,9 @@ def _child(job: Job, fd: int, log_fd: int) -> None:
         os._exit(code)
 
 
-def case_job(seed: int, index: int) -> Job:
-    """Case ``index`` of ``seed``, schedule drawn as it runs."""
-    return lambda report: run_case(generate_case(seed, index), report, draw_schedule=True)
+def case_job(seed: int, index: int, target: str = "cpu") -> Job:
+    """Case ``index`` of ``seed`` for ``target``, schedule drawn as it runs."""
+    return lambda report: run_case(generate_case(seed, index, target), report, draw_schedule=True)
 
 
 def fixed_job(case: Case) -> Job:
@@ -255,6 +257,7 @@ class Summary:
     findings: list[Result] = field(default_factory=list)
     others: list[Result] = field(default_factory=list)  # refused late, or invalid (the fuzzer's fault)
     by_primitive: Counter = field(default_factory=Counter)  # (primitive, outcome) -> calls
+    not_emulated: Counter = field(default_factory=Counter)  # what the block emulator lacked -> cases
 
     @property
     def cases(self) -> int:
@@ -268,6 +271,8 @@ class Summary:
             self.by_primitive[(c.text.split("].")[-1].split("(")[0], c.outcome)] += 1
         if r.is_finding:
             self.findings.append(r)
+        elif r.kind == "not-emulated":
+            self.not_emulated[r.detail.split(":")[0]] += 1
         elif r.kind != "ok":
             self.others.append(r)
 
@@ -277,8 +282,9 @@ class Summary:
         rate = self.cases / self.seconds if self.seconds else 0.0
         return (f"cases {self.cases}, accepted {accepted}, refused {self.refused} of {self.primitives} primitives, "
                 f"refused-late {c['refused-late']}, miscompiles {c['miscompile']}, crashes {c['crash']}, "
-                f"hangs {c['hang']}, internal {c['internal']}, invalid {c['invalid']} "
-                f"({self.seconds:.0f} s, {rate:.2f} cases/s)")
+                f"hangs {c['hang']}, internal {c['internal']}, invalid {c['invalid']}"
+                + (f", not emulated {c['not-emulated']}" if c["not-emulated"] else "")
+                + f" ({self.seconds:.0f} s, {rate:.2f} cases/s)")
 
     def rate_per_core(self, jobs: int) -> float:
         """Cases per minute and per core busy (``jobs`` cases at once, at most one per CPU)."""
@@ -289,13 +295,15 @@ class Summary:
         return {"cases": self.cases, "counts": dict(self.counts), "primitives": self.primitives,
                 "refused_primitives": self.refused, "seconds": round(self.seconds, 1),
                 "by_primitive": {f"{p} {o}": n for (p, o), n in sorted(self.by_primitive.items())},
+                "not_emulated": dict(self.not_emulated.most_common()),
                 "findings": [asdict(f) for f in self.findings], "others": [asdict(f) for f in self.others]}
 
 
 def campaign(seed: int, cases: int | None = None, budget: float | None = None, first: int = 0, jobs: int = 2,
-             timeout: float = 60.0, on_result: Callable[[Result], None] | None = None) -> Summary:
-    """Run cases ``first``, ``first + 1``, … of ``seed``: ``cases`` of them, or as many as start
-    within ``budget`` seconds (the ones running then are finished)."""
+             timeout: float = 60.0, on_result: Callable[[Result], None] | None = None,
+             target: str = "cpu") -> Summary:
+    """Run cases ``first``, ``first + 1``, … of ``seed`` for ``target``: ``cases`` of them, or as many
+    as start within ``budget`` seconds (the ones running then are finished)."""
     summary = Summary()
     start = time.monotonic()
     pool = Pool(jobs, timeout)
@@ -306,13 +314,14 @@ def campaign(seed: int, cases: int | None = None, budget: float | None = None, f
                 more = (cases is None or index < first + cases) and (
                     budget is None or time.monotonic() - start < budget)
                 while more and pool.free:
-                    pool.start((seed, index), case_job(seed, index))
+                    pool.start((seed, index), case_job(seed, index, target))
                     index += 1
                     more = (cases is None or index < first + cases) and (
                         budget is None or time.monotonic() - start < budget)
                 if not pool.children and not more:
                     break
                 for r in pool.finished():
+                    r.target = target
                     summary.add(r)
                     if on_result is not None:
                         on_result(r)

@@ -97,6 +97,8 @@ def describe(err: BaseException) -> str:
 class ScheduleGenerator:
     """Draws primitive calls for a schedule from ``rng``, each from the schedule's current state."""
 
+    primitives = PRIMITIVES  # name -> weight of the primitives drawn
+
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
         self.applies = 0
@@ -119,7 +121,7 @@ class ScheduleGenerator:
         if self.follow_up:
             return self.follow_up.pop()
         fused = [n for n in self.fused if n in s.stage_names()]
-        weights = {p: w * (FUSED_MEMORY_BOOST if fused and p in MEMORY else 1) for p, w in PRIMITIVES.items()}
+        weights = {p: w * (FUSED_MEMORY_BOOST if fused and p in MEMORY else 1) for p, w in self.primitives.items()}
         while True:
             stage = self.pick(fused) if fused and self.rng.random() < 0.6 else self.pick(s.stage_names())
             prim = self.pick(list(weights), list(weights.values()))

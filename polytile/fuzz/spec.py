@@ -15,6 +15,8 @@ from typing import Any
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 REDUCERS = ("sum", "max", "min", "prod")
+CUDA_TARGET = "cuda:sm_90a"
+"""What ``polytile fuzz --target cuda`` lowers for (and compiles for, with nvcc)."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +152,15 @@ class Call:
 
 @dataclass
 class Case:
-    """One fuzz case: a program, the schedule calls applied to it, and the seed of its inputs."""
+    """One fuzz case: a program, the schedule calls applied to it, the seed of its inputs, and the
+    target ("cpu": built and run; "cuda": lowered and run on the block emulator)."""
 
     seed: int
     index: int
     program: Program
     input_seed: int
     calls: list[Call] = field(default_factory=list)
+    target: str = "cpu"
 
     def with_program(self, program: Program) -> Case:
         return replace(self, program=program, calls=list(self.calls))
@@ -378,7 +382,8 @@ def case_source(case: Case, title: str = "") -> str:
     other than BuildError), and fails otherwise."""
     p = case.program
     lines = [f"# {title}" if title else f"# polytile fuzz --seed {case.seed} --case {case.index}",
-             "import numpy as np", "import polytile as pt", "from polytile.fuzz import inputs, reference, schedules",
+             "import numpy as np", "import polytile as pt",
+             f"from polytile.fuzz import {'emulator, ' if case.target == 'cuda' else ''}inputs, reference, schedules",
              "", program_source(p).rstrip(), "", inputs_source(p, case.input_seed).rstrip(),
              f"args = [inputs.fenced(a, at_start={fence_at_start(case)}) for a in args]", "",
              "s = pt.create_schedule(func)", "try:"]
@@ -391,11 +396,14 @@ def case_source(case: Case, title: str = "") -> str:
                       '        assert schedules.snapshot(s) == before, "a refused primitive changed the schedule"']
         else:
             lines.append(f"    # {call.outcome}: {call.text}")
-    lines += ["    kern = pt.build(s)", "except pt.BuildError:", "    raise",
+    build = "kern = pt.build(s)" if case.target == "cpu" else f'low = pt.lower(s, "{CUDA_TARGET}")'
+    run = ("kern(*args, *outs, **params)" if case.target == "cpu" else
+           "emulator.run(low, [*args, *outs], params)  # NotImplementedError: a construct the emulator lacks")
+    lines += [f"    {build}", "except pt.BuildError:", "    raise",
               "except pt.PolytileError as err:  # a clean refusal is a right answer",
               '    print("refused:", err)', "    raise SystemExit(0)",
               f"outs = inputs.output_arrays(func, params, at_start={fence_at_start(case)})",
-              "kern(*args, *outs, **params)", "reference.check(func, args, outs, params)", 'print("ok")']
+              run, "reference.check(func, args, outs, params)", 'print("ok")']
     return "\n".join(lines) + "\n"
 
 

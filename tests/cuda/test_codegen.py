@@ -132,6 +132,46 @@ def test_cross_thread_reduction_into_elements_of_an_inner_loop_is_refused():
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
+def test_shared_cache_some_threads_do_not_need_is_filled_whole():
+    # polytile fuzz --seed 1 --case 2 --target cuda: a shared cache at a thread loop whose footprint is empty
+    # for thread 0 (k runs over [0, i)): its fill, spread over the threads, sat under `if (i_t >= 1)`, so
+    # thread 0's share (elements 0 and 1) was never written and the other threads read them uninitialized
+    A = pt.placeholder((16,), "float32", "A")
+
+    def prefix_sum(i):
+        k = pt.reduce_axis((0, i), "k")
+        return pt.sum(A[k], axis=k)
+    T = pt.compute((11,), prefix_sum, "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].split("i", 16, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache_identity("A", "i_t", loc="shared")
+    low = pt.lower(s, "cuda:sm_90a")
+    a = np.random.default_rng(3).standard_normal(16).astype(np.float32)
+    (t,) = block_emulator.run(low, [a, np.full(11, np.nan, np.float32)])
+    np.testing.assert_allclose(t, [a[:i].astype(np.float64).sum() for i in range(11)], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("body", ["a + b", "a * 2 - b + 1", "m.maximum(a, b) - 3"])
+def test_cross_thread_reduction_of_a_sum_of_terms(body):
+    # polytile fuzz --seed 2 --case 368 --target cuda: a body that is a sum of terms is folded into the
+    # accumulator as `T = (T + a) + b`, `(a + b) + T` or `(T + a) - 3`, which were not taken for reductions:
+    # the threads of the reduction loop each added into T at once (a race; 6 of 7 sums wrong)
+    A = pt.placeholder((9, 13), "int64", "A")
+    B = pt.placeholder((9, 13), "int64", "B")
+    k = pt.reduce_axis(13, "k")
+    T = pt.compute((9,), lambda i: pt.sum(eval(body, {"a": A[i, k], "b": B[i, k], "m": pt}), axis=k), "T")
+    s = pt.create_schedule(pt.Func([A, B], [T]))
+    s["T"].reassociate().split("i", 4, "i_b", "i_t").split("k", 4, "k_s", "k_t")
+    s["T"].bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.y").bind("k_t", "threadIdx.x")
+    s["T"].reorder("i_b", "i_t", "k_t", "k_s")
+    low = pt.lower(s, "cuda:sm_90a")
+    assert "pt_group_allreduce_sum(T_part, 4)" in str(low)
+    rng = np.random.default_rng(11)
+    a, b = rng.integers(-50, 50, (9, 13)), rng.integers(-50, 50, (9, 13))
+    (t,) = block_emulator.run(low, [a, b, np.zeros(9, np.int64)])
+    np.testing.assert_array_equal(t, eval(body, {"a": a, "b": b, "m": np}).sum(1))
+
+
 def test_host_level_loop_is_refused():
     A = pt.placeholder((64,), "float32", "A")
     B = pt.compute((64,), lambda i: A[i] * 2.0, "B")
@@ -237,3 +277,80 @@ def test_a_source_includes_the_16_bit_headers_it_uses(dtype, headers):
                     if line.startswith("#include <cuda_")]
         assert included == headers, (name, included)
         assert kern.cubin[:4] == b"\x7fELF"
+
+
+# --- found by `polytile fuzz --target cuda` (seed 2): CUDA source that nvcc rejected ----------------------
+
+def test_a_bool_result_read_by_a_later_kernel_compiles(nvcc):
+    # case 36: __ldg has no bool overload
+    N = pt.param("N")
+    T = pt.compute((N,), lambda i: i != 2, "T")
+    U = pt.compute((16, N), lambda i, j: pt.cast("float16", T[j]), "U")
+    s = pt.create_schedule(pt.Func([], [T, U], constraints=[N >= 2]))
+    s["T"].split("i", 8, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["U"].split("j", 8, "j_b", "j_t").bind("j_b", "blockIdx.x").bind("j_t", "threadIdx.x").reorder("j_b", "j_t", "i")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert "__ldg(&T[" not in kern.source
+
+
+def test_a_group_reduction_of_8_bit_integers_compiles(nvcc):
+    # case 133: __shfl_xor_sync of an int8_t returns an int, and pt_op_sum's (T, T) did not match
+    A = pt.placeholder((11, 8), "int8", "A")
+    k = pt.reduce_axis(8, "k")
+    U = pt.compute((11,), lambda i: pt.sum(A[i, k], axis=k), "U")
+    s = pt.create_schedule(pt.Func([A], [U]))
+    s["U"].reassociate().split("i", 4, "i_b", "i_t").split("k", 4, "k_s", "k_t")
+    s["U"].bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.y").bind("k_t", "threadIdx.x")
+    s["U"].reorder("i_b", "i_t", "k_t", "k_s")
+    low = pt.lower(s, "cuda:sm_90a")
+    a = np.random.default_rng(5).integers(-9, 9, (11, 8)).astype(np.int8)
+    (u,) = block_emulator.run(low, [a, np.zeros(11, np.int8)])
+    np.testing.assert_array_equal(u, a.astype(np.int64).sum(1).astype(np.int8))
+    assert "pt_group_allreduce_sum(" in pt.build(s, "cuda:sm_90a").source
+
+
+def test_a_half_read_back_after_other_threads_wrote_it_compiles(nvcc):
+    # case 41: a float16 result read through a volatile pointer (other threads of the block wrote it):
+    # a volatile __half converts to nothing (nvcc: no operator "+" for volatile __half and float)
+    N = pt.param("N")
+    A = pt.placeholder((N, N + 2, 17), "float16", "A")
+    idx0 = pt.placeholder((7,), "int64", "idx0", value_range=(0, N - 1))
+
+    def f_T(i):
+        k = pt.reduce_axis((0, i), "k")
+        return pt.sum(pt.select(i != k, -2.5, pt.cast("float16", k)) *
+                      pt.select((k >= 1) & (k - 1 < N + 2), A[idx0[i], k - 1, k], 1.0), axis=k)
+    T = pt.compute((7,), f_T, "T", where=lambda i: i != 4)
+    U = pt.compute((31, 7), lambda i, j: pt.maximum(1.5, T[0]), "U")
+    s = pt.create_schedule(pt.Func([A, idx0], [U], constraints=[N >= 1]))
+    s["T"].reassociate().split("i", 256, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["U"].split("j", 2, "j_b", "j_t").bind("j_b", "blockIdx.x").bind("j_t", "threadIdx.x").reorder("j_b", "j_t", "i")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert "__half2float(__ushort_as_half(((volatile unsigned short*)T)[" in kern.source
+
+
+def test_a_threads_array_of_parametric_size_is_refused():
+    # case 432: `double T_local[(1) * (N)]` (nvcc: expression must have a constant value)
+    N = pt.param("N")
+    A = pt.placeholder((4,), "float64", "A")
+    T = pt.compute((17, N), lambda i, j: A[i % 4] * j, "T")
+    s = pt.create_schedule(pt.Func([A], [T], constraints=[N >= 0]))
+    s["T"].split("i", 16, "i_b", "i_t").bind("i_b", "blockIdx.x").bind("i_t", "threadIdx.x")
+    s["T"].cache_write("i_t", loc="local")
+    with pytest.raises(pt.LoweringError, match=r"T_local in local memory .* size that depends on parameters"):
+        pt.build(s, "cuda:sm_90a")
+
+
+def test_an_unrolled_loop_holding_a_shared_buffer_compiles(nvcc):
+    # seed 2 cases 122, 300, 457, 486 (seed 3: 81, 166): unroll or vectorize of a loop around a shared
+    # allocation copied `__shared__ float T_local[3]` into one scope (nvcc: "already been declared")
+    A = pt.placeholder((4, 8), "float32", "A")
+    k = pt.reduce_axis(8, "k")
+    T = pt.compute((4, 3), lambda i, j: pt.sum(A[i, k] * j, axis=k), "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s["T"].bind("i", "blockIdx.x").cache_write("j", loc="shared").unroll("j")
+    kern = pt.build(s, "cuda:sm_90a")
+    assert kern.source.count("__shared__ __align__(16) float T_local[") == 3
+    a = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float32)
+    (t,) = block_emulator.run(pt.lower(s, "cuda:sm_90a"), [a, np.full((4, 3), np.nan, np.float32)])
+    np.testing.assert_allclose(t, a.astype(np.float64).sum(1)[:, None] * np.arange(3), rtol=1e-5, atol=1e-5)

@@ -44,12 +44,39 @@ WARP = 32
 
 
 def _reduction_update(st: ir.Store) -> tuple[str, ir.Expr] | None:
-    """(op, term) when ``st`` is ``buf[idx] = buf[idx] op term``."""
+    """(op, term) when ``st`` is ``buf[idx] = buf[idx] op term``, or any tree of ``op`` (for a sum, of
+    ``+`` and ``-``) with the accumulator ``buf[idx]`` as one operand (a body that is itself a sum of
+    terms is folded in as ``(buf[idx] + a) - b`` or ``(a + b) + buf[idx]``): the term is the other
+    operands combined. (The loop is a reassociated reduction's: its operations may be regrouped.)"""
     v = st.value
-    if isinstance(v, ir.BinOp) and v.op in _OPS and isinstance(v.a, ir.Load) and v.a.buffer is st.buffer \
-            and all(ir.expr_text(a) == ir.expr_text(b) for a, b in zip(v.a.index, st.index)):
-        return v.op, v.b
-    return None
+    if not (isinstance(v, ir.BinOp) and (v.op in _OPS or v.op == "-")):
+        return None
+    op = "+" if v.op == "-" else v.op
+    operands = _operands(v, op, False)
+    at = [k for k, (negated, x) in enumerate(operands) if _is_accumulator(x, st)]
+    if len(at) != 1 or operands[at[0]][0]:
+        return None
+    rest = operands[:at[0]] + operands[at[0] + 1:]
+    negated, term = rest[0]
+    if negated:
+        term = ir.BinOp("-", ir.const(0, term.dtype), term)
+    for negated, x in rest[1:]:
+        term = ir.BinOp("-" if negated else op, term, x)
+    return op, term
+
+
+def _operands(e: ir.Expr, op: str, negated: bool) -> list[tuple[bool, ir.Expr]]:
+    """The operands of the tree of ``op`` (for "+", also "-") at the top of ``e``, left to right, each
+    with whether it is subtracted."""
+    if isinstance(e, ir.BinOp) and (e.op == op or op == "+" and e.op == "-"):
+        return _operands(e.a, op, negated) + _operands(e.b, op, negated != (e.op == "-"))
+    return [(negated, e)]
+
+
+def _is_accumulator(e: ir.Expr, st: ir.Store) -> bool:
+    """Whether ``e`` loads the element ``st`` stores."""
+    return isinstance(e, ir.Load) and e.buffer is st.buffer and \
+        all(ir.expr_text(a) == ir.expr_text(b) for a, b in zip(e.index, st.index))
 
 
 def _axis(loop: ir.For) -> str:

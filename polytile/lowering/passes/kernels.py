@@ -426,11 +426,15 @@ def threads(st: ir.Stmt, info: _KernelInfo, nthreads: int) -> ir.Stmt:
 
 def _spread_shared_copies(st: ir.Stmt, block: dict[str, int], nthreads: int) -> ir.Stmt:
     """Copies into shared memory inside thread loops: every thread would run the same loops (their
-    bounds do not depend on the thread), so each thread takes its share instead."""
-    from .barriers import thread_dependent_vars
+    bounds do not depend on the thread), so each thread takes its share instead. Not under a condition
+    that differs between threads (e.g. a cache's footprint empty for some threads): the threads that
+    skip the copy would leave their share of it unwritten; there each thread copies it all."""
+    from .barriers import _depends, thread_dependent_vars
     divergent = thread_dependent_vars(st)
 
     def visit(x: ir.Stmt) -> ir.Stmt | None:
+        if isinstance(x, ir.If) and _depends(x.cond, divergent):
+            return x
         if isinstance(x, ir.For) and x.kind != "coop" and _is_copy_nest(x) and \
                 any(isinstance(y, ir.Store) and y.buffer.scope == "shared" for y in ir.walk_stmt(x)) and \
                 not _varies(x, divergent):
