@@ -226,6 +226,22 @@ def _check_gpu_schedule(sched: Schedule) -> None:
                     f"but is placed {where}, above the thread-bound loop(s) {', '.join(inner)}: one thread "
                     "cannot hold or write back the values of the others. Place it at or inside loop "
                     f"{inner[-1].split()[0]}, or use loc='shared' for one buffer per thread block")
+    for cache in sched.caches:  # a write cache inside a thread-bound reduction loop: each thread's part overwrites
+        if cache.kind != "write" or cache.loc not in ("local", "auto"):
+            continue
+        st, stmt = sched.states[cache.consumer], sched.program.statements[cache.consumer]
+        if not stmt.reduce_dims:
+            continue
+        names = list(st.loops.names)
+        end = 0 if cache.level is None else names.index(cache.level) + 1
+        bound = [f"{loop} ({st.tags[loop]})" for pos, loop in enumerate(names[:end])
+                 if st.tags.get(loop, "").startswith("threadIdx") and st.loops.depends_on(pos, stmt.reduce_dims)]
+        if bound:
+            raise ScheduleError(
+                f"write cache {cache.name} of {cache.consumer} is placed at or inside its reduction loop(s) "
+                f"{', '.join(bound)} bound to threads: each thread would hold a part of the sum in its own "
+                "registers and write it back over the others' (a cross-thread reduction combines partial sums in "
+                "the accumulator itself). Drop the write cache, or bind the reduction loops to no threads")
 
 
 def build_plan(sched: Schedule, copy_order: str = "cache") -> Plan:

@@ -172,6 +172,27 @@ def test_cross_thread_reduction_of_a_sum_of_terms(body):
     np.testing.assert_array_equal(t, eval(body, {"a": a, "b": b, "m": np}).sum(1))
 
 
+def test_a_write_cache_inside_a_thread_bound_reduction_loop_is_refused():
+    # each thread summed its part in its own register and wrote it over the others' (fuzz --target cuda,
+    # seed 2 cases 9/281/384): the threads' partial sums were never combined
+    A = pt.placeholder((4, 64), "float32", "A")
+    k = pt.reduce_axis(64, "k")
+    T = pt.compute((4,), lambda i: pt.sum(A[i, k], axis=k), "T")
+    s = pt.create_schedule(pt.Func([A], [T]))
+    s[T].reassociate().split("k", 32, "k_s", "k_t").bind("i", "blockIdx.x").bind("k_t", "threadIdx.x")
+    s[T].reorder("i", "k_t", "k_s").cache_write("k_t", loc="local")
+    with pytest.raises(pt.ScheduleError, match=r"write cache T_local of T is placed at or inside its reduction "
+                                               r"loop\(s\) k_t \(threadIdx.x\) bound to threads"):
+        pt.lower(s, "cuda:sm_90a")
+    s = pt.create_schedule(pt.Func([A], [T]))  # without the write cache: the tree, and the right sums
+    s[T].reassociate().split("k", 32, "k_s", "k_t").bind("i", "blockIdx.x").bind("k_t", "threadIdx.x")
+    s[T].reorder("i", "k_t", "k_s")
+    low = pt.lower(s, "cuda:sm_90a")
+    a = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    (t,) = block_emulator.run(low, [a, np.full(4, np.nan, np.float32)])
+    np.testing.assert_allclose(t, a.astype(np.float64).sum(axis=1), rtol=1e-6, atol=1e-6)
+
+
 def test_host_level_loop_is_refused():
     A = pt.placeholder((64,), "float32", "A")
     B = pt.compute((64,), lambda i: A[i] * 2.0, "B")
