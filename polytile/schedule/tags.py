@@ -131,18 +131,25 @@ def cluster(self: Stage) -> Stage:
     return self
 
 
+def _tile_store_state(self: Stage, primitive: str, verb: str, done: str):  # noqa: ANN202 - a StageState
+    """A copy of this stage's state for a store of its blocks' tiles (``tma_store``, ``staged_store``):
+    ScheduleError unless a loop is bound to blockIdx and the computation is an output."""
+    st = self.schedule.state_copy(self.name)
+    if not any(t.startswith("blockIdx") for t in st.tags.values()):
+        raise ScheduleError(f"{primitive} of {self.name}: it {verb} the tiles of blocks; bind a loop to blockIdx.x "
+                            "first")
+    if self.name not in {o.name for o in self.schedule.func.outputs}:
+        raise ScheduleError(f"{primitive} of {self.name}: only an output of the function is {done}")
+    return st
+
+
 @transactional
 def tma_store(self: Stage) -> Stage:
     """Write this computation's results with TMA stores (sm_90): each block stages its tile in shared
     memory and one thread copies it to the tensor with ``cp.async.bulk.tensor``, which clips the
     tile at the tensor's end (``lowering/passes/tma_store.py``: the write-back must fill one box of
     at most 256 × 256 elements whose rows are whole 16 bytes; the tensor's rows too)."""
-    st = self.schedule.state_copy(self.name)
-    if not any(t.startswith("blockIdx") for t in st.tags.values()):
-        raise ScheduleError(f"tma_store of {self.name}: it stores the tiles of blocks; bind a loop to blockIdx.x "
-                            "first")
-    if self.name not in {o.name for o in self.schedule.func.outputs}:
-        raise ScheduleError(f"tma_store of {self.name}: only an output of the function is stored by TMA")
+    st = _tile_store_state(self, "tma_store", "stores", "stored by TMA")
     if st.staged_store:
         raise ScheduleError(f"tma_store of {self.name}: its tiles are already staged for the threads (staged_store); "
                             "use one of them")
@@ -160,12 +167,7 @@ def staged_store(self: Stage, overlay: bool = False) -> Stage:
     instruction. ``overlay``: the staging tile in the storage of a shared buffer of the kernel that
     no statement uses after the write-back begins (a product's operand tiles), where one is large
     enough and the block does not loop over tiles; its own shared memory otherwise."""
-    st = self.schedule.state_copy(self.name)
-    if not any(t.startswith("blockIdx") for t in st.tags.values()):
-        raise ScheduleError(f"staged_store of {self.name}: it stages the tiles of blocks; bind a loop to "
-                            "blockIdx.x first")
-    if self.name not in {o.name for o in self.schedule.func.outputs}:
-        raise ScheduleError(f"staged_store of {self.name}: only an output of the function is staged")
+    st = _tile_store_state(self, "staged_store", "stages", "staged")
     if st.tma_store:
         raise ScheduleError(f"staged_store of {self.name}: its tiles are already written by TMA (tma_store); "
                             "use one of them")
